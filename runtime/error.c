@@ -1,0 +1,86 @@
+/* runtime/error.c — fatal(), warn(), checked allocation, the HDF5 check. */
+#include "runtime/error.h"
+
+#include <hdf5.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void fatal(int exit_code, const char *format, ...)
+{
+    va_list args;
+    fflush(stdout);
+    fputs("fathom: error: ", stderr);
+    va_start(args, format);
+    vfprintf(stderr, format, args);
+    va_end(args);
+    fputc('\n', stderr);
+    fflush(stderr);
+    exit(exit_code);
+}
+
+void warn(const char *format, ...)
+{
+    va_list args;
+    fflush(stdout);
+    fputs("fathom: warning: ", stderr);
+    va_start(args, format);
+    vfprintf(stderr, format, args);
+    va_end(args);
+    fputc('\n', stderr);
+}
+
+void *xmalloc(size_t bytes)
+{
+    void *pointer = malloc(bytes ? bytes : 1);
+    if (!pointer)
+        fatal(EXIT_DATA, "out of host memory allocating %zu bytes", bytes);
+    return pointer;
+}
+
+void *xcalloc(size_t count, size_t size)
+{
+    void *pointer = calloc(count ? count : 1, size ? size : 1);
+    if (!pointer)
+        fatal(EXIT_DATA, "out of host memory allocating %zu x %zu bytes", count, size);
+    return pointer;
+}
+
+void *xrealloc(void *pointer, size_t bytes)
+{
+    void *grown = realloc(pointer, bytes ? bytes : 1);
+    if (!grown)
+        fatal(EXIT_DATA, "out of host memory growing a buffer to %zu bytes", bytes);
+    return grown;
+}
+
+char *xstrdup(const char *text)
+{
+    size_t length = strlen(text) + 1;
+    char *copy = xmalloc(length);
+    memcpy(copy, text, length);
+    return copy;
+}
+
+static herr_t h5_innermost_message(unsigned n, const H5E_error2_t *entry, void *out)
+{
+    (void)n;
+    /* the walk goes inward; keep overwriting so the innermost (root cause) stays */
+    snprintf((char *)out, 256, "%s", entry->desc ? entry->desc : "");
+    return 0;
+}
+
+void h5_quiet(void)
+{
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+}
+
+int64_t h5_check(int64_t result, const char *expression, const char *file, int line)
+{
+    if (result >= 0)
+        return result;
+    char message[256] = "unknown HDF5 error";
+    H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, h5_innermost_message, message);
+    fatal(EXIT_DATA, "%s:%d: HDF5 call %s failed: %s", file, line, expression, message);
+}

@@ -1,0 +1,44 @@
+/* runtime/error.h — the one way fathom fails (DESIGN 6).
+ *
+ * fatal() prints "fathom: error: <message>" to stderr and exits with one of the exit codes
+ * below. A user's mistake (bad config, missing file) goes through fatal() with a message
+ * that names the key or the file; a failed library call goes through one of the *_CHECK
+ * macros, which add file:line and the library's own message.
+ *
+ * The process-wide handler lets tests and the CLI see fatal() before exit: by default it
+ * just exits.
+ */
+#ifndef FATHOM_RUNTIME_ERROR_H
+#define FATHOM_RUNTIME_ERROR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum ExitCode {
+    EXIT_DONE = 0,
+    EXIT_CONFIG = 2,     /* usage or config error */
+    EXIT_DATA = 3,       /* data or checkpoint error */
+    EXIT_NUMERICAL = 4,  /* non-finite steps past train.max_skipped */
+    EXIT_COMM = 5,       /* communication failure or timeout */
+};
+
+_Noreturn void fatal(int exit_code, const char *format, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* Prints "fathom: warning: ..." and carries on. */
+void warn(const char *format, ...) __attribute__((format(printf, 1, 2)));
+
+/* Allocation that cannot fail silently: exits with a message naming the size. */
+void *xmalloc(size_t bytes);
+void *xcalloc(size_t count, size_t size);
+void *xrealloc(void *pointer, size_t bytes);
+char *xstrdup(const char *text);
+
+/* HDF5: every call returning herr_t or hid_t goes through H5_CHECK; a negative value is a
+ * failure, reported with the expression, file:line and HDF5's innermost message, exit 3. */
+#define H5_CHECK(call) h5_check((int64_t)(call), #call, __FILE__, __LINE__)
+int64_t h5_check(int64_t result, const char *expression, const char *file, int line);
+/* Turns HDF5's own stack printing off once; h5_check prints instead. */
+void h5_quiet(void);
+
+#endif

@@ -1,0 +1,145 @@
+/* tests/support.c — see support.h. */
+#include "tests/support.h"
+
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static uint64_t splitmix64(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static double uniform01(uint64_t *state)
+{
+    return (double)(splitmix64(state) >> 11) * 0x1.0p-53;
+}
+
+void test_fill_uniform(float *x, size_t n, float scale, uint64_t seed)
+{
+    uint64_t state = seed;
+    for (size_t i = 0; i < n; i++)
+        x[i] = (float)((2.0 * uniform01(&state) - 1.0) * scale);
+}
+
+void test_fill_normal(float *x, size_t n, float scale, uint64_t seed)
+{
+    uint64_t state = seed;
+    for (size_t i = 0; i < n; i++) {
+        double u1 = uniform01(&state), u2 = uniform01(&state);
+        if (u1 < 1e-300)
+            u1 = 1e-300;
+        x[i] = (float)(sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2) * scale);
+    }
+}
+
+void test_fill_nan(float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = NAN;
+}
+
+int test_random_int(int low, int high, uint64_t seed)
+{
+    uint64_t state = seed;
+    return low + (int)(splitmix64(&state) % (uint64_t)(high - low + 1));
+}
+
+double test_relative_error(const float *a, const float *b, size_t n)
+{
+    double diff = 0, ref = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(a[i]) || !isfinite(b[i]))
+            return INFINITY;
+        double d = (double)a[i] - (double)b[i];
+        diff += d * d;
+        ref += (double)b[i] * (double)b[i];
+    }
+    if (ref == 0)
+        return diff == 0 ? 0 : INFINITY;
+    return sqrt(diff / ref);
+}
+
+double test_relative_error_double(const float *a, const double *b, size_t n)
+{
+    double diff = 0, ref = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(a[i]) || !isfinite(b[i]))
+            return INFINITY;
+        double d = (double)a[i] - b[i];
+        diff += d * d;
+        ref += b[i] * b[i];
+    }
+    if (ref == 0)
+        return diff == 0 ? 0 : INFINITY;
+    return sqrt(diff / ref);
+}
+
+int test_all_finite(const float *a, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(a[i]))
+            return 0;
+    return 1;
+}
+
+void test_make_temp_dir(char *path, const char *tag)
+{
+    snprintf(path, 256, "/tmp/fathom-test-%s-XXXXXX", tag);
+    cr_assert_not_null(mkdtemp(path), "mkdtemp failed for %s", path);
+}
+
+void test_remove_tree(const char *path)
+{
+    char command[512];
+    snprintf(command, sizeof command, "rm -rf '%s'", path);
+    if (system(command) != 0)
+        fprintf(stderr, "could not remove %s\n", path);
+}
+
+void test_write_file(const char *path, const char *text)
+{
+    FILE *file = fopen(path, "w");
+    cr_assert_not_null(file, "cannot write %s", path);
+    fputs(text, file);
+    fclose(file);
+}
+
+int test_run_command(const char *command, char *output, size_t capacity)
+{
+    char *full = malloc(strlen(command) + 16);
+    sprintf(full, "(%s) 2>&1", command);
+    FILE *pipe = popen(full, "r");
+    free(full);
+    cr_assert_not_null(pipe, "popen failed for %s", command);
+    size_t used = 0;
+    char sink[4096];
+    for (;;) {
+        char *target = (output && used + 1 < capacity) ? output + used : sink;
+        size_t room = (output && used + 1 < capacity) ? capacity - used - 1 : sizeof sink;
+        size_t got = fread(target, 1, room, pipe);
+        if (got == 0)
+            break;
+        if (target != sink)
+            used += got;
+    }
+    if (output && capacity)
+        output[used] = '\0';
+    int status = pclose(pipe);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+int test_run_fathom(const char *arguments, char *output, size_t capacity)
+{
+    char command[4096];
+    snprintf(command, sizeof command, "'%s' %s", FATHOM_BINARY, arguments);
+    return test_run_command(command, output, capacity);
+}

@@ -1,0 +1,41 @@
+/* tests/support.h — small helpers shared by the Criterion tests.
+ *
+ * Random data comes from a fixed-seed generator local to the tests (independent of
+ * runtime/rng), so a failing case can be replayed. Paths: FATHOM_SOURCE_DIR is the source
+ * tree, FATHOM_BINARY the built `fathom` executable (both set by tests/meson.build).
+ */
+#ifndef FATHOM_TESTS_SUPPORT_H
+#define FATHOM_TESTS_SUPPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Uniform in [-scale, scale), from a per-call seed. */
+void test_fill_uniform(float *x, size_t n, float scale, uint64_t seed);
+/* Standard normal times `scale`. */
+void test_fill_normal(float *x, size_t n, float scale, uint64_t seed);
+/* Poison: fills with NaN so an element the code under test never writes is caught. */
+void test_fill_nan(float *x, size_t n);
+/* A random integer in [low, high], from `seed`. */
+int test_random_int(int low, int high, uint64_t seed);
+
+/* ||a - b|| / ||b|| in double; NaN anywhere gives +inf. */
+double test_relative_error(const float *a, const float *b, size_t n);
+double test_relative_error_double(const float *a, const double *b, size_t n);
+/* 1 when every element of a is finite. */
+int test_all_finite(const float *a, size_t n);
+
+/* Makes a fresh empty directory under /tmp and writes its path into `path` (>= 256 bytes). */
+void test_make_temp_dir(char *path, const char *tag);
+/* Removes a directory tree (rm -rf). */
+void test_remove_tree(const char *path);
+/* Writes `text` to `path`. */
+void test_write_file(const char *path, const char *text);
+
+/* Runs `FATHOM_BINARY <arguments>` through the shell, captures stdout+stderr into `output`
+ * (NUL-terminated, truncated to `capacity`), returns the exit code (-1 if it did not exit). */
+int test_run_fathom(const char *arguments, char *output, size_t capacity);
+/* Same, for any shell command. */
+int test_run_command(const char *command, char *output, size_t capacity);
+
+#endif
