@@ -1,0 +1,99 @@
+/* runtime/optim.c — see optim.h for the contract and the order of one step. */
+#include "runtime/optim.h"
+
+#include <math.h>
+
+#include "runtime/error.h"
+
+/* torch.nn.utils.clip_grad_norm_ adds this to the norm before dividing. */
+#define OPTIM_CLIP_EPSILON 1e-6
+
+/* A range outside the buffers is a bug in whoever built the table, not a user's mistake,
+ * but writing out of bounds would corrupt memory silently: stop with a message instead. */
+static void optim_check_ranges(const Optimizer *opt)
+{
+    for (int r = 0; r < opt->n_ranges; r++) {
+        const OptimRange *range = &opt->ranges[r];
+        if (range->offset > opt->count || range->count > opt->count - range->offset)
+            fatal(EXIT_DATA,
+                  "optimizer range %d [%zu, %zu) lies outside the %zu-element buffers", r,
+                  range->offset, range->offset + range->count, opt->count);
+    }
+}
+
+static double optim_global_grad_norm(const Optimizer *opt)
+{
+    double sum_squares = opt->backend->sum_squares(opt->grads, opt->count);
+    if (opt->reduce_sum)
+        sum_squares = opt->reduce_sum(sum_squares, opt->reduce_context);
+    return sqrt(sum_squares);
+}
+
+bool optim_step(Optimizer *opt, double lr, double *grad_norm)
+{
+    const Backend *backend = opt->backend;
+    const OptimConfig *config = opt->config;
+    optim_check_ranges(opt);
+
+    double norm = optim_global_grad_norm(opt);
+    if (grad_norm)
+        *grad_norm = norm;
+    if (!isfinite(norm)) {
+        opt->skipped++;
+        return false;
+    }
+
+    if (config->grad_clip > 0) {
+        double coef = config->grad_clip / (norm + OPTIM_CLIP_EPSILON);
+        if (coef < 1.0)
+            backend->scale(opt->grads, (float)coef, opt->count);
+    }
+
+    int update_number = opt->step + 1; /* bias correction counts from 1 */
+    for (int r = 0; r < opt->n_ranges; r++) {
+        const OptimRange *range = &opt->ranges[r];
+        if (range->count == 0)
+            continue;
+        size_t at = range->offset;
+        backend->adamw_update(opt->params + at, opt->grads + at, opt->exp_avg + at,
+                              opt->exp_avg_sq + at, range->count,
+                              (float)(lr * range->lr_mult), (float)config->beta1,
+                              (float)config->beta2, (float)config->eps, range->weight_decay,
+                              update_number);
+    }
+
+    if (config->ema_decay > 0 && opt->ema)
+        backend->ema_update(opt->ema, opt->params, opt->count, (float)config->ema_decay);
+
+    opt->step = update_number;
+    return true;
+}
+
+void optim_ema_reset(Optimizer *opt)
+{
+    if (opt->ema)
+        opt->backend->copy(opt->ema, opt->params, opt->count * sizeof(float));
+}
+
+void optim_check_skipped(const Optimizer *opt, int max_skipped)
+{
+    if (opt->skipped > max_skipped)
+        fatal(EXIT_NUMERICAL,
+              "%d optimizer steps were skipped for a non-finite gradient norm, more than "
+              "train.max_skipped = %d",
+              opt->skipped, max_skipped);
+}
+
+float optim_range_weight_decay(const OptimConfig *config, unsigned no_decay_bit)
+{
+    if (no_decay_bit & config->no_decay)
+        return 0.0f;
+    if (no_decay_bit == NO_DECAY_ROUTING)
+        return (float)config->route_weight_decay;
+    return (float)config->weight_decay;
+}
+
+float optim_range_lr_mult(const OptimConfig *config, bool routing)
+{
+    return routing ? (float)config->route_lr_mult : 1.0f;
+}
