@@ -68,7 +68,7 @@ LLAMA = dict(
     vocab_size=96, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16,
     ffn_dim=160, rope_theta=500000.0, norm_eps=1e-5, qk_norm=False, tie_embeddings=False,
     rope_scaling=dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                      original_max_position=8),
+                      original_max_position=64),
     max_position=64,
 )
 QWEN3 = dict(
