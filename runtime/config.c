@@ -1,0 +1,231 @@
+/* runtime/config.c — defaults, loading and validation of the run configuration (DESIGN 6).
+ *
+ * Order: defaults, then the YAML file (config_yaml.c), then each `--set` in turn, then
+ * validation: first every key's own range from the key table (config_keys.c), then the
+ * combinations below. Validation stops at the first error, through fatal(EXIT_CONFIG, ...).
+ */
+#include "runtime/config.h"
+
+#include "runtime/config_keys.h"
+#include "runtime/config_yaml.h"
+#include "runtime/error.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void config_defaults(Config *config)
+{
+    /* zero everything first, padding and unused list entries included, so that two Configs
+     * holding the same values compare equal with memcmp */
+    memset(config, 0, sizeof *config);
+
+    ModelConfig *model = &config->model;
+    model->vocab_size = 256; /* bytes: the synthetic corpus is byte-level (DESIGN 4) */
+    model->d_model = 128;
+    model->n_layers = 4;
+    model->n_heads = 4;
+    model->n_kv_heads = 2;
+    model->head_dim = 32;
+    model->ffn_dim = 384;
+    model->rope_theta = 10000.0;
+    /* the Llama-3.1 values, used once rope_scaling.type is llama3 */
+    model->rope_scaling.llama3 = false;
+    model->rope_scaling.factor = 8.0;
+    model->rope_scaling.low_freq_factor = 1.0;
+    model->rope_scaling.high_freq_factor = 4.0;
+    model->rope_scaling.original_max_position = 8192;
+    model->norm_eps = 1e-5;
+    model->qk_norm = false;
+    model->tie_embeddings = false;
+    model->init_std = 0.02;
+
+    ResidualConfig *residual = &config->residual;
+    residual->mode = RESIDUAL_STANDARD;
+    residual->heads = 1;
+    residual->granularity = GRANULARITY_BLOCK;
+    residual->layers_per_block = 1;
+    residual->form = FORM_REPLACE;
+    residual->streams = 1;
+    static const int stream_kernels[] = {1, 2, 4, 8}; /* DESIGN 2.2 */
+    residual->n_stream_kernels = 4;
+    memcpy(residual->stream_kernels, stream_kernels, sizeof stream_kernels);
+
+    config->parallel.pp = 1;
+    config->parallel.dp = 1;
+    config->parallel.virtual_stages = 1;
+    config->parallel.schedule = SCHEDULE_1F1B;
+    config->parallel.n_layer_split = 0;
+
+    config->fsdp.reshard_after_forward = true;
+
+    TrainConfig *train = &config->train;
+    train->steps = 200;
+    train->seq_len = 128;
+    train->microbatch_size = 8;
+    train->global_batch_size = 16;
+    train->activation_checkpointing = CHECKPOINTING_NONE;
+    train->max_skipped = 10;
+    train->z_loss = 1e-4;
+
+    OptimConfig *optim = &config->optim;
+    optim->lr = 3e-3;
+    optim->min_lr_ratio = 0.1;
+    optim->warmup_steps = 20;
+    optim->schedule = LR_COSINE;
+    optim->decay_fraction = 0.2;
+    optim->beta1 = 0.9;
+    optim->beta2 = 0.95;
+    optim->eps = 1e-8;
+    optim->weight_decay = 0.1;
+    optim->no_decay = NO_DECAY_EMBEDDINGS | NO_DECAY_NORMS | NO_DECAY_BIASES | NO_DECAY_ROUTING;
+    optim->grad_clip = 1.0;
+    optim->ema_decay = 0.999;
+    optim->route_lr_mult = 1.0;
+    optim->route_weight_decay = 0.0;
+
+    config->data.source = DATA_SYNTHETIC; /* data.train and data.val stay "" */
+
+    config->checkpoint.every = 0;
+    config->checkpoint.keep_last = 2;
+    config->checkpoint.keep_every = 0;
+    config->log.every = 10;
+    config->eval.every = 0;
+    config->eval.samples = 16;
+
+    snprintf(config->run_dir, sizeof config->run_dir, "runs/demo");
+    config->seed = 1234;
+    config->device = DEVICE_AUTO;
+}
+
+/* The combinations DESIGN 3 and 2.2 rely on; every key's own range is already checked. */
+static void validate_combinations(const Config *config, const char *origin, int world_size)
+{
+    const ModelConfig *model = &config->model;
+    const ResidualConfig *residual = &config->residual;
+    const ParallelConfig *parallel = &config->parallel;
+    const TrainConfig *train = &config->train;
+
+    if (model->n_heads % model->n_kv_heads != 0)
+        fatal(EXIT_CONFIG, "%s: model.n_kv_heads = %d must divide model.n_heads = %d", origin,
+              model->n_kv_heads, model->n_heads);
+    if (model->head_dim % 2 != 0) /* RoPE rotates pairs of channels */
+        fatal(EXIT_CONFIG, "%s: model.head_dim = %d must be even (RoPE rotates pairs)", origin,
+              model->head_dim);
+    if (model->rope_scaling.llama3 &&
+        !(model->rope_scaling.high_freq_factor > model->rope_scaling.low_freq_factor))
+        fatal(EXIT_CONFIG,
+              "%s: model.rope_scaling.high_freq_factor = %g must exceed "
+              "model.rope_scaling.low_freq_factor = %g",
+              origin, model->rope_scaling.high_freq_factor, model->rope_scaling.low_freq_factor);
+
+    if (model->d_model % residual->heads != 0) /* each depth head reads d/H channels */
+        fatal(EXIT_CONFIG, "%s: residual.heads = %d must divide model.d_model = %d", origin,
+              residual->heads, model->d_model);
+    if (residual->layers_per_block > model->n_layers)
+        fatal(EXIT_CONFIG, "%s: residual.layers_per_block = %d exceeds model.n_layers = %d",
+              origin, residual->layers_per_block, model->n_layers);
+    if (residual->mode == RESIDUAL_MSAR && residual->n_stream_kernels != residual->streams)
+        fatal(EXIT_CONFIG,
+              "%s: residual.stream_kernels has %d entries; residual.streams = %d needs one "
+              "kernel size per stream",
+              origin, residual->n_stream_kernels, residual->streams);
+
+    long long grid = (long long)parallel->pp * parallel->dp;
+    if (grid != world_size)
+        fatal(EXIT_CONFIG, "%s: parallel.pp = %d times parallel.dp = %d is %lld, but %d ranks "
+              "were launched", origin, parallel->pp, parallel->dp, grid, world_size);
+    long long chunks = (long long)parallel->pp * parallel->virtual_stages;
+    if (model->n_layers < chunks)
+        fatal(EXIT_CONFIG, "%s: model.n_layers = %d is fewer than parallel.pp * "
+              "parallel.virtual_stages = %lld chunks", origin, model->n_layers, chunks);
+    if (parallel->n_layer_split > 0) {
+        if (parallel->n_layer_split != chunks)
+            fatal(EXIT_CONFIG, "%s: parallel.layer_split has %d entries, parallel.pp * "
+                  "parallel.virtual_stages = %lld needed", origin, parallel->n_layer_split,
+                  chunks);
+        long long sum = 0;
+        for (int i = 0; i < parallel->n_layer_split; i++)
+            sum += parallel->layer_split[i];
+        if (sum != model->n_layers)
+            fatal(EXIT_CONFIG, "%s: parallel.layer_split sums to %lld, not model.n_layers = %d",
+                  origin, sum, model->n_layers);
+    }
+
+    long long per_step = (long long)train->microbatch_size * parallel->dp;
+    if (train->global_batch_size % per_step != 0)
+        fatal(EXIT_CONFIG, "%s: train.global_batch_size = %d is not divisible by "
+              "train.microbatch_size * parallel.dp = %lld", origin, train->global_batch_size,
+              per_step);
+
+    if (config->data.source == DATA_SHARDS && !config->data.train[0])
+        fatal(EXIT_CONFIG, "%s: data.source is shards but data.train is empty", origin);
+}
+
+static void config_validate(const Config *config, const char *origin, int world_size)
+{
+    if (world_size < 1)
+        fatal(EXIT_CONFIG, "%s: world size %d (ranks launched) must be >= 1", origin,
+              world_size);
+    for (int i = 0; i < config_key_count; i++)
+        config_key_check_range(config, &config_key_table[i], origin);
+    validate_combinations(config, origin, world_size);
+}
+
+void config_load_text(Config *config, const char *yaml_text, const char *origin,
+                      const char *const *overrides, int n_overrides, int world_size)
+{
+    config_defaults(config);
+    config_yaml_apply_text(config, yaml_text, origin);
+    for (int i = 0; i < n_overrides; i++)
+        config_yaml_apply_override(config, overrides[i]);
+
+    /* after overrides a value may come from the file or from --set: say both */
+    char where[CONFIG_PATH_MAX + 32];
+    snprintf(where, sizeof where, "%s%s", origin, n_overrides ? " with --set" : "");
+    config_validate(config, where, world_size);
+}
+
+/* The whole file as one NUL-terminated string. */
+static char *read_config_file(const char *path)
+{
+    FILE *file = fopen(path, "rb");
+    if (!file)
+        fatal(EXIT_CONFIG, "cannot open config file %s: %s", path, strerror(errno));
+    size_t length = 0, capacity = 4096;
+    char *text = xmalloc(capacity);
+    for (;;) {
+        length += fread(text + length, 1, capacity - length - 1, file);
+        if (ferror(file))
+            fatal(EXIT_CONFIG, "cannot read config file %s: %s", path, strerror(errno));
+        if (feof(file))
+            break;
+        capacity *= 2;
+        text = xrealloc(text, capacity);
+    }
+    if (fclose(file) != 0)
+        fatal(EXIT_CONFIG, "cannot read config file %s: %s", path, strerror(errno));
+    text[length] = '\0';
+    if (strlen(text) != length)
+        fatal(EXIT_CONFIG, "config file %s holds a NUL byte: not YAML text", path);
+    return text;
+}
+
+void config_load(Config *config, const char *path, const char *const *overrides,
+                 int n_overrides, int world_size)
+{
+    if (!path) {
+        config_load_text(config, "", "defaults", overrides, n_overrides, world_size);
+        return;
+    }
+    char *text = read_config_file(path);
+    config_load_text(config, text, path, overrides, n_overrides, world_size);
+    free(text);
+}
+
+int config_microbatches_per_rank(const Config *config)
+{
+    return config->train.global_batch_size /
+           (config->train.microbatch_size * config->parallel.dp);
+}

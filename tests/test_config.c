@@ -1,0 +1,527 @@
+/* tests/test_config.c — the YAML config (DESIGN 6): defaults, types, --set, validation, the
+ * round trip through config_to_yaml.
+ *
+ * A bad config ends the process through fatal(EXIT_CONFIG, ...), so each bad input is loaded
+ * in a forked child whose stderr comes back through a pipe: the test checks the exit code
+ * and that the message names the key or the file.
+ */
+#include "runtime/config.h"
+#include "runtime/config_keys.h"
+
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* --- loading in a child ------------------------------------------------------------------ */
+
+typedef struct {
+    const char *yaml;                /* text to load as "test.yaml", or NULL ... */
+    const char *path;                /* ... a file to load, or NULL: the defaults alone */
+    const char *const *overrides;
+    int n_overrides;
+    int world_size;
+} LoadRequest;
+
+typedef struct {
+    int exit_code;                   /* -1: killed by a signal */
+    char message[8192];              /* everything the child wrote to stderr */
+} ChildResult;
+
+static ChildResult load_in_child(LoadRequest request)
+{
+    ChildResult result = {0};
+    int fds[2];
+    cr_assert_eq(pipe(fds), 0, "pipe failed");
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    cr_assert_neq(pid, -1, "fork failed");
+    if (pid == 0) {
+        close(fds[0]);
+        dup2(fds[1], STDERR_FILENO);
+        close(fds[1]);
+        Config config;
+        if (!request.yaml)
+            config_load(&config, request.path, request.overrides, request.n_overrides,
+                        request.world_size);
+        else
+            config_load_text(&config, request.yaml, "test.yaml", request.overrides,
+                             request.n_overrides, request.world_size);
+        _exit(0);
+    }
+    close(fds[1]);
+    size_t used = 0;
+    ssize_t got;
+    while ((got = read(fds[0], result.message + used, sizeof result.message - 1 - used)) > 0)
+        used += (size_t)got;
+    result.message[used] = '\0';
+    close(fds[0]);
+    int status;
+    cr_assert_eq(waitpid(pid, &status, 0), pid, "waitpid failed");
+    result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return result;
+}
+
+static ChildResult load_text_in_child(const char *yaml)
+{
+    return load_in_child((LoadRequest){.yaml = yaml, .world_size = 1});
+}
+
+static ChildResult set_in_child(const char *override)
+{
+    const char *overrides[] = {override};
+    return load_in_child(
+        (LoadRequest){.yaml = "", .overrides = overrides, .n_overrides = 1, .world_size = 1});
+}
+
+/* Exit code 2 and a message holding each of the (one or two) fragments. */
+static void assert_config_error(ChildResult result, const char *fragment, const char *other)
+{
+    cr_assert_eq(result.exit_code, 2, "exit code %d, expected 2; stderr: %s", result.exit_code,
+                 result.message);
+    cr_assert(strstr(result.message, fragment), "message does not name '%s': %s", fragment,
+              result.message);
+    if (other)
+        cr_assert(strstr(result.message, other), "message does not name '%s': %s", other,
+                  result.message);
+}
+
+/* --- in-process loading ------------------------------------------------------------------ */
+
+static Config load_text(const char *yaml, const char *const *overrides, int n_overrides,
+                        int world_size)
+{
+    Config config;
+    config_load_text(&config, yaml, "test.yaml", overrides, n_overrides, world_size);
+    return config;
+}
+
+static Config load_with_set(const char *override)
+{
+    const char *overrides[] = {override};
+    return load_text("", overrides, 1, 1);
+}
+
+/* Every key set, none to its default; valid on 4 ranks (pp 2 x dp 2). */
+static const char full_yaml[] =
+    "model:\n"
+    "  vocab_size: 512\n"
+    "  d_model: 96\n"
+    "  n_layers: 6\n"
+    "  n_heads: 6\n"
+    "  n_kv_heads: 3\n"
+    "  head_dim: 16\n"
+    "  ffn_dim: 256\n"
+    "  rope_theta: 500000\n"
+    "  rope_scaling:\n"
+    "    type: llama3\n"
+    "    factor: 4.5\n"
+    "    low_freq_factor: 1.5\n"
+    "    high_freq_factor: 3.25\n"
+    "    original_max_position: 4096\n"
+    "  norm_eps: 1e-6\n"
+    "  qk_norm: true\n"
+    "  tie_embeddings: true\n"
+    "  init_std: 0.0125\n"
+    "residual:\n"
+    "  mode: msar\n"
+    "  heads: 4\n"
+    "  granularity: full\n"
+    "  layers_per_block: 2\n"
+    "  form: delta\n"
+    "  streams: 3\n"
+    "  stream_kernels:\n"
+    "    - 1\n"
+    "    - 3\n"
+    "    - 5\n"
+    "parallel:\n"
+    "  pp: 2\n"
+    "  dp: 2\n"
+    "  virtual_stages: 3\n"
+    "  schedule: interleaved\n"
+    "  layer_split: [1, 1, 1, 1, 1, 1]\n"
+    "fsdp:\n"
+    "  reshard_after_forward: false\n"
+    "train:\n"
+    "  steps: 17\n"
+    "  seq_len: 33\n"
+    "  microbatch_size: 3\n"
+    "  global_batch_size: 12\n"
+    "  activation_checkpointing: full\n"
+    "  max_skipped: 0\n"
+    "  z_loss: 0\n"
+    "optim:\n"
+    "  lr: 1.5e-4\n"
+    "  min_lr_ratio: 0.3333333333333333\n"
+    "  warmup_steps: 0\n"
+    "  schedule: wsd\n"
+    "  decay_fraction: 0.25\n"
+    "  beta1: 0.8\n"
+    "  beta2: 0.99\n"
+    "  eps: 1e-10\n"
+    "  weight_decay: 0.05\n"
+    "  no_decay: [norms, routing]\n"
+    "  grad_clip: 0\n"
+    "  ema_decay: 0\n"
+    "  route_lr_mult: 2.5\n"
+    "  route_weight_decay: 0.01\n"
+    "data:\n"
+    "  source: shards\n"
+    "  train: /data/train-*.h5\n"
+    "  val: '/data/val.h5'\n"
+    "checkpoint:\n"
+    "  every: 50\n"
+    "  keep_last: 0\n"
+    "  keep_every: 1000\n"
+    "log:\n"
+    "  every: 1\n"
+    "eval:\n"
+    "  every: 25\n"
+    "  samples: 3\n"
+    "run_dir: \"runs/full: \\\"quoted\\\" \\\\ path\\t# not a comment\"\n"
+    "seed: 18446744073709551615\n"
+    "device: cpu\n";
+
+/* --- defaults and round trips ------------------------------------------------------------ */
+
+Test(config, defaults_validate)
+{
+    ChildResult result = load_in_child((LoadRequest){.path = NULL, .world_size = 1});
+    cr_assert_eq(result.exit_code, 0, "defaults rejected: %s", result.message);
+}
+
+Test(config, defaults_are_the_small_synthetic_baseline)
+{
+    Config config;
+    config_defaults(&config);
+    cr_assert_eq(config.model.vocab_size, 256);
+    cr_assert_eq(config.model.d_model, 128);
+    cr_assert_eq(config.model.n_layers, 4);
+    cr_assert_eq(config.residual.mode, RESIDUAL_STANDARD);
+    cr_assert_eq(config.data.source, DATA_SYNTHETIC);
+    cr_assert_eq(config.train.global_batch_size, 16);
+    cr_assert_str_eq(config.run_dir, "runs/demo");
+}
+
+Test(config, full_file_sets_every_key_away_from_its_default)
+{
+    Config defaults, full = load_text(full_yaml, NULL, 0, 4);
+    config_defaults(&defaults);
+    for (int i = 0; i < config_key_count; i++) {
+        const ConfigKey *key = &config_key_table[i];
+        cr_expect(memcmp((char *)&full + key->offset, (char *)&defaults + key->offset,
+                         key->size) != 0,
+                  "the full test file leaves %s at its default", key->path);
+    }
+}
+
+Test(config, full_file_round_trips_through_config_to_yaml)
+{
+    Config full = load_text(full_yaml, NULL, 0, 4);
+    char *yaml = config_to_yaml(&full);
+    Config again = load_text(yaml, NULL, 0, 4);
+    cr_assert(memcmp(&full, &again, sizeof full) == 0, "round trip differs; YAML:\n%s", yaml);
+    free(yaml);
+}
+
+Test(config, defaults_round_trip_through_config_to_yaml)
+{
+    Config defaults;
+    config_defaults(&defaults);
+    char *yaml = config_to_yaml(&defaults);
+    Config again = load_text(yaml, NULL, 0, 1);
+    cr_assert(memcmp(&defaults, &again, sizeof defaults) == 0, "round trip differs:\n%s", yaml);
+    free(yaml);
+}
+
+Test(config, config_to_yaml_prints_every_key)
+{
+    Config defaults;
+    config_defaults(&defaults);
+    char *yaml = config_to_yaml(&defaults);
+    for (int i = 0; i < config_key_count; i++) {
+        const char *path = config_key_table[i].path, *dot = strrchr(path, '.');
+        char line[128];
+        snprintf(line, sizeof line, "%s: ", dot ? dot + 1 : path);
+        cr_expect(strstr(yaml, line), "%s missing from:\n%s", path, yaml);
+    }
+    free(yaml);
+}
+
+Test(config, demo_yaml_holds_the_defaults)
+{
+    Config demo, defaults;
+    config_load(&demo, FATHOM_SOURCE_DIR "/launch/configs/demo.yaml", NULL, 0, 1);
+    config_defaults(&defaults);
+    cr_assert(memcmp(&demo, &defaults, sizeof demo) == 0);
+}
+
+Test(config, small_examples_validate_on_one_rank)
+{
+    const char *names[] = {"demo_block_mhar.yaml", "demo_msar.yaml"};
+    for (int i = 0; i < 2; i++) {
+        char path[512];
+        snprintf(path, sizeof path, "%s/launch/configs/%s", FATHOM_SOURCE_DIR, names[i]);
+        ChildResult result = load_in_child((LoadRequest){.path = path, .world_size = 1});
+        cr_expect_eq(result.exit_code, 0, "%s: %s", names[i], result.message);
+    }
+}
+
+Test(config, marin8b_example_validates_on_eight_ranks)
+{
+    Config config;
+    config_load(&config, FATHOM_SOURCE_DIR "/launch/configs/marin8b_block_mhar.yaml", NULL, 0,
+                8);
+    cr_assert_eq(config.model.d_model, 4096);
+    cr_assert(config.model.rope_scaling.llama3);
+}
+
+/* --- YAML types ------------------------------------------------------------------------- */
+
+Test(config, float_keys_accept_exponents_and_integers)
+{
+    Config config = load_text("optim:\n  lr: 1e-4\n  grad_clip: 3\n", NULL, 0, 1);
+    cr_assert_eq(config.optim.lr, 1e-4);
+    cr_assert_eq(config.optim.grad_clip, 3.0);
+}
+
+Test(config, lists_read_as_flow_or_block_sequences)
+{
+    Config flow = load_text("residual:\n  stream_kernels: [3, 5]\n", NULL, 0, 1);
+    Config block = load_text("residual:\n  stream_kernels:\n    - 3\n    - 5\n", NULL, 0, 1);
+    cr_assert_eq(flow.residual.n_stream_kernels, 2);
+    cr_assert(memcmp(&flow, &block, sizeof flow) == 0);
+}
+
+Test(config, null_rope_scaling_turns_scaling_off)
+{
+    const char *overrides[] = {"model.rope_scaling=null"};
+    Config config = load_text("model:\n  rope_scaling: {type: llama3}\n", overrides, 1, 1);
+    cr_assert_not(config.model.rope_scaling.llama3);
+}
+
+Test(config, quoted_number_is_not_an_integer)
+{
+    assert_config_error(load_text_in_child("model:\n  d_model: \"128\"\n"), "model.d_model",
+                        "test.yaml:2");
+}
+
+/* --- --set ------------------------------------------------------------------------------ */
+
+Test(config, set_overrides_an_int)
+{
+    cr_assert_eq(load_with_set("model.d_model=64").model.d_model, 64);
+}
+
+Test(config, set_overrides_a_float)
+{
+    cr_assert_eq(load_with_set("optim.lr=2.5e-4").optim.lr, 2.5e-4);
+}
+
+Test(config, set_overrides_a_bool)
+{
+    cr_assert(load_with_set("model.qk_norm=true").model.qk_norm);
+}
+
+Test(config, set_overrides_an_enum)
+{
+    cr_assert_eq(load_with_set("parallel.schedule=gpipe").parallel.schedule, SCHEDULE_GPIPE);
+}
+
+Test(config, set_overrides_a_list)
+{
+    Config config = load_with_set("residual.stream_kernels=[3, 5]");
+    cr_assert_eq(config.residual.n_stream_kernels, 2);
+    cr_assert_eq(config.residual.stream_kernels[0], 3);
+    cr_assert_eq(config.residual.stream_kernels[1], 5);
+    cr_assert_eq(config.residual.stream_kernels[2], 0, "entries past the list are cleared");
+}
+
+Test(config, set_overrides_a_nested_rope_scaling_key)
+{
+    cr_assert_eq(load_with_set("model.rope_scaling.factor=16").model.rope_scaling.factor, 16.0);
+}
+
+Test(config, set_applies_after_the_file_and_in_order)
+{
+    const char *overrides[] = {"model.d_model=96", "model.d_model=64"};
+    Config config = load_text("model:\n  d_model: 256\n", overrides, 2, 1);
+    cr_assert_eq(config.model.d_model, 64);
+}
+
+Test(config, set_without_equals_is_an_error)
+{
+    assert_config_error(set_in_child("model.d_model"), "--set model.d_model", NULL);
+}
+
+Test(config, set_unknown_key_is_an_error_naming_it)
+{
+    assert_config_error(set_in_child("model.d_modle=64"), "'model.d_modle'", NULL);
+}
+
+Test(config, set_value_of_the_wrong_type_is_an_error)
+{
+    assert_config_error(set_in_child("train.steps=many"), "train.steps", "many");
+}
+
+Test(config, microbatches_per_rank_divide_the_global_batch)
+{
+    const char *overrides[] = {"parallel.dp=2", "train.microbatch_size=2"};
+    Config config = load_text("", overrides, 2, 2);
+    cr_assert_eq(config_microbatches_per_rank(&config), 4);
+}
+
+/* --- bad files --------------------------------------------------------------------------- */
+
+Test(config, unknown_top_level_key_is_an_error_naming_it)
+{
+    assert_config_error(load_text_in_child("modle:\n  d_model: 64\n"), "'modle'", "test.yaml:1");
+}
+
+Test(config, unknown_nested_key_is_an_error_naming_its_full_path)
+{
+    assert_config_error(load_text_in_child("model:\n  d_modle: 64\n"), "'model.d_modle'",
+                        "test.yaml:2");
+}
+
+Test(config, string_for_an_int_is_an_error)
+{
+    assert_config_error(load_text_in_child("model:\n  d_model: abc\n"), "model.d_model",
+                        "test.yaml:2");
+}
+
+Test(config, float_for_an_int_is_an_error)
+{
+    assert_config_error(load_text_in_child("model:\n  d_model: 1.5\n"), "model.d_model",
+                        "test.yaml:2");
+}
+
+Test(config, unknown_enum_name_is_an_error)
+{
+    assert_config_error(load_text_in_child("residual:\n  mode: mhar\n"), "residual.mode",
+                        "test.yaml:2");
+}
+
+Test(config, bool_other_than_true_or_false_is_an_error)
+{
+    assert_config_error(load_text_in_child("model:\n  qk_norm: yes\n"), "model.qk_norm",
+                        "test.yaml:2");
+}
+
+Test(config, duplicate_key_is_an_error)
+{
+    assert_config_error(load_text_in_child("model:\n  d_model: 64\n  d_model: 96\n"),
+                        "duplicate key 'model.d_model'", "test.yaml:3");
+}
+
+Test(config, malformed_yaml_is_an_error_with_file_and_line)
+{
+    assert_config_error(load_text_in_child("model:\n  d_model: 64\n\tn_layers: 2\n"),
+                        "test.yaml:3", "malformed YAML");
+}
+
+Test(config, missing_file_is_an_error_naming_the_path)
+{
+    ChildResult result =
+        load_in_child((LoadRequest){.path = "/nonexistent/fathom.yaml", .world_size = 1});
+    assert_config_error(result, "/nonexistent/fathom.yaml", NULL);
+}
+
+/* --- impossible values and combinations ------------------------------------------------- */
+
+Test(config, n_kv_heads_must_divide_n_heads)
+{
+    assert_config_error(load_text_in_child("model:\n  n_heads: 4\n  n_kv_heads: 3\n"),
+                        "model.n_kv_heads", "model.n_heads");
+}
+
+Test(config, head_dim_must_be_even)
+{
+    assert_config_error(load_text_in_child("model:\n  head_dim: 33\n"), "model.head_dim", NULL);
+}
+
+Test(config, d_model_zero_is_an_error)
+{
+    assert_config_error(load_text_in_child("model:\n  d_model: 0\n"), "model.d_model", NULL);
+}
+
+Test(config, negative_n_layers_is_an_error)
+{
+    assert_config_error(load_text_in_child("model:\n  n_layers: -1\n"), "model.n_layers", NULL);
+}
+
+Test(config, residual_heads_must_divide_d_model)
+{
+    assert_config_error(load_text_in_child("residual:\n  heads: 3\n"), "residual.heads",
+                        "model.d_model");
+}
+
+Test(config, layers_per_block_zero_is_an_error)
+{
+    assert_config_error(load_text_in_child("residual:\n  layers_per_block: 0\n"),
+                        "residual.layers_per_block", NULL);
+}
+
+Test(config, layers_per_block_above_n_layers_is_an_error)
+{
+    assert_config_error(load_text_in_child("residual:\n  layers_per_block: 5\n"),
+                        "residual.layers_per_block", "model.n_layers");
+}
+
+Test(config, msar_with_zero_streams_is_an_error)
+{
+    assert_config_error(load_text_in_child("residual:\n  mode: msar\n  streams: 0\n"),
+                        "residual.streams", NULL);
+}
+
+Test(config, stream_kernel_zero_is_an_error)
+{
+    assert_config_error(
+        load_text_in_child("residual:\n  mode: msar\n  streams: 4\n  stream_kernels: [1, 0, 4, 8]\n"),
+        "residual.stream_kernels", NULL);
+}
+
+Test(config, msar_needs_one_stream_kernel_per_stream)
+{
+    assert_config_error(load_text_in_child("residual:\n  mode: msar\n  streams: 2\n"),
+                        "residual.stream_kernels", "residual.streams");
+}
+
+Test(config, global_batch_must_divide_into_microbatches)
+{
+    assert_config_error(
+        load_text_in_child("train:\n  microbatch_size: 8\n  global_batch_size: 20\n"),
+        "train.global_batch_size", "train.microbatch_size");
+}
+
+Test(config, pp_times_dp_must_equal_the_world_size)
+{
+    assert_config_error(load_text_in_child("parallel:\n  dp: 2\n"), "parallel.dp", NULL);
+}
+
+Test(config, layer_split_must_sum_to_n_layers)
+{
+    ChildResult result = load_in_child((LoadRequest){
+        .yaml = "parallel:\n  pp: 2\n  layer_split: [1, 2]\n", .world_size = 2});
+    assert_config_error(result, "parallel.layer_split", "model.n_layers");
+}
+
+Test(config, shards_need_data_train)
+{
+    assert_config_error(load_text_in_child("data:\n  source: shards\n"), "data.train", NULL);
+}
+
+Test(config, llama3_high_freq_factor_must_exceed_low)
+{
+    assert_config_error(
+        load_text_in_child("model:\n  rope_scaling: {type: llama3, high_freq_factor: 1}\n"),
+        "model.rope_scaling.high_freq_factor", NULL);
+}
+
+Test(config, beta_of_one_is_an_error)
+{
+    assert_config_error(load_text_in_child("optim:\n  beta2: 1\n"), "optim.beta2", NULL);
+}
