@@ -29,6 +29,42 @@ MetricsLog *metrics_open(const char *run_dir, bool fresh)
     return log;
 }
 
+/* The "step" of one metrics line; -1 when it has none. */
+static long long metrics_line_step(const char *line)
+{
+    const char *at = strstr(line, "\"step\":");
+    return at ? strtoll(at + 7, NULL, 10) : -1;
+}
+
+MetricsLog *metrics_open_resumed(const char *run_dir, long long last_step)
+{
+    MetricsLog *log = metrics_open(run_dir, false);
+    /* Lines past the checkpoint belong to steps the resumed run takes again: rewrite the
+     * file without them (through a temporary file, so a crash here loses nothing). */
+    fclose(log->file);
+    FILE *old = fopen(log->path, "r");
+    if (!old)
+        fatal(EXIT_DATA, "cannot read %s: %s", log->path, strerror(errno));
+    char temporary[sizeof log->path + 8];
+    snprintf(temporary, sizeof temporary, "%s.tmp", log->path);
+    FILE *kept = fopen(temporary, "w");
+    if (!kept)
+        fatal(EXIT_DATA, "cannot write %s: %s", temporary, strerror(errno));
+    char *line = NULL;
+    size_t capacity = 0;
+    while (getline(&line, &capacity, old) > 0)
+        if (metrics_line_step(line) <= last_step)
+            fputs(line, kept);
+    free(line);
+    fclose(old);
+    if (fclose(kept) || rename(temporary, log->path))
+        fatal(EXIT_DATA, "cannot replace %s: %s", log->path, strerror(errno));
+    log->file = fopen(log->path, "a");
+    if (!log->file)
+        fatal(EXIT_DATA, "cannot open %s for writing: %s", log->path, strerror(errno));
+    return log;
+}
+
 void metrics_close(MetricsLog *log)
 {
     if (!log)

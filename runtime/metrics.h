@@ -59,6 +59,9 @@ typedef struct MetricsLog MetricsLog;
 /* Opens <run_dir>/metrics.jsonl (the directory must exist); fatal(EXIT_DATA, ...) naming the
  * file when it cannot be opened. */
 MetricsLog *metrics_open(const char *run_dir, bool fresh);
+/* Opens it for a run resumed at `last_step`: lines of later steps (written after that
+ * checkpoint by the run that stopped) are dropped first, so every step appears once. */
+MetricsLog *metrics_open_resumed(const char *run_dir, long long last_step);
 void metrics_write_step(MetricsLog *log, const MetricsStep *metrics);
 void metrics_write_eval(MetricsLog *log, int step, double val_loss);
 void metrics_close(MetricsLog *log);

@@ -147,6 +147,33 @@ Test(metrics, opening_appends_unless_asked_to_start_fresh)
     test_remove_tree(dir);
 }
 
+/* A run that logged steps 1..5 but last committed step 3: resuming drops 4 and 5 (and the
+ * eval line of step 4) so the steps taken again appear once. */
+Test(metrics, resuming_drops_the_lines_logged_after_the_checkpoint)
+{
+    char dir[256], output[4096];
+    test_make_temp_dir(dir, "metrics-resume");
+    MetricsStep step = step_example(NULL, 0);
+    MetricsLog *log = metrics_open(dir, true);
+    for (int i = 1; i <= 5; i++) {
+        step.step = i;
+        metrics_write_step(log, &step);
+        if (i == 2 || i == 4)
+            metrics_write_eval(log, i, 1.5);
+    }
+    metrics_close(log);
+    log = metrics_open_resumed(dir, 3);
+    step.step = 4;
+    metrics_write_step(log, &step);
+    metrics_close(log);
+    cr_assert_eq(check_metrics_file(dir, 0,
+                                    "assert [l['step'] for l in lines] == [1, 2, 2, 3, 4], "
+                                    "[l['step'] for l in lines]",
+                                    output, sizeof output),
+                 0, "%s", output);
+    test_remove_tree(dir);
+}
+
 Test(metrics, opening_in_a_missing_directory_exits_with_code_3, .exit_code = 3)
 {
     metrics_open("/nonexistent-fathom-run-dir/sub", false);
