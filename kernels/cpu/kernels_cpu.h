@@ -1,0 +1,82 @@
+/* kernels/cpu/kernels_cpu.h — the cpu backend's kernels, one per op of runtime/backend.h.
+ *
+ * Each function here is the cpu implementation of the Backend entry of the same name; the
+ * shapes, layouts and formulas are the ones written in runtime/backend.h and are not
+ * repeated. backend_cpu() (backend_cpu.c) puts them in the op table; tests call them
+ * directly as well.
+ *
+ * Every kernel is plain C11 fp32 on host memory. Work is split with OpenMP so that each
+ * output element is computed by exactly one thread, always in the same order: results are
+ * bitwise identical whatever the number of threads (DESIGN 3, "Determinism").
+ * Row statistics (the RMSNorm mean and its backward's row dot, the cross-entropy
+ * log-sum-exp) and sum_squares accumulate in double and round once; matmul, attention and
+ * the gradient sums accumulate in fp32.
+ * Every backward ADDS into its gradients. Nothing allocates; the caller owns every buffer.
+ */
+#ifndef FATHOM_KERNELS_CPU_KERNELS_CPU_H
+#define FATHOM_KERNELS_CPU_KERNELS_CPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Below this many elements of work a kernel runs on the calling thread: starting a parallel
+ * region costs microseconds, more than a small op itself. */
+enum { CPU_PARALLEL_MIN_WORK = 1 << 14 };
+
+/* elementwise_cpu.c */
+void cpu_add_inplace(float *y, const float *x, size_t n);
+void cpu_add(float *out, const float *a, const float *b, size_t n);
+
+/* embedding_cpu.c; tokens must be < V (the caller validates its data against V) */
+void cpu_embedding_forward(float *out, const uint32_t *tokens, const float *table, int n,
+                           int d);
+void cpu_embedding_backward(float *dtable, const float *dout, const uint32_t *tokens, int n,
+                            int d);
+
+/* rmsnorm_cpu.c */
+void cpu_rmsnorm_forward(float *out, float *rstd, const float *x, const float *weight, int rows,
+                         int d, float eps);
+void cpu_rmsnorm_backward(float *dx, float *dweight, const float *dout, const float *x,
+                          const float *weight, const float *rstd, int rows, int d);
+
+/* matmul_cpu.c */
+void cpu_matmul_forward(float *out, const float *in, const float *weight, int rows, int in_dim,
+                        int out_dim);
+void cpu_matmul_backward(float *din, float *dweight, const float *dout, const float *in,
+                         const float *weight, int rows, int in_dim, int out_dim);
+
+/* rope_cpu.c; head_dim is even */
+void cpu_rope_forward(float *out, const float *x, const float *cos, const float *sin, int B,
+                      int T, int n_heads, int head_dim);
+void cpu_rope_backward(float *dx, const float *dout, const float *cos, const float *sin, int B,
+                       int T, int n_heads, int head_dim);
+
+/* attention_cpu.c; n_heads is a multiple of n_kv_heads */
+void cpu_attention_forward(float *out, float *lse, const float *q, const float *k,
+                           const float *v, int B, int T, int n_heads, int n_kv_heads,
+                           int head_dim);
+void cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                            const float *k, const float *v, const float *out, const float *lse,
+                            int B, int T, int n_heads, int n_kv_heads, int head_dim);
+
+/* swiglu_cpu.c */
+void cpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n);
+void cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
+                         const float *up, size_t n);
+
+/* cross_entropy_cpu.c; a target >= V is a data error: fatal(EXIT_DATA, ...) */
+void cpu_cross_entropy_forward(float *losses, float *lse, const float *logits,
+                               const uint32_t *targets, int rows, int V, float z_loss);
+void cpu_cross_entropy_backward(float *dlogits, const float *dloss, const float *logits,
+                                const float *lse, const uint32_t *targets, int rows, int V,
+                                float z_loss);
+
+/* optimizer_cpu.c */
+double cpu_sum_squares(const float *x, size_t n);
+void cpu_scale(float *x, float factor, size_t n);
+void cpu_adamw_update(float *params, const float *grads, float *exp_avg, float *exp_avg_sq,
+                      size_t n, float lr, float beta1, float beta2, float eps,
+                      float weight_decay, int step);
+void cpu_ema_update(float *ema, const float *params, size_t n, float decay);
+
+#endif

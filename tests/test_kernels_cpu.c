@@ -1,0 +1,553 @@
+/* tests/test_kernels_cpu.c — the cpu backend's forward ops and optimizer ops against naive
+ * double-precision loops written here (DESIGN 7, "Unit").
+ *
+ * Shapes are small and deliberately odd (1, 3, 7 rows; widths 5, 33; 3 query heads over 1 kv
+ * head; head_dim 2, 6, 10; T 1, 5, 17; V 7, 37) plus a few larger than the kernels' tiles.
+ * Outputs are poisoned with NaN first, so an element the kernel never writes fails the
+ * comparison. Tolerance: relative error (whole tensor, 2-norm) <= 1e-5.
+ */
+#include "kernels/cpu/kernels_cpu.h"
+#include "runtime/backend.h"
+#include "runtime/error.h"
+#include "tests/support.h"
+
+#include <criterion/criterion.h>
+#include <criterion/redirect.h>
+#include <math.h>
+#include <stdarg.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define FORWARD_TOLERANCE 1e-5
+
+/* Frees every pointer of the list, which ends with NULL. */
+static void free_all(void *first, ...)
+{
+    va_list rest;
+    va_start(rest, first);
+    for (void *pointer = first; pointer; pointer = va_arg(rest, void *))
+        free(pointer);
+    va_end(rest);
+}
+
+static float *random_floats(size_t n, float scale, uint64_t seed)
+{
+    float *x = malloc((n ? n : 1) * sizeof(float));
+    cr_assert_not_null(x);
+    test_fill_uniform(x, n, scale, seed);
+    return x;
+}
+
+static float *poisoned_floats(size_t n)
+{
+    float *x = malloc((n ? n : 1) * sizeof(float));
+    cr_assert_not_null(x);
+    test_fill_nan(x, n);
+    return x;
+}
+
+static double *doubles(size_t n)
+{
+    double *x = calloc(n ? n : 1, sizeof(double));
+    cr_assert_not_null(x);
+    return x;
+}
+
+/* ||a - b|| / ||b|| for two double arrays */
+static double relative_error_doubles(const double *a, const double *b, size_t n)
+{
+    double diff = 0, ref = 0;
+    for (size_t i = 0; i < n; i++) {
+        diff += (a[i] - b[i]) * (a[i] - b[i]);
+        ref += b[i] * b[i];
+    }
+    return isfinite(diff) && ref > 0 ? sqrt(diff / ref) : INFINITY;
+}
+
+static uint32_t *random_tokens(int n, int V, uint64_t seed)
+{
+    uint32_t *tokens = malloc((size_t)(n ? n : 1) * sizeof(uint32_t));
+    cr_assert_not_null(tokens);
+    for (int t = 0; t < n; t++)
+        tokens[t] = (uint32_t)test_random_int(0, V - 1, seed * 1000 + (uint64_t)t);
+    return tokens;
+}
+
+/* ---- the table and memory ---- */
+
+Test(kernels_cpu, backend_table_fills_every_op)
+{
+    const Backend *backend = backend_cpu();
+    cr_assert_str_eq(backend->name, "cpu");
+#define EXPECT_OP(op) cr_assert_not_null((void *)(uintptr_t)backend->op, #op " is NULL")
+    EXPECT_OP(alloc); EXPECT_OP(release); EXPECT_OP(zero); EXPECT_OP(copy); EXPECT_OP(upload);
+    EXPECT_OP(download); EXPECT_OP(synchronize); EXPECT_OP(add_inplace); EXPECT_OP(add);
+    EXPECT_OP(embedding_forward); EXPECT_OP(embedding_backward); EXPECT_OP(rmsnorm_forward);
+    EXPECT_OP(rmsnorm_backward); EXPECT_OP(matmul_forward); EXPECT_OP(matmul_backward);
+    EXPECT_OP(rope_forward); EXPECT_OP(rope_backward); EXPECT_OP(attention_forward);
+    EXPECT_OP(attention_backward); EXPECT_OP(swiglu_forward); EXPECT_OP(swiglu_backward);
+    EXPECT_OP(cross_entropy_forward); EXPECT_OP(cross_entropy_backward); EXPECT_OP(sum_squares);
+    EXPECT_OP(scale); EXPECT_OP(adamw_update); EXPECT_OP(ema_update);
+#undef EXPECT_OP
+}
+
+Test(kernels_cpu, alloc_returns_zero_filled_memory)
+{
+    const Backend *backend = backend_cpu();
+    size_t n = 1000;
+    float *x = backend->alloc(n * sizeof(float));
+    cr_assert_not_null(x);
+    for (size_t i = 0; i < n; i++)
+        cr_assert_eq(x[i], 0.0f);
+    backend->release(x);
+}
+
+Test(kernels_cpu, upload_copy_download_round_trip_preserves_every_byte)
+{
+    const Backend *backend = backend_cpu();
+    size_t n = 777;
+    float *host = random_floats(n, 1, 1), *back = poisoned_floats(n);
+    float *a = backend->alloc(n * sizeof(float)), *b = backend->alloc(n * sizeof(float));
+    backend->upload(a, host, n * sizeof(float));
+    backend->copy(b, a, n * sizeof(float));
+    backend->synchronize();
+    backend->download(back, b, n * sizeof(float));
+    cr_assert_eq(memcmp(host, back, n * sizeof(float)), 0);
+    backend->release(a);
+    backend->release(b);
+    free_all(host, back, NULL);
+}
+
+Test(kernels_cpu, zero_clears_every_byte)
+{
+    const Backend *backend = backend_cpu();
+    size_t n = 300;
+    float *x = random_floats(n, 1, 2);
+    backend->zero(x, n * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        cr_assert_eq(x[i], 0.0f);
+    free(x);
+}
+
+/* ---- elementwise ---- */
+
+Test(kernels_cpu, add_inplace_adds_x_into_y)
+{
+    size_t n = 40000; /* above the parallel threshold */
+    float *y = random_floats(n, 1, 3), *x = random_floats(n, 1, 4);
+    double *expected = doubles(n);
+    for (size_t i = 0; i < n; i++)
+        expected[i] = (double)y[i] + x[i];
+    cpu_add_inplace(y, x, n);
+    cr_assert_leq(test_relative_error_double(y, expected, n), FORWARD_TOLERANCE);
+    free_all(y, x, expected, NULL);
+}
+
+Test(kernels_cpu, add_writes_the_sum_even_when_out_aliases_an_input)
+{
+    size_t n = 33;
+    float *a = random_floats(n, 1, 5), *b = random_floats(n, 1, 6), *out = poisoned_floats(n);
+    double *expected = doubles(n);
+    for (size_t i = 0; i < n; i++)
+        expected[i] = (double)a[i] + b[i];
+    cpu_add(out, a, b, n);
+    cr_assert_leq(test_relative_error_double(out, expected, n), FORWARD_TOLERANCE);
+    cpu_add(a, a, b, n);
+    cr_assert_eq(memcmp(a, out, n * sizeof(float)), 0);
+    free_all(a, b, out, expected, NULL);
+}
+
+/* ---- embedding ---- */
+
+Test(kernels_cpu, embedding_forward_copies_the_rows_the_tokens_name)
+{
+    const int shapes[][3] = {{1, 7, 5}, {3, 7, 33}, {17, 37, 5}, {300, 37, 64}}; /* n, V, d */
+    for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++) {
+        int n = shapes[c][0], V = shapes[c][1], d = shapes[c][2];
+        float *table = random_floats((size_t)V * d, 1, 10 + c);
+        float *out = poisoned_floats((size_t)n * d);
+        uint32_t *tokens = random_tokens(n, V, 20 + c);
+        cpu_embedding_forward(out, tokens, table, n, d);
+        for (int t = 0; t < n; t++)
+            cr_assert_eq(memcmp(out + (size_t)t * d, table + (size_t)tokens[t] * d,
+                                (size_t)d * sizeof(float)), 0, "n %d d %d row %d", n, d, t);
+        free_all(table, out, tokens, NULL);
+    }
+}
+
+/* ---- RMSNorm ---- */
+
+Test(kernels_cpu, rmsnorm_forward_matches_double_reference)
+{
+    const int shapes[][2] = {{1, 5}, {3, 33}, {7, 5}, {64, 300}}; /* rows, d */
+    const float eps = 1e-5f;
+    for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++) {
+        int rows = shapes[c][0], d = shapes[c][1];
+        size_t count = (size_t)rows * d;
+        float *x = random_floats(count, 2, 30 + c), *weight = random_floats(d, 1, 40 + c);
+        float *out = poisoned_floats(count), *rstd = poisoned_floats(rows);
+        double *expected = doubles(count), *expected_rstd = doubles(rows);
+        for (int r = 0; r < rows; r++) {
+            double sum = 0;
+            for (int i = 0; i < d; i++)
+                sum += (double)x[r * d + i] * x[r * d + i];
+            expected_rstd[r] = 1.0 / sqrt(sum / d + eps);
+            for (int i = 0; i < d; i++)
+                expected[r * d + i] = weight[i] * x[r * d + i] * expected_rstd[r];
+        }
+        cpu_rmsnorm_forward(out, rstd, x, weight, rows, d, eps);
+        cr_assert_leq(test_relative_error_double(out, expected, count), FORWARD_TOLERANCE,
+                      "rows %d d %d", rows, d);
+        cr_assert_leq(test_relative_error_double(rstd, expected_rstd, rows), FORWARD_TOLERANCE,
+                      "rows %d d %d", rows, d);
+        free_all(x, weight, out, rstd, expected, expected_rstd, NULL);
+    }
+}
+
+/* ---- matmul ---- */
+
+static void matmul_reference(double *out, const float *in, const float *weight, int rows,
+                             int in_dim, int out_dim)
+{
+    for (int r = 0; r < rows; r++)
+        for (int o = 0; o < out_dim; o++) {
+            double sum = 0;
+            for (int i = 0; i < in_dim; i++)
+                sum += (double)in[(size_t)r * in_dim + i] * weight[(size_t)o * in_dim + i];
+            out[(size_t)r * out_dim + o] = sum;
+        }
+}
+
+Test(kernels_cpu, matmul_forward_matches_double_reference)
+{
+    /* rows, in_dim, out_dim: odd sizes, sizes that end mid-tile, sizes over a block */
+    const int shapes[][3] = {{1, 5, 7},   {3, 33, 1},  {7, 5, 37},  {2, 4, 4},
+                             {7, 3, 9},   {65, 33, 70}, {130, 131, 67}};
+    for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++) {
+        int rows = shapes[c][0], in_dim = shapes[c][1], out_dim = shapes[c][2];
+        size_t count = (size_t)rows * out_dim;
+        float *in = random_floats((size_t)rows * in_dim, 1, 50 + c);
+        float *weight = random_floats((size_t)out_dim * in_dim, 1, 60 + c);
+        float *out = poisoned_floats(count);
+        double *expected = doubles(count);
+        matmul_reference(expected, in, weight, rows, in_dim, out_dim);
+        cpu_matmul_forward(out, in, weight, rows, in_dim, out_dim);
+        cr_assert_leq(test_relative_error_double(out, expected, count), FORWARD_TOLERANCE,
+                      "rows %d in %d out %d", rows, in_dim, out_dim);
+        free_all(in, weight, out, expected, NULL);
+    }
+}
+
+Test(kernels_cpu, matmul_forward_of_a_row_does_not_depend_on_the_other_rows)
+{
+    int rows = 67, in_dim = 45, out_dim = 71;
+    float *in = random_floats((size_t)rows * in_dim, 1, 70);
+    float *weight = random_floats((size_t)out_dim * in_dim, 1, 71);
+    float *batch = poisoned_floats((size_t)rows * out_dim), *single = poisoned_floats(out_dim);
+    cpu_matmul_forward(batch, in, weight, rows, in_dim, out_dim);
+    for (int r = 0; r < rows; r++) {
+        cpu_matmul_forward(single, in + (size_t)r * in_dim, weight, 1, in_dim, out_dim);
+        cr_assert_eq(memcmp(single, batch + (size_t)r * out_dim, out_dim * sizeof(float)), 0,
+                     "row %d", r);
+    }
+    free_all(in, weight, batch, single, NULL);
+}
+
+Test(kernels_cpu, matmul_forward_256x512x512_takes_under_100_ms)
+{
+    int rows = 256, in_dim = 512, out_dim = 512;
+    float *in = random_floats((size_t)rows * in_dim, 1, 72);
+    float *weight = random_floats((size_t)out_dim * in_dim, 1, 73);
+    float *out = poisoned_floats((size_t)rows * out_dim);
+    double best = INFINITY;
+    for (int repeat = 0; repeat < 3; repeat++) {
+        double start = omp_get_wtime();
+        cpu_matmul_forward(out, in, weight, rows, in_dim, out_dim);
+        double elapsed = omp_get_wtime() - start;
+        best = elapsed < best ? elapsed : best;
+    }
+    cr_assert_lt(best, 0.1, "best of 3: %.1f ms", best * 1e3);
+    free_all(in, weight, out, NULL);
+}
+
+/* ---- RoPE ---- */
+
+/* cos, sin [T, half] of real angles t * theta^(-2i/hd) */
+static void rope_tables(float *cos_table, float *sin_table, int T, int head_dim)
+{
+    int half = head_dim / 2;
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < half; i++) {
+            double angle = t * pow(10000.0, -2.0 * i / head_dim);
+            cos_table[t * half + i] = (float)cos(angle);
+            sin_table[t * half + i] = (float)sin(angle);
+        }
+}
+
+Test(kernels_cpu, rope_forward_matches_double_reference)
+{
+    const int shapes[][4] = {{1, 1, 1, 2}, {2, 5, 3, 6}, {1, 17, 2, 10}}; /* B T heads hd */
+    for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++) {
+        int B = shapes[c][0], T = shapes[c][1], H = shapes[c][2], hd = shapes[c][3];
+        int half = hd / 2;
+        size_t count = (size_t)B * T * H * hd;
+        float *x = random_floats(count, 1, 80 + c), *out = poisoned_floats(count);
+        float *cos_table = poisoned_floats((size_t)T * half);
+        float *sin_table = poisoned_floats((size_t)T * half);
+        double *expected = doubles(count);
+        rope_tables(cos_table, sin_table, T, hd);
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < T; t++)
+                for (int h = 0; h < H; h++) {
+                    size_t o = (((size_t)b * T + t) * H + h) * hd;
+                    for (int i = 0; i < half; i++) {
+                        double c_ = cos_table[t * half + i], s_ = sin_table[t * half + i];
+                        expected[o + i] = x[o + i] * c_ - x[o + i + half] * s_;
+                        expected[o + i + half] = x[o + i + half] * c_ + x[o + i] * s_;
+                    }
+                }
+        cpu_rope_forward(out, x, cos_table, sin_table, B, T, H, hd);
+        cr_assert_leq(test_relative_error_double(out, expected, count), FORWARD_TOLERANCE,
+                      "B %d T %d heads %d hd %d", B, T, H, hd);
+        free_all(x, out, cos_table, sin_table, expected, NULL);
+    }
+}
+
+Test(kernels_cpu, rope_forward_in_place_equals_out_of_place)
+{
+    int B = 2, T = 5, H = 3, hd = 6;
+    size_t count = (size_t)B * T * H * hd;
+    float *x = random_floats(count, 1, 90), *out = poisoned_floats(count);
+    float *cos_table = poisoned_floats((size_t)T * hd / 2);
+    float *sin_table = poisoned_floats((size_t)T * hd / 2);
+    rope_tables(cos_table, sin_table, T, hd);
+    cpu_rope_forward(out, x, cos_table, sin_table, B, T, H, hd);
+    cpu_rope_forward(x, x, cos_table, sin_table, B, T, H, hd);
+    cr_assert_eq(memcmp(x, out, count * sizeof(float)), 0);
+    free_all(x, out, cos_table, sin_table, NULL);
+}
+
+/* ---- attention ---- */
+
+Test(kernels_cpu, attention_forward_matches_double_reference)
+{
+    /* B, T, n_heads, n_kv_heads, head_dim */
+    const int shapes[][5] = {{1, 1, 1, 1, 2}, {2, 5, 3, 1, 6}, {1, 17, 4, 2, 10},
+                             {2, 17, 3, 3, 6}, {1, 40, 2, 1, 8}};
+    for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++) {
+        int B = shapes[c][0], T = shapes[c][1], H = shapes[c][2], KV = shapes[c][3];
+        int hd = shapes[c][4], group = H / KV;
+        size_t q_count = (size_t)B * T * H * hd, kv_count = (size_t)B * T * KV * hd;
+        float *q = random_floats(q_count, 2, 100 + c), *k = random_floats(kv_count, 2, 110 + c);
+        float *v = random_floats(kv_count, 1, 120 + c);
+        float *out = poisoned_floats(q_count), *lse = poisoned_floats((size_t)B * H * T);
+        double *expected = doubles(q_count), *expected_lse = doubles((size_t)B * H * T);
+        double *scores = doubles(T);
+        for (int b = 0; b < B; b++)
+            for (int h = 0; h < H; h++)
+                for (int t = 0; t < T; t++) {
+                    const float *q_row = q + (((size_t)b * T + t) * H + h) * hd;
+                    double max = -INFINITY, sum = 0;
+                    for (int s = 0; s <= t; s++) {
+                        const float *k_row = k + (((size_t)b * T + s) * KV + h / group) * hd;
+                        double dot = 0;
+                        for (int i = 0; i < hd; i++)
+                            dot += (double)q_row[i] * k_row[i];
+                        scores[s] = dot / sqrt((double)hd);
+                        max = scores[s] > max ? scores[s] : max;
+                    }
+                    for (int s = 0; s <= t; s++)
+                        sum += exp(scores[s] - max);
+                    double *out_row = expected + (((size_t)b * T + t) * H + h) * hd;
+                    for (int s = 0; s <= t; s++) {
+                        const float *v_row = v + (((size_t)b * T + s) * KV + h / group) * hd;
+                        for (int i = 0; i < hd; i++)
+                            out_row[i] += exp(scores[s] - max) / sum * v_row[i];
+                    }
+                    expected_lse[((size_t)b * H + h) * T + t] = max + log(sum);
+                }
+        cpu_attention_forward(out, lse, q, k, v, B, T, H, KV, hd);
+        cr_assert_leq(test_relative_error_double(out, expected, q_count), FORWARD_TOLERANCE,
+                      "B %d T %d heads %d kv %d hd %d", B, T, H, KV, hd);
+        cr_assert_leq(test_relative_error_double(lse, expected_lse, (size_t)B * H * T),
+                      FORWARD_TOLERANCE, "lse: B %d T %d heads %d kv %d hd %d", B, T, H, KV, hd);
+        free_all(q, k, v, out, lse, expected, expected_lse, scores, NULL);
+    }
+}
+
+/* ---- SwiGLU ---- */
+
+Test(kernels_cpu, swiglu_forward_matches_double_reference)
+{
+    const size_t sizes[] = {1, 7, 37, 50000};
+    for (size_t c = 0; c < sizeof sizes / sizeof sizes[0]; c++) {
+        size_t n = sizes[c];
+        float *gate = random_floats(n, 6, 130 + c), *up = random_floats(n, 2, 140 + c);
+        float *out = poisoned_floats(n);
+        double *expected = doubles(n);
+        for (size_t i = 0; i < n; i++)
+            expected[i] = gate[i] / (1.0 + exp(-(double)gate[i])) * up[i];
+        cpu_swiglu_forward(out, gate, up, n);
+        cr_assert_leq(test_relative_error_double(out, expected, n), FORWARD_TOLERANCE, "n %zu", n);
+        free_all(gate, up, out, expected, NULL);
+    }
+}
+
+/* ---- cross-entropy ---- */
+
+static void cross_entropy_reference(double *losses, double *lse, const float *logits,
+                                    const uint32_t *targets, int rows, int V, double z_loss)
+{
+    for (int r = 0; r < rows; r++) {
+        const float *row = logits + (size_t)r * V;
+        double max = -INFINITY, sum = 0;
+        for (int i = 0; i < V; i++)
+            max = row[i] > max ? row[i] : max;
+        for (int i = 0; i < V; i++)
+            sum += exp(row[i] - max);
+        lse[r] = max + log(sum);
+        losses[r] = lse[r] - row[targets[r]] + z_loss * lse[r] * lse[r];
+    }
+}
+
+Test(kernels_cpu, cross_entropy_forward_with_z_loss_matches_double_reference)
+{
+    const int shapes[][2] = {{1, 7}, {3, 37}, {7, 7}, {64, 1000}}; /* rows, V */
+    for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++) {
+        int rows = shapes[c][0], V = shapes[c][1];
+        float *logits = random_floats((size_t)rows * V, 4, 150 + c);
+        uint32_t *targets = random_tokens(rows, V, 160 + c);
+        float *losses = poisoned_floats(rows), *lse = poisoned_floats(rows);
+        double *expected = doubles(rows), *expected_lse = doubles(rows);
+        cross_entropy_reference(expected, expected_lse, logits, targets, rows, V, 1e-2);
+        cpu_cross_entropy_forward(losses, lse, logits, targets, rows, V, 1e-2f);
+        cr_assert_leq(test_relative_error_double(losses, expected, rows), FORWARD_TOLERANCE,
+                      "rows %d V %d", rows, V);
+        cr_assert_leq(test_relative_error_double(lse, expected_lse, rows), FORWARD_TOLERANCE,
+                      "rows %d V %d", rows, V);
+        free_all(logits, targets, losses, lse, expected, expected_lse, NULL);
+    }
+}
+
+Test(kernels_cpu, cross_entropy_forward_is_exact_for_logits_far_beyond_exp_range)
+{
+    /* exp(1000) overflows fp32 and double: only a max-subtracted logsumexp survives */
+    int rows = 2, V = 37;
+    float *logits = random_floats((size_t)rows * V, 4, 170);
+    for (int i = 0; i < rows * V; i++)
+        logits[i] += 1000.0f * (i < V ? 1 : -1);
+    uint32_t targets[2] = {3, 36};
+    float losses[2], lse[2];
+    double expected[2], expected_lse[2];
+    cross_entropy_reference(expected, expected_lse, logits, targets, rows, V, 0);
+    cpu_cross_entropy_forward(losses, lse, logits, targets, rows, V, 0);
+    cr_assert_leq(test_relative_error_double(losses, expected, rows), FORWARD_TOLERANCE);
+    cr_assert_leq(test_relative_error_double(lse, expected_lse, rows), FORWARD_TOLERANCE);
+    free(logits);
+}
+
+Test(kernels_cpu, cross_entropy_forward_rejects_a_target_outside_the_vocabulary,
+     .exit_code = EXIT_DATA)
+{
+    float logits[7] = {0};
+    uint32_t target = 7;
+    float loss, lse;
+    cr_redirect_stderr();
+    cpu_cross_entropy_forward(&loss, &lse, logits, &target, 1, 7, 0);
+}
+
+/* ---- optimizer ops ---- */
+
+Test(kernels_cpu, sum_squares_matches_naive_loop)
+{
+    /* from empty to several parallel groups of blocks, ending mid-block */
+    const size_t sizes[] = {0, 1, 4097, 2 * 64 * 4096 + 123};
+    for (size_t c = 0; c < sizeof sizes / sizeof sizes[0]; c++) {
+        size_t n = sizes[c];
+        float *x = random_floats(n, 3, 180 + c);
+        double expected = 0;
+        for (size_t i = 0; i < n; i++)
+            expected += (double)x[i] * x[i];
+        double got = cpu_sum_squares(x, n);
+        cr_assert_leq(fabs(got - expected), 1e-12 * expected, "n %zu: %.17g vs %.17g", n, got,
+                      expected);
+        free(x);
+    }
+}
+
+Test(kernels_cpu, sum_squares_is_bitwise_identical_for_1_and_2_threads)
+{
+    size_t n = 3 * 64 * 4096 + 5;
+    float *x = random_floats(n, 3, 190);
+    omp_set_num_threads(1);
+    double one = cpu_sum_squares(x, n);
+    omp_set_num_threads(2);
+    double two = cpu_sum_squares(x, n);
+    cr_assert_eq(memcmp(&one, &two, sizeof one), 0, "%.17g vs %.17g", one, two);
+    free(x);
+}
+
+Test(kernels_cpu, scale_multiplies_every_element)
+{
+    size_t n = 40000;
+    float *x = random_floats(n, 1, 200);
+    double *expected = doubles(n);
+    for (size_t i = 0; i < n; i++)
+        expected[i] = (double)x[i] * 0.37;
+    cpu_scale(x, 0.37f, n);
+    cr_assert_leq(test_relative_error_double(x, expected, n), FORWARD_TOLERANCE);
+    free_all(x, expected, NULL);
+}
+
+Test(kernels_cpu, ema_update_matches_formula)
+{
+    size_t n = 1001;
+    float *ema = random_floats(n, 1, 210), *params = random_floats(n, 1, 211);
+    double *expected = doubles(n);
+    const double decay = 0.999;
+    for (size_t i = 0; i < n; i++)
+        expected[i] = decay * ema[i] + (1 - decay) * params[i];
+    cpu_ema_update(ema, params, n, (float)decay);
+    cr_assert_leq(test_relative_error_double(ema, expected, n), FORWARD_TOLERANCE);
+    free_all(ema, params, expected, NULL);
+}
+
+Test(kernels_cpu, adamw_update_matches_double_formula_over_3_steps)
+{
+    size_t n = 1001;
+    const double lr = 1e-2, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
+    float *params = random_floats(n, 1, 220), *exp_avg = calloc(n, sizeof(float));
+    float *exp_avg_sq = calloc(n, sizeof(float));
+    double *p = doubles(n), *m = doubles(n), *v = doubles(n);
+    /* the displacement from the start, not the parameters themselves, is compared: an error
+     * in the update must not hide under the size of the parameters */
+    double *initial = doubles(n), *moved = doubles(n), *expected_moved = doubles(n);
+    for (size_t i = 0; i < n; i++)
+        p[i] = initial[i] = params[i];
+    for (int step = 1; step <= 3; step++) {
+        float *grads = random_floats(n, 1, 230 + step);
+        for (size_t i = 0; i < n; i++) {
+            double g = grads[i];
+            p[i] -= lr * weight_decay * p[i];
+            m[i] = beta1 * m[i] + (1 - beta1) * g;
+            v[i] = beta2 * v[i] + (1 - beta2) * g * g;
+            p[i] -= lr / (1 - pow(beta1, step)) * m[i] /
+                    (sqrt(v[i]) / sqrt(1 - pow(beta2, step)) + eps);
+        }
+        cpu_adamw_update(params, grads, exp_avg, exp_avg_sq, n, (float)lr, (float)beta1,
+                         (float)beta2, (float)eps, (float)weight_decay, step);
+        for (size_t i = 0; i < n; i++) {
+            moved[i] = (double)params[i] - initial[i];
+            expected_moved[i] = p[i] - initial[i];
+        }
+        cr_assert_leq(relative_error_doubles(moved, expected_moved, n), FORWARD_TOLERANCE,
+                      "step %d", step);
+        cr_assert_leq(test_relative_error_double(exp_avg, m, n), FORWARD_TOLERANCE, "step %d",
+                      step);
+        cr_assert_leq(test_relative_error_double(exp_avg_sq, v, n), FORWARD_TOLERANCE,
+                      "step %d", step);
+        free(grads);
+    }
+    free_all(params, exp_avg, exp_avg_sq, p, m, v, initial, moved, expected_moved, NULL);
+}
