@@ -1,0 +1,65 @@
+/* model/layer.h — the two sublayers of a decoder layer, forward and backward (DESIGN 2).
+ *
+ *   attention:  n = RMSNorm(x; input_layernorm)
+ *               f = o_proj(Attn(RoPE(qk_norm(q_proj(n))), RoPE(qk_norm(k_proj(n))), v_proj(n)))
+ *               causal, grouped KV heads; qk_norm is per head over head_dim (Qwen3 only)
+ *   MLP:        n = RMSNorm(x; post_attention_layernorm)
+ *               f = down_proj(silu(gate_proj(n)) * up_proj(n))
+ *
+ * A sublayer maps its input x [B*T, d] to its output f [B*T, d]; it does not add the residual.
+ * The caller chooses what x is and what becomes of f (DESIGN 2: x is the stream h and
+ * h' = h + f; DESIGN 2.1 will put a routing site in front). The forward keeps its
+ * intermediates in a LayerActivations; x itself is not copied, so the caller keeps it
+ * unchanged until the backward.
+ *
+ * Backward, with the "ADDS into" rule of runtime/backend.h: dx += J^T dout, and every weight
+ * gradient += its contribution. dx may be the same buffer as dout (dout is consumed before dx
+ * is touched), which is how the standard residual folds the identity path in for free.
+ * Intermediate gradients use the ActivationScratch and are zeroed here before use.
+ */
+#ifndef FATHOM_MODEL_LAYER_H
+#define FATHOM_MODEL_LAYER_H
+
+#include "model/activations.h"
+#include "model/params.h"
+#include "runtime/backend.h"
+#include "runtime/config.h"
+
+/* Pointers to one layer's tensors inside a flat buffer: the parameters, or the gradients
+ * (same layout). q_norm and k_norm are NULL without qk_norm. */
+typedef struct {
+    float *input_layernorm;           /* [d] */
+    float *q_proj, *k_proj, *v_proj;  /* [q_dim, d], [kv_dim, d], [kv_dim, d] */
+    float *o_proj;                    /* [d, q_dim] */
+    float *q_norm, *k_norm;           /* [head_dim] */
+    float *post_attention_layernorm;  /* [d] */
+    float *gate_proj, *up_proj;       /* [F, d] */
+    float *down_proj;                 /* [d, F] */
+} LayerWeights;
+
+/* What every sublayer call needs besides its weights and buffers. */
+typedef struct {
+    const Backend *backend;
+    const ModelConfig *config;
+    int B, T;                         /* this batch: rows = B * T */
+    const float *rope_cos, *rope_sin; /* [T, head_dim/2], backend memory */
+    ActivationScratch *scratch;
+} LayerContext;
+
+/* Resolves layer `layer`'s tensors by their DESIGN 2.3 names in `flat`. */
+void layer_weights_resolve(LayerWeights *weights, const ParamTable *table, float *flat,
+                           int layer, const ModelConfig *config);
+
+void attention_sublayer_forward(const LayerContext *context, const LayerWeights *weights,
+                                LayerActivations *saved, const float *x, float *out);
+void attention_sublayer_backward(const LayerContext *context, const LayerWeights *weights,
+                                 LayerWeights *grads, const LayerActivations *saved,
+                                 const float *x, const float *dout, float *dx);
+
+void mlp_sublayer_forward(const LayerContext *context, const LayerWeights *weights,
+                          LayerActivations *saved, const float *x, float *out);
+void mlp_sublayer_backward(const LayerContext *context, const LayerWeights *weights,
+                           LayerWeights *grads, const LayerActivations *saved,
+                           const float *x, const float *dout, float *dx);
+
+#endif

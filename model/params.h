@@ -1,0 +1,75 @@
+/* model/params.h — the parameter table: every tensor's name, shape and place (DESIGN 2.3, 3).
+ *
+ * All parameters live in ONE flat fp32 buffer of `total` elements; the gradients, the AdamW
+ * moments and the EMA use the same layout. An entry gives a tensor's DESIGN 2.3 (Hugging
+ * Face) name, its shape ([V, d], [out, in] or [n]), its offset and count in elements, its
+ * FSDP unit and its kind.
+ *
+ * FSDP units (DESIGN 3), each contiguous in the flat buffer, in this order:
+ *   unit 0        model.embed_tokens.weight
+ *   unit 1 + i    decoder layer i: input_layernorm, self_attn.{q,k,v,o}_proj,
+ *                 self_attn.{q,k}_norm (qk_norm only), post_attention_layernorm,
+ *                 mlp.{gate,up,down}_proj
+ *   unit L + 1    model.norm.weight, lm_head.weight (absent when tie_embeddings)
+ * Routing weights (DESIGN 2.1) will join the unit of the layer whose sublayer they stand
+ * before, and the last unit for the final site.
+ *
+ * The table owns its arrays (param_table_free releases them); it holds no tensor data.
+ */
+#ifndef FATHOM_MODEL_PARAMS_H
+#define FATHOM_MODEL_PARAMS_H
+
+#include <stddef.h>
+
+#include "runtime/config.h"
+
+#define PARAM_NAME_MAX 96
+
+typedef enum {
+    PARAM_EMBEDDING, /* embed_tokens, an untied lm_head */
+    PARAM_NORM,      /* RMSNorm weights, qk norms included */
+    PARAM_MATRIX,    /* projections */
+    PARAM_BIAS,      /* none in the Llama/Qwen3 families yet */
+    PARAM_ROUTING,   /* attention-over-depth weights (DESIGN 2.1) */
+} ParamKind;
+
+typedef struct {
+    char name[PARAM_NAME_MAX];
+    int ndim;         /* 1 or 2 */
+    int shape[2];     /* shape[1] = 1 when ndim = 1 */
+    size_t offset;    /* first element in the flat buffer */
+    size_t count;     /* shape[0] * shape[1] */
+    int unit;         /* FSDP unit */
+    ParamKind kind;
+} ParamEntry;
+
+typedef struct {
+    size_t offset, count; /* the unit's contiguous range of the flat buffer */
+    int first_param;      /* its entries are params[first_param .. first_param+n_params-1] */
+    int n_params;
+} ParamUnit;
+
+typedef struct {
+    ParamEntry *params;
+    int n_params;
+    ParamUnit *units;
+    int n_units;              /* n_layers + 2 */
+    size_t total;             /* elements in the flat buffer */
+    size_t layer_matrix_count; /* q,k,v,o,gate,up,down elements over all layers (MFU, DESIGN 6) */
+} ParamTable;
+
+/* Lays out the parameters of `config`. Fails with EXIT_CONFIG on impossible sizes. */
+void param_table_build(ParamTable *table, const ModelConfig *config);
+void param_table_free(ParamTable *table);
+
+/* The entry called `name`, or NULL when the model has no such tensor. */
+const ParamEntry *param_table_find(const ParamTable *table, const char *name);
+/* Same, but a missing name is a programming error: fatal(EXIT_CONFIG, ...) naming it. */
+const ParamEntry *param_table_require(const ParamTable *table, const char *name);
+
+/* The optim.no_decay bit (NO_DECAY_*) that covers `kind`; 0 for matrices (always decayed). */
+unsigned param_kind_no_decay_bit(ParamKind kind);
+/* "embedding", "norm", "matrix", "bias", "routing". */
+const char *param_kind_name(ParamKind kind);
+
+#endif
