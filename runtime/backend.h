@@ -19,6 +19,7 @@
 #ifndef FATHOM_RUNTIME_BACKEND_H
 #define FATHOM_RUNTIME_BACKEND_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -101,6 +102,56 @@ typedef struct Backend {
     void (*cross_entropy_backward)(float *dlogits, const float *dloss, const float *logits,
                                    const float *lse, const uint32_t *targets, int rows, int V,
                                    float z_loss);
+
+    /* ---- attention over depth: Route (DESIGN 2.1), per token t and head h over N sources
+     *   r[n,t]     = rsqrt(mean_d(s_n[t]^2) + eps)
+     *   z[n,t,h]   = < query[h], key_norm[h] * s_n[t][h] * r[n,t] >   ([h]: channels h*d/H ..)
+     *   a[n,t,h]   = softmax over n of z[., t, h]
+     *   mix[t][h]  = sum_n a[n,t,h] * s_n[t][h]
+     *   out[t]     = mix[t]                      when base == NULL (replace form)
+     *   out[t]     = base[t] + alpha * mix[t]    otherwise (delta form; out may alias base)
+     * sources: N pointers to [tokens, d]; query, key_norm [d]; d % heads == 0.
+     * Saved for the backward: weights [N, tokens, heads] (a) and rstd [N, tokens] (r); the
+     * normalised keys are not kept. Statistics, softmax and sums in fp32 (or wider). ---- */
+    void (*route_forward)(float *out, float *weights, float *rstd,
+                          const float *const *sources, int n_sources, const float *query,
+                          const float *key_norm, const float *base, float alpha, int tokens,
+                          int d, int heads, float eps);
+    /* Gradients of out w.r.t. sources, query, key_norm and alpha, from dout [tokens, d]:
+     * dsources[n] += ..., dquery += ..., dkey_norm += ..., *dalpha += ... (delta form only:
+     * base != NULL marks it; the gradient of base is dout and is the caller's to add).
+     * dsources[n] may be NULL (no gradient wanted for that source). `scratch` holds
+     * [N, tokens, heads] floats. Deterministic (fixed-order reductions, no atomics). */
+    void (*route_backward)(float *const *dsources, float *dquery, float *dkey_norm,
+                           float *dalpha, const float *dout, const float *const *sources,
+                           int n_sources, const float *weights, const float *rstd,
+                           const float *query, const float *key_norm, bool delta, float alpha,
+                           float *scratch, int tokens, int d, int heads);
+
+    /* ---- MSAR stream convolution (DESIGN 2.2): causal depthwise over the sequence,
+     *   out[b,t,c] = sum_{tau < kernel_size, tau <= t} taps[tau, c] * x[b, t - tau, c]
+     * x, out [B, T, d]; taps [kernel_size, d] (the first kernel_size rows of a [k_max, d]
+     * parameter). out must not alias x. ---- */
+    void (*stream_conv_forward)(float *out, const float *x, const float *taps,
+                                int kernel_size, int B, int T, int d);
+    /* dx += ..., dtaps += ... (dx may be NULL) */
+    void (*stream_conv_backward)(float *dx, float *dtaps, const float *dout, const float *x,
+                                 const float *taps, int kernel_size, int B, int T, int d);
+
+    /* ---- MSAR mix (DESIGN 2.2), per token over m streams o_r [tokens, d]:
+     *   g[t,r]  = beta[r] + < theta[r], o_r[t] * rsqrt(mean(o_r[t]^2) + eps) >
+     *   w[t,r]  = sigmoid(g[t,r])   (computed in double, rounded once)
+     *   out[t]  = sum_r w[t,r] * o_r[t]
+     * beta (mix_bias) [m], theta (mix_proj) [m, d]. Saved: gates w [tokens, m] and
+     * rstd [tokens, m]. ---- */
+    void (*stream_mix_forward)(float *out, float *gates, float *rstd,
+                               const float *const *streams, int m, const float *mix_bias,
+                               const float *mix_proj, int tokens, int d, float eps);
+    /* dstreams[r] += ..., dmix_bias += ..., dmix_proj += ... */
+    void (*stream_mix_backward)(float *const *dstreams, float *dmix_bias, float *dmix_proj,
+                                const float *dout, const float *const *streams, int m,
+                                const float *gates, const float *rstd, const float *mix_bias,
+                                const float *mix_proj, int tokens, int d);
 
     /* ---- optimizer, over flat fp32 ranges (DESIGN 3) ---- */
     /* sum of x[i]^2 in double, summed in a fixed order */
