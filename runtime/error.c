@@ -81,6 +81,6 @@ int64_t h5_check(int64_t result, const char *expression, const char *file, int l
     if (result >= 0)
         return result;
     char message[256] = "unknown HDF5 error";
-    H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, h5_innermost_message, message);
+    H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, h5_innermost_message, message);
     fatal(EXIT_DATA, "%s:%d: HDF5 call %s failed: %s", file, line, expression, message);
 }

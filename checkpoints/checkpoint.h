@@ -1,0 +1,93 @@
+/* checkpoints/checkpoint.h — sharded HDF5 checkpoints: save, commit, find, load (DESIGN 5).
+ *
+ * This module knows nothing about transformers: a checkpoint is a list of named fp32 tensors
+ * (DESIGN 2.3 names, dots kept) in four groups — model weights, EMA weights, AdamW's two
+ * moments — plus the run's metadata. In memory each group is one flat fp32 buffer and a
+ * tensor sits at the same element `offset` in every group's buffer; the caller owns the
+ * buffers. On disk (DESIGN 5):
+ *
+ *   <run_dir>/checkpoints/step_00001000/index.h5          the logical view (virtual datasets)
+ *                        /step_00001000/shard_p0_d0.h5    the bytes
+ *                        /step_00001000/COMMITTED         written last
+ *   <run_dir>/checkpoints/latest                          "step_00001000\n"
+ *
+ * index.h5, root attributes: format "fathom-checkpoint" (string), version 1 (int64), step,
+ * consumed_samples, tokens_seen (int64), rng (uint64, the run's seed), config (string, the
+ * resolved YAML), layout_pp, layout_dp, layout_virtual_stages (int64), layout_split (int32
+ * array; a null dataspace when the split is even). Groups /model, /ema, /optim/exp_avg,
+ * /optim/exp_avg_sq (only those saved) each hold one virtual dataset per tensor, named by
+ * the tensor, whose sources are row ranges of same-named datasets in the shard files, named
+ * relative to the step directory so a run directory can be moved. /integrity is a table
+ * (1-D compound dataset), one record per shard dataset: {shard (string, file name), dataset
+ * (string, path in the shard), row_begin, row_end (int64, the tensor rows it holds), crc32c
+ * (uint32, of its raw fp32 little-endian bytes)}.
+ *
+ * Every failure (a library call, a missing or corrupt file, a shape that does not match)
+ * exits 3 through fatal() with a message naming the file and the tensor. A save that fails
+ * publishes nothing and leaves the previous checkpoint as it was.
+ */
+#ifndef FATHOM_CHECKPOINTS_CHECKPOINT_H
+#define FATHOM_CHECKPOINTS_CHECKPOINT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "runtime/config.h"
+
+typedef struct {
+    const char *name;  /* DESIGN 2.3 name, dots kept: "model.layers.0.self_attn.q_proj.weight" */
+    int ndim;          /* 1 or 2 */
+    int64_t shape[2];  /* shape[1] unused when ndim == 1 */
+    size_t offset;     /* element offset of the tensor in each group's flat buffer */
+} CheckpointTensor;
+
+enum { CKPT_GROUP_MODEL, CKPT_GROUP_EMA, CKPT_GROUP_EXP_AVG, CKPT_GROUP_EXP_AVG_SQ, CKPT_GROUPS };
+
+/* "/model", "/ema", "/optim/exp_avg", "/optim/exp_avg_sq" */
+const char *checkpoint_group_path(int group);
+
+typedef struct {
+    int64_t step, consumed_samples, tokens_seen;
+    uint64_t rng_seed;              /* the run's seed (attribute `rng`) */
+    const char *config_yaml;        /* resolved config text (attribute `config`) */
+    int pp, dp, virtual_stages;     /* the layout that wrote the checkpoint */
+    int n_layer_split;              /* 0: layers split evenly */
+    int layer_split[CONFIG_SPLIT_MAX];
+} CheckpointMeta;
+
+/* Writes <run_dir>/checkpoints/step_%08lld/ (creating run_dir/checkpoints if needed) through
+ * step_%08lld.tmp/, then renames, then points `latest` at it. `data[g]` is the flat buffer of
+ * group g; NULL skips the group (e.g. no EMA). An existing directory of the same step is
+ * replaced atomically. Single process: one shard, shard_p0_d0.h5, holding whole tensors. */
+void checkpoint_save(const char *run_dir, const CheckpointMeta *meta,
+                     const CheckpointTensor *tensors, int n_tensors,
+                     const float *const data[CKPT_GROUPS]);
+
+/* The newest committed step directory of run_dir: the one `latest` names if it has
+ * COMMITTED, else the highest step_* with COMMITTED. Writes its path into step_dir and
+ * returns true; returns false when there is none. */
+bool checkpoint_find_latest(const char *run_dir, char *step_dir, size_t capacity);
+
+/* Reads the metadata of a checkpoint. `dir` is a step directory, or a run directory or its
+ * checkpoints/ directory (then the latest committed step is used); the step directory used
+ * is written into step_dir (NULL: not wanted). meta->config_yaml and *config_yaml point to
+ * the same malloc'd text, the caller frees it. */
+void checkpoint_read_meta(const char *dir, CheckpointMeta *meta, char **config_yaml,
+                          char *step_dir, size_t capacity);
+
+/* Loads tensors into data[g] at their offsets; data[g] NULL: group not wanted. `dir` is
+ * resolved as in checkpoint_read_meta and must be committed. First every shard dataset the
+ * load reads is checked against its CRC32C in /integrity; then each tensor is read through
+ * index.h5. A wanted group absent from the checkpoint, a tensor missing or of another shape,
+ * a missing or corrupt shard: exit 3 naming it. Tensors of the checkpoint that are not asked
+ * for are ignored. */
+void checkpoint_load(const char *dir, const CheckpointTensor *tensors, int n_tensors,
+                     float *const data[CKPT_GROUPS]);
+
+/* Retention (DESIGN 5): keeps the keep_last highest committed steps (0: all), every step that
+ * is a multiple of keep_every (0: none), and the one `latest` names; deletes the other step
+ * directories, uncommitted ones and stale *.tmp ones included. Call it between saves only. */
+void checkpoint_apply_retention(const char *run_dir, int keep_last, int keep_every);
+
+#endif
