@@ -1,6 +1,8 @@
-/* launch/cli.c — the command dispatcher. */
+/* launch/cli.c — the command dispatcher (DESIGN 6). */
 #include "launch/cli.h"
 
+#include "launch/eval.h"
+#include "launch/train.h"
 #include "runtime/error.h"
 
 #include <stdio.h>
@@ -8,15 +10,24 @@
 
 static const char usage[] =
     "usage: fathom <command> [arguments]\n"
-    "  train CONFIG.yaml [--set key=value ...]\n"
-    "  eval  --checkpoint DIR [--weights ema|raw] [--data SPEC] [--samples N]"
-    " [--dump-logits OUT.h5]\n";
+    "  train CONFIG.yaml [--set key=value ...]   train, resuming from run_dir if it holds a "
+    "checkpoint\n"
+    "  eval  --checkpoint DIR [--weights ema|raw] [--data SPEC] [--samples N] "
+    "[--dump-logits OUT.h5]\n";
 
 int cli_main(int argc, char **argv)
 {
-    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
-        fputs(usage, argc < 2 ? stderr : stdout);
-        return argc < 2 ? EXIT_CONFIG : EXIT_DONE;
+    if (argc < 2) {
+        fputs(usage, stderr);
+        return EXIT_CONFIG;
     }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        fputs(usage, stdout);
+        return EXIT_DONE;
+    }
+    if (!strcmp(argv[1], "train"))
+        return train_main(argc, argv);
+    if (!strcmp(argv[1], "eval"))
+        return eval_main(argc, argv);
     fatal(EXIT_CONFIG, "unknown command '%s'\n%s", argv[1], usage);
 }

@@ -99,6 +99,7 @@ void model_destroy(Model *model)
 
 const ParamTable *model_param_table(const Model *model) { return &model->table; }
 const ModelConfig *model_config(const Model *model) { return &model->config; }
+const Backend *model_backend(const Model *model) { return model->backend; }
 float *model_params(Model *model) { return model->params; }
 float *model_grads(Model *model) { return model->grads; }
 const float *model_logits(const Model *model) { return model->act.logits; }

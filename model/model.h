@@ -34,6 +34,7 @@ void model_destroy(Model *model);
 
 const ParamTable *model_param_table(const Model *model);
 const ModelConfig *model_config(const Model *model);
+const Backend *model_backend(const Model *model);
 float *model_params(Model *model); /* flat [total] in backend memory */
 float *model_grads(Model *model);  /* flat [total], same layout */
 

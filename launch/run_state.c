@@ -1,0 +1,157 @@
+/* launch/run_state.c — see run_state.h. */
+#include "launch/run_state.h"
+
+#include "checkpoints/checkpoint.h"
+#include "model/params.h"
+#include "runtime/error.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void run_state_create(RunState *state, Model *model, const Config *config)
+{
+    const Backend *backend = model_backend(model);
+    size_t bytes = model_param_table(model)->total * sizeof(float);
+    memset(state, 0, sizeof *state);
+    state->exp_avg = backend->alloc(bytes);
+    state->exp_avg_sq = backend->alloc(bytes);
+    if (config->optim.ema_decay > 0)
+        state->ema = backend->alloc(bytes);
+}
+
+void run_state_destroy(RunState *state, Model *model)
+{
+    const Backend *backend = model_backend(model);
+    backend->release(state->exp_avg);
+    backend->release(state->exp_avg_sq);
+    if (state->ema)
+        backend->release(state->ema);
+    memset(state, 0, sizeof *state);
+}
+
+/* The checkpoint's view of the parameter table: names, shapes and flat offsets. */
+static CheckpointTensor *checkpoint_tensors_of(const ParamTable *table)
+{
+    CheckpointTensor *tensors = xcalloc((size_t)table->n_params, sizeof *tensors);
+    for (int i = 0; i < table->n_params; i++) {
+        const ParamEntry *entry = &table->params[i];
+        tensors[i] = (CheckpointTensor){
+            .name = entry->name,
+            .ndim = entry->ndim,
+            .shape = {entry->shape[0], entry->shape[1]},
+            .offset = entry->offset,
+        };
+    }
+    return tensors;
+}
+
+void run_state_save(const RunState *state, Model *model, const Config *config)
+{
+    const ParamTable *table = model_param_table(model);
+    CheckpointTensor *tensors = checkpoint_tensors_of(table);
+    char *config_yaml = config_to_yaml(config);
+    CheckpointMeta meta = {
+        .step = state->step,
+        .consumed_samples = state->consumed_samples,
+        .tokens_seen = state->tokens_seen,
+        .rng_seed = config->seed,
+        .config_yaml = config_yaml,
+        .pp = config->parallel.pp,
+        .dp = config->parallel.dp,
+        .virtual_stages = config->parallel.virtual_stages,
+        .n_layer_split = config->parallel.n_layer_split,
+    };
+    memcpy(meta.layer_split, config->parallel.layer_split, sizeof meta.layer_split);
+    const float *data[CKPT_GROUPS] = {
+        [CKPT_GROUP_MODEL] = model_params(model),
+        [CKPT_GROUP_EMA] = state->ema,
+        [CKPT_GROUP_EXP_AVG] = state->exp_avg,
+        [CKPT_GROUP_EXP_AVG_SQ] = state->exp_avg_sq,
+    };
+    checkpoint_save(config->run_dir, &meta, tensors, table->n_params, data);
+    checkpoint_apply_retention(config->run_dir, config->checkpoint.keep_last,
+                               config->checkpoint.keep_every);
+    free(config_yaml);
+    free(tensors);
+}
+
+/* The lines of one top-level section ("model:", "residual:") of a resolved config. */
+static const char *section_line(const char *yaml, const char *section, int index)
+{
+    const char *line = yaml;
+    size_t section_length = strlen(section);
+    bool inside = false;
+    int seen = 0;
+    while (line && *line) {
+        bool top_level = line[0] != ' ' && line[0] != '\n';
+        if (top_level)
+            inside = !strncmp(line, section, section_length) && line[section_length] == ':';
+        else if (inside && seen++ == index)
+            return line;
+        line = strchr(line, '\n');
+        if (line)
+            line++;
+    }
+    return NULL;
+}
+
+static size_t line_length(const char *line)
+{
+    const char *end = strchr(line, '\n');
+    return end ? (size_t)(end - line) : strlen(line);
+}
+
+/* A run continues only the network it started: every key of the model and residual
+ * sections must match the checkpoint's. */
+static void check_same_network(const char *saved_yaml, const Config *config,
+                               const char *step_dir)
+{
+    Config saved;
+    config_load_text(&saved, saved_yaml, step_dir, NULL, 0, 1);
+    char *saved_text = config_to_yaml(&saved);
+    char *current_text = config_to_yaml(config);
+    static const char *const sections[] = {"model", "residual"};
+    for (int s = 0; s < 2; s++) {
+        for (int i = 0;; i++) {
+            const char *a = section_line(saved_text, sections[s], i);
+            const char *b = section_line(current_text, sections[s], i);
+            if (!a && !b)
+                break;
+            if (!a || !b || line_length(a) != line_length(b) ||
+                strncmp(a, b, line_length(a)))
+                fatal(EXIT_CONFIG,
+                      "%s holds a checkpoint of another network: %s section differs "
+                      "(checkpoint '%.*s', config '%.*s'); use a new run_dir",
+                      step_dir, sections[s], a ? (int)line_length(a) : 0, a ? a : "",
+                      b ? (int)line_length(b) : 0, b ? b : "");
+        }
+    }
+    free(saved_text);
+    free(current_text);
+}
+
+void run_state_restore(RunState *state, Model *model, const Config *config,
+                       const char *step_dir)
+{
+    CheckpointMeta meta;
+    char *saved_yaml = NULL;
+    char resolved_dir[CONFIG_PATH_MAX];
+    checkpoint_read_meta(step_dir, &meta, &saved_yaml, resolved_dir, sizeof resolved_dir);
+    check_same_network(saved_yaml, config, resolved_dir);
+
+    const ParamTable *table = model_param_table(model);
+    CheckpointTensor *tensors = checkpoint_tensors_of(table);
+    float *data[CKPT_GROUPS] = {
+        [CKPT_GROUP_MODEL] = model_params(model),
+        [CKPT_GROUP_EMA] = state->ema,
+        [CKPT_GROUP_EXP_AVG] = state->exp_avg,
+        [CKPT_GROUP_EXP_AVG_SQ] = state->exp_avg_sq,
+    };
+    checkpoint_load(resolved_dir, tensors, table->n_params, data);
+    state->step = meta.step;
+    state->consumed_samples = meta.consumed_samples;
+    state->tokens_seen = meta.tokens_seen;
+    free(tensors);
+    free(saved_yaml);
+}

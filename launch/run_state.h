@@ -1,0 +1,34 @@
+/* launch/run_state.h — the training state that a checkpoint holds, and moving it in and out.
+ *
+ * The model owns parameters and gradients; the run owns the optimizer moments and the EMA
+ * (flat fp32 buffers with the parameter table's layout, backend memory) and the counters.
+ * run_state_save / run_state_restore translate between these and checkpoints/ (DESIGN 5).
+ */
+#ifndef FATHOM_LAUNCH_RUN_STATE_H
+#define FATHOM_LAUNCH_RUN_STATE_H
+
+#include "model/model.h"
+#include "runtime/config.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct {
+    float *exp_avg, *exp_avg_sq; /* AdamW moments, flat */
+    float *ema;                  /* NULL when optim.ema_decay == 0 */
+    int64_t step, consumed_samples, tokens_seen;
+} RunState;
+
+/* Allocates zeroed moments (and the EMA when enabled) for the model's parameter table. */
+void run_state_create(RunState *state, Model *model, const Config *config);
+void run_state_destroy(RunState *state, Model *model);
+
+/* Saves model + state as step `state->step` under config->run_dir (rank 0 of one process). */
+void run_state_save(const RunState *state, Model *model, const Config *config);
+
+/* Restores from a step directory. The checkpoint's model and residual sections must equal
+ * the config's (else exit 2 naming the first differing key). */
+void run_state_restore(RunState *state, Model *model, const Config *config,
+                       const char *step_dir);
+
+#endif
