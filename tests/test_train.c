@@ -1,0 +1,204 @@
+/* tests/test_train.c — `fathom train` end to end on the synthetic corpus (DESIGN 3, 5, 6). */
+#include "tests/support.h"
+#include "tests/train_support.h"
+
+#include <criterion/criterion.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char output[1 << 16];
+
+/* The stated margin: 60 steps of the tiny model take the loss from about ln(256) = 5.5
+ * (uniform over bytes) down by at least 2 nats. */
+Test(train, synthetic_training_lowers_the_loss_by_two_nats_in_60_steps, .timeout = 120)
+{
+    char dir[256];
+    test_make_temp_dir(dir, "train-loss");
+    tiny_config_write(dir, "");
+    int code = tiny_train(dir, "--set train.steps=60 --set optim.warmup_steps=5",
+                          output, sizeof output);
+    cr_assert_eq(code, 0, "fathom train failed (%d):\n%s", code, output);
+    double losses[64];
+    char run[300];
+    snprintf(run, sizeof run, "%s/run", dir);
+    int n = metrics_read_losses(run, losses, NULL, 64);
+    cr_assert_eq(n, 60, "expected 60 metrics lines, got %d", n);
+    cr_assert_gt(losses[0], 5.0, "initial loss %.3f should be near ln(256)", losses[0]);
+    cr_assert_lt(losses[59], losses[0] - 2.0, "loss went from %.3f to %.3f", losses[0],
+                 losses[59]);
+    test_remove_tree(dir);
+}
+
+Test(train, two_runs_with_the_same_seed_are_bitwise_identical, .timeout = 120)
+{
+    char a[256], b[256];
+    test_make_temp_dir(a, "train-same-a");
+    test_make_temp_dir(b, "train-same-b");
+    tiny_config_write(a, "checkpoint:\n  every: 6\n");
+    tiny_config_write(b, "checkpoint:\n  every: 6\n");
+    cr_assert_eq(tiny_train(a, "", output, sizeof output), 0, "%s", output);
+    cr_assert_eq(tiny_train(b, "", output, sizeof output), 0, "%s", output);
+
+    double losses_a[8], losses_b[8];
+    char run_a[300], run_b[300], step_a[400], step_b[400];
+    snprintf(run_a, sizeof run_a, "%s/run", a);
+    snprintf(run_b, sizeof run_b, "%s/run", b);
+    cr_assert_eq(metrics_read_losses(run_a, losses_a, NULL, 8), 6);
+    cr_assert_eq(metrics_read_losses(run_b, losses_b, NULL, 8), 6);
+    for (int i = 0; i < 6; i++)
+        cr_assert(losses_a[i] == losses_b[i], "step %d: %.17g vs %.17g", i + 1, losses_a[i],
+                  losses_b[i]);
+    snprintf(step_a, sizeof step_a, "%s/checkpoints/step_00000006", run_a);
+    snprintf(step_b, sizeof step_b, "%s/checkpoints/step_00000006", run_b);
+    cr_assert(checkpoints_bitwise_equal(step_a, step_b));
+    test_remove_tree(a);
+    test_remove_tree(b);
+}
+
+Test(train, a_different_seed_gives_different_weights, .timeout = 120)
+{
+    char a[256], b[256], step_a[400], step_b[400];
+    test_make_temp_dir(a, "train-seed-a");
+    test_make_temp_dir(b, "train-seed-b");
+    tiny_config_write(a, "checkpoint:\n  every: 2\n");
+    tiny_config_write(b, "checkpoint:\n  every: 2\n");
+    cr_assert_eq(tiny_train(a, "--set train.steps=2", output, sizeof output), 0, "%s", output);
+    cr_assert_eq(tiny_train(b, "--set train.steps=2 --set seed=8", output, sizeof output), 0,
+                 "%s", output);
+    snprintf(step_a, sizeof step_a, "%s/run/checkpoints/step_00000002", a);
+    snprintf(step_b, sizeof step_b, "%s/run/checkpoints/step_00000002", b);
+    cr_assert_not(checkpoints_bitwise_equal(step_a, step_b));
+    test_remove_tree(a);
+    test_remove_tree(b);
+}
+
+/* 6 steps straight, against 3 steps, a resume from the step-3 checkpoint, and 3 more. */
+Test(train, three_steps_resume_three_steps_equals_six_straight, .timeout = 120)
+{
+    char straight[256], resumed[256], command[2400];
+    test_make_temp_dir(straight, "train-straight");
+    test_make_temp_dir(resumed, "train-resumed");
+    const char *extra = "checkpoint:\n  every: 3\n  keep_last: 5\n";
+    tiny_config_write(straight, extra);
+    tiny_config_write(resumed, extra);
+    cr_assert_eq(tiny_train(straight, "", output, sizeof output), 0, "%s", output);
+
+    /* The interrupted run: its last committed checkpoint is step 3, but it logged steps 4..6
+     * before it died; the resumed run must drop those lines and take the steps again. */
+    snprintf(command, sizeof command,
+             "mkdir -p %s/run/checkpoints && cp -r %s/run/checkpoints/step_00000003 "
+             "%s/run/checkpoints/ && printf step_00000003 > %s/run/checkpoints/latest && "
+             "cp %s/run/metrics.jsonl %s/run/metrics.jsonl",
+             resumed, straight, resumed, resumed, straight, resumed);
+    cr_assert_eq(test_run_command(command, output, sizeof output), 0, "%s", output);
+    cr_assert_eq(tiny_train(resumed, "", output, sizeof output), 0, "%s", output);
+    cr_assert(strstr(output, "resumed at step 3"), "no resume message:\n%s", output);
+
+    double losses_a[8], losses_b[8];
+    char run_a[300], run_b[300], step_a[400], step_b[400];
+    snprintf(run_a, sizeof run_a, "%s/run", straight);
+    snprintf(run_b, sizeof run_b, "%s/run", resumed);
+    cr_assert_eq(metrics_read_losses(run_a, losses_a, NULL, 8), 6);
+    cr_assert_eq(metrics_read_losses(run_b, losses_b, NULL, 8), 6);
+    for (int i = 0; i < 6; i++)
+        cr_assert(losses_a[i] == losses_b[i], "step %d: %.17g vs %.17g", i + 1, losses_a[i],
+                  losses_b[i]);
+    snprintf(step_a, sizeof step_a, "%s/checkpoints/step_00000006", run_a);
+    snprintf(step_b, sizeof step_b, "%s/checkpoints/step_00000006", run_b);
+    cr_assert(checkpoints_bitwise_equal(step_a, step_b));
+    test_remove_tree(straight);
+    test_remove_tree(resumed);
+}
+
+/* SIGTERM finishes the step in flight, saves, exits 0; training again finishes the run with
+ * the weights of an uninterrupted one. */
+Test(train, sigterm_saves_and_the_resumed_run_matches_an_uninterrupted_one, .timeout = 180)
+{
+    char straight[256], stopped[256], config[300], step_a[400], step_b[400];
+    test_make_temp_dir(straight, "train-term-a");
+    test_make_temp_dir(stopped, "train-term-b");
+    const char *extra = "checkpoint:\n  every: 0\n  keep_last: 5\n";
+    tiny_config_write(straight, extra);
+    tiny_config_write(stopped, extra);
+    cr_assert_eq(tiny_train(straight, "--set train.steps=40 --set checkpoint.every=40",
+                            output, sizeof output), 0, "%s", output);
+
+    snprintf(config, sizeof config, "%s/config.yaml", stopped);
+    pid_t child = fork();
+    cr_assert_neq(child, -1);
+    if (child == 0) {
+        if (!freopen("/dev/null", "w", stdout))
+            _exit(99);
+        execl(FATHOM_BINARY, FATHOM_BINARY, "train", config, "--set", "train.steps=40",
+              (char *)NULL);
+        _exit(98);
+    }
+    /* wait for the first metrics line, then ask it to stop */
+    char metrics[400];
+    snprintf(metrics, sizeof metrics, "%s/run/metrics.jsonl", stopped);
+    struct stat info;
+    for (int tries = 0; tries < 600 && (stat(metrics, &info) || info.st_size == 0); tries++)
+        usleep(10000);
+    kill(child, SIGTERM);
+    int status;
+    waitpid(child, &status, 0);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "stopped run exit status %d",
+              status);
+    char latest[400];
+    snprintf(latest, sizeof latest, "%s/run/checkpoints/latest", stopped);
+    cr_assert_eq(stat(latest, &info), 0, "SIGTERM left no checkpoint");
+
+    cr_assert_eq(tiny_train(stopped, "--set train.steps=40 --set checkpoint.every=40",
+                            output, sizeof output), 0, "%s", output);
+    snprintf(step_a, sizeof step_a, "%s/run/checkpoints/step_00000040", straight);
+    snprintf(step_b, sizeof step_b, "%s/run/checkpoints/step_00000040", stopped);
+    cr_assert(checkpoints_bitwise_equal(step_a, step_b));
+    test_remove_tree(straight);
+    test_remove_tree(stopped);
+}
+
+Test(train, index_h5_names_the_model_tensors_by_their_design_names, .timeout = 60)
+{
+    char dir[256], command[1024];
+    test_make_temp_dir(dir, "train-index");
+    tiny_config_write(dir, "checkpoint:\n  every: 1\n");
+    cr_assert_eq(tiny_train(dir, "--set train.steps=1", output, sizeof output), 0, "%s",
+                 output);
+    snprintf(command, sizeof command,
+             "python3 -c \"import h5py; f = h5py.File('%s/run/checkpoints/step_00000001/"
+             "index.h5', 'r'); m = f['model']; "
+             "assert m['model.layers.1.self_attn.q_proj.weight'].shape == (64, 64); "
+             "assert m['model.layers.0.self_attn.k_proj.weight'].shape == (32, 64); "
+             "assert m['model.layers.0.mlp.down_proj.weight'].shape == (64, 160); "
+             "assert m['model.embed_tokens.weight'].shape == (256, 64); "
+             "assert m['lm_head.weight'].shape == (256, 64); "
+             "assert m['model.norm.weight'].shape == (64,); "
+             "assert abs(m['model.norm.weight'][:].mean() - 1) < 0.1; "
+             "assert 'optim' in f and 'ema' in f; "
+             "assert f.attrs['step'] == 1; print(len(m))\"",
+             dir);
+    int code = test_run_command(command, output, sizeof output);
+    cr_assert_eq(code, 0, "h5py check failed:\n%s", output);
+    cr_assert_eq(atoi(output), 3 + 2 * 9, "tensor count: %s", output); /* embed, norm, head */
+    test_remove_tree(dir);
+}
+
+Test(train, non_finite_steps_past_max_skipped_exit_4, .timeout = 60)
+{
+    char dir[256];
+    test_make_temp_dir(dir, "train-nan");
+    tiny_config_write(dir, "");
+    int code = tiny_train(dir,
+                          "--set optim.lr=1e30 --set optim.warmup_steps=0 "
+                          "--set optim.grad_clip=0 --set train.max_skipped=2 "
+                          "--set train.steps=20",
+                          output, sizeof output);
+    cr_assert_eq(code, 4, "exit %d:\n%s", code, output);
+    cr_assert(strstr(output, "train.max_skipped"), "message:\n%s", output);
+    test_remove_tree(dir);
+}
