@@ -137,11 +137,10 @@ int train_main(int argc, char **argv)
 
     Config config;
     config_load(&config, config_path, overrides, n_overrides, 1);
+    const Backend *backend = backend_select(config.device);
     char *resolved = config_to_yaml(&config);
     printf("# resolved config\n%s\n", resolved);
     free(resolved);
-
-    const Backend *backend = backend_select(config.device);
     make_directories(config.run_dir);
 
     Model *model = model_create(backend, &config.model, config.train.microbatch_size,

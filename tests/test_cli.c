@@ -2,6 +2,7 @@
  * the file, the exit code of DESIGN 6, no crash. */
 #include "tests/support.h"
 #include "tests/train_support.h"
+#include "runtime/cuda_module.h"
 
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -132,4 +133,15 @@ Test(cli, resuming_with_another_network_exits_2)
     cr_assert_eq(code, 2, "exit %d:\n%s", code, output);
     cr_assert(strstr(output, "ffn_dim"), "%s", output);
     test_remove_tree(dir);
+}
+
+/* On a machine without a GPU (or a build without nvcc) device: cuda is refused with the
+ * reason; device: auto trains on the cpu. */
+Test(cli, device_cuda_without_a_gpu_exits_2_with_the_reason)
+{
+    const CudaModuleInfo *cuda = cuda_module_probe();
+    if (cuda->devices > 0)
+        cr_skip_test("a GPU is present: %s", cuda->description);
+    /* the reason differs (no module in a build without nvcc, no device or driver here) */
+    expect_failure("", "--set device=cuda", 2, "device: cuda, but");
 }

@@ -1,0 +1,28 @@
+/* kernels/cuda/cuda_module.h — what the CUDA module (libfathom_cuda.so) exports.
+ *
+ * All CUDA code is built into a separate shared module when nvcc is present at build time
+ * (kernels/meson.build). The `fathom` binary never links the CUDA runtime: runtime/cuda_module
+ * loads this module with dlopen when a run asks for a GPU, so the same binary runs on a
+ * machine without a GPU, a driver or the CUDA libraries. The module links the CUDA runtime
+ * statically; the driver (libcuda) is loaded by it on first use.
+ *
+ * Every symbol is plain C. Strings are written into caller buffers.
+ */
+#ifndef FATHOM_KERNELS_CUDA_CUDA_MODULE_H
+#define FATHOM_KERNELS_CUDA_CUDA_MODULE_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Number of usable CUDA devices (0 when there is none or no driver). `description` gets
+ * device 0 ("NVIDIA H200, sm_90, 132 SMs, 139.8 GiB") or the reason there is none. */
+int cuda_probe(char *description, size_t capacity);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

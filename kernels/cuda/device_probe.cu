@@ -1,0 +1,31 @@
+/* kernels/cuda/device_probe.cu — cuda_probe() (see cuda_module.h). */
+#include "kernels/cuda/cuda_module.h"
+
+#include <cuda_runtime.h>
+#include <stdio.h>
+
+extern "C" int cuda_probe(char *description, size_t capacity)
+{
+    int count = 0;
+    cudaError_t status = cudaGetDeviceCount(&count);
+    if (status != cudaSuccess) {
+        snprintf(description, capacity, "no usable CUDA device (%s)",
+                 cudaGetErrorString(status));
+        return 0;
+    }
+    if (count == 0) {
+        snprintf(description, capacity, "no CUDA device");
+        return 0;
+    }
+    cudaDeviceProp properties;
+    status = cudaGetDeviceProperties(&properties, 0);
+    if (status != cudaSuccess) {
+        snprintf(description, capacity, "CUDA device 0 unreadable (%s)",
+                 cudaGetErrorString(status));
+        return 0;
+    }
+    snprintf(description, capacity, "%s, sm_%d%d, %d SMs, %.1f GiB", properties.name,
+             properties.major, properties.minor, properties.multiProcessorCount,
+             (double)properties.totalGlobalMem / (1 << 30));
+    return count;
+}

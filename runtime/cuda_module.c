@@ -1,0 +1,72 @@
+/* runtime/cuda_module.c — see cuda_module.h. */
+#include "runtime/cuda_module.h"
+
+#include <dlfcn.h>
+#include <limits.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef int (*CudaProbeFunction)(char *description, size_t capacity);
+
+static CudaModuleInfo module_info;
+static bool probed;
+
+static void *open_candidate(const char *path)
+{
+    if (access(path, R_OK) != 0)
+        return NULL;
+    void *handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!handle)
+        snprintf(module_info.description, sizeof module_info.description,
+                 "cannot load %.100s: %.140s", path, dlerror());
+    return handle;
+}
+
+static void *open_module(void)
+{
+    const char *override = getenv("FATHOM_CUDA_MODULE");
+    if (override && *override) {
+        snprintf(module_info.path, sizeof module_info.path, "%s", override);
+        return open_candidate(override);
+    }
+    char executable[PATH_MAX];
+    ssize_t length = readlink("/proc/self/exe", executable, sizeof executable - 1);
+    if (length <= 0)
+        return NULL;
+    executable[length] = '\0';
+    char *slash = strrchr(executable, '/');
+    if (slash)
+        *slash = '\0';
+    static const char *const places[] = {"%s/libfathom_cuda.so", "%s/kernels/libfathom_cuda.so"};
+    for (size_t i = 0; i < sizeof places / sizeof places[0]; i++) {
+        snprintf(module_info.path, sizeof module_info.path, places[i], executable);
+        void *handle = open_candidate(module_info.path);
+        if (handle)
+            return handle;
+    }
+    return NULL;
+}
+
+const CudaModuleInfo *cuda_module_probe(void)
+{
+    if (probed)
+        return &module_info;
+    probed = true;
+    snprintf(module_info.description, sizeof module_info.description,
+             "this build has no CUDA module (nvcc was not found when it was built)");
+    void *handle = open_module();
+    if (!handle)
+        return &module_info;
+    CudaProbeFunction probe = (CudaProbeFunction)(uintptr_t)dlsym(handle, "cuda_probe");
+    if (!probe) {
+        snprintf(module_info.description, sizeof module_info.description,
+                 "%.200s does not export cuda_probe", module_info.path);
+        return &module_info;
+    }
+    module_info.loaded = true;
+    module_info.devices = probe(module_info.description, sizeof module_info.description);
+    return &module_info;
+}

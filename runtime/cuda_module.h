@@ -1,0 +1,24 @@
+/* runtime/cuda_module.h — finds and loads the CUDA module (kernels/cuda/cuda_module.h).
+ *
+ * The module is looked for at $FATHOM_CUDA_MODULE, then next to the running executable
+ * (<dir>/libfathom_cuda.so, <dir>/kernels/libfathom_cuda.so). A build without nvcc has no
+ * module; a machine without a GPU has the module but no device. Both are ordinary answers,
+ * not errors: the caller decides (device: auto falls back to cpu, device: cuda exits 2).
+ */
+#ifndef FATHOM_RUNTIME_CUDA_MODULE_H
+#define FATHOM_RUNTIME_CUDA_MODULE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+typedef struct {
+    bool loaded;          /* the module was found and opened */
+    int devices;          /* usable CUDA devices (0 when not loaded) */
+    char path[1024];      /* where it was found */
+    char description[256]; /* device 0, or why there is none / why the module is missing */
+} CudaModuleInfo;
+
+/* Loads the module once per process (later calls return the same answer). */
+const CudaModuleInfo *cuda_module_probe(void);
+
+#endif
