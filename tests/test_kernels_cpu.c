@@ -88,7 +88,9 @@ Test(kernels_cpu, backend_table_fills_every_op)
     EXPECT_OP(rope_forward); EXPECT_OP(rope_backward); EXPECT_OP(attention_forward);
     EXPECT_OP(attention_backward); EXPECT_OP(swiglu_forward); EXPECT_OP(swiglu_backward);
     EXPECT_OP(cross_entropy_forward); EXPECT_OP(cross_entropy_backward); EXPECT_OP(sum_squares);
-    EXPECT_OP(scale); EXPECT_OP(adamw_update); EXPECT_OP(ema_update);
+    EXPECT_OP(scale); EXPECT_OP(adamw_update); EXPECT_OP(ema_update); EXPECT_OP(route_forward);
+    EXPECT_OP(route_backward); EXPECT_OP(stream_conv_forward); EXPECT_OP(stream_conv_backward);
+    EXPECT_OP(stream_mix_forward); EXPECT_OP(stream_mix_backward);
 #undef EXPECT_OP
 }
 

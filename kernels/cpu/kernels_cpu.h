@@ -16,6 +16,7 @@
 #ifndef FATHOM_KERNELS_CPU_KERNELS_CPU_H
 #define FATHOM_KERNELS_CPU_KERNELS_CPU_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -70,6 +71,30 @@ void cpu_cross_entropy_forward(float *losses, float *lse, const float *logits,
 void cpu_cross_entropy_backward(float *dlogits, const float *dloss, const float *logits,
                                 const float *lse, const uint32_t *targets, int rows, int V,
                                 float z_loss);
+
+/* route_cpu.c; d % heads == 0. Unlike the ops above, the routing and stream kernels sum
+ * their parameter gradients over tokens in double and round once (see their files). */
+void cpu_route_forward(float *out, float *weights, float *rstd, const float *const *sources,
+                       int n_sources, const float *query, const float *key_norm,
+                       const float *base, float alpha, int tokens, int d, int heads, float eps);
+void cpu_route_backward(float *const *dsources, float *dquery, float *dkey_norm, float *dalpha,
+                        const float *dout, const float *const *sources, int n_sources,
+                        const float *weights, const float *rstd, const float *query,
+                        const float *key_norm, bool delta, float alpha, float *scratch,
+                        int tokens, int d, int heads);
+
+/* stream_cpu.c; the mix backward takes at most 4096 streams (more: fatal(EXIT_CONFIG, ...)) */
+void cpu_stream_conv_forward(float *out, const float *x, const float *taps, int kernel_size,
+                             int B, int T, int d);
+void cpu_stream_conv_backward(float *dx, float *dtaps, const float *dout, const float *x,
+                              const float *taps, int kernel_size, int B, int T, int d);
+void cpu_stream_mix_forward(float *out, float *gates, float *rstd, const float *const *streams,
+                            int m, const float *mix_bias, const float *mix_proj, int tokens,
+                            int d, float eps);
+void cpu_stream_mix_backward(float *const *dstreams, float *dmix_bias, float *dmix_proj,
+                             const float *dout, const float *const *streams, int m,
+                             const float *gates, const float *rstd, const float *mix_bias,
+                             const float *mix_proj, int tokens, int d);
 
 /* optimizer_cpu.c */
 double cpu_sum_squares(const float *x, size_t n);
