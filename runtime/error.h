@@ -14,6 +14,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#define FATHOM_NORETURN [[noreturn]]
+#else
+#define FATHOM_NORETURN _Noreturn
+#endif
+
 enum ExitCode {
     EXIT_DONE = 0,
     EXIT_CONFIG = 2,     /* usage or config error */
@@ -22,7 +29,7 @@ enum ExitCode {
     EXIT_COMM = 5,       /* communication failure or timeout */
 };
 
-_Noreturn void fatal(int exit_code, const char *format, ...)
+FATHOM_NORETURN void fatal(int exit_code, const char *format, ...)
     __attribute__((format(printf, 2, 3)));
 
 /* Prints "fathom: warning: ..." and carries on. */
@@ -40,5 +47,9 @@ char *xstrdup(const char *text);
 int64_t h5_check(int64_t result, const char *expression, const char *file, int line);
 /* Turns HDF5's own stack printing off once; h5_check prints instead. */
 void h5_quiet(void);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif
