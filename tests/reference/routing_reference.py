@@ -27,6 +27,10 @@ import torch
 
 SUBLAYER_NAMES = ("attn", "mlp")
 
+# Benchmarks (launch/bench/peer.py) set this to run attention through PyTorch's fused
+# scaled_dot_product_attention; the fixtures use the plain formula below.
+USE_SDPA = False
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
@@ -186,8 +190,13 @@ class Attention(torch.nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))        # [B, heads, T, head_dim]
         cos, sin = rope_tables(seq, spec.head_dim, spec.rope_theta, x.dtype)
+        cos, sin = cos.to(x.device), sin.to(x.device)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
+        if USE_SDPA:
+            out = torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, is_causal=True, enable_gqa=True)
+            return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
         group = spec.n_heads // spec.n_kv_heads                 # query head h reads kv h // group
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)

@@ -1,0 +1,242 @@
+#!/usr/bin/env python3
+"""launch/bench/peer.py — PyTorch on the same GPU, same shapes: the peer column of the
+benchmark table (docs/performance.md).
+
+Cases (each prints one JSON line, then a table at the end):
+  layers     4 Llama-3-8B decoder layers, forward + backward (T 4096, B 1), eager and
+             torch.compile; TFLOP/s by the DESIGN 6 formula
+  attention  scaled_dot_product_attention (causal, GQA 32/8, hd 128, T 4096), fwd + bwd
+  route      block-MHAR delta routing at the 8B shape: d 4096, H 8, microbatch 2 x 4096,
+             64 sites over N = 2..9 sources (null + b_0..b_{n-1}), fwd + bwd, torch.compile
+  msar       the same sites through MSAR (m 4, kernels 1 2 4 8), torch.compile
+  step1b     one training step of the MHAR paper's 1B model (d 1280, L 36, 16/8 heads,
+             FFN 5120, 32 x 1024 tokens): standard, MHAR (block, H 8) and MSAR, compiled
+
+Times are CUDA-event medians after warm-up. Usage:
+  python3 launch/bench/peer.py [--cases layers,attention,route,msar,step1b] [--repeat 10]
+"""
+
+import argparse
+import json
+import math
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests", "reference"))
+import routing_reference as reference  # noqa: E402
+
+DEVICE = "cuda"
+BF16 = torch.bfloat16
+
+
+def time_ms(function, repeat, warmup=3):
+    """Median of `repeat` timings of function() in milliseconds, CUDA events."""
+    for _ in range(warmup):
+        function()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeat):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        function()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def peak_gib():
+    return torch.cuda.max_memory_allocated() / 2**30
+
+
+def llama8b_spec(layers):
+    return reference.ModelSpec(vocab_size=128256, d_model=4096, n_layers=layers, n_heads=32,
+                               n_kv_heads=8, head_dim=128, ffn_dim=14336,
+                               rope_theta=500000.0, norm_eps=1e-5)
+
+
+def case_layers(repeat):
+    """4 decoder layers fwd + bwd on [1, 4096, 4096] bf16 inputs (no embedding, no head)."""
+    spec = llama8b_spec(4)
+    reference.USE_SDPA = True
+    layers = torch.nn.ModuleList(reference.DecoderLayer(spec, reference.ResidualSpec(), BF16)
+                                 for _ in range(4)).to(DEVICE)
+    for parameter in layers.parameters():
+        torch.nn.init.normal_(parameter, 0.0, 0.02) if parameter.dim() == 2 else parameter.data.fill_(1.0)
+
+    def forward(h):
+        for layer in layers:
+            h = h + layer.self_attn(layer.input_layernorm(h))
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        return h
+
+    x = torch.randn(1, 4096, 4096, device=DEVICE, dtype=BF16, requires_grad=True)
+    matrix = sum(p.numel() for p in layers.parameters() if p.dim() == 2)
+    tokens, T = 4096, 4096
+    flops = 6 * matrix * tokens + 6 * 4 * T * spec.n_heads * spec.head_dim * tokens
+    results = []
+    for mode, model in (("eager", forward), ("compile", torch.compile(forward))):
+        torch.cuda.reset_peak_memory_stats()
+
+        def step():
+            x.grad = None
+            for p in layers.parameters():
+                p.grad = None
+            model(x).float().square().mean().backward()
+        ms = time_ms(step, repeat)
+        results.append(dict(case="layers", mode=mode, ms=ms, tflops=flops / ms / 1e9,
+                            peak_gib=peak_gib()))
+    return results
+
+
+def case_attention(repeat):
+    B, T, H, KV, hd = 1, 4096, 32, 8, 128
+    q = torch.randn(B, H, T, hd, device=DEVICE, dtype=BF16, requires_grad=True)
+    k = torch.randn(B, KV, T, hd, device=DEVICE, dtype=BF16, requires_grad=True)
+    v = torch.randn(B, KV, T, hd, device=DEVICE, dtype=BF16, requires_grad=True)
+    grad = torch.randn(B, H, T, hd, device=DEVICE, dtype=BF16)
+    forward_flops = 4 * B * T * T * H * hd / 2            # causal: half the square
+    results = []
+
+    def forward():
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                                enable_gqa=True)
+    ms_forward = time_ms(forward, repeat)
+    out = forward()
+
+    def forward_backward():
+        q.grad = k.grad = v.grad = None
+        forward().backward(grad)
+    ms_both = time_ms(forward_backward, repeat)
+    results.append(dict(case="attention", mode="forward", ms=ms_forward,
+                        tflops=forward_flops / ms_forward / 1e9))
+    results.append(dict(case="attention", mode="forward+backward", ms=ms_both,
+                        tflops=3.5 * forward_flops / ms_both / 1e9))
+    del out
+    return results
+
+
+def routing_sites(layers=32, blocks=8):
+    """Sources per site of the 8B graft: site j reads null + b_0..b_{n-1}, n = j // S + 1."""
+    S = 2 * layers // blocks
+    return [j // S + 2 for j in range(2 * layers)]
+
+
+def case_route(repeat, mode):
+    d, H, tokens = 4096, 8, 2 * 4096
+    m, kernels = 4, (1, 2, 4, 8)
+    sites = routing_sites()
+    n_max = max(sites)
+    eps = 1e-5
+    sources = [torch.randn(2, 4096, d, device=DEVICE, dtype=BF16, requires_grad=True)
+               for _ in range(n_max)]
+    stream = torch.randn(2, 4096, d, device=DEVICE, dtype=BF16, requires_grad=True)
+    width = m if mode == "msar" else 1
+    query = torch.randn(len(sites), width, d, device=DEVICE, dtype=BF16, requires_grad=True)
+    key_norm = torch.ones(len(sites), width, d, device=DEVICE, dtype=BF16, requires_grad=True)
+    alpha = torch.full((len(sites),), 0.1, device=DEVICE, dtype=BF16, requires_grad=True)
+    taps = torch.randn(n_max, m, 8, d, device=DEVICE, dtype=BF16, requires_grad=True)
+    mix_bias = torch.zeros(len(sites), m, device=DEVICE, dtype=BF16, requires_grad=True)
+    mix_proj = torch.zeros(len(sites), m, d, device=DEVICE, dtype=BF16, requires_grad=True)
+
+    def one_site(j, n):
+        srcs = sources[:n]
+        if mode == "msar":
+            outs = []
+            for r, k in enumerate(kernels):
+                # the null source (index 0) is not convolved
+                expanded = [srcs[0]] + [reference.stream_conv(s, taps[i, r], k)
+                                        for i, s in enumerate(srcs[1:], start=1)]
+                outs.append(reference.route(expanded, query[j, r], key_norm[j, r], H, eps))
+            mix = reference.stream_mix(outs, mix_bias[j], mix_proj[j], eps)
+        else:
+            mix = reference.route(srcs, query[j, 0], key_norm[j, 0], H, eps)
+        return stream + alpha[j] * mix
+
+    site_compiled = torch.compile(one_site, dynamic=False)
+    total_bytes = sum((2 * n + 2) * tokens * d * 2 for n in sites)  # fwd 1x + bwd 2x reads
+
+    def microbatch():
+        for tensor in [*sources, stream, query, key_norm, alpha, taps, mix_bias, mix_proj]:
+            tensor.grad = None
+        loss = 0
+        for j, n in enumerate(sites):
+            loss = loss + site_compiled(j, n).float().square().mean()
+        loss.backward()
+    torch.cuda.reset_peak_memory_stats()
+    ms = time_ms(microbatch, repeat)
+    return [dict(case=mode, mode="compile", ms=ms, gbs=total_bytes / ms / 1e6,
+                 peak_gib=peak_gib(), sites=len(sites), n_max=n_max)]
+
+
+def case_step1b(repeat):
+    spec = reference.ModelSpec(vocab_size=128256, d_model=1280, n_layers=36, n_heads=16,
+                               n_kv_heads=8, head_dim=80, ffn_dim=5120, rope_theta=500000.0)
+    reference.USE_SDPA = True
+    residuals = {
+        "standard": reference.ResidualSpec(),
+        "mhar": reference.ResidualSpec(mode="attnres", heads=8, granularity="block",
+                                       layers_per_block=4, form="replace"),
+        "msar": reference.ResidualSpec(mode="msar", heads=8, granularity="block",
+                                       layers_per_block=4, form="replace", streams=4,
+                                       stream_kernels=(1, 2, 4, 8)),
+    }
+    results = []
+    tokens = torch.randint(0, spec.vocab_size, (32, 1025), device=DEVICE)
+    for name, residual in residuals.items():
+        model = reference.RoutingModel(spec, residual, dtype=BF16).to(DEVICE)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+        compiled = torch.compile(model)
+        torch.cuda.reset_peak_memory_stats()
+
+        def step():
+            optimizer.zero_grad(set_to_none=True)
+            for micro in range(4):                      # 4 microbatches of 8 sequences
+                batch = tokens[8 * micro: 8 * micro + 8]
+                logits = compiled(batch[:, :-1])
+                loss, _, _ = reference.loss_terms(logits.float(), batch, 1e-4)
+                (loss / 4).backward()
+            optimizer.step()
+        ms = time_ms(step, max(3, repeat // 3), warmup=2)
+        results.append(dict(case="step1b", mode=name, ms=ms,
+                            tokens_per_s=32 * 1024 / ms * 1e3, peak_gib=peak_gib()))
+        del model, optimizer, compiled
+        torch.cuda.empty_cache()
+    return results
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", default="layers,attention,route,msar,step1b")
+    parser.add_argument("--repeat", type=int, default=10)
+    arguments = parser.parse_args()
+    print(f"# {torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
+    rows = []
+    for case in arguments.cases.split(","):
+        if case == "layers":
+            found = case_layers(arguments.repeat)
+        elif case == "attention":
+            found = case_attention(arguments.repeat)
+        elif case in ("route", "msar"):
+            found = case_route(arguments.repeat, case)
+        elif case == "step1b":
+            found = case_step1b(arguments.repeat)
+        else:
+            sys.exit(f"peer.py: unknown case {case!r}")
+        for row in found:
+            print(json.dumps(row), flush=True)
+        rows += found
+    print(f"{'case':<10} {'mode':<18} {'ms':>9} {'rate':>16} {'peak GiB':>9}")
+    for row in rows:
+        rate = (f"{row['tflops']:.0f} TFLOP/s" if "tflops" in row else
+                f"{row['gbs']:.0f} GB/s" if "gbs" in row else
+                f"{row['tokens_per_s'] / 1e3:.1f}k tok/s" if "tokens_per_s" in row else "")
+        print(f"{row['case']:<10} {row['mode']:<18} {row['ms']:>9.2f} {rate:>16} "
+              f"{row.get('peak_gib', float('nan')):>9.1f}")
+
+
+if __name__ == "__main__":
+    main()
