@@ -1,10 +1,8 @@
 /* launch/eval.c — `fathom eval` (see eval.h). */
 #include "launch/eval.h"
 
-#include "checkpoints/checkpoint.h"
-#include "launch/backend_select.h"
+#include "launch/inference.h"
 #include "model/model.h"
-#include "model/params.h"
 #include "pipeline/evaluate.h"
 #include "runtime/config.h"
 #include "runtime/data.h"
@@ -128,69 +126,40 @@ static void dump_close(LogitDump *dump)
     free(dump->host_logits);
 }
 
-/* Loads the chosen weights (the EMA or the raw parameters) into the model's parameters. */
-static const char *load_weights(Model *model, const char *step_dir, const char *wanted,
-                                const Config *config)
-{
-    bool use_ema = wanted ? !strcmp(wanted, "ema") : config->optim.ema_decay > 0;
-    if (use_ema && config->optim.ema_decay <= 0)
-        fatal(EXIT_DATA, "%s holds no EMA weights (optim.ema_decay was 0); use --weights raw",
-              step_dir);
-    const ParamTable *table = model_param_table(model);
-    CheckpointTensor *tensors = xcalloc((size_t)table->n_params, sizeof *tensors);
-    for (int i = 0; i < table->n_params; i++) {
-        const ParamEntry *entry = &table->params[i];
-        tensors[i] = (CheckpointTensor){.name = entry->name, .ndim = entry->ndim,
-                                        .shape = {entry->shape[0], entry->shape[1]},
-                                        .offset = entry->offset};
-    }
-    float *data[CKPT_GROUPS] = {0};
-    data[use_ema ? CKPT_GROUP_EMA : CKPT_GROUP_MODEL] = model_params(model);
-    checkpoint_load(step_dir, tensors, table->n_params, data);
-    free(tensors);
-    return use_ema ? "ema" : "raw";
-}
-
 int eval_main(int argc, char **argv)
 {
     EvalArguments arguments = parse_arguments(argc, argv);
 
-    CheckpointMeta meta;
-    char *config_yaml = NULL;
-    char step_dir[CONFIG_PATH_MAX];
-    checkpoint_read_meta(arguments.checkpoint, &meta, &config_yaml, step_dir, sizeof step_dir);
-    Config config;
-    config_load_text(&config, config_yaml, step_dir, NULL, 0, 1);
-    free(config_yaml);
+    Inference inference;
+    inference_open(&inference, arguments.checkpoint, arguments.weights);
+    const Config *config = &inference.config;
+    Model *model = inference.model;
+    const Backend *backend = model_backend(model);
 
-    const Backend *backend = backend_select(config.device);
-    Model *model = model_create(backend, &config.model, config.train.microbatch_size,
-                                config.train.seq_len);
-    const char *weights = load_weights(model, step_dir, arguments.weights, &config);
-
-    DataSet *data = data_open_eval(&config, arguments.data);
-    int64_t windows = arguments.samples > 0 ? arguments.samples : config.eval.samples;
+    DataSet *data = data_open_eval(config, arguments.data);
+    int64_t windows = arguments.samples > 0 ? arguments.samples : config->eval.samples;
     if ((uint64_t)windows > data_window_count(data))
         windows = (int64_t)data_window_count(data);
 
     LogitDump dump = {0};
     if (arguments.dump_path)
-        dump_open(&dump, arguments.dump_path, windows, config.train.microbatch_size, &config,
+        dump_open(&dump, arguments.dump_path, windows, config->train.microbatch_size, config,
                   backend);
-    EvalResult result = evaluate_loss(model, data, windows, config.train.microbatch_size,
-                                      config.train.seq_len, (float)config.train.z_loss,
+    EvalResult result = evaluate_loss(model, data, windows, config->train.microbatch_size,
+                                      config->train.seq_len, (float)config->train.z_loss,
                                       arguments.dump_path ? dump_batch : NULL, &dump);
     if (arguments.dump_path)
         dump_close(&dump);
 
     printf("eval %s step %lld (%s weights) | val_loss %.6f | ce %.6f | ppl %.4f | %lld windows "
-           "x %d tokens\n", step_dir, (long long)meta.step, weights, result.loss, result.ce,
-           exp(result.ce), (long long)result.windows, config.train.seq_len);
+           "x %d tokens\n", inference.step_dir, (long long)inference.step, inference.weights,
+           result.loss, result.ce, exp(result.ce), (long long)result.windows,
+           config->train.seq_len);
     if (arguments.dump_path)
         printf("logits of %lld windows written to %s\n", (long long)result.windows,
                arguments.dump_path);
 
     data_close(data);
-    model_destroy(model);
+    inference_close(&inference);
     return EXIT_DONE;
 }

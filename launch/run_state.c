@@ -155,3 +155,13 @@ void run_state_restore(RunState *state, Model *model, const Config *config,
     free(tensors);
     free(saved_yaml);
 }
+
+void run_state_load_weights(Model *model, const char *step_dir, bool use_ema)
+{
+    const ParamTable *table = model_param_table(model);
+    CheckpointTensor *tensors = checkpoint_tensors_of(table);
+    float *data[CKPT_GROUPS] = {0};
+    data[use_ema ? CKPT_GROUP_EMA : CKPT_GROUP_MODEL] = model_params(model);
+    checkpoint_load(step_dir, tensors, table->n_params, data);
+    free(tensors);
+}

@@ -31,4 +31,8 @@ void run_state_save(const RunState *state, Model *model, const Config *config);
 void run_state_restore(RunState *state, Model *model, const Config *config,
                        const char *step_dir);
 
+/* Loads only the model weights of a checkpoint into the model's parameters: the EMA
+ * (use_ema) or the raw weights. */
+void run_state_load_weights(Model *model, const char *step_dir, bool use_ema);
+
 #endif

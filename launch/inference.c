@@ -1,0 +1,39 @@
+/* launch/inference.c — see inference.h. */
+#include "launch/inference.h"
+
+#include "checkpoints/checkpoint.h"
+#include "launch/backend_select.h"
+#include "launch/run_state.h"
+#include "runtime/error.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+void inference_open(Inference *inference, const char *checkpoint, const char *weights)
+{
+    memset(inference, 0, sizeof *inference);
+    CheckpointMeta meta;
+    char *config_yaml = NULL;
+    checkpoint_read_meta(checkpoint, &meta, &config_yaml, inference->step_dir,
+                         sizeof inference->step_dir);
+    config_load_text(&inference->config, config_yaml, inference->step_dir, NULL, 0, 1);
+    free(config_yaml);
+    inference->step = meta.step;
+
+    const Config *config = &inference->config;
+    bool use_ema = weights ? !strcmp(weights, "ema") : config->optim.ema_decay > 0;
+    if (use_ema && config->optim.ema_decay <= 0)
+        fatal(EXIT_DATA, "%s holds no EMA weights (optim.ema_decay was 0); use --weights raw",
+              inference->step_dir);
+    inference->weights = use_ema ? "ema" : "raw";
+
+    inference->model = model_create(backend_select(config->device), &config->model,
+                                    config->train.microbatch_size, config->train.seq_len);
+    run_state_load_weights(inference->model, inference->step_dir, use_ema);
+}
+
+void inference_close(Inference *inference)
+{
+    model_destroy(inference->model);
+    inference->model = NULL;
+}
