@@ -6,6 +6,7 @@
  */
 #include "model/activations.h"
 
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -32,7 +33,68 @@ static uint32_t *carve_tokens(Carver *carver, size_t count)
     return (uint32_t *)carve_floats(carver, count); /* uint32 and float are both 4 bytes */
 }
 
-static void activations_layout(Activations *act, Carver *carver, const ModelConfig *config)
+/* The sources, saved routing state and routing scratch of attention over depth. */
+static void routed_layout(RoutedActivations *routed, Carver *carver, const ResidualPlan *plan,
+                          size_t N, size_t d)
+{
+    const size_t H = (size_t)plan->heads, m = (size_t)plan->streams;
+    const size_t M = (size_t)plan->max_sources;
+    const bool msar = plan->mode == RESIDUAL_MSAR, delta = plan->form == FORM_DELTA;
+
+    for (int b = 0; b < plan->n_buffers; b++)
+        routed->summaries[b] = carve_floats(carver, N * d);
+    if (delta) {
+        routed->stream = carve_floats(carver, N * d);
+        routed->null_rows = carve_floats(carver, N * d);
+        routed->zero_tokens = carve_tokens(carver, N);
+    }
+    for (int j = 0; j < plan->n_sites; j++) {
+        SiteActivations *site = &routed->sites[j];
+        const size_t sources = (size_t)plan->sites[j].n_sources;
+        site->weights = carve_floats(carver, m * sources * N * H);
+        site->rstd = carve_floats(carver, m * sources * N);
+        if (msar && m > 1) {
+            site->mix_gates = carve_floats(carver, N * m);
+            site->mix_rstd = carve_floats(carver, N * m);
+        }
+        if (msar && delta) {
+            site->gate_weights = carve_floats(carver, N * H);
+            site->gate_rstd = carve_floats(carver, N);
+        }
+    }
+
+    routed->grad_input = carve_floats(carver, N * d);
+    for (int b = 0; b <= plan->n_blocks; b++)
+        routed->grad_blocks[b] = carve_floats(carver, N * d);
+    if (delta) {
+        routed->grad_output = carve_floats(carver, N * d);
+        routed->grad_null_rows = carve_floats(carver, N * d);
+    }
+    RouteScratch *route = &routed->route;
+    route->route_backward = carve_floats(carver, M * N * H);
+    if (!msar)
+        return;
+    for (size_t k = 0; k < M; k++) {
+        route->sources[k] = carve_floats(carver, N * d);
+        route->grad_sources[k] = carve_floats(carver, N * d);
+    }
+    for (size_t r = 0; r < m; r++) {
+        route->streams[r] = carve_floats(carver, N * d);
+        route->grad_streams[r] = carve_floats(carver, N * d);
+    }
+    route->mixed = carve_floats(carver, N * d);
+    route->grad_mixed = carve_floats(carver, N * d);
+    route->weights = carve_floats(carver, M * N * H);
+    route->rstd = carve_floats(carver, M * N);
+    route->mix_gates = carve_floats(carver, N * m);
+    route->mix_rstd = carve_floats(carver, N * m);
+    route->gate_query = carve_floats(carver, d); /* zero from alloc(), never written */
+    route->gate_grad_query = carve_floats(carver, d);
+    route->gate_grad_key_norm = carve_floats(carver, d);
+}
+
+static void activations_layout(Activations *act, Carver *carver, const ModelConfig *config,
+                               const ResidualPlan *plan)
 {
     const size_t N = (size_t)act->max_batch * act->T;
     const size_t d = config->d_model, F = config->ffn_dim, V = config->vocab_size;
@@ -85,10 +147,43 @@ static void activations_layout(Activations *act, Carver *carver, const ModelConf
     scratch->grad_hidden = carve_floats(carver, N * F);
     scratch->grad_logits = carve_floats(carver, N * V);
     scratch->grad_token_loss = carve_floats(carver, N);
+
+    if (plan->mode != RESIDUAL_STANDARD)
+        routed_layout(&act->routed, carver, plan, N, d);
+}
+
+/* The host arrays of pointers that the layout fills. */
+static void routed_arrays_create(RoutedActivations *routed, const ResidualPlan *plan)
+{
+    if (plan->mode == RESIDUAL_STANDARD)
+        return;
+    routed->summaries = xcalloc((size_t)plan->n_buffers, sizeof *routed->summaries);
+    routed->sites = xcalloc((size_t)plan->n_sites, sizeof *routed->sites);
+    routed->grad_blocks = xcalloc((size_t)plan->n_blocks + 1, sizeof *routed->grad_blocks);
+    RouteScratch *route = &routed->route;
+    route->sources = xcalloc((size_t)plan->max_sources, sizeof *route->sources);
+    route->grad_sources = xcalloc((size_t)plan->max_sources, sizeof *route->grad_sources);
+    route->expanded = xcalloc((size_t)plan->max_sources, sizeof *route->expanded);
+    route->grad_expanded = xcalloc((size_t)plan->max_sources, sizeof *route->grad_expanded);
+    route->streams = xcalloc((size_t)plan->streams, sizeof *route->streams);
+    route->grad_streams = xcalloc((size_t)plan->streams, sizeof *route->grad_streams);
+}
+
+static void routed_arrays_destroy(RoutedActivations *routed)
+{
+    free(routed->summaries);
+    free(routed->sites);
+    free(routed->grad_blocks);
+    free(routed->route.sources);
+    free(routed->route.grad_sources);
+    free((void *)routed->route.expanded);
+    free(routed->route.grad_expanded);
+    free(routed->route.streams);
+    free(routed->route.grad_streams);
 }
 
 void activations_create(Activations *act, const Backend *backend, const ModelConfig *config,
-                        int max_batch, int T)
+                        const ResidualPlan *plan, int max_batch, int T)
 {
     if (max_batch < 1)
         fatal(EXIT_CONFIG, "train.microbatch_size = %d must be >= 1", max_batch);
@@ -99,9 +194,10 @@ void activations_create(Activations *act, const Backend *backend, const ModelCon
     act->T = T;
     act->stream = xcalloc((size_t)2 * config->n_layers + 1, sizeof *act->stream);
     act->layers = xcalloc((size_t)config->n_layers, sizeof *act->layers);
+    routed_arrays_create(&act->routed, plan);
 
     Carver sizing = {.base = NULL, .used = 0};
-    activations_layout(act, &sizing, config);
+    activations_layout(act, &sizing, config, plan);
     act->bytes = sizing.used;
     act->memory = backend->alloc(act->bytes);
     if (!act->memory)
@@ -109,7 +205,7 @@ void activations_create(Activations *act, const Backend *backend, const ModelCon
               "the %s backend (lower train.microbatch_size or train.seq_len)",
               (double)act->bytes / (1 << 30), max_batch, T, backend->name);
     Carver carving = {.base = act->memory, .used = 0};
-    activations_layout(act, &carving, config);
+    activations_layout(act, &carving, config, plan);
 }
 
 void activations_destroy(Activations *act, const Backend *backend)
@@ -118,5 +214,6 @@ void activations_destroy(Activations *act, const Backend *backend)
         backend->release(act->memory);
     free(act->stream);
     free(act->layers);
+    routed_arrays_destroy(&act->routed);
     memset(act, 0, sizeof *act);
 }

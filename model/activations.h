@@ -6,8 +6,9 @@
  *
  * The stream (DESIGN 2): stream[j], j = 0..2L-1, is the input of sublayer j (sublayer 2i is
  * layer i's attention, 2i+1 its MLP) and stream[2L] the input of the final norm. With the
- * standard residual stream[0] = e and stream[j+1] = stream[j] + f_j(stream[j]). A routing
- * site (DESIGN 2.1) will stand between these buffers and the sublayers.
+ * standard residual stream[0] = e and stream[j+1] = stream[j] + f_j(stream[j]). With
+ * attention over depth (DESIGN 2.1) stream[j] = x_j, what routing site j hands its
+ * sublayer, and the sources live in the RoutedActivations (model/residual.h says which).
  *
  * Kept for the backward, floats per token:
  *   streams          (2L + 1) * d
@@ -22,6 +23,21 @@
  *                    gradient V, token loss gradient 1
  * so per token about L * (4d + 2 q_dim + 2 kv_dim + 3F) + 2V floats are kept. Nothing is
  * recomputed (activation checkpointing, DESIGN 3, is not here yet).
+ *
+ * Attention over depth adds, with n_b = n_blocks, N_j the sources of site j, M = the most
+ * sources of any site, H = residual.heads, m = MSAR streams (1 for attnres):
+ *   kept    summaries: replace (2L + 1) d (every partial is read); delta (n_b + 1) d, plus
+ *           the running stream d and the null source broadcast d;
+ *           per site m N_j (H + 1) (depth weights and key rstd per stream), msar m > 1 adds
+ *           2m (mix gates and rstd), the msar delta form H + 1 (the gate route)
+ *   scratch d x_j d, block gradients (n_b + 1) d, delta: d f_j and the null gradient 2d;
+ *           route backward M H; msar: expanded sources and their gradients 2 M d, routed
+ *           streams and their gradients 2 m d, mix and its gradient 2d, recomputed weights
+ *           M (H + 1) and gates 2m
+ * For Block MHAR delta at the 8B shape (L 32, 8 blocks, d 4096) that is (8 + 3) d kept
+ * beside the 65 d of the streams x_j: the routed stream costs little over the standard one.
+ * The msar streams E_r(source) are never kept: a site materialises them in scratch, one
+ * stream at a time, in the forward and again in the backward (DESIGN 2.2).
  */
 #ifndef FATHOM_MODEL_ACTIVATIONS_H
 #define FATHOM_MODEL_ACTIVATIONS_H
@@ -29,6 +45,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "model/residual.h"
 #include "runtime/backend.h"
 #include "runtime/config.h"
 
@@ -67,6 +84,49 @@ typedef struct {
     float *grad_token_loss;       /* [N] */
 } ActivationScratch;
 
+/* One routing site's saved state. Per-stream regions are strided by the largest batch
+ * (N rows) so that any batch up to max_batch fits; within a region the layout is the one
+ * runtime/backend.h gives for `rows` = B * T of the current batch. */
+typedef struct {
+    float *weights;      /* stream r at r * N_j * N * H: [N_j, rows, H] depth weights */
+    float *rstd;         /* stream r at r * N_j * N: [N_j, rows] key statistics */
+    float *mix_gates;    /* [rows, m] (msar, m > 1) */
+    float *mix_rstd;     /* [rows, m] (msar, m > 1) */
+    float *gate_weights; /* [rows, H] msar delta: the one-source Route that applies alpha */
+    float *gate_rstd;    /* [rows] (msar delta) */
+} SiteActivations;
+
+/* Everything a routing site needs besides its saved state, per the op table's rules. */
+typedef struct {
+    float **sources;          /* [M] [N, d] msar: E_r(source k) of the stream being routed */
+    float **grad_sources;     /* [M] [N, d] their gradients */
+    const float **expanded;   /* [M] host array: sources[k], or the raw null source */
+    float **grad_expanded;    /* [M] host array: grad_sources[k], or the null's gradient */
+    float **streams;          /* [m] msar: o_r, the routed streams */
+    float **grad_streams;     /* [m] */
+    float *mixed;             /* [N, d] msar delta: the mix before alpha */
+    float *grad_mixed;        /* [N, d] */
+    float *weights, *rstd;    /* [M, N, H], [M, N]: weights recomputed in the backward */
+    float *mix_gates, *mix_rstd; /* [N, m] recomputed in the backward */
+    float *route_backward;    /* [M, N, H] route_backward's scratch */
+    const float *gate_query;  /* [d] zeros: the gate route scores nothing (one source) */
+    float *gate_grad_query, *gate_grad_key_norm; /* [d] where its (zero) gradients go */
+} RouteScratch;
+
+/* The sources of attention over depth and their gradients (unused by mode standard). */
+typedef struct {
+    float **summaries;        /* [n_buffers] [N, d]: b_0 = e and the partials/blocks */
+    float *stream;            /* [N, d] delta: p, the running stream (forward only) */
+    float *null_rows;         /* [N, d] delta: model.route_null on every token */
+    uint32_t *zero_tokens;    /* [N] all 0: route_null is looked up as a one-row table */
+    SiteActivations *sites;   /* [n_sites] */
+    float *grad_input;        /* [N, d] d x_j, what a site's backward starts from */
+    float *grad_output;       /* [N, d] d f_j in the delta form (dp_{j+1} + d b_n) */
+    float **grad_blocks;      /* [n_blocks + 1] [N, d]: d b_n, and the open block's accumulator */
+    float *grad_null_rows;    /* [N, d] delta: d null per token, summed into d route_null */
+    RouteScratch route;
+} RoutedActivations;
+
 typedef struct {
     int max_batch, T;
     float **stream;               /* [2L + 1] pointers to [N, d] */
@@ -78,12 +138,15 @@ typedef struct {
     float *token_lse;             /* [N] logsumexp of the logits */
     uint32_t *inputs, *targets;   /* [N] tokens in backend memory */
     ActivationScratch scratch;
+    RoutedActivations routed;     /* mode standard: all NULL */
     size_t bytes;                 /* of the one backend allocation */
     void *memory;
 } Activations;
 
+/* `plan` (model/residual.h) sizes the routed part; a standard plan adds nothing. */
 void activations_create(Activations *activations, const Backend *backend,
-                        const ModelConfig *config, int max_batch, int T);
+                        const ModelConfig *config, const ResidualPlan *plan, int max_batch,
+                        int T);
 void activations_destroy(Activations *activations, const Backend *backend);
 
 #endif

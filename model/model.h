@@ -1,5 +1,5 @@
 /* model/model.h — the decoder-only model on one backend: parameters, gradients, forward,
- * backward (DESIGN 2, baseline residual).
+ * backward (DESIGN 2), with the standard residual or attention over depth (DESIGN 2.1, 2.2).
  *
  * A Model owns, in backend memory: the flat fp32 parameters and gradients laid out by its
  * ParamTable (model/params.h), the RoPE tables, and the activations for up to max_batch
@@ -9,7 +9,11 @@
  *   e = embed_tokens[inputs]                                  [B, T, d]
  *   for each sublayer j = 0..2L-1 (attention, MLP, attention, ...):
  *       stream[j+1] = stream[j] + f_j(stream[j])               (standard residual)
- *   logits = head(RMSNorm(stream[2L])), loss = mean_t (ce_t + z_loss * lse_t^2)
+ *   or, with residual.mode attnres / msar (model/residual.h, model/route_site.h):
+ *       x_j = site_j(b_0..b_{n-1} [+ the partial b_n^i] | delta: p + alpha_j * ...)
+ *       f_j = f_j(x_j) adds into the partial of its block n (delta: also p += f_j)
+ *       x_2L = the final site over every block
+ *   logits = head(RMSNorm(x_2L)), loss = mean_t (ce_t + z_loss * lse_t^2)
  *
  * Gradients follow the "ADDS into" rule: model_backward adds, model_zero_grads clears, so
  * microbatches accumulate. Tokens and losses cross the host boundary; nothing else does.
@@ -27,13 +31,20 @@
 typedef struct Model Model;
 
 /* Allocates parameters, gradients (backend memory, zeroed) and activations for up to
- * max_batch sequences of seq_len tokens. Fails with EXIT_CONFIG on an impossible config. */
+ * max_batch sequences of seq_len tokens, with the standard residual. Fails with EXIT_CONFIG
+ * on an impossible config. */
 Model *model_create(const Backend *backend, const ModelConfig *config, int max_batch,
                     int seq_len);
+/* Same with the residual of `residual` (NULL: standard); its routing weights join the
+ * parameter table (model/params.h). A combination the model cannot build is EXIT_CONFIG
+ * (model/residual.h). */
+Model *model_create_with_residual(const Backend *backend, const ModelConfig *config,
+                                  const ResidualConfig *residual, int max_batch, int seq_len);
 void model_destroy(Model *model);
 
 const ParamTable *model_param_table(const Model *model);
 const ModelConfig *model_config(const Model *model);
+const ResidualConfig *model_residual(const Model *model); /* mode standard when none given */
 const Backend *model_backend(const Model *model);
 float *model_params(Model *model); /* flat [total] in backend memory */
 float *model_grads(Model *model);  /* flat [total], same layout */
@@ -54,5 +65,25 @@ void model_zero_grads(Model *model);
 
 /* Logits of the last forward, [B, T, V], backend memory. */
 const float *model_logits(const Model *model);
+
+/* ---- the routing of the last forward, read only (for `fathom probe` and the tests) ----
+ * Sites are numbered 0..2L: site j stands before sublayer j, site 2L before the final norm;
+ * mode standard has none. A site or stream out of range, or a read before the first
+ * forward, is EXIT_CONFIG. tokens = B * T of the last forward. */
+int model_site_count(const Model *model);
+/* "model.layers.3.attn_route", "model.layers.3.mlp_route", "model.final_route": the prefix
+ * of the site's parameter names (its .query and .key_norm are in model_param_table). */
+const char *model_site_name(const Model *model, int site);
+int model_site_sources(const Model *model, int site); /* N */
+int model_site_heads(const Model *model);             /* H = residual.heads */
+int model_site_streams(const Model *model);           /* m for msar, else 1 */
+/* The depth weights of `stream` (0 unless msar) at `site`: host_out [N, tokens, H]. */
+void model_site_weights(const Model *model, int site, int stream, float *host_out);
+/* The source buffers the site read, backend pointers [N] to [tokens, d], in Route order
+ * (model/residual.h). For msar these are the single-stream sources before expansion. */
+void model_site_inputs(const Model *model, int site, const float **sources);
+/* What the site handed on, x_j (the final site's: the final norm's input): host_out
+ * [tokens, d]. */
+void model_site_output(const Model *model, int site, float *host_out);
 
 #endif

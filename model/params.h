@@ -2,17 +2,22 @@
  *
  * All parameters live in ONE flat fp32 buffer of `total` elements; the gradients, the AdamW
  * moments and the EMA use the same layout. An entry gives a tensor's DESIGN 2.3 (Hugging
- * Face) name, its shape ([V, d], [out, in] or [n]), its offset and count in elements, its
- * FSDP unit and its kind.
+ * Face) name, its shape ([V, d], [out, in], [n], or [m, k_max, d] for an MSAR stream
+ * convolution), its offset and count in elements, its FSDP unit and its kind.
  *
  * FSDP units (DESIGN 3), each contiguous in the flat buffer, in this order:
- *   unit 0        model.embed_tokens.weight
- *   unit 1 + i    decoder layer i: input_layernorm, self_attn.{q,k,v,o}_proj,
- *                 self_attn.{q,k}_norm (qk_norm only), post_attention_layernorm,
- *                 mlp.{gate,up,down}_proj
- *   unit L + 1    model.norm.weight, lm_head.weight (absent when tie_embeddings)
- * Routing weights (DESIGN 2.1) will join the unit of the layer whose sublayer they stand
- * before, and the last unit for the final site.
+ *   unit 0        model.embed_tokens.weight, then model.route_null (delta form) and
+ *                 model.route_streams.{n}.conv for n = 0..n_blocks (msar): they are read
+ *                 at every site
+ *   unit 1 + i    decoder layer i: attn_route.*, input_layernorm, self_attn.{q,k,v,o}_proj,
+ *                 self_attn.{q,k}_norm (qk_norm only), mlp_route.*,
+ *                 post_attention_layernorm, mlp.{gate,up,down}_proj
+ *   unit L + 1    model.final_route.*, model.norm.weight, lm_head.weight (absent when
+ *                 tie_embeddings)
+ * A site's routing weights (DESIGN 2.3; mode standard has none) come in the order query,
+ * key_norm ([d]; msar [m, d]), alpha [1] (delta form), mix_bias [m] and mix_proj [m, d]
+ * (msar with m > 1), just before the norm of the sublayer they stand before
+ * (docs/design-notes.md). All of them are PARAM_ROUTING.
  *
  * The table owns its arrays (param_table_free releases them); it holds no tensor data.
  */
@@ -35,10 +40,10 @@ typedef enum {
 
 typedef struct {
     char name[PARAM_NAME_MAX];
-    int ndim;         /* 1 or 2 */
-    int shape[2];     /* shape[1] = 1 when ndim = 1 */
+    int ndim;         /* 1, 2 or 3 (the MSAR stream convolutions) */
+    int shape[3];     /* trailing entries beyond ndim are 1 */
     size_t offset;    /* first element in the flat buffer */
-    size_t count;     /* shape[0] * shape[1] */
+    size_t count;     /* shape[0] * shape[1] * shape[2] */
     int unit;         /* FSDP unit */
     ParamKind kind;
 } ParamEntry;
@@ -58,8 +63,12 @@ typedef struct {
     size_t layer_matrix_count; /* q,k,v,o,gate,up,down elements over all layers (MFU, DESIGN 6) */
 } ParamTable;
 
-/* Lays out the parameters of `config`. Fails with EXIT_CONFIG on impossible sizes. */
+/* Lays out the parameters of `config` with the standard residual (no routing weights).
+ * Fails with EXIT_CONFIG on impossible sizes. */
 void param_table_build(ParamTable *table, const ModelConfig *config);
+/* Same, with the routing weights of `residual` (NULL: standard). */
+void param_table_build_with_residual(ParamTable *table, const ModelConfig *config,
+                                     const ResidualConfig *residual);
 void param_table_free(ParamTable *table);
 
 /* The entry called `name`, or NULL when the model has no such tensor. */

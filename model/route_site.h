@@ -1,0 +1,74 @@
+/* model/route_site.h — one routing site, forward and backward (DESIGN 2.1, 2.2).
+ *
+ * A site turns its sources s_0..s_{N-1} (each [rows, d], rows = B * T; model/residual.h says
+ * which) into the input x of the sublayer it stands before, or of the final norm:
+ *   attnres   x = Route(s; q, g, H)                        (replace form)
+ *             x = p + alpha * Route(s; q, g, H)            (delta form; p = the stream)
+ *   msar      o_r = Route(E_r(s); Q[r], G[r], H) for each stream r < m, where
+ *             E_r(s_k) = the causal conv of s_k with model.route_streams.{slot_k}.conv[r]
+ *             (k_r taps; the null source is not convolved);
+ *             mix = sum_r w_r o_r through stream_mix (m > 1), mix = o_0 (m = 1);
+ *             x = mix (replace) or x = p + alpha * mix (delta)
+ * In the msar delta form, alpha is applied by a Route over the one source `mix`: a softmax
+ * over one source is exactly 1, so that Route returns p + alpha * mix, rounded as the
+ * attnres kernel rounds it, and its backward gives d alpha = sum <dx, mix> and d mix =
+ * alpha * dx with the ops the table has. MSAR at init is then Block AttnRes bit for bit.
+ *
+ * Saved (SiteActivations): the depth weights and key rstd of every stream, the mix gates
+ * and rstd (m > 1), the gate route's state (msar delta). The expanded sources E_r(s), the
+ * routed streams o_r and the mix are not kept: the backward recomputes them in the
+ * RouteScratch, one stream at a time.
+ *
+ * Backward, ADDS into: grad_sources[k] += d s_k (the caller zeroes them once per backward;
+ * a source read by several sites accumulates), the site's weight gradients, the stream
+ * convolution gradients. In the delta form d p = dout is the caller's to add. Sources and
+ * saved state are read only, so a second backward of the same forward adds again.
+ */
+#ifndef FATHOM_MODEL_ROUTE_SITE_H
+#define FATHOM_MODEL_ROUTE_SITE_H
+
+#include "model/activations.h"
+#include "model/params.h"
+#include "model/residual.h"
+#include "runtime/backend.h"
+
+/* Pointers to one site's tensors in the flat parameters (or gradients). */
+typedef struct {
+    float *query;    /* [d]; msar [m, d] */
+    float *key_norm; /* [d]; msar [m, d] */
+    float *alpha;    /* [1], delta form only */
+    float *mix_bias; /* [m], msar with m > 1 only */
+    float *mix_proj; /* [m, d], msar with m > 1 only */
+} SiteWeights;
+
+/* What every site call needs besides its own weights and buffers. */
+typedef struct {
+    const Backend *backend;
+    const ResidualPlan *plan;
+    int B, T, d;
+    int max_rows;             /* N = max_batch * T: the stride of per-stream saved regions */
+    float eps;                /* model.norm_eps (docs/design-notes.md) */
+    float *const *conv;       /* [n_slots] model.route_streams.{n}.conv [m, k_max, d] (msar) */
+    float *const *grad_conv;  /* [n_slots] their gradients */
+    RouteScratch *scratch;
+} RouteContext;
+
+/* Resolves site `site`'s tensors by their DESIGN 2.3 names in `flat`. */
+void site_weights_resolve(SiteWeights *weights, const ParamTable *table, float *flat,
+                          const ResidualPlan *plan, int site);
+
+/* out [rows, d] = x of the site; sources [N] as listed by `site`; base = the stream p in
+ * the delta form, NULL in the replace form; alpha = the value of weights->alpha (a host
+ * copy, as the Route op takes it). out must not alias a source. */
+void route_site_forward(const RouteContext *context, const SitePlan *site,
+                        const SiteWeights *weights, float alpha, SiteActivations *saved,
+                        const float *const *sources, const float *base, float *out);
+
+/* From dout = d x [rows, d]: grad_sources[k] += d s_k, grads += the site's weight
+ * gradients, context->grad_conv += the stream convolutions' (msar). */
+void route_site_backward(const RouteContext *context, const SitePlan *site,
+                         const SiteWeights *weights, SiteWeights *grads, float alpha,
+                         const SiteActivations *saved, const float *const *sources,
+                         float *const *grad_sources, const float *dout);
+
+#endif

@@ -1,0 +1,544 @@
+/* tests/test_model_route.c — attention over depth in the model: parameter table, init,
+ * source bookkeeping, the probe accessors and gradient accumulation (DESIGN 2.1-2.3).
+ *
+ * The numbers come from tests/test_model_route_reference.c (the PyTorch fixtures) and from
+ * the identities in tests/test_model_route_identities.c; these tests pin the layout and the
+ * bookkeeping that those rely on.
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/init.h"
+#include "model/model.h"
+#include "model/params.h"
+#include "model/residual.h"
+#include "runtime/backend.h"
+#include "runtime/config.h"
+#include "runtime/error.h"
+#include "tests/route_support.h"
+#include "tests/support.h"
+
+static const int kernels_1_2_4_8[] = {1, 2, 4, 8};
+
+/* ---- the parameter table ---- */
+
+static void expect_names(const ParamTable *table, const char *const *expected, int count)
+{
+    cr_assert_eq(table->n_params, count, "%d entries, %d expected", table->n_params, count);
+    for (int p = 0; p < count; p++)
+        cr_assert_str_eq(table->params[p].name, expected[p], "entry %d", p);
+}
+
+Test(model_route, attnres_sites_stand_before_each_sublayer_norm_and_the_final_norm)
+{
+    static const char *expected[] = {
+        "model.embed_tokens.weight",
+        "model.layers.0.attn_route.query", "model.layers.0.attn_route.key_norm",
+        "model.layers.0.input_layernorm.weight",
+        "model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight",
+        "model.layers.0.self_attn.v_proj.weight", "model.layers.0.self_attn.o_proj.weight",
+        "model.layers.0.mlp_route.query", "model.layers.0.mlp_route.key_norm",
+        "model.layers.0.post_attention_layernorm.weight",
+        "model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight",
+        "model.layers.0.mlp.down_proj.weight",
+        "model.layers.1.attn_route.query", "model.layers.1.attn_route.key_norm",
+        "model.layers.1.input_layernorm.weight",
+        "model.layers.1.self_attn.q_proj.weight", "model.layers.1.self_attn.k_proj.weight",
+        "model.layers.1.self_attn.v_proj.weight", "model.layers.1.self_attn.o_proj.weight",
+        "model.layers.1.mlp_route.query", "model.layers.1.mlp_route.key_norm",
+        "model.layers.1.post_attention_layernorm.weight",
+        "model.layers.1.mlp.gate_proj.weight", "model.layers.1.mlp.up_proj.weight",
+        "model.layers.1.mlp.down_proj.weight",
+        "model.final_route.query", "model.final_route.key_norm",
+        "model.norm.weight", "lm_head.weight",
+    };
+    ModelConfig config = route_test_model_config();
+    ResidualConfig residual = route_test_attnres(4, 1, FORM_REPLACE);
+    ParamTable table;
+    param_table_build_with_residual(&table, &config, &residual);
+    expect_names(&table, expected, (int)(sizeof expected / sizeof *expected));
+    const ParamEntry *query = param_table_find(&table, "model.layers.1.mlp_route.query");
+    cr_assert_eq(query->ndim, 1); /* [d] whatever the number of depth heads */
+    cr_assert_eq(query->shape[0], 16);
+    cr_assert_eq(query->unit, 2);
+    cr_assert_eq(param_table_find(&table, "model.final_route.key_norm")->unit, 3);
+    param_table_free(&table);
+}
+
+Test(model_route, delta_form_adds_an_alpha_per_site_and_route_null_to_unit_zero)
+{
+    ModelConfig config = route_test_model_config();
+    ResidualConfig residual = route_test_attnres(2, 0, FORM_DELTA);
+    ParamTable table;
+    param_table_build_with_residual(&table, &config, &residual);
+    cr_assert_str_eq(table.params[1].name, "model.route_null");
+    cr_assert_eq(table.params[1].unit, 0);
+    cr_assert_eq(table.params[1].shape[0], 16);
+    cr_assert_str_eq(table.params[2].name, "model.layers.0.attn_route.query");
+    cr_assert_str_eq(table.params[4].name, "model.layers.0.attn_route.alpha");
+    cr_assert_str_eq(table.params[5].name, "model.layers.0.input_layernorm.weight");
+    const ParamEntry *alpha = param_table_find(&table, "model.final_route.alpha");
+    cr_assert_eq(alpha->ndim, 1);
+    cr_assert_eq(alpha->count, 1);
+    cr_assert_eq(alpha->unit, 3);
+    cr_assert_null(param_table_find(&table, "model.final_route.mix_bias"));
+    param_table_free(&table);
+}
+
+Test(model_route, msar_sites_have_per_stream_queries_mix_weights_and_one_conv_per_slot)
+{
+    ModelConfig config = route_test_model_config();
+    ResidualConfig residual = route_test_msar(2, 4, kernels_1_2_4_8, FORM_REPLACE);
+    ParamTable table;
+    param_table_build_with_residual(&table, &config, &residual);
+    /* layers_per_block 1: S = 2, n_blocks = 2, slots b_0..b_2 */
+    for (int slot = 0; slot < 3; slot++) {
+        const ParamEntry *conv = &table.params[1 + slot];
+        char name[64];
+        snprintf(name, sizeof name, "model.route_streams.%d.conv", slot);
+        cr_assert_str_eq(conv->name, name);
+        cr_assert_eq(conv->ndim, 3);
+        cr_assert(conv->shape[0] == 4 && conv->shape[1] == 8 && conv->shape[2] == 16);
+        cr_assert_eq(conv->count, 4 * 8 * 16);
+        cr_assert_eq(conv->unit, 0);
+        cr_assert_eq(conv->kind, PARAM_ROUTING);
+    }
+    cr_assert_null(param_table_find(&table, "model.route_streams.3.conv"));
+    static const char *site[] = {"query", "key_norm", "mix_bias", "mix_proj"};
+    static const int rows[] = {4, 4, 4, 4}, cols[] = {16, 16, 1, 16};
+    const ParamEntry *first = param_table_find(&table, "model.layers.1.attn_route.query");
+    for (int k = 0; k < 4; k++) {
+        const ParamEntry *entry = first + k;
+        char name[64];
+        snprintf(name, sizeof name, "model.layers.1.attn_route.%s", site[k]);
+        cr_assert_str_eq(entry->name, name);
+        cr_assert(entry->shape[0] == rows[k] && entry->shape[1] == cols[k], "%s", name);
+        cr_assert_eq(entry->unit, 2);
+    }
+    cr_assert_str_eq(first[4].name, "model.layers.1.input_layernorm.weight");
+    cr_assert_null(param_table_find(&table, "model.route_null"));
+    param_table_free(&table);
+}
+
+Test(model_route, msar_with_one_stream_has_no_mix_weights_but_keeps_m_by_d_queries)
+{
+    ModelConfig config = route_test_model_config();
+    const int kernel[] = {3};
+    ResidualConfig residual = route_test_msar(1, 1, kernel, FORM_DELTA);
+    ParamTable table;
+    param_table_build_with_residual(&table, &config, &residual);
+    cr_assert_null(param_table_find(&table, "model.final_route.mix_bias"));
+    cr_assert_null(param_table_find(&table, "model.final_route.mix_proj"));
+    const ParamEntry *query = param_table_find(&table, "model.final_route.query");
+    cr_assert(query->ndim == 2 && query->shape[0] == 1 && query->shape[1] == 16);
+    const ParamEntry *conv = param_table_find(&table, "model.route_streams.0.conv");
+    cr_assert(conv->shape[0] == 1 && conv->shape[1] == 3 && conv->shape[2] == 16);
+    cr_assert_not_null(param_table_find(&table, "model.route_null"));
+    param_table_free(&table);
+}
+
+Test(model_route, every_routing_weight_is_routing_kind_and_units_stay_contiguous)
+{
+    ModelConfig config = route_test_model_config();
+    ResidualConfig residual = route_test_msar(2, 2, kernels_1_2_4_8, FORM_DELTA);
+    ParamTable table;
+    param_table_build_with_residual(&table, &config, &residual);
+    size_t next = 0;
+    int routing = 0;
+    for (int u = 0; u < table.n_units; u++) {
+        const ParamUnit *unit = &table.units[u];
+        cr_assert_eq(unit->offset, next, "unit %d", u);
+        size_t inside = unit->offset;
+        for (int p = unit->first_param; p < unit->first_param + unit->n_params; p++) {
+            const ParamEntry *entry = &table.params[p];
+            cr_assert_eq(entry->unit, u, "%s", entry->name);
+            cr_assert_eq(entry->offset, inside, "%s", entry->name);
+            inside += entry->count;
+            bool route = strstr(entry->name, "route") != NULL;
+            cr_assert_eq(route, entry->kind == PARAM_ROUTING, "%s", entry->name);
+            routing += route;
+        }
+        next = inside;
+    }
+    cr_assert_eq(next, table.total);
+    /* 5 sites x (query, key_norm, alpha, mix_bias, mix_proj) + null + 3 convs */
+    cr_assert_eq(routing, 5 * 5 + 1 + 3);
+    param_table_free(&table);
+}
+
+Test(model_route, standard_mode_ignores_the_other_residual_keys)
+{
+    ModelConfig config = route_test_model_config();
+    ResidualConfig residual = route_test_msar(3, 2, kernels_1_2_4_8, FORM_DELTA);
+    residual.mode = RESIDUAL_STANDARD; /* heads 3 does not divide d: not read */
+    ParamTable plain, routed;
+    param_table_build(&plain, &config);
+    param_table_build_with_residual(&routed, &config, &residual);
+    cr_assert_eq(plain.n_params, routed.n_params);
+    cr_assert_eq(plain.total, routed.total);
+    for (int p = 0; p < plain.n_params; p++)
+        cr_assert_str_eq(plain.params[p].name, routed.params[p].name);
+    param_table_free(&plain);
+    param_table_free(&routed);
+}
+
+/* ---- init ---- */
+
+static void expect_all(Model *model, const char *name, float value)
+{
+    size_t count = route_test_count(model, name);
+    float *values = xmalloc(count * sizeof *values);
+    route_test_get(model, name, false, values);
+    for (size_t i = 0; i < count; i++)
+        cr_assert_eq(values[i], value, "%s[%zu] = %g, not %g", name, i, values[i], value);
+    free(values);
+}
+
+Test(model_route, init_sets_query_zero_key_norm_one_alpha_zero_and_null_zero)
+{
+    ResidualConfig residual = route_test_attnres(2, 1, FORM_DELTA);
+    Model *model = route_test_model(&residual, 5);
+    expect_all(model, "model.layers.0.attn_route.query", 0.0f);
+    expect_all(model, "model.layers.1.mlp_route.key_norm", 1.0f);
+    expect_all(model, "model.final_route.alpha", 0.0f);
+    expect_all(model, "model.route_null", 0.0f);
+    model_destroy(model);
+}
+
+Test(model_route, init_sets_conv_tap_zero_one_mix_bias_minus_log_m_minus_1_mix_proj_zero)
+{
+    ResidualConfig residual = route_test_msar(2, 4, kernels_1_2_4_8, FORM_REPLACE);
+    Model *model = route_test_model(&residual, 5);
+    expect_all(model, "model.layers.0.mlp_route.mix_bias", (float)-log(3.0));
+    expect_all(model, "model.final_route.mix_proj", 0.0f);
+    expect_all(model, "model.final_route.query", 0.0f);
+    expect_all(model, "model.final_route.key_norm", 1.0f);
+    float conv[4 * 8 * 16];
+    route_test_get(model, "model.route_streams.2.conv", false, conv);
+    for (int r = 0; r < 4; r++)
+        for (int tau = 0; tau < 8; tau++)
+            for (int c = 0; c < 16; c++)
+                cr_assert_eq(conv[(r * 8 + tau) * 16 + c], tau == 0 ? 1.0f : 0.0f,
+                             "stream %d tap %d channel %d", r, tau, c);
+    model_destroy(model);
+}
+
+Test(model_route, init_of_a_conv_row_slice_equals_that_slice_of_the_whole_tensor)
+{
+    ModelConfig config = route_test_model_config();
+    ResidualConfig residual = route_test_msar(2, 4, kernels_1_2_4_8, FORM_REPLACE);
+    ParamTable table;
+    param_table_build_with_residual(&table, &config, &residual);
+    const ParamEntry *conv = param_table_find(&table, "model.route_streams.1.conv");
+    float *whole = xmalloc(conv->count * sizeof *whole);
+    init_fill_param(whole, conv, 3, 0.1);
+    const size_t first = 8 * 16 + 5, n = 300; /* starts inside stream 1, tap 0 */
+    float slice[300];
+    init_fill_param_range(slice, conv, first, n, 3, 0.1);
+    cr_assert_eq(memcmp(slice, whole + first, sizeof slice), 0);
+    free(whole);
+    param_table_free(&table);
+}
+
+/* ---- the source bookkeeping ---- */
+
+Test(model_route, full_granularity_site_j_reads_e_and_every_earlier_sublayer_output)
+{
+    ModelConfig config = route_test_model_config();
+    config.n_layers = 3;
+    ResidualConfig residual = route_test_attnres(1, 0, FORM_REPLACE);
+    ResidualPlan plan;
+    residual_plan_build(&plan, &config, &residual);
+    cr_assert_eq(plan.n_blocks, 6);
+    cr_assert_eq(plan.n_sites, 7);
+    for (int j = 0; j < 6; j++) {
+        /* a block of one sublayer: f_j is written into its own buffer j + 1, never added */
+        cr_assert(residual_sublayer_starts_block(&plan, j));
+        cr_assert_eq(plan.sublayer_buffer[j], j + 1);
+    }
+    for (int j = 0; j <= 6; j++) {
+        const SitePlan *site = &plan.sites[j];
+        cr_assert_eq(site->n_sources, j + 1, "site %d", j);
+        for (int k = 0; k <= j; k++) /* e = buffer 0, then f_0 .. f_{j-1} */
+            cr_assert_eq(site->sources[k].buffer, k, "site %d source %d", j, k);
+    }
+    residual_plan_free(&plan);
+}
+
+Test(model_route, block_replace_sites_read_the_completed_blocks_then_the_partial)
+{
+    ModelConfig config = route_test_model_config();
+    config.n_layers = 3;
+    ResidualConfig residual = route_test_attnres(2, 2, FORM_REPLACE); /* S = 4, 2 blocks */
+    ResidualPlan plan;
+    residual_plan_build(&plan, &config, &residual);
+    cr_assert_eq(plan.n_blocks, 2);
+    cr_assert_eq(plan.block_buffer[1], 4);   /* b_1 = partial after sublayer 3 */
+    cr_assert_eq(plan.block_buffer[2], 6);   /* b_2, short: sublayers 4, 5 */
+    /* {buffers read} per site, and the block each source's gradient feeds */
+    static const int expected[7][4] = {
+        {0, -9}, {0, 1, -9}, {0, 2, -9}, {0, 3, -9}, {0, 4, -9}, {0, 4, 5, -9}, {0, 4, 6, -9}};
+    static const int grad_block[7][3] = {
+        {0}, {0, 1}, {0, 1}, {0, 1}, {0, 1}, {0, 1, 2}, {0, 1, 2}};
+    for (int j = 0; j <= 6; j++) {
+        const SitePlan *site = &plan.sites[j];
+        int n = 0;
+        while (expected[j][n] != -9)
+            n++;
+        cr_assert_eq(site->n_sources, n, "site %d reads %d sources", j, site->n_sources);
+        for (int k = 0; k < n; k++) {
+            cr_assert_eq(site->sources[k].buffer, expected[j][k], "site %d source %d", j, k);
+            cr_assert_eq(site->sources[k].grad_block, grad_block[j][k], "site %d source %d",
+                         j, k);
+        }
+    }
+    cr_assert_str_eq(plan.sites[5].name, "model.layers.2.mlp_route");
+    cr_assert_str_eq(plan.sites[6].name, "model.final_route");
+    residual_plan_free(&plan);
+}
+
+Test(model_route, block_delta_sites_read_null_then_completed_blocks_and_no_partial)
+{
+    ModelConfig config = route_test_model_config();
+    config.n_layers = 3;
+    const int kernels[] = {1, 2};
+    ResidualConfig residual = route_test_msar(2, 2, kernels, FORM_DELTA); /* S = 2 */
+    ResidualPlan plan;
+    residual_plan_build(&plan, &config, &residual);
+    cr_assert_eq(plan.n_blocks, 3);
+    cr_assert_eq(plan.n_slots, 4);
+    cr_assert_eq(plan.n_buffers, 4); /* e and one buffer per block, added into in place */
+    for (int j = 0; j <= 6; j++) {
+        const SitePlan *site = &plan.sites[j];
+        const int completed = j / 2 + 1; /* b_0 .. b_{n-1}; the final site: all 4 */
+        cr_assert_eq(site->n_sources, 1 + completed, "site %d", j);
+        cr_assert_eq(site->sources[0].buffer, RESIDUAL_NULL_BUFFER);
+        cr_assert_eq(site->sources[0].slot, RESIDUAL_NO_SLOT);
+        for (int k = 1; k <= completed; k++) {
+            cr_assert_eq(site->sources[k].buffer, plan.block_buffer[k - 1]);
+            cr_assert_eq(site->sources[k].slot, k - 1);
+        }
+    }
+    residual_plan_free(&plan);
+}
+
+Test(model_route, msar_partial_is_expanded_by_its_own_blocks_stream_slot)
+{
+    ModelConfig config = route_test_model_config();
+    const int kernels[] = {1, 2};
+    ResidualConfig residual = route_test_msar(2, 2, kernels, FORM_REPLACE);
+    ResidualPlan plan;
+    residual_plan_build(&plan, &config, &residual);
+    const SitePlan *site = &plan.sites[3]; /* layer 1's MLP: block 2, position 1 */
+    cr_assert_eq(site->n_sources, 3);
+    cr_assert_eq(site->sources[2].buffer, 3); /* the partial after sublayer 2 */
+    cr_assert_eq(site->sources[2].slot, 2);
+    cr_assert_eq(site->sources[2].grad_block, 2);
+    residual_plan_free(&plan);
+}
+
+/* ---- the probe accessors ---- */
+
+Test(model_route, site_names_and_source_counts_follow_the_residual_plan)
+{
+    ResidualConfig residual = route_test_attnres(2, 1, FORM_DELTA);
+    Model *model = route_test_model(&residual, 2);
+    cr_assert_eq(model_site_count(model), 5);
+    cr_assert_str_eq(model_site_name(model, 0), "model.layers.0.attn_route");
+    cr_assert_str_eq(model_site_name(model, 3), "model.layers.1.mlp_route");
+    cr_assert_str_eq(model_site_name(model, 4), "model.final_route");
+    static const int sources[] = {2, 2, 3, 3, 4}; /* null + completed blocks */
+    for (int j = 0; j < 5; j++)
+        cr_assert_eq(model_site_sources(model, j), sources[j], "site %d", j);
+    model_destroy(model);
+}
+
+Test(model_route, site_depth_weights_are_a_softmax_over_the_sources_per_token_and_head)
+{
+    const int kernels[] = {1, 3};
+    ResidualConfig residual = route_test_msar(2, 2, kernels, FORM_REPLACE);
+    Model *model = route_test_model(&residual, 3);
+    route_test_randomize_routing(model, 3);
+    route_test_forward(model);
+    const int H = model_site_heads(model), site = 4, N = model_site_sources(model, site);
+    float *weights = xmalloc((size_t)N * ROUTE_TEST_ROWS * H * sizeof *weights);
+    for (int r = 0; r < model_site_streams(model); r++) {
+        model_site_weights(model, site, r, weights);
+        for (int t = 0; t < ROUTE_TEST_ROWS; t++)
+            for (int h = 0; h < H; h++) {
+                double sum = 0;
+                for (int n = 0; n < N; n++)
+                    sum += weights[((size_t)n * ROUTE_TEST_ROWS + t) * H + h];
+                cr_assert(fabs(sum - 1.0) < 1e-6, "stream %d token %d head %d: sum %g", r, t,
+                          h, sum);
+            }
+    }
+    free(weights);
+    model_destroy(model);
+}
+
+Test(model_route, the_first_site_reads_the_embedding)
+{
+    ResidualConfig residual = route_test_attnres(1, 1, FORM_REPLACE);
+    Model *model = route_test_model(&residual, 4);
+    route_test_forward(model);
+    const float *sources[1];
+    model_site_inputs(model, 0, sources);
+    float e[ROUTE_TEST_ROWS * 16], table[32 * 16];
+    backend_cpu()->download(e, sources[0], sizeof e);
+    route_test_get(model, "model.embed_tokens.weight", false, table);
+    uint32_t inputs[ROUTE_TEST_ROWS], targets[ROUTE_TEST_ROWS];
+    route_test_tokens(inputs, targets);
+    for (int t = 0; t < ROUTE_TEST_ROWS; t++)
+        cr_assert_eq(memcmp(e + t * 16, table + inputs[t] * 16, 16 * sizeof(float)), 0);
+    model_destroy(model);
+}
+
+Test(model_route, a_site_out_of_range_is_a_config_error, .exit_code = EXIT_CONFIG)
+{
+    ResidualConfig residual = route_test_attnres(1, 1, FORM_REPLACE);
+    Model *model = route_test_model(&residual, 4);
+    model_site_name(model, 5);
+}
+
+Test(model_route, reading_site_weights_before_a_forward_is_a_config_error,
+     .exit_code = EXIT_CONFIG)
+{
+    ResidualConfig residual = route_test_attnres(1, 1, FORM_REPLACE);
+    Model *model = route_test_model(&residual, 4);
+    float weights[64];
+    model_site_weights(model, 0, 0, weights);
+}
+
+/* ---- combinations the model refuses ---- */
+
+Test(model_route, depth_heads_that_do_not_divide_the_width_are_a_config_error,
+     .exit_code = EXIT_CONFIG)
+{
+    ResidualConfig residual = route_test_attnres(3, 1, FORM_REPLACE);
+    route_test_model(&residual, 1);
+}
+
+Test(model_route, msar_with_a_kernel_list_not_one_per_stream_is_a_config_error,
+     .exit_code = EXIT_CONFIG)
+{
+    ResidualConfig residual = route_test_msar(2, 2, kernels_1_2_4_8, FORM_REPLACE);
+    residual.n_stream_kernels = 4;
+    route_test_model(&residual, 1);
+}
+
+/* Every combination of mode x granularity x form x heads x streams that the config accepts
+ * builds, and runs forward and backward to finite numbers; the config text goes through
+ * the same loader as a run's. */
+Test(model_route, every_combination_the_config_accepts_runs_to_finite_gradients)
+{
+    static const char *modes[] = {"attnres", "msar"}, *forms[] = {"replace", "delta"};
+    static const char *granularities[] = {"full", "block", "block"};
+    static const int layers_per_block[] = {1, 1, 2}, heads[] = {1, 2, 4};
+    static const char *streams[] = {"streams: 1, stream_kernels: [3]",
+                                    "streams: 3, stream_kernels: [1, 2, 5]"};
+    int built = 0;
+    for (int mode = 0; mode < 2; mode++)
+        for (int g = 0; g < 3; g++)
+            for (int form = 0; form < 2; form++)
+                for (int h = 0; h < 3; h++)
+                    for (int m = 0; m < (mode == 1 ? 2 : 1); m++) {
+                        char yaml[1024];
+                        snprintf(yaml, sizeof yaml,
+                                 "model: {vocab_size: 32, d_model: 16, n_layers: 3, n_heads: 2, "
+                                 "n_kv_heads: 1, head_dim: 8, ffn_dim: 24}\n"
+                                 "residual: {mode: %s, granularity: %s, layers_per_block: %d, "
+                                 "form: %s, heads: %d, %s}\n",
+                                 modes[mode], granularities[g], layers_per_block[g],
+                                 forms[form], heads[h], mode == 1 ? streams[m] : "streams: 1");
+                        Config config;
+                        config_load_text(&config, yaml, "combination", NULL, 0, 1);
+                        Model *model = model_create_with_residual(
+                            backend_cpu(), &config.model, &config.residual, ROUTE_TEST_B,
+                            ROUTE_TEST_T);
+                        model_init_params(model, 21, 0.1);
+                        route_test_randomize_routing(model, 21);
+                        double loss = route_test_forward(model);
+                        model_backward(model, 1.0f);
+                        const ParamTable *table = model_param_table(model);
+                        float *grads = xmalloc(table->total * sizeof(float));
+                        backend_cpu()->download(grads, model_grads(model),
+                                                table->total * sizeof(float));
+                        cr_assert(isfinite(loss) && test_all_finite(grads, table->total),
+                                  "%s", yaml);
+                        free(grads);
+                        model_destroy(model);
+                        built++;
+                    }
+    cr_assert_eq(built, 3 * 2 * 3 + 3 * 2 * 3 * 2);
+}
+
+/* ---- gradient accumulation ---- */
+
+Test(model_route, backward_twice_doubles_the_routing_gradients)
+{
+    ResidualConfig residual = route_test_msar(2, 2, kernels_1_2_4_8, FORM_DELTA);
+    Model *model = route_test_model(&residual, 6);
+    route_test_randomize_routing(model, 6);
+    route_test_forward(model);
+    const ParamTable *table = model_param_table(model);
+    const size_t bytes = table->total * sizeof(float);
+    float *once = xmalloc(bytes), *twice = xmalloc(bytes);
+    model_backward(model, 1.0f);
+    backend_cpu()->download(once, model_grads(model), bytes);
+    model_backward(model, 1.0f);
+    backend_cpu()->download(twice, model_grads(model), bytes);
+    for (int p = 0; p < table->n_params; p++) {
+        const ParamEntry *entry = &table->params[p];
+        if (entry->kind != PARAM_ROUTING)
+            continue;
+        float *doubled = once + entry->offset;
+        for (size_t i = 0; i < entry->count; i++)
+            doubled[i] *= 2;
+        /* a gradient summed over several sites is re-summed in another order */
+        double error = test_relative_error(twice + entry->offset, doubled, entry->count);
+        cr_assert(error <= 1e-6, "%s: twice vs 2 x once, relative error %.3g", entry->name,
+                  error);
+    }
+    free(once);
+    free(twice);
+    model_destroy(model);
+}
+
+Test(model_route, a_batch_smaller_than_max_batch_routes_as_a_model_sized_for_it)
+{
+    const int kernels[] = {2, 3};
+    ResidualConfig residual = route_test_msar(2, 2, kernels, FORM_DELTA);
+    ModelConfig config = route_test_model_config();
+    Model *large = model_create_with_residual(backend_cpu(), &config, &residual, 3,
+                                              ROUTE_TEST_T);
+    Model *exact = model_create_with_residual(backend_cpu(), &config, &residual, 1,
+                                              ROUTE_TEST_T);
+    Model *models[2] = {large, exact};
+    uint32_t inputs[ROUTE_TEST_ROWS], targets[ROUTE_TEST_ROWS];
+    route_test_tokens(inputs, targets);
+    float *grads[2];
+    const size_t total = model_param_table(large)->total;
+    for (int k = 0; k < 2; k++) {
+        model_init_params(models[k], 8, 0.1);
+        route_test_randomize_routing(models[k], 8);
+        model_forward(models[k], inputs, targets, 1, 0.0f);
+        model_backward(models[k], 1.0f);
+        grads[k] = xmalloc(total * sizeof(float));
+        backend_cpu()->download(grads[k], model_grads(models[k]), total * sizeof(float));
+    }
+    cr_assert_eq(memcmp(model_logits(large), model_logits(exact),
+                        (size_t)ROUTE_TEST_T * config.vocab_size * sizeof(float)), 0);
+    cr_assert_eq(memcmp(grads[0], grads[1], total * sizeof(float)), 0);
+    float a[3 * ROUTE_TEST_T * 2], b[3 * ROUTE_TEST_T * 2]; /* site 2: null, b_0, b_1 */
+    model_site_weights(large, 2, 1, a);
+    model_site_weights(exact, 2, 1, b);
+    cr_assert_eq(memcmp(a, b, sizeof a), 0);
+    free(grads[0]);
+    free(grads[1]);
+    model_destroy(large);
+    model_destroy(exact);
+}
