@@ -2,6 +2,7 @@
 #include "launch/cli.h"
 
 #include "launch/eval.h"
+#include "launch/probe.h"
 #include "launch/train.h"
 #include "runtime/error.h"
 
@@ -13,7 +14,9 @@ static const char usage[] =
     "  train CONFIG.yaml [--set key=value ...]   train, resuming from run_dir if it holds a "
     "checkpoint\n"
     "  eval  --checkpoint DIR [--weights ema|raw] [--data SPEC] [--samples N] "
-    "[--dump-logits OUT.h5]\n";
+    "[--dump-logits OUT.h5]\n"
+    "  probe --checkpoint DIR [--weights ema|raw] [--data SPEC] [--samples N] [--slices S] "
+    "[--json OUT.json]\n";
 
 int cli_main(int argc, char **argv)
 {
@@ -29,5 +32,7 @@ int cli_main(int argc, char **argv)
         return train_main(argc, argv);
     if (!strcmp(argv[1], "eval"))
         return eval_main(argc, argv);
+    if (!strcmp(argv[1], "probe"))
+        return probe_main(argc, argv);
     fatal(EXIT_CONFIG, "unknown command '%s'\n%s", argv[1], usage);
 }

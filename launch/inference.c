@@ -28,7 +28,8 @@ void inference_open(Inference *inference, const char *checkpoint, const char *we
     inference->weights = use_ema ? "ema" : "raw";
 
     inference->model = model_create(backend_select(config->device), &config->model,
-                                    config->train.microbatch_size, config->train.seq_len);
+                                    &config->residual, config->train.microbatch_size,
+                                    config->train.seq_len);
     run_state_load_weights(inference->model, inference->step_dir, use_ema);
 }
 

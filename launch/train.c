@@ -143,8 +143,8 @@ int train_main(int argc, char **argv)
     free(resolved);
     make_directories(config.run_dir);
 
-    Model *model = model_create(backend, &config.model, config.train.microbatch_size,
-                                config.train.seq_len);
+    Model *model = model_create(backend, &config.model, &config.residual,
+                                config.train.microbatch_size, config.train.seq_len);
     const ParamTable *table = model_param_table(model);
     RunState state;
     run_state_create(&state, model, &config);

@@ -19,14 +19,8 @@ static void model_check_config(const ModelConfig *config)
         fatal(EXIT_CONFIG, "model.norm_eps = %g must be > 0", config->norm_eps);
 }
 
-Model *model_create(const Backend *backend, const ModelConfig *config, int max_batch,
-                    int seq_len)
-{
-    return model_create_with_residual(backend, config, NULL, max_batch, seq_len);
-}
-
-Model *model_create_with_residual(const Backend *backend, const ModelConfig *config,
-                                  const ResidualConfig *residual, int max_batch, int seq_len)
+Model *model_create(const Backend *backend, const ModelConfig *config,
+                    const ResidualConfig *residual, int max_batch, int seq_len)
 {
     model_check_config(config);
     Model *model = xcalloc(1, sizeof *model);

@@ -31,15 +31,11 @@
 typedef struct Model Model;
 
 /* Allocates parameters, gradients (backend memory, zeroed) and activations for up to
- * max_batch sequences of seq_len tokens, with the standard residual. Fails with EXIT_CONFIG
- * on an impossible config. */
-Model *model_create(const Backend *backend, const ModelConfig *config, int max_batch,
-                    int seq_len);
-/* Same with the residual of `residual` (NULL: standard); its routing weights join the
- * parameter table (model/params.h). A combination the model cannot build is EXIT_CONFIG
- * (model/residual.h). */
-Model *model_create_with_residual(const Backend *backend, const ModelConfig *config,
-                                  const ResidualConfig *residual, int max_batch, int seq_len);
+ * max_batch sequences of seq_len tokens, with the residual of `residual` (NULL: standard);
+ * its routing weights join the parameter table (model/params.h). An impossible config or a
+ * combination the model cannot build is EXIT_CONFIG (model/residual.h). */
+Model *model_create(const Backend *backend, const ModelConfig *config,
+                    const ResidualConfig *residual, int max_batch, int seq_len);
 void model_destroy(Model *model);
 
 const ParamTable *model_param_table(const Model *model);

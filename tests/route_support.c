@@ -54,7 +54,7 @@ ResidualConfig route_test_msar(int heads, int streams, const int *kernels, Resid
 Model *route_test_model(const ResidualConfig *residual, uint64_t seed)
 {
     ModelConfig config = route_test_model_config();
-    Model *model = model_create_with_residual(backend_cpu(), &config, residual, ROUTE_TEST_B,
+    Model *model = model_create(backend_cpu(), &config, residual, ROUTE_TEST_B,
                                               ROUTE_TEST_T);
     model_init_params(model, seed, config.init_std);
     return model;

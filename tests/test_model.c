@@ -42,7 +42,7 @@ static ModelConfig small_config(bool qk_norm, bool tie_embeddings)
 static float *initial_params(const ModelConfig *config, uint64_t seed, double init_std,
                              ParamTable *table)
 {
-    Model *model = model_create(backend_cpu(), config, 1, 4);
+    Model *model = model_create(backend_cpu(), config, NULL, 1, 4);
     model_init_params(model, seed, init_std);
     param_table_build(table, config);
     float *host = xmalloc(table->total * sizeof(float));
@@ -358,7 +358,7 @@ Test(model, backward_twice_doubles_the_gradients)
 {
     ModelConfig config = small_config(true, true);
     const int B = 2, T = 5;
-    Model *model = model_create(backend_cpu(), &config, B, T);
+    Model *model = model_create(backend_cpu(), &config, NULL, B, T);
     model_init_params(model, 1, 0.2);
     uint32_t inputs[10], targets[10];
     fill_tokens(inputs, 10, config.vocab_size, 1);
@@ -388,7 +388,7 @@ Test(model, backward_twice_doubles_the_gradients)
 Test(model, loss_scale_scales_the_gradients)
 {
     ModelConfig config = small_config(false, false);
-    Model *model = model_create(backend_cpu(), &config, 1, 6);
+    Model *model = model_create(backend_cpu(), &config, NULL, 1, 6);
     model_init_params(model, 2, 0.2);
     uint32_t inputs[6], targets[6];
     fill_tokens(inputs, 6, config.vocab_size, 3);
@@ -412,8 +412,8 @@ Test(model, a_batch_smaller_than_max_batch_gives_the_logits_of_a_model_sized_for
 {
     ModelConfig config = small_config(true, false);
     const int T = 4;
-    Model *large = model_create(backend_cpu(), &config, 3, T);
-    Model *exact = model_create(backend_cpu(), &config, 1, T);
+    Model *large = model_create(backend_cpu(), &config, NULL, 3, T);
+    Model *exact = model_create(backend_cpu(), &config, NULL, 1, T);
     model_init_params(large, 9, 0.2);
     model_init_params(exact, 9, 0.2);
     uint32_t inputs[4], targets[4];
@@ -431,7 +431,7 @@ Test(model, a_batch_smaller_than_max_batch_gives_the_logits_of_a_model_sized_for
 Test(model, a_token_outside_the_vocabulary_is_a_data_error, .exit_code = EXIT_DATA)
 {
     ModelConfig config = small_config(false, false);
-    Model *model = model_create(backend_cpu(), &config, 1, 2);
+    Model *model = model_create(backend_cpu(), &config, NULL, 1, 2);
     uint32_t inputs[2] = {0, 11}, targets[2] = {1, 2};
     model_forward(model, inputs, targets, 1, 0.0f);
 }
@@ -440,7 +440,7 @@ Test(model, kv_heads_that_do_not_divide_the_heads_are_a_config_error, .exit_code
 {
     ModelConfig config = small_config(false, false);
     config.n_kv_heads = 3;
-    model_create(backend_cpu(), &config, 1, 2);
+    model_create(backend_cpu(), &config, NULL, 1, 2);
 }
 
 /* ---- RoPE tables ----

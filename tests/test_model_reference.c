@@ -175,8 +175,8 @@ static void fixture_open(Fixture *fixture, const char *family)
     }
     free(tokens);
 
-    fixture->model = model_create(backend_cpu(), &fixture->config.model, fixture->B,
-                                  fixture->T);
+    fixture->model = model_create(backend_cpu(), &fixture->config.model, NULL, fixture->B,
+                                   fixture->T);
     fixture_load_weights(fixture);
 }
 

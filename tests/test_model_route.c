@@ -456,7 +456,7 @@ Test(model_route, every_combination_the_config_accepts_runs_to_finite_gradients)
                                  forms[form], heads[h], mode == 1 ? streams[m] : "streams: 1");
                         Config config;
                         config_load_text(&config, yaml, "combination", NULL, 0, 1);
-                        Model *model = model_create_with_residual(
+                        Model *model = model_create(
                             backend_cpu(), &config.model, &config.residual, ROUTE_TEST_B,
                             ROUTE_TEST_T);
                         model_init_params(model, 21, 0.1);
@@ -513,9 +513,9 @@ Test(model_route, a_batch_smaller_than_max_batch_routes_as_a_model_sized_for_it)
     const int kernels[] = {2, 3};
     ResidualConfig residual = route_test_msar(2, 2, kernels, FORM_DELTA);
     ModelConfig config = route_test_model_config();
-    Model *large = model_create_with_residual(backend_cpu(), &config, &residual, 3,
+    Model *large = model_create(backend_cpu(), &config, &residual, 3,
                                               ROUTE_TEST_T);
-    Model *exact = model_create_with_residual(backend_cpu(), &config, &residual, 1,
+    Model *exact = model_create(backend_cpu(), &config, &residual, 1,
                                               ROUTE_TEST_T);
     Model *models[2] = {large, exact};
     uint32_t inputs[ROUTE_TEST_ROWS], targets[ROUTE_TEST_ROWS];

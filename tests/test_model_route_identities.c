@@ -274,7 +274,7 @@ Test(model_route, msar_at_init_gives_the_uniform_average_of_the_sources_at_every
 static void check_delta_with_zero_gates_is_standard(const ResidualConfig *residual)
 {
     ModelConfig config = route_test_model_config();
-    Model *base = model_create(backend_cpu(), &config, ROUTE_TEST_B, ROUTE_TEST_T);
+    Model *base = model_create(backend_cpu(), &config, NULL, ROUTE_TEST_B, ROUTE_TEST_T);
     model_init_params(base, 15, 0.1); /* element i of a tensor depends on (seed, name, i) */
     Model *graft = route_test_model(residual, 15);
     route_test_randomize_routing(graft, 15);

@@ -129,7 +129,7 @@ static void fixture_open(RouteFixture *fixture, const char *stem)
         }
     free(tokens);
 
-    fixture->model = model_create_with_residual(backend_cpu(), &fixture->config.model,
+    fixture->model = model_create(backend_cpu(), &fixture->config.model,
                                                 &fixture->config.residual, fixture->B,
                                                 fixture->T);
     const ParamTable *table = model_param_table(fixture->model);
