@@ -261,8 +261,9 @@ Test(config, demo_yaml_holds_the_defaults)
 
 Test(config, small_examples_validate_on_one_rank)
 {
-    const char *names[] = {"demo_block_mhar.yaml", "demo_msar.yaml"};
-    for (int i = 0; i < 2; i++) {
+    const char *names[] = {"demo_block_mhar.yaml", "demo_msar.yaml", "demo_attnres.yaml",
+                           "demo_mhar_delta.yaml"};
+    for (int i = 0; i < (int)(sizeof names / sizeof names[0]); i++) {
         char path[512];
         snprintf(path, sizeof path, "%s/launch/configs/%s", FATHOM_SOURCE_DIR, names[i]);
         ChildResult result = load_in_child((LoadRequest){.path = path, .world_size = 1});
