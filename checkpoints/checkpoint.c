@@ -69,6 +69,29 @@ void checkpoint_dataset_path(int group, const char *name, char *out, size_t capa
     checkpoint_path_join(out, capacity, group_paths[group], name);
 }
 
+int64_t checkpoint_tensor_row_elements(const CheckpointTensor *tensor)
+{
+    int64_t elements = 1;
+    for (int axis = 1; axis < tensor->ndim; axis++)
+        elements *= tensor->shape[axis];
+    return elements;
+}
+
+void checkpoint_shape_format(int ndim, const int64_t *shape, char *text, size_t capacity)
+{
+    size_t used = 0;
+    text[0] = '\0';
+    for (int axis = 0; axis < ndim && used < capacity; axis++) {
+        int written = snprintf(text + used, capacity - used, "%s%lld", axis ? ", " : "[",
+                               (long long)shape[axis]);
+        if (written < 0)
+            break;
+        used += (size_t)written;
+    }
+    if (used < capacity)
+        snprintf(text + used, capacity - used, "]");
+}
+
 void checkpoint_tensors_validate(const CheckpointTensor *tensors, int n_tensors)
 {
     for (int i = 0; i < n_tensors; i++) {
@@ -80,10 +103,15 @@ void checkpoint_tensors_validate(const CheckpointTensor *tensors, int n_tensors)
             strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
             fatal(EXIT_DATA, "checkpoint tensor %d has an unusable name \"%s\"", i,
                   name ? name : "(null)");
-        if (tensor->ndim < 1 || tensor->ndim > 2 || tensor->shape[0] < 1 ||
-            (tensor->ndim == 2 && tensor->shape[1] < 1))
-            fatal(EXIT_DATA, "checkpoint tensor %s has an unusable shape (ndim %d, [%lld, %lld])",
-                  name, tensor->ndim, (long long)tensor->shape[0], (long long)tensor->shape[1]);
+        if (tensor->ndim < 1 || tensor->ndim > CHECKPOINT_RANK_MAX)
+            fatal(EXIT_DATA, "checkpoint tensor %s has rank %d; tensors have rank 1 to %d",
+                  name, tensor->ndim, CHECKPOINT_RANK_MAX);
+        char shape[CHECKPOINT_SHAPE_TEXT_MAX];
+        for (int axis = 0; axis < tensor->ndim; axis++)
+            if (tensor->shape[axis] < 1) {
+                checkpoint_shape_format(tensor->ndim, tensor->shape, shape, sizeof shape);
+                fatal(EXIT_DATA, "checkpoint tensor %s has an unusable shape %s", name, shape);
+            }
         for (int j = 0; j < i; j++)
             if (strcmp(tensors[j].name, name) == 0)
                 fatal(EXIT_DATA, "checkpoint tensor %s is listed twice", name);

@@ -20,7 +20,9 @@
  * relative to the step directory so a run directory can be moved. /integrity is a table
  * (1-D compound dataset), one record per shard dataset: {shard (string, file name), dataset
  * (string, path in the shard), row_begin, row_end (int64, the tensor rows it holds), crc32c
- * (uint32, of its raw fp32 little-endian bytes)}.
+ * (uint32, of its raw fp32 little-endian bytes, rows after rows)}. A tensor of rank 3 is
+ * split by its first dim like any other: its virtual dataset maps [row_begin, row_end) x
+ * all x all hyperslabs onto the shards' [rows, shape[1], shape[2]] datasets.
  *
  * Every failure (a library call, a missing or corrupt file, a shape that does not match)
  * exits 3 through fatal() with a message naming the file and the tensor. A save that fails
@@ -35,12 +37,22 @@
 
 #include "runtime/config.h"
 
+/* The highest rank: [m, k_max, d], the MSAR stream convolutions (DESIGN 2.3). */
+#define CHECKPOINT_RANK_MAX 3
+
+/* A tensor of rank 1..3 is, for sharding, a matrix: shape[0] rows of "row elements" (the
+ * product of the remaining dims) each, row-major. Shards hold row ranges; every dataset, in
+ * the shards and in index.h5, keeps the tensor's true rank and trailing dims, so h5py shows
+ * an MSAR convolution as [m, k_max, d]. */
 typedef struct {
     const char *name;  /* DESIGN 2.3 name, dots kept: "model.layers.0.self_attn.q_proj.weight" */
-    int ndim;          /* 1 or 2 */
-    int64_t shape[2];  /* shape[1] unused when ndim == 1 */
+    int ndim;          /* 1, 2 or 3 */
+    int64_t shape[CHECKPOINT_RANK_MAX]; /* shape[ndim..] unused (ignored, whatever they hold) */
     size_t offset;     /* element offset of the tensor in each group's flat buffer */
 } CheckpointTensor;
+
+/* Elements of one row: shape[1] * .. * shape[ndim-1]; 1 for a rank-1 tensor. */
+int64_t checkpoint_tensor_row_elements(const CheckpointTensor *tensor);
 
 enum { CKPT_GROUP_MODEL, CKPT_GROUP_EMA, CKPT_GROUP_EXP_AVG, CKPT_GROUP_EXP_AVG_SQ, CKPT_GROUPS };
 

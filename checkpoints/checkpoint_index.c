@@ -33,16 +33,18 @@ static void virtual_tensor_create(hid_t file, int group, const CheckpointTensor 
 {
     char path[CHECKPOINT_PATH_MAX];
     checkpoint_dataset_path(group, tensor->name, path, sizeof path);
-    hsize_t dims[2] = {(hsize_t)tensor->shape[0],
-                       tensor->ndim == 2 ? (hsize_t)tensor->shape[1] : 1};
+    hsize_t dims[CHECKPOINT_RANK_MAX] = {0, 1, 1};
+    for (int axis = 0; axis < tensor->ndim; axis++)
+        dims[axis] = (hsize_t)tensor->shape[axis];
     hid_t space = H5_CHECK(H5Screate_simple(tensor->ndim, dims, NULL));
     hid_t create_plist = H5_CHECK(H5Pcreate(H5P_DATASET_CREATE));
     for (int s = 0; s < n_shards; s++) {
         CheckpointRows rows = shards[s].rows[tensor_index];
         if (rows.row_end <= rows.row_begin)
             continue;
-        hsize_t start[2] = {(hsize_t)rows.row_begin, 0};
-        hsize_t count[2] = {(hsize_t)(rows.row_end - rows.row_begin), dims[1]};
+        /* rows [row_begin, row_end) of the tensor, whole in every other dim */
+        hsize_t start[CHECKPOINT_RANK_MAX] = {(hsize_t)rows.row_begin, 0, 0};
+        hsize_t count[CHECKPOINT_RANK_MAX] = {(hsize_t)(rows.row_end - rows.row_begin), dims[1], dims[2]};
         H5_CHECK(H5Sselect_hyperslab(space, H5S_SELECT_SET, start, NULL, count, NULL));
         hid_t source_space = H5_CHECK(H5Screate_simple(tensor->ndim, count, NULL));
         /* the file name stays relative: HDF5 resolves it against index.h5's directory */

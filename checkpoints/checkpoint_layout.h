@@ -39,8 +39,11 @@ void checkpoint_shard_name(int stage, int dp_rank, char *name, size_t capacity);
 bool checkpoint_parse_step_name(const char *name, int64_t *step, bool *is_tmp);
 /* The "<dataset path>" of tensor `name` in group g: "/model/<name>". */
 void checkpoint_dataset_path(int group, const char *name, char *out, size_t capacity);
+/* "[7, 5]", "[3, 4, 5]": shape[0..ndim-1] (ndim 1..3) for messages; truncated to fit. */
+#define CHECKPOINT_SHAPE_TEXT_MAX 80
+void checkpoint_shape_format(int ndim, const int64_t *shape, char *text, size_t capacity);
 /* Exits 3 unless every tensor has a legal, unique name (no '/' or '%', not "." or "..") and
- * rank 1 or 2 with positive dims. */
+ * rank 1..3 with positive dims. */
 void checkpoint_tensors_validate(const CheckpointTensor *tensors, int n_tensors);
 
 /* ---- the file system (checkpoint.c) ---- */
@@ -70,9 +73,10 @@ typedef struct {
 } CheckpointRows;
 
 /* Writes a shard file: for each group with data[g] and each tensor with rows[i] non-empty,
- * dataset /<group>/<name> of shape [row_end - row_begin(, cols)] from data[g] +
- * tensors[i].offset (the first held row). Closes and fsyncs the file. digests[g * n_tensors
- * + i] receives the CRC32C of the dataset's fp32 little-endian bytes. */
+ * dataset /<group>/<name> of shape [row_end - row_begin, shape[1].., shape[ndim-1]] (the
+ * tensor's rank and trailing dims) from data[g] + tensors[i].offset (the first held row).
+ * Closes and fsyncs the file. digests[g * n_tensors + i] receives the CRC32C of the
+ * dataset's fp32 little-endian bytes. */
 void checkpoint_shard_write(const char *path, const CheckpointTensor *tensors, int n_tensors,
                             const CheckpointRows *rows, const float *const data[CKPT_GROUPS],
                             uint32_t *digests);

@@ -9,6 +9,7 @@
  */
 #include "checkpoints/checkpoint_layout.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,14 +20,6 @@
 
 /* Digest verification reads a dataset this many floats at a time (16 MiB). */
 #define VERIFY_BLOCK_FLOATS ((size_t)1 << 22)
-
-static void shape_format(int ndim, const int64_t shape[2], char *text, size_t capacity)
-{
-    if (ndim == 2)
-        snprintf(text, capacity, "[%lld, %lld]", (long long)shape[0], (long long)shape[1]);
-    else
-        snprintf(text, capacity, "[%lld]", (long long)shape[0]);
-}
 
 /* The group a shard dataset path "/optim/exp_avg/<name>" belongs to, or -1. */
 static int dataset_group(const char *dataset)
@@ -44,20 +37,24 @@ static int dataset_group(const char *dataset)
 static void tensor_shape_check(hid_t index, const char *index_path, int group,
                                const CheckpointTensor *tensor)
 {
-    char path[CHECKPOINT_PATH_MAX], found_text[64], expected_text[64];
+    char path[CHECKPOINT_PATH_MAX];
+    char found_text[CHECKPOINT_SHAPE_TEXT_MAX], expected_text[CHECKPOINT_SHAPE_TEXT_MAX];
     checkpoint_dataset_path(group, tensor->name, path, sizeof path);
     if (!h5_path_exists(index, path))
         fatal(EXIT_DATA, "checkpoint %s has no tensor %s (looked for %s)", index_path,
               tensor->name, path);
     hid_t dataset = H5_CHECK(H5Dopen2(index, path, H5P_DEFAULT));
     int ndim;
-    int64_t shape[2];
+    int64_t shape[CHECKPOINT_RANK_MAX];
     h5_tensor_shape(dataset, index_path, path, &ndim, shape);
     H5_CHECK(H5Dclose(dataset));
-    int64_t expected[2] = {tensor->shape[0], tensor->ndim == 2 ? tensor->shape[1] : 1};
-    if (ndim != tensor->ndim || shape[0] != expected[0] || shape[1] != expected[1]) {
-        shape_format(ndim, shape, found_text, sizeof found_text);
-        shape_format(tensor->ndim, expected, expected_text, sizeof expected_text);
+    bool same = ndim == tensor->ndim;
+    for (int axis = 0; same && axis < ndim; axis++)
+        same = shape[axis] == tensor->shape[axis];
+    if (!same) {
+        checkpoint_shape_format(ndim, shape, found_text, sizeof found_text);
+        checkpoint_shape_format(tensor->ndim, tensor->shape, expected_text,
+                                sizeof expected_text);
         fatal(EXIT_DATA, "checkpoint %s: tensor %s has shape %s, expected %s", index_path,
               tensor->name, found_text, expected_text);
     }
@@ -85,21 +82,23 @@ static void tensor_rows_check(const char *index_path, int group, const Checkpoin
 }
 
 /* Whole rows per verification read: about VERIFY_BLOCK_FLOATS, at least one row. */
-static int64_t verify_block_rows(int64_t cols)
+static int64_t verify_block_rows(int64_t row_elements)
 {
-    int64_t rows = (int64_t)(VERIFY_BLOCK_FLOATS / (size_t)cols);
+    int64_t rows = (int64_t)(VERIFY_BLOCK_FLOATS / (size_t)row_elements);
     return rows > 0 ? rows : 1;
 }
 
-/* CRC32C of one shard dataset of [rows, cols], read in blocks into `buffer`. */
-static uint32_t dataset_digest(hid_t dataset, int64_t rows, int64_t cols, float *buffer)
+/* CRC32C of one shard dataset of `rows` rows of `row_elements` each, read in blocks into
+ * `buffer`: the bytes row after row, as the save digested them, whatever the rank. */
+static uint32_t dataset_digest(hid_t dataset, int64_t rows, int64_t row_elements,
+                               float *buffer)
 {
-    int64_t block_rows = verify_block_rows(cols);
+    int64_t block_rows = verify_block_rows(row_elements);
     uint32_t crc = 0;
     for (int64_t row = 0; row < rows; row += block_rows) {
         int64_t end = row + block_rows < rows ? row + block_rows : rows;
         h5_tensor_read_rows(dataset, row, end, buffer);
-        crc = crc32c_extend(crc, buffer, (size_t)((end - row) * cols) * sizeof(float));
+        crc = crc32c_extend(crc, buffer, (size_t)((end - row) * row_elements) * sizeof(float));
     }
     return crc;
 }
@@ -132,19 +131,22 @@ static void shard_datasets_verify(const char *step_dir, const CheckpointDigest *
             fatal(EXIT_DATA, "checkpoint shard %s has no dataset %s", path, digest->dataset);
         hid_t dataset = H5_CHECK(H5Dopen2(shard, digest->dataset, H5P_DEFAULT));
         int ndim;
-        int64_t shape[2];
+        int64_t shape[CHECKPOINT_RANK_MAX];
         h5_tensor_shape(dataset, path, digest->dataset, &ndim, shape);
         if (shape[0] != digest->row_end - digest->row_begin)
             fatal(EXIT_DATA, "checkpoint shard %s: %s has %lld rows, the index says %lld", path,
                   digest->dataset, (long long)shape[0],
                   (long long)(digest->row_end - digest->row_begin));
-        int64_t block_rows = verify_block_rows(shape[1]);
-        size_t needed = (size_t)((shape[0] < block_rows ? shape[0] : block_rows) * shape[1]);
+        int64_t row_elements = shape[1] * shape[2]; /* trailing dims beyond the rank are 1 */
+        if (row_elements < 1)
+            fatal(EXIT_DATA, "checkpoint shard %s: %s has an empty dim", path, digest->dataset);
+        int64_t block_rows = verify_block_rows(row_elements);
+        size_t needed = (size_t)((shape[0] < block_rows ? shape[0] : block_rows) * row_elements);
         if (needed > buffer_floats) {
             buffer = xrealloc(buffer, needed * sizeof(float));
             buffer_floats = needed;
         }
-        uint32_t crc = dataset_digest(dataset, shape[0], shape[1], buffer);
+        uint32_t crc = dataset_digest(dataset, shape[0], row_elements, buffer);
         H5_CHECK(H5Dclose(dataset));
         if (crc != digest->crc32c)
             fatal(EXIT_DATA, "checkpoint shard %s: %s fails its CRC32C check (recorded %08x, "

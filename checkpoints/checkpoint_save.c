@@ -22,6 +22,7 @@
 
 /* The digest is of the fp32 little-endian bytes; in memory they are exactly those bytes. */
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "CRC32C digests assume little-endian");
+_Static_assert(CHECKPOINT_RANK_MAX == H5_TENSOR_RANK_MAX, "every tensor rank must be writable");
 
 void checkpoint_shard_write(const char *path, const CheckpointTensor *tensors, int n_tensors,
                             const CheckpointRows *rows, const float *const data[CKPT_GROUPS],
@@ -38,12 +39,13 @@ void checkpoint_shard_write(const char *path, const CheckpointTensor *tensors, i
             digests[group * n_tensors + i] = 0;
             if (held <= 0)
                 continue;
-            int64_t shape[2] = {held, tensor->ndim == 2 ? tensor->shape[1] : 1};
+            /* the held rows keep the tensor's rank: [held, shape[1], shape[2]] */
+            int64_t shape[CHECKPOINT_RANK_MAX] = {held, tensor->shape[1], tensor->shape[2]};
+            size_t elements = (size_t)(held * checkpoint_tensor_row_elements(tensor));
             const float *values = data[group] + tensor->offset;
             checkpoint_dataset_path(group, tensor->name, dataset, sizeof dataset);
             h5_tensor_write(file, dataset, tensor->ndim, shape, H5T_IEEE_F32LE, values);
-            digests[group * n_tensors + i] =
-                crc32c(values, (size_t)(shape[0] * shape[1]) * sizeof(float));
+            digests[group * n_tensors + i] = crc32c(values, elements * sizeof(float));
         }
     }
     H5_CHECK(H5Fclose(file));

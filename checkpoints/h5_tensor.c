@@ -66,10 +66,15 @@ int h5_path_exists(hid_t location, const char *path)
     return exists;
 }
 
-void h5_tensor_write(hid_t location, const char *path, int ndim, const int64_t shape[2],
+void h5_tensor_write(hid_t location, const char *path, int ndim, const int64_t *shape,
                      hid_t file_type, const float *values)
 {
-    hsize_t dims[2] = {(hsize_t)shape[0], ndim == 2 ? (hsize_t)shape[1] : 1};
+    if (ndim < 1 || ndim > H5_TENSOR_RANK_MAX)
+        fatal(EXIT_DATA, "cannot write %s: rank %d; tensors have rank 1 to %d", path, ndim,
+              H5_TENSOR_RANK_MAX);
+    hsize_t dims[H5_TENSOR_RANK_MAX];
+    for (int axis = 0; axis < ndim; axis++)
+        dims[axis] = (hsize_t)shape[axis];
     hid_t space = H5_CHECK(H5Screate_simple(ndim, dims, NULL));
     hid_t link_plist = H5_CHECK(H5Pcreate(H5P_LINK_CREATE));
     H5_CHECK(H5Pset_create_intermediate_group(link_plist, 1));
@@ -82,29 +87,33 @@ void h5_tensor_write(hid_t location, const char *path, int ndim, const int64_t s
 }
 
 void h5_tensor_shape(hid_t dataset, const char *where, const char *path, int *ndim,
-                     int64_t shape[2])
+                     int64_t shape[H5_TENSOR_RANK_MAX])
 {
     hid_t space = H5_CHECK(H5Dget_space(dataset));
     int rank = (int)H5_CHECK(H5Sget_simple_extent_ndims(space));
-    if (rank < 1 || rank > 2)
-        fatal(EXIT_DATA, "%s: dataset %s has rank %d; tensors have rank 1 or 2", where, path,
-              rank);
-    hsize_t dims[2] = {0, 1};
+    if (rank < 1 || rank > H5_TENSOR_RANK_MAX)
+        fatal(EXIT_DATA, "%s: dataset %s has rank %d; tensors have rank 1 to %d", where, path,
+              rank, H5_TENSOR_RANK_MAX);
+    hsize_t dims[H5_TENSOR_RANK_MAX] = {0, 1, 1};
     H5_CHECK(H5Sget_simple_extent_dims(space, dims, NULL));
     H5_CHECK(H5Sclose(space));
     *ndim = rank;
-    shape[0] = (int64_t)dims[0];
-    shape[1] = (int64_t)dims[1];
+    for (int axis = 0; axis < H5_TENSOR_RANK_MAX; axis++)
+        shape[axis] = (int64_t)dims[axis];
 }
 
 void h5_tensor_read_rows(hid_t dataset, int64_t row_begin, int64_t row_end, float *values)
 {
     hid_t file_space = H5_CHECK(H5Dget_space(dataset));
     int rank = (int)H5_CHECK(H5Sget_simple_extent_ndims(file_space));
-    hsize_t dims[2] = {0, 1};
+    if (rank < 1 || rank > H5_TENSOR_RANK_MAX)
+        fatal(EXIT_DATA, "cannot read rows of a dataset of rank %d; tensors have rank 1 to %d",
+              rank, H5_TENSOR_RANK_MAX);
+    hsize_t dims[H5_TENSOR_RANK_MAX] = {0, 1, 1};
     H5_CHECK(H5Sget_simple_extent_dims(file_space, dims, NULL));
-    hsize_t start[2] = {(hsize_t)row_begin, 0};
-    hsize_t count[2] = {(hsize_t)(row_end - row_begin), dims[1]};
+    /* whole rows: the first dim is cut, every other dim is taken entire */
+    hsize_t start[H5_TENSOR_RANK_MAX] = {(hsize_t)row_begin, 0, 0};
+    hsize_t count[H5_TENSOR_RANK_MAX] = {(hsize_t)(row_end - row_begin), dims[1], dims[2]};
     H5_CHECK(H5Sselect_hyperslab(file_space, H5S_SELECT_SET, start, NULL, count, NULL));
     hid_t memory_space = H5_CHECK(H5Screate_simple(rank, count, NULL));
     H5_CHECK(H5Dread(dataset, H5T_NATIVE_FLOAT, memory_space, file_space, H5P_DEFAULT,

@@ -39,7 +39,7 @@ static CheckpointTensor *checkpoint_tensors_of(const ParamTable *table)
         tensors[i] = (CheckpointTensor){
             .name = entry->name,
             .ndim = entry->ndim,
-            .shape = {entry->shape[0], entry->shape[1]},
+            .shape = {entry->shape[0], entry->shape[1], entry->shape[2]},
             .offset = entry->offset,
         };
     }

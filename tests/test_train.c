@@ -77,16 +77,17 @@ Test(train, a_different_seed_gives_different_weights, .timeout = 120)
     test_remove_tree(b);
 }
 
-/* 6 steps straight, against 3 steps, a resume from the step-3 checkpoint, and 3 more. */
-Test(train, three_steps_resume_three_steps_equals_six_straight, .timeout = 120)
+/* Trains `straight` 6 steps, and `resumed` from a copy of straight's step-3 checkpoint (as
+ * if it died after step 3), both with `arguments`; asserts equal losses and bitwise equal
+ * step-6 checkpoints. The caller makes and removes both directories. */
+static void resume_equals_straight(const char *straight, const char *resumed,
+                                   const char *arguments)
 {
-    char straight[256], resumed[256], command[2400];
-    test_make_temp_dir(straight, "train-straight");
-    test_make_temp_dir(resumed, "train-resumed");
+    char command[2400];
     const char *extra = "checkpoint:\n  every: 3\n  keep_last: 5\n";
     tiny_config_write(straight, extra);
     tiny_config_write(resumed, extra);
-    cr_assert_eq(tiny_train(straight, "", output, sizeof output), 0, "%s", output);
+    cr_assert_eq(tiny_train(straight, arguments, output, sizeof output), 0, "%s", output);
 
     /* The interrupted run: its last committed checkpoint is step 3, but it logged steps 4..6
      * before it died; the resumed run must drop those lines and take the steps again. */
@@ -96,7 +97,7 @@ Test(train, three_steps_resume_three_steps_equals_six_straight, .timeout = 120)
              "cp %s/run/metrics.jsonl %s/run/metrics.jsonl",
              resumed, straight, resumed, resumed, straight, resumed);
     cr_assert_eq(test_run_command(command, output, sizeof output), 0, "%s", output);
-    cr_assert_eq(tiny_train(resumed, "", output, sizeof output), 0, "%s", output);
+    cr_assert_eq(tiny_train(resumed, arguments, output, sizeof output), 0, "%s", output);
     cr_assert(strstr(output, "resumed at step 3"), "no resume message:\n%s", output);
 
     double losses_a[8], losses_b[8];
@@ -111,6 +112,36 @@ Test(train, three_steps_resume_three_steps_equals_six_straight, .timeout = 120)
     snprintf(step_a, sizeof step_a, "%s/checkpoints/step_00000006", run_a);
     snprintf(step_b, sizeof step_b, "%s/checkpoints/step_00000006", run_b);
     cr_assert(checkpoints_bitwise_equal(step_a, step_b));
+}
+
+/* 6 steps straight, against 3 steps, a resume from the step-3 checkpoint, and 3 more. */
+Test(train, three_steps_resume_three_steps_equals_six_straight, .timeout = 120)
+{
+    char straight[256], resumed[256];
+    test_make_temp_dir(straight, "train-straight");
+    test_make_temp_dir(resumed, "train-resumed");
+    resume_equals_straight(straight, resumed, "");
+    test_remove_tree(straight);
+    test_remove_tree(resumed);
+}
+
+/* The same through an MSAR model (DESIGN 2.2): two streams with kernels 1 and 3 make its
+ * stream convolutions rank-3 [m, k_max, d] = [2, 3, 64] tensors (DESIGN 2.3), which the
+ * step-3 checkpoint must hold as such for the resume to restore them. */
+Test(train, msar_run_checkpoints_and_resumes_bitwise, .timeout = 120)
+{
+    char straight[256], resumed[256], command[1024];
+    test_make_temp_dir(straight, "train-msar-straight");
+    test_make_temp_dir(resumed, "train-msar-resumed");
+    resume_equals_straight(straight, resumed,
+                           "--set residual.mode=msar --set residual.streams=2 "
+                           "--set 'residual.stream_kernels=[1,3]' --set residual.heads=2");
+    snprintf(command, sizeof command,
+             "python3 -c \"import h5py; f = h5py.File('%s/run/checkpoints/step_00000003/"
+             "index.h5', 'r'); print(list(f['model/model.route_streams.0.conv'].shape))\"",
+             straight);
+    cr_assert_eq(test_run_command(command, output, sizeof output), 0, "%s", output);
+    cr_assert_str_eq(output, "[2, 3, 64]\n");
     test_remove_tree(straight);
     test_remove_tree(resumed);
 }
