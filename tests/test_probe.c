@@ -71,6 +71,24 @@ Test(probe, trained_weights_are_distributions_and_kl_is_nonnegative, .timeout = 
     test_remove_tree(dir);
 }
 
+/* MSAR: one weight table per stream; the width probe is defined on plain sites only. */
+Test(probe, msar_reports_every_stream_and_no_width_probe, .timeout = 120)
+{
+    char dir[256];
+    train_routed(dir, "probe-msar",
+                 "--set residual.mode=msar --set residual.streams=2 "
+                 "--set residual.stream_kernels=[1,2]");
+    int code = probe_and_check(
+        dir, "--weights raw --samples 2",
+        "sites = probe['sites']; assert len(sites) == 5; "
+        "assert all(s['streams'] == 2 and len(s['mean_weights']) == 2 for s in sites); "
+        "assert all(abs(sum(head) - 1) < 1e-5 for s in sites for stream in s['mean_weights'] "
+        "for head in stream); "
+        "assert all(s['kl_query'] is None for s in sites)");
+    cr_assert_eq(code, 0, "%s", output);
+    test_remove_tree(dir);
+}
+
 Test(probe, a_standard_model_has_no_sites_and_exits_2, .timeout = 60)
 {
     char dir[256], arguments[512];
