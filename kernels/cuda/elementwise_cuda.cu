@@ -1,0 +1,48 @@
+/* kernels/cuda/elementwise_cuda.cu — bf16 sums of whole tensors (runtime/backend.h,
+ * "elementwise"): y += x and out = a + b, each element added in fp32 and rounded once.
+ *
+ * One grid-stride loop, 8 elements (16 bytes) per thread per step. Every thread reads both
+ * operands of its 8 elements before writing them, so out may alias a or b.
+ */
+#include "kernels/cuda/kernels_cuda.h"
+
+#include "kernels/cuda/bf16_vector.cuh"
+
+enum { ELEMENTWISE_THREADS = 256 };
+
+/* out[i] = a[i] + b[i], i < n */
+template <bool VECTOR>
+__global__ void __launch_bounds__(ELEMENTWISE_THREADS)
+    add_kernel(bfloat *out, const bfloat *a, const bfloat *b, size_t n)
+{
+    size_t stride = (size_t)gridDim.x * blockDim.x * 8;
+    for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8; i < n; i += stride) {
+        float sum[8], other[8];
+        load8<VECTOR>(sum, a, i, n);
+        load8<VECTOR>(other, b, i, n);
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            sum[k] += other[k];
+        store8<VECTOR>(out, i, n, sum);
+    }
+}
+
+extern "C" void cuda_add(bf16 *out, const bf16 *a, const bf16 *b, size_t n,
+                         cudaStream_t stream)
+{
+    if (n == 0)
+        return;
+    unsigned blocks = grid_stride_blocks((n + 7) / 8, ELEMENTWISE_THREADS);
+    bfloat *out_ = (bfloat *)out;
+    const bfloat *a_ = (const bfloat *)a, *b_ = (const bfloat *)b;
+    if (is_aligned_16(out) && is_aligned_16(a) && is_aligned_16(b))
+        add_kernel<true><<<blocks, ELEMENTWISE_THREADS, 0, stream>>>(out_, a_, b_, n);
+    else
+        add_kernel<false><<<blocks, ELEMENTWISE_THREADS, 0, stream>>>(out_, a_, b_, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void cuda_add_inplace(bf16 *y, const bf16 *x, size_t n, cudaStream_t stream)
+{
+    cuda_add(y, y, x, n, stream);
+}

@@ -1,0 +1,260 @@
+/* kernels/cuda/matmul_cuda.cu — the three matrix products of a linear layer, on cuBLASLt.
+ *
+ *   forward:          out[rows, out_dim]  = in[rows, in_dim] @ weight[out_dim, in_dim]^T
+ *   input gradient:   din[rows, in_dim]  += dout[rows, out_dim] @ weight
+ *   weight gradient:  dweight[out_dim, in_dim] += dout^T @ in        (fp32 C and D)
+ * A, B and the bf16 outputs are bf16, accumulation and alpha / beta fp32
+ * (CUBLAS_COMPUTE_32F). "+=" is beta = 1 with C = D, so a bf16 din is rounded once.
+ *
+ * Row-major through a column-major library: a row-major [r, c] matrix is the column-major
+ * [c, r] matrix with leading dimension c, i.e. its transpose. Each product is therefore
+ * computed transposed, with m, n, k and the operations below (every layout is
+ * (stored rows, stored cols, ld) of the column-major view):
+ *   forward:  out^T [out, rows]  = (W view [in, out], op T) (in view [in, rows], op N)
+ *             m = out_dim, n = rows, k = in_dim
+ *   din:      din^T [in, rows]   = (W view [in, out], op N) (dout view [out, rows], op N)
+ *             m = in_dim, n = rows, k = out_dim
+ *   dweight:  dW^T [in, out]     = (in view [in, rows], op N) (dout view [out, rows], op T)
+ *             m = in_dim, n = out_dim, k = rows
+ *
+ * Plans: the descriptors and the algorithm of each (product, shape, operand alignments) are
+ * made once, with cuBLASLt's heuristic (the first, best-ranked answer) under the 32 MiB
+ * workspace, and kept in a small table for the life of the process, so a shape always runs
+ * the same algorithm (same bits). Split-K variants whose partial sums would be added in the
+ * output type (bf16 for out and din) are excluded: only no split or a reduction in the
+ * fp32 compute type. A shape beyond the table's capacity gets a plan made and dropped on
+ * every call (the heuristic is deterministic, so the algorithm is the same).
+ */
+#include "kernels/cuda/kernels_cuda.h"
+
+#include "runtime/error.h"
+
+#include <cublasLt.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+
+enum {
+    MATMUL_WORKSPACE_BYTES = 32 << 20,
+    MATMUL_PLANS_MAX = 128,
+};
+
+typedef enum MatmulProduct {
+    PRODUCT_FORWARD,
+    PRODUCT_INPUT_GRADIENT,
+    PRODUCT_WEIGHT_GRADIENT,
+} MatmulProduct;
+
+typedef struct MatmulPlan {
+    MatmulProduct product;
+    int rows, in_dim, out_dim;
+    uint32_t alignment_a, alignment_b, alignment_c; /* bytes, at most 256 */
+    cublasLtMatmulDesc_t operation;
+    cublasLtMatrixLayout_t layout_a, layout_b, layout_c; /* C and D share layout_c */
+    cublasLtMatmulAlgo_t algorithm;
+} MatmulPlan;
+
+static cublasLtHandle_t matmul_handle;
+static void *matmul_workspace;
+static MatmulPlan matmul_plans[MATMUL_PLANS_MAX];
+static int matmul_plan_count;
+
+static const char *product_name(MatmulProduct product)
+{
+    return product == PRODUCT_FORWARD          ? "forward"
+           : product == PRODUCT_INPUT_GRADIENT ? "input gradient"
+                                               : "weight gradient";
+}
+
+/* The largest power of two (at most 256) dividing the address: what cuBLASLt may assume. */
+static uint32_t pointer_alignment(const void *pointer)
+{
+    uintptr_t address = (uintptr_t)pointer;
+    uint32_t alignment = 256;
+    while (alignment > 1 && address % alignment != 0)
+        alignment /= 2;
+    return alignment;
+}
+
+extern "C" void cuda_matmul_init(void)
+{
+    if (matmul_handle)
+        return;
+    CUBLAS_CHECK(cublasLtCreate(&matmul_handle));
+    CUDA_CHECK(cudaMalloc(&matmul_workspace, MATMUL_WORKSPACE_BYTES));
+}
+
+static void plan_release(MatmulPlan *plan)
+{
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(plan->layout_a));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(plan->layout_b));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(plan->layout_c));
+    CUBLAS_CHECK(cublasLtMatmulDescDestroy(plan->operation));
+}
+
+extern "C" void cuda_matmul_destroy(void)
+{
+    if (!matmul_handle)
+        return;
+    for (int i = 0; i < matmul_plan_count; i++)
+        plan_release(&matmul_plans[i]);
+    matmul_plan_count = 0;
+    CUDA_CHECK(cudaFree(matmul_workspace));
+    matmul_workspace = NULL;
+    CUBLAS_CHECK(cublasLtDestroy(matmul_handle));
+    matmul_handle = NULL;
+}
+
+static void set_operation(cublasLtMatmulDesc_t operation, cublasLtMatmulDescAttributes_t which,
+                          cublasOperation_t value)
+{
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(operation, which, &value, sizeof value));
+}
+
+static void set_preference(cublasLtMatmulPreference_t preference,
+                           cublasLtMatmulPreferenceAttributes_t which, const void *value,
+                           size_t size)
+{
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, which, value, size));
+}
+
+/* Fills the descriptors of `plan` (its product, shape and alignments set) and asks the
+ * heuristic for its algorithm. */
+static void plan_build(MatmulPlan *plan)
+{
+    uint64_t rows = (uint64_t)plan->rows, in_dim = (uint64_t)plan->in_dim,
+             out_dim = (uint64_t)plan->out_dim;
+    cudaDataType_t output_type = CUDA_R_16BF;
+    cublasOperation_t op_a = CUBLAS_OP_N, op_b = CUBLAS_OP_N;
+    switch (plan->product) {
+    case PRODUCT_FORWARD:
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->layout_a, CUDA_R_16BF, in_dim, out_dim,
+                                                (int64_t)in_dim));
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->layout_b, CUDA_R_16BF, in_dim, rows,
+                                                (int64_t)in_dim));
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->layout_c, CUDA_R_16BF, out_dim, rows,
+                                                (int64_t)out_dim));
+        op_a = CUBLAS_OP_T;
+        break;
+    case PRODUCT_INPUT_GRADIENT:
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->layout_a, CUDA_R_16BF, in_dim, out_dim,
+                                                (int64_t)in_dim));
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->layout_b, CUDA_R_16BF, out_dim, rows,
+                                                (int64_t)out_dim));
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->layout_c, CUDA_R_16BF, in_dim, rows,
+                                                (int64_t)in_dim));
+        break;
+    case PRODUCT_WEIGHT_GRADIENT:
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->layout_a, CUDA_R_16BF, in_dim, rows,
+                                                (int64_t)in_dim));
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->layout_b, CUDA_R_16BF, out_dim, rows,
+                                                (int64_t)out_dim));
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->layout_c, CUDA_R_32F, in_dim, out_dim,
+                                                (int64_t)in_dim));
+        op_b = CUBLAS_OP_T;
+        output_type = CUDA_R_32F;
+        break;
+    }
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->operation, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    set_operation(plan->operation, CUBLASLT_MATMUL_DESC_TRANSA, op_a);
+    set_operation(plan->operation, CUBLASLT_MATMUL_DESC_TRANSB, op_b);
+
+    cublasLtMatmulPreference_t preference;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+    uint64_t workspace_bytes = MATMUL_WORKSPACE_BYTES;
+    uint32_t reduction = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE; /* or none: never in bf16 */
+    set_preference(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
+                   sizeof workspace_bytes);
+    set_preference(preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduction,
+                   sizeof reduction);
+    set_preference(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &plan->alignment_a,
+                   sizeof plan->alignment_a);
+    set_preference(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &plan->alignment_b,
+                   sizeof plan->alignment_b);
+    set_preference(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &plan->alignment_c,
+                   sizeof plan->alignment_c);
+    set_preference(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &plan->alignment_c,
+                   sizeof plan->alignment_c);
+
+    cublasLtMatmulHeuristicResult_t result;
+    memset(&result, 0, sizeof result);
+    int found = 0;
+    CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(matmul_handle, plan->operation,
+                                                plan->layout_a, plan->layout_b, plan->layout_c,
+                                                plan->layout_c, preference, 1, &result, &found));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(preference));
+    if (found < 1)
+        fatal(EXIT_COMM, "cuBLASLt has no algorithm for the matmul %s of rows %d, in %d, out %d "
+              "(%s output)", product_name(plan->product), plan->rows, plan->in_dim,
+              plan->out_dim, output_type == CUDA_R_32F ? "fp32" : "bf16");
+    plan->algorithm = result.algo;
+}
+
+/* Runs one product: D = alpha * op(A) op(B) + beta * C, with C = D. A plan is looked up by
+ * (product, shape, alignments), or made. */
+static void matmul_run(MatmulProduct product, int rows, int in_dim, int out_dim, const void *a,
+                       const void *b, void *c, float beta, cudaStream_t stream)
+{
+    cuda_matmul_init();
+    MatmulPlan key;
+    memset(&key, 0, sizeof key);
+    key.product = product;
+    key.rows = rows;
+    key.in_dim = in_dim;
+    key.out_dim = out_dim;
+    key.alignment_a = pointer_alignment(a);
+    key.alignment_b = pointer_alignment(b);
+    key.alignment_c = pointer_alignment(c);
+
+    MatmulPlan *plan = NULL;
+    for (int i = 0; i < matmul_plan_count && !plan; i++) {
+        MatmulPlan *candidate = &matmul_plans[i];
+        if (candidate->product == product && candidate->rows == rows &&
+            candidate->in_dim == in_dim && candidate->out_dim == out_dim &&
+            candidate->alignment_a == key.alignment_a &&
+            candidate->alignment_b == key.alignment_b &&
+            candidate->alignment_c == key.alignment_c)
+            plan = candidate;
+    }
+    bool temporary = false;
+    if (!plan) {
+        if (matmul_plan_count < MATMUL_PLANS_MAX) {
+            plan = &matmul_plans[matmul_plan_count];
+        } else {
+            plan = &key;
+            temporary = true;
+        }
+        *plan = key;
+        plan_build(plan);
+        if (!temporary)
+            matmul_plan_count++;
+    }
+
+    float alpha = 1.0f;
+    CUBLAS_CHECK(cublasLtMatmul(matmul_handle, plan->operation, &alpha, a, plan->layout_a, b,
+                                plan->layout_b, &beta, c, plan->layout_c, c, plan->layout_c,
+                                &plan->algorithm, matmul_workspace, MATMUL_WORKSPACE_BYTES,
+                                stream));
+    if (temporary)
+        plan_release(plan);
+}
+
+extern "C" void cuda_matmul_forward(bf16 *out, const bf16 *in, const bf16 *weight, int rows,
+                                    int in_dim, int out_dim, cudaStream_t stream)
+{
+    if (rows <= 0 || in_dim <= 0 || out_dim <= 0)
+        return;
+    matmul_run(PRODUCT_FORWARD, rows, in_dim, out_dim, weight, in, out, 0.0f, stream);
+}
+
+extern "C" void cuda_matmul_backward(bf16 *din, float *dweight, const bf16 *dout, const bf16 *in,
+                                     const bf16 *weight, int rows, int in_dim, int out_dim,
+                                     cudaStream_t stream)
+{
+    if (rows <= 0 || in_dim <= 0 || out_dim <= 0)
+        return;
+    if (din)
+        matmul_run(PRODUCT_INPUT_GRADIENT, rows, in_dim, out_dim, weight, dout, din, 1.0f,
+                   stream);
+    matmul_run(PRODUCT_WEIGHT_GRADIENT, rows, in_dim, out_dim, in, dout, dweight, 1.0f, stream);
+}

@@ -1,0 +1,206 @@
+/* kernels/cuda/optimizer_cuda.cu — the optimizer's flat-range ops (DESIGN 3) on fp32 device
+ * ranges: AdamW (writing the bf16 compute copy in the same pass), weight EMA, scaling, and
+ * the squared norm for gradient clipping.
+ *
+ * The elementwise ops are grid-stride loops over 8 fp32 values (two 16-byte accesses) per
+ * thread per step, with the formulas of kernels/cpu/optimizer_cpu.c term by term.
+ *
+ * sum_squares must give the same double on every run, because the clip factor and so every
+ * later step depends on it. The first pass always runs CUDA_SUM_SQUARES_PARTIALS blocks of
+ * SUM_SQUARES_THREADS threads, whatever the device: thread j of block b squares and adds, in
+ * double, the groups of 8 elements (b * THREADS + j) + k * (PARTIALS * THREADS), k = 0, 1, ..;
+ * each block adds its threads in a fixed tree into one double of the workspace. The second
+ * pass, one block, adds the partials in a fixed tree and adds the total to *result. The order
+ * of every addition depends only on n.
+ */
+#include "kernels/cuda/kernels_cuda.h"
+
+#include "kernels/cuda/bf16_vector.cuh"
+
+#include <math.h>
+
+enum {
+    OPTIMIZER_THREADS = 256,
+    SUM_SQUARES_THREADS = 256,
+};
+
+template <bool VECTOR>
+__global__ void __launch_bounds__(OPTIMIZER_THREADS)
+    adamw_kernel(float *params, const float *grads, float *exp_avg, float *exp_avg_sq,
+                 bfloat *compute_copy, size_t n, float beta1, float beta2, float eps,
+                 float decay, float step_size, float bias_correction2_sqrt)
+{
+    size_t stride = (size_t)gridDim.x * blockDim.x * 8;
+    for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8; i < n; i += stride) {
+        float p[8], g[8], m[8], v[8];
+        load8_float<VECTOR>(p, params, i, n);
+        load8_float<VECTOR>(g, grads, i, n);
+        load8_float<VECTOR>(m, exp_avg, i, n);
+        load8_float<VECTOR>(v, exp_avg_sq, i, n);
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            p[k] -= decay * p[k];
+            m[k] = beta1 * m[k] + (1.0f - beta1) * g[k];
+            v[k] = beta2 * v[k] + (1.0f - beta2) * g[k] * g[k];
+            p[k] -= step_size * m[k] / (sqrtf(v[k]) / bias_correction2_sqrt + eps);
+        }
+        store8_float<VECTOR>(params, i, n, p);
+        store8_float<VECTOR>(exp_avg, i, n, m);
+        store8_float<VECTOR>(exp_avg_sq, i, n, v);
+        if (compute_copy)
+            store8<VECTOR>(compute_copy, i, n, p);
+    }
+}
+
+template <bool VECTOR>
+__global__ void __launch_bounds__(OPTIMIZER_THREADS)
+    ema_kernel(float *ema, const float *params, size_t n, float decay)
+{
+    size_t stride = (size_t)gridDim.x * blockDim.x * 8;
+    for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8; i < n; i += stride) {
+        float e[8], p[8];
+        load8_float<VECTOR>(e, ema, i, n);
+        load8_float<VECTOR>(p, params, i, n);
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            e[k] = decay * e[k] + (1.0f - decay) * p[k];
+        store8_float<VECTOR>(ema, i, n, e);
+    }
+}
+
+template <bool VECTOR>
+__global__ void __launch_bounds__(OPTIMIZER_THREADS)
+    scale_kernel(float *x, float factor, size_t n)
+{
+    size_t stride = (size_t)gridDim.x * blockDim.x * 8;
+    for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8; i < n; i += stride) {
+        float values[8];
+        load8_float<VECTOR>(values, x, i, n);
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            values[k] *= factor;
+        store8_float<VECTOR>(x, i, n, values);
+    }
+}
+
+/* Adds the THREADS doubles of `values` (shared memory) in a fixed tree; thread 0 gets the
+ * total. Every thread of the block calls it. */
+template <int THREADS>
+__device__ double block_tree_sum(double *values)
+{
+#pragma unroll
+    for (int width = THREADS / 2; width > 0; width /= 2) {
+        __syncthreads();
+        if (threadIdx.x < width)
+            values[threadIdx.x] += values[threadIdx.x + width];
+    }
+    __syncthreads();
+    return values[0];
+}
+
+/* grid: exactly CUDA_SUM_SQUARES_PARTIALS blocks of SUM_SQUARES_THREADS */
+template <bool VECTOR>
+__global__ void __launch_bounds__(SUM_SQUARES_THREADS)
+    sum_squares_partial_kernel(double *partials, const float *x, size_t n)
+{
+    __shared__ double thread_sums[SUM_SQUARES_THREADS];
+    size_t stride = (size_t)CUDA_SUM_SQUARES_PARTIALS * SUM_SQUARES_THREADS * 8;
+    double sum = 0.0;
+    for (size_t i = ((size_t)blockIdx.x * SUM_SQUARES_THREADS + threadIdx.x) * 8; i < n;
+         i += stride) {
+        float values[8];
+        load8_float<VECTOR>(values, x, i, n);
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            sum += (double)values[k] * (double)values[k];
+    }
+    thread_sums[threadIdx.x] = sum;
+    double total = block_tree_sum<SUM_SQUARES_THREADS>(thread_sums);
+    if (threadIdx.x == 0)
+        partials[blockIdx.x] = total;
+}
+
+/* one block of CUDA_SUM_SQUARES_PARTIALS threads */
+__global__ void __launch_bounds__(CUDA_SUM_SQUARES_PARTIALS)
+    sum_squares_final_kernel(double *result, const double *partials)
+{
+    __shared__ double values[CUDA_SUM_SQUARES_PARTIALS];
+    values[threadIdx.x] = partials[threadIdx.x];
+    double total = block_tree_sum<CUDA_SUM_SQUARES_PARTIALS>(values);
+    if (threadIdx.x == 0)
+        *result += total;
+}
+
+extern "C" void cuda_adamw_update(float *params, const float *grads, float *exp_avg,
+                                  float *exp_avg_sq, size_t n, float lr, float beta1,
+                                  float beta2, float eps, float weight_decay, int step,
+                                  bf16 *compute_copy, cudaStream_t stream)
+{
+    if (n == 0)
+        return;
+    /* the bias corrections once, in double, as on the cpu backend */
+    float decay = lr * weight_decay;
+    float step_size = (float)(lr / (1.0 - pow(beta1, step)));
+    float bias_correction2_sqrt = (float)sqrt(1.0 - pow(beta2, step));
+    unsigned blocks = grid_stride_blocks((n + 7) / 8, OPTIMIZER_THREADS);
+    bool vector = is_aligned_16(params) && is_aligned_16(grads) && is_aligned_16(exp_avg) &&
+                  is_aligned_16(exp_avg_sq) && is_aligned_16(compute_copy);
+    if (vector)
+        adamw_kernel<true><<<blocks, OPTIMIZER_THREADS, 0, stream>>>(
+            params, grads, exp_avg, exp_avg_sq, (bfloat *)compute_copy, n, beta1, beta2, eps,
+            decay, step_size, bias_correction2_sqrt);
+    else
+        adamw_kernel<false><<<blocks, OPTIMIZER_THREADS, 0, stream>>>(
+            params, grads, exp_avg, exp_avg_sq, (bfloat *)compute_copy, n, beta1, beta2, eps,
+            decay, step_size, bias_correction2_sqrt);
+    CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void cuda_ema_update(float *ema, const float *params, size_t n, float decay,
+                                cudaStream_t stream)
+{
+    if (n == 0)
+        return;
+    unsigned blocks = grid_stride_blocks((n + 7) / 8, OPTIMIZER_THREADS);
+    if (is_aligned_16(ema) && is_aligned_16(params))
+        ema_kernel<true><<<blocks, OPTIMIZER_THREADS, 0, stream>>>(ema, params, n, decay);
+    else
+        ema_kernel<false><<<blocks, OPTIMIZER_THREADS, 0, stream>>>(ema, params, n, decay);
+    CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void cuda_scale(float *x, float factor, size_t n, cudaStream_t stream)
+{
+    if (n == 0)
+        return;
+    unsigned blocks = grid_stride_blocks((n + 7) / 8, OPTIMIZER_THREADS);
+    if (is_aligned_16(x))
+        scale_kernel<true><<<blocks, OPTIMIZER_THREADS, 0, stream>>>(x, factor, n);
+    else
+        scale_kernel<false><<<blocks, OPTIMIZER_THREADS, 0, stream>>>(x, factor, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void cuda_sum_squares(double *result, const float *x, size_t n, double *workspace,
+                                 cudaStream_t stream)
+{
+    if (n == 0)
+        return;
+    if (is_aligned_16(x))
+        sum_squares_partial_kernel<true>
+            <<<CUDA_SUM_SQUARES_PARTIALS, SUM_SQUARES_THREADS, 0, stream>>>(workspace, x, n);
+    else
+        sum_squares_partial_kernel<false>
+            <<<CUDA_SUM_SQUARES_PARTIALS, SUM_SQUARES_THREADS, 0, stream>>>(workspace, x, n);
+    CUDA_CHECK_LAUNCH();
+    sum_squares_final_kernel<<<1, CUDA_SUM_SQUARES_PARTIALS, 0, stream>>>(result, workspace);
+    CUDA_CHECK_LAUNCH();
+}
+
+extern "C" double cuda_sum_squares_read(const double *result, cudaStream_t stream)
+{
+    double value = 0.0;
+    CUDA_CHECK(cudaMemcpyAsync(&value, result, sizeof value, cudaMemcpyDeviceToHost, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    return value;
+}

@@ -1,0 +1,309 @@
+/* kernels/cuda/rmsnorm_cuda.cu — RMSNorm over the rows of [rows, d] (DESIGN 2), bf16 in and
+ * out, fp32 statistics.
+ *
+ * Forward: rstd = rsqrt(mean(x^2) + eps) in fp32, out = bf16(weight * bf16(x * rstd)), the
+ * product order of Hugging Face's LlamaRMSNorm (cast to the activation dtype, then weight).
+ * Backward, with xhat = x * rstd and dxhat = dout * weight (fp32):
+ *   dx      += rstd * (dxhat - xhat * mean(dxhat * xhat))
+ *   dweight += sum over rows of dout * xhat
+ *
+ * Layout: a "row team" of ROW_THREADS threads handles one row at a time, each thread CHUNKS
+ * groups of 8 columns held in registers, so a row is read from memory once. Narrow rows
+ * (d <= 1024, e.g. per-head q/k norms) get a warp each, eight rows to a block; wide rows
+ * (d <= 8192) get the whole 256-thread block. The row sums use row_sum (fixed order).
+ *
+ * dweight without atomics: rows are cut into groups of consecutive rows, one team per group;
+ * a team adds its rows' dout * xhat per column in row order in registers and writes the
+ * group's partial row to the workspace [groups, d]; a second kernel adds the partials of
+ * each column in group order (32 interleaved slices, then the slices in order) into dweight.
+ * The group size depends only on rows and d: about 4096 warps of work in the first pass.
+ */
+#include "kernels/cuda/kernels_cuda.h"
+
+#include "kernels/cuda/bf16_vector.cuh"
+#include "runtime/error.h"
+
+enum {
+    RMSNORM_THREADS = 256,      /* every launch of the first pass */
+    RMSNORM_MAX_D = 8192,       /* 256 threads x 4 chunks x 8 columns */
+    RMSNORM_TARGET_WARPS = 4096, /* first-pass work, in warps, that sets the group size */
+    REDUCE_COLUMNS = 32,        /* second pass: columns of a block ... */
+    REDUCE_SLICES = 32,         /* ... and interleaved slices of the partials */
+};
+
+/* The row-team shape for a width d. */
+typedef struct RmsnormShape {
+    int row_threads; /* 32 or RMSNORM_THREADS */
+    int chunks;      /* 1, 2 or 4 */
+} RmsnormShape;
+
+static RmsnormShape rmsnorm_shape(int d)
+{
+    if (d > RMSNORM_MAX_D)
+        fatal(EXIT_CONFIG,
+              "rmsnorm on the cuda backend takes rows of at most %d values, got d = %d",
+              RMSNORM_MAX_D, d);
+    RmsnormShape shape;
+    shape.row_threads = d <= 32 * 4 * 8 ? 32 : RMSNORM_THREADS;
+    int needed = (d + shape.row_threads * 8 - 1) / (shape.row_threads * 8);
+    shape.chunks = needed <= 1 ? 1 : needed <= 2 ? 2 : 4;
+    return shape;
+}
+
+/* Rows per group in the backward: enough groups for RMSNORM_TARGET_WARPS warps of work. */
+static int rmsnorm_rows_per_group(int rows, RmsnormShape shape)
+{
+    int target_groups = RMSNORM_TARGET_WARPS / (shape.row_threads / 32);
+    int per_group = (rows + target_groups - 1) / target_groups;
+    return per_group < 1 ? 1 : per_group;
+}
+
+template <int ROW_THREADS, int CHUNKS, bool VECTOR>
+__global__ void __launch_bounds__(RMSNORM_THREADS)
+    rmsnorm_forward_kernel(bfloat *out, float *rstd, const bfloat *x, const bfloat *weight,
+                           int rows, int d, float eps)
+{
+    __shared__ float scratch[RMSNORM_THREADS / 32];
+    int lane = threadIdx.x % ROW_THREADS;
+    int row = blockIdx.x * (RMSNORM_THREADS / ROW_THREADS) + threadIdx.x / ROW_THREADS;
+    if (row >= rows)
+        return; /* a whole team leaves together (a whole block when ROW_THREADS = 256) */
+
+    const bfloat *x_row = x + (size_t)row * d;
+    uint4 raw[CHUNKS];
+#pragma unroll
+    for (int chunk = 0; chunk < CHUNKS; chunk++)
+        raw[chunk] = load8_raw<VECTOR>(x_row, (chunk * ROW_THREADS + lane) * 8, d);
+
+    float sum_squares = 0.0f;
+#pragma unroll
+    for (int chunk = 0; chunk < CHUNKS; chunk++) {
+        float values[8];
+        unpack8(values, raw[chunk]);
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            sum_squares += values[k] * values[k];
+    }
+    sum_squares = row_sum<ROW_THREADS>(sum_squares, scratch);
+    float row_rstd = rsqrtf(sum_squares / d + eps);
+    if (lane == 0)
+        rstd[row] = row_rstd;
+
+    bfloat *out_row = out + (size_t)row * d;
+#pragma unroll
+    for (int chunk = 0; chunk < CHUNKS; chunk++) {
+        int column = (chunk * ROW_THREADS + lane) * 8;
+        float values[8], scales[8];
+        unpack8(values, raw[chunk]);
+        load8<VECTOR>(scales, weight, column, d);
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            values[k] = scales[k] * __bfloat162float(__float2bfloat16_rn(values[k] * row_rstd));
+        store8<VECTOR>(out_row, column, d, values);
+    }
+}
+
+/* First pass of the backward: dx of every row, partial dweight of every group of rows. */
+template <int ROW_THREADS, int CHUNKS, bool VECTOR>
+__global__ void __launch_bounds__(RMSNORM_THREADS)
+    rmsnorm_backward_kernel(bfloat *dx, float *partials, const bfloat *dout, const bfloat *x,
+                            const bfloat *weight, const float *rstd, int rows, int d,
+                            int rows_per_group)
+{
+    __shared__ float scratch[RMSNORM_THREADS / 32];
+    int lane = threadIdx.x % ROW_THREADS;
+    int group = blockIdx.x * (RMSNORM_THREADS / ROW_THREADS) + threadIdx.x / ROW_THREADS;
+    int first = group * rows_per_group;
+    if (first >= rows)
+        return; /* whole team, as in the forward */
+    int last = min(first + rows_per_group, rows);
+
+    uint4 weight_raw[CHUNKS];
+    float dweight_sum[CHUNKS][8];
+#pragma unroll
+    for (int chunk = 0; chunk < CHUNKS; chunk++) {
+        weight_raw[chunk] = load8_raw<VECTOR>(weight, (chunk * ROW_THREADS + lane) * 8, d);
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            dweight_sum[chunk][k] = 0.0f;
+    }
+
+    for (int row = first; row < last; row++) {
+        const bfloat *x_row = x + (size_t)row * d, *dout_row = dout + (size_t)row * d;
+        bfloat *dx_row = dx + (size_t)row * d;
+        uint4 x_raw[CHUNKS], dout_raw[CHUNKS];
+#pragma unroll
+        for (int chunk = 0; chunk < CHUNKS; chunk++) {
+            int column = (chunk * ROW_THREADS + lane) * 8;
+            x_raw[chunk] = load8_raw<VECTOR>(x_row, column, d);
+            dout_raw[chunk] = load8_raw<VECTOR>(dout_row, column, d);
+        }
+        float row_rstd = rstd[row];
+
+        float dot = 0.0f; /* sum of dxhat * xhat over the row */
+#pragma unroll
+        for (int chunk = 0; chunk < CHUNKS; chunk++) {
+            float xs[8], grads[8], scales[8];
+            unpack8(xs, x_raw[chunk]);
+            unpack8(grads, dout_raw[chunk]);
+            unpack8(scales, weight_raw[chunk]);
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                dot += (grads[k] * scales[k]) * (xs[k] * row_rstd);
+        }
+        float mean_dot = row_sum<ROW_THREADS>(dot, scratch) / d;
+
+#pragma unroll
+        for (int chunk = 0; chunk < CHUNKS; chunk++) {
+            int column = (chunk * ROW_THREADS + lane) * 8;
+            float xs[8], grads[8], scales[8], dxs[8];
+            unpack8(xs, x_raw[chunk]);
+            unpack8(grads, dout_raw[chunk]);
+            unpack8(scales, weight_raw[chunk]);
+            load8<VECTOR>(dxs, dx_row, column, d);
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                float xhat = xs[k] * row_rstd;
+                dxs[k] += row_rstd * (grads[k] * scales[k] - xhat * mean_dot);
+                dweight_sum[chunk][k] += grads[k] * xhat;
+            }
+            store8<VECTOR>(dx_row, column, d, dxs);
+        }
+    }
+
+    float *partial_row = partials + (size_t)group * d;
+#pragma unroll
+    for (int chunk = 0; chunk < CHUNKS; chunk++)
+        store8_float<VECTOR>(partial_row, (chunk * ROW_THREADS + lane) * 8, d,
+                             dweight_sum[chunk]);
+}
+
+/* Second pass: dweight[c] += sum over groups g, in order, of partials[g, c].
+ * block (REDUCE_COLUMNS, REDUCE_SLICES); slice s adds groups s, s + SLICES, ...; then the
+ * slices are added in order by the first row of threads. */
+__global__ void __launch_bounds__(REDUCE_COLUMNS *REDUCE_SLICES)
+    rmsnorm_dweight_reduce_kernel(float *dweight, const float *partials, int groups, int d)
+{
+    __shared__ float slice_sums[REDUCE_SLICES][REDUCE_COLUMNS + 1];
+    int column = blockIdx.x * REDUCE_COLUMNS + threadIdx.x;
+    float sum = 0.0f;
+    if (column < d)
+        for (int group = threadIdx.y; group < groups; group += REDUCE_SLICES)
+            sum += partials[(size_t)group * d + column];
+    slice_sums[threadIdx.y][threadIdx.x] = sum;
+    __syncthreads();
+    if (threadIdx.y == 0 && column < d) {
+        float total = 0.0f;
+        for (int slice = 0; slice < REDUCE_SLICES; slice++)
+            total += slice_sums[slice][threadIdx.x];
+        dweight[column] += total;
+    }
+}
+
+/* The kernels are instantiated for each row-team shape; these tables pick the instance.
+ * Index: [row_threads == 32 ? 0 : 1][chunks 1, 2, 4 -> 0, 1, 2]. */
+typedef void (*ForwardLaunch)(bool vector, unsigned blocks, cudaStream_t stream, bfloat *out,
+                              float *rstd, const bfloat *x, const bfloat *weight, int rows,
+                              int d, float eps);
+typedef void (*BackwardLaunch)(bool vector, unsigned blocks, cudaStream_t stream, bfloat *dx,
+                               float *partials, const bfloat *dout, const bfloat *x,
+                               const bfloat *weight, const float *rstd, int rows, int d,
+                               int rows_per_group);
+
+template <int ROW_THREADS, int CHUNKS>
+static void launch_forward(bool vector, unsigned blocks, cudaStream_t stream, bfloat *out,
+                           float *rstd, const bfloat *x, const bfloat *weight, int rows, int d,
+                           float eps)
+{
+    if (vector)
+        rmsnorm_forward_kernel<ROW_THREADS, CHUNKS, true>
+            <<<blocks, RMSNORM_THREADS, 0, stream>>>(out, rstd, x, weight, rows, d, eps);
+    else
+        rmsnorm_forward_kernel<ROW_THREADS, CHUNKS, false>
+            <<<blocks, RMSNORM_THREADS, 0, stream>>>(out, rstd, x, weight, rows, d, eps);
+    CUDA_CHECK_LAUNCH();
+}
+
+template <int ROW_THREADS, int CHUNKS>
+static void launch_backward(bool vector, unsigned blocks, cudaStream_t stream, bfloat *dx,
+                            float *partials, const bfloat *dout, const bfloat *x,
+                            const bfloat *weight, const float *rstd, int rows, int d,
+                            int rows_per_group)
+{
+    if (vector)
+        rmsnorm_backward_kernel<ROW_THREADS, CHUNKS, true><<<blocks, RMSNORM_THREADS, 0, stream>>>(
+            dx, partials, dout, x, weight, rstd, rows, d, rows_per_group);
+    else
+        rmsnorm_backward_kernel<ROW_THREADS, CHUNKS, false><<<blocks, RMSNORM_THREADS, 0, stream>>>(
+            dx, partials, dout, x, weight, rstd, rows, d, rows_per_group);
+    CUDA_CHECK_LAUNCH();
+}
+
+static const ForwardLaunch forward_launches[2][3] = {
+    {launch_forward<32, 1>, launch_forward<32, 2>, launch_forward<32, 4>},
+    {launch_forward<RMSNORM_THREADS, 1>, launch_forward<RMSNORM_THREADS, 2>,
+     launch_forward<RMSNORM_THREADS, 4>},
+};
+static const BackwardLaunch backward_launches[2][3] = {
+    {launch_backward<32, 1>, launch_backward<32, 2>, launch_backward<32, 4>},
+    {launch_backward<RMSNORM_THREADS, 1>, launch_backward<RMSNORM_THREADS, 2>,
+     launch_backward<RMSNORM_THREADS, 4>},
+};
+
+static int team_index(RmsnormShape shape)
+{
+    return shape.row_threads == 32 ? 0 : 1;
+}
+
+static int chunk_index(RmsnormShape shape)
+{
+    return shape.chunks == 1 ? 0 : shape.chunks == 2 ? 1 : 2;
+}
+
+extern "C" void cuda_rmsnorm_forward(bf16 *out, float *rstd, const bf16 *x, const bf16 *weight,
+                                     int rows, int d, float eps, cudaStream_t stream)
+{
+    if (rows <= 0 || d <= 0)
+        return;
+    RmsnormShape shape = rmsnorm_shape(d);
+    int rows_per_block = RMSNORM_THREADS / shape.row_threads;
+    unsigned blocks = (unsigned)((rows + rows_per_block - 1) / rows_per_block);
+    bool vector = d % 8 == 0 && is_aligned_16(out) && is_aligned_16(x) && is_aligned_16(weight);
+    forward_launches[team_index(shape)][chunk_index(shape)](
+        vector, blocks, stream, (bfloat *)out, rstd, (const bfloat *)x, (const bfloat *)weight,
+        rows, d, eps);
+}
+
+extern "C" size_t cuda_rmsnorm_backward_workspace_floats(int rows, int d)
+{
+    if (rows <= 0 || d <= 0)
+        return 0;
+    RmsnormShape shape = rmsnorm_shape(d);
+    int per_group = rmsnorm_rows_per_group(rows, shape);
+    size_t groups = (size_t)((rows + per_group - 1) / per_group);
+    return groups * (size_t)d;
+}
+
+extern "C" void cuda_rmsnorm_backward(bf16 *dx, float *dweight, const bf16 *dout, const bf16 *x,
+                                      const bf16 *weight, const float *rstd, int rows, int d,
+                                      float *workspace, cudaStream_t stream)
+{
+    if (rows <= 0 || d <= 0)
+        return;
+    RmsnormShape shape = rmsnorm_shape(d);
+    int per_group = rmsnorm_rows_per_group(rows, shape);
+    int groups = (rows + per_group - 1) / per_group;
+    int groups_per_block = RMSNORM_THREADS / shape.row_threads;
+    unsigned blocks = (unsigned)((groups + groups_per_block - 1) / groups_per_block);
+    bool vector = d % 8 == 0 && is_aligned_16(dx) && is_aligned_16(workspace) &&
+                  is_aligned_16(dout) && is_aligned_16(x) && is_aligned_16(weight);
+    backward_launches[team_index(shape)][chunk_index(shape)](
+        vector, blocks, stream, (bfloat *)dx, workspace, (const bfloat *)dout, (const bfloat *)x,
+        (const bfloat *)weight, rstd, rows, d, per_group);
+
+    dim3 reduce_block(REDUCE_COLUMNS, REDUCE_SLICES);
+    unsigned reduce_blocks = (unsigned)((d + REDUCE_COLUMNS - 1) / REDUCE_COLUMNS);
+    rmsnorm_dweight_reduce_kernel<<<reduce_blocks, reduce_block, 0, stream>>>(dweight, workspace,
+                                                                            groups, d);
+    CUDA_CHECK_LAUNCH();
+}
