@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# launch/bench/gpu_bundle.sh — on the build machine: build, then copy the shared libraries
+# the binaries need that a CUDA machine lacks (Criterion, libyaml, HDF5, ...) into
+# .gpu-libs/ (git-ignored), so build/ and .gpu-libs/ can travel to a GPU machine.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+ninja -C build
+rm -rf .gpu-libs
+bundle=${FATHOM_BUNDLE_LIBS:-../shared/tools/bundle-libs}
+binaries=(build/fathom build/tests/fathom-tests build/kernels/libfathom_cuda.so)
+for extra in build/kernels/fathom-route-bench build/kernels/fathom-kernel-bench; do
+  [ -x "$extra" ] && binaries+=("$extra")
+done
+"$bundle" .gpu-libs "${binaries[@]}"
