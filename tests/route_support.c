@@ -10,19 +10,11 @@
 
 ModelConfig route_test_model_config(void)
 {
-    ModelConfig config;
-    memset(&config, 0, sizeof config);
-    config.vocab_size = 32;
-    config.d_model = 16;
-    config.n_layers = 2;
-    config.n_heads = 2;
-    config.n_kv_heads = 1;
-    config.head_dim = 8;
-    config.ffn_dim = 24;
-    config.rope_theta = 10000.0;
-    config.norm_eps = 1e-5;
-    config.init_std = 0.1;
-    return config;
+    return (ModelConfig){
+        .vocab_size = 32, .d_model = 16, .n_layers = 2, .n_heads = 2, .n_kv_heads = 1,
+        .head_dim = 8, .ffn_dim = 24, .rope_theta = 10000.0, .norm_eps = 1e-5,
+        .init_std = 0.1,
+    };
 }
 
 ResidualConfig route_test_attnres(int heads, int layers_per_block, ResidualForm form)

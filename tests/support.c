@@ -143,3 +143,28 @@ int test_run_fathom(const char *arguments, char *output, size_t capacity)
     snprintf(command, sizeof command, "'%s' %s", FATHOM_BINARY, arguments);
     return test_run_command(command, output, capacity);
 }
+
+int test_run_in_child(void (*body)(void *), void *argument, char *errors, size_t capacity)
+{
+    char path[] = "/tmp/fathom-test-stderr-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0, "mkstemp failed for %s", path);
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    cr_assert(pid >= 0, "fork failed");
+    if (pid == 0) {
+        dup2(fd, STDERR_FILENO);
+        body(argument);
+        _exit(0);
+    }
+    int status;
+    waitpid(pid, &status, 0);
+    ssize_t got = pread(fd, errors, capacity - 1, 0);
+    errors[got > 0 ? got : 0] = '\0';
+    close(fd);
+    unlink(path);
+    if (WIFSIGNALED(status))
+        fprintf(stderr, "child killed by signal %d\n", WTERMSIG(status));
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}

@@ -37,5 +37,9 @@ void test_write_file(const char *path, const char *text);
 int test_run_fathom(const char *arguments, char *output, size_t capacity);
 /* Same, for any shell command. */
 int test_run_command(const char *command, char *output, size_t capacity);
+/* Runs body(argument) in a forked child (fatal() there exits the child only); returns its
+ * exit code (0 when body returns; -1 if it did not exit) and captures its stderr into
+ * `errors` (NUL-terminated, truncated to `capacity`). */
+int test_run_in_child(void (*body)(void *), void *argument, char *errors, size_t capacity);
 
 #endif

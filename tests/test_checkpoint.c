@@ -5,19 +5,18 @@
  * Retention works on directory names alone, so its tests build empty step directories.
  */
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "checkpoints/checkpoint.h"
 #include "checkpoints/checkpoint_layout.h"
-#include <dirent.h>
+#include "tests/checkpoint_support.h"
 #include "tests/support.h"
 
 #define N_TENSORS 4
@@ -39,16 +38,12 @@ static void fixture_make(Fixture *fixture, uint64_t seed)
     };
     memcpy(fixture->tensors, tensors, sizeof tensors);
     fixture->elements = 66;
-    for (int group = 0; group < CKPT_GROUPS; group++) {
-        fixture->data[group] = malloc(fixture->elements * sizeof(float));
-        test_fill_normal(fixture->data[group], fixture->elements, 1.0f, seed * 10 + group);
-    }
+    checkpoint_test_groups_fill(fixture->data, fixture->elements, seed);
 }
 
 static void fixture_free(Fixture *fixture)
 {
-    for (int group = 0; group < CKPT_GROUPS; group++)
-        free(fixture->data[group]);
+    checkpoint_test_groups_free(fixture->data);
 }
 
 static CheckpointMeta meta_make(int64_t step)
@@ -70,48 +65,26 @@ static void save_step(const char *run_dir, int64_t step, const Fixture *fixture)
     checkpoint_save(run_dir, &meta, fixture->tensors, N_TENSORS, data);
 }
 
+/* A fresh run directory holding one checkpoint, at `step`, of a new fixture from `seed`. */
+static void saved_run_make(char *run_dir, Fixture *fixture, uint64_t seed, int64_t step)
+{
+    test_make_temp_dir(run_dir, "ckpt");
+    fixture_make(fixture, seed);
+    save_step(run_dir, step, fixture);
+}
+
 /* Loads every group into NaN-filled buffers and says whether they equal the fixture's bits. */
 static bool load_matches(const char *dir, const Fixture *fixture)
 {
     float *loaded[CKPT_GROUPS];
-    for (int group = 0; group < CKPT_GROUPS; group++) {
-        loaded[group] = malloc(fixture->elements * sizeof(float));
-        test_fill_nan(loaded[group], fixture->elements);
-    }
+    checkpoint_test_groups_poison(loaded, fixture->elements);
     checkpoint_load(dir, fixture->tensors, N_TENSORS, loaded);
     bool equal = true;
-    for (int group = 0; group < CKPT_GROUPS; group++) {
+    for (int group = 0; group < CKPT_GROUPS; group++)
         equal = equal && memcmp(loaded[group], fixture->data[group],
                                 fixture->elements * sizeof(float)) == 0;
-        free(loaded[group]);
-    }
+    checkpoint_test_groups_free(loaded);
     return equal;
-}
-
-/* Runs body(argument) in a forked child; returns its exit code (-1: killed) and its stderr. */
-static int run_in_child(void (*body)(void *), void *argument, char *errors, size_t capacity)
-{
-    char path[] = "/tmp/fathom-test-stderr-XXXXXX";
-    int fd = mkstemp(path);
-    cr_assert(fd >= 0);
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    cr_assert(pid >= 0);
-    if (pid == 0) {
-        dup2(fd, STDERR_FILENO);
-        body(argument);
-        _exit(0);
-    }
-    int status;
-    waitpid(pid, &status, 0);
-    ssize_t got = pread(fd, errors, capacity - 1, 0);
-    errors[got > 0 ? got : 0] = '\0';
-    close(fd);
-    unlink(path);
-    if (WIFSIGNALED(status))
-        fprintf(stderr, "child killed by signal %d\n", WTERMSIG(status));
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
 typedef struct {
@@ -124,6 +97,14 @@ static void child_load(void *argument)
 {
     ChildJob *job = argument;
     load_matches(job->dir, job->fixture);
+}
+
+/* Loads `dir` as the fixture's tensors in a forked child; asserts that it exits 3 and leaves
+ * its stderr in `errors`. */
+static void expect_load_exits_3(const char *dir, Fixture *fixture, char *errors, size_t capacity)
+{
+    ChildJob job = {.dir = dir, .fixture = fixture};
+    cr_assert_eq(test_run_in_child(child_load, &job, errors, capacity), 3, "%s", errors);
 }
 
 static void child_save(void *argument)
@@ -141,9 +122,7 @@ Test(checkpoint, save_then_load_is_bitwise_identical_for_all_groups)
 {
     char run_dir[256];
     Fixture fixture;
-    test_make_temp_dir(run_dir, "ckpt");
-    fixture_make(&fixture, 1);
-    save_step(run_dir, 100, &fixture);
+    saved_run_make(run_dir, &fixture, 1, 100);
     cr_assert(load_matches(run_dir, &fixture));
     fixture_free(&fixture);
     test_remove_tree(run_dir);
@@ -153,9 +132,7 @@ Test(checkpoint, read_meta_returns_what_save_wrote)
 {
     char run_dir[256], step_dir[512], expected_dir[512];
     Fixture fixture;
-    test_make_temp_dir(run_dir, "ckpt");
-    fixture_make(&fixture, 1);
-    save_step(run_dir, 1200, &fixture);
+    saved_run_make(run_dir, &fixture, 1, 1200);
     CheckpointMeta meta, saved = meta_make(1200);
     char *config;
     checkpoint_read_meta(run_dir, &meta, &config, step_dir, sizeof step_dir);
@@ -175,20 +152,11 @@ Test(checkpoint, read_meta_returns_what_save_wrote)
     test_remove_tree(run_dir);
 }
 
-static void hex_of(const float *values, size_t n, char *text)
-{
-    const unsigned char *bytes = (const unsigned char *)values;
-    for (size_t i = 0; i < n * sizeof(float); i++)
-        sprintf(text + 2 * i, "%02x", bytes[i]);
-}
-
 Test(checkpoint, h5py_reads_names_shapes_values_and_attributes_after_the_run_dir_moves)
 {
     char run_dir[256], moved[300], command[2048], output[8192], line[1024], hex[512];
     Fixture fixture;
-    test_make_temp_dir(run_dir, "ckpt");
-    fixture_make(&fixture, 2);
-    save_step(run_dir, 1200, &fixture);
+    saved_run_make(run_dir, &fixture, 2, 1200);
     /* the virtual datasets name their shards relative to index.h5: move, read from "/" */
     snprintf(moved, sizeof moved, "%s-moved", run_dir);
     cr_assert_eq(rename(run_dir, moved), 0);
@@ -213,7 +181,7 @@ Test(checkpoint, h5py_reads_names_shapes_values_and_attributes_after_the_run_dir
     for (int i = 0; i < N_TENSORS; i++) {
         const CheckpointTensor *tensor = &fixture.tensors[i];
         size_t count = (size_t)(tensor->shape[0] * (tensor->ndim == 2 ? tensor->shape[1] : 1));
-        hex_of(fixture.data[CKPT_GROUP_MODEL] + tensor->offset, count, hex);
+        checkpoint_test_hex(fixture.data[CKPT_GROUP_MODEL] + tensor->offset, count, hex);
         if (tensor->ndim == 2)
             snprintf(line, sizeof line, "%s [%lld, %lld] %s\n", tensor->name,
                      (long long)tensor->shape[0], (long long)tensor->shape[1], hex);
@@ -230,9 +198,7 @@ Test(checkpoint, load_from_a_moved_run_dir_is_bitwise_identical)
 {
     char run_dir[256], moved[300];
     Fixture fixture;
-    test_make_temp_dir(run_dir, "ckpt");
-    fixture_make(&fixture, 3);
-    save_step(run_dir, 5, &fixture);
+    saved_run_make(run_dir, &fixture, 3, 5);
     snprintf(moved, sizeof moved, "%s-moved", run_dir);
     cr_assert_eq(rename(run_dir, moved), 0);
     cr_assert_eq(chdir("/"), 0);
@@ -245,9 +211,7 @@ Test(checkpoint, latest_names_the_newest_step_and_committed_exists)
 {
     char run_dir[256], path[512], found[512], text[64] = "";
     Fixture fixture;
-    test_make_temp_dir(run_dir, "ckpt");
-    fixture_make(&fixture, 4);
-    save_step(run_dir, 100, &fixture);
+    saved_run_make(run_dir, &fixture, 4, 100);
     save_step(run_dir, 200, &fixture);
     path_of(path, run_dir, "checkpoints/latest");
     FILE *file = fopen(path, "r");
@@ -270,9 +234,7 @@ Test(checkpoint, find_latest_ignores_a_checkpoint_without_committed)
 {
     char run_dir[256], path[512], found[512];
     Fixture fixture;
-    test_make_temp_dir(run_dir, "ckpt");
-    fixture_make(&fixture, 5);
-    save_step(run_dir, 100, &fixture);
+    saved_run_make(run_dir, &fixture, 5, 100);
     save_step(run_dir, 200, &fixture);
     path_of(path, run_dir, "checkpoints/step_00000200/COMMITTED");
     cr_assert_eq(unlink(path), 0);
@@ -330,13 +292,10 @@ Test(checkpoint, corrupted_shard_fails_load_with_exit_3_naming_tensor_and_shard)
 {
     char run_dir[256], path[512], errors[4096];
     Fixture fixture;
-    test_make_temp_dir(run_dir, "ckpt");
-    fixture_make(&fixture, 8);
-    save_step(run_dir, 100, &fixture);
+    saved_run_make(run_dir, &fixture, 8, 100);
     path_of(path, run_dir, "checkpoints/step_00000100/shard_p0_d0.h5");
     shard_corrupt(path, "/optim/exp_avg/model.layers.0.self_attn.q_proj.weight");
-    ChildJob job = {.dir = run_dir, .fixture = &fixture};
-    cr_assert_eq(run_in_child(child_load, &job, errors, sizeof errors), 3, "%s", errors);
+    expect_load_exits_3(run_dir, &fixture, errors, sizeof errors);
     cr_assert(strstr(errors, "shard_p0_d0.h5"), "%s", errors);
     cr_assert(strstr(errors, "/optim/exp_avg/model.layers.0.self_attn.q_proj.weight"), "%s",
               errors);
@@ -349,13 +308,10 @@ Test(checkpoint, missing_shard_fails_load_with_exit_3_naming_it)
 {
     char run_dir[256], path[512], errors[4096];
     Fixture fixture;
-    test_make_temp_dir(run_dir, "ckpt");
-    fixture_make(&fixture, 9);
-    save_step(run_dir, 100, &fixture);
+    saved_run_make(run_dir, &fixture, 9, 100);
     path_of(path, run_dir, "checkpoints/step_00000100/shard_p0_d0.h5");
     cr_assert_eq(unlink(path), 0);
-    ChildJob job = {.dir = run_dir, .fixture = &fixture};
-    cr_assert_eq(run_in_child(child_load, &job, errors, sizeof errors), 3, "%s", errors);
+    expect_load_exits_3(run_dir, &fixture, errors, sizeof errors);
     cr_assert(strstr(errors, "shard_p0_d0.h5") && strstr(errors, "missing"), "%s", errors);
     fixture_free(&fixture);
     test_remove_tree(run_dir);
@@ -365,14 +321,11 @@ Test(checkpoint, shape_mismatch_exits_3_naming_the_tensor_and_both_shapes)
 {
     char run_dir[256], errors[4096];
     Fixture fixture;
-    test_make_temp_dir(run_dir, "ckpt");
-    fixture_make(&fixture, 10);
-    save_step(run_dir, 100, &fixture);
+    saved_run_make(run_dir, &fixture, 10, 100);
     /* same element count, other shape: only the shape check can catch it */
     fixture.tensors[0].shape[0] = 5;
     fixture.tensors[0].shape[1] = 7;
-    ChildJob job = {.dir = run_dir, .fixture = &fixture};
-    cr_assert_eq(run_in_child(child_load, &job, errors, sizeof errors), 3, "%s", errors);
+    expect_load_exits_3(run_dir, &fixture, errors, sizeof errors);
     cr_assert(strstr(errors, "model.embed_tokens.weight"), "%s", errors);
     cr_assert(strstr(errors, "[7, 5]") && strstr(errors, "[5, 7]"), "%s", errors);
     fixture_free(&fixture);
@@ -399,7 +352,7 @@ Test(checkpoint, loading_a_group_the_checkpoint_lacks_exits_3)
                                                    fixture.data[3]};
     checkpoint_save(run_dir, &meta, fixture.tensors, N_TENSORS, without_ema);
     ChildJob job = {.dir = run_dir, .fixture = &fixture};
-    cr_assert_eq(run_in_child(child_load_model_and_ema, &job, errors, sizeof errors), 3, "%s",
+    cr_assert_eq(test_run_in_child(child_load_model_and_ema, &job, errors, sizeof errors), 3, "%s",
                  errors);
     cr_assert(strstr(errors, "/ema"), "%s", errors);
     fixture_free(&fixture);
@@ -415,7 +368,7 @@ Test(checkpoint, save_where_checkpoints_is_a_file_exits_3)
     path_of(path, run_dir, "checkpoints");
     test_write_file(path, "not a directory\n");
     ChildJob job = {.dir = run_dir, .fixture = &fixture, .step = 100};
-    cr_assert_eq(run_in_child(child_save, &job, errors, sizeof errors), 3, "%s", errors);
+    cr_assert_eq(test_run_in_child(child_save, &job, errors, sizeof errors), 3, "%s", errors);
     cr_assert(strstr(errors, path), "%s", errors);
     fixture_free(&fixture);
     test_remove_tree(run_dir);
@@ -439,7 +392,7 @@ Test(checkpoint, failed_save_exits_3_and_leaves_the_previous_checkpoint_loadable
     fixture_make(&next, 14);
     save_step(run_dir, 100, &previous);
     ChildJob job = {.dir = run_dir, .fixture = &next, .step = 200};
-    cr_assert_eq(run_in_child(child_save_into_a_full_disk, &job, errors, sizeof errors), 3,
+    cr_assert_eq(test_run_in_child(child_save_into_a_full_disk, &job, errors, sizeof errors), 3,
                  "%s", errors);
     path_of(path, run_dir, "checkpoints/step_00000200");
     cr_assert_not(checkpoint_path_exists(path), "a failed save was published");
@@ -456,14 +409,11 @@ Test(checkpoint, loading_an_uncommitted_step_directory_exits_3)
 {
     char run_dir[256], path[512], errors[4096];
     Fixture fixture;
-    test_make_temp_dir(run_dir, "ckpt");
-    fixture_make(&fixture, 15);
-    save_step(run_dir, 100, &fixture);
+    saved_run_make(run_dir, &fixture, 15, 100);
     path_of(path, run_dir, "checkpoints/step_00000100/COMMITTED");
     cr_assert_eq(unlink(path), 0);
     path_of(path, run_dir, "checkpoints/step_00000100");
-    ChildJob job = {.dir = path, .fixture = &fixture};
-    cr_assert_eq(run_in_child(child_load, &job, errors, sizeof errors), 3, "%s", errors);
+    expect_load_exits_3(path, &fixture, errors, sizeof errors);
     cr_assert(strstr(errors, "COMMITTED"), "%s", errors);
     fixture_free(&fixture);
     test_remove_tree(run_dir);

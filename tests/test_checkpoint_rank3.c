@@ -8,13 +8,10 @@
  */
 #include <criterion/criterion.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "checkpoints/checkpoint.h"
-#include "checkpoints/checkpoint_layout.h"
+#include "tests/checkpoint_support.h"
 #include "tests/support.h"
 
 #define N_TENSORS 4
@@ -34,24 +31,17 @@ typedef struct {
 
 static void groups_fill(Groups *groups, uint64_t seed)
 {
-    for (int group = 0; group < CKPT_GROUPS; group++) {
-        groups->data[group] = malloc(ELEMENTS * sizeof(float));
-        test_fill_normal(groups->data[group], ELEMENTS, 1.0f, seed * 10 + (uint64_t)group);
-    }
+    checkpoint_test_groups_fill(groups->data, ELEMENTS, seed);
 }
 
 static void groups_poison(Groups *groups)
 {
-    for (int group = 0; group < CKPT_GROUPS; group++) {
-        groups->data[group] = malloc(ELEMENTS * sizeof(float));
-        test_fill_nan(groups->data[group], ELEMENTS);
-    }
+    checkpoint_test_groups_poison(groups->data, ELEMENTS);
 }
 
 static void groups_free(Groups *groups)
 {
-    for (int group = 0; group < CKPT_GROUPS; group++)
-        free(groups->data[group]);
+    checkpoint_test_groups_free(groups->data);
 }
 
 static void fixture_save(const char *run_dir, int64_t step, const Groups *groups)
@@ -80,13 +70,6 @@ Test(checkpoint, rank3_tensors_round_trip_bitwise_beside_rank_1_and_2_tensors)
     test_remove_tree(run_dir);
 }
 
-static void hex_of(const float *values, size_t n, char *text)
-{
-    const unsigned char *bytes = (const unsigned char *)values;
-    for (size_t i = 0; i < n * sizeof(float); i++)
-        sprintf(text + 2 * i, "%02x", bytes[i]);
-}
-
 Test(checkpoint, h5py_sees_the_rank3_shape_and_values_under_model)
 {
     char run_dir[256], command[2048], output[8192], line[1024], hex[2 * 4 * 112 + 1];
@@ -103,95 +86,81 @@ Test(checkpoint, h5py_sees_the_rank3_shape_and_values_under_model)
              "' '%s/checkpoints/step_00000010/index.h5'",
              run_dir);
     cr_assert_eq(test_run_command(command, output, sizeof output), 0, "%s", output);
-    hex_of(saved.data[CKPT_GROUP_MODEL], 60, hex);
+    checkpoint_test_hex(saved.data[CKPT_GROUP_MODEL], 60, hex);
     snprintf(line, sizeof line, "model.route_streams.0.conv [3, 4, 5] %s\n", hex);
     cr_assert(strstr(output, line), "missing line %s in:\n%s", line, output);
-    hex_of(saved.data[CKPT_GROUP_MODEL] + 60, 112, hex);
+    checkpoint_test_hex(saved.data[CKPT_GROUP_MODEL] + 60, 112, hex);
     snprintf(line, sizeof line, "model.route_streams.1.conv [2, 8, 7] %s\n", hex);
     cr_assert(strstr(output, line), "missing line %s in:\n%s", line, output);
     groups_free(&saved);
     test_remove_tree(run_dir);
 }
 
-/* Runs a load of `tensors` in a forked child; returns its exit code and its stderr. */
-static int load_in_child(const char *run_dir, const CheckpointTensor *tensors, char *errors,
-                         size_t capacity)
+typedef struct {
+    const char *run_dir;
+    const CheckpointTensor *tensors;
+} LoadJob;
+
+static void child_load(void *argument)
 {
-    char path[] = "/tmp/fathom-test-stderr-XXXXXX";
-    int fd = mkstemp(path);
-    cr_assert(fd >= 0);
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    cr_assert(pid >= 0);
-    if (pid == 0) {
-        dup2(fd, STDERR_FILENO);
-        Groups loaded;
-        groups_poison(&loaded);
-        checkpoint_load(run_dir, tensors, N_TENSORS, loaded.data);
-        _exit(0);
-    }
-    int status;
-    waitpid(pid, &status, 0);
-    ssize_t got = pread(fd, errors, capacity - 1, 0);
-    errors[got > 0 ? got : 0] = '\0';
-    close(fd);
-    unlink(path);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    const LoadJob *job = argument;
+    Groups loaded;
+    groups_poison(&loaded);
+    checkpoint_load(job->run_dir, job->tensors, N_TENSORS, loaded.data);
+}
+
+/* Saves the fixture (groups from `seed`) at step 10 in a fresh run directory, loads it in a
+ * forked child as `tensors` describe, removes the directory; returns the child's exit code and
+ * its stderr in `errors`. */
+static int load_saved_fixture_as(const CheckpointTensor *tensors, uint64_t seed, char *errors,
+                                 size_t capacity)
+{
+    char run_dir[256];
+    Groups saved;
+    test_make_temp_dir(run_dir, "ckpt-rank3");
+    groups_fill(&saved, seed);
+    fixture_save(run_dir, 10, &saved);
+    LoadJob job = {run_dir, tensors};
+    int code = test_run_in_child(child_load, &job, errors, capacity);
+    groups_free(&saved);
+    test_remove_tree(run_dir);
+    return code;
 }
 
 Test(checkpoint, rank3_shape_with_two_dims_swapped_exits_3_naming_the_tensor_and_both_shapes)
 {
-    char run_dir[256], errors[4096];
-    Groups saved;
-    test_make_temp_dir(run_dir, "ckpt-rank3");
-    groups_fill(&saved, 33);
-    fixture_save(run_dir, 10, &saved);
+    char errors[4096];
     /* same element count, the last two dims swapped: only a full-shape check catches it */
     CheckpointTensor tensors[N_TENSORS];
     memcpy(tensors, fixture_tensors, sizeof tensors);
     tensors[0].shape[1] = 5;
     tensors[0].shape[2] = 4;
-    cr_assert_eq(load_in_child(run_dir, tensors, errors, sizeof errors), 3, "%s", errors);
+    cr_assert_eq(load_saved_fixture_as(tensors, 33, errors, sizeof errors), 3, "%s", errors);
     cr_assert(strstr(errors, "model.route_streams.0.conv"), "%s", errors);
     cr_assert(strstr(errors, "[3, 4, 5]") && strstr(errors, "[3, 5, 4]"), "%s", errors);
-    groups_free(&saved);
-    test_remove_tree(run_dir);
 }
 
 Test(checkpoint, rank3_shape_differing_in_the_last_dim_only_exits_3_naming_both_shapes)
 {
-    char run_dir[256], errors[4096];
-    Groups saved;
-    test_make_temp_dir(run_dir, "ckpt-rank3");
-    groups_fill(&saved, 34);
-    fixture_save(run_dir, 10, &saved);
+    char errors[4096];
     CheckpointTensor tensors[N_TENSORS];
     memcpy(tensors, fixture_tensors, sizeof tensors);
     tensors[1].shape[2] = 6; /* [2, 8, 6] against the saved [2, 8, 7] */
-    cr_assert_eq(load_in_child(run_dir, tensors, errors, sizeof errors), 3, "%s", errors);
+    cr_assert_eq(load_saved_fixture_as(tensors, 34, errors, sizeof errors), 3, "%s", errors);
     cr_assert(strstr(errors, "model.route_streams.1.conv"), "%s", errors);
     cr_assert(strstr(errors, "[2, 8, 7]") && strstr(errors, "[2, 8, 6]"), "%s", errors);
-    groups_free(&saved);
-    test_remove_tree(run_dir);
 }
 
 Test(checkpoint, rank3_tensor_asked_for_as_rank2_exits_3_though_its_unused_dim_matches)
 {
-    char run_dir[256], errors[4096];
-    Groups saved;
-    test_make_temp_dir(run_dir, "ckpt-rank3");
-    groups_fill(&saved, 35);
-    fixture_save(run_dir, 10, &saved);
+    char errors[4096];
     /* shape[2] still says 7, but with ndim 2 it is unused: the caller wants [2, 8] */
     CheckpointTensor tensors[N_TENSORS];
     memcpy(tensors, fixture_tensors, sizeof tensors);
     tensors[1].ndim = 2;
-    cr_assert_eq(load_in_child(run_dir, tensors, errors, sizeof errors), 3, "%s", errors);
+    cr_assert_eq(load_saved_fixture_as(tensors, 35, errors, sizeof errors), 3, "%s", errors);
     cr_assert(strstr(errors, "model.route_streams.1.conv"), "%s", errors);
     cr_assert(strstr(errors, "[2, 8, 7]") && strstr(errors, "[2, 8]"), "%s", errors);
-    groups_free(&saved);
-    test_remove_tree(run_dir);
 }
 
 /* Two ranks' worth of shards of the fixture, model group only: shard 0 holds row 0 of
@@ -201,33 +170,6 @@ static const CheckpointRows shard_rows[2][N_TENSORS] = {
     {{1, 3}, {0, 0}, {4, 6}, {1, 4}},
 };
 
-static void two_shards_write(const char *run_dir, const float *full)
-{
-    char tmp_dir[512], names[2][64], path[768];
-    snprintf(tmp_dir, sizeof tmp_dir, "%s/checkpoints/step_00000007.tmp", run_dir);
-    checkpoint_make_directory(tmp_dir);
-    uint32_t digests[2][CKPT_GROUPS * N_TENSORS];
-    for (int s = 0; s < 2; s++) {
-        /* a rank's buffer holds only its rows: offsets point at the first held row */
-        CheckpointTensor local[N_TENSORS];
-        memcpy(local, fixture_tensors, sizeof local);
-        for (int i = 0; i < N_TENSORS; i++)
-            local[i].offset += (size_t)(shard_rows[s][i].row_begin *
-                                        checkpoint_tensor_row_elements(&local[i]));
-        const float *const data[CKPT_GROUPS] = {full, NULL, NULL, NULL};
-        checkpoint_shard_name(0, s, names[s], sizeof names[s]);
-        snprintf(path, sizeof path, "%s/%s", tmp_dir, names[s]);
-        checkpoint_shard_write(path, local, N_TENSORS, shard_rows[s], data, digests[s]);
-    }
-    CheckpointShard shards[2] = {{names[0], shard_rows[0], digests[0]},
-                                 {names[1], shard_rows[1], digests[1]}};
-    CheckpointMeta meta = {.step = 7, .config_yaml = "", .pp = 1, .dp = 2, .virtual_stages = 1};
-    checkpoint_index_write(tmp_dir, &meta, fixture_tensors, N_TENSORS,
-                           1u << CKPT_GROUP_MODEL, shards, 2);
-    snprintf(path, sizeof path, "%s/checkpoints", run_dir);
-    checkpoint_commit(path, 7);
-}
-
 Test(checkpoint, two_row_range_shards_of_a_rank3_tensor_load_whole)
 {
     char run_dir[256];
@@ -235,7 +177,7 @@ Test(checkpoint, two_row_range_shards_of_a_rank3_tensor_load_whole)
     test_make_temp_dir(run_dir, "ckpt-rank3");
     test_fill_normal(full, ELEMENTS, 1.0f, 37);
     test_fill_nan(loaded, ELEMENTS);
-    two_shards_write(run_dir, full);
+    checkpoint_test_write_two_shards(run_dir, 7, N_TENSORS, fixture_tensors, shard_rows, full, 2);
     float *const data[CKPT_GROUPS] = {loaded, NULL, NULL, NULL};
     checkpoint_load(run_dir, fixture_tensors, N_TENSORS, data);
     cr_assert_arr_eq(loaded, full, sizeof loaded);
@@ -248,7 +190,7 @@ Test(checkpoint, shard_datasets_of_a_rank3_tensor_keep_its_trailing_dims)
     float full[ELEMENTS];
     test_make_temp_dir(run_dir, "ckpt-rank3");
     test_fill_normal(full, ELEMENTS, 1.0f, 38);
-    two_shards_write(run_dir, full);
+    checkpoint_test_write_two_shards(run_dir, 7, N_TENSORS, fixture_tensors, shard_rows, full, 2);
     snprintf(command, sizeof command,
              "cd '%s/checkpoints/step_00000007' && python3 -c '\n"
              "import h5py\n"

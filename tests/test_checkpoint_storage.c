@@ -4,14 +4,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "checkpoints/checkpoint.h"
 #include "checkpoints/checkpoint_layout.h"
 #include "checkpoints/h5_tensor.h"
 #include "runtime/crc32c.h"
+#include "tests/checkpoint_support.h"
 #include "tests/support.h"
 
 Test(checkpoint, crc32c_of_123456789_is_e3069283)
@@ -98,38 +96,18 @@ Test(checkpoint, bf16_dataset_reads_in_h5dump)
 typedef struct {
     CheckpointTensor tensors[2];   /* full shapes; offsets into `full` */
     float full[22];
-    char run_dir[256], tmp_dir[512];
+    char run_dir[256];
 } TwoShards;
 
 static void two_shards_write(TwoShards *two, int n_shards_indexed)
 {
     const CheckpointTensor tensors[2] = {{"a.weight", 2, {6, 3}, 0}, {"b.bias", 1, {4, 0}, 18}};
+    const CheckpointRows rows[2][2] = {{{0, 4}, {0, 1}}, {{4, 6}, {1, 4}}};
     memcpy(two->tensors, tensors, sizeof tensors);
     test_fill_normal(two->full, 22, 1.0f, 77);
     test_make_temp_dir(two->run_dir, "shards");
-    snprintf(two->tmp_dir, sizeof two->tmp_dir, "%s/checkpoints/step_00000007.tmp",
-             two->run_dir);
-    checkpoint_make_directory(two->tmp_dir);
-
-    const CheckpointRows rows[2][2] = {{{0, 4}, {0, 1}}, {{4, 6}, {1, 4}}};
-    uint32_t digests[2][CKPT_GROUPS * 2];
-    char names[2][64], path[768];
-    for (int s = 0; s < 2; s++) {
-        /* a rank's buffer holds only its rows: offsets point at the first held row */
-        CheckpointTensor local[2] = {tensors[0], tensors[1]};
-        local[0].offset = (size_t)rows[s][0].row_begin * 3;
-        local[1].offset = 18 + (size_t)rows[s][1].row_begin;
-        const float *const data[CKPT_GROUPS] = {two->full, NULL, NULL, NULL};
-        checkpoint_shard_name(0, s, names[s], sizeof names[s]);
-        snprintf(path, sizeof path, "%s/%s", two->tmp_dir, names[s]);
-        checkpoint_shard_write(path, local, 2, rows[s], data, digests[s]);
-    }
-    CheckpointShard shards[2] = {{names[0], rows[0], digests[0]}, {names[1], rows[1], digests[1]}};
-    CheckpointMeta meta = {.step = 7, .config_yaml = "", .pp = 1, .dp = 2, .virtual_stages = 1};
-    checkpoint_index_write(two->tmp_dir, &meta, tensors, 2, 1u << CKPT_GROUP_MODEL, shards,
-                           n_shards_indexed);
-    snprintf(path, sizeof path, "%s/checkpoints", two->run_dir);
-    checkpoint_commit(path, 7);
+    checkpoint_test_write_two_shards(two->run_dir, 7, 2, two->tensors, rows, two->full,
+                                     n_shards_indexed);
 }
 
 Test(checkpoint, row_range_shards_load_as_whole_tensors)
@@ -144,22 +122,19 @@ Test(checkpoint, row_range_shards_load_as_whole_tensors)
     test_remove_tree(two.run_dir);
 }
 
+static void child_load(void *argument)
+{
+    TwoShards *two = argument;
+    float loaded[22];
+    float *const data[CKPT_GROUPS] = {loaded, NULL, NULL, NULL};
+    checkpoint_load(two->run_dir, two->tensors, 2, data);
+}
+
 Test(checkpoint, rows_no_shard_holds_fail_load_with_exit_3)
 {
     TwoShards two;
-    float loaded[22];
+    char errors[4096];
     two_shards_write(&two, 1); /* the index forgets the second shard */
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid == 0) {
-        if (!freopen("/dev/null", "w", stderr))
-            _exit(99);
-        float *const data[CKPT_GROUPS] = {loaded, NULL, NULL, NULL};
-        checkpoint_load(two.run_dir, two.tensors, 2, data);
-        _exit(0);
-    }
-    int status;
-    waitpid(pid, &status, 0);
-    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 3);
+    cr_assert_eq(test_run_in_child(child_load, &two, errors, sizeof errors), 3, "%s", errors);
     test_remove_tree(two.run_dir);
 }

@@ -9,43 +9,17 @@
 #include "kernels/cpu/kernels_cpu.h"
 #include "runtime/backend.h"
 #include "runtime/error.h"
+#include "tests/kernel_support.h"
 #include "tests/support.h"
 
 #include <criterion/criterion.h>
 #include <criterion/redirect.h>
 #include <math.h>
-#include <stdarg.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define FORWARD_TOLERANCE 1e-5
-
-/* Frees every pointer of the list, which ends with NULL. */
-static void free_all(void *first, ...)
-{
-    va_list rest;
-    va_start(rest, first);
-    for (void *pointer = first; pointer; pointer = va_arg(rest, void *))
-        free(pointer);
-    va_end(rest);
-}
-
-static float *random_floats(size_t n, float scale, uint64_t seed)
-{
-    float *x = malloc((n ? n : 1) * sizeof(float));
-    cr_assert_not_null(x);
-    test_fill_uniform(x, n, scale, seed);
-    return x;
-}
-
-static float *poisoned_floats(size_t n)
-{
-    float *x = malloc((n ? n : 1) * sizeof(float));
-    cr_assert_not_null(x);
-    test_fill_nan(x, n);
-    return x;
-}
 
 static double *doubles(size_t n)
 {
@@ -63,15 +37,6 @@ static double relative_error_doubles(const double *a, const double *b, size_t n)
         ref += b[i] * b[i];
     }
     return isfinite(diff) && ref > 0 ? sqrt(diff / ref) : INFINITY;
-}
-
-static uint32_t *random_tokens(int n, int V, uint64_t seed)
-{
-    uint32_t *tokens = malloc((size_t)(n ? n : 1) * sizeof(uint32_t));
-    cr_assert_not_null(tokens);
-    for (int t = 0; t < n; t++)
-        tokens[t] = (uint32_t)test_random_int(0, V - 1, seed * 1000 + (uint64_t)t);
-    return tokens;
 }
 
 /* ---- the table and memory ---- */

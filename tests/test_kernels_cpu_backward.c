@@ -11,60 +11,15 @@
  * whose gradients sum over tokens give bitwise-identical results on 1 and 2 threads.
  */
 #include "kernels/cpu/kernels_cpu.h"
+#include "tests/kernel_support.h"
 #include "tests/support.h"
 
 #include <criterion/criterion.h>
 #include <math.h>
-#include <stdarg.h>
 #include <omp.h>
 #include <stdlib.h>
-#include <string.h>
 
 #define GRADIENT_TOLERANCE 1e-3
-/* a second call adds the same values again; the sum differs from 2x only by rounding */
-#define ACCUMULATION_TOLERANCE 1e-6
-
-/* Frees every pointer of the list, which ends with NULL. */
-static void free_all(void *first, ...)
-{
-    va_list rest;
-    va_start(rest, first);
-    for (void *pointer = first; pointer; pointer = va_arg(rest, void *))
-        free(pointer);
-    va_end(rest);
-}
-
-static float *random_floats(size_t n, float scale, uint64_t seed)
-{
-    float *x = malloc((n ? n : 1) * sizeof(float));
-    cr_assert_not_null(x);
-    test_fill_uniform(x, n, scale, seed);
-    return x;
-}
-
-static float *zero_floats(size_t n)
-{
-    float *x = calloc(n ? n : 1, sizeof(float));
-    cr_assert_not_null(x);
-    return x;
-}
-
-static float *copy_floats(const float *x, size_t n)
-{
-    float *copy = malloc((n ? n : 1) * sizeof(float));
-    cr_assert_not_null(copy);
-    memcpy(copy, x, n * sizeof(float));
-    return copy;
-}
-
-static uint32_t *random_tokens(int n, int V, uint64_t seed)
-{
-    uint32_t *tokens = malloc((size_t)(n ? n : 1) * sizeof(uint32_t));
-    cr_assert_not_null(tokens);
-    for (int t = 0; t < n; t++)
-        tokens[t] = (uint32_t)test_random_int(0, V - 1, seed * 1000 + (uint64_t)t);
-    return tokens;
-}
 
 /* ---- the finite-difference harness ---- */
 
@@ -109,23 +64,6 @@ static void expect_gradient(const Objective *objective, float *input, const floa
     cr_assert_leq(error, GRADIENT_TOLERANCE, "%s: relative error %.3g against finite differences",
                   what, error);
     free(numeric);
-}
-
-/* Asserts twice == 2 * once elementwise, within rounding. */
-static void expect_doubled(const float *twice, const float *once, size_t n, const char *what)
-{
-    float *doubled = copy_floats(once, n);
-    for (size_t i = 0; i < n; i++)
-        doubled[i] *= 2;
-    double error = test_relative_error(twice, doubled, n);
-    cr_assert_leq(error, ACCUMULATION_TOLERANCE, "%s: second call did not add (error %.3g)",
-                  what, error);
-    free(doubled);
-}
-
-static void expect_bitwise_equal(const float *a, const float *b, size_t n, const char *what)
-{
-    cr_assert_eq(memcmp(a, b, n * sizeof(float)), 0, "%s differs between 1 and 2 threads", what);
 }
 
 /* ---- embedding ---- */

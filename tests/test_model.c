@@ -21,21 +21,11 @@
 /* V 11, d 8, 2 layers, 4 query heads of 4 (q_dim 16 != d), 2 KV heads, ffn 12 */
 static ModelConfig small_config(bool qk_norm, bool tie_embeddings)
 {
-    ModelConfig config;
-    memset(&config, 0, sizeof config);
-    config.vocab_size = 11;
-    config.d_model = 8;
-    config.n_layers = 2;
-    config.n_heads = 4;
-    config.n_kv_heads = 2;
-    config.head_dim = 4;
-    config.ffn_dim = 12;
-    config.rope_theta = 10000.0;
-    config.norm_eps = 1e-5;
-    config.qk_norm = qk_norm;
-    config.tie_embeddings = tie_embeddings;
-    config.init_std = 0.02;
-    return config;
+    return (ModelConfig){
+        .vocab_size = 11, .d_model = 8, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2,
+        .head_dim = 4, .ffn_dim = 12, .rope_theta = 10000.0, .norm_eps = 1e-5,
+        .qk_norm = qk_norm, .tie_embeddings = tie_embeddings, .init_std = 0.02,
+    };
 }
 
 /* The parameters of a freshly initialised model, copied to the host. */

@@ -12,6 +12,7 @@
  * gradients and gives the same bits on 1 and 2 threads.
  */
 #include "kernels/cpu/kernels_cpu.h"
+#include "tests/kernel_support.h"
 #include "tests/support.h"
 
 #include <criterion/criterion.h>
@@ -23,43 +24,10 @@
 
 #define FORWARD_TOLERANCE 1e-5
 #define GRADIENT_TOLERANCE 1e-4
-#define ACCUMULATION_TOLERANCE 1e-6
 #define DIFFERENCE_STEP 1e-4
 #define MAX_SOURCES 16
 
 static const float route_eps = 1e-5f;
-
-static float *random_floats(size_t n, float scale, uint64_t seed)
-{
-    float *x = malloc((n ? n : 1) * sizeof(float));
-    cr_assert_not_null(x);
-    test_fill_uniform(x, n, scale, seed);
-    return x;
-}
-
-static float *zero_floats(size_t n)
-{
-    float *x = calloc(n ? n : 1, sizeof(float));
-    cr_assert_not_null(x);
-    return x;
-}
-
-static float *poisoned_floats(size_t n)
-{
-    float *x = malloc((n ? n : 1) * sizeof(float));
-    cr_assert_not_null(x);
-    test_fill_nan(x, n);
-    return x;
-}
-
-static double *to_doubles(const float *x, size_t n)
-{
-    double *y = malloc((n ? n : 1) * sizeof(double));
-    cr_assert_not_null(y);
-    for (size_t i = 0; i < n; i++)
-        y[i] = x[i];
-    return y;
-}
 
 /* Sources n = 0..N-1 of [tokens, d] in one buffer, source n uniform in +-(0.5 + 0.4 n):
  * different scales give different rms statistics. */
@@ -72,60 +40,12 @@ static float *random_sources(int n_sources, size_t size, uint64_t seed)
     return all;
 }
 
-static void point_into(const float **pointers, float *all, int count, size_t size)
-{
-    for (int i = 0; i < count; i++)
-        pointers[i] = all + i * size;
-}
-
-static void expect_close(const float *got, const double *expected, size_t n, double tolerance,
-                         const char *what)
-{
-    double error = test_relative_error_double(got, expected, n);
-    cr_assert_leq(error, tolerance, "%s: relative error %.3g", what, error);
-}
-
-static void expect_doubled(const float *twice, const float *once, size_t n, const char *what)
-{
-    double *doubled = malloc((n ? n : 1) * sizeof(double));
-    cr_assert_not_null(doubled);
-    for (size_t i = 0; i < n; i++)
-        doubled[i] = 2.0 * once[i];
-    double error = test_relative_error_double(twice, doubled, n);
-    cr_assert_leq(error, ACCUMULATION_TOLERANCE, "%s: second call did not add (error %.3g)",
-                  what, error);
-    free(doubled);
-}
-
-static void expect_bitwise_equal(const float *a, const float *b, size_t n, const char *what)
-{
-    cr_assert_eq(memcmp(a, b, n * sizeof(float)), 0, "%s differs", what);
-}
-
-/* ---- finite differences on a double objective ---- */
-
-typedef double (*Objective)(const void *problem);
-
-/* Asserts that `gradient` [n] is dL/d input, by central differences over every element of
- * `input` (restored afterwards). */
-static void expect_gradient(Objective objective, const void *problem, double *input,
+/* The suite's finite-difference rule: step DIFFERENCE_STEP, GRADIENT_TOLERANCE. */
+static void expect_gradient(ReferenceObjective objective, const void *problem, double *input,
                             const float *gradient, size_t n, const char *what)
 {
-    double *numeric = malloc((n ? n : 1) * sizeof(double));
-    cr_assert_not_null(numeric);
-    for (size_t i = 0; i < n; i++) {
-        double saved = input[i];
-        input[i] = saved + DIFFERENCE_STEP;
-        double plus = objective(problem);
-        input[i] = saved - DIFFERENCE_STEP;
-        double minus = objective(problem);
-        input[i] = saved;
-        numeric[i] = (plus - minus) / (2 * DIFFERENCE_STEP);
-    }
-    double error = test_relative_error_double(gradient, numeric, n);
-    cr_assert_leq(error, GRADIENT_TOLERANCE, "%s: relative error %.3g against finite differences",
-                  what, error);
-    free(numeric);
+    expect_gradient_of_reference(objective, problem, input, gradient, n, DIFFERENCE_STEP,
+                                 GRADIENT_TOLERANCE, what);
 }
 
 /* ---- Route ---- */

@@ -34,16 +34,10 @@ Test(train, synthetic_training_lowers_the_loss_by_two_nats_in_60_steps, .timeout
     test_remove_tree(dir);
 }
 
-Test(train, two_runs_with_the_same_seed_are_bitwise_identical, .timeout = 120)
+/* The runs under <a>/run and <b>/run logged 6 equal losses and wrote bitwise equal step-6
+ * checkpoints. */
+static void expect_six_equal_steps(const char *a, const char *b)
 {
-    char a[256], b[256];
-    test_make_temp_dir(a, "train-same-a");
-    test_make_temp_dir(b, "train-same-b");
-    tiny_config_write(a, "checkpoint:\n  every: 6\n");
-    tiny_config_write(b, "checkpoint:\n  every: 6\n");
-    cr_assert_eq(tiny_train(a, "", output, sizeof output), 0, "%s", output);
-    cr_assert_eq(tiny_train(b, "", output, sizeof output), 0, "%s", output);
-
     double losses_a[8], losses_b[8];
     char run_a[300], run_b[300], step_a[400], step_b[400];
     snprintf(run_a, sizeof run_a, "%s/run", a);
@@ -56,6 +50,18 @@ Test(train, two_runs_with_the_same_seed_are_bitwise_identical, .timeout = 120)
     snprintf(step_a, sizeof step_a, "%s/checkpoints/step_00000006", run_a);
     snprintf(step_b, sizeof step_b, "%s/checkpoints/step_00000006", run_b);
     cr_assert(checkpoints_bitwise_equal(step_a, step_b));
+}
+
+Test(train, two_runs_with_the_same_seed_are_bitwise_identical, .timeout = 120)
+{
+    char a[256], b[256];
+    test_make_temp_dir(a, "train-same-a");
+    test_make_temp_dir(b, "train-same-b");
+    tiny_config_write(a, "checkpoint:\n  every: 6\n");
+    tiny_config_write(b, "checkpoint:\n  every: 6\n");
+    cr_assert_eq(tiny_train(a, "", output, sizeof output), 0, "%s", output);
+    cr_assert_eq(tiny_train(b, "", output, sizeof output), 0, "%s", output);
+    expect_six_equal_steps(a, b);
     test_remove_tree(a);
     test_remove_tree(b);
 }
@@ -100,18 +106,7 @@ static void resume_equals_straight(const char *straight, const char *resumed,
     cr_assert_eq(tiny_train(resumed, arguments, output, sizeof output), 0, "%s", output);
     cr_assert(strstr(output, "resumed at step 3"), "no resume message:\n%s", output);
 
-    double losses_a[8], losses_b[8];
-    char run_a[300], run_b[300], step_a[400], step_b[400];
-    snprintf(run_a, sizeof run_a, "%s/run", straight);
-    snprintf(run_b, sizeof run_b, "%s/run", resumed);
-    cr_assert_eq(metrics_read_losses(run_a, losses_a, NULL, 8), 6);
-    cr_assert_eq(metrics_read_losses(run_b, losses_b, NULL, 8), 6);
-    for (int i = 0; i < 6; i++)
-        cr_assert(losses_a[i] == losses_b[i], "step %d: %.17g vs %.17g", i + 1, losses_a[i],
-                  losses_b[i]);
-    snprintf(step_a, sizeof step_a, "%s/checkpoints/step_00000006", run_a);
-    snprintf(step_b, sizeof step_b, "%s/checkpoints/step_00000006", run_b);
-    cr_assert(checkpoints_bitwise_equal(step_a, step_b));
+    expect_six_equal_steps(straight, resumed);
 }
 
 /* 6 steps straight, against 3 steps, a resume from the step-3 checkpoint, and 3 more. */

@@ -8,8 +8,14 @@
  */
 #include "kernels/cpu/kernels_cpu.h"
 
-void cpu_rope_forward(float *out, const float *x, const float *cos, const float *sin, int B,
-                      int T, int n_heads, int head_dim)
+#include <stdbool.h>
+
+/* Rotates every pair of `in` by theta(t, i), or by -theta(t, i) when sin_sign is -1 (the
+ * inverse: sin(-theta) = -sin(theta), exact in fp32), into `out`, or adds the result into
+ * `out` when `accumulate`. Inlined with constant arguments, each caller gets its own loop. */
+static inline void rope_rotate(float *out, const float *in, const float *cos, const float *sin,
+                               int B, int T, int n_heads, int head_dim, float sin_sign,
+                               bool accumulate)
 {
     int half = head_dim / 2;
     int positions = B * T;
@@ -21,31 +27,29 @@ void cpu_rope_forward(float *out, const float *x, const float *cos, const float 
         for (int h = 0; h < n_heads; h++) {
             size_t offset = ((size_t)position * n_heads + h) * head_dim;
             for (int i = 0; i < half; i++) {
-                float a = x[offset + i], b = x[offset + i + half];
-                out[offset + i] = a * cos_row[i] - b * sin_row[i];
-                out[offset + i + half] = b * cos_row[i] + a * sin_row[i];
+                float a = in[offset + i], b = in[offset + i + half];
+                float c = cos_row[i], s = sin_sign * sin_row[i];
+                float first = a * c - b * s, second = b * c + a * s;
+                if (accumulate) {
+                    out[offset + i] += first;
+                    out[offset + i + half] += second;
+                } else {
+                    out[offset + i] = first;
+                    out[offset + i + half] = second;
+                }
             }
         }
     }
 }
 
+void cpu_rope_forward(float *out, const float *x, const float *cos, const float *sin, int B,
+                      int T, int n_heads, int head_dim)
+{
+    rope_rotate(out, x, cos, sin, B, T, n_heads, head_dim, 1.0f, false);
+}
+
 void cpu_rope_backward(float *dx, const float *dout, const float *cos, const float *sin, int B,
                        int T, int n_heads, int head_dim)
 {
-    int half = head_dim / 2;
-    int positions = B * T;
-#pragma omp parallel for schedule(static) \
-    if ((size_t)positions * n_heads * head_dim >= CPU_PARALLEL_MIN_WORK)
-    for (int position = 0; position < positions; position++) {
-        int t = position % T;
-        const float *cos_row = cos + (size_t)t * half, *sin_row = sin + (size_t)t * half;
-        for (int h = 0; h < n_heads; h++) {
-            size_t offset = ((size_t)position * n_heads + h) * head_dim;
-            for (int i = 0; i < half; i++) {
-                float da = dout[offset + i], db = dout[offset + i + half];
-                dx[offset + i] += da * cos_row[i] + db * sin_row[i];
-                dx[offset + i + half] += db * cos_row[i] - da * sin_row[i];
-            }
-        }
-    }
+    rope_rotate(dx, dout, cos, sin, B, T, n_heads, head_dim, -1.0f, true);
 }

@@ -113,8 +113,8 @@ def yaml_exponent(value):
     return f"{mantissa}e{int(exponent)}"
 
 
-def fathom_yaml(spec):
-    """The same network and optimizer as a fathom config (DESIGN 6)."""
+def model_yaml(spec):
+    """The `model` section of a fathom config (DESIGN 6) for a spec with the keys of LLAMA."""
     if spec["rope_scaling"] is None:
         rope = "{type: none}"
     else:
@@ -137,13 +137,24 @@ def fathom_yaml(spec):
         f"  norm_eps: {yaml_exponent(spec['norm_eps'])}\n"
         f"  qk_norm: {yes_no[spec['qk_norm']]}\n"
         f"  tie_embeddings: {yes_no[spec['tie_embeddings']]}\n"
-        f"train: {{seq_len: {SEQ_LEN}, microbatch_size: {BATCH}, global_batch_size: {BATCH}, "
-        f"z_loss: {yaml_exponent(Z_LOSS)}}}\n"
-        f"optim: {{lr: {yaml_exponent(LR)}, schedule: constant, warmup_steps: 0, beta1: {BETAS[0]}, "
-        f"beta2: {BETAS[1]}, eps: {yaml_exponent(ADAM_EPS)},\n"
+    )
+
+
+def train_yaml(seq_len, batch, z_loss):
+    """The `train` section: one microbatch of `batch` sequences makes the global batch."""
+    return (f"train: {{seq_len: {seq_len}, microbatch_size: {batch}, global_batch_size: {batch}, "
+            f"z_loss: {yaml_exponent(z_loss)}}}\n")
+
+
+def fathom_yaml(spec):
+    """The same network and optimizer as a fathom config (DESIGN 6)."""
+    optim = (
+        f"optim: {{lr: {yaml_exponent(LR)}, schedule: constant, warmup_steps: 0, "
+        f"beta1: {BETAS[0]}, beta2: {BETAS[1]}, eps: {yaml_exponent(ADAM_EPS)},\n"
         f"        weight_decay: {WEIGHT_DECAY}, no_decay: [embeddings, norms, biases, routing], "
         f"grad_clip: {GRAD_CLIP}}}\n"
     )
+    return model_yaml(spec) + train_yaml(SEQ_LEN, BATCH, Z_LOSS) + optim
 
 
 def check_config_text(text, config):
@@ -346,13 +357,13 @@ def check_adamw_sensitivity(spec, weights, tokens, losses, norms):
         assert change > least_change, f"the AdamW losses cannot tell {label} apart"
 
 
-def write_fixture(path, spec, content):
-    """One file in the fixture format. Plain contiguous datasets (random values do not
-    compress), the oldest file format (the C side links HDF5 1.10), no timestamps (reruns
-    give the same bytes)."""
+def write_fixture(path, family, content):
+    """One file in the fixture format; /adamw only when content has "adamw_losses". Plain
+    contiguous datasets (random values do not compress), the oldest file format (the C side
+    links HDF5 1.10), no timestamps (reruns give the same bytes)."""
     with h5py.File(path, "w", libver="earliest") as f:
         f.attrs["config"] = content["config"]
-        f.attrs["family"] = spec["family"]
+        f.attrs["family"] = family
         options = dict(track_times=False)
         f.create_dataset("tokens", data=content["tokens"], **options)
         for group in ("weights", "grads"):
@@ -362,8 +373,9 @@ def write_fixture(path, spec, content):
         f.create_dataset("logits", data=content["logits"], **options)
         for scalar in ("loss", "ce", "zloss"):
             f.create_dataset(scalar, data=np.float64(content[scalar]), **options)
-        f.create_group("adamw").create_dataset("losses", data=content["adamw_losses"],
-                                               **options)
+        if "adamw_losses" in content:
+            f.create_group("adamw").create_dataset("losses", data=content["adamw_losses"],
+                                                   **options)
 
 
 def check_readable_by_system_hdf5(path):
@@ -377,13 +389,16 @@ def check_readable_by_system_hdf5(path):
     assert result.returncode == 0, f"h5dump cannot read {path}: {result.stderr}"
 
 
-def check_round_trip(path, spec, content):
-    """Reads the file back and compares everything bit for bit; recomputes the loss from the
-    stored logits in numpy."""
+def check_round_trip(path, family, content, logits_shape, z_loss):
+    """Reads the file back and compares everything bit for bit (and that it holds nothing
+    else); recomputes the loss from the stored logits in numpy. logits_shape is [B, T, V]."""
+    batch, seq_len, _ = logits_shape
     with h5py.File(path, "r") as f:
-        assert f.attrs["config"] == content["config"] and f.attrs["family"] == spec["family"]
+        assert f.attrs["config"] == content["config"] and f.attrs["family"] == family
+        keys = ["ce", "grads", "logits", "loss", "tokens", "weights", "zloss"]
+        assert sorted(f.keys()) == sorted(keys + (["adamw"] if "adamw_losses" in content else []))
         tokens = f["tokens"][...]
-        assert tokens.dtype == np.uint32 and tokens.shape == (BATCH, SEQ_LEN + 1)
+        assert tokens.dtype == np.uint32 and tokens.shape == (batch, seq_len + 1)
         assert np.array_equal(tokens, content["tokens"])
         for group, dtype in (("weights", np.float32), ("grads", np.float64)):
             assert sorted(f[group].keys()) == sorted(content[group])
@@ -391,22 +406,42 @@ def check_round_trip(path, spec, content):
                 stored = f[group][name][...]
                 assert stored.dtype == dtype and np.array_equal(stored, values), name
         logits = f["logits"][...]
-        assert logits.dtype == np.float64
-        assert logits.shape == (BATCH, SEQ_LEN, spec["vocab_size"])
+        assert logits.dtype == np.float64 and logits.shape == tuple(logits_shape)
         assert np.array_equal(logits, content["logits"])
         for scalar in ("loss", "ce", "zloss"):
             assert f[scalar].shape == () and f[scalar][()] == content[scalar]
-        assert np.array_equal(f["adamw/losses"][...], content["adamw_losses"])
+        if "adamw_losses" in content:
+            assert np.array_equal(f["adamw/losses"][...], content["adamw_losses"])
         loss, ce, zloss = f["loss"][()], f["ce"][()], f["zloss"][()]
 
     peak = logits.max(axis=-1, keepdims=True)
     lse = (peak + np.log(np.exp(logits - peak).sum(axis=-1, keepdims=True)))[..., 0]
     target = np.take_along_axis(logits, tokens[:, 1:, None].astype(np.int64), -1)[..., 0]
     ce_numpy = (lse - target).mean()
-    zloss_numpy = (Z_LOSS * lse * lse).mean()
+    zloss_numpy = (z_loss * lse * lse).mean()
     assert math.isclose(ce_numpy, ce, rel_tol=1e-13)
     assert math.isclose(zloss_numpy, zloss, rel_tol=1e-13)
     assert math.isclose(ce_numpy + zloss_numpy, loss, rel_tol=1e-13)
+
+
+def write_checked_fixture(path, family, content, logits_shape, z_loss):
+    """write_fixture, then reads the file back (check_round_trip, the system h5dump) and
+    prints its size and digest."""
+    write_fixture(path, family, content)
+    check_round_trip(path, family, content, logits_shape, z_loss)
+    check_readable_by_system_hdf5(path)
+    with open(path, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    print(f"  wrote {path} ({os.path.getsize(path)} bytes, sha256 {digest[:16]})")
+
+
+def make_torch_deterministic():
+    """One torch thread (one reduction order) and deterministic kernels, so reruns give the
+    same bits; prints the versions that made the files."""
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}, "
+          f"h5py {h5py.__version__}, numpy {np.__version__}")
 
 
 def make_fixture(spec):
@@ -455,19 +490,12 @@ def make_fixture(spec):
                    logits=logits.detach().numpy().copy(), loss=loss.item(), ce=ce.item(),
                    zloss=zloss.item(), grads=grads, adamw_losses=adamw_losses)
     path = os.path.normpath(os.path.join(FIXTURE_DIR, f"{spec['family']}_tiny.h5"))
-    write_fixture(path, spec, content)
-    check_round_trip(path, spec, content)
-    check_readable_by_system_hdf5(path)
-    with open(path, "rb") as f:
-        digest = hashlib.sha256(f.read()).hexdigest()
-    print(f"  wrote {path} ({os.path.getsize(path)} bytes, sha256 {digest[:16]})")
+    write_checked_fixture(path, spec["family"], content, (BATCH, SEQ_LEN, spec["vocab_size"]),
+                          Z_LOSS)
 
 
 def main():
-    torch.set_num_threads(1)  # one reduction order, so reruns give the same bits
-    torch.use_deterministic_algorithms(True)
-    print(f"torch {torch.__version__}, transformers {transformers.__version__}, "
-          f"h5py {h5py.__version__}, numpy {np.__version__}")
+    make_torch_deterministic()
     os.makedirs(FIXTURE_DIR, exist_ok=True)
     for spec in (LLAMA, QWEN3):
         make_fixture(spec)

@@ -24,21 +24,18 @@ README.md) without /adamw:
 Run from anywhere:  python3 tests/reference/make_routing_fixtures.py   (deterministic)
 """
 
-import hashlib
-import math
+import dataclasses
 import os
 import sys
 
-import h5py
 import numpy as np
 import torch
-import transformers
 import yaml
 from transformers import LlamaForCausalLM, Qwen3ForCausalLM
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_fixtures import (check_readable_by_system_hdf5, float64_everywhere,  # noqa: E402
-                           hf_config, yaml_exponent)
+from make_fixtures import (float64_everywhere, hf_config, make_torch_deterministic,  # noqa: E402
+                           model_yaml, train_yaml, write_checked_fixture)
 from routing_reference import ModelSpec, ResidualSpec, RoutingModel, loss_terms  # noqa: E402
 
 FIXTURE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures")
@@ -300,24 +297,12 @@ def check_gradients_present(model, grads):
 def fathom_yaml(residual):
     """The network as a fathom config (DESIGN 6): model as in make_fixtures.py, residual,
     train. AttnRes writes streams 1 and stream_kernels [1]."""
-    s = TINY
     kernels = residual.stream_kernels if residual.mode == "msar" else (1,)
     streams = residual.streams if residual.mode == "msar" else 1
+    model = dict(dataclasses.asdict(TINY), rope_scaling=None, tie_embeddings=False)
     return (
-        "model:\n"
-        f"  vocab_size: {s.vocab_size}\n"
-        f"  d_model: {s.d_model}\n"
-        f"  n_layers: {s.n_layers}\n"
-        f"  n_heads: {s.n_heads}\n"
-        f"  n_kv_heads: {s.n_kv_heads}\n"
-        f"  head_dim: {s.head_dim}\n"
-        f"  ffn_dim: {s.ffn_dim}\n"
-        f"  rope_theta: {s.rope_theta:.0f}\n"
-        "  rope_scaling: {type: none}\n"
-        f"  norm_eps: {yaml_exponent(s.norm_eps)}\n"
-        f"  qk_norm: {'true' if s.qk_norm else 'false'}\n"
-        "  tie_embeddings: false\n"
-        "residual:\n"
+        model_yaml(model)
+        + "residual:\n"
         f"  mode: {residual.mode}\n"
         f"  heads: {residual.heads}\n"
         f"  granularity: {residual.granularity}\n"
@@ -325,8 +310,7 @@ def fathom_yaml(residual):
         f"  form: {residual.form}\n"
         f"  streams: {streams}\n"
         f"  stream_kernels: [{', '.join(str(k) for k in kernels)}]\n"
-        f"train: {{seq_len: {SEQ_LEN}, microbatch_size: {BATCH}, global_batch_size: {BATCH}, "
-        f"z_loss: {yaml_exponent(Z_LOSS)}}}\n"
+        + train_yaml(SEQ_LEN, BATCH, Z_LOSS)
     )
 
 
@@ -347,49 +331,6 @@ def check_config_text(text, residual):
         assert routing["streams"] == 1 and routing["stream_kernels"] == [1]
     assert train == dict(seq_len=SEQ_LEN, microbatch_size=BATCH, global_batch_size=BATCH,
                          z_loss=Z_LOSS)
-
-
-def write_fixture(path, content):
-    """The make_fixtures.py format without /adamw: plain datasets, oldest file format, no
-    timestamps."""
-    with h5py.File(path, "w", libver="earliest") as f:
-        f.attrs["config"] = content["config"]
-        f.attrs["family"] = "routing"
-        options = dict(track_times=False)
-        f.create_dataset("tokens", data=content["tokens"], **options)
-        for group in ("weights", "grads"):
-            g = f.create_group(group)
-            for name in sorted(content[group]):
-                g.create_dataset(name, data=content[group][name], **options)
-        f.create_dataset("logits", data=content["logits"], **options)
-        for scalar in ("loss", "ce", "zloss"):
-            f.create_dataset(scalar, data=np.float64(content[scalar]), **options)
-
-
-def check_round_trip(path, content):
-    with h5py.File(path, "r") as f:
-        assert f.attrs["config"] == content["config"] and f.attrs["family"] == "routing"
-        assert sorted(f.keys()) == ["ce", "grads", "logits", "loss", "tokens", "weights",
-                                    "zloss"]
-        tokens = f["tokens"][...]
-        assert tokens.dtype == np.uint32 and np.array_equal(tokens, content["tokens"])
-        for group, dtype in (("weights", np.float32), ("grads", np.float64)):
-            assert sorted(f[group].keys()) == sorted(content[group])
-            for name, values in content[group].items():
-                stored = f[group][name][...]
-                assert stored.dtype == dtype and np.array_equal(stored, values), name
-        logits = f["logits"][...]
-        assert logits.dtype == np.float64 and logits.shape == (BATCH, SEQ_LEN, TINY.vocab_size)
-        assert np.array_equal(logits, content["logits"])
-        for scalar in ("loss", "ce", "zloss"):
-            assert f[scalar].shape == () and f[scalar][()] == content[scalar]
-    peak = logits.max(axis=-1, keepdims=True)
-    lse = (peak + np.log(np.exp(logits - peak).sum(axis=-1, keepdims=True)))[..., 0]
-    target = np.take_along_axis(logits, tokens[:, 1:, None].astype(np.int64), -1)[..., 0]
-    ce, zloss = (lse - target).mean(), (Z_LOSS * lse * lse).mean()
-    assert math.isclose(ce, content["ce"], rel_tol=1e-13)
-    assert math.isclose(zloss, content["zloss"], rel_tol=1e-13)
-    assert math.isclose(ce + zloss, content["loss"], rel_tol=1e-13)
 
 
 def make_fixture(stem, seed, residual):
@@ -421,19 +362,11 @@ def make_fixture(stem, seed, residual):
                    logits=logits.detach().numpy().copy(), loss=loss.item(), ce=ce.item(),
                    zloss=zloss.item(), grads=grads)
     path = os.path.normpath(os.path.join(FIXTURE_DIR, f"{stem}.h5"))
-    write_fixture(path, content)
-    check_round_trip(path, content)
-    check_readable_by_system_hdf5(path)
-    with open(path, "rb") as f:
-        digest = hashlib.sha256(f.read()).hexdigest()
-    print(f"  wrote {path} ({os.path.getsize(path)} bytes, sha256 {digest[:16]})")
+    write_checked_fixture(path, "routing", content, (BATCH, SEQ_LEN, TINY.vocab_size), Z_LOSS)
 
 
 def main():
-    torch.set_num_threads(1)  # one reduction order, so reruns give the same bits
-    torch.use_deterministic_algorithms(True)
-    print(f"torch {torch.__version__}, transformers {transformers.__version__}, "
-          f"h5py {h5py.__version__}, numpy {np.__version__}")
+    make_torch_deterministic()
     print("reference checks:")
     check_standard_against_hugging_face(TINY, "llama", 20240700)
     qk_norm = ModelSpec(**{**TINY.__dict__, "qk_norm": True, "norm_eps": 1e-6})
