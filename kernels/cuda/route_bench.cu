@@ -1,0 +1,221 @@
+/* kernels/cuda/route_bench.cu — fathom-route-bench: the routing of one microbatch of the 8B
+ * graft on the GPU at hand (GPU machines only).
+ *
+ * Block-MHAR delta routing: d 4096, H 8, a microbatch of 2 x 4096 tokens, 64 sites; site j
+ * (a 32-layer, 8-block model) routes over null, b_0 .. b_{n-1} with n = j/8 + 1 (N = 2..9),
+ * out = p + alpha * Route(...). The null source is a [tokens, d] buffer, as the model hands
+ * it to the op. One "microbatch" is the 64 forwards in order, then the 64 backwards in
+ * reverse order, adding into the sources' gradients. Timed with CUDA events after warm-up;
+ * the median of the repetitions (default 10; `fathom-route-bench REPETITIONS`) is printed,
+ * for forward, backward and both, in ms and in GB/s against the bytes each site must move
+ * (see route_cuda.h: (N + 2) S forward, (4N + 1) S backward, S = tokens * d * 2 bytes).
+ * Inputs are random (never zeros) and fill 1.5 GB, far beyond L2.
+ */
+#include "kernels/cuda/route_cuda.h"
+
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+enum {
+    BENCH_WIDTH = 4096,
+    BENCH_HEADS = 8,
+    BENCH_TOKENS = 2 * 4096,
+    BENCH_SITES = 64,
+    BENCH_BLOCKS = 8,              /* b_0 .. b_7 */
+    BENCH_SOURCES_MAX = BENCH_BLOCKS + 1,
+    BENCH_WARMUP = 2,
+    BENCH_REPETITIONS_MAX = 1000,
+};
+
+#define BENCH_CHECK(call)                                                                        \
+    do {                                                                                         \
+        cudaError_t status_ = (call);                                                            \
+        if (status_ != cudaSuccess) {                                                            \
+            fprintf(stderr, "fathom-route-bench: %s:%d: %s: %s\n", __FILE__, __LINE__, #call,    \
+                    cudaGetErrorString(status_));                                                \
+            exit(5);                                                                             \
+        }                                                                                        \
+    } while (0)
+
+/* x[i] = scale * uniform(-1, 1) from a hash of (seed, i), as bf16 bits */
+__global__ void bench_fill_kernel(bf16 *x, size_t n, float scale, unsigned long long seed)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        unsigned long long z = seed * 0x9E3779B97F4A7C15ull + i;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        float u = (float)(z >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f;
+        unsigned int bits = __float_as_uint(scale * u);
+        x[i] = (bf16)((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+    }
+}
+
+static bf16 *bench_random_bf16(size_t n, float scale, unsigned long long seed)
+{
+    bf16 *x;
+    BENCH_CHECK(cudaMalloc(&x, n * sizeof(bf16)));
+    bench_fill_kernel<<<1024, 256>>>(x, n, scale, seed);
+    BENCH_CHECK(cudaGetLastError());
+    return x;
+}
+
+static float *bench_zero_floats(size_t n)
+{
+    float *x;
+    BENCH_CHECK(cudaMalloc(&x, n * sizeof(float)));
+    BENCH_CHECK(cudaMemset(x, 0, n * sizeof(float)));
+    return x;
+}
+
+static int compare_floats(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+static float median(float *values, int count)
+{
+    qsort(values, (size_t)count, sizeof(float), compare_floats);
+    return count % 2 ? values[count / 2] : 0.5f * (values[count / 2 - 1] + values[count / 2]);
+}
+
+typedef struct {
+    bf16 *rows[BENCH_SOURCES_MAX];      /* null, b_0 .. b_7 */
+    bf16 *grads[BENCH_SOURCES_MAX];
+    bf16 *query[BENCH_SITES], *key_norm[BENCH_SITES];
+    float *weights[BENCH_SITES], *rstd[BENCH_SITES];
+    float *dquery[BENCH_SITES], *dkey_norm[BENCH_SITES], *dalpha;
+    bf16 *stream_p, *out, *dout;
+    float *workspace;
+} Bench;
+
+static int site_sources(int site)
+{
+    return site / 8 + 2; /* null and b_0 .. b_{site/8} */
+}
+
+static void bench_forward(Bench *bench)
+{
+    for (int site = 0; site < BENCH_SITES; site++) {
+        const bf16 *sources[BENCH_SOURCES_MAX];
+        for (int n = 0; n < site_sources(site); n++)
+            sources[n] = bench->rows[n];
+        cuda_route_forward(bench->out, bench->weights[site], bench->rstd[site], sources,
+                           site_sources(site), bench->query[site], bench->key_norm[site],
+                           bench->stream_p, 0.5f, BENCH_TOKENS, BENCH_WIDTH, BENCH_HEADS, 1e-5f,
+                           0);
+    }
+}
+
+static void bench_backward(Bench *bench)
+{
+    for (int site = BENCH_SITES - 1; site >= 0; site--) {
+        const bf16 *sources[BENCH_SOURCES_MAX];
+        bf16 *grads[BENCH_SOURCES_MAX];
+        for (int n = 0; n < site_sources(site); n++) {
+            sources[n] = bench->rows[n];
+            grads[n] = bench->grads[n];
+        }
+        cuda_route_backward(grads, bench->dquery[site], bench->dkey_norm[site],
+                            bench->dalpha + site, bench->dout, sources, site_sources(site),
+                            bench->weights[site], bench->rstd[site], bench->query[site],
+                            bench->key_norm[site], true, 0.5f, bench->workspace, BENCH_TOKENS,
+                            BENCH_WIDTH, BENCH_HEADS, 0);
+    }
+}
+
+/* median milliseconds of `repetitions` runs of `phase` (forward, backward, or both) */
+static float bench_time(Bench *bench, int phase, int repetitions)
+{
+    cudaEvent_t start, stop;
+    BENCH_CHECK(cudaEventCreate(&start));
+    BENCH_CHECK(cudaEventCreate(&stop));
+    float times[BENCH_REPETITIONS_MAX];
+    for (int rep = -BENCH_WARMUP; rep < repetitions; rep++) {
+        BENCH_CHECK(cudaEventRecord(start, 0));
+        if (phase != 2)
+            bench_forward(bench);
+        if (phase != 1)
+            bench_backward(bench);
+        BENCH_CHECK(cudaEventRecord(stop, 0));
+        BENCH_CHECK(cudaEventSynchronize(stop));
+        BENCH_CHECK(cudaGetLastError());
+        if (rep >= 0)
+            BENCH_CHECK(cudaEventElapsedTime(&times[rep], start, stop));
+    }
+    BENCH_CHECK(cudaEventDestroy(start));
+    BENCH_CHECK(cudaEventDestroy(stop));
+    return median(times, repetitions);
+}
+
+int main(int argc, char **argv)
+{
+    int repetitions = argc > 1 ? atoi(argv[1]) : 10;
+    if (repetitions < 1 || repetitions > BENCH_REPETITIONS_MAX) {
+        fprintf(stderr, "usage: fathom-route-bench [REPETITIONS, 1..%d]\n",
+                BENCH_REPETITIONS_MAX);
+        return 2;
+    }
+    cudaDeviceProp properties;
+    BENCH_CHECK(cudaGetDeviceProperties(&properties, 0));
+
+    const size_t td = (size_t)BENCH_TOKENS * BENCH_WIDTH;
+    Bench bench;
+    for (int n = 0; n < BENCH_SOURCES_MAX; n++) {
+        bench.rows[n] = bench_random_bf16(td, 1.0f + 0.25f * n, 100 + n);
+        bench.grads[n] = bench_random_bf16(td, 0.01f, 200 + n);
+    }
+    for (int site = 0; site < BENCH_SITES; site++) {
+        int n_sources = site_sources(site);
+        bench.query[site] = bench_random_bf16(BENCH_WIDTH, 0.05f, 300 + site);
+        bench.key_norm[site] = bench_random_bf16(BENCH_WIDTH, 1.0f, 400 + site);
+        BENCH_CHECK(cudaMalloc(&bench.weights[site],
+                               (size_t)n_sources * BENCH_TOKENS * BENCH_HEADS * sizeof(float)));
+        BENCH_CHECK(cudaMalloc(&bench.rstd[site], (size_t)n_sources * BENCH_TOKENS * sizeof(float)));
+        bench.dquery[site] = bench_zero_floats(BENCH_WIDTH);
+        bench.dkey_norm[site] = bench_zero_floats(BENCH_WIDTH);
+    }
+    bench.dalpha = bench_zero_floats(BENCH_SITES);
+    bench.stream_p = bench_random_bf16(td, 1.0f, 500);
+    bench.out = bench_random_bf16(td, 1.0f, 501);
+    bench.dout = bench_random_bf16(td, 1e-3f, 502);
+    bench.workspace = bench_zero_floats(cuda_route_backward_workspace_floats(BENCH_TOKENS,
+                                                                             BENCH_WIDTH));
+    BENCH_CHECK(cudaDeviceSynchronize());
+
+    /* bytes each phase must move, in units of one [tokens, d] bf16 tensor */
+    double forward_tensors = 0, backward_tensors = 0, backward_dram_tensors = 0;
+    for (int site = 0; site < BENCH_SITES; site++) {
+        int n_sources = site_sources(site);
+        forward_tensors += n_sources + 2;
+        backward_tensors += 4 * n_sources + 1;
+        backward_dram_tensors += 3 * n_sources + 1;
+    }
+    const double tensor_bytes = (double)td * sizeof(bf16);
+    const double copy_rate = 4.3e12; /* H200 device copy, bytes/s (DESIGN 8) */
+
+    float forward_ms = bench_time(&bench, 1, repetitions);
+    float backward_ms = bench_time(&bench, 2, repetitions);
+    float both_ms = bench_time(&bench, 0, repetitions);
+
+    double forward_bytes = forward_tensors * tensor_bytes;
+    double backward_bytes = backward_tensors * tensor_bytes;
+    printf("fathom-route-bench: %s, %d SMs; d %d, H %d, %d tokens, %d sites (N = 2..9), "
+           "median of %d\n", properties.name, properties.multiProcessorCount, BENCH_WIDTH,
+           BENCH_HEADS, BENCH_TOKENS, BENCH_SITES, repetitions);
+    printf("%-10s %10s %10s %10s %12s\n", "phase", "ms", "GB moved", "GB/s", "floor ms");
+    printf("%-10s %10.2f %10.1f %10.0f %12.2f\n", "forward", forward_ms, forward_bytes / 1e9,
+           forward_bytes / (forward_ms * 1e-3) / 1e9, forward_bytes / copy_rate * 1e3);
+    printf("%-10s %10.2f %10.1f %10.0f %12.2f  (%.2f ms if the second read hits L2)\n",
+           "backward", backward_ms, backward_bytes / 1e9,
+           backward_bytes / (backward_ms * 1e-3) / 1e9, backward_bytes / copy_rate * 1e3,
+           backward_dram_tensors * tensor_bytes / copy_rate * 1e3);
+    printf("%-10s %10.2f %10.1f %10.0f %12.2f  (target <= 40 ms; torch.compile 243 ms)\n",
+           "microbatch", both_ms, (forward_bytes + backward_bytes) / 1e9,
+           (forward_bytes + backward_bytes) / (both_ms * 1e-3) / 1e9,
+           (forward_bytes + backward_bytes) / copy_rate * 1e3);
+    return 0;
+}

@@ -1,0 +1,138 @@
+/* kernels/cuda/route_cuda.h — attention over depth on the GPU: Route forward and backward,
+ * the MSAR stream convolution and the MSAR mix (DESIGN 2.1, 2.2). Plain C header.
+ *
+ * Every function mirrors its op in runtime/backend.h (same arguments, same order, same math;
+ * kernels/cpu/route_cpu.c and stream_cpu.c are the reference and derive the backward), with
+ * the cuda dtypes of DESIGN 3 and a trailing cudaStream_t:
+ * - activations and their gradients (sources, base, out, dout, dsources, streams, x) are bf16
+ *   [tokens, d]; every "+=" into bf16 reads, adds in fp32 and rounds once;
+ * - weights are read as bf16 compute copies: query, key_norm [d], stream taps [k, d],
+ *   mix_proj [m, d]. mix_bias [m] is read in fp32 (it is tiny, and sigmoid(-ln(m-1)) is
+ *   exactly 1/m only from the fp32 value: MSAR at init is Block AttnRes);
+ * - saved statistics are fp32: weights [N, tokens, H], rstd [N, tokens], gates and mix rstd
+ *   [tokens, m]; weight gradients are fp32 and accumulated ("+="), dalpha included (a device
+ *   pointer to one float);
+ * - pointer arrays (sources, dsources, streams, dstreams) are HOST arrays of device pointers;
+ *   they travel to the GPU inside the kernel parameters, so the call returns at once.
+ * Nothing here allocates or synchronises. Backward workspaces are device buffers of the
+ * number of floats the *_workspace_floats function names; their contents are scratch.
+ * Results are deterministic: each token is one block's, and every sum over tokens is made of
+ * per-block partials (a fixed partition of the tokens) added in block order by a second
+ * small kernel. No atomics.
+ *
+ * Route (route_cuda.cu, route_backward_cuda.cu). One block a token at a time, each thread
+ * owning up to 16 channels of the row (16-byte loads where head_dim % 8 == 0 and the
+ * pointers are 16-byte aligned; narrower loads otherwise). The forward reads each source
+ * row ONCE: the sum of squares and the per-head dots <q*g, s> come from the same read, the
+ * depth softmax is online (running max and sum per head) and the mix of raw sources is a
+ * running sum rescaled like flash attention's. The backward reads each source row twice
+ * (dots, then the gradients; the second read finds the row in L2).
+ * Scores use the fused identity z = r * <q*g, s>: DESIGN 2.1 rounds khat = cast(s*r) to the
+ * activation dtype before * g. The difference is that rounding of each term (relative
+ * 2^-9, averaging out over the head) and the fused form is the one the fp32 cpu reference
+ * computes up to fp32 rounding. The mix stays fp32 until out = base + alpha * mix is rounded
+ * once, so alpha = 0 returns base bit for bit, and with equal sources and power-of-two
+ * weights (a zero query and N a power of two) out is the source bit for bit.
+ * Limits: N <= CUDA_ROUTE_MAX_SOURCES, heads <= CUDA_ROUTE_MAX_HEADS, d <= CUDA_ROUTE_MAX_WIDTH,
+ * d % heads == 0; out must not alias a source (it may alias base). A violation is a config
+ * error (fatal(EXIT_CONFIG, ...)).
+ *
+ * How fast should this be (H200: 4.3 TB/s copy, ~790 TFLOP/s bf16 dense). The benchmark
+ * (route_bench.cu) is block-MHAR delta routing of the 8B graft: d 4096, H 8, 2 x 4096 tokens,
+ * 64 sites, site j reading N = j/8 + 2 sources (null and b_0 .. b_{j/8}); sum of N = 352.
+ * One [tokens, d] bf16 tensor is S = 8192 * 4096 * 2 B = 67.1 MB.
+ *   forward, per site:  N sources + base read, out written           (N + 2) S
+ *   backward, per site: sources twice, dout, dsources read + written (4N + 1) S
+ *                       (3N + 1) S from DRAM when the second read hits L2, as designed)
+ *   all 64 sites:       forward 480 S = 32.2 GB (7.5 ms); backward 1472 S = 98.8 GB
+ *                       (23.0 ms), 1120 S = 75.2 GB (17.5 ms) from DRAM.
+ * Floor: about 25 ms per microbatch (30.5 ms counting both backward reads), against the
+ * 40 ms target and torch.compile's 243 ms. Arithmetic is ~20 fp32 flops per source element
+ * over forward and backward (squares, dot, rescaled sum; two dots, the gradient terms and
+ * the channel sums): ~0.25 TFLOP per microbatch, ~4 ms at the fp32 rate (67 TFLOP/s; the
+ * bf16 tensor cores' 790 TFLOP/s do not apply): memory-bound. The weights, rstd and the
+ * backward's partial sums (264 x d floats a site) add under 1%. (The null source is a [d] row the model broadcasts
+ * to [tokens, d]; reading it as a broadcast row would save 64 S per pass over the sites.)
+ *
+ * MSAR (stream_cuda.cu): the causal depthwise convolution over the sequence (out and dx one
+ * thread a vector of channels; dtaps through per-block partials) and the gated mix (one
+ * block a token, one read of each stream, forward and backward; parameter gradients through
+ * per-block partials). Limits: m <= CUDA_STREAM_MAX_STREAMS, d <= CUDA_ROUTE_MAX_WIDTH.
+ */
+#ifndef FATHOM_KERNELS_CUDA_ROUTE_CUDA_H
+#define FATHOM_KERNELS_CUDA_ROUTE_CUDA_H
+
+#include "kernels/cuda/cuda_common.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum {
+    CUDA_ROUTE_MAX_SOURCES = 65, /* 2L + 1 sites' worth for L = 32 at full granularity */
+    CUDA_ROUTE_MAX_HEADS = 32,
+    CUDA_ROUTE_MAX_WIDTH = 8192, /* 16 channels a thread, 512 threads a block */
+    CUDA_STREAM_MAX_STREAMS = 16,
+};
+
+/* ---- Route (backend.h route_forward / route_backward) ---- */
+
+/* out [tokens, d] = Route(sources) (replace, base == NULL) or base + alpha * Route(sources)
+ * (delta); weights [N, tokens, heads] and rstd [N, tokens] saved in fp32. */
+void cuda_route_forward(bf16 *out, float *weights, float *rstd, const bf16 *const *sources,
+                        int n_sources, const bf16 *query, const bf16 *key_norm,
+                        const bf16 *base, float alpha, int tokens, int d, int heads, float eps,
+                        cudaStream_t stream);
+
+/* Floats of the workspace cuda_route_backward needs (it replaces the op's `scratch`). */
+size_t cuda_route_backward_workspace_floats(int tokens, int d);
+
+/* dsources[n] += (bf16; NULL entries skipped), dquery += , dkey_norm += (fp32 [d]),
+ * *dalpha += (fp32, delta form only). Two launches: the per-token kernel, then the fixed-order
+ * reduction of its per-block partials. */
+void cuda_route_backward(bf16 *const *dsources, float *dquery, float *dkey_norm, float *dalpha,
+                         const bf16 *dout, const bf16 *const *sources, int n_sources,
+                         const float *weights, const float *rstd, const bf16 *query,
+                         const bf16 *key_norm, bool delta, float alpha, float *workspace,
+                         int tokens, int d, int heads, cudaStream_t stream);
+
+/* ---- MSAR stream convolution (backend.h stream_conv_*) ---- */
+
+/* out[b,t,c] = sum_{tau < kernel_size, tau <= t} taps[tau,c] x[b,t-tau,c]; x, out [B, T, d]
+ * bf16, taps [kernel_size, d] bf16; fp32 sum from tau = 0 (identity taps return x bit for bit).
+ * out must not alias x. */
+void cuda_stream_conv_forward(bf16 *out, const bf16 *x, const bf16 *taps, int kernel_size,
+                              int B, int T, int d, cudaStream_t stream);
+
+size_t cuda_stream_conv_backward_workspace_floats(int kernel_size, int B, int T, int d);
+
+/* dx += (bf16, NULL skips it), dtaps += (fp32 [kernel_size, d]). */
+void cuda_stream_conv_backward(bf16 *dx, float *dtaps, const bf16 *dout, const bf16 *x,
+                               const bf16 *taps, int kernel_size, int B, int T, int d,
+                               float *workspace, cudaStream_t stream);
+
+/* ---- MSAR mix (backend.h stream_mix_*) ---- */
+
+/* out [tokens, d] bf16 = sum_r w_r o_r; gates w and rstd [tokens, m] fp32 saved. The gate
+ * is sigmoid computed in double and rounded once, as on the cpu. */
+void cuda_stream_mix_forward(bf16 *out, float *gates, float *rstd, const bf16 *const *streams,
+                             int m, const float *mix_bias, const bf16 *mix_proj, int tokens,
+                             int d, float eps, cudaStream_t stream);
+
+size_t cuda_stream_mix_backward_workspace_floats(int m, int tokens, int d);
+
+/* dstreams[r] += (bf16; NULL entries skipped), dmix_bias += [m], dmix_proj += [m, d] (fp32). */
+void cuda_stream_mix_backward(bf16 *const *dstreams, float *dmix_bias, float *dmix_proj,
+                              const bf16 *dout, const bf16 *const *streams, int m,
+                              const float *gates, const float *rstd, const float *mix_bias,
+                              const bf16 *mix_proj, int tokens, int d, float *workspace,
+                              cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

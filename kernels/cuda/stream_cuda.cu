@@ -1,0 +1,594 @@
+/* kernels/cuda/stream_cuda.cu — MSAR streams on the GPU: the causal depthwise convolution
+ * and the gated mix (DESIGN 2.2; contract in route_cuda.h; the math and its backward are
+ * kernels/cpu/stream_cpu.c's).
+ *
+ * Convolution, x, out, dout, dx [B, T, d] bf16, taps [k, d] bf16, dtaps fp32:
+ * - forward and dx: one thread a vector of VEC channels of one row, summing over tau in
+ *   fp32 from tau = 0 (identity taps give x bit for bit), rounded once. The k rows a thread
+ *   reads back are its neighbours' rows: they come from L1/L2, DRAM sees each row once.
+ * - dtaps: STREAM_PARTIALS fixed row ranges; block (channel chunk, range, tau group) sums
+ *   dout[t] x[t - tau] over its rows for 4 taps into registers and writes them to the
+ *   workspace [ranges, k, d]; a second kernel adds the ranges in order. Deterministic.
+ * Mix, m streams o_r [tokens, d] bf16, mix_bias fp32 [m], mix_proj (theta) bf16 [m, d]:
+ * - forward: one block a token at a time (persistent grid), one read of each stream:
+ *   squares and <theta_r, o_r> in one pass (warp sums, then the warps' sums in order, the
+ *   same in every thread), rho = rsqrt(squares / d + eps), g = beta + rho <theta, o>,
+ *   w = sigmoid(g) in double rounded once, out += w o in fp32; one barrier a stream (two
+ *   alternating shared buffers).
+ * - backward: block (token range, stream r): everything about stream r depends only on
+ *   o_r, dout and the saved w, rho, so each block reads o_r and dout once a token:
+ *   dw = <dout, o>, dg = dw w (1 - w), mean(du u) = dg rho <theta, o> / d,
+ *   do += w dout + rho (dg theta - rho o mean(du u)); dtheta and dbeta per block in
+ *   registers, then added over the token ranges in order by a second kernel.
+ */
+#include "kernels/cuda/route_cuda.h"
+#include "kernels/cuda/route_device.cuh"
+
+enum {
+    STREAM_PARTIALS = 128,      /* fixed token ranges of the parameter-gradient sums */
+    STREAM_THREADS = 256,
+    STREAM_TAP_GROUP = 4,       /* taps a dtaps block sums at once */
+};
+
+static void stream_check_width(int d)
+{
+    if (d < 1 || d > CUDA_ROUTE_MAX_WIDTH)
+        fatal(EXIT_CONFIG, "model.d_model = %d: the cuda stream kernels take 1 to %d channels",
+              d, CUDA_ROUTE_MAX_WIDTH);
+}
+
+/* The widest vector (8, 4, 2, 1 channels) that d and the pointers allow. */
+static int stream_vector_width(int d, const void *const *pointers, int count)
+{
+    return row_shape(d, 1, pointers, count).vec;
+}
+
+static int partial_count(long long items)
+{
+    return items < STREAM_PARTIALS ? (int)items : STREAM_PARTIALS;
+}
+
+/* blocks for a grid-stride loop over `items`: at most 8 blocks of 256 per multiprocessor */
+static int grid_stride_blocks(long long items)
+{
+    long long blocks = (items + STREAM_THREADS - 1) / STREAM_THREADS;
+    long long limit = 8LL * cuda_multiprocessor_count();
+    return (int)(blocks < 1 ? 1 : blocks < limit ? blocks : limit);
+}
+
+/* ---- convolution ---- */
+
+template <int VEC>
+__global__ void stream_conv_forward_kernel(bf16 *out, const bf16 *x, const bf16 *taps,
+                                           int kernel_size, long long items, int T, int vectors)
+{
+    for (long long item = (long long)blockIdx.x * blockDim.x + threadIdx.x; item < items;
+         item += (long long)gridDim.x * blockDim.x) {
+        const long long row = item / vectors;
+        const int v = (int)(item - row * vectors), t = (int)(row % T);
+        float sum[VEC], x_values[VEC], tap[VEC];
+        vector_to_floats<VEC>(vector_load<VEC>(x, item), x_values);
+        vector_to_floats<VEC>(vector_load<VEC>(taps, v), tap);
+#pragma unroll
+        for (int i = 0; i < VEC; i++)
+            sum[i] = tap[i] * x_values[i];
+        for (int tau = 1; tau < kernel_size && tau <= t; tau++) {
+            vector_to_floats<VEC>(vector_load<VEC>(x, item - (long long)tau * vectors), x_values);
+            vector_to_floats<VEC>(vector_load<VEC>(taps, (long long)tau * vectors + v), tap);
+#pragma unroll
+            for (int i = 0; i < VEC; i++)
+                sum[i] += tap[i] * x_values[i];
+        }
+        vector_store<VEC>(out, item, vector_from_floats<VEC>(sum));
+    }
+}
+
+/* dx[b,t] += sum_{tau < k, t + tau < T} taps[tau] dout[b, t + tau] */
+template <int VEC>
+__global__ void stream_conv_input_grad_kernel(bf16 *dx, const bf16 *dout, const bf16 *taps,
+                                              int kernel_size, long long items, int T,
+                                              int vectors)
+{
+    for (long long item = (long long)blockIdx.x * blockDim.x + threadIdx.x; item < items;
+         item += (long long)gridDim.x * blockDim.x) {
+        const long long row = item / vectors;
+        const int v = (int)(item - row * vectors), t = (int)(row % T);
+        float sum[VEC], dy[VEC], tap[VEC], grad[VEC];
+        vector_to_floats<VEC>(vector_load<VEC>(dout, item), dy);
+        vector_to_floats<VEC>(vector_load<VEC>(taps, v), tap);
+#pragma unroll
+        for (int i = 0; i < VEC; i++)
+            sum[i] = tap[i] * dy[i];
+        for (int tau = 1; tau < kernel_size && t + tau < T; tau++) {
+            vector_to_floats<VEC>(vector_load<VEC>(dout, item + (long long)tau * vectors), dy);
+            vector_to_floats<VEC>(vector_load<VEC>(taps, (long long)tau * vectors + v), tap);
+#pragma unroll
+            for (int i = 0; i < VEC; i++)
+                sum[i] += tap[i] * dy[i];
+        }
+        vector_to_floats<VEC>(vector_load_mutable<VEC>(dx, item), grad);
+#pragma unroll
+        for (int i = 0; i < VEC; i++)
+            grad[i] += sum[i];
+        vector_store<VEC>(dx, item, vector_from_floats<VEC>(grad));
+    }
+}
+
+/* partials[range, tau, c] = sum over the range's rows (b, t), t >= tau, of dout[b,t,c] x[b,t-tau,c]
+ * grid: (channel chunks of 256 vectors, ranges, tap groups of STREAM_TAP_GROUP) */
+template <int VEC>
+__global__ void stream_conv_taps_partial_kernel(float *partials, const bf16 *dout, const bf16 *x,
+                                                int kernel_size, long long rows, int T,
+                                                int vectors)
+{
+    const int v = blockIdx.x * blockDim.x + threadIdx.x;
+    if (v >= vectors)
+        return; /* no barriers in this kernel */
+    const int range = blockIdx.y, ranges = gridDim.y, first_tap = blockIdx.z * STREAM_TAP_GROUP;
+    const long long first = rows * range / ranges, last = rows * (range + 1) / ranges;
+    float sums[STREAM_TAP_GROUP][VEC] = {};
+    for (long long row = first; row < last; row++) {
+        const int t = (int)(row % T);
+        float dy[VEC];
+        vector_to_floats<VEC>(vector_load<VEC>(dout, row * vectors + v), dy);
+#pragma unroll
+        for (int j = 0; j < STREAM_TAP_GROUP; j++) {
+            const int tau = first_tap + j;
+            if (tau >= kernel_size || t < tau)
+                continue;
+            float x_values[VEC];
+            vector_to_floats<VEC>(vector_load<VEC>(x, (row - tau) * vectors + v), x_values);
+#pragma unroll
+            for (int i = 0; i < VEC; i++)
+                sums[j][i] += dy[i] * x_values[i];
+        }
+    }
+    const long long d = (long long)vectors * VEC;
+#pragma unroll
+    for (int j = 0; j < STREAM_TAP_GROUP; j++) {
+        const int tau = first_tap + j;
+        if (tau >= kernel_size)
+            continue;
+        float *partial = partials + ((long long)range * kernel_size + tau) * d + (long long)v * VEC;
+#pragma unroll
+        for (int i = 0; i < VEC; i++)
+            partial[i] = sums[j][i];
+    }
+}
+
+/* out[i] += sum over ranges, in order, of partials[range * count + i], i < count */
+__global__ void stream_sum_partials_kernel(float *out, const float *partials, int ranges,
+                                           long long count)
+{
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < count;
+         i += (long long)gridDim.x * blockDim.x) {
+        float sum = 0.0f;
+        for (int range = 0; range < ranges; range++)
+            sum += partials[range * count + i];
+        out[i] += sum;
+    }
+}
+
+extern "C" void cuda_stream_conv_forward(bf16 *out, const bf16 *x, const bf16 *taps,
+                                         int kernel_size, int B, int T, int d,
+                                         cudaStream_t stream)
+{
+    stream_check_width(d);
+    if (kernel_size < 1)
+        fatal(EXIT_CONFIG, "residual.stream_kernels: a kernel size is %d, it must be >= 1",
+              kernel_size);
+    const long long rows = (long long)B * T;
+    if (rows <= 0)
+        return;
+    const void *pointers[] = {out, x, taps};
+    const int vec = stream_vector_width(d, pointers, 3), vectors = d / vec;
+    const long long items = rows * vectors;
+    const int blocks = grid_stride_blocks(items);
+#define LAUNCH(V)                                                                                \
+    stream_conv_forward_kernel<V><<<blocks, STREAM_THREADS, 0, stream>>>(out, x, taps,            \
+                                                                       kernel_size, items, T,   \
+                                                                       vectors)
+    switch (vec) {
+    case 8: LAUNCH(8); break;
+    case 4: LAUNCH(4); break;
+    case 2: LAUNCH(2); break;
+    default: LAUNCH(1); break;
+    }
+#undef LAUNCH
+    CUDA_CHECK_LAUNCH();
+}
+
+extern "C" size_t cuda_stream_conv_backward_workspace_floats(int kernel_size, int B, int T, int d)
+{
+    const long long rows = (long long)B * T;
+    return rows > 0 ? (size_t)partial_count(rows) * kernel_size * d : 1;
+}
+
+extern "C" void cuda_stream_conv_backward(bf16 *dx, float *dtaps, const bf16 *dout, const bf16 *x,
+                                          const bf16 *taps, int kernel_size, int B, int T, int d,
+                                          float *workspace, cudaStream_t stream)
+{
+    stream_check_width(d);
+    if (kernel_size < 1)
+        fatal(EXIT_CONFIG, "residual.stream_kernels: a kernel size is %d, it must be >= 1",
+              kernel_size);
+    const long long rows = (long long)B * T;
+    if (rows <= 0)
+        return;
+    const void *pointers[] = {dx, dout, x, taps};
+    const int vec = stream_vector_width(d, pointers, 4), vectors = d / vec;
+    const long long items = rows * vectors;
+
+    if (dx) {
+        const int blocks = grid_stride_blocks(items);
+#define LAUNCH(V)                                                                                \
+    stream_conv_input_grad_kernel<V><<<blocks, STREAM_THREADS, 0, stream>>>(dx, dout, taps,       \
+                                                                          kernel_size, items, T, \
+                                                                          vectors)
+        switch (vec) {
+        case 8: LAUNCH(8); break;
+        case 4: LAUNCH(4); break;
+        case 2: LAUNCH(2); break;
+        default: LAUNCH(1); break;
+        }
+#undef LAUNCH
+        CUDA_CHECK_LAUNCH();
+    }
+
+    const int ranges = partial_count(rows);
+    dim3 grid((vectors + STREAM_THREADS - 1) / STREAM_THREADS, ranges,
+              (kernel_size + STREAM_TAP_GROUP - 1) / STREAM_TAP_GROUP);
+#define LAUNCH(V)                                                                                \
+    stream_conv_taps_partial_kernel<V><<<grid, STREAM_THREADS, 0, stream>>>(                      \
+        workspace, dout, x, kernel_size, rows, T, vectors)
+    switch (vec) {
+    case 8: LAUNCH(8); break;
+    case 4: LAUNCH(4); break;
+    case 2: LAUNCH(2); break;
+    default: LAUNCH(1); break;
+    }
+#undef LAUNCH
+    CUDA_CHECK_LAUNCH();
+    const long long count = (long long)kernel_size * d;
+    stream_sum_partials_kernel<<<grid_stride_blocks(count), STREAM_THREADS, 0, stream>>>(
+        dtaps, workspace, ranges, count);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* ---- mix ---- */
+
+struct MixForwardArgs {
+    bf16 *out;
+    float *gates, *rstd; /* [tokens, m] */
+    const bf16 *streams[CUDA_STREAM_MAX_STREAMS];
+    const float *mix_bias;
+    const bf16 *mix_proj;
+    float eps, inverse_width;
+    int m, tokens, vectors, slots;
+};
+
+struct MixBackwardArgs {
+    bf16 *dstreams[CUDA_STREAM_MAX_STREAMS];
+    const bf16 *streams[CUDA_STREAM_MAX_STREAMS];
+    float *partials; /* workspace: [ranges, m, d] dtheta, then [ranges, m] dbeta */
+    const bf16 *dout, *mix_proj;
+    const float *gates, *rstd;
+    float inverse_width;
+    int m, tokens, d, vectors, slots;
+};
+
+/* this thread's vectors of one row (zeros past the row) */
+template <int VEC>
+__device__ __forceinline__ void load_owned(BfVector<VEC> *row, const bf16 *array,
+                                           long long row_start, int vectors, int slots)
+{
+#pragma unroll
+    for (int slot = 0; slot < ROW_MAX_SLOTS(VEC); slot++) {
+        const int v = slot * blockDim.x + threadIdx.x;
+        row[slot] = vector_zero<VEC>();
+        if (slot < slots && v < vectors)
+            row[slot] = vector_load<VEC>(array, row_start + v);
+    }
+}
+
+/* the same for an array this kernel also writes (a "+=" target): plain loads */
+template <int VEC>
+__device__ __forceinline__ void load_owned_mutable(BfVector<VEC> *row, const bf16 *array,
+                                                   long long row_start, int vectors, int slots)
+{
+#pragma unroll
+    for (int slot = 0; slot < ROW_MAX_SLOTS(VEC); slot++) {
+        const int v = slot * blockDim.x + threadIdx.x;
+        row[slot] = vector_zero<VEC>();
+        if (slot < slots && v < vectors)
+            row[slot] = vector_load_mutable<VEC>(array, row_start + v);
+    }
+}
+
+/* Sums two values over the block, the same bits in every thread; `buffer` [2][ROW_MAX_WARPS]
+ * shared, one of two alternating halves per call (the caller flips `parity`). */
+__device__ __forceinline__ void block_sum_pair(float *first, float *second, float *buffer,
+                                               int parity)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    float *half = buffer + parity * 2 * ROW_MAX_WARPS;
+    float a = warp_sum(*first), b = warp_sum(*second);
+    if (lane == 0) {
+        half[warp] = a;
+        half[ROW_MAX_WARPS + warp] = b;
+    }
+    __syncthreads();
+    a = 0.0f;
+    b = 0.0f;
+    for (int w = 0; w < warps; w++) {
+        a += half[w];
+        b += half[ROW_MAX_WARPS + w];
+    }
+    *first = a;
+    *second = b;
+}
+
+template <int VEC>
+__global__ void __launch_bounds__(ROW_MAX_THREADS)
+stream_mix_forward_kernel(const __grid_constant__ MixForwardArgs args)
+{
+    constexpr int MAX_SLOTS = ROW_MAX_SLOTS(VEC);
+    __shared__ float sums[2 * 2 * ROW_MAX_WARPS];
+    const int m = args.m, slots = args.slots;
+    int parity = 0;
+    for (int t = blockIdx.x; t < args.tokens; t += gridDim.x) {
+        const long long row_start = (long long)t * args.vectors;
+        float mix[MAX_SLOTS][VEC] = {};
+        BfVector<VEC> current[MAX_SLOTS], next[MAX_SLOTS];
+        load_owned<VEC>(current, args.streams[0], row_start, args.vectors, slots);
+        for (int r = 0; r < m; r++) {
+            if (r + 1 < m)
+                load_owned<VEC>(next, args.streams[r + 1], row_start, args.vectors, slots);
+            BfVector<VEC> theta_raw[MAX_SLOTS];
+            load_owned<VEC>(theta_raw, args.mix_proj + (long long)r * args.vectors * VEC, 0,
+                            args.vectors, slots);
+            float values[MAX_SLOTS][VEC], squares = 0.0f, dot = 0.0f;
+#pragma unroll
+            for (int slot = 0; slot < MAX_SLOTS; slot++) {
+                if (slot >= slots)
+                    continue;
+                float theta[VEC];
+                vector_to_floats<VEC>(current[slot], values[slot]);
+                vector_to_floats<VEC>(theta_raw[slot], theta);
+#pragma unroll
+                for (int i = 0; i < VEC; i++) {
+                    squares += values[slot][i] * values[slot][i];
+                    dot += theta[i] * values[slot][i];
+                }
+            }
+            block_sum_pair(&squares, &dot, sums, parity);
+            parity ^= 1;
+            const float rho = rsqrtf(squares * args.inverse_width + args.eps);
+            const double g = (double)(args.mix_bias[r] + rho * dot);
+            const float w = (float)(1.0 / (1.0 + exp(-g)));
+            if (threadIdx.x == 0) {
+                args.gates[(long long)t * m + r] = w;
+                args.rstd[(long long)t * m + r] = rho;
+            }
+#pragma unroll
+            for (int slot = 0; slot < MAX_SLOTS; slot++) {
+                if (slot >= slots)
+                    continue;
+#pragma unroll
+                for (int i = 0; i < VEC; i++)
+                    mix[slot][i] += w * values[slot][i];
+            }
+#pragma unroll
+            for (int slot = 0; slot < MAX_SLOTS; slot++)
+                current[slot] = next[slot];
+        }
+#pragma unroll
+        for (int slot = 0; slot < MAX_SLOTS; slot++) {
+            const int v = slot * blockDim.x + threadIdx.x;
+            if (slot < slots && v < args.vectors)
+                vector_store<VEC>(args.out, row_start + v, vector_from_floats<VEC>(mix[slot]));
+        }
+    }
+}
+
+/* grid (ranges, m): block (range, r) walks its tokens for stream r */
+template <int VEC>
+__global__ void __launch_bounds__(ROW_MAX_THREADS)
+stream_mix_backward_kernel(const __grid_constant__ MixBackwardArgs args)
+{
+    constexpr int MAX_SLOTS = ROW_MAX_SLOTS(VEC);
+    __shared__ float sums[2 * 2 * ROW_MAX_WARPS];
+    const int m = args.m, slots = args.slots, r = blockIdx.y;
+    const int range = blockIdx.x, ranges = gridDim.x;
+    const bf16 *stream = args.streams[r];
+    bf16 *dstream = args.dstreams[r];
+
+    float theta[MAX_SLOTS][VEC], theta_sums[MAX_SLOTS][VEC] = {};
+    {
+        BfVector<VEC> theta_raw[MAX_SLOTS];
+        load_owned<VEC>(theta_raw, args.mix_proj + (long long)r * args.d, 0, args.vectors, slots);
+#pragma unroll
+        for (int slot = 0; slot < MAX_SLOTS; slot++)
+            vector_to_floats<VEC>(theta_raw[slot], theta[slot]);
+    }
+    float bias_sum = 0.0f; /* thread 0 */
+    int parity = 0;
+
+    const int first = (int)((long long)args.tokens * range / ranges);
+    const int last = (int)((long long)args.tokens * (range + 1) / ranges);
+    for (int t = first; t < last; t++) {
+        const long long row_start = (long long)t * args.vectors;
+        BfVector<VEC> o_raw[MAX_SLOTS], dout_raw[MAX_SLOTS], grad_raw[MAX_SLOTS];
+        load_owned<VEC>(o_raw, stream, row_start, args.vectors, slots);
+        load_owned<VEC>(dout_raw, args.dout, row_start, args.vectors, slots);
+        if (dstream)
+            load_owned_mutable<VEC>(grad_raw, dstream, row_start, args.vectors, slots);
+        float o[MAX_SLOTS][VEC], dy[MAX_SLOTS][VEC], gate_dot = 0.0f, theta_dot = 0.0f;
+#pragma unroll
+        for (int slot = 0; slot < MAX_SLOTS; slot++) {
+            if (slot >= slots)
+                continue;
+            vector_to_floats<VEC>(o_raw[slot], o[slot]);
+            vector_to_floats<VEC>(dout_raw[slot], dy[slot]);
+#pragma unroll
+            for (int i = 0; i < VEC; i++) {
+                gate_dot += dy[slot][i] * o[slot][i];
+                theta_dot += theta[slot][i] * o[slot][i];
+            }
+        }
+        block_sum_pair(&gate_dot, &theta_dot, sums, parity);
+        parity ^= 1;
+        const float w = args.gates[(long long)t * m + r], rho = args.rstd[(long long)t * m + r];
+        const float dg = (float)((double)gate_dot * w * (1.0 - w));
+        if (threadIdx.x == 0)
+            bias_sum += dg;
+        const float mean = dg * rho * theta_dot * args.inverse_width; /* mean_d(du u) */
+#pragma unroll
+        for (int slot = 0; slot < MAX_SLOTS; slot++) {
+            const int v = slot * blockDim.x + threadIdx.x;
+            if (slot >= slots || v >= args.vectors)
+                continue;
+            float grad[VEC];
+            if (dstream)
+                vector_to_floats<VEC>(grad_raw[slot], grad);
+#pragma unroll
+            for (int i = 0; i < VEC; i++) {
+                const float u = o[slot][i] * rho;
+                theta_sums[slot][i] += dg * u;
+                if (dstream)
+                    grad[i] += w * dy[slot][i] + rho * (dg * theta[slot][i] - u * mean);
+            }
+            if (dstream)
+                vector_store<VEC>(dstream, row_start + v, vector_from_floats<VEC>(grad));
+        }
+    }
+
+#pragma unroll
+    for (int slot = 0; slot < MAX_SLOTS; slot++) {
+        const int v = slot * blockDim.x + threadIdx.x;
+        if (slot >= slots || v >= args.vectors)
+            continue;
+        float *partial = args.partials + ((long long)range * m + r) * args.d + (long long)v * VEC;
+#pragma unroll
+        for (int i = 0; i < VEC; i++)
+            partial[i] = theta_sums[slot][i];
+    }
+    if (threadIdx.x == 0)
+        args.partials[(long long)ranges * m * args.d + (long long)range * m + r] = bias_sum;
+}
+
+static void mix_check_shape(int m, int d)
+{
+    stream_check_width(d);
+    if (m < 1 || m > CUDA_STREAM_MAX_STREAMS)
+        fatal(EXIT_CONFIG, "residual.streams = %d: the cuda stream mix takes 1 to %d streams", m,
+              CUDA_STREAM_MAX_STREAMS);
+}
+
+extern "C" void cuda_stream_mix_forward(bf16 *out, float *gates, float *rstd,
+                                        const bf16 *const *streams, int m, const float *mix_bias,
+                                        const bf16 *mix_proj, int tokens, int d, float eps,
+                                        cudaStream_t stream)
+{
+    mix_check_shape(m, d);
+    if (tokens <= 0)
+        return;
+    MixForwardArgs args;
+    const void *pointers[CUDA_STREAM_MAX_STREAMS + 2];
+    int count = 0;
+    for (int r = 0; r < CUDA_STREAM_MAX_STREAMS; r++) {
+        args.streams[r] = r < m ? streams[r] : NULL;
+        if (r < m)
+            pointers[count++] = streams[r];
+    }
+    pointers[count++] = out;
+    pointers[count++] = mix_proj;
+    RowShape shape = row_shape(d, 1, pointers, count);
+    args.out = out;
+    args.gates = gates;
+    args.rstd = rstd;
+    args.mix_bias = mix_bias;
+    args.mix_proj = mix_proj;
+    args.eps = eps;
+    args.inverse_width = 1.0f / (float)d;
+    args.m = m;
+    args.tokens = tokens;
+    args.vectors = shape.vectors;
+    args.slots = shape.slots;
+#define LAUNCH(V)                                                                                \
+    do {                                                                                         \
+        int blocks = resident_blocks(stream_mix_forward_kernel<V>, shape.threads, 0,             \
+                                     "the cuda stream mix");                                     \
+        stream_mix_forward_kernel<V><<<blocks < tokens ? blocks : tokens, shape.threads, 0,       \
+                                       stream>>>(args);                                          \
+    } while (0)
+    switch (shape.vec) {
+    case 8: LAUNCH(8); break;
+    case 4: LAUNCH(4); break;
+    case 2: LAUNCH(2); break;
+    default: LAUNCH(1); break;
+    }
+#undef LAUNCH
+    CUDA_CHECK_LAUNCH();
+}
+
+extern "C" size_t cuda_stream_mix_backward_workspace_floats(int m, int tokens, int d)
+{
+    return tokens > 0 ? (size_t)partial_count(tokens) * m * ((size_t)d + 1) : 1;
+}
+
+extern "C" void cuda_stream_mix_backward(bf16 *const *dstreams, float *dmix_bias, float *dmix_proj,
+                                         const bf16 *dout, const bf16 *const *streams, int m,
+                                         const float *gates, const float *rstd,
+                                         const float *mix_bias, const bf16 *mix_proj, int tokens,
+                                         int d, float *workspace, cudaStream_t stream)
+{
+    mix_check_shape(m, d);
+    if (tokens <= 0)
+        return;
+    MixBackwardArgs args;
+    const void *pointers[2 * CUDA_STREAM_MAX_STREAMS + 2];
+    int count = 0;
+    for (int r = 0; r < CUDA_STREAM_MAX_STREAMS; r++) {
+        args.streams[r] = r < m ? streams[r] : NULL;
+        args.dstreams[r] = r < m ? dstreams[r] : NULL;
+        if (r < m) {
+            pointers[count++] = streams[r];
+            pointers[count++] = dstreams[r];
+        }
+    }
+    pointers[count++] = dout;
+    pointers[count++] = mix_proj;
+    RowShape shape = row_shape(d, 1, pointers, count);
+    const int ranges = partial_count(tokens);
+    args.partials = workspace;
+    args.dout = dout;
+    args.mix_proj = mix_proj;
+    args.gates = gates;
+    args.rstd = rstd;
+    args.inverse_width = 1.0f / (float)d;
+    args.m = m;
+    args.tokens = tokens;
+    args.d = d;
+    args.vectors = shape.vectors;
+    args.slots = shape.slots;
+    dim3 grid(ranges, m);
+#define LAUNCH(V) stream_mix_backward_kernel<V><<<grid, shape.threads, 0, stream>>>(args)
+    switch (shape.vec) {
+    case 8: LAUNCH(8); break;
+    case 4: LAUNCH(4); break;
+    case 2: LAUNCH(2); break;
+    default: LAUNCH(1); break;
+    }
+#undef LAUNCH
+    CUDA_CHECK_LAUNCH();
+
+    const long long count_theta = (long long)m * d;
+    stream_sum_partials_kernel<<<grid_stride_blocks(count_theta), STREAM_THREADS, 0, stream>>>(
+        dmix_proj, workspace, ranges, count_theta);
+    CUDA_CHECK_LAUNCH();
+    stream_sum_partials_kernel<<<1, STREAM_THREADS, 0, stream>>>(
+        dmix_bias, workspace + (long long)ranges * count_theta, ranges, m);
+    CUDA_CHECK_LAUNCH();
+    (void)mix_bias; /* the saved gates already hold beta's effect */
+}
