@@ -336,9 +336,12 @@ static inline int resident_blocks(Kernel kernel, int threads, size_t bytes, cons
     if (bytes > (size_t)limit)
         fatal(EXIT_CONFIG, "%s needs %zu bytes of shared memory a block, the device has %d "
               "(fewer sources, heads or a narrower model)", what, bytes, limit);
+    /* Raise the kernel's limit to the device's opt-in maximum, not to `bytes`: the attribute
+     * belongs to the kernel, so setting it per size would let a smaller launch lower it
+     * under a larger one whose answer is already cached here. */
     if (bytes > 48 * 1024)
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)bytes));
+                                        limit));
     int per_multiprocessor = 0;
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_multiprocessor, kernel,
                                                              threads, bytes));

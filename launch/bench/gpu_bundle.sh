@@ -4,6 +4,13 @@
 # .gpu-libs/ (git-ignored), so build/ and .gpu-libs/ can travel to a GPU machine.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# meson 1.0 does not ask nvcc for dependency files, so ninja misses edits to CUDA headers:
+# recompile every .cu when a header under kernels/cuda is newer than the library.
+library=build/kernels/libfathom_cuda.so
+if [ -f "$library" ] && [ -n "$(find kernels/cuda -name '*.h' -newer "$library" -o \
+                                   -name '*.cuh' -newer "$library")" ]; then
+  touch kernels/cuda/*.cu
+fi
 ninja -C build
 rm -rf .gpu-libs
 bundle=${FATHOM_BUNDLE_LIBS:-../shared/tools/bundle-libs}
