@@ -12,7 +12,9 @@
  *   <run_dir>/checkpoints/latest                          "step_00001000\n"
  *
  * index.h5, root attributes: format "fathom-checkpoint" (string), version 1 (int64), step,
- * consumed_samples, tokens_seen (int64), rng (uint64, the run's seed), config (string, the
+ * consumed_samples, tokens_seen, optimizer_steps (updates applied: the AdamW bias-correction
+ * count), skipped_steps (non-finite steps skipped) (int64), rng (uint64, the run's seed),
+ * config (string, the
  * resolved YAML), layout_pp, layout_dp, layout_virtual_stages (int64), layout_split (int32
  * array; a null dataspace when the split is even). Groups /model, /ema, /optim/exp_avg,
  * /optim/exp_avg_sq (only those saved) each hold one virtual dataset per tensor, named by
@@ -61,6 +63,7 @@ const char *checkpoint_group_path(int group);
 
 typedef struct {
     int64_t step, consumed_samples, tokens_seen;
+    int64_t optimizer_steps, skipped_steps;
     uint64_t rng_seed;              /* the run's seed (attribute `rng`) */
     const char *config_yaml;        /* resolved config text (attribute `config`) */
     int pp, dp, virtual_stages;     /* the layout that wrote the checkpoint */

@@ -18,6 +18,8 @@ static void meta_write(hid_t file, const CheckpointMeta *meta)
     h5_attribute_write_int64(file, "step", meta->step);
     h5_attribute_write_int64(file, "consumed_samples", meta->consumed_samples);
     h5_attribute_write_int64(file, "tokens_seen", meta->tokens_seen);
+    h5_attribute_write_int64(file, "optimizer_steps", meta->optimizer_steps);
+    h5_attribute_write_int64(file, "skipped_steps", meta->skipped_steps);
     h5_attribute_write_uint64(file, "rng", meta->rng_seed);
     h5_attribute_write_text(file, "config", meta->config_yaml ? meta->config_yaml : "");
     h5_attribute_write_int64(file, "layout_pp", meta->pp);
@@ -211,6 +213,8 @@ void checkpoint_read_meta(const char *dir, CheckpointMeta *meta, char **config_y
     meta->step = h5_attribute_read_int64(file, "step", index_path);
     meta->consumed_samples = h5_attribute_read_int64(file, "consumed_samples", index_path);
     meta->tokens_seen = h5_attribute_read_int64(file, "tokens_seen", index_path);
+    meta->optimizer_steps = h5_attribute_read_int64(file, "optimizer_steps", index_path);
+    meta->skipped_steps = h5_attribute_read_int64(file, "skipped_steps", index_path);
     meta->rng_seed = h5_attribute_read_uint64(file, "rng", index_path);
     meta->pp = (int)h5_attribute_read_int64(file, "layout_pp", index_path);
     meta->dp = (int)h5_attribute_read_int64(file, "layout_dp", index_path);

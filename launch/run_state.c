@@ -55,6 +55,8 @@ void run_state_save(const RunState *state, Model *model, const Config *config)
         .step = state->step,
         .consumed_samples = state->consumed_samples,
         .tokens_seen = state->tokens_seen,
+        .optimizer_steps = state->optimizer_steps,
+        .skipped_steps = state->skipped_steps,
         .rng_seed = config->seed,
         .config_yaml = config_yaml,
         .pp = config->parallel.pp,
@@ -152,6 +154,8 @@ void run_state_restore(RunState *state, Model *model, const Config *config,
     state->step = meta.step;
     state->consumed_samples = meta.consumed_samples;
     state->tokens_seen = meta.tokens_seen;
+    state->optimizer_steps = meta.optimizer_steps;
+    state->skipped_steps = meta.skipped_steps;
     free(tensors);
     free(saved_yaml);
 }

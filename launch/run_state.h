@@ -17,6 +17,7 @@ typedef struct {
     float *exp_avg, *exp_avg_sq; /* AdamW moments, flat */
     float *ema;                  /* NULL when optim.ema_decay == 0 */
     int64_t step, consumed_samples, tokens_seen;
+    int64_t optimizer_steps, skipped_steps; /* AdamW updates applied; non-finite steps skipped */
 } RunState;
 
 /* Allocates zeroed moments (and the EMA when enabled) for the model's parameter table. */

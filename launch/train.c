@@ -177,7 +177,8 @@ int train_main(int argc, char **argv)
         .count = table->total,
         .ranges = ranges,
         .n_ranges = table->n_params,
-        .step = (int)state.step,
+        .step = (int)state.optimizer_steps,
+        .skipped = (int)state.skipped_steps,
     };
 
     signal(SIGTERM, request_stop);
@@ -214,6 +215,8 @@ int train_main(int argc, char **argv)
         state.step = step;
         state.consumed_samples += config.train.global_batch_size;
         state.tokens_seen += tokens_per_step;
+        state.optimizer_steps = optimizer.step;
+        state.skipped_steps = optimizer.skipped;
         saved_last = false;
 
         window.loss_sum += loss.loss;

@@ -50,6 +50,7 @@ static CheckpointMeta meta_make(int64_t step)
 {
     CheckpointMeta meta = {
         .step = step, .consumed_samples = step * 32, .tokens_seen = step * 32 * 128,
+        .optimizer_steps = step - 2, .skipped_steps = 2,
         .rng_seed = 0xFEEDFACECAFEBEEFull, .config_yaml = CONFIG_TEXT,
         .pp = 2, .dp = 4, .virtual_stages = 2, .n_layer_split = 4,
         .layer_split = {3, 2, 2, 1},
@@ -141,6 +142,8 @@ Test(checkpoint, read_meta_returns_what_save_wrote)
     cr_assert_eq(meta.step, 1200);
     cr_assert_eq(meta.consumed_samples, saved.consumed_samples);
     cr_assert_eq(meta.tokens_seen, saved.tokens_seen);
+    cr_assert_eq(meta.optimizer_steps, saved.optimizer_steps);
+    cr_assert_eq(meta.skipped_steps, saved.skipped_steps);
     cr_assert_eq(meta.rng_seed, saved.rng_seed);
     cr_assert_str_eq(config, CONFIG_TEXT);
     cr_assert_eq(meta.config_yaml, config);

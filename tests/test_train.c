@@ -228,3 +228,27 @@ Test(train, non_finite_steps_past_max_skipped_exit_4, .timeout = 60)
     cr_assert(strstr(output, "train.max_skipped"), "message:\n%s", output);
     test_remove_tree(dir);
 }
+
+/* The first update blows the weights up (lr 1e30, no clipping): every later step is
+ * non-finite and skipped. The checkpoint records both counts, so a resumed run continues the
+ * AdamW bias correction where the updates stopped, not at the step number. */
+Test(train, checkpoints_record_applied_and_skipped_updates, .timeout = 60)
+{
+    char dir[256], command[1024];
+    test_make_temp_dir(dir, "train-skipped");
+    tiny_config_write(dir, "checkpoint:\n  every: 4\n");
+    int code = tiny_train(dir,
+                          "--set optim.lr=1e30 --set optim.warmup_steps=0 "
+                          "--set optim.grad_clip=0 --set train.max_skipped=10 "
+                          "--set train.steps=4",
+                          output, sizeof output);
+    cr_assert_eq(code, 0, "exit %d:\n%s", code, output);
+    snprintf(command, sizeof command,
+             "python3 -c \"import h5py; a = h5py.File('%s/run/checkpoints/step_00000004/"
+             "index.h5', 'r').attrs; print(a['step'], a['optimizer_steps'], "
+             "a['skipped_steps'])\"",
+             dir);
+    cr_assert_eq(test_run_command(command, output, sizeof output), 0, "%s", output);
+    cr_assert(strstr(output, "4 1 3"), "step, optimizer_steps, skipped_steps: %s", output);
+    test_remove_tree(dir);
+}
