@@ -9,7 +9,9 @@
  * RMS floor of 1e-3 under the reference norm: at T = 1 the exact dq and dk are zero and the
  * GPU's (dout . v - dout . out) is a rounding residue, not an error.
  * Shapes (B, T, n_heads, n_kv_heads, head_dim) cover one token, ragged tails (T not a
- * multiple of the 64 / 128 tiles), grouped heads, head_dim 64, 80 (no power of two) and 128.
+ * multiple of the 64 / 128 tiles, including blocks where a whole warpgroup's rows lie past T),
+ * grouped and ungrouped heads, head_dim 64, 80 (no power of two) and 128, and a sequence long
+ * enough that every shared-memory ring of the kernels wraps several times.
  */
 #include "kernels/cpu/kernels_cpu.h"
 #include "kernels/cuda/attention_cuda.h"
@@ -198,6 +200,8 @@ static const Shape grouped_ragged_64 = {2, 77, 4, 2, 64};
 static const Shape grouped_ragged_128 = {1, 300, 8, 2, 128};
 static const Shape grouped_ragged_80 = {1, 129, 6, 3, 80};
 static const Shape wide_128 = {2, 256, 32, 8, 128};
+static const Shape ungrouped_64 = {2, 200, 3, 3, 64};
+static const Shape long_64 = {1, 1000, 2, 1, 64};
 
 Test(cuda_attention, forward_matches_cpu_for_a_single_token)
 {
@@ -224,6 +228,16 @@ Test(cuda_attention, forward_matches_cpu_with_32_heads_over_8_kv_heads)
     check_forward(wide_128, 105);
 }
 
+Test(cuda_attention, forward_matches_cpu_without_grouped_heads)
+{
+    check_forward(ungrouped_64, 106);
+}
+
+Test(cuda_attention, forward_matches_cpu_over_many_key_blocks)
+{
+    check_forward(long_64, 107);
+}
+
 Test(cuda_attention, backward_matches_cpu_for_a_single_token)
 {
     check_backward(single_token, 201);
@@ -247,6 +261,16 @@ Test(cuda_attention, backward_matches_cpu_for_head_dim_80)
 Test(cuda_attention, backward_matches_cpu_with_32_heads_over_8_kv_heads)
 {
     check_backward(wide_128, 205);
+}
+
+Test(cuda_attention, backward_matches_cpu_without_grouped_heads)
+{
+    check_backward(ungrouped_64, 206);
+}
+
+Test(cuda_attention, backward_matches_cpu_over_many_key_blocks)
+{
+    check_backward(long_64, 207);
 }
 
 /* dq, dk, dv start at random values of the gradients' own size: the result must be

@@ -12,36 +12,47 @@
  *
  * Flash-attention manner: no T x T matrix exists. Scores, softmax, log-sum-exp and every
  * sum are fp32; the tensor cores see bf16 operands (q, k, v, dout, and the probabilities
- * and score gradients rounded once to bf16) with fp32 accumulators.
- * Forward: one CTA per (128 queries, head, batch) walks its key blocks of 64 with an online
- * softmax (running max and sum in fp32), keys double-buffered in shared memory.
- * Backward (FA2): a preprocess kernel writes delta[b,h,t] = sum_i dout[b,t,h,i] out[b,t,h,i]
- * into the workspace; one CTA per (64 keys, kv head, batch) accumulates dk, dv in registers
- * over every query head of its group and every query block at or after it; one CTA per
- * (64 queries, head, batch) accumulates dq over its key blocks. Each gradient element is
- * summed by one thread in a fixed order: no atomics, bitwise-identical run to run.
+ * and score gradients rounded once to bf16) with fp32 accumulators. Hopper warpgroup MMAs
+ * (wgmma, sm_90a): the file is built for sm_90a only.
+ * Forward: one CTA of two warpgroups per (128 queries, head, batch) walks its key blocks of 64
+ * with an online softmax in base 2 (running max and sum in fp32); K, V move through a ring of
+ * four shared-memory stages; each warpgroup computes the softmax of block i while the tensor
+ * cores run block i - 1's P V.
+ * Backward (FA2 order, deterministic): a preprocess kernel writes delta[b,h,t] = sum_i
+ * dout[b,t,h,i] out[b,t,h,i] into the workspace; one CTA of two warpgroups per (128 keys, kv
+ * head, batch) accumulates dk, dv in registers over every query head of its group and every
+ * query block at or after it; one CTA of two warpgroups per (128 queries, head, batch)
+ * accumulates dq over its key blocks. Each gradient element is summed by one thread in a
+ * fixed order: no atomics, bitwise-identical run to run.
  *
  * Gradients: with accumulate = true the backward ADDS, as the op table says (read the bf16
  * gradient, add in fp32, round once); with accumulate = false it overwrites and skips that
  * read (for a gradient buffer that would only have been zeroed).
  *
- * How fast this should be (Llama-3-8B attention: B 1, T 4096, 32 query heads, 8 kv heads,
- * head_dim 128; causal FLOPs counted once):
- *   forward   4 B T^2 H hd / 2 = 137.4 GFLOP; bytes q, k, v, out, lse = 84 MB.
- *             Floor on an H200: 137.4e9 / 790e12 = 0.174 ms (the 84 MB take 20 us at
- *             4.3 TB/s): compute-bound.
- *   backward  2.5 x forward = 343.6 GFLOP for the five products of the fused form; bytes
- *             q, k, v, out, dout, lse read, dq, dk, dv written = 168 MB (+ 50 MB read when
- *             accumulating). Floor: 0.435 ms. This implementation computes S and dP twice
- *             (once for dk/dv, once for dq, the price of a deterministic dq without atomics):
- *             7 products, 481 GFLOP, so its own floor is 0.61 ms.
- * mma.sync m16n8k16 from ldmatrix'd shared memory with 16 rows a warp is limited by
- * shared-memory bandwidth on Hopper (two products per 512-byte ldmatrix); expect about
- * 35-50% of the bf16 dense rate: forward ~0.35-0.5 ms, backward ~1.2-1.7 ms. wgmma would be
- * the next step. Resources (ptxas, head_dim 128, no spills): forward 186 registers, 102 KiB
- * shared, 1 CTA of 8 warps an SM; dk/dv 255 registers and dq 204, 103 KiB shared each, 2
- * CTAs of 4 warps an SM. The dk/dv grid is uneven (key block 0 sees every query block of
- * every head of its group): it is launched heaviest first.
+ * How fast this should be (causal FLOPs counted once; H200: 790 TFLOP/s bf16 dense measured,
+ * 4.3 TB/s copy):
+ *   Llama-3-8B attention, B 1, T 4096, 32 query heads, 8 kv heads, head_dim 128:
+ *     forward   4 B T^2 H hd / 2 = 137.4 GFLOP; q, k, v, out, lse = 84 MB (20 us).
+ *               Floor 0.174 ms: compute-bound.
+ *     backward  the five products of the fused form are 2.5 x forward = 343.6 GFLOP (floor
+ *               0.435 ms); this implementation computes S and dP twice (once for dk, dv, once
+ *               for dq: the price of a deterministic dq without atomics), 7 products,
+ *               481 GFLOP, so its own floor is 0.61 ms. Bytes: q, k, v, out, dout, lse read,
+ *               dq, dk, dv written = 168 MB (39 us; + 50 MB read when accumulating).
+ *   B 32, T 1024, 16 query heads, 8 kv heads, head_dim 80:
+ *     forward   85.9 GFLOP, 254 MB: floor 0.109 ms (the bytes alone 59 us).
+ *     backward  214.7 GFLOP fused (0.27 ms), 300.6 GFLOP here: floor 0.38 ms; 506 MB (118 us).
+ *   Expected here: 55-65% of the measured dense rate in the main loops (the softmax and the
+ *   p / ds elementwise work sit beside the products, not hidden behind them everywhere),
+ *   less prologue and epilogue for short key walks: forward ~0.28 ms (head_dim 128) and
+ *   ~0.20 ms (head_dim 80), backward ~0.9 ms and ~0.65 ms. The mma.sync version this replaced
+ *   measured 0.706 / 1.692 ms and 0.608 / 1.493 ms.
+ * Resources (ptxas, sm_90a, no spills, no serialised wgmma), registers per thread for
+ * head_dim 128 / 80 / 64, CTAs of 256 threads:
+ *   forward  164 / 128 / 128, shared 160 / 100 / 80 KiB: 1 CTA an SM for 128, 2 for 80, 64;
+ *   dk, dv   246 / 212 / 190, dq 204 / 186 / 164, shared 161.5 / 101.5 / 81.5 KiB: 1 CTA.
+ * The dk/dv grid is uneven (key block 0 sees every query block of every head of its group):
+ * it is launched heaviest first, as are the query blocks of the other two kernels.
  *
  * Outputs must not alias inputs; `out` and `lse` of the forward are what the backward reads.
  */
