@@ -20,13 +20,15 @@
  * per-block partials (a fixed partition of the tokens) added in block order by a second
  * small kernel. No atomics.
  *
- * Route (route_cuda.cu, route_backward_cuda.cu). One block a token at a time, each thread
- * owning up to 16 channels of the row (16-byte loads where head_dim % 8 == 0 and the
- * pointers are 16-byte aligned; narrower loads otherwise). The forward reads each source
- * row ONCE: the sum of squares and the per-head dots <q*g, s> come from the same read, the
- * depth softmax is online (running max and sum per head) and the mix of raw sources is a
- * running sum rescaled like flash attention's. The backward reads each source row twice
- * (dots, then the gradients; the second read finds the row in L2).
+ * Route (route_cuda.cu, route_backward_cuda.cu). One block a token at a time (a persistent
+ * grid), each thread owning up to 16 channels of the row (16-byte loads where head_dim % 8
+ * == 0 and the pointers are 16-byte aligned; narrower loads otherwise). The forward reads
+ * each source row ONCE: a thread copies its vectors of all N rows of the token (up to 9 at
+ * once; more come in passes) into shared memory with cp.async, then the sums of squares and
+ * the per-head dots <q*g, s> of all sources are reduced together (three barriers a token,
+ * none a source), the depth softmax is taken over all N scores at once (online across
+ * passes), and the mix is summed from the rows still in shared memory. The backward reads
+ * each source row twice (dots, then the gradients; the second read finds the row in L2).
  * Scores use the fused identity z = r * <q*g, s>: DESIGN 2.1 rounds khat = cast(s*r) to the
  * activation dtype before * g. The difference is that rounding of each term (relative
  * 2^-9, averaging out over the head) and the fused form is the one the fp32 cpu reference
@@ -51,8 +53,16 @@
  * over forward and backward (squares, dot, rescaled sum; two dots, the gradient terms and
  * the channel sums): ~0.25 TFLOP per microbatch, ~4 ms at the fp32 rate (67 TFLOP/s; the
  * bf16 tensor cores' 790 TFLOP/s do not apply): memory-bound. The weights, rstd and the
- * backward's partial sums (264 x d floats a site) add under 1%. (The null source is a [d] row the model broadcasts
- * to [tokens, d]; reading it as a broadcast row would save 64 S per pass over the sites.)
+ * backward's partial sums (264 x d floats a site) add under 1%. (The null source is a [d]
+ * row the model broadcasts to [tokens, d]; reading it as a broadcast row would save 64 S per
+ * pass over the sites.)
+ * Forward at d 4096: 256 threads, 76 registers (72 for N <= 5; no spills), 8 KB of shared
+ * memory a row, so three blocks a multiprocessor (two at N = 9), each with a whole token's
+ * rows in flight: 72 KB (N = 2) to 216 KB (N = 8) a multiprocessor, against the ~33 KB a
+ * microsecond of latency that 4.3 TB/s asks of each of the 132. Per token and block about
+ * 10k warp instructions at N = 9, against ~21k issue slots a multiprocessor in the 2.7 us
+ * its 88 KB take at 4.3 TB/s: issue is not the limit either. Expected near the backward's
+ * 3.9 TB/s: ~8.5 ms for the 64 forwards (from 15.9 ms).
  *
  * MSAR (stream_cuda.cu): the causal depthwise convolution over the sequence (out and dx one
  * thread a vector of channels; dtaps through per-block partials) and the gated mix (one

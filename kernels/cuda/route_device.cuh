@@ -3,9 +3,13 @@
  *
  * Row layout. A block works on rows of d bf16 channels cut into `vectors` = d / VEC vectors
  * of VEC consecutive channels (VEC = 8 is one 16-byte load). Thread `tid` of a block of
- * `threads` (a multiple of 32) owns vectors v = slot * threads + tid, slot < slots, so a
- * warp's loads of one slot are 32 consecutive vectors (coalesced) and a thread holds at most
- * ROW_THREAD_CHANNELS channels (VEC * ROW_MAX_SLOTS(VEC)). Vectors past the row are idle.
+ * `threads` (a multiple of 32) owns `slots` vectors, in one of two placements:
+ *   strided      v = slot * threads + tid                (slot_place; backward, MSAR)
+ *   warp rows    v = (warp * slots + slot) * 32 + lane   (slot_place_at; the forward: a
+ *                warp's vectors are consecutive, so a large head is whole warps)
+ * Either way a warp's loads of one slot are 32 consecutive vectors starting at a multiple of
+ * 32 (coalesced) and a thread holds at most ROW_THREAD_CHANNELS channels
+ * (VEC * ROW_MAX_SLOTS(VEC)). Vectors past the row are idle.
  *
  * Heads. head_dim % VEC == 0, so a vector lies in one head: head(v) = v / head_vectors.
  * A per-head sum is made in two fixed-order steps:
@@ -159,6 +163,52 @@ __device__ __forceinline__ float warp_sum(float value)
     return value;
 }
 
+/* One halving step of warp_transpose_sum: a lane keeps the lower or upper half of its L
+ * values (upper when its OFFSET bit is set; the upper half is one shorter when L is odd) and
+ * adds its partner's copy of the same half. Afterwards values [0, ceil(L/2)) are live. */
+template <int L, int OFFSET>
+__device__ __forceinline__ void warp_transpose_step(float *x, int lane)
+{
+    constexpr int HALF = (L + 1) / 2;
+    const bool upper = (lane & OFFSET) != 0;
+#pragma unroll
+    for (int j = 0; j < HALF; j++) {
+        const float low = x[j], high = j + HALF < L ? x[j + HALF] : 0.0f;
+        const float keep = upper ? high : low, send = upper ? low : high;
+        x[j] = keep + __shfl_xor_sync(0xffffffffu, send, OFFSET);
+    }
+}
+
+/* Sums V values (V <= 32) over the warp at once, a reduce-scatter: on return this lane holds
+ * the warp's sum of value *index, or *index = -1 (it holds padding). Five halving steps
+ * (offsets 16, 8, 4, 2, 1) take ceil(V/2) + ceil(V/4) + ... shuffles where V warp_sums take
+ * 5 V. Each sum is the same butterfly tree whatever its index (a + b == b + a), so equal
+ * inputs give equal sums, and the order is fixed: deterministic. All lanes call it. */
+template <int V>
+__device__ __forceinline__ float warp_transpose_sum(float (&x)[V], int lane, int *index)
+{
+    static_assert(V >= 1 && V <= 32, "warp_transpose_sum takes 1 to 32 values");
+    constexpr int L1 = (V + 1) / 2, L2 = (L1 + 1) / 2, L3 = (L2 + 1) / 2, L4 = (L3 + 1) / 2;
+    warp_transpose_step<V, 16>(x, lane);
+    warp_transpose_step<L1, 8>(x, lane);
+    warp_transpose_step<L2, 4>(x, lane);
+    warp_transpose_step<L3, 2>(x, lane);
+    warp_transpose_step<L4, 1>(x, lane);
+    /* walk back from position 0 after the last step: an upper lane of the step from L to
+     * L' values held positions L' .. L - 1; a position past L was padding */
+    const int lengths[6] = {V, L1, L2, L3, L4, 1};
+    int position = 0;
+    bool valid = true;
+#pragma unroll
+    for (int step = 4; step >= 0; step--) {
+        if (lane & (16 >> step))
+            position += lengths[step + 1];
+        valid = valid && position < lengths[step];
+    }
+    *index = valid ? position : -1;
+    return x[0];
+}
+
 /* Sums `value` over the lanes of this lane's segment (consecutive lanes whose vectors share a
  * head). `reach` = vectors from this lane's to the end of its head (hv - v % hv). Afterwards
  * a lane holds the sum over itself and the following lanes of its segment; the first lane of
@@ -207,12 +257,14 @@ struct SlotPlace {
     int head_start;    /* v is the head's first vector: this lane speaks for the head */
 };
 
-__device__ __forceinline__ SlotPlace slot_place(int slot, int threads, int vectors,
-                                                int head_vectors, int segment_period)
+/* The place of this thread's vector `vector`; the vectors of one slot of a warp must be 32
+ * consecutive ones starting at a multiple of 32, lane i holding the i-th. */
+__device__ __forceinline__ SlotPlace slot_place_at(int vector, int vectors, int head_vectors,
+                                                   int segment_period)
 {
     SlotPlace place;
     int lane = threadIdx.x & 31;
-    place.vector = slot * threads + (int)threadIdx.x;
+    place.vector = vector;
     place.valid = place.vector < vectors;
     place.head = place.vector / head_vectors;
     int offset_in_head = place.vector % head_vectors;
@@ -224,6 +276,14 @@ __device__ __forceinline__ SlotPlace slot_place(int slot, int threads, int vecto
     place.last_segment =
         segment_index((place.head + 1) * head_vectors - 1, head_vectors, segment_period);
     return place;
+}
+
+/* the strided placement: v = slot * threads + tid */
+__device__ __forceinline__ SlotPlace slot_place(int slot, int threads, int vectors,
+                                                int head_vectors, int segment_period)
+{
+    return slot_place_at(slot * threads + (int)threadIdx.x, vectors, head_vectors,
+                         segment_period);
 }
 
 /* Starts copying this thread's vectors of row `row_start` (a vector offset) of `array` into
