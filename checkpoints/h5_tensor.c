@@ -9,16 +9,6 @@
 
 #include "runtime/error.h"
 
-/* HDF5 1.10 registers an atexit handler that closes every open file. After a failed write
- * (a full disk) that handler dereferences freed state and the process dies of SIGSEGV
- * instead of exiting 3 from fatal(). Files are closed explicitly on every success path and
- * abandoned with their .tmp directory on failure, so the handler has nothing to do: switch
- * it off before anything initialises the library. */
-__attribute__((constructor)) static void h5_atexit_disable(void)
-{
-    H5dont_atexit();
-}
-
 hid_t h5_bf16_type_create(void)
 {
     /* DESIGN 5: derived from IEEE fp32 by moving the fields, never a size-2 opaque blob, so

@@ -71,6 +71,16 @@ static herr_t h5_innermost_message(unsigned n, const H5E_error2_t *entry, void *
     return 0;
 }
 
+/* HDF5 1.10 registers an atexit handler that closes every open file. After a failed write
+ * (a full disk) that handler dereferences freed state and the process dies of SIGSEGV
+ * instead of exiting 3 from fatal(). Files are closed explicitly on every success path and
+ * abandoned with their .tmp directory on failure, so the handler has nothing to do: switch
+ * it off before anything initialises the library. */
+__attribute__((constructor)) static void h5_atexit_disable(void)
+{
+    H5dont_atexit();
+}
+
 void h5_quiet(void)
 {
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
