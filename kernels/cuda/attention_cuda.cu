@@ -1,19 +1,25 @@
 /* kernels/cuda/attention_cuda.cu — causal grouped-KV flash attention, forward
  * (see attention_cuda.h; fragment and tile layouts in attention_tiles.cuh).
  *
- * One CTA of two warpgroups takes 128 queries of one head; warpgroup w owns rows
- * 64w .. 64w+63 and keeps their output accumulators [64, head_dim] fp32 and running max / sum
- * in registers. Key blocks of 64 are walked from the diagonal down to 0 (only a warpgroup's
- * first block, its diagonal one, needs the causal mask). K and V move through a ring of four
- * shared-memory stages, loaded two blocks ahead by the whole CTA.
+ * K and V cross L2 once per KV group, not once per query head: one CTA of four warpgroups
+ * takes 256 query rows that all read the same K, V, namely the same 64 queries of the four
+ * query heads of a group (heads_per_block 4: group size 4, 8, ...), or 128 queries of two
+ * heads (group size 2, 6, ...), or 256 queries of one head (odd group sizes). Each warpgroup
+ * owns 64 rows of one head and keeps their output accumulators [64, head_dim] fp32 and running
+ * max / sum in registers. Every K, V tile in shared memory feeds 256 rows, so the bytes read
+ * through L2 per FLOP are half those of a 128-row CTA; stacking a group's heads rather than
+ * more queries of one head keeps the four warpgroups on the same diagonal (none idles while
+ * the others mask). Key blocks of 64 are walked from the diagonal down to 0 (only a
+ * warpgroup's first block, its diagonal one, needs the causal mask). K and V move through a
+ * ring of three shared-memory stages, loaded two blocks ahead by the whole CTA.
  *
- * Each warpgroup overlaps its softmax with the tensor cores: iteration i issues the scores
- * S_i = Q K_i^T and the previous block's O += P_{i-1} V_{i-1} together, waits for S_i only,
- * computes P_i while the second product runs, then waits for it and rescales O to the new
- * running max (skipped by a warp whose rows kept their max); the next block's loads are
- * issued behind the products, in their shadow. The softmax runs in base 2 with
- * the 1/sqrt(head_dim) * log2(e) scale folded into one FMA per score. CTAs are launched
- * heaviest first (the last query block sees every key) so the tail of the grid is short CTAs.
+ * 512 threads leave 128 registers a thread: O (64 at head_dim 128), the scores (32) and the
+ * probabilities (16) cannot all be live at once, so a warpgroup runs its block in order (S_i =
+ * Q K_i^T, softmax, rescale O to the new running max, O += P_i V_i) and the four warpgroups of
+ * the multiprocessor overlap one another's softmax with the tensor cores. The softmax runs in
+ * base 2 with the 1/sqrt(head_dim) * log2(e) scale folded into one FMA per score. CTAs are
+ * launched heaviest first (the last query block sees every key) so the tail of the grid is
+ * short CTAs.
  */
 #include "kernels/cuda/attention_cuda.h"
 #include "kernels/cuda/attention_tiles.cuh"
@@ -21,28 +27,34 @@
 #include <cuda_runtime.h>
 #include <math.h>
 
-#define FORWARD_BLOCK_QUERIES 128 /* two warpgroups of WARPGROUP_ROWS */
+#define FORWARD_WARPGROUPS 4 /* 512 threads: at most 128 registers a thread */
+#define FORWARD_ROWS (FORWARD_WARPGROUPS * WARPGROUP_ROWS) /* query rows a CTA holds */
 #define FORWARD_BLOCK_KEYS 64
-#define FORWARD_STAGES 4 /* K, V ring: block i + 2 loads while block i is computed and
-                          * block i - 1 still feeds O += P V */
-#define FORWARD_THREADS (2 * WARPGROUP_THREADS)
-static_assert(FORWARD_BLOCK_KEYS == 64 && FORWARD_BLOCK_QUERIES == 2 * WARPGROUP_ROWS,
+#define FORWARD_STAGES 3 /* K, V ring: block i + 2 loads into the stage block i - 1 left
+                          * while block i is computed */
+#define FORWARD_THREADS (FORWARD_WARPGROUPS * WARPGROUP_THREADS)
+static_assert(FORWARD_BLOCK_KEYS == 64 && WARPGROUP_ROWS == 64,
               "the score and probability fragments below hold 64 x 64 tiles");
 
-/* Q tile [128, HEAD_DIM], then the K ring and the V ring [FORWARD_STAGES][64, HEAD_DIM], all
- * packed; the fp32 output staging area of the end reuses the same memory. */
+/* Q tile [FORWARD_ROWS, HEAD_DIM] (the warpgroups' 64-row tiles one after the other), then the
+ * K ring and the V ring [FORWARD_STAGES][64, HEAD_DIM], all packed; the fp32 output staging
+ * area of the end reuses the same memory. */
 template <int HEAD_DIM>
 __host__ __device__ static constexpr size_t forward_shared_bytes(void)
 {
-    return (size_t)(FORWARD_BLOCK_QUERIES + 2 * FORWARD_STAGES * FORWARD_BLOCK_KEYS) * HEAD_DIM *
+    return (size_t)(FORWARD_ROWS + 2 * FORWARD_STAGES * FORWARD_BLOCK_KEYS) * HEAD_DIM *
            sizeof(__nv_bfloat16);
 }
 
-/* head_dim 64 and 80 fit two CTAs in one multiprocessor's shared memory (80 and 100 KiB):
- * asking for 2 caps the registers at 128 a thread so that they also fit there. */
-__host__ __device__ static constexpr int forward_blocks_per_multiprocessor(int head_dim)
+/* The query heads one CTA takes, all of one KV group: the largest count that divides both
+ * the group (n_heads / n_kv_heads) and FORWARD_WARPGROUPS (a power of two), so 1, 2 or 4. Its
+ * warpgroups hold FORWARD_WARPGROUPS / heads query tiles of 64 for each head. */
+static int forward_heads_per_block(int n_heads, int n_kv_heads)
 {
-    return head_dim < 128 ? 2 : 1;
+    int group = n_heads / n_kv_heads, heads = FORWARD_WARPGROUPS;
+    while (group % heads != 0)
+        heads /= 2;
+    return heads;
 }
 
 /* Base-2 online softmax over one block of scores s [64 rows, 64 keys] (a thread holds two rows
@@ -79,38 +91,43 @@ static __device__ __forceinline__ void softmax_block(float (&s)[FORWARD_BLOCK_KE
 }
 
 /* out [B, T, n_heads, HEAD_DIM], lse [B, n_heads, T] from q [B, T, n_heads, HEAD_DIM], k, v
- * [B, T, n_kv_heads, HEAD_DIM]; grid (n_heads, B, query blocks), FORWARD_THREADS threads;
- * scale_log2 = log2(e) / sqrt(HEAD_DIM). */
+ * [B, T, n_kv_heads, HEAD_DIM]; grid (n_heads / heads_per_block, B, query blocks of
+ * FORWARD_ROWS / heads_per_block), FORWARD_THREADS threads; heads_per_block divides both
+ * n_heads / n_kv_heads and FORWARD_WARPGROUPS; scale_log2 = log2(e) / sqrt(HEAD_DIM). */
 template <int HEAD_DIM>
-__global__ void __launch_bounds__(FORWARD_THREADS, forward_blocks_per_multiprocessor(HEAD_DIM))
+__global__ void __launch_bounds__(FORWARD_THREADS, 1)
 attention_forward_kernel(__nv_bfloat16 *out, float *lse, const __nv_bfloat16 *q,
                          const __nv_bfloat16 *k, const __nv_bfloat16 *v, int T, int n_heads,
-                         int n_kv_heads, float scale_log2)
+                         int n_kv_heads, int heads_per_block, float scale_log2)
 {
-    constexpr int block_queries = FORWARD_BLOCK_QUERIES, block_keys = FORWARD_BLOCK_KEYS;
+    constexpr int block_keys = FORWARD_BLOCK_KEYS;
     constexpr int stage_elements = block_keys * HEAD_DIM;
     static_assert(forward_shared_bytes<HEAD_DIM>() >=
-                      (size_t)block_queries * (HEAD_DIM + STAGE_PAD) * sizeof(float),
+                      (size_t)FORWARD_ROWS * (HEAD_DIM + STAGE_PAD) * sizeof(float),
                   "the output staging area must fit in the tiles' memory");
     extern __shared__ __align__(128) unsigned char shared[];
     __nv_bfloat16 *q_tile = reinterpret_cast<__nv_bfloat16 *>(shared);
-    __nv_bfloat16 *k_ring = q_tile + block_queries * HEAD_DIM;
+    __nv_bfloat16 *k_ring = q_tile + FORWARD_ROWS * HEAD_DIM;
     __nv_bfloat16 *v_ring = k_ring + FORWARD_STAGES * stage_elements;
 
-    int head = blockIdx.x, batch = blockIdx.y;
+    /* warpgroup w takes head first_head + w % heads_per_block, query tile w / heads_per_block;
+     * every head of the CTA belongs to one KV group, so one K, V walk serves all its rows */
+    int first_head = blockIdx.x * heads_per_block, batch = blockIdx.y;
+    int block_queries = FORWARD_ROWS / heads_per_block;
     int query_block = gridDim.z - 1 - blockIdx.z;
-    int kv_head = head / (n_heads / n_kv_heads);
+    int kv_head = first_head / (n_heads / n_kv_heads);
     /* broadcast from lane 0, so the compiler sees it is warp-uniform: a product under a branch
      * it cannot prove uniform would be serialised */
     int group = __shfl_sync(0xffffffffu, (int)threadIdx.x / WARPGROUP_THREADS, 0);
+    int head = first_head + group % heads_per_block;
     int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
     int g = lane / 4, c = lane % 4;
     size_t q_stride = (size_t)n_heads * HEAD_DIM, kv_stride = (size_t)n_kv_heads * HEAD_DIM;
-    const __nv_bfloat16 *q_base = q + (size_t)batch * T * q_stride + (size_t)head * HEAD_DIM;
+    const __nv_bfloat16 *q_batch = q + (size_t)batch * T * q_stride;
     const __nv_bfloat16 *k_base = k + (size_t)batch * T * kv_stride + (size_t)kv_head * HEAD_DIM;
     const __nv_bfloat16 *v_base = v + (size_t)batch * T * kv_stride + (size_t)kv_head * HEAD_DIM;
     int query0 = query_block * block_queries;
-    int group_row0 = query0 + group * WARPGROUP_ROWS;
+    int group_row0 = query0 + group / heads_per_block * WARPGROUP_ROWS;
     /* CTA iteration i holds key block last_block - i */
     int last_block = (min(T, query0 + block_queries) - 1) / block_keys;
     int blocks = last_block + 1;
@@ -129,8 +146,11 @@ attention_forward_kernel(__nv_bfloat16 *out, float *lse, const __nv_bfloat16 *q,
             v_ring + stage * stage_elements, v_base, kv_stride, key0, T);
     };
     /* groups in flight: {Q, block 0}, {block 1} (possibly empty) */
-    packed_tile_load_async<block_queries, HEAD_DIM, FORWARD_THREADS>(q_tile, q_base, q_stride,
-                                                                     query0, T);
+    for (int slot = 0; slot < FORWARD_WARPGROUPS; slot++)
+        packed_tile_load_async<WARPGROUP_ROWS, HEAD_DIM, FORWARD_THREADS>(
+            q_tile + slot * WARPGROUP_ROWS * HEAD_DIM,
+            q_batch + (size_t)(first_head + slot % heads_per_block) * HEAD_DIM, q_stride,
+            query0 + slot / heads_per_block * WARPGROUP_ROWS, T);
     load_block(0);
     copy_async_commit();
     if (blocks > 1)
@@ -141,45 +161,33 @@ attention_forward_kernel(__nv_bfloat16 *out, float *lse, const __nv_bfloat16 *q,
 #pragma unroll
     for (int t = 0; t < HEAD_DIM / 8; t++)
         o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
-    float s[block_keys / 8][4] = {}; /* defined before the first product reads it (scale-d 0) */
-    uint32_t p[4][4]; /* the previous block's probabilities, as A operands (k = 16j ..) */
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
-
-    /* loads block i + 2 into the stage of block i - 2 (possibly nothing: the group count
-     * stays uniform) */
-    auto load_ahead = [&](int i) {
-        if (i + 2 < blocks)
-            load_block(i + 2);
-        copy_async_commit();
-    };
-    /* S_i = Q K_i^T */
-    auto issue_scores = [&](int i) {
-        warpgroup_fence();
-        warpgroup_rows_times_rows<HEAD_DIM>(s, q_rows,
-                                            k_ring + (i % FORWARD_STAGES) * stage_elements);
-        warpgroup_commit();
-    };
 
     for (int i = 0; i < blocks; i++) {
         /* block i has landed (block i + 1 may be in flight); every warpgroup is past
-         * iteration i - 1, so the stage of block i - 2 is free for block i + 2 */
+         * iteration i - 1, whose products it waited for, so the stage of block i - 1 is free
+         * for block i + 2 (possibly nothing: the group count stays uniform) */
         copy_async_wait<1>();
         fence_async_proxy();
         __syncthreads();
-        if (i < first) { /* this block lies wholly past the warpgroup's rows */
-            load_ahead(i);
+        if (i + 2 < blocks)
+            load_block(i + 2);
+        copy_async_commit();
+        if (i < first) /* this block lies wholly past the warpgroup's rows */
             continue;
-        }
-        /* The products are issued first, the loads after them (their address arithmetic runs
-         * in the products' shadow); each branch issues what it waits for, so the compiler can
-         * keep the products in flight. */
-        float correction[2];
+        const __nv_bfloat16 *k_tile = k_ring + (i % FORWARD_STAGES) * stage_elements;
+        const __nv_bfloat16 *v_tile = v_ring + (i % FORWARD_STAGES) * stage_elements;
+
+        /* S_i = Q K_i^T; s is defined before the product reads it (scale-d 0 ignores it) and
+         * dies with p below, so it holds no registers while O += P V runs */
+        float s[block_keys / 8][4] = {};
+        warpgroup_fence();
+        warpgroup_rows_times_rows<HEAD_DIM>(s, q_rows, k_tile);
+        warpgroup_commit();
+        warpgroup_wait<0>();
+        warpgroup_fence_accumulators(s);
         if (i == first) {
             /* the diagonal block: mask keys after the row (keys past T are among them) */
-            issue_scores(i);
-            load_ahead(i);
-            warpgroup_wait<0>();
-            warpgroup_fence_accumulators(s);
             int key0 = (last_block - i) * block_keys;
 #pragma unroll
             for (int t = 0; t < block_keys / 8; t++)
@@ -187,41 +195,26 @@ attention_forward_kernel(__nv_bfloat16 *out, float *lse, const __nv_bfloat16 *q,
                 for (int e = 0; e < 4; e++)
                     if (key0 + t * 8 + 2 * c + (e & 1) > query_row[e >> 1])
                         s[t][e] = -INFINITY;
-            softmax_block(s, row_max, row_sum, correction, scale_log2);
-        } else {
-            /* O += P_{i-1} V_{i-1} runs while the softmax of block i is computed */
-            issue_scores(i);
-            warpgroup_fence();
-            warpgroup_fragments_times_tile<HEAD_DIM>(
-                o, p, v_ring + ((i - 1) % FORWARD_STAGES) * stage_elements);
-            warpgroup_commit();
-            load_ahead(i);
-            warpgroup_wait<1>(); /* the scores; P V may still run */
-            warpgroup_fence_accumulators(s);
-            softmax_block(s, row_max, row_sum, correction, scale_log2);
-            warpgroup_wait<0>();
-            warpgroup_fence_accumulators(o);
-            warpgroup_fence_accumulators(s); /* p below is written only after the wait */
-            if (__any_sync(0xffffffffu, correction[0] != 1.0f || correction[1] != 1.0f)) {
+        }
+        float correction[2];
+        softmax_block(s, row_max, row_sum, correction, scale_log2);
+        if (__any_sync(0xffffffffu, correction[0] != 1.0f || correction[1] != 1.0f)) {
 #pragma unroll
-                for (int t = 0; t < HEAD_DIM / 8; t++) {
-                    o[t][0] *= correction[0];
-                    o[t][1] *= correction[0];
-                    o[t][2] *= correction[1];
-                    o[t][3] *= correction[1];
-                }
+            for (int t = 0; t < HEAD_DIM / 8; t++) {
+                o[t][0] *= correction[0];
+                o[t][1] *= correction[0];
+                o[t][2] *= correction[1];
+                o[t][3] *= correction[1];
             }
         }
+
+        /* O += P_i V_i */
+        uint32_t p[4][4]; /* the probabilities as A operands (k = 16j .. 16j+15) */
 #pragma unroll
         for (int j = 0; j < block_keys / 16; j++)
             accumulators_to_operand(p[j], s[2 * j], s[2 * j + 1]);
-    }
-
-    /* the last block's O += P V */
-    if (first < blocks) {
         warpgroup_fence();
-        warpgroup_fragments_times_tile<HEAD_DIM>(
-            o, p, v_ring + ((blocks - 1) % FORWARD_STAGES) * stage_elements);
+        warpgroup_fragments_times_tile<HEAD_DIM>(o, p, v_tile);
         warpgroup_commit();
         warpgroup_wait<0>();
         warpgroup_fence_accumulators(o);
@@ -253,7 +246,8 @@ attention_forward_kernel(__nv_bfloat16 *out, float *lse, const __nv_bfloat16 *q,
     warp_stage_accumulators<HEAD_DIM>(stage, o, 1.0f, lane);
     __syncwarp();
     __nv_bfloat16 *out_base = out + (size_t)batch * T * q_stride + (size_t)head * HEAD_DIM;
-    warp_store_staged<HEAD_DIM>(out_base, q_stride, stage, query0 + warp_row0, T, false, lane);
+    warp_store_staged<HEAD_DIM>(out_base, q_stride, stage, group_row0 + warp * 16, T, false,
+                                lane);
 }
 
 template <int HEAD_DIM>
@@ -269,11 +263,12 @@ static void forward_launch(__nv_bfloat16 *out, float *lse, const __nv_bfloat16 *
                                         (int)shared_bytes));
         configured = true;
     }
-    int query_blocks = (T + FORWARD_BLOCK_QUERIES - 1) / FORWARD_BLOCK_QUERIES;
-    dim3 grid(n_heads, B, query_blocks);
+    int heads_per_block = forward_heads_per_block(n_heads, n_kv_heads);
+    int block_queries = FORWARD_ROWS / heads_per_block;
+    dim3 grid(n_heads / heads_per_block, B, (T + block_queries - 1) / block_queries);
     float scale_log2 = LOG2_E / sqrtf((float)HEAD_DIM);
     attention_forward_kernel<HEAD_DIM><<<grid, FORWARD_THREADS, shared_bytes, stream>>>(
-        out, lse, q, k, v, T, n_heads, n_kv_heads, scale_log2);
+        out, lse, q, k, v, T, n_heads, n_kv_heads, heads_per_block, scale_log2);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -289,7 +284,8 @@ extern "C" void attention_forward_cuda(bf16 *out, float *lse, const bf16 *q, con
     attention_check_aligned(op, "v", v);
     if (B == 0 || T == 0)
         return;
-    if ((T + FORWARD_BLOCK_QUERIES - 1) / FORWARD_BLOCK_QUERIES > 65535)
+    int block_queries = FORWARD_ROWS / forward_heads_per_block(n_heads, n_kv_heads);
+    if ((T + block_queries - 1) / block_queries > 65535)
         fatal(EXIT_CONFIG, "%s: T = %d is longer than the launch grid allows", op, T);
     attention_check_device(op);
     __nv_bfloat16 *out_bf16 = reinterpret_cast<__nv_bfloat16 *>(out);

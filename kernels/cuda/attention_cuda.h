@@ -14,10 +14,12 @@
  * sum are fp32; the tensor cores see bf16 operands (q, k, v, dout, and the probabilities
  * and score gradients rounded once to bf16) with fp32 accumulators. Hopper warpgroup MMAs
  * (wgmma, sm_90a): the file is built for sm_90a only.
- * Forward: one CTA of two warpgroups per (128 queries, head, batch) walks its key blocks of 64
- * with an online softmax in base 2 (running max and sum in fp32); K, V move through a ring of
- * four shared-memory stages; each warpgroup computes the softmax of block i while the tensor
- * cores run block i - 1's P V.
+ * Forward: one CTA of four warpgroups per (256 query rows of one KV group, batch) walks its
+ * key blocks of 64 with an online softmax in base 2 (running max and sum in fp32), so K, V
+ * cross L2 once per group rather than once per query head: the rows are 64 queries of 4 heads
+ * of the group (group size a multiple of 4), 128 queries of 2 heads (even) or 256 queries of
+ * one head (odd). K, V move through a ring of three shared-memory stages; each warpgroup runs
+ * S, softmax, P V of a block in order, the four warpgroups overlapping one another.
  * Backward (FA2 order, deterministic): a preprocess kernel writes delta[b,h,t] = sum_i
  * dout[b,t,h,i] out[b,t,h,i] into the workspace; one CTA of two warpgroups per (128 keys, kv
  * head, batch) accumulates dk, dv in registers over every query head of its group and every
@@ -44,13 +46,18 @@
  *     backward  214.7 GFLOP fused (0.27 ms), 300.6 GFLOP here: floor 0.38 ms; 506 MB (118 us).
  *   Expected here: 55-65% of the measured dense rate in the main loops (the softmax and the
  *   p / ds elementwise work sit beside the products, not hidden behind them everywhere),
- *   less prologue and epilogue for short key walks: forward ~0.28 ms (head_dim 128) and
- *   ~0.20 ms (head_dim 80), backward ~0.9 ms and ~0.65 ms. The mma.sync version this replaced
- *   measured 0.706 / 1.692 ms and 0.608 / 1.493 ms.
+ *   less prologue and epilogue for short key walks: backward ~0.9 ms and ~0.65 ms. The
+ *   mma.sync version measured 0.706 / 1.692 ms and 0.608 / 1.493 ms.
+ *   Forward, K and V through L2 (the causal prefix of every CTA): 128-row CTAs of one head
+ *   read 1.11 GB (head_dim 128) and 755 MB (80) and measured 0.606 ms and 0.369 ms (ncu on
+ *   head_dim 128: 71% of L2 throughput, so about 2.6 TB/s). 256-row CTAs of one group read
+ *   545 MB and 377 MB: an L2 floor of ~0.21 ms and ~0.15 ms. Expected ~0.38 ms (head_dim 128)
+ *   and ~0.25 ms (80), now limited by issue and the in-order block of each warpgroup.
  * Resources (ptxas, sm_90a, no spills, no serialised wgmma), registers per thread for
- * head_dim 128 / 80 / 64, CTAs of 256 threads:
- *   forward  164 / 128 / 128, shared 160 / 100 / 80 KiB: 1 CTA an SM for 128, 2 for 80, 64;
- *   dk, dv   246 / 212 / 190, dq 204 / 186 / 164, shared 161.5 / 101.5 / 81.5 KiB: 1 CTA.
+ * head_dim 128 / 80 / 64:
+ *   forward  CTAs of 512 threads: 128 / 121 / 105, shared 160 / 100 / 80 KiB: 1 CTA an SM;
+ *   dk, dv   CTAs of 256 threads: 246 / 212 / 190, dq 204 / 186 / 164, shared 161.5 / 101.5 /
+ *            81.5 KiB: 1 CTA.
  * The dk/dv grid is uneven (key block 0 sees every query block of every head of its group):
  * it is launched heaviest first, as are the query blocks of the other two kernels.
  *
