@@ -202,6 +202,8 @@ static const Shape grouped_ragged_80 = {1, 129, 6, 3, 80};
 static const Shape wide_128 = {2, 256, 32, 8, 128};
 static const Shape ungrouped_64 = {2, 200, 3, 3, 64};
 static const Shape long_64 = {1, 1000, 2, 1, 64};
+static const Shape groups_of_8_128 = {1, 333, 16, 2, 128}; /* a group spans two blocks */
+static const Shape groups_of_3_80 = {1, 190, 6, 2, 80};    /* odd group: one head a block */
 
 Test(cuda_attention, forward_matches_cpu_for_a_single_token)
 {
@@ -236,6 +238,16 @@ Test(cuda_attention, forward_matches_cpu_without_grouped_heads)
 Test(cuda_attention, forward_matches_cpu_over_many_key_blocks)
 {
     check_forward(long_64, 107);
+}
+
+Test(cuda_attention, forward_matches_cpu_with_groups_of_eight_heads)
+{
+    check_forward(groups_of_8_128, 108);
+}
+
+Test(cuda_attention, forward_matches_cpu_with_groups_of_three_heads)
+{
+    check_forward(groups_of_3_80, 109);
 }
 
 Test(cuda_attention, backward_matches_cpu_for_a_single_token)
