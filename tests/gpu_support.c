@@ -1,6 +1,8 @@
 /* tests/gpu_support.c — see gpu_support.h. */
 #include "tests/gpu_support.h"
 
+#include "tests/support.h"
+
 #include <criterion/criterion.h>
 #include <cuda_runtime_api.h>
 #include <stdlib.h>
@@ -89,4 +91,41 @@ void gpu_free_all(void)
     for (int i = 0; i < device_pointer_count; i++)
         cudaFree(device_pointers[i]);
     device_pointer_count = 0;
+}
+
+float *gpu_test_fp32_values(size_t n, float scale, uint64_t seed)
+{
+    float *x = malloc((n ? n : 1) * sizeof(float));
+    cr_assert_not_null(x);
+    test_fill_uniform(x, n, scale, seed);
+    return x;
+}
+
+float *gpu_test_bf16_values(size_t n, float scale, uint64_t seed)
+{
+    float *x = gpu_test_fp32_values(n, scale, seed);
+    gpu_round_to_bf16(x, n);
+    return x;
+}
+
+uint32_t *gpu_test_random_tokens(int n, int V, uint64_t seed)
+{
+    uint32_t *tokens = malloc((size_t)(n ? n : 1) * sizeof(uint32_t));
+    cr_assert_not_null(tokens);
+    for (int t = 0; t < n; t++)
+        tokens[t] = (uint32_t)test_random_int(0, V - 1, seed * 100003 + (uint64_t)t);
+    return tokens;
+}
+
+/* uint32 tokens travel as 4-byte words through the fp32 upload (a plain byte copy). */
+uint32_t *gpu_upload_tokens(const uint32_t *tokens, int n)
+{
+    return (uint32_t *)gpu_upload_floats((const float *)tokens, (size_t)n);
+}
+
+void gpu_expect_close(const float *got, const float *want, size_t n, double tolerance,
+                      const char *what)
+{
+    double error = test_relative_error(got, want, n);
+    cr_assert_leq(error, tolerance, "%s: relative error %g > %g", what, error, tolerance);
 }

@@ -10,6 +10,7 @@
 #include "kernels/cuda/cuda_common.h"
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* Skips the calling test unless a CUDA device is usable. */
 void gpu_require(void);
@@ -25,6 +26,16 @@ float *gpu_download_floats(const float *device, size_t n);
 float *gpu_download_bf16(const bf16 *device, size_t n);
 /* Rounds a host fp32 array through bf16 in place (what the GPU sees of it). */
 void gpu_round_to_bf16(float *host, size_t n);
+/* Host arrays for the inputs of a GPU test, uniform in [-scale, scale) from `seed` (caller
+ * frees): fp32 as is, or rounded to bf16 (what the GPU reads of them). */
+float *gpu_test_fp32_values(size_t n, float scale, uint64_t seed);
+float *gpu_test_bf16_values(size_t n, float scale, uint64_t seed);
+/* n random token ids below V (caller frees), and a device copy of them. */
+uint32_t *gpu_test_random_tokens(int n, int V, uint64_t seed);
+uint32_t *gpu_upload_tokens(const uint32_t *tokens, int n);
+/* ||got - want|| / ||want|| <= tolerance, or the test fails naming `what`. */
+void gpu_expect_close(const float *got, const float *want, size_t n, double tolerance,
+                      const char *what);
 /* Frees every device pointer handed out by this file since the last call. */
 void gpu_free_all(void);
 

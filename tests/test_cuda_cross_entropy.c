@@ -20,45 +20,8 @@
 #define BF16_TOLERANCE 1e-2
 #define FP32_TOLERANCE 1e-5
 
-/* Host fp32 array, uniform in [-scale, scale), rounded to bf16 (what the GPU reads). */
-static float *bf16_values(size_t n, float scale, uint64_t seed)
-{
-    float *x = malloc((n ? n : 1) * sizeof(float));
-    cr_assert_not_null(x);
-    test_fill_uniform(x, n, scale, seed);
-    gpu_round_to_bf16(x, n);
-    return x;
-}
 
-static float *fp32_values(size_t n, float scale, uint64_t seed)
-{
-    float *x = malloc((n ? n : 1) * sizeof(float));
-    cr_assert_not_null(x);
-    test_fill_uniform(x, n, scale, seed);
-    return x;
-}
 
-static uint32_t *random_targets(int rows, int V, uint64_t seed)
-{
-    uint32_t *targets = malloc((size_t)(rows ? rows : 1) * sizeof(uint32_t));
-    cr_assert_not_null(targets);
-    for (int r = 0; r < rows; r++)
-        targets[r] = (uint32_t)test_random_int(0, V - 1, seed * 100003 + (uint64_t)r);
-    return targets;
-}
-
-/* uint32 targets travel as 4-byte words through the fp32 upload (a plain byte copy). */
-static uint32_t *gpu_upload_targets(const uint32_t *targets, int rows)
-{
-    return (uint32_t *)gpu_upload_floats((const float *)targets, (size_t)rows);
-}
-
-static void expect_close(const float *got, const float *want, size_t n, double tolerance,
-                         const char *what)
-{
-    double error = test_relative_error(got, want, n);
-    cr_assert_leq(error, tolerance, "%s: relative error %g > %g", what, error, tolerance);
-}
 
 /* rows, V: V 50257 is not a multiple of 8 (the element-wise path); 128256 is Llama-3's */
 static const int cross_entropy_shapes[][2] = {{1, 37}, {7, 1000}, {333, 1000}, {3, 128256},
@@ -71,17 +34,17 @@ Test(cuda_cross_entropy, forward_matches_cpu)
     for (size_t c = 0; c < sizeof cross_entropy_shapes / sizeof cross_entropy_shapes[0]; c++) {
         int rows = cross_entropy_shapes[c][0], V = cross_entropy_shapes[c][1];
         size_t count = (size_t)rows * V;
-        float *logits = bf16_values(count, 6, 340 + c);
-        uint32_t *targets = random_targets(rows, V, 350 + c);
+        float *logits = gpu_test_bf16_values(count, 6, 340 + c);
+        uint32_t *targets = gpu_test_random_tokens(rows, V, 350 + c);
         float *expected = malloc(rows * sizeof(float));
         float *expected_lse = malloc(rows * sizeof(float));
         cpu_cross_entropy_forward(expected, expected_lse, logits, targets, rows, V, z_loss);
         float *losses = gpu_poisoned_floats(rows), *lse = gpu_poisoned_floats(rows);
         cuda_cross_entropy_forward(losses, lse, gpu_upload_bf16(logits, count),
-                                   gpu_upload_targets(targets, rows), rows, V, z_loss, 0);
+                                   gpu_upload_tokens(targets, rows), rows, V, z_loss, 0);
         float *got = gpu_download_floats(losses, rows), *got_lse = gpu_download_floats(lse, rows);
-        expect_close(got, expected, rows, FP32_TOLERANCE, "cross-entropy losses");
-        expect_close(got_lse, expected_lse, rows, FP32_TOLERANCE, "cross-entropy lse");
+        gpu_expect_close(got, expected, rows, FP32_TOLERANCE, "cross-entropy losses");
+        gpu_expect_close(got_lse, expected_lse, rows, FP32_TOLERANCE, "cross-entropy lse");
         free(logits), free(targets), free(expected), free(expected_lse), free(got), free(got_lse);
         gpu_free_all();
     }
@@ -91,11 +54,11 @@ Test(cuda_cross_entropy, target_outside_the_vocabulary_gives_a_nan_loss)
 {
     gpu_require();
     int rows = 3, V = 1000;
-    float *logits = bf16_values((size_t)rows * V, 6, 360);
+    float *logits = gpu_test_bf16_values((size_t)rows * V, 6, 360);
     uint32_t targets[3] = {5, (uint32_t)V, 7};
     float *losses = gpu_poisoned_floats(rows), *lse = gpu_poisoned_floats(rows);
     cuda_cross_entropy_forward(losses, lse, gpu_upload_bf16(logits, (size_t)rows * V),
-                               gpu_upload_targets(targets, rows), rows, V, z_loss, 0);
+                               gpu_upload_tokens(targets, rows), rows, V, z_loss, 0);
     float *got = gpu_download_floats(losses, rows);
     cr_assert(isfinite(got[0]) && isnan(got[1]) && isfinite(got[2]),
               "losses %g %g %g", got[0], got[1], got[2]);
@@ -113,7 +76,7 @@ static float *gpu_cross_entropy_backward(const float *dlogits, const float *dlos
     bf16 *device_logits = gpu_upload_bf16(logits, count);
     bf16 *device_dlogits = dlogits ? gpu_upload_bf16(dlogits, count) : device_logits;
     cuda_cross_entropy_backward(device_dlogits, gpu_upload_floats(dloss, rows), device_logits,
-                                gpu_upload_floats(lse, rows), gpu_upload_targets(targets, rows),
+                                gpu_upload_floats(lse, rows), gpu_upload_tokens(targets, rows),
                                 rows, V, z_loss, 0);
     return gpu_download_bf16(device_dlogits, count);
 }
@@ -127,9 +90,9 @@ typedef struct CrossEntropyCase {
 static CrossEntropyCase cross_entropy_case(int rows, int V, uint64_t seed)
 {
     CrossEntropyCase case_;
-    case_.logits = bf16_values((size_t)rows * V, 6, seed);
-    case_.targets = random_targets(rows, V, seed + 1);
-    case_.dloss = fp32_values(rows, 1, seed + 2);
+    case_.logits = gpu_test_bf16_values((size_t)rows * V, 6, seed);
+    case_.targets = gpu_test_random_tokens(rows, V, seed + 1);
+    case_.dloss = gpu_test_fp32_values(rows, 1, seed + 2);
     case_.lse = malloc(rows * sizeof(float));
     case_.losses = malloc(rows * sizeof(float));
     cpu_cross_entropy_forward(case_.losses, case_.lse, case_.logits, case_.targets, rows, V,
@@ -143,14 +106,14 @@ static void expect_close_gradient(const float *got, const float *expected,
                                   const uint32_t *targets, int rows, int V, const char *what)
 {
     size_t count = (size_t)rows * V;
-    expect_close(got, expected, count, BF16_TOLERANCE, what);
+    gpu_expect_close(got, expected, count, BF16_TOLERANCE, what);
     float *got_softmax = malloc(count * sizeof(float));
     float *expected_softmax = malloc(count * sizeof(float));
     memcpy(got_softmax, got, count * sizeof(float));
     memcpy(expected_softmax, expected, count * sizeof(float));
     for (int r = 0; r < rows; r++)
         got_softmax[(size_t)r * V + targets[r]] = expected_softmax[(size_t)r * V + targets[r]] = 0;
-    expect_close(got_softmax, expected_softmax, count, BF16_TOLERANCE, what);
+    gpu_expect_close(got_softmax, expected_softmax, count, BF16_TOLERANCE, what);
     free(got_softmax), free(expected_softmax);
 }
 
@@ -167,7 +130,7 @@ Test(cuda_cross_entropy, backward_adds_the_cpu_gradient)
         int rows = cross_entropy_shapes[c][0], V = cross_entropy_shapes[c][1];
         size_t count = (size_t)rows * V;
         CrossEntropyCase case_ = cross_entropy_case(rows, V, 370 + 10 * c);
-        float *dlogits = bf16_values(count, 0.5f / V, 375 + 10 * c);
+        float *dlogits = gpu_test_bf16_values(count, 0.5f / V, 375 + 10 * c);
         float *got = gpu_cross_entropy_backward(dlogits, case_.dloss, case_.logits, case_.lse,
                                                 case_.targets, rows, V);
         cpu_cross_entropy_backward(dlogits, case_.dloss, case_.logits, case_.lse, case_.targets,
@@ -203,7 +166,7 @@ Test(cuda_cross_entropy, backward_is_deterministic)
     gpu_require();
     int rows = 7, V = 128256;
     CrossEntropyCase case_ = cross_entropy_case(rows, V, 490);
-    float *dlogits = bf16_values((size_t)rows * V, 0.5f / V, 495);
+    float *dlogits = gpu_test_bf16_values((size_t)rows * V, 0.5f / V, 495);
     float *first = gpu_cross_entropy_backward(dlogits, case_.dloss, case_.logits, case_.lse,
                                               case_.targets, rows, V);
     float *second = gpu_cross_entropy_backward(dlogits, case_.dloss, case_.logits, case_.lse,

@@ -23,45 +23,8 @@
 #define BF16_TOLERANCE 1e-2
 #define FP32_TOLERANCE 1e-5
 
-/* Host fp32 array, uniform in [-scale, scale), rounded to bf16 (what the GPU reads). */
-static float *bf16_values(size_t n, float scale, uint64_t seed)
-{
-    float *x = malloc((n ? n : 1) * sizeof(float));
-    cr_assert_not_null(x);
-    test_fill_uniform(x, n, scale, seed);
-    gpu_round_to_bf16(x, n);
-    return x;
-}
 
-static float *fp32_values(size_t n, float scale, uint64_t seed)
-{
-    float *x = malloc((n ? n : 1) * sizeof(float));
-    cr_assert_not_null(x);
-    test_fill_uniform(x, n, scale, seed);
-    return x;
-}
 
-static uint32_t *random_tokens(int n, int V, uint64_t seed)
-{
-    uint32_t *tokens = malloc((size_t)(n ? n : 1) * sizeof(uint32_t));
-    cr_assert_not_null(tokens);
-    for (int t = 0; t < n; t++)
-        tokens[t] = (uint32_t)test_random_int(0, V - 1, seed * 100003 + (uint64_t)t);
-    return tokens;
-}
-
-/* uint32 tokens travel as 4-byte words through the fp32 upload (a plain byte copy). */
-static uint32_t *gpu_upload_tokens(const uint32_t *tokens, int n)
-{
-    return (uint32_t *)gpu_upload_floats((const float *)tokens, (size_t)n);
-}
-
-static void expect_close(const float *got, const float *want, size_t n, double tolerance,
-                         const char *what)
-{
-    double error = test_relative_error(got, want, n);
-    cr_assert_leq(error, tolerance, "%s: relative error %g > %g", what, error, tolerance);
-}
 
 static void expect_same_bits(const float *a, const float *b, size_t n, const char *what)
 {
@@ -77,13 +40,13 @@ Test(cuda_kernels, add_matches_cpu)
     gpu_require();
     for (size_t c = 0; c < sizeof flat_lengths / sizeof flat_lengths[0]; c++) {
         size_t n = flat_lengths[c];
-        float *a = bf16_values(n, 1, 10 + c), *b = bf16_values(n, 1, 20 + c);
+        float *a = gpu_test_bf16_values(n, 1, 10 + c), *b = gpu_test_bf16_values(n, 1, 20 + c);
         float *expected = malloc(n * sizeof(float));
         cpu_add(expected, a, b, n);
         bf16 *out = gpu_poisoned_bf16(n);
         cuda_add(out, gpu_upload_bf16(a, n), gpu_upload_bf16(b, n), n, 0);
         float *got = gpu_download_bf16(out, n);
-        expect_close(got, expected, n, BF16_TOLERANCE, "add");
+        gpu_expect_close(got, expected, n, BF16_TOLERANCE, "add");
         free(a), free(b), free(expected), free(got);
         gpu_free_all();
     }
@@ -94,12 +57,12 @@ Test(cuda_kernels, add_inplace_adds_x_into_y)
     gpu_require();
     for (size_t c = 0; c < sizeof flat_lengths / sizeof flat_lengths[0]; c++) {
         size_t n = flat_lengths[c];
-        float *y = bf16_values(n, 1, 30 + c), *x = bf16_values(n, 1, 40 + c);
+        float *y = gpu_test_bf16_values(n, 1, 30 + c), *x = gpu_test_bf16_values(n, 1, 40 + c);
         bf16 *device_y = gpu_upload_bf16(y, n);
         cuda_add_inplace(device_y, gpu_upload_bf16(x, n), n, 0);
         cpu_add_inplace(y, x, n);
         float *got = gpu_download_bf16(device_y, n);
-        expect_close(got, y, n, BF16_TOLERANCE, "add_inplace");
+        gpu_expect_close(got, y, n, BF16_TOLERANCE, "add_inplace");
         free(y), free(x), free(got);
         gpu_free_all();
     }
@@ -109,13 +72,13 @@ Test(cuda_kernels, add_matches_cpu_on_unaligned_arrays)
 {
     gpu_require();
     size_t n = 1001; /* pointers one element in: the element-wise path */
-    float *a = bf16_values(n + 1, 1, 50), *b = bf16_values(n + 1, 1, 51);
+    float *a = gpu_test_bf16_values(n + 1, 1, 50), *b = gpu_test_bf16_values(n + 1, 1, 51);
     float *expected = malloc(n * sizeof(float));
     cpu_add(expected, a + 1, b + 1, n);
     bf16 *out = gpu_poisoned_bf16(n + 1);
     cuda_add(out + 1, gpu_upload_bf16(a, n + 1) + 1, gpu_upload_bf16(b, n + 1) + 1, n, 0);
     float *got = gpu_download_bf16(out, n + 1);
-    expect_close(got + 1, expected, n, BF16_TOLERANCE, "add, unaligned");
+    gpu_expect_close(got + 1, expected, n, BF16_TOLERANCE, "add, unaligned");
     cr_assert(isnan(got[0]), "add wrote before its output");
     free(a), free(b), free(expected), free(got);
     gpu_free_all();
@@ -132,8 +95,8 @@ Test(cuda_kernels, embedding_forward_copies_the_rows_the_tokens_name)
     gpu_require();
     for (size_t c = 0; c < sizeof embedding_shapes / sizeof embedding_shapes[0]; c++) {
         int n = embedding_shapes[c][0], V = embedding_shapes[c][1], d = embedding_shapes[c][2];
-        float *table = bf16_values((size_t)V * d, 1, 60 + c);
-        uint32_t *tokens = random_tokens(n, V, 70 + c);
+        float *table = gpu_test_bf16_values((size_t)V * d, 1, 60 + c);
+        uint32_t *tokens = gpu_test_random_tokens(n, V, 70 + c);
         float *expected = malloc((size_t)n * d * sizeof(float));
         cpu_embedding_forward(expected, tokens, table, n, d);
         bf16 *out = gpu_poisoned_bf16((size_t)n * d);
@@ -162,9 +125,9 @@ Test(cuda_kernels, embedding_backward_equals_cpu_bit_for_bit_with_repeated_token
     gpu_require();
     for (size_t c = 0; c < sizeof embedding_shapes / sizeof embedding_shapes[0]; c++) {
         int n = embedding_shapes[c][0], V = embedding_shapes[c][1], d = embedding_shapes[c][2];
-        float *dtable = fp32_values((size_t)V * d, 1, 80 + c);
-        float *dout = bf16_values((size_t)n * d, 1, 90 + c);
-        uint32_t *tokens = random_tokens(n, V, 100 + c);
+        float *dtable = gpu_test_fp32_values((size_t)V * d, 1, 80 + c);
+        float *dout = gpu_test_bf16_values((size_t)n * d, 1, 90 + c);
+        uint32_t *tokens = gpu_test_random_tokens(n, V, 100 + c);
         float *got = gpu_embedding_backward(dtable, dout, tokens, n, V, d);
         cpu_embedding_backward(dtable, dout, tokens, n, d);
         cr_assert_eq(memcmp(got, dtable, (size_t)V * d * sizeof(float)), 0,
@@ -178,8 +141,8 @@ Test(cuda_kernels, embedding_backward_is_deterministic)
 {
     gpu_require();
     int n = 2000, V = 3, d = 4096;
-    float *dtable = fp32_values((size_t)V * d, 1, 110), *dout = bf16_values((size_t)n * d, 1, 111);
-    uint32_t *tokens = random_tokens(n, V, 112);
+    float *dtable = gpu_test_fp32_values((size_t)V * d, 1, 110), *dout = gpu_test_bf16_values((size_t)n * d, 1, 111);
+    uint32_t *tokens = gpu_test_random_tokens(n, V, 112);
     float *first = gpu_embedding_backward(dtable, dout, tokens, n, V, d);
     float *second = gpu_embedding_backward(dtable, dout, tokens, n, V, d);
     expect_same_bits(first, second, (size_t)V * d, "embedding backward");
@@ -202,7 +165,7 @@ Test(cuda_kernels, rmsnorm_forward_matches_cpu)
     for (size_t c = 0; c < sizeof rmsnorm_shapes / sizeof rmsnorm_shapes[0]; c++) {
         int rows = rmsnorm_shapes[c][0], d = rmsnorm_shapes[c][1];
         size_t count = (size_t)rows * d;
-        float *x = bf16_values(count, 2, 120 + c), *weight = bf16_values(d, 1, 130 + c);
+        float *x = gpu_test_bf16_values(count, 2, 120 + c), *weight = gpu_test_bf16_values(d, 1, 130 + c);
         float *expected = malloc(count * sizeof(float));
         float *expected_rstd = malloc(rows * sizeof(float));
         cpu_rmsnorm_forward(expected, expected_rstd, x, weight, rows, d, rmsnorm_eps);
@@ -211,8 +174,8 @@ Test(cuda_kernels, rmsnorm_forward_matches_cpu)
         cuda_rmsnorm_forward(out, rstd, gpu_upload_bf16(x, count), gpu_upload_bf16(weight, d),
                              rows, d, rmsnorm_eps, 0);
         float *got = gpu_download_bf16(out, count), *got_rstd = gpu_download_floats(rstd, rows);
-        expect_close(got, expected, count, BF16_TOLERANCE, "rmsnorm out");
-        expect_close(got_rstd, expected_rstd, rows, FP32_TOLERANCE, "rmsnorm rstd");
+        gpu_expect_close(got, expected, count, BF16_TOLERANCE, "rmsnorm out");
+        gpu_expect_close(got_rstd, expected_rstd, rows, FP32_TOLERANCE, "rmsnorm rstd");
         free(x), free(weight), free(expected), free(expected_rstd), free(got), free(got_rstd);
         gpu_free_all();
     }
@@ -240,16 +203,16 @@ Test(cuda_kernels, rmsnorm_backward_adds_the_cpu_gradients)
     for (size_t c = 0; c < sizeof rmsnorm_shapes / sizeof rmsnorm_shapes[0]; c++) {
         int rows = rmsnorm_shapes[c][0], d = rmsnorm_shapes[c][1];
         size_t count = (size_t)rows * d;
-        float *x = bf16_values(count, 2, 140 + c), *weight = bf16_values(d, 1, 150 + c);
-        float *dout = bf16_values(count, 1, 160 + c), *dx = bf16_values(count, 0.5f, 170 + c);
-        float *dweight = fp32_values(d, 1, 180 + c), *rstd = malloc(rows * sizeof(float));
+        float *x = gpu_test_bf16_values(count, 2, 140 + c), *weight = gpu_test_bf16_values(d, 1, 150 + c);
+        float *dout = gpu_test_bf16_values(count, 1, 160 + c), *dx = gpu_test_bf16_values(count, 0.5f, 170 + c);
+        float *dweight = gpu_test_fp32_values(d, 1, 180 + c), *rstd = malloc(rows * sizeof(float));
         float *scratch = malloc(count * sizeof(float));
         cpu_rmsnorm_forward(scratch, rstd, x, weight, rows, d, rmsnorm_eps);
         float *got_dx, *got_dweight;
         gpu_rmsnorm_backward(&got_dx, &got_dweight, dx, dweight, dout, x, weight, rstd, rows, d);
         cpu_rmsnorm_backward(dx, dweight, dout, x, weight, rstd, rows, d);
-        expect_close(got_dx, dx, count, BF16_TOLERANCE, "rmsnorm dx");
-        expect_close(got_dweight, dweight, d, FP32_TOLERANCE, "rmsnorm dweight");
+        gpu_expect_close(got_dx, dx, count, BF16_TOLERANCE, "rmsnorm dx");
+        gpu_expect_close(got_dweight, dweight, d, FP32_TOLERANCE, "rmsnorm dweight");
         free(x), free(weight), free(dout), free(dx), free(dweight), free(rstd), free(scratch);
         free(got_dx), free(got_dweight);
         gpu_free_all();
@@ -263,9 +226,9 @@ Test(cuda_kernels, rmsnorm_backward_is_deterministic)
     for (size_t c = 0; c < 2; c++) {
         int rows = shapes[c][0], d = shapes[c][1];
         size_t count = (size_t)rows * d;
-        float *x = bf16_values(count, 2, 190), *weight = bf16_values(d, 1, 191);
-        float *dout = bf16_values(count, 1, 192), *dx = bf16_values(count, 0.5f, 193);
-        float *dweight = fp32_values(d, 1, 194), *rstd = fp32_values(rows, 1, 195);
+        float *x = gpu_test_bf16_values(count, 2, 190), *weight = gpu_test_bf16_values(d, 1, 191);
+        float *dout = gpu_test_bf16_values(count, 1, 192), *dx = gpu_test_bf16_values(count, 0.5f, 193);
+        float *dweight = gpu_test_fp32_values(d, 1, 194), *rstd = gpu_test_fp32_values(rows, 1, 195);
         float *dx_1, *dweight_1, *dx_2, *dweight_2;
         gpu_rmsnorm_backward(&dx_1, &dweight_1, dx, dweight, dout, x, weight, rstd, rows, d);
         gpu_rmsnorm_backward(&dx_2, &dweight_2, dx, dweight, dout, x, weight, rstd, rows, d);
@@ -292,7 +255,7 @@ static const int rope_shapes[][4] = {{1, 1, 1, 64}, {2, 7, 3, 96}, {1, 33, 4, 12
 /* cos and sin of random angles, [T, half] each */
 static void rope_tables(float **cos_out, float **sin_out, int T, int half, uint64_t seed)
 {
-    float *angles = fp32_values((size_t)T * half, 3.2f, seed);
+    float *angles = gpu_test_fp32_values((size_t)T * half, 3.2f, seed);
     *cos_out = malloc((size_t)T * half * sizeof(float));
     *sin_out = malloc((size_t)T * half * sizeof(float));
     for (size_t i = 0; i < (size_t)T * half; i++) {
@@ -308,7 +271,7 @@ static void rope_check_forward(int in_place)
         int B = rope_shapes[c][0], T = rope_shapes[c][1], H = rope_shapes[c][2],
             hd = rope_shapes[c][3];
         size_t count = (size_t)B * T * H * hd;
-        float *x = bf16_values(count, 1, 200 + c), *cos, *sin;
+        float *x = gpu_test_bf16_values(count, 1, 200 + c), *cos, *sin;
         rope_tables(&cos, &sin, T, hd / 2, 210 + c);
         float *expected = malloc(count * sizeof(float));
         cpu_rope_forward(expected, x, cos, sin, B, T, H, hd);
@@ -317,7 +280,7 @@ static void rope_check_forward(int in_place)
         cuda_rope_forward(out, device_x, gpu_upload_floats(cos, (size_t)T * hd / 2),
                           gpu_upload_floats(sin, (size_t)T * hd / 2), B, T, H, hd, 0);
         float *got = gpu_download_bf16(out, count);
-        expect_close(got, expected, count, BF16_TOLERANCE, "rope forward");
+        gpu_expect_close(got, expected, count, BF16_TOLERANCE, "rope forward");
         free(x), free(cos), free(sin), free(expected), free(got);
         gpu_free_all();
     }
@@ -353,12 +316,12 @@ Test(cuda_kernels, rope_backward_adds_the_inverse_rotation)
         int B = rope_shapes[c][0], T = rope_shapes[c][1], H = rope_shapes[c][2],
             hd = rope_shapes[c][3];
         size_t count = (size_t)B * T * H * hd;
-        float *dout = bf16_values(count, 1, 220 + c), *dx = bf16_values(count, 0.5f, 230 + c);
+        float *dout = gpu_test_bf16_values(count, 1, 220 + c), *dx = gpu_test_bf16_values(count, 0.5f, 230 + c);
         float *cos, *sin;
         rope_tables(&cos, &sin, T, hd / 2, 240 + c);
         float *got = gpu_rope_backward(dx, dout, cos, sin, B, T, H, hd);
         cpu_rope_backward(dx, dout, cos, sin, B, T, H, hd);
-        expect_close(got, dx, count, BF16_TOLERANCE, "rope backward");
+        gpu_expect_close(got, dx, count, BF16_TOLERANCE, "rope backward");
         free(dout), free(dx), free(cos), free(sin), free(got);
         gpu_free_all();
     }
@@ -369,7 +332,7 @@ Test(cuda_kernels, rope_backward_is_deterministic)
     gpu_require();
     int B = 2, T = 333, H = 3, hd = 128;
     size_t count = (size_t)B * T * H * hd;
-    float *dout = bf16_values(count, 1, 250), *dx = bf16_values(count, 0.5f, 251), *cos, *sin;
+    float *dout = gpu_test_bf16_values(count, 1, 250), *dx = gpu_test_bf16_values(count, 0.5f, 251), *cos, *sin;
     rope_tables(&cos, &sin, T, hd / 2, 252);
     float *first = gpu_rope_backward(dx, dout, cos, sin, B, T, H, hd);
     float *second = gpu_rope_backward(dx, dout, cos, sin, B, T, H, hd);
@@ -385,13 +348,13 @@ Test(cuda_kernels, swiglu_forward_matches_cpu)
     gpu_require();
     for (size_t c = 0; c < sizeof flat_lengths / sizeof flat_lengths[0]; c++) {
         size_t n = flat_lengths[c];
-        float *gate = bf16_values(n, 8, 260 + c), *up = bf16_values(n, 1, 270 + c);
+        float *gate = gpu_test_bf16_values(n, 8, 260 + c), *up = gpu_test_bf16_values(n, 1, 270 + c);
         float *expected = malloc(n * sizeof(float));
         cpu_swiglu_forward(expected, gate, up, n);
         bf16 *out = gpu_poisoned_bf16(n);
         cuda_swiglu_forward(out, gpu_upload_bf16(gate, n), gpu_upload_bf16(up, n), n, 0);
         float *got = gpu_download_bf16(out, n);
-        expect_close(got, expected, n, BF16_TOLERANCE, "swiglu forward");
+        gpu_expect_close(got, expected, n, BF16_TOLERANCE, "swiglu forward");
         free(gate), free(up), free(expected), free(got);
         gpu_free_all();
     }
@@ -413,14 +376,14 @@ Test(cuda_kernels, swiglu_backward_adds_the_cpu_gradients)
     gpu_require();
     for (size_t c = 0; c < sizeof flat_lengths / sizeof flat_lengths[0]; c++) {
         size_t n = flat_lengths[c];
-        float *gate = bf16_values(n, 8, 280 + c), *up = bf16_values(n, 1, 290 + c);
-        float *dout = bf16_values(n, 1, 300 + c);
-        float *dgate = bf16_values(n, 0.3f, 310 + c), *dup = bf16_values(n, 0.3f, 320 + c);
+        float *gate = gpu_test_bf16_values(n, 8, 280 + c), *up = gpu_test_bf16_values(n, 1, 290 + c);
+        float *dout = gpu_test_bf16_values(n, 1, 300 + c);
+        float *dgate = gpu_test_bf16_values(n, 0.3f, 310 + c), *dup = gpu_test_bf16_values(n, 0.3f, 320 + c);
         float *got_dgate, *got_dup;
         gpu_swiglu_backward(&got_dgate, &got_dup, dgate, dup, dout, gate, up, n);
         cpu_swiglu_backward(dgate, dup, dout, gate, up, n);
-        expect_close(got_dgate, dgate, n, BF16_TOLERANCE, "swiglu dgate");
-        expect_close(got_dup, dup, n, BF16_TOLERANCE, "swiglu dup");
+        gpu_expect_close(got_dgate, dgate, n, BF16_TOLERANCE, "swiglu dgate");
+        gpu_expect_close(got_dup, dup, n, BF16_TOLERANCE, "swiglu dup");
         free(gate), free(up), free(dout), free(dgate), free(dup), free(got_dgate), free(got_dup);
         gpu_free_all();
     }
@@ -430,9 +393,9 @@ Test(cuda_kernels, swiglu_backward_is_deterministic)
 {
     gpu_require();
     size_t n = (1 << 20) + 3;
-    float *gate = bf16_values(n, 8, 330), *up = bf16_values(n, 1, 331);
-    float *dout = bf16_values(n, 1, 332), *dgate = bf16_values(n, 0.3f, 333);
-    float *dup = bf16_values(n, 0.3f, 334);
+    float *gate = gpu_test_bf16_values(n, 8, 330), *up = gpu_test_bf16_values(n, 1, 331);
+    float *dout = gpu_test_bf16_values(n, 1, 332), *dgate = gpu_test_bf16_values(n, 0.3f, 333);
+    float *dup = gpu_test_bf16_values(n, 0.3f, 334);
     float *dgate_1, *dup_1, *dgate_2, *dup_2;
     gpu_swiglu_backward(&dgate_1, &dup_1, dgate, dup, dout, gate, up, n);
     gpu_swiglu_backward(&dgate_2, &dup_2, dgate, dup, dout, gate, up, n);

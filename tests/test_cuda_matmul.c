@@ -24,22 +24,7 @@ static const int small_shapes[][3] = {{1, 64, 64}, {333, 96, 200}, {333, 200, 96
 enum { SMALL_SHAPE_COUNT = sizeof small_shapes / sizeof small_shapes[0] };
 enum { LARGE_ROWS = 4096, LARGE_IN = 4096, LARGE_OUT = 1024, SAMPLES = 24 };
 
-static float *bf16_values(size_t n, float scale, uint64_t seed)
-{
-    float *x = malloc((n ? n : 1) * sizeof(float));
-    cr_assert_not_null(x);
-    test_fill_uniform(x, n, scale, seed);
-    gpu_round_to_bf16(x, n);
-    return x;
-}
 
-static float *fp32_values(size_t n, float scale, uint64_t seed)
-{
-    float *x = malloc((n ? n : 1) * sizeof(float));
-    cr_assert_not_null(x);
-    test_fill_uniform(x, n, scale, seed);
-    return x;
-}
 
 static void expect_close(const float *got, const float *want, size_t n, double tolerance,
                          const char *what, int rows, int in_dim, int out_dim)
@@ -61,11 +46,11 @@ static MatmulCase matmul_case(int rows, int in_dim, int out_dim, uint64_t seed)
     MatmulCase c = {rows, in_dim, out_dim, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
     size_t in_count = (size_t)rows * in_dim, out_count = (size_t)rows * out_dim;
     size_t weight_count = (size_t)out_dim * in_dim;
-    c.in = bf16_values(in_count, 1, seed);
-    c.weight = bf16_values(weight_count, 1, seed + 1);
-    c.dout = bf16_values(out_count, 1, seed + 2);
-    c.din = bf16_values(in_count, 4, seed + 3);
-    c.dweight = fp32_values(weight_count, 4, seed + 4);
+    c.in = gpu_test_bf16_values(in_count, 1, seed);
+    c.weight = gpu_test_bf16_values(weight_count, 1, seed + 1);
+    c.dout = gpu_test_bf16_values(out_count, 1, seed + 2);
+    c.din = gpu_test_bf16_values(in_count, 4, seed + 3);
+    c.dweight = gpu_test_fp32_values(weight_count, 4, seed + 4);
     c.device_in = gpu_upload_bf16(c.in, in_count);
     c.device_weight = gpu_upload_bf16(c.weight, weight_count);
     c.device_dout = gpu_upload_bf16(c.dout, out_count);
