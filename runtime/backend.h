@@ -1,20 +1,28 @@
 /* runtime/backend.h — the op table every backend fills (DESIGN 1).
  *
  * The model is written once against this table; kernels/cpu fills it with plain fp32 C (the
- * readable reference) and kernels/cuda will fill it with the fast versions. Nothing here
+ * readable reference) and kernels/cuda with the fast bf16 versions (DESIGN 3). Nothing here
  * knows what a transformer is: each op is a shape-annotated array function.
  *
  * Conventions, for every op:
  * - Pointers are backend memory (host memory for cpu). Tensors are dense and row-major; a
  *   shape written [B, T, H, hd] means the last index varies fastest.
- * - Activations and weights are fp32 on the cpu backend. Statistics saved for a backward
- *   (rstd, lse) are fp32 on every backend.
+ * - Dtypes (DESIGN 3). `Activation` arrays hold activations, their gradients and the
+ *   compute copy of the weights in the backend's activation dtype: fp32 on cpu, bf16 on cuda
+ *   (`activation_bytes` says which). `float` arrays are fp32 on every backend: master
+ *   weights, weight gradients, optimizer state, and the statistics saved for a backward
+ *   (rstd, lse, routing weights). Sums, norms, softmax and losses compute in fp32 or wider.
+ *   Activation is an incomplete type on purpose: the compiler keeps the two kinds apart, and
+ *   element offsets go through activation_at() below.
  * - Every backward ADDS into its gradient outputs (dx += ..., dweight += ...); the caller
  *   zeroes a gradient buffer before its first contribution. This makes gradient
  *   accumulation over microbatches and over the two uses of a tied weight free.
  * - Results are deterministic: the same inputs give bitwise-identical outputs whatever the
  *   number of threads (no reduction whose order depends on scheduling).
- * - Nothing allocates except alloc(); the caller owns every buffer.
+ * - Ops are ordered on one compute stream (cuda) and may return before they finish; download,
+ *   read_* and synchronize wait. Only alloc() allocates backend memory, and a backend's own
+ *   workspaces (cuda) reach their size in the first step and then stay: nothing allocates
+ *   inside a step loop after its first step.
  */
 #ifndef FATHOM_RUNTIME_BACKEND_H
 #define FATHOM_RUNTIME_BACKEND_H
@@ -23,8 +31,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* One element of an activation array; never dereferenced outside its backend. */
+typedef struct Activation Activation;
+/* A point on a backend's compute stream (a cudaEvent_t on cuda, a clock reading on cpu). */
+typedef struct BackendEvent BackendEvent;
+
 typedef struct Backend {
     const char *name; /* "cpu" or "cuda" */
+    size_t activation_bytes; /* 4 (fp32, cpu) or 2 (bf16, cuda) */
 
     /* ---- memory ---- */
     void *(*alloc)(size_t bytes);                  /* zero-filled */
@@ -34,45 +48,63 @@ typedef struct Backend {
     void (*upload)(void *dst, const void *host_src, size_t bytes);   /* host -> backend */
     void (*download)(void *host_dst, const void *src, size_t bytes); /* backend -> host */
     void (*synchronize)(void);
+    /* bytes held through alloc() now, and the most held at once so far (including the
+     * backend's own workspaces) */
+    void (*memory_usage)(size_t *in_use, size_t *peak);
+
+    /* ---- events on the compute stream: timing now, ordering against communication later */
+    BackendEvent *(*event_create)(void);
+    void (*event_destroy)(BackendEvent *event);
+    void (*event_record)(BackendEvent *event); /* marks the point the stream has reached */
+    /* milliseconds between two recorded events; waits for `end` */
+    float (*event_elapsed_ms)(const BackendEvent *start, const BackendEvent *end);
+
+    /* ---- conversions between fp32 and the activation dtype (round to nearest even) ---- */
+    /* dst[i] = src[i]: fp32 backend array -> activations (the compute copy of the weights) */
+    void (*activations_from_floats)(Activation *dst, const float *src, size_t n);
+    void (*activations_upload)(Activation *dst, const float *host_src, size_t n);
+    void (*activations_download)(float *host_dst, const Activation *src, size_t n);
 
     /* ---- elementwise ---- */
     /* y[i] += x[i], i < n */
-    void (*add_inplace)(float *y, const float *x, size_t n);
+    void (*add_inplace)(Activation *y, const Activation *x, size_t n);
     /* out[i] = a[i] + b[i]; out may alias a or b */
-    void (*add)(float *out, const float *a, const float *b, size_t n);
+    void (*add)(Activation *out, const Activation *a, const Activation *b, size_t n);
 
     /* ---- embedding: out[t, :] = table[tokens[t], :]   table [V, d], out [n, d] ---- */
-    void (*embedding_forward)(float *out, const uint32_t *tokens, const float *table,
+    void (*embedding_forward)(Activation *out, const uint32_t *tokens, const Activation *table,
                               int n, int d);
     /* dtable[tokens[t], :] += dout[t, :] (deterministic: fixed order over t per row) */
-    void (*embedding_backward)(float *dtable, const float *dout, const uint32_t *tokens,
+    void (*embedding_backward)(float *dtable, const Activation *dout, const uint32_t *tokens,
                                int n, int d);
 
     /* ---- RMSNorm over rows (DESIGN 2): out = weight * (x * rstd), rstd = rsqrt(mean(x^2)+eps)
      * x, out [rows, d]; weight [d]; rstd [rows] saved for the backward ---- */
-    void (*rmsnorm_forward)(float *out, float *rstd, const float *x, const float *weight,
-                            int rows, int d, float eps);
-    void (*rmsnorm_backward)(float *dx, float *dweight, const float *dout, const float *x,
-                             const float *weight, const float *rstd, int rows, int d);
+    void (*rmsnorm_forward)(Activation *out, float *rstd, const Activation *x,
+                            const Activation *weight, int rows, int d, float eps);
+    void (*rmsnorm_backward)(Activation *dx, float *dweight, const Activation *dout,
+                             const Activation *x, const Activation *weight, const float *rstd,
+                             int rows, int d);
 
     /* ---- matmul: out[rows, out_dim] = in[rows, in_dim] @ weight[out_dim, in_dim]^T
      * (the [out, in] layout of Hugging Face Linear weights) ---- */
-    void (*matmul_forward)(float *out, const float *in, const float *weight,
+    void (*matmul_forward)(Activation *out, const Activation *in, const Activation *weight,
                            int rows, int in_dim, int out_dim);
     /* din += dout @ weight; dweight += dout^T @ in. din may be NULL (no input gradient). */
-    void (*matmul_backward)(float *din, float *dweight, const float *dout, const float *in,
-                            const float *weight, int rows, int in_dim, int out_dim);
+    void (*matmul_backward)(Activation *din, float *dweight, const Activation *dout,
+                            const Activation *in, const Activation *weight, int rows, int in_dim,
+                            int out_dim);
 
     /* ---- RoPE, rotate-half convention (DESIGN 2): for i < hd/2,
      *   out[i]      = x[i] * cos[t, i] - x[i + hd/2] * sin[t, i]
      *   out[i+hd/2] = x[i + hd/2] * cos[t, i] + x[i] * sin[t, i]
      * x, out [B, T, n_heads, head_dim]; cos, sin [T, head_dim/2] (position t of the window);
      * out may alias x ---- */
-    void (*rope_forward)(float *out, const float *x, const float *cos, const float *sin,
-                         int B, int T, int n_heads, int head_dim);
+    void (*rope_forward)(Activation *out, const Activation *x, const float *cos,
+                         const float *sin, int B, int T, int n_heads, int head_dim);
     /* dx += R^T dout (the inverse rotation) */
-    void (*rope_backward)(float *dx, const float *dout, const float *cos, const float *sin,
-                          int B, int T, int n_heads, int head_dim);
+    void (*rope_backward)(Activation *dx, const Activation *dout, const float *cos,
+                          const float *sin, int B, int T, int n_heads, int head_dim);
 
     /* ---- causal attention with grouped KV heads (DESIGN 2):
      *   out[b,t,h] = sum_{s<=t} softmax_s(q[b,t,h] . k[b,s,h/g] / sqrt(hd)) v[b,s,h/g],
@@ -80,28 +112,30 @@ typedef struct Backend {
      * q, out [B, T, n_heads, hd]; k, v [B, T, n_kv_heads, hd];
      * lse [B, n_heads, T] = log-sum-exp of the scaled scores, saved for the backward
      * (no T x T matrix is kept; the backward recomputes the probabilities) ---- */
-    void (*attention_forward)(float *out, float *lse, const float *q, const float *k,
-                              const float *v, int B, int T, int n_heads, int n_kv_heads,
-                              int head_dim);
-    void (*attention_backward)(float *dq, float *dk, float *dv, const float *dout,
-                               const float *q, const float *k, const float *v,
-                               const float *out, const float *lse, int B, int T,
+    void (*attention_forward)(Activation *out, float *lse, const Activation *q,
+                              const Activation *k, const Activation *v, int B, int T,
+                              int n_heads, int n_kv_heads, int head_dim);
+    void (*attention_backward)(Activation *dq, Activation *dk, Activation *dv,
+                               const Activation *dout, const Activation *q,
+                               const Activation *k, const Activation *v,
+                               const Activation *out, const float *lse, int B, int T,
                                int n_heads, int n_kv_heads, int head_dim);
 
     /* ---- SwiGLU: out = silu(gate) * up, all [n] ---- */
-    void (*swiglu_forward)(float *out, const float *gate, const float *up, size_t n);
-    void (*swiglu_backward)(float *dgate, float *dup, const float *dout, const float *gate,
-                            const float *up, size_t n);
+    void (*swiglu_forward)(Activation *out, const Activation *gate, const Activation *up,
+                           size_t n);
+    void (*swiglu_backward)(Activation *dgate, Activation *dup, const Activation *dout,
+                            const Activation *gate, const Activation *up, size_t n);
 
     /* ---- cross-entropy + z-loss, fused (DESIGN 2):
      *   loss[r] = lse_r - logits[r, target[r]] + z_loss * lse_r^2,  lse_r = logsumexp(logits[r,:])
      * logits [rows, V]; losses, lse [rows] ---- */
-    void (*cross_entropy_forward)(float *losses, float *lse, const float *logits,
+    void (*cross_entropy_forward)(float *losses, float *lse, const Activation *logits,
                                   const uint32_t *targets, int rows, int V, float z_loss);
     /* dlogits[r, :] += dloss[r] * (softmax(logits[r]) * (1 + 2 z_loss lse_r) - onehot(target)) */
-    void (*cross_entropy_backward)(float *dlogits, const float *dloss, const float *logits,
-                                   const float *lse, const uint32_t *targets, int rows, int V,
-                                   float z_loss);
+    void (*cross_entropy_backward)(Activation *dlogits, const float *dloss,
+                                   const Activation *logits, const float *lse,
+                                   const uint32_t *targets, int rows, int V, float z_loss);
 
     /* ---- attention over depth: Route (DESIGN 2.1), per token t and head h over N sources
      *   r[n,t]     = rsqrt(mean_d(s_n[t]^2) + eps)
@@ -113,45 +147,50 @@ typedef struct Backend {
      * sources: N pointers to [tokens, d]; query, key_norm [d]; d % heads == 0.
      * Saved for the backward: weights [N, tokens, heads] (a) and rstd [N, tokens] (r); the
      * normalised keys are not kept. Statistics, softmax and sums in fp32 (or wider). ---- */
-    void (*route_forward)(float *out, float *weights, float *rstd,
-                          const float *const *sources, int n_sources, const float *query,
-                          const float *key_norm, const float *base, float alpha, int tokens,
-                          int d, int heads, float eps);
+    void (*route_forward)(Activation *out, float *weights, float *rstd,
+                          const Activation *const *sources, int n_sources,
+                          const Activation *query, const Activation *key_norm,
+                          const Activation *base, float alpha, int tokens, int d, int heads,
+                          float eps);
     /* Gradients of out w.r.t. sources, query, key_norm and alpha, from dout [tokens, d]:
      * dsources[n] += ..., dquery += ..., dkey_norm += ..., *dalpha += ... (delta form only:
      * base != NULL marks it; the gradient of base is dout and is the caller's to add).
      * dsources[n] may be NULL (no gradient wanted for that source). `scratch` holds
-     * [N, tokens, heads] floats. Deterministic (fixed-order reductions, no atomics). */
-    void (*route_backward)(float *const *dsources, float *dquery, float *dkey_norm,
-                           float *dalpha, const float *dout, const float *const *sources,
-                           int n_sources, const float *weights, const float *rstd,
-                           const float *query, const float *key_norm, bool delta, float alpha,
+     * [N, tokens, heads] floats (a backend with its own workspace may ignore it).
+     * Deterministic (fixed-order reductions, no atomics). */
+    void (*route_backward)(Activation *const *dsources, float *dquery, float *dkey_norm,
+                           float *dalpha, const Activation *dout,
+                           const Activation *const *sources, int n_sources,
+                           const float *weights, const float *rstd, const Activation *query,
+                           const Activation *key_norm, bool delta, float alpha,
                            float *scratch, int tokens, int d, int heads);
 
     /* ---- MSAR stream convolution (DESIGN 2.2): causal depthwise over the sequence,
      *   out[b,t,c] = sum_{tau < kernel_size, tau <= t} taps[tau, c] * x[b, t - tau, c]
      * x, out [B, T, d]; taps [kernel_size, d] (the first kernel_size rows of a [k_max, d]
      * parameter). out must not alias x. ---- */
-    void (*stream_conv_forward)(float *out, const float *x, const float *taps,
+    void (*stream_conv_forward)(Activation *out, const Activation *x, const Activation *taps,
                                 int kernel_size, int B, int T, int d);
     /* dx += ..., dtaps += ... (dx may be NULL) */
-    void (*stream_conv_backward)(float *dx, float *dtaps, const float *dout, const float *x,
-                                 const float *taps, int kernel_size, int B, int T, int d);
+    void (*stream_conv_backward)(Activation *dx, float *dtaps, const Activation *dout,
+                                 const Activation *x, const Activation *taps, int kernel_size,
+                                 int B, int T, int d);
 
     /* ---- MSAR mix (DESIGN 2.2), per token over m streams o_r [tokens, d]:
      *   g[t,r]  = beta[r] + < theta[r], o_r[t] * rsqrt(mean(o_r[t]^2) + eps) >
      *   w[t,r]  = sigmoid(g[t,r])   (computed in double, rounded once)
      *   out[t]  = sum_r w[t,r] * o_r[t]
-     * beta (mix_bias) [m], theta (mix_proj) [m, d]. Saved: gates w [tokens, m] and
-     * rstd [tokens, m]. ---- */
-    void (*stream_mix_forward)(float *out, float *gates, float *rstd,
-                               const float *const *streams, int m, const float *mix_bias,
-                               const float *mix_proj, int tokens, int d, float eps);
+     * beta (mix_bias, the fp32 master: a bias is added, never multiplied into bf16) [m],
+     * theta (mix_proj) [m, d]. Saved: gates w [tokens, m] and rstd [tokens, m]. ---- */
+    void (*stream_mix_forward)(Activation *out, float *gates, float *rstd,
+                               const Activation *const *streams, int m, const float *mix_bias,
+                               const Activation *mix_proj, int tokens, int d, float eps);
     /* dstreams[r] += ..., dmix_bias += ..., dmix_proj += ... */
-    void (*stream_mix_backward)(float *const *dstreams, float *dmix_bias, float *dmix_proj,
-                                const float *dout, const float *const *streams, int m,
-                                const float *gates, const float *rstd, const float *mix_bias,
-                                const float *mix_proj, int tokens, int d);
+    void (*stream_mix_backward)(Activation *const *dstreams, float *dmix_bias,
+                                float *dmix_proj, const Activation *dout,
+                                const Activation *const *streams, int m, const float *gates,
+                                const float *rstd, const float *mix_bias,
+                                const Activation *mix_proj, int tokens, int d);
 
     /* ---- optimizer, over flat fp32 ranges (DESIGN 3) ---- */
     /* sum of x[i]^2 in double, summed in a fixed order */
@@ -160,15 +199,35 @@ typedef struct Backend {
     void (*scale)(float *x, float factor, size_t n);
     /* AdamW (decoupled decay), `step` counts from 1:
      *   p -= lr * wd * p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
-     *   p -= lr / (1 - b1^step) * m / (sqrt(v) / sqrt(1 - b2^step) + eps) */
+     *   p -= lr / (1 - b1^step) * m / (sqrt(v) / sqrt(1 - b2^step) + eps)
+     * and, when compute_copy is not NULL, compute_copy[i] = p[i] in the activation dtype
+     * (the weights the next forward reads; cpu passes NULL, its compute copy IS params). */
     void (*adamw_update)(float *params, const float *grads, float *exp_avg, float *exp_avg_sq,
                          size_t n, float lr, float beta1, float beta2, float eps,
-                         float weight_decay, int step);
+                         float weight_decay, int step, Activation *compute_copy);
     /* ema = decay * ema + (1 - decay) * params */
     void (*ema_update)(float *ema, const float *params, size_t n, float decay);
 } Backend;
 
+/* &array[elements] of an activation array (the element size is the backend's). */
+static inline Activation *activation_at(const Backend *backend, Activation *array,
+                                        size_t elements)
+{
+    return (Activation *)((char *)array + elements * backend->activation_bytes);
+}
+
+static inline const Activation *activation_at_const(const Backend *backend,
+                                                    const Activation *array, size_t elements)
+{
+    return (const Activation *)((const char *)array + elements * backend->activation_bytes);
+}
+
 /* The cpu backend (kernels/cpu). Always available. */
 const Backend *backend_cpu(void);
+
+/* The cuda backend, exported by the CUDA module (kernels/cuda/backend_cuda.c) under the name
+ * "backend_cuda"; runtime/cuda_module.h finds it. It runs on device 0 (the launcher binds
+ * each rank's device first) with one compute stream of its own. */
+typedef const Backend *(*BackendGetter)(void);
 
 #endif
