@@ -61,7 +61,6 @@ static EvalArguments parse_arguments(int argc, char **argv)
 typedef struct {
     hid_t file, tokens, logits;
     int seq_len, vocab;
-    const Backend *backend;
     float *host_logits;
 } LogitDump;
 
@@ -87,11 +86,10 @@ static void write_rows(hid_t dataset, hid_t type, int rank, const hsize_t *start
 }
 
 static void dump_batch(void *context, int64_t first_window, int batch,
-                       const uint32_t *inputs, const float *logits)
+                       const uint32_t *inputs, const Model *model)
 {
     LogitDump *dump = context;
-    size_t count = (size_t)batch * dump->seq_len * dump->vocab;
-    dump->backend->download(dump->host_logits, logits, count * sizeof(float));
+    model_read_logits(model, dump->host_logits);
     hsize_t token_start[2] = {(hsize_t)first_window, 0};
     hsize_t token_count[2] = {(hsize_t)batch, (hsize_t)dump->seq_len};
     write_rows(dump->tokens, H5T_NATIVE_UINT32, 2, token_start, token_count, inputs);
@@ -102,7 +100,7 @@ static void dump_batch(void *context, int64_t first_window, int batch,
 }
 
 static void dump_open(LogitDump *dump, const char *path, int64_t windows, int batch,
-                      const Config *config, const Backend *backend)
+                      const Config *config)
 {
     h5_quiet();
     dump->file = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
@@ -110,7 +108,6 @@ static void dump_open(LogitDump *dump, const char *path, int64_t windows, int ba
         fatal(EXIT_DATA, "cannot create %s for --dump-logits", path);
     dump->seq_len = config->train.seq_len;
     dump->vocab = config->model.vocab_size;
-    dump->backend = backend;
     dump->host_logits = xmalloc((size_t)batch * dump->seq_len * dump->vocab * sizeof(float));
     hsize_t token_dims[2] = {(hsize_t)windows, (hsize_t)dump->seq_len};
     hsize_t logit_dims[3] = {(hsize_t)windows, (hsize_t)dump->seq_len, (hsize_t)dump->vocab};
@@ -134,7 +131,6 @@ int eval_main(int argc, char **argv)
     inference_open(&inference, arguments.checkpoint, arguments.weights);
     const Config *config = &inference.config;
     Model *model = inference.model;
-    const Backend *backend = model_backend(model);
 
     DataSet *data = data_open_eval(config, arguments.data);
     int64_t windows = arguments.samples > 0 ? arguments.samples : config->eval.samples;
@@ -142,9 +138,10 @@ int eval_main(int argc, char **argv)
         windows = (int64_t)data_window_count(data);
 
     LogitDump dump = {0};
-    if (arguments.dump_path)
-        dump_open(&dump, arguments.dump_path, windows, config->train.microbatch_size, config,
-                  backend);
+    if (arguments.dump_path) {
+        dump_open(&dump, arguments.dump_path, windows, config->train.microbatch_size, config);
+        model_keep_all_logits(model);
+    }
     EvalResult result = evaluate_loss(model, data, windows, config->train.microbatch_size,
                                       config->train.seq_len, (float)config->train.z_loss,
                                       arguments.dump_path ? dump_batch : NULL, &dump);

@@ -181,13 +181,13 @@ static void probe_site(Model *model, const Config *config, int site, int tokens,
     report->kl_query = report->kl_random = NAN;
     if (msar)
         return; /* MSAR keys read convolved streams; the probe is defined on plain sites */
-    const float **device_sources = xcalloc((size_t)n, sizeof *device_sources);
+    const Activation **device_sources = xcalloc((size_t)n, sizeof *device_sources);
     float **host_sources = xcalloc((size_t)n, sizeof *host_sources);
     model_site_inputs(model, site, device_sources);
     for (int source = 0; source < n; source++) {
         host_sources[source] = xmalloc((size_t)tokens * d * sizeof(float));
-        backend->download(host_sources[source], device_sources[source],
-                          (size_t)tokens * d * sizeof(float));
+        backend->activations_download(host_sources[source], device_sources[source],
+                                      (size_t)tokens * d);
     }
     float *query = xmalloc((size_t)d * sizeof(float));
     float *key_norm = xmalloc((size_t)d * sizeof(float));

@@ -30,6 +30,51 @@ void run_state_destroy(RunState *state, Model *model)
     memset(state, 0, sizeof *state);
 }
 
+/* checkpoints/ reads and writes host memory. On a backend whose memory is elsewhere the
+ * groups go through host copies of `count` floats each: staged[g] is the array the
+ * checkpoint code sees (the backend array itself on cpu). */
+typedef struct {
+    const Backend *backend;
+    size_t count;
+    float *backend_arrays[CKPT_GROUPS];
+    float *staged[CKPT_GROUPS];
+} HostStage;
+
+static bool backend_memory_is_host(const Backend *backend)
+{
+    return backend == backend_cpu();
+}
+
+static void stage_begin(HostStage *stage, const Backend *backend, size_t count,
+                        float *const backend_arrays[CKPT_GROUPS], bool download)
+{
+    stage->backend = backend;
+    stage->count = count;
+    for (int g = 0; g < CKPT_GROUPS; g++) {
+        float *array = backend_arrays[g];
+        stage->backend_arrays[g] = array;
+        stage->staged[g] = array;
+        if (!array || backend_memory_is_host(backend))
+            continue;
+        stage->staged[g] = xmalloc(count * sizeof(float));
+        if (download)
+            backend->download(stage->staged[g], array, count * sizeof(float));
+    }
+}
+
+/* upload: the staged values go back to the backend arrays (after a load) */
+static void stage_end(HostStage *stage, bool upload)
+{
+    for (int g = 0; g < CKPT_GROUPS; g++) {
+        if (stage->staged[g] == stage->backend_arrays[g])
+            continue;
+        if (upload)
+            stage->backend->upload(stage->backend_arrays[g], stage->staged[g],
+                                   stage->count * sizeof(float));
+        free(stage->staged[g]);
+    }
+}
+
 /* The checkpoint's view of the parameter table: names, shapes and flat offsets. */
 static CheckpointTensor *checkpoint_tensors_of(const ParamTable *table)
 {
@@ -65,13 +110,19 @@ void run_state_save(const RunState *state, Model *model, const Config *config)
         .n_layer_split = config->parallel.n_layer_split,
     };
     memcpy(meta.layer_split, config->parallel.layer_split, sizeof meta.layer_split);
-    const float *data[CKPT_GROUPS] = {
+    float *const arrays[CKPT_GROUPS] = {
         [CKPT_GROUP_MODEL] = model_params(model),
         [CKPT_GROUP_EMA] = state->ema,
         [CKPT_GROUP_EXP_AVG] = state->exp_avg,
         [CKPT_GROUP_EXP_AVG_SQ] = state->exp_avg_sq,
     };
+    HostStage stage;
+    stage_begin(&stage, model_backend(model), table->total, arrays, true);
+    const float *data[CKPT_GROUPS];
+    for (int g = 0; g < CKPT_GROUPS; g++)
+        data[g] = stage.staged[g];
     checkpoint_save(config->run_dir, &meta, tensors, table->n_params, data);
+    stage_end(&stage, false);
     checkpoint_apply_retention(config->run_dir, config->checkpoint.keep_last,
                                config->checkpoint.keep_every);
     free(config_yaml);
@@ -144,13 +195,17 @@ void run_state_restore(RunState *state, Model *model, const Config *config,
 
     const ParamTable *table = model_param_table(model);
     CheckpointTensor *tensors = checkpoint_tensors_of(table);
-    float *data[CKPT_GROUPS] = {
+    float *const arrays[CKPT_GROUPS] = {
         [CKPT_GROUP_MODEL] = model_params(model),
         [CKPT_GROUP_EMA] = state->ema,
         [CKPT_GROUP_EXP_AVG] = state->exp_avg,
         [CKPT_GROUP_EXP_AVG_SQ] = state->exp_avg_sq,
     };
-    checkpoint_load(resolved_dir, tensors, table->n_params, data);
+    HostStage stage;
+    stage_begin(&stage, model_backend(model), table->total, arrays, false);
+    checkpoint_load(resolved_dir, tensors, table->n_params, stage.staged);
+    stage_end(&stage, true);
+    model_refresh_compute_copy(model);
     state->step = meta.step;
     state->consumed_samples = meta.consumed_samples;
     state->tokens_seen = meta.tokens_seen;
@@ -164,8 +219,12 @@ void run_state_load_weights(Model *model, const char *step_dir, bool use_ema)
 {
     const ParamTable *table = model_param_table(model);
     CheckpointTensor *tensors = checkpoint_tensors_of(table);
-    float *data[CKPT_GROUPS] = {0};
-    data[use_ema ? CKPT_GROUP_EMA : CKPT_GROUP_MODEL] = model_params(model);
-    checkpoint_load(step_dir, tensors, table->n_params, data);
+    float *arrays[CKPT_GROUPS] = {0};
+    arrays[use_ema ? CKPT_GROUP_EMA : CKPT_GROUP_MODEL] = model_params(model);
+    HostStage stage;
+    stage_begin(&stage, model_backend(model), table->total, arrays, false);
+    checkpoint_load(step_dir, tensors, table->n_params, stage.staged);
+    stage_end(&stage, true);
+    model_refresh_compute_copy(model);
     free(tensors);
 }

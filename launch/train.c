@@ -171,6 +171,7 @@ int train_main(int argc, char **argv)
         .config = &config.optim,
         .params = model_params(model),
         .grads = model_grads(model),
+        .compute = model_compute_copy(model),
         .exp_avg = state.exp_avg,
         .exp_avg_sq = state.exp_avg_sq,
         .ema = state.ema,

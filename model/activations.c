@@ -15,22 +15,32 @@
 #define ACTIVATION_ALIGNMENT 256
 
 typedef struct {
-    char *base;   /* NULL in the sizing pass */
-    size_t used;  /* bytes handed out so far */
+    char *base;              /* NULL in the sizing pass */
+    size_t used;             /* bytes handed out so far */
+    size_t activation_bytes; /* the backend's activation element */
 } Carver;
+
+static void *carve_bytes(Carver *carver, size_t bytes)
+{
+    size_t start = carver->used;
+    carver->used = start + (bytes + ACTIVATION_ALIGNMENT - 1) / ACTIVATION_ALIGNMENT *
+                               ACTIVATION_ALIGNMENT;
+    return carver->base ? carver->base + start : NULL;
+}
 
 static float *carve_floats(Carver *carver, size_t count)
 {
-    size_t start = carver->used;
-    size_t bytes = count * sizeof(float);
-    carver->used = start + (bytes + ACTIVATION_ALIGNMENT - 1) / ACTIVATION_ALIGNMENT *
-                               ACTIVATION_ALIGNMENT;
-    return carver->base ? (float *)(carver->base + start) : NULL;
+    return carve_bytes(carver, count * sizeof(float));
+}
+
+static Activation *carve_activations(Carver *carver, size_t count)
+{
+    return carve_bytes(carver, count * carver->activation_bytes);
 }
 
 static uint32_t *carve_tokens(Carver *carver, size_t count)
 {
-    return (uint32_t *)carve_floats(carver, count); /* uint32 and float are both 4 bytes */
+    return carve_bytes(carver, count * sizeof(uint32_t));
 }
 
 /* The sources, saved routing state and routing scratch of attention over depth. */
@@ -42,10 +52,10 @@ static void routed_layout(RoutedActivations *routed, Carver *carver, const Resid
     const bool msar = plan->mode == RESIDUAL_MSAR, delta = plan->form == FORM_DELTA;
 
     for (int b = 0; b < plan->n_buffers; b++)
-        routed->summaries[b] = carve_floats(carver, N * d);
+        routed->summaries[b] = carve_activations(carver, N * d);
     if (delta) {
-        routed->stream = carve_floats(carver, N * d);
-        routed->null_rows = carve_floats(carver, N * d);
+        routed->stream = carve_activations(carver, N * d);
+        routed->null_rows = carve_activations(carver, N * d);
         routed->zero_tokens = carve_tokens(carver, N);
     }
     for (int j = 0; j < plan->n_sites; j++) {
@@ -63,32 +73,32 @@ static void routed_layout(RoutedActivations *routed, Carver *carver, const Resid
         }
     }
 
-    routed->grad_input = carve_floats(carver, N * d);
+    routed->grad_input = carve_activations(carver, N * d);
     for (int b = 0; b <= plan->n_blocks; b++)
-        routed->grad_blocks[b] = carve_floats(carver, N * d);
+        routed->grad_blocks[b] = carve_activations(carver, N * d);
     if (delta) {
-        routed->grad_output = carve_floats(carver, N * d);
-        routed->grad_null_rows = carve_floats(carver, N * d);
+        routed->grad_output = carve_activations(carver, N * d);
+        routed->grad_null_rows = carve_activations(carver, N * d);
     }
     RouteScratch *route = &routed->route;
     route->route_backward = carve_floats(carver, M * N * H);
     if (!msar)
         return;
     for (size_t k = 0; k < M; k++) {
-        route->sources[k] = carve_floats(carver, N * d);
-        route->grad_sources[k] = carve_floats(carver, N * d);
+        route->sources[k] = carve_activations(carver, N * d);
+        route->grad_sources[k] = carve_activations(carver, N * d);
     }
     for (size_t r = 0; r < m; r++) {
-        route->streams[r] = carve_floats(carver, N * d);
-        route->grad_streams[r] = carve_floats(carver, N * d);
+        route->streams[r] = carve_activations(carver, N * d);
+        route->grad_streams[r] = carve_activations(carver, N * d);
     }
-    route->mixed = carve_floats(carver, N * d);
-    route->grad_mixed = carve_floats(carver, N * d);
+    route->mixed = carve_activations(carver, N * d);
+    route->grad_mixed = carve_activations(carver, N * d);
     route->weights = carve_floats(carver, M * N * H);
     route->rstd = carve_floats(carver, M * N);
     route->mix_gates = carve_floats(carver, N * m);
     route->mix_rstd = carve_floats(carver, N * m);
-    route->gate_query = carve_floats(carver, d); /* zero from alloc(), never written */
+    route->gate_query = carve_activations(carver, d); /* zero from alloc(), never written */
     route->gate_grad_query = carve_floats(carver, d);
     route->gate_grad_key_norm = carve_floats(carver, d);
 }
@@ -103,49 +113,49 @@ static void activations_layout(Activations *act, Carver *carver, const ModelConf
     const int L = config->n_layers;
 
     for (int j = 0; j <= 2 * L; j++)
-        act->stream[j] = carve_floats(carver, N * d);
+        act->stream[j] = carve_activations(carver, N * d);
     for (int i = 0; i < L; i++) {
         LayerActivations *layer = &act->layers[i];
-        layer->attention_normed = carve_floats(carver, N * d);
+        layer->attention_normed = carve_activations(carver, N * d);
         layer->attention_rstd = carve_floats(carver, N);
         if (config->qk_norm) {
-            layer->q_projected = carve_floats(carver, N * q_dim);
-            layer->k_projected = carve_floats(carver, N * kv_dim);
+            layer->q_projected = carve_activations(carver, N * q_dim);
+            layer->k_projected = carve_activations(carver, N * kv_dim);
             layer->q_norm_rstd = carve_floats(carver, N * config->n_heads);
             layer->k_norm_rstd = carve_floats(carver, N * config->n_kv_heads);
         }
-        layer->q = carve_floats(carver, N * q_dim);
-        layer->k = carve_floats(carver, N * kv_dim);
-        layer->v = carve_floats(carver, N * kv_dim);
-        layer->attention_output = carve_floats(carver, N * q_dim);
+        layer->q = carve_activations(carver, N * q_dim);
+        layer->k = carve_activations(carver, N * kv_dim);
+        layer->v = carve_activations(carver, N * kv_dim);
+        layer->attention_output = carve_activations(carver, N * q_dim);
         layer->attention_lse = carve_floats(carver, N * config->n_heads);
-        layer->mlp_normed = carve_floats(carver, N * d);
+        layer->mlp_normed = carve_activations(carver, N * d);
         layer->mlp_rstd = carve_floats(carver, N);
-        layer->gate = carve_floats(carver, N * F);
-        layer->up = carve_floats(carver, N * F);
-        layer->hidden = carve_floats(carver, N * F);
+        layer->gate = carve_activations(carver, N * F);
+        layer->up = carve_activations(carver, N * F);
+        layer->hidden = carve_activations(carver, N * F);
     }
-    act->final_normed = carve_floats(carver, N * d);
+    act->final_normed = carve_activations(carver, N * d);
     act->final_rstd = carve_floats(carver, N);
-    act->logits = carve_floats(carver, N * V);
+    act->logits = carve_activations(carver, (size_t)act->logit_rows * V);
     act->token_losses = carve_floats(carver, N);
     act->token_lse = carve_floats(carver, N);
     act->inputs = carve_tokens(carver, N);
     act->targets = carve_tokens(carver, N);
 
     ActivationScratch *scratch = &act->scratch;
-    scratch->sublayer_output = carve_floats(carver, N * d);
-    scratch->grad_stream = carve_floats(carver, N * d);
-    scratch->grad_normed = carve_floats(carver, N * d);
+    scratch->sublayer_output = carve_activations(carver, N * d);
+    scratch->grad_stream = carve_activations(carver, N * d);
+    scratch->grad_normed = carve_activations(carver, N * d);
     for (int k = 0; k < 2; k++) {
-        scratch->grad_q[k] = carve_floats(carver, N * q_dim);
-        scratch->grad_k[k] = carve_floats(carver, N * kv_dim);
+        scratch->grad_q[k] = carve_activations(carver, N * q_dim);
+        scratch->grad_k[k] = carve_activations(carver, N * kv_dim);
     }
-    scratch->grad_v = carve_floats(carver, N * kv_dim);
-    scratch->grad_gate = carve_floats(carver, N * F);
-    scratch->grad_up = carve_floats(carver, N * F);
-    scratch->grad_hidden = carve_floats(carver, N * F);
-    scratch->grad_logits = carve_floats(carver, N * V);
+    scratch->grad_v = carve_activations(carver, N * kv_dim);
+    scratch->grad_gate = carve_activations(carver, N * F);
+    scratch->grad_up = carve_activations(carver, N * F);
+    scratch->grad_hidden = carve_activations(carver, N * F);
+    scratch->grad_logits = carve_activations(carver, (size_t)act->logit_rows * V);
     scratch->grad_token_loss = carve_floats(carver, N);
 
     if (plan->mode != RESIDUAL_STANDARD)
@@ -192,11 +202,15 @@ void activations_create(Activations *act, const Backend *backend, const ModelCon
     memset(act, 0, sizeof *act);
     act->max_batch = max_batch;
     act->T = T;
+    const size_t N = (size_t)max_batch * T;
+    const size_t row_bytes = (size_t)config->vocab_size * backend->activation_bytes;
+    const size_t chunk = row_bytes ? ACTIVATION_LOGIT_BYTES / row_bytes : N;
+    act->logit_rows = (int)(chunk < 1 ? 1 : chunk > N ? N : chunk);
     act->stream = xcalloc((size_t)2 * config->n_layers + 1, sizeof *act->stream);
     act->layers = xcalloc((size_t)config->n_layers, sizeof *act->layers);
     routed_arrays_create(&act->routed, plan);
 
-    Carver sizing = {.base = NULL, .used = 0};
+    Carver sizing = {.base = NULL, .used = 0, .activation_bytes = backend->activation_bytes};
     activations_layout(act, &sizing, config, plan);
     act->bytes = sizing.used;
     act->memory = backend->alloc(act->bytes);
@@ -204,7 +218,8 @@ void activations_create(Activations *act, const Backend *backend, const ModelCon
         fatal(EXIT_CONFIG, "cannot allocate %.2f GiB of activations for %d x %d tokens on "
               "the %s backend (lower train.microbatch_size or train.seq_len)",
               (double)act->bytes / (1 << 30), max_batch, T, backend->name);
-    Carver carving = {.base = act->memory, .used = 0};
+    Carver carving = {.base = act->memory, .used = 0,
+                      .activation_bytes = backend->activation_bytes};
     activations_layout(act, &carving, config, plan);
 }
 

@@ -1,7 +1,9 @@
 /* model/activations.h — what the forward keeps for the backward, and the scratch both use.
  *
- * Sizes are for up to max_batch sequences of T tokens, N = max_batch * T rows; everything is
- * fp32 in backend memory, carved out of ONE backend allocation that the Activations own.
+ * Sizes are for up to max_batch sequences of T tokens, N = max_batch * T rows, carved out of
+ * ONE backend allocation that the Activations own. Activations and their gradients are
+ * `Activation` arrays (the backend's dtype: fp32 cpu, bf16 cuda); statistics (rstd, lse,
+ * routing weights, gates, token losses) are fp32 on every backend (runtime/backend.h).
  * q_dim = n_heads * head_dim, kv_dim = n_kv_heads * head_dim, F = ffn_dim, V = vocab_size.
  *
  * The stream (DESIGN 2): stream[j], j = 0..2L-1, is the input of sublayer j (sublayer 2i is
@@ -16,13 +18,16 @@
  *                    lse n_heads; qk_norm adds the projections before the norm (q_dim +
  *                    kv_dim) and their rstd (n_heads + n_kv_heads);
  *                    MLP: normed d, rstd 1, gate, up and silu(gate) * up 3 F
- *   final            normed d, rstd 1, logits V, token losses and lse 2
- * Scratch (reused by every layer), floats per token:
+ *   final            normed d, rstd 1, token losses and lse 2
+ * Scratch (reused by every layer), values per token:
  *   forward          sublayer output d
- *   backward         stream gradient d, normed gradient d, 2 q_dim, 3 kv_dim, 3 F, logits
- *                    gradient V, token loss gradient 1
- * so per token about L * (4d + 2 q_dim + 2 kv_dim + 3F) + 2V floats are kept. Nothing is
- * recomputed (activation checkpointing, DESIGN 3, is not here yet).
+ *   backward         stream gradient d, normed gradient d, 2 q_dim, 3 kv_dim, 3 F, token
+ *                    loss gradient 1
+ * so per token about L * (4d + 2 q_dim + 2 kv_dim + 3F) values are kept. Nothing is
+ * recomputed (activation checkpointing, DESIGN 3, is not here yet). The logits and their
+ * gradient are two [logit_rows, V] buffers: the head and the loss walk the batch in chunks
+ * of logit_rows tokens (model/loss.h), so the logits of a whole batch exist at once only
+ * when they fit in ACTIVATION_LOGIT_BYTES (then logit_rows = N).
  *
  * Attention over depth adds, with n_b = n_blocks, N_j the sources of site j, M = the most
  * sources of any site, H = residual.heads, m = MSAR streams (1 for attnres):
@@ -52,35 +57,35 @@
 /* One decoder layer's saved tensors (rows = B * T of the current batch). */
 typedef struct {
     /* attention sublayer */
-    float *attention_normed;      /* [N, d] RMSNorm(x) */
+    Activation *attention_normed; /* [N, d] RMSNorm(x) */
     float *attention_rstd;        /* [N] */
-    float *q_projected;           /* [N, q_dim] q_proj output before q_norm (qk_norm only) */
-    float *k_projected;           /* [N, kv_dim] (qk_norm only) */
+    Activation *q_projected;      /* [N, q_dim] q_proj output before q_norm (qk_norm only) */
+    Activation *k_projected;      /* [N, kv_dim] (qk_norm only) */
     float *q_norm_rstd;           /* [N * n_heads] (qk_norm only) */
     float *k_norm_rstd;           /* [N * n_kv_heads] (qk_norm only) */
-    float *q;                     /* [B, T, n_heads, head_dim] after qk-norm and RoPE */
-    float *k;                     /* [B, T, n_kv_heads, head_dim] after qk-norm and RoPE */
-    float *v;                     /* [B, T, n_kv_heads, head_dim] */
-    float *attention_output;      /* [N, q_dim] softmax(q k^T / sqrt(hd)) v, o_proj input */
+    Activation *q;                /* [B, T, n_heads, head_dim] after qk-norm and RoPE */
+    Activation *k;                /* [B, T, n_kv_heads, head_dim] after qk-norm and RoPE */
+    Activation *v;                /* [B, T, n_kv_heads, head_dim] */
+    Activation *attention_output; /* [N, q_dim] softmax(q k^T / sqrt(hd)) v, o_proj input */
     float *attention_lse;         /* [B, n_heads, T] */
     /* MLP sublayer */
-    float *mlp_normed;            /* [N, d] */
+    Activation *mlp_normed;       /* [N, d] */
     float *mlp_rstd;              /* [N] */
-    float *gate;                  /* [N, F] gate_proj output */
-    float *up;                    /* [N, F] up_proj output */
-    float *hidden;                /* [N, F] silu(gate) * up, down_proj input */
+    Activation *gate;             /* [N, F] gate_proj output */
+    Activation *up;               /* [N, F] up_proj output */
+    Activation *hidden;           /* [N, F] silu(gate) * up, down_proj input */
 } LayerActivations;
 
 /* Buffers that live only inside one op sequence; every backward zeroes what it adds into. */
 typedef struct {
-    float *sublayer_output;       /* [N, d] f_j before the residual add */
-    float *grad_stream;           /* [N, d] d loss / d stream[j], walking down */
-    float *grad_normed;           /* [N, d] */
-    float *grad_q[2];             /* [N, q_dim] ping-pong through o_proj, attention, RoPE, q_norm */
-    float *grad_k[2];             /* [N, kv_dim] */
-    float *grad_v;                /* [N, kv_dim] */
-    float *grad_gate, *grad_up, *grad_hidden; /* [N, F] */
-    float *grad_logits;           /* [N, V] */
+    Activation *sublayer_output;  /* [N, d] f_j before the residual add */
+    Activation *grad_stream;      /* [N, d] d loss / d stream[j], walking down */
+    Activation *grad_normed;      /* [N, d] */
+    Activation *grad_q[2];        /* [N, q_dim] ping-pong through o_proj, attention, RoPE, q_norm */
+    Activation *grad_k[2];        /* [N, kv_dim] */
+    Activation *grad_v;           /* [N, kv_dim] */
+    Activation *grad_gate, *grad_up, *grad_hidden; /* [N, F] */
+    Activation *grad_logits;      /* [logit_rows, V] (Activations.logit_rows) */
     float *grad_token_loss;       /* [N] */
 } ActivationScratch;
 
@@ -98,42 +103,44 @@ typedef struct {
 
 /* Everything a routing site needs besides its saved state, per the op table's rules. */
 typedef struct {
-    float **sources;          /* [M] [N, d] msar: E_r(source k) of the stream being routed */
-    float **grad_sources;     /* [M] [N, d] their gradients */
-    const float **expanded;   /* [M] host array: sources[k], or the raw null source */
-    float **grad_expanded;    /* [M] host array: grad_sources[k], or the null's gradient */
-    float **streams;          /* [m] msar: o_r, the routed streams */
-    float **grad_streams;     /* [m] */
-    float *mixed;             /* [N, d] msar delta: the mix before alpha */
-    float *grad_mixed;        /* [N, d] */
+    Activation **sources;         /* [M] [N, d] msar: E_r(source k) of the stream being routed */
+    Activation **grad_sources;    /* [M] [N, d] their gradients */
+    const Activation **expanded;  /* [M] host array: sources[k], or the raw null source */
+    Activation **grad_expanded;   /* [M] host array: grad_sources[k], or the null's gradient */
+    Activation **streams;         /* [m] msar: o_r, the routed streams */
+    Activation **grad_streams;    /* [m] */
+    Activation *mixed;            /* [N, d] msar delta: the mix before alpha */
+    Activation *grad_mixed;       /* [N, d] */
     float *weights, *rstd;    /* [M, N, H], [M, N]: weights recomputed in the backward */
     float *mix_gates, *mix_rstd; /* [N, m] recomputed in the backward */
     float *route_backward;    /* [M, N, H] route_backward's scratch */
-    const float *gate_query;  /* [d] zeros: the gate route scores nothing (one source) */
+    const Activation *gate_query; /* [d] zeros: the gate route scores nothing (one source) */
     float *gate_grad_query, *gate_grad_key_norm; /* [d] where its (zero) gradients go */
 } RouteScratch;
 
 /* The sources of attention over depth and their gradients (unused by mode standard). */
 typedef struct {
-    float **summaries;        /* [n_buffers] [N, d]: b_0 = e and the partials/blocks */
-    float *stream;            /* [N, d] delta: p, the running stream (forward only) */
-    float *null_rows;         /* [N, d] delta: model.route_null on every token */
+    Activation **summaries;       /* [n_buffers] [N, d]: b_0 = e and the partials/blocks */
+    Activation *stream;           /* [N, d] delta: p, the running stream (forward only) */
+    Activation *null_rows;        /* [N, d] delta: model.route_null on every token */
     uint32_t *zero_tokens;    /* [N] all 0: route_null is looked up as a one-row table */
     SiteActivations *sites;   /* [n_sites] */
-    float *grad_input;        /* [N, d] d x_j, what a site's backward starts from */
-    float *grad_output;       /* [N, d] d f_j in the delta form (dp_{j+1} + d b_n) */
-    float **grad_blocks;      /* [n_blocks + 1] [N, d]: d b_n, and the open block's accumulator */
-    float *grad_null_rows;    /* [N, d] delta: d null per token, summed into d route_null */
+    Activation *grad_input;       /* [N, d] d x_j, what a site's backward starts from */
+    Activation *grad_output;      /* [N, d] d f_j in the delta form (dp_{j+1} + d b_n) */
+    Activation **grad_blocks; /* [n_blocks + 1] [N, d]: d b_n, and the open block's accumulator */
+    Activation *grad_null_rows;   /* [N, d] delta: d null per token, summed into d route_null */
     RouteScratch route;
 } RoutedActivations;
 
 typedef struct {
     int max_batch, T;
-    float **stream;               /* [2L + 1] pointers to [N, d] */
+    Activation **stream;          /* [2L + 1] pointers to [N, d] */
     LayerActivations *layers;     /* [L] */
-    float *final_normed;          /* [N, d] */
+    Activation *final_normed;     /* [N, d] */
     float *final_rstd;            /* [N] */
-    float *logits;                /* [N, V] */
+    int logit_rows;               /* rows of the logits chunk (model/loss.h) */
+    Activation *logits;           /* [logit_rows, V] */
+    Activation *all_logits;       /* [N, V] its own allocation, when asked for (model.h) */
     float *token_losses;          /* [N] ce_t + z_loss * lse_t^2 */
     float *token_lse;             /* [N] logsumexp of the logits */
     uint32_t *inputs, *targets;   /* [N] tokens in backend memory */
@@ -142,6 +149,9 @@ typedef struct {
     size_t bytes;                 /* of the one backend allocation */
     void *memory;
 } Activations;
+
+/* The most bytes one logits chunk may take: 4096 rows of Llama-3's 128256 bf16 logits. */
+#define ACTIVATION_LOGIT_BYTES ((size_t)1 << 30)
 
 /* `plan` (model/residual.h) sizes the routed part; a standard plan adds nothing. */
 void activations_create(Activations *activations, const Backend *backend,

@@ -1,39 +1,68 @@
 /* model/layer.c — the sublayer forwards and the weight lookup; see layer.h. */
 #include "model/layer.h"
 
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 
-static float *resolve(const ParamTable *table, float *flat, const char *prefix,
-                      const char *suffix)
-{
-    char name[PARAM_NAME_MAX];
-    snprintf(name, sizeof name, "%s.%s", prefix, suffix);
-    return flat + param_table_require(table, name)->offset;
-}
+/* The offsets of one layer's tensors in LayerWeights / LayerGrads field order (DESIGN 2.3
+ * names); SIZE_MAX for q_norm and k_norm without qk_norm. */
+enum { LAYER_TENSORS = 11 };
 
-void layer_weights_resolve(LayerWeights *weights, const ParamTable *table, float *flat,
-                           int layer, const ModelConfig *config)
+static void layer_offsets(size_t offsets[LAYER_TENSORS], const ParamTable *table, int layer,
+                          const ModelConfig *config)
 {
+    static const char *const suffixes[LAYER_TENSORS] = {
+        "input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
+        "self_attn.v_proj.weight", "self_attn.o_proj.weight", "self_attn.q_norm.weight",
+        "self_attn.k_norm.weight", "post_attention_layernorm.weight", "mlp.gate_proj.weight",
+        "mlp.up_proj.weight", "mlp.down_proj.weight",
+    };
     char prefix[32];
     snprintf(prefix, sizeof prefix, "model.layers.%d", layer);
-    weights->input_layernorm = resolve(table, flat, prefix, "input_layernorm.weight");
-    weights->q_proj = resolve(table, flat, prefix, "self_attn.q_proj.weight");
-    weights->k_proj = resolve(table, flat, prefix, "self_attn.k_proj.weight");
-    weights->v_proj = resolve(table, flat, prefix, "self_attn.v_proj.weight");
-    weights->o_proj = resolve(table, flat, prefix, "self_attn.o_proj.weight");
-    weights->q_norm = config->qk_norm ? resolve(table, flat, prefix, "self_attn.q_norm.weight")
-                                      : NULL;
-    weights->k_norm = config->qk_norm ? resolve(table, flat, prefix, "self_attn.k_norm.weight")
-                                      : NULL;
-    weights->post_attention_layernorm =
-        resolve(table, flat, prefix, "post_attention_layernorm.weight");
-    weights->gate_proj = resolve(table, flat, prefix, "mlp.gate_proj.weight");
-    weights->up_proj = resolve(table, flat, prefix, "mlp.up_proj.weight");
-    weights->down_proj = resolve(table, flat, prefix, "mlp.down_proj.weight");
+    for (int i = 0; i < LAYER_TENSORS; i++) {
+        const bool qk_norm_tensor = i == 5 || i == 6;
+        char name[PARAM_NAME_MAX];
+        snprintf(name, sizeof name, "%s.%s", prefix, suffixes[i]);
+        offsets[i] = qk_norm_tensor && !config->qk_norm
+                         ? SIZE_MAX
+                         : param_table_require(table, name)->offset;
+    }
+}
+
+void layer_weights_resolve(LayerWeights *weights, const Backend *backend,
+                           const ParamTable *table, Activation *flat, int layer,
+                           const ModelConfig *config)
+{
+    size_t offsets[LAYER_TENSORS];
+    layer_offsets(offsets, table, layer, config);
+    Activation **fields[LAYER_TENSORS] = {
+        &weights->input_layernorm, &weights->q_proj, &weights->k_proj, &weights->v_proj,
+        &weights->o_proj, &weights->q_norm, &weights->k_norm,
+        &weights->post_attention_layernorm, &weights->gate_proj, &weights->up_proj,
+        &weights->down_proj,
+    };
+    for (int i = 0; i < LAYER_TENSORS; i++)
+        *fields[i] = offsets[i] == SIZE_MAX ? NULL : activation_at(backend, flat, offsets[i]);
+}
+
+void layer_grads_resolve(LayerGrads *grads, const ParamTable *table, float *flat, int layer,
+                         const ModelConfig *config)
+{
+    size_t offsets[LAYER_TENSORS];
+    layer_offsets(offsets, table, layer, config);
+    float **fields[LAYER_TENSORS] = {
+        &grads->input_layernorm, &grads->q_proj, &grads->k_proj, &grads->v_proj,
+        &grads->o_proj, &grads->q_norm, &grads->k_norm, &grads->post_attention_layernorm,
+        &grads->gate_proj, &grads->up_proj, &grads->down_proj,
+    };
+    for (int i = 0; i < LAYER_TENSORS; i++)
+        *fields[i] = offsets[i] == SIZE_MAX ? NULL : flat + offsets[i];
 }
 
 void attention_sublayer_forward(const LayerContext *context, const LayerWeights *weights,
-                                LayerActivations *saved, const float *x, float *out)
+                                LayerActivations *saved, const Activation *x,
+                                Activation *out)
 {
     const Backend *backend = context->backend;
     const ModelConfig *config = context->config;
@@ -45,7 +74,7 @@ void attention_sublayer_forward(const LayerContext *context, const LayerWeights 
 
     backend->rmsnorm_forward(saved->attention_normed, saved->attention_rstd, x,
                              weights->input_layernorm, rows, d, eps);
-    const float *n = saved->attention_normed;
+    const Activation *n = saved->attention_normed;
     backend->matmul_forward(saved->v, n, weights->v_proj, rows, d, kv_dim);
     if (config->qk_norm) {
         /* Qwen3: RMSNorm over head_dim per head (rows = tokens * heads), before RoPE */
@@ -70,7 +99,7 @@ void attention_sublayer_forward(const LayerContext *context, const LayerWeights 
 }
 
 void mlp_sublayer_forward(const LayerContext *context, const LayerWeights *weights,
-                          LayerActivations *saved, const float *x, float *out)
+                          LayerActivations *saved, const Activation *x, Activation *out)
 {
     const Backend *backend = context->backend;
     const ModelConfig *config = context->config;

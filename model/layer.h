@@ -25,17 +25,28 @@
 #include "runtime/backend.h"
 #include "runtime/config.h"
 
-/* Pointers to one layer's tensors inside a flat buffer: the parameters, or the gradients
+/* Pointers to one layer's tensors: LayerWeights into the compute copy of the parameters
+ * (what the ops read: the backend's activation dtype), LayerGrads into the fp32 gradients
  * (same layout). q_norm and k_norm are NULL without qk_norm. */
 typedef struct {
-    float *input_layernorm;           /* [d] */
-    float *q_proj, *k_proj, *v_proj;  /* [q_dim, d], [kv_dim, d], [kv_dim, d] */
-    float *o_proj;                    /* [d, q_dim] */
-    float *q_norm, *k_norm;           /* [head_dim] */
-    float *post_attention_layernorm;  /* [d] */
-    float *gate_proj, *up_proj;       /* [F, d] */
-    float *down_proj;                 /* [d, F] */
+    Activation *input_layernorm;          /* [d] */
+    Activation *q_proj, *k_proj, *v_proj; /* [q_dim, d], [kv_dim, d], [kv_dim, d] */
+    Activation *o_proj;                   /* [d, q_dim] */
+    Activation *q_norm, *k_norm;          /* [head_dim] */
+    Activation *post_attention_layernorm; /* [d] */
+    Activation *gate_proj, *up_proj;      /* [F, d] */
+    Activation *down_proj;                /* [d, F] */
 } LayerWeights;
+
+typedef struct {
+    float *input_layernorm;
+    float *q_proj, *k_proj, *v_proj;
+    float *o_proj;
+    float *q_norm, *k_norm;
+    float *post_attention_layernorm;
+    float *gate_proj, *up_proj;
+    float *down_proj;
+} LayerGrads;
 
 /* What every sublayer call needs besides its weights and buffers. */
 typedef struct {
@@ -46,20 +57,25 @@ typedef struct {
     ActivationScratch *scratch;
 } LayerContext;
 
-/* Resolves layer `layer`'s tensors by their DESIGN 2.3 names in `flat`. */
-void layer_weights_resolve(LayerWeights *weights, const ParamTable *table, float *flat,
-                           int layer, const ModelConfig *config);
+/* Resolve layer `layer`'s tensors by their DESIGN 2.3 names in the flat compute copy
+ * (elements of backend->activation_bytes) or in the flat fp32 gradients. */
+void layer_weights_resolve(LayerWeights *weights, const Backend *backend,
+                           const ParamTable *table, Activation *flat, int layer,
+                           const ModelConfig *config);
+void layer_grads_resolve(LayerGrads *grads, const ParamTable *table, float *flat, int layer,
+                         const ModelConfig *config);
 
 void attention_sublayer_forward(const LayerContext *context, const LayerWeights *weights,
-                                LayerActivations *saved, const float *x, float *out);
+                                LayerActivations *saved, const Activation *x,
+                                Activation *out);
 void attention_sublayer_backward(const LayerContext *context, const LayerWeights *weights,
-                                 LayerWeights *grads, const LayerActivations *saved,
-                                 const float *x, const float *dout, float *dx);
+                                 LayerGrads *grads, const LayerActivations *saved,
+                                 const Activation *x, const Activation *dout, Activation *dx);
 
 void mlp_sublayer_forward(const LayerContext *context, const LayerWeights *weights,
-                          LayerActivations *saved, const float *x, float *out);
+                          LayerActivations *saved, const Activation *x, Activation *out);
 void mlp_sublayer_backward(const LayerContext *context, const LayerWeights *weights,
-                           LayerWeights *grads, const LayerActivations *saved,
-                           const float *x, const float *dout, float *dx);
+                           LayerGrads *grads, const LayerActivations *saved,
+                           const Activation *x, const Activation *dout, Activation *dx);
 
 #endif

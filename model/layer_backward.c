@@ -7,8 +7,8 @@
 #include "model/layer.h"
 
 void attention_sublayer_backward(const LayerContext *context, const LayerWeights *weights,
-                                 LayerWeights *grads, const LayerActivations *saved,
-                                 const float *x, const float *dout, float *dx)
+                                 LayerGrads *grads, const LayerActivations *saved,
+                                 const Activation *x, const Activation *dout, Activation *dx)
 {
     const Backend *backend = context->backend;
     const ModelConfig *config = context->config;
@@ -17,10 +17,10 @@ void attention_sublayer_backward(const LayerContext *context, const LayerWeights
     const int d = config->d_model, hd = config->head_dim;
     const int heads = config->n_heads, kv_heads = config->n_kv_heads;
     const int q_dim = heads * hd, kv_dim = kv_heads * hd;
-    const size_t q_bytes = (size_t)rows * q_dim * sizeof(float);
-    const size_t kv_bytes = (size_t)rows * kv_dim * sizeof(float);
-    float *grad_output = scratch->grad_q[0]; /* d attention_output */
-    float *grad_q = scratch->grad_q[1], *grad_k = scratch->grad_k[0];
+    const size_t q_bytes = (size_t)rows * q_dim * backend->activation_bytes;
+    const size_t kv_bytes = (size_t)rows * kv_dim * backend->activation_bytes;
+    Activation *grad_output = scratch->grad_q[0]; /* d attention_output */
+    Activation *grad_q = scratch->grad_q[1], *grad_k = scratch->grad_k[0];
 
     backend->zero(grad_output, q_bytes);
     backend->matmul_backward(grad_output, grads->o_proj, dout, saved->attention_output,
@@ -34,14 +34,14 @@ void attention_sublayer_backward(const LayerContext *context, const LayerWeights
                                 saved->attention_lse, B, T, heads, kv_heads, hd);
 
     /* through RoPE: grad_q[1] -> grad_q[0] (free again), grad_k[0] -> grad_k[1] */
-    float *grad_q_unrotated = scratch->grad_q[0], *grad_k_unrotated = scratch->grad_k[1];
+    Activation *grad_q_unrotated = scratch->grad_q[0], *grad_k_unrotated = scratch->grad_k[1];
     backend->zero(grad_q_unrotated, q_bytes);
     backend->zero(grad_k_unrotated, kv_bytes);
     backend->rope_backward(grad_q_unrotated, grad_q, context->rope_cos, context->rope_sin, B,
                            T, heads, hd);
     backend->rope_backward(grad_k_unrotated, grad_k, context->rope_cos, context->rope_sin, B,
                            T, kv_heads, hd);
-    float *grad_q_projected = grad_q_unrotated, *grad_k_projected = grad_k_unrotated;
+    Activation *grad_q_projected = grad_q_unrotated, *grad_k_projected = grad_k_unrotated;
 
     if (config->qk_norm) {
         /* through the per-head norms: back into grad_q[1], grad_k[0] */
@@ -57,9 +57,9 @@ void attention_sublayer_backward(const LayerContext *context, const LayerWeights
                                   rows * kv_heads, hd);
     }
 
-    float *grad_normed = scratch->grad_normed;
-    const float *n = saved->attention_normed;
-    backend->zero(grad_normed, (size_t)rows * d * sizeof(float));
+    Activation *grad_normed = scratch->grad_normed;
+    const Activation *n = saved->attention_normed;
+    backend->zero(grad_normed, (size_t)rows * d * backend->activation_bytes);
     backend->matmul_backward(grad_normed, grads->q_proj, grad_q_projected, n, weights->q_proj,
                              rows, d, q_dim);
     backend->matmul_backward(grad_normed, grads->k_proj, grad_k_projected, n, weights->k_proj,
@@ -71,8 +71,8 @@ void attention_sublayer_backward(const LayerContext *context, const LayerWeights
 }
 
 void mlp_sublayer_backward(const LayerContext *context, const LayerWeights *weights,
-                           LayerWeights *grads, const LayerActivations *saved,
-                           const float *x, const float *dout, float *dx)
+                           LayerGrads *grads, const LayerActivations *saved,
+                           const Activation *x, const Activation *dout, Activation *dx)
 {
     const Backend *backend = context->backend;
     const ModelConfig *config = context->config;
@@ -80,16 +80,17 @@ void mlp_sublayer_backward(const LayerContext *context, const LayerWeights *weig
     const int rows = context->B * context->T, d = config->d_model, F = config->ffn_dim;
     const size_t hidden_count = (size_t)rows * F;
 
-    backend->zero(scratch->grad_hidden, hidden_count * sizeof(float));
+    const size_t hidden_bytes = hidden_count * backend->activation_bytes;
+    backend->zero(scratch->grad_hidden, hidden_bytes);
     backend->matmul_backward(scratch->grad_hidden, grads->down_proj, dout, saved->hidden,
                              weights->down_proj, rows, F, d);
-    backend->zero(scratch->grad_gate, hidden_count * sizeof(float));
-    backend->zero(scratch->grad_up, hidden_count * sizeof(float));
+    backend->zero(scratch->grad_gate, hidden_bytes);
+    backend->zero(scratch->grad_up, hidden_bytes);
     backend->swiglu_backward(scratch->grad_gate, scratch->grad_up, scratch->grad_hidden,
                              saved->gate, saved->up, hidden_count);
 
-    float *grad_normed = scratch->grad_normed;
-    backend->zero(grad_normed, (size_t)rows * d * sizeof(float));
+    Activation *grad_normed = scratch->grad_normed;
+    backend->zero(grad_normed, (size_t)rows * d * backend->activation_bytes);
     backend->matmul_backward(grad_normed, grads->gate_proj, scratch->grad_gate,
                              saved->mlp_normed, weights->gate_proj, rows, d, F);
     backend->matmul_backward(grad_normed, grads->up_proj, scratch->grad_up, saved->mlp_normed,

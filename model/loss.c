@@ -5,8 +5,29 @@
 
 #include "runtime/error.h"
 
+/* Where the logits of the chunk starting at row `first` live: the chunk buffer, or their
+ * rows of all_logits when the whole batch's are kept. */
+static Activation *chunk_logits(const LayerContext *context, Activations *act, int first)
+{
+    if (!act->all_logits)
+        return act->logits;
+    return activation_at(context->backend, act->all_logits,
+                         (size_t)first * context->config->vocab_size);
+}
+
+/* logits of rows [first, first + count) */
+static void head_forward_chunk(const LayerContext *context, const HeadWeights *weights,
+                               Activations *act, int first, int count)
+{
+    const Backend *backend = context->backend;
+    const int d = context->config->d_model, V = context->config->vocab_size;
+    backend->matmul_forward(chunk_logits(context, act, first),
+                            activation_at_const(backend, act->final_normed, (size_t)first * d),
+                            weights->head, count, d, V);
+}
+
 ModelLoss loss_forward(const LayerContext *context, const HeadWeights *weights,
-                       Activations *act, const float *x, float z_loss)
+                       Activations *act, const Activation *x, float z_loss)
 {
     const Backend *backend = context->backend;
     const ModelConfig *config = context->config;
@@ -14,9 +35,13 @@ ModelLoss loss_forward(const LayerContext *context, const HeadWeights *weights,
 
     backend->rmsnorm_forward(act->final_normed, act->final_rstd, x, weights->norm, rows, d,
                              (float)config->norm_eps);
-    backend->matmul_forward(act->logits, act->final_normed, weights->head, rows, d, V);
-    backend->cross_entropy_forward(act->token_losses, act->token_lse, act->logits,
-                                   act->targets, rows, V, z_loss);
+    for (int first = 0; first < rows; first += act->logit_rows) {
+        const int count = rows - first < act->logit_rows ? rows - first : act->logit_rows;
+        head_forward_chunk(context, weights, act, first, count);
+        backend->cross_entropy_forward(act->token_losses + first, act->token_lse + first,
+                                       chunk_logits(context, act, first), act->targets + first,
+                                       count, V, z_loss);
+    }
 
     /* The means are taken in double on the host, in token order, so they do not depend on
      * the backend's reduction order. ce_t is recovered from loss_t and lse_t. */
@@ -38,14 +63,16 @@ ModelLoss loss_forward(const LayerContext *context, const HeadWeights *weights,
     return result;
 }
 
-void loss_backward(const LayerContext *context, const HeadWeights *weights,
-                   HeadWeights *grads, const Activations *act, const float *x, float z_loss,
-                   float loss_scale, float *dx)
+void loss_backward(const LayerContext *context, const HeadWeights *weights, HeadGrads *grads,
+                   Activations *act, const Activation *x, float z_loss, float loss_scale,
+                   Activation *dx)
 {
     const Backend *backend = context->backend;
     const ModelConfig *config = context->config;
     ActivationScratch *scratch = context->scratch;
     const int rows = context->B * context->T, d = config->d_model, V = config->vocab_size;
+    /* the forward's logits are all still there: one chunk, or all kept */
+    const bool logits_kept = act->all_logits || rows <= act->logit_rows;
 
     /* d(loss_scale * mean_t loss_t) / d loss_t = loss_scale / rows for every token */
     float *grad_token_loss = xmalloc((size_t)rows * sizeof *grad_token_loss);
@@ -55,13 +82,21 @@ void loss_backward(const LayerContext *context, const HeadWeights *weights,
                     (size_t)rows * sizeof *grad_token_loss);
     free(grad_token_loss);
 
-    backend->zero(scratch->grad_logits, (size_t)rows * V * sizeof(float));
-    backend->cross_entropy_backward(scratch->grad_logits, scratch->grad_token_loss,
-                                    act->logits, act->token_lse, act->targets, rows, V,
-                                    z_loss);
-    backend->zero(scratch->grad_normed, (size_t)rows * d * sizeof(float));
-    backend->matmul_backward(scratch->grad_normed, grads->head, scratch->grad_logits,
-                             act->final_normed, weights->head, rows, d, V);
+    backend->zero(scratch->grad_normed, (size_t)rows * d * backend->activation_bytes);
+    for (int first = 0; first < rows; first += act->logit_rows) {
+        const int count = rows - first < act->logit_rows ? rows - first : act->logit_rows;
+        if (!logits_kept)
+            head_forward_chunk(context, weights, act, first, count);
+        backend->zero(scratch->grad_logits, (size_t)count * V * backend->activation_bytes);
+        backend->cross_entropy_backward(scratch->grad_logits, scratch->grad_token_loss + first,
+                                        chunk_logits(context, act, first), act->token_lse + first,
+                                        act->targets + first, count, V, z_loss);
+        const size_t offset = (size_t)first * d;
+        backend->matmul_backward(activation_at(backend, scratch->grad_normed, offset),
+                                 grads->head, scratch->grad_logits,
+                                 activation_at_const(backend, act->final_normed, offset),
+                                 weights->head, count, d, V);
+    }
     backend->rmsnorm_backward(dx, grads->norm, scratch->grad_normed, x, weights->norm,
                               act->final_rstd, rows, d);
 }

@@ -7,7 +7,13 @@
  *
  * head is lm_head.weight, or model.embed_tokens.weight when tie_embeddings (its gradient is
  * then the embedding's, and both uses add into it). The forward keeps the normed input,
- * rstd, logits, per-token losses and lse in the Activations.
+ * rstd, per-token losses and lse in the Activations.
+ *
+ * The head and the loss walk the rows in chunks of act->logit_rows (model/activations.h):
+ * per chunk, the logits [chunk, V] are made, the loss read from them, and they are dropped.
+ * The backward makes each chunk's logits again (one more head matmul) unless the whole
+ * batch was one chunk, whose logits are still there; so no [rows, V] array exists at once
+ * beyond the chunk. The chunking changes no value: every row is computed alone.
  */
 #ifndef FATHOM_MODEL_LOSS_H
 #define FATHOM_MODEL_LOSS_H
@@ -21,20 +27,24 @@ typedef struct {
     double zloss; /* mean of z_loss * lse_t^2 */
 } ModelLoss;
 
-/* Pointers into the flat parameter (or gradient) buffer. */
+/* Pointers into the compute copy of the parameters, and into the fp32 gradients. */
 typedef struct {
-    float *norm; /* model.norm.weight [d] */
-    float *head; /* lm_head.weight or model.embed_tokens.weight [V, d] */
+    Activation *norm; /* model.norm.weight [d] */
+    Activation *head; /* lm_head.weight or model.embed_tokens.weight [V, d] */
 } HeadWeights;
 
-/* Fills act->final_normed, final_rstd, logits, token_losses, token_lse from x and
- * act->targets; returns the means. */
+typedef struct {
+    float *norm, *head;
+} HeadGrads;
+
+/* Fills act->final_normed, final_rstd, token_losses, token_lse (and the logits of the last
+ * chunk) from x and act->targets; returns the means. */
 ModelLoss loss_forward(const LayerContext *context, const HeadWeights *weights,
-                       Activations *act, const float *x, float z_loss);
+                       Activations *act, const Activation *x, float z_loss);
 
 /* dx += d(loss_scale * loss)/dx; grads->norm and grads->head += theirs. */
-void loss_backward(const LayerContext *context, const HeadWeights *weights,
-                   HeadWeights *grads, const Activations *act, const float *x, float z_loss,
-                   float loss_scale, float *dx);
+void loss_backward(const LayerContext *context, const HeadWeights *weights, HeadGrads *grads,
+                   Activations *act, const Activation *x, float z_loss, float loss_scale,
+                   Activation *dx);
 
 #endif

@@ -33,29 +33,41 @@ Model *model_create(const Backend *backend, const ModelConfig *config,
     residual_plan_build(&model->plan, config, residual);
     param_table_build_with_residual(&model->table, config, residual);
 
-    const size_t bytes = model->table.total * sizeof(float);
+    const size_t total = model->table.total, bytes = total * sizeof(float);
     model->params = backend->alloc(bytes);
     model->grads = backend->alloc(bytes);
     if (!model->params || !model->grads)
         fatal(EXIT_CONFIG, "cannot allocate 2 x %.2f GiB of parameters and gradients on the "
               "%s backend", (double)bytes / (1 << 30), backend->name);
+    /* DESIGN 3: the ops read a compute copy in the activation dtype; fp32 needs none */
+    if (backend->activation_bytes == sizeof(float)) {
+        model->compute = (Activation *)model->params;
+    } else {
+        model->compute = backend->alloc(total * backend->activation_bytes);
+        if (!model->compute)
+            fatal(EXIT_CONFIG, "cannot allocate %.2f GiB for the compute copy of the "
+                  "parameters on the %s backend",
+                  (double)(total * backend->activation_bytes) / (1 << 30), backend->name);
+    }
 
     const int L = config->n_layers;
     model->layer_params = xcalloc((size_t)L, sizeof *model->layer_params);
     model->layer_grads = xcalloc((size_t)L, sizeof *model->layer_grads);
     for (int i = 0; i < L; i++) {
-        layer_weights_resolve(&model->layer_params[i], &model->table, model->params, i, config);
-        layer_weights_resolve(&model->layer_grads[i], &model->table, model->grads, i, config);
+        layer_weights_resolve(&model->layer_params[i], backend, &model->table, model->compute,
+                              i, config);
+        layer_grads_resolve(&model->layer_grads[i], &model->table, model->grads, i, config);
     }
     const ParamEntry *embedding = param_table_require(&model->table, "model.embed_tokens.weight");
     const ParamEntry *norm = param_table_require(&model->table, "model.norm.weight");
     const ParamEntry *head = config->tie_embeddings
                                  ? embedding
                                  : param_table_require(&model->table, "lm_head.weight");
-    model->embedding = model->params + embedding->offset;
+    model->embedding = activation_at(backend, model->compute, embedding->offset);
     model->grad_embedding = model->grads + embedding->offset;
-    model->head_params = (HeadWeights){model->params + norm->offset, model->params + head->offset};
-    model->head_grads = (HeadWeights){model->grads + norm->offset, model->grads + head->offset};
+    model->head_params = (HeadWeights){activation_at(backend, model->compute, norm->offset),
+                                       activation_at(backend, model->compute, head->offset)};
+    model->head_grads = (HeadGrads){model->grads + norm->offset, model->grads + head->offset};
 
     const size_t table_count = (size_t)seq_len * (config->head_dim / 2);
     const size_t table_bytes = (table_count ? table_count : 1) * sizeof(float);
@@ -78,9 +90,13 @@ void model_destroy(Model *model)
     if (!model)
         return;
     const Backend *backend = model->backend;
+    if (model->act.all_logits)
+        backend->release(model->act.all_logits);
     activations_destroy(&model->act, backend);
     backend->release(model->rope_cos);
     backend->release(model->rope_sin);
+    if (model->compute != (Activation *)model->params)
+        backend->release(model->compute);
     backend->release(model->params);
     backend->release(model->grads);
     free(model->layer_params);
@@ -97,7 +113,45 @@ const ResidualConfig *model_residual(const Model *model) { return &model->residu
 const Backend *model_backend(const Model *model) { return model->backend; }
 float *model_params(Model *model) { return model->params; }
 float *model_grads(Model *model) { return model->grads; }
-const float *model_logits(const Model *model) { return model->act.logits; }
+
+Activation *model_compute_copy(Model *model)
+{
+    return model->compute == (Activation *)model->params ? NULL : model->compute;
+}
+
+void model_refresh_compute_copy(Model *model)
+{
+    if (model->compute != (Activation *)model->params)
+        model->backend->activations_from_floats(model->compute, model->params,
+                                                model->table.total);
+}
+
+void model_keep_all_logits(Model *model)
+{
+    Activations *act = &model->act;
+    if (act->all_logits)
+        return;
+    const size_t count = (size_t)act->max_batch * act->T * model->config.vocab_size;
+    act->all_logits = model->backend->alloc(count * model->backend->activation_bytes);
+    if (!act->all_logits)
+        fatal(EXIT_CONFIG, "cannot allocate %.2f GiB to keep the logits of %d x %d tokens",
+              (double)(count * model->backend->activation_bytes) / (1 << 30), act->max_batch,
+              act->T);
+}
+
+void model_read_logits(const Model *model, float *host_out)
+{
+    const Activations *act = &model->act;
+    if (model->last_batch == 0)
+        fatal(EXIT_CONFIG, "model_read_logits needs a model_forward first");
+    const size_t rows = (size_t)model->last_batch * act->T;
+    if (!act->all_logits && rows > (size_t)act->logit_rows)
+        fatal(EXIT_CONFIG, "the logits of %zu tokens were made in chunks of %d and not kept "
+              "(model_keep_all_logits keeps them)", rows, act->logit_rows);
+    model->backend->activations_download(host_out,
+                                         act->all_logits ? act->all_logits : act->logits,
+                                         rows * model->config.vocab_size);
+}
 
 void model_init_params(Model *model, uint64_t seed, double init_std)
 {
@@ -114,6 +168,7 @@ void model_init_params(Model *model, uint64_t seed, double init_std)
                                entry->count * sizeof *host);
     }
     free(host);
+    model_refresh_compute_copy(model);
 }
 
 void model_zero_grads(Model *model)
@@ -145,8 +200,8 @@ static void upload_tokens(Model *model, uint32_t *dst, const uint32_t *tokens, s
 }
 
 /* Sublayer j: layer j/2's attention (j even) or MLP (j odd), x -> out (model/layer.h). */
-void model_sublayer_forward(Model *model, const LayerContext *context, int j, const float *x,
-                            float *out)
+void model_sublayer_forward(Model *model, const LayerContext *context, int j,
+                            const Activation *x, Activation *out)
 {
     const LayerWeights *weights = &model->layer_params[j / 2];
     LayerActivations *saved = &model->act.layers[j / 2];
@@ -158,10 +213,10 @@ void model_sublayer_forward(Model *model, const LayerContext *context, int j, co
 
 /* dx += J_j^T dout; dx may be dout. */
 void model_sublayer_backward(Model *model, const LayerContext *context, int j,
-                             const float *x, const float *dout, float *dx)
+                             const Activation *x, const Activation *dout, Activation *dx)
 {
     const LayerWeights *weights = &model->layer_params[j / 2];
-    LayerWeights *grads = &model->layer_grads[j / 2];
+    LayerGrads *grads = &model->layer_grads[j / 2];
     const LayerActivations *saved = &model->act.layers[j / 2];
     if (j % 2 == 0)
         attention_sublayer_backward(context, weights, grads, saved, x, dout, dx);
@@ -170,14 +225,15 @@ void model_sublayer_backward(Model *model, const LayerContext *context, int j,
 }
 
 /* DESIGN 2: stream[j+1] = stream[j] + f_j(stream[j]); returns the final norm's input. */
-static const float *standard_forward(Model *model, const LayerContext *context, size_t rows)
+static const Activation *standard_forward(Model *model, const LayerContext *context,
+                                         size_t rows)
 {
     const Backend *backend = model->backend;
     Activations *act = &model->act;
     const int L = model->config.n_layers, d = model->config.d_model;
     backend->embedding_forward(act->stream[0], act->inputs, model->embedding, (int)rows, d);
     for (int j = 0; j < 2 * L; j++) {
-        float *out = act->scratch.sublayer_output;
+        Activation *out = act->scratch.sublayer_output;
         model_sublayer_forward(model, context, j, act->stream[j], out);
         backend->add(act->stream[j + 1], act->stream[j], out, rows * d);
     }
@@ -196,7 +252,7 @@ ModelLoss model_forward(Model *model, const uint32_t *inputs, const uint32_t *ta
 
     upload_tokens(model, act->inputs, inputs, rows, "input");
     upload_tokens(model, act->targets, targets, rows, "target");
-    const float *final_input = model->plan.mode == RESIDUAL_STANDARD
+    const Activation *final_input = model->plan.mode == RESIDUAL_STANDARD
                                    ? standard_forward(model, &context, rows)
                                    : model_routed_forward(model, &context, rows);
     model->last_batch = B;
@@ -212,9 +268,9 @@ static void standard_backward(Model *model, const LayerContext *context, float l
     const Backend *backend = model->backend;
     Activations *act = &model->act;
     const int L = model->config.n_layers, d = model->config.d_model;
-    float *grad_stream = act->scratch.grad_stream;
+    Activation *grad_stream = act->scratch.grad_stream;
 
-    backend->zero(grad_stream, rows * d * sizeof(float));
+    backend->zero(grad_stream, rows * d * backend->activation_bytes);
     loss_backward(context, &model->head_params, &model->head_grads, act, act->stream[2 * L],
                   model->last_z_loss, loss_scale, grad_stream);
     for (int j = 2 * L - 1; j >= 0; j--)

@@ -2,9 +2,11 @@
  * backward (DESIGN 2), with the standard residual or attention over depth (DESIGN 2.1, 2.2).
  *
  * A Model owns, in backend memory: the flat fp32 parameters and gradients laid out by its
- * ParamTable (model/params.h), the RoPE tables, and the activations for up to max_batch
- * sequences of seq_len tokens (model/activations.h lists what is kept and what it costs).
- * It is written only against the op table of runtime/backend.h.
+ * ParamTable (model/params.h), the compute copy of the parameters that the ops read (DESIGN
+ * 3: bf16 on cuda; on cpu it is the fp32 parameters themselves), the RoPE tables, and the
+ * activations for up to max_batch sequences of seq_len tokens (model/activations.h lists
+ * what is kept and what it costs). It is written only against the op table of
+ * runtime/backend.h.
  *
  *   e = embed_tokens[inputs]                                  [B, T, d]
  *   for each sublayer j = 0..2L-1 (attention, MLP, attention, ...):
@@ -42,10 +44,18 @@ const ParamTable *model_param_table(const Model *model);
 const ModelConfig *model_config(const Model *model);
 const ResidualConfig *model_residual(const Model *model); /* mode standard when none given */
 const Backend *model_backend(const Model *model);
-float *model_params(Model *model); /* flat [total] in backend memory */
-float *model_grads(Model *model);  /* flat [total], same layout */
+float *model_params(Model *model); /* flat fp32 [total] in backend memory */
+float *model_grads(Model *model);  /* flat fp32 [total], same layout */
 
-/* DESIGN 2 init (model/init.h): element i of tensor `name` depends only on (seed, name, i). */
+/* The compute copy, flat [total] in the activation dtype, when it is a separate array (the
+ * optimizer refreshes it: runtime/optim.h); NULL when it is model_params itself (cpu). */
+Activation *model_compute_copy(Model *model);
+/* Makes the compute copy equal the parameters again; call it after writing model_params
+ * other than through the optimizer (a checkpoint load, a test). No-op on cpu. */
+void model_refresh_compute_copy(Model *model);
+
+/* DESIGN 2 init (model/init.h): element i of tensor `name` depends only on (seed, name, i).
+ * Refreshes the compute copy. */
 void model_init_params(Model *model, uint64_t seed, double init_std);
 
 /* Forward on host tokens inputs/targets [B, T] (1 <= B <= max_batch, T = seq_len); keeps
@@ -59,8 +69,12 @@ void model_backward(Model *model, float loss_scale);
 
 void model_zero_grads(Model *model);
 
-/* Logits of the last forward, [B, T, V], backend memory. */
-const float *model_logits(const Model *model);
+/* The logits of the last forward, [B, T, V], converted to fp32 into host_out. Needs the
+ * whole batch's logits: it holds when they fit in one chunk (model/loss.h), or after
+ * model_keep_all_logits; otherwise EXIT_CONFIG. */
+void model_read_logits(const Model *model, float *host_out);
+/* From now on keep the logits of the whole batch ([max_batch * T, V] more backend memory). */
+void model_keep_all_logits(Model *model);
 
 /* ---- the routing of the last forward, read only (for `fathom probe` and the tests) ----
  * Sites are numbered 0..2L: site j stands before sublayer j, site 2L before the final norm;
@@ -77,7 +91,7 @@ int model_site_streams(const Model *model);           /* m for msar, else 1 */
 void model_site_weights(const Model *model, int site, int stream, float *host_out);
 /* The source buffers the site read, backend pointers [N] to [tokens, d], in Route order
  * (model/residual.h). For msar these are the single-stream sources before expansion. */
-void model_site_inputs(const Model *model, int site, const float **sources);
+void model_site_inputs(const Model *model, int site, const Activation **sources);
 /* What the site handed on, x_j (the final site's: the final norm's input): host_out
  * [tokens, d]. */
 void model_site_output(const Model *model, int site, float *host_out);

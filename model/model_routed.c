@@ -17,8 +17,9 @@ void model_routing_resolve(Model *model)
     model->site_grads = xcalloc((size_t)plan->n_sites, sizeof *model->site_grads);
     model->site_alpha = xcalloc((size_t)plan->n_sites, sizeof *model->site_alpha);
     for (int j = 0; j < plan->n_sites; j++) {
-        site_weights_resolve(&model->site_params[j], table, model->params, plan, j);
-        site_weights_resolve(&model->site_grads[j], table, model->grads, plan, j);
+        site_weights_resolve(&model->site_params[j], model->backend, table, model->compute,
+                             model->params, plan, j);
+        site_grads_resolve(&model->site_grads[j], table, model->grads, plan, j);
     }
     model->conv_params = xcalloc((size_t)plan->n_slots + 1, sizeof *model->conv_params);
     model->conv_grads = xcalloc((size_t)plan->n_slots + 1, sizeof *model->conv_grads);
@@ -26,12 +27,12 @@ void model_routing_resolve(Model *model)
         char name[PARAM_NAME_MAX];
         snprintf(name, sizeof name, "model.route_streams.%d.conv", slot);
         const size_t offset = param_table_require(table, name)->offset;
-        model->conv_params[slot] = model->params + offset;
+        model->conv_params[slot] = activation_at(model->backend, model->compute, offset);
         model->conv_grads[slot] = model->grads + offset;
     }
     if (plan->form == FORM_DELTA) {
         const size_t offset = param_table_require(table, "model.route_null")->offset;
-        model->route_null = model->params + offset;
+        model->route_null = activation_at(model->backend, model->compute, offset);
         model->grad_route_null = model->grads + offset;
     }
 }
@@ -46,7 +47,7 @@ void model_routing_free(Model *model)
 }
 
 /* The sources site j reads, as backend pointers [n_sources] (model/residual.h). */
-static void site_sources(const Model *model, int site, const float **sources)
+static void site_sources(const Model *model, int site, const Activation **sources)
 {
     const SitePlan *plan = &model->plan.sites[site];
     const RoutedActivations *routed = &model->act.routed;
@@ -58,7 +59,7 @@ static void site_sources(const Model *model, int site, const float **sources)
 }
 
 /* Where the gradients of site j's sources accumulate [n_sources]. */
-static void site_grad_sources(const Model *model, int site, float **grads)
+static void site_grad_sources(const Model *model, int site, Activation **grads)
 {
     const SitePlan *plan = &model->plan.sites[site];
     const RoutedActivations *routed = &model->act.routed;
@@ -87,7 +88,8 @@ static RouteContext model_route_context(Model *model, int B)
 /* DESIGN 2.1: site j routes over its sources into x_j = stream[j]; f_j lands in its block's
  * buffer (written when it starts the block, else added to the previous partial); the delta
  * form also runs p <- p + f_j. Returns the final site's output, the final norm's input. */
-const float *model_routed_forward(Model *model, const LayerContext *context, size_t rows)
+const Activation *model_routed_forward(Model *model, const LayerContext *context,
+                                      size_t rows)
 {
     const Backend *backend = model->backend;
     Activations *act = &model->act;
@@ -96,12 +98,13 @@ const float *model_routed_forward(Model *model, const LayerContext *context, siz
     const RouteContext route = model_route_context(model, context->B);
     const int d = model->config.d_model, L2 = plan->n_sublayers;
     const bool delta = plan->form == FORM_DELTA;
-    const float **sources = xcalloc((size_t)plan->max_sources, sizeof *sources);
+    const Activation **sources = xcalloc((size_t)plan->max_sources, sizeof *sources);
+    const size_t bytes = rows * d * backend->activation_bytes;
 
     backend->embedding_forward(routed->summaries[0], act->inputs, model->embedding, (int)rows,
                                d);
     if (delta) {
-        backend->copy(routed->stream, routed->summaries[0], rows * d * sizeof(float));
+        backend->copy(routed->stream, routed->summaries[0], bytes);
         /* the null source on every token: a lookup in a table of one row */
         backend->embedding_forward(routed->null_rows, routed->zero_tokens, model->route_null,
                                    (int)rows, d);
@@ -117,8 +120,8 @@ const float *model_routed_forward(Model *model, const LayerContext *context, siz
         if (j == L2)
             break;
         const bool starts_block = residual_sublayer_starts_block(plan, j);
-        float *partial = routed->summaries[plan->sublayer_buffer[j]];
-        float *out = starts_block ? partial : act->scratch.sublayer_output;
+        Activation *partial = routed->summaries[plan->sublayer_buffer[j]];
+        Activation *out = starts_block ? partial : act->scratch.sublayer_output;
         model_sublayer_forward(model, context, j, act->stream[j], out);
         if (!starts_block)
             backend->add(partial, routed->summaries[plan->sublayer_buffer[j - 1]], out,
@@ -147,10 +150,10 @@ void model_routed_backward(Model *model, const LayerContext *context, float loss
     const RouteContext route = model_route_context(model, context->B);
     const int d = model->config.d_model, L2 = plan->n_sublayers;
     const bool delta = plan->form == FORM_DELTA;
-    const size_t count = rows * d, bytes = count * sizeof(float);
-    float *grad_x = routed->grad_input, *grad_stream = act->scratch.grad_stream;
-    const float **sources = xcalloc((size_t)plan->max_sources, sizeof *sources);
-    float **grad_sources = xcalloc((size_t)plan->max_sources, sizeof *grad_sources);
+    const size_t count = rows * d, bytes = count * backend->activation_bytes;
+    Activation *grad_x = routed->grad_input, *grad_stream = act->scratch.grad_stream;
+    const Activation **sources = xcalloc((size_t)plan->max_sources, sizeof *sources);
+    Activation **grad_sources = xcalloc((size_t)plan->max_sources, sizeof *grad_sources);
 
     for (int n = 0; n <= plan->n_blocks; n++)
         backend->zero(routed->grad_blocks[n], bytes);
@@ -163,7 +166,7 @@ void model_routed_backward(Model *model, const LayerContext *context, float loss
                   model->last_z_loss, loss_scale, grad_x);
     for (int j = L2; j >= 0; j--) {
         if (j < L2) {
-            const float *grad_f = routed->grad_blocks[plan->sublayer_block[j]];
+            const Activation *grad_f = routed->grad_blocks[plan->sublayer_block[j]];
             if (delta) {
                 backend->add(routed->grad_output, grad_stream, grad_f, count);
                 grad_f = routed->grad_output;
@@ -236,7 +239,7 @@ void model_site_weights(const Model *model, int site, int stream, float *host_ou
     model->backend->download(host_out, weights, N * rows * per_source * sizeof(float));
 }
 
-void model_site_inputs(const Model *model, int site, const float **sources)
+void model_site_inputs(const Model *model, int site, const Activation **sources)
 {
     model_site(model, site);
     model_require_forward(model, "model_site_inputs");
@@ -248,6 +251,6 @@ void model_site_output(const Model *model, int site, float *host_out)
     model_site(model, site);
     model_require_forward(model, "model_site_output");
     const size_t rows = (size_t)model->last_batch * model->act.T;
-    model->backend->download(host_out, model->act.stream[site],
-                             rows * model->config.d_model * sizeof(float));
+    model->backend->activations_download(host_out, model->act.stream[site],
+                                         rows * model->config.d_model);
 }

@@ -2,29 +2,60 @@
 #include "model/route_site.h"
 
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 
-static float *resolve_optional(const ParamTable *table, float *flat, const char *prefix,
-                               const char *suffix)
+/* The offset of tensor `prefix.suffix`, or SIZE_MAX when the site has none. */
+static size_t site_tensor_offset(const ParamTable *table, const char *prefix,
+                                 const char *suffix)
 {
     char name[PARAM_NAME_MAX];
     snprintf(name, sizeof name, "%s.%s", prefix, suffix);
     const ParamEntry *entry = param_table_find(table, name);
-    return entry ? flat + entry->offset : NULL;
+    return entry ? entry->offset : SIZE_MAX;
 }
 
-void site_weights_resolve(SiteWeights *weights, const ParamTable *table, float *flat,
+static size_t site_tensor_require(const ParamTable *table, const char *prefix,
+                                  const char *suffix)
+{
+    char name[PARAM_NAME_MAX];
+    snprintf(name, sizeof name, "%s.%s", prefix, suffix);
+    return param_table_require(table, name)->offset;
+}
+
+static Activation *compute_tensor(const Backend *backend, Activation *compute, size_t offset)
+{
+    return offset == SIZE_MAX ? NULL : activation_at(backend, compute, offset);
+}
+
+void site_weights_resolve(SiteWeights *weights, const Backend *backend,
+                          const ParamTable *table, Activation *compute, const float *params,
                           const ResidualPlan *plan, int site)
 {
     const char *prefix = plan->sites[site].name;
-    char name[PARAM_NAME_MAX];
-    snprintf(name, sizeof name, "%s.query", prefix);
-    weights->query = flat + param_table_require(table, name)->offset;
-    snprintf(name, sizeof name, "%s.key_norm", prefix);
-    weights->key_norm = flat + param_table_require(table, name)->offset;
-    weights->alpha = resolve_optional(table, flat, prefix, "alpha");
-    weights->mix_bias = resolve_optional(table, flat, prefix, "mix_bias");
-    weights->mix_proj = resolve_optional(table, flat, prefix, "mix_proj");
+    const size_t alpha = site_tensor_offset(table, prefix, "alpha");
+    const size_t mix_bias = site_tensor_offset(table, prefix, "mix_bias");
+    weights->query = compute_tensor(backend, compute, site_tensor_require(table, prefix, "query"));
+    weights->key_norm =
+        compute_tensor(backend, compute, site_tensor_require(table, prefix, "key_norm"));
+    weights->alpha = alpha == SIZE_MAX ? NULL : params + alpha;
+    weights->mix_bias = mix_bias == SIZE_MAX ? NULL : params + mix_bias;
+    weights->mix_proj =
+        compute_tensor(backend, compute, site_tensor_offset(table, prefix, "mix_proj"));
+}
+
+void site_grads_resolve(SiteGrads *grads, const ParamTable *table, float *flat,
+                        const ResidualPlan *plan, int site)
+{
+    const char *prefix = plan->sites[site].name;
+    float **fields[] = {&grads->query, &grads->key_norm, &grads->alpha, &grads->mix_bias,
+                        &grads->mix_proj};
+    static const char *const suffixes[] = {"query", "key_norm", "alpha", "mix_bias",
+                                           "mix_proj"};
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+        const size_t offset = site_tensor_offset(table, prefix, suffixes[i]);
+        *fields[i] = offset == SIZE_MAX ? NULL : flat + offset;
+    }
 }
 
 /* Where stream r's depth weights and key rstd start in a site's saved state. */
@@ -44,10 +75,23 @@ static size_t stream_taps_offset(const RouteContext *context, int r)
     return (size_t)r * context->plan->kernel_max * context->d;
 }
 
+static const Activation *taps_of(const RouteContext *context, const Activation *conv, int r)
+{
+    return activation_at_const(context->backend, conv, stream_taps_offset(context, r));
+}
+
+/* Row r of a [m, d] routing tensor in the compute copy (stream r's query or key norm). */
+static const Activation *stream_row(const RouteContext *context, const Activation *tensor,
+                                    int r)
+{
+    return activation_at_const(context->backend, tensor, (size_t)r * context->d);
+}
+
 /* E_r(s_k) for every source into scratch->sources (the null source passes through
  * unconvolved, DESIGN 2.2); returns the array the Route reads. */
-static const float *const *expand_sources(const RouteContext *context, const SitePlan *site,
-                                          const float *const *sources, int r)
+static const Activation *const *expand_sources(const RouteContext *context,
+                                               const SitePlan *site,
+                                               const Activation *const *sources, int r)
 {
     RouteScratch *scratch = context->scratch;
     const int kernel_size = context->plan->kernel_sizes[r];
@@ -58,8 +102,7 @@ static const float *const *expand_sources(const RouteContext *context, const Sit
             continue;
         }
         context->backend->stream_conv_forward(scratch->sources[k], sources[k],
-                                              context->conv[slot] +
-                                                  stream_taps_offset(context, r),
+                                              taps_of(context, context->conv[slot], r),
                                               kernel_size, context->B, context->T,
                                               context->d);
         scratch->expanded[k] = scratch->sources[k];
@@ -69,7 +112,8 @@ static const float *const *expand_sources(const RouteContext *context, const Sit
 
 void route_site_forward(const RouteContext *context, const SitePlan *site,
                         const SiteWeights *weights, float alpha, SiteActivations *saved,
-                        const float *const *sources, const float *base, float *out)
+                        const Activation *const *sources, const Activation *base,
+                        Activation *out)
 {
     const Backend *backend = context->backend;
     const ResidualPlan *plan = context->plan;
@@ -83,23 +127,23 @@ void route_site_forward(const RouteContext *context, const SitePlan *site,
     }
     RouteScratch *scratch = context->scratch;
     const int m = plan->streams;
-    float *mix = base ? scratch->mixed : out;
+    Activation *mix = base ? scratch->mixed : out;
     for (int r = 0; r < m; r++) {
-        const float *const *expanded = expand_sources(context, site, sources, r);
-        float *stream = m == 1 ? mix : scratch->streams[r];
+        const Activation *const *expanded = expand_sources(context, site, sources, r);
+        Activation *stream = m == 1 ? mix : scratch->streams[r];
         backend->route_forward(stream, saved->weights + stream_weights_offset(context, site, r),
                                saved->rstd + stream_rstd_offset(context, site, r), expanded, N,
-                               weights->query + (size_t)r * d,
-                               weights->key_norm + (size_t)r * d, NULL, 0.0f, rows, d, H,
-                               context->eps);
+                               stream_row(context, weights->query, r),
+                               stream_row(context, weights->key_norm, r), NULL, 0.0f, rows, d,
+                               H, context->eps);
     }
     if (m > 1)
         backend->stream_mix_forward(mix, saved->mix_gates, saved->mix_rstd,
-                                    (const float *const *)scratch->streams, m, weights->mix_bias,
+                                    (const Activation *const *)scratch->streams, m, weights->mix_bias,
                                     weights->mix_proj, rows, d, context->eps);
     if (base) {
         /* x = p + alpha * mix through a Route over the one source `mix` (see the header) */
-        const float *one_source[1] = {mix};
+        const Activation *one_source[1] = {mix};
         backend->route_forward(out, saved->gate_weights, saved->gate_rstd, one_source, 1,
                                scratch->gate_query, scratch->gate_query, base, alpha, rows, d,
                                H, context->eps);
@@ -109,40 +153,41 @@ void route_site_forward(const RouteContext *context, const SitePlan *site,
 /* o_r for every stream into scratch->streams, as the forward made them (every op is
  * deterministic); the depth weights land in scratch, the saved ones stay untouched. */
 static void recompute_streams(const RouteContext *context, const SitePlan *site,
-                              const SiteWeights *weights, const float *const *sources)
+                              const SiteWeights *weights, const Activation *const *sources)
 {
     RouteScratch *scratch = context->scratch;
     const int rows = context->B * context->T, d = context->d;
     for (int r = 0; r < context->plan->streams; r++) {
-        const float *const *expanded = expand_sources(context, site, sources, r);
+        const Activation *const *expanded = expand_sources(context, site, sources, r);
         context->backend->route_forward(scratch->streams[r], scratch->weights, scratch->rstd,
                                         expanded, site->n_sources,
-                                        weights->query + (size_t)r * d,
-                                        weights->key_norm + (size_t)r * d, NULL, 0.0f, rows, d,
-                                        context->plan->heads, context->eps);
+                                        stream_row(context, weights->query, r),
+                                        stream_row(context, weights->key_norm, r), NULL, 0.0f,
+                                        rows, d, context->plan->heads, context->eps);
     }
 }
 
 /* The delta gate: d mix = alpha * dout into scratch->grad_mixed, d alpha += sum <dout, mix>.
  * Needs scratch->streams recomputed; returns d mix. */
-static const float *gate_backward(const RouteContext *context, const SiteWeights *weights,
-                                  SiteWeights *grads, float alpha,
-                                  const SiteActivations *saved, const float *dout)
+static const Activation *gate_backward(const RouteContext *context,
+                                       const SiteWeights *weights, SiteGrads *grads,
+                                       float alpha, const SiteActivations *saved,
+                                       const Activation *dout)
 {
     const Backend *backend = context->backend;
     RouteScratch *scratch = context->scratch;
     const int rows = context->B * context->T, d = context->d, m = context->plan->streams;
-    const float *mix = scratch->streams[0];
+    const Activation *mix = scratch->streams[0];
     if (m > 1) {
         backend->stream_mix_forward(scratch->mixed, scratch->mix_gates, scratch->mix_rstd,
-                                    (const float *const *)scratch->streams, m,
+                                    (const Activation *const *)scratch->streams, m,
                                     weights->mix_bias, weights->mix_proj, rows, d,
                                     context->eps);
         mix = scratch->mixed;
     }
-    backend->zero(scratch->grad_mixed, (size_t)rows * d * sizeof(float));
-    const float *one_source[1] = {mix};
-    float *one_grad[1] = {scratch->grad_mixed};
+    backend->zero(scratch->grad_mixed, (size_t)rows * d * backend->activation_bytes);
+    const Activation *one_source[1] = {mix};
+    Activation *one_grad[1] = {scratch->grad_mixed};
     backend->route_backward(one_grad, scratch->gate_grad_query, scratch->gate_grad_key_norm,
                             grads->alpha, dout, one_source, 1, saved->gate_weights,
                             saved->gate_rstd, scratch->gate_query, scratch->gate_query, true,
@@ -153,17 +198,18 @@ static const float *gate_backward(const RouteContext *context, const SiteWeights
 /* Stream r: from d o_r through its Route and the slot convolutions into grad_sources,
  * the stream's query and key norm, and the conv taps. */
 static void stream_backward(const RouteContext *context, const SitePlan *site,
-                            const SiteWeights *weights, SiteWeights *grads,
-                            const SiteActivations *saved, const float *const *sources,
-                            float *const *grad_sources, const float *grad_stream, int r)
+                            const SiteWeights *weights, SiteGrads *grads,
+                            const SiteActivations *saved, const Activation *const *sources,
+                            Activation *const *grad_sources, const Activation *grad_stream,
+                            int r)
 {
     const Backend *backend = context->backend;
     RouteScratch *scratch = context->scratch;
     const ResidualPlan *plan = context->plan;
     const int rows = context->B * context->T, d = context->d, N = site->n_sources;
-    const size_t bytes = (size_t)rows * d * sizeof(float);
+    const size_t bytes = (size_t)rows * d * backend->activation_bytes;
 
-    const float *const *expanded = expand_sources(context, site, sources, r);
+    const Activation *const *expanded = expand_sources(context, site, sources, r);
     for (int k = 0; k < N; k++) {
         if (site->sources[k].slot == RESIDUAL_NO_SLOT) {
             scratch->grad_expanded[k] = grad_sources[k]; /* the null source: straight through */
@@ -176,8 +222,9 @@ static void stream_backward(const RouteContext *context, const SitePlan *site,
                             grads->key_norm + (size_t)r * d, NULL, grad_stream, expanded, N,
                             saved->weights + stream_weights_offset(context, site, r),
                             saved->rstd + stream_rstd_offset(context, site, r),
-                            weights->query + (size_t)r * d, weights->key_norm + (size_t)r * d,
-                            false, 0.0f, scratch->route_backward, rows, d, plan->heads);
+                            stream_row(context, weights->query, r),
+                            stream_row(context, weights->key_norm, r), false, 0.0f,
+                            scratch->route_backward, rows, d, plan->heads);
     for (int k = 0; k < N; k++) {
         const int slot = site->sources[k].slot;
         if (slot == RESIDUAL_NO_SLOT)
@@ -185,15 +232,15 @@ static void stream_backward(const RouteContext *context, const SitePlan *site,
         const size_t taps = stream_taps_offset(context, r);
         backend->stream_conv_backward(grad_sources[k], context->grad_conv[slot] + taps,
                                       scratch->grad_sources[k], sources[k],
-                                      context->conv[slot] + taps, plan->kernel_sizes[r],
-                                      context->B, context->T, d);
+                                      taps_of(context, context->conv[slot], r),
+                                      plan->kernel_sizes[r], context->B, context->T, d);
     }
 }
 
 void route_site_backward(const RouteContext *context, const SitePlan *site,
-                         const SiteWeights *weights, SiteWeights *grads, float alpha,
-                         const SiteActivations *saved, const float *const *sources,
-                         float *const *grad_sources, const float *dout)
+                         const SiteWeights *weights, SiteGrads *grads, float alpha,
+                         const SiteActivations *saved, const Activation *const *sources,
+                         Activation *const *grad_sources, const Activation *dout)
 {
     const Backend *backend = context->backend;
     const ResidualPlan *plan = context->plan;
@@ -211,13 +258,13 @@ void route_site_backward(const RouteContext *context, const SitePlan *site,
     const int m = plan->streams;
     if (m > 1 || delta) /* the mix backward and the gate need the routed streams */
         recompute_streams(context, site, weights, sources);
-    const float *grad_mix = delta ? gate_backward(context, weights, grads, alpha, saved, dout)
-                                  : dout;
+    const Activation *grad_mix =
+        delta ? gate_backward(context, weights, grads, alpha, saved, dout) : dout;
     if (m > 1) {
         for (int r = 0; r < m; r++)
-            backend->zero(scratch->grad_streams[r], (size_t)rows * d * sizeof(float));
+            backend->zero(scratch->grad_streams[r], (size_t)rows * d * backend->activation_bytes);
         backend->stream_mix_backward(scratch->grad_streams, grads->mix_bias, grads->mix_proj,
-                                     grad_mix, (const float *const *)scratch->streams, m,
+                                     grad_mix, (const Activation *const *)scratch->streams, m,
                                      saved->mix_gates, saved->mix_rstd, weights->mix_bias,
                                      weights->mix_proj, rows, d);
     }

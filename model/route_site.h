@@ -32,14 +32,20 @@
 #include "model/residual.h"
 #include "runtime/backend.h"
 
-/* Pointers to one site's tensors in the flat parameters (or gradients). */
+/* Pointers to one site's tensors: what the ops read (the compute copy, except alpha and
+ * mix_bias, which are added or read as scalars and stay the fp32 master), and where their
+ * gradients go (fp32, same layout). NULL where the site has no such tensor. */
 typedef struct {
-    float *query;    /* [d]; msar [m, d] */
-    float *key_norm; /* [d]; msar [m, d] */
-    float *alpha;    /* [1], delta form only */
-    float *mix_bias; /* [m], msar with m > 1 only */
-    float *mix_proj; /* [m, d], msar with m > 1 only */
+    Activation *query;     /* [d]; msar [m, d] */
+    Activation *key_norm;  /* [d]; msar [m, d] */
+    const float *alpha;    /* [1], delta form only (fp32 master) */
+    const float *mix_bias; /* [m], msar with m > 1 only (fp32 master) */
+    Activation *mix_proj;  /* [m, d], msar with m > 1 only */
 } SiteWeights;
+
+typedef struct {
+    float *query, *key_norm, *alpha, *mix_bias, *mix_proj;
+} SiteGrads;
 
 /* What every site call needs besides its own weights and buffers. */
 typedef struct {
@@ -48,27 +54,32 @@ typedef struct {
     int B, T, d;
     int max_rows;             /* N = max_batch * T: the stride of per-stream saved regions */
     float eps;                /* model.norm_eps (docs/design-notes.md) */
-    float *const *conv;       /* [n_slots] model.route_streams.{n}.conv [m, k_max, d] (msar) */
+    Activation *const *conv;  /* [n_slots] model.route_streams.{n}.conv [m, k_max, d] (msar) */
     float *const *grad_conv;  /* [n_slots] their gradients */
     RouteScratch *scratch;
 } RouteContext;
 
-/* Resolves site `site`'s tensors by their DESIGN 2.3 names in `flat`. */
-void site_weights_resolve(SiteWeights *weights, const ParamTable *table, float *flat,
+/* Resolve site `site`'s tensors by their DESIGN 2.3 names: in the compute copy `compute`
+ * and the fp32 master `params` (SiteWeights), or in the fp32 gradients (SiteGrads). */
+void site_weights_resolve(SiteWeights *weights, const Backend *backend,
+                          const ParamTable *table, Activation *compute, const float *params,
                           const ResidualPlan *plan, int site);
+void site_grads_resolve(SiteGrads *grads, const ParamTable *table, float *flat,
+                        const ResidualPlan *plan, int site);
 
 /* out [rows, d] = x of the site; sources [N] as listed by `site`; base = the stream p in
  * the delta form, NULL in the replace form; alpha = the value of weights->alpha (a host
  * copy, as the Route op takes it). out must not alias a source. */
 void route_site_forward(const RouteContext *context, const SitePlan *site,
                         const SiteWeights *weights, float alpha, SiteActivations *saved,
-                        const float *const *sources, const float *base, float *out);
+                        const Activation *const *sources, const Activation *base,
+                        Activation *out);
 
 /* From dout = d x [rows, d]: grad_sources[k] += d s_k, grads += the site's weight
  * gradients, context->grad_conv += the stream convolutions' (msar). */
 void route_site_backward(const RouteContext *context, const SitePlan *site,
-                         const SiteWeights *weights, SiteWeights *grads, float alpha,
-                         const SiteActivations *saved, const float *const *sources,
-                         float *const *grad_sources, const float *dout);
+                         const SiteWeights *weights, SiteGrads *grads, float alpha,
+                         const SiteActivations *saved, const Activation *const *sources,
+                         Activation *const *grad_sources, const Activation *dout);
 
 #endif

@@ -31,7 +31,7 @@ EvalResult evaluate_loss(Model *model, DataSet *data, int64_t windows, int batch
         result.tokens += tokens;
         result.windows += rows;
         if (on_batch)
-            on_batch(context, first, rows, inputs, model_logits(model));
+            on_batch(context, first, rows, inputs, model);
     }
     if (result.tokens > 0) {
         result.loss = loss_sum / (double)result.tokens;

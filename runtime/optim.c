@@ -59,7 +59,8 @@ bool optim_step(Optimizer *opt, double lr, double *grad_norm)
                               opt->exp_avg_sq + at, range->count,
                               (float)(lr * range->lr_mult), (float)config->beta1,
                               (float)config->beta2, (float)config->eps, range->weight_decay,
-                              update_number);
+                              update_number,
+                              opt->compute ? activation_at(backend, opt->compute, at) : NULL);
     }
 
     if (config->ema_decay > 0 && opt->ema)

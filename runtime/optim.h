@@ -15,7 +15,8 @@
  *   3. grad_clip > 0: coef = grad_clip / (norm + 1e-6); when coef < 1 every gradient is
  *      multiplied by coef, in place (exactly torch.nn.utils.clip_grad_norm_).
  *   4. AdamW on each range with lr * range.lr_mult and range.weight_decay, bias correction
- *      for update number step + 1 (the formula is in runtime/backend.h).
+ *      for update number step + 1 (the formula is in runtime/backend.h); the compute copy,
+ *      when there is one, gets the new weights in the same pass.
  *   5. ema_decay > 0 and ema != NULL: ema = decay * ema + (1 - decay) * params.
  *   6. step += 1; returns true.
  * *grad_norm (grad_norm may be NULL) receives the pre-clip norm, NaN or inf for a skipped step.
@@ -47,6 +48,8 @@ typedef struct {
     const Backend *backend;
     const OptimConfig *config;
     float *params, *grads, *exp_avg, *exp_avg_sq, *ema; /* flat, `count` each; ema may be NULL */
+    Activation *compute;        /* flat compute copy refreshed by every update (DESIGN 3), or
+                                   NULL when the ops read params itself (model_compute_copy) */
     size_t count;
     const OptimRange *ranges;
     int n_ranges;

@@ -143,6 +143,6 @@ float *route_test_logits(const Model *model)
 {
     size_t count = (size_t)ROUTE_TEST_ROWS * model_config(model)->vocab_size;
     float *logits = xmalloc(count * sizeof *logits);
-    backend_cpu()->download(logits, model_logits(model), count * sizeof *logits);
+    model_read_logits(model, logits);
     return logits;
 }

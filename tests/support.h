@@ -10,6 +10,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "runtime/backend.h"
+
+/* On the cpu backend an Activation array is a float array (runtime/backend.h): tests that
+ * drive cpu ops and model internals directly pass their float arrays through these. */
+#define AS_ACTIVATIONS(pointer) ((Activation *)(pointer))
+#define AS_FLOATS(pointer) ((float *)(pointer))
+
 /* Uniform in [-scale, scale), from a per-call seed. */
 void test_fill_uniform(float *x, size_t n, float scale, uint64_t seed);
 /* Standard normal times `scale`. */

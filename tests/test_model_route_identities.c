@@ -68,8 +68,9 @@ static float *per_sublayer_logits(Model *model, bool delta)
     float *rstd = xmalloc((size_t)(2 * L + 2) * rows * sizeof(float));
     const float **sources = xcalloc((size_t)2 * L + 2, sizeof *sources);
     outputs[0] = xmalloc(bytes);
-    backend->embedding_forward(outputs[0], act.inputs,
-                               tensor_of(model, "model.embed_tokens.weight"), rows, d);
+    backend->embedding_forward(AS_ACTIVATIONS(outputs[0]), act.inputs,
+                               AS_ACTIVATIONS(tensor_of(model, "model.embed_tokens.weight")),
+                               rows, d);
     memcpy(p, outputs[0], bytes);
     if (delta)
         for (int t = 0; t < rows; t++)
@@ -88,21 +89,26 @@ static float *per_sublayer_logits(Model *model, bool delta)
         const float *key_norm = tensor_of(model, name);
         snprintf(name, sizeof name, "%s.alpha", model_site_name(model, j));
         const float alpha = delta ? *tensor_of(model, name) : 0.0f;
-        float *x = act.stream[j];
-        backend->route_forward(x, weights, rstd, sources, n, query, key_norm, delta ? p : NULL,
-                               alpha, rows, d, H, (float)config->norm_eps);
+        Activation *x = act.stream[j];
+        backend->route_forward(x, weights, rstd, (const Activation *const *)sources, n,
+                               AS_ACTIVATIONS(query), AS_ACTIVATIONS(key_norm),
+                               delta ? AS_ACTIVATIONS(p) : NULL, alpha, rows, d, H,
+                               (float)config->norm_eps);
         if (j == 2 * L)
             break;
         LayerWeights layer;
-        layer_weights_resolve(&layer, table, model_params(model), j / 2, config);
+        layer_weights_resolve(&layer, backend, table, AS_ACTIVATIONS(model_params(model)),
+                              j / 2, config);
         outputs[j + 1] = xmalloc(bytes);
+        Activation *out = AS_ACTIVATIONS(outputs[j + 1]);
         if (j % 2 == 0)
-            attention_sublayer_forward(&context, &layer, &act.layers[j / 2], x, outputs[j + 1]);
+            attention_sublayer_forward(&context, &layer, &act.layers[j / 2], x, out);
         else
-            mlp_sublayer_forward(&context, &layer, &act.layers[j / 2], x, outputs[j + 1]);
-        backend->add_inplace(p, outputs[j + 1], (size_t)rows * d);
+            mlp_sublayer_forward(&context, &layer, &act.layers[j / 2], x, out);
+        backend->add_inplace(AS_ACTIVATIONS(p), out, (size_t)rows * d);
     }
-    HeadWeights head = {tensor_of(model, "model.norm.weight"), tensor_of(model, "lm_head.weight")};
+    HeadWeights head = {AS_ACTIVATIONS(tensor_of(model, "model.norm.weight")),
+                        AS_ACTIVATIONS(tensor_of(model, "lm_head.weight"))};
     loss_forward(&context, &head, &act, act.stream[2 * L], 1e-4f);
     const size_t logit_bytes = (size_t)rows * config->vocab_size * sizeof(float);
     float *logits = xmalloc(logit_bytes);
@@ -152,7 +158,7 @@ Test(model_route, full_granularity_delta_is_the_per_sublayer_formula_bit_for_bit
 static float **download_sources(Model *model, int site, int *n_sources)
 {
     const int N = model_site_sources(model, site);
-    const float **pointers = xcalloc((size_t)N, sizeof *pointers);
+    const Activation **pointers = xcalloc((size_t)N, sizeof *pointers);
     model_site_inputs(model, site, pointers);
     float **sources = xcalloc((size_t)N, sizeof *sources);
     for (int n = 0; n < N; n++) {

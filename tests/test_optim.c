@@ -31,8 +31,10 @@ static void reference_scale(float *x, float factor, size_t n)
 
 static void reference_adamw_update(float *params, const float *grads, float *exp_avg,
                                    float *exp_avg_sq, size_t n, float lr, float beta1,
-                                   float beta2, float eps, float weight_decay, int step)
+                                   float beta2, float eps, float weight_decay, int step,
+                                   Activation *compute_copy)
 {
+    cr_assert_null(compute_copy, "no compute copy was given to the optimizer");
     float correction1 = 1.0f - powf(beta1, (float)step);
     float correction2_sqrt = sqrtf(1.0f - powf(beta2, (float)step));
     for (size_t i = 0; i < n; i++) {

@@ -1,6 +1,8 @@
 /* kernels/cpu/backend_cpu.c — the cpu op table (runtime/backend.h): host memory and the
  * fp32 kernels of kernels_cpu.h. "Backend memory" is ordinary host memory here, so moving
  * data is memcpy and synchronising is a no-op (every kernel returns when it is done).
+ * Activations are fp32, so the op table's Activation arrays are float arrays and the
+ * conversions are copies (none at all when source and destination are the same array).
  */
 #include "runtime/backend.h"
 
@@ -9,6 +11,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static void *cpu_alloc(size_t bytes)
 {
@@ -37,8 +40,234 @@ static void cpu_synchronize(void)
 {
 }
 
+/* memory_usage: the cpu backend does not account its host memory */
+static void cpu_memory_usage(size_t *in_use, size_t *peak)
+{
+    *in_use = 0;
+    *peak = 0;
+}
+
+/* ---- events: a monotonic clock reading (every op has finished when it returns) ---- */
+struct BackendEvent {
+    struct timespec time;
+};
+
+static BackendEvent *cpu_event_create(void)
+{
+    return xcalloc(1, sizeof(BackendEvent));
+}
+
+static void cpu_event_destroy(BackendEvent *event)
+{
+    free(event);
+}
+
+static void cpu_event_record(BackendEvent *event)
+{
+    clock_gettime(CLOCK_MONOTONIC, &event->time);
+}
+
+static float cpu_event_elapsed_ms(const BackendEvent *start, const BackendEvent *end)
+{
+    return (float)((double)(end->time.tv_sec - start->time.tv_sec) * 1e3 +
+                   (double)(end->time.tv_nsec - start->time.tv_nsec) * 1e-6);
+}
+
+/* ---- the op table's Activation arrays are fp32 here: the wrappers only cast ---- */
+#define F(pointer) ((float *)(pointer))
+#define CF(pointer) ((const float *)(pointer))
+
+static void cpu_activations_from_floats(Activation *dst, const float *src, size_t n)
+{
+    if ((const void *)dst != (const void *)src)
+        cpu_copy(dst, src, n * sizeof(float));
+}
+
+static void cpu_activations_download(float *host_dst, const Activation *src, size_t n)
+{
+    cpu_copy(host_dst, src, n * sizeof(float));
+}
+
+static void table_add_inplace(Activation *y, const Activation *x, size_t n)
+{
+    cpu_add_inplace(F(y), CF(x), n);
+}
+
+static void table_add(Activation *out, const Activation *a, const Activation *b, size_t n)
+{
+    cpu_add(F(out), CF(a), CF(b), n);
+}
+
+static void table_embedding_forward(Activation *out, const uint32_t *tokens,
+                                    const Activation *table, int n, int d)
+{
+    cpu_embedding_forward(F(out), tokens, CF(table), n, d);
+}
+
+static void table_embedding_backward(float *dtable, const Activation *dout,
+                                     const uint32_t *tokens, int n, int d)
+{
+    cpu_embedding_backward(dtable, CF(dout), tokens, n, d);
+}
+
+static void table_rmsnorm_forward(Activation *out, float *rstd, const Activation *x,
+                                  const Activation *weight, int rows, int d, float eps)
+{
+    cpu_rmsnorm_forward(F(out), rstd, CF(x), CF(weight), rows, d, eps);
+}
+
+static void table_rmsnorm_backward(Activation *dx, float *dweight, const Activation *dout,
+                                   const Activation *x, const Activation *weight,
+                                   const float *rstd, int rows, int d)
+{
+    cpu_rmsnorm_backward(F(dx), dweight, CF(dout), CF(x), CF(weight), rstd, rows, d);
+}
+
+static void table_matmul_forward(Activation *out, const Activation *in,
+                                 const Activation *weight, int rows, int in_dim, int out_dim)
+{
+    cpu_matmul_forward(F(out), CF(in), CF(weight), rows, in_dim, out_dim);
+}
+
+static void table_matmul_backward(Activation *din, float *dweight, const Activation *dout,
+                                  const Activation *in, const Activation *weight, int rows,
+                                  int in_dim, int out_dim)
+{
+    cpu_matmul_backward(F(din), dweight, CF(dout), CF(in), CF(weight), rows, in_dim, out_dim);
+}
+
+static void table_rope_forward(Activation *out, const Activation *x, const float *cos,
+                               const float *sin, int B, int T, int n_heads, int head_dim)
+{
+    cpu_rope_forward(F(out), CF(x), cos, sin, B, T, n_heads, head_dim);
+}
+
+static void table_rope_backward(Activation *dx, const Activation *dout, const float *cos,
+                                const float *sin, int B, int T, int n_heads, int head_dim)
+{
+    cpu_rope_backward(F(dx), CF(dout), cos, sin, B, T, n_heads, head_dim);
+}
+
+static void table_attention_forward(Activation *out, float *lse, const Activation *q,
+                                    const Activation *k, const Activation *v, int B, int T,
+                                    int n_heads, int n_kv_heads, int head_dim)
+{
+    cpu_attention_forward(F(out), lse, CF(q), CF(k), CF(v), B, T, n_heads, n_kv_heads,
+                          head_dim);
+}
+
+static void table_attention_backward(Activation *dq, Activation *dk, Activation *dv,
+                                     const Activation *dout, const Activation *q,
+                                     const Activation *k, const Activation *v,
+                                     const Activation *out, const float *lse, int B, int T,
+                                     int n_heads, int n_kv_heads, int head_dim)
+{
+    cpu_attention_backward(F(dq), F(dk), F(dv), CF(dout), CF(q), CF(k), CF(v), CF(out), lse,
+                           B, T, n_heads, n_kv_heads, head_dim);
+}
+
+static void table_swiglu_forward(Activation *out, const Activation *gate,
+                                 const Activation *up, size_t n)
+{
+    cpu_swiglu_forward(F(out), CF(gate), CF(up), n);
+}
+
+static void table_swiglu_backward(Activation *dgate, Activation *dup, const Activation *dout,
+                                  const Activation *gate, const Activation *up, size_t n)
+{
+    cpu_swiglu_backward(F(dgate), F(dup), CF(dout), CF(gate), CF(up), n);
+}
+
+static void table_cross_entropy_forward(float *losses, float *lse, const Activation *logits,
+                                        const uint32_t *targets, int rows, int V, float z_loss)
+{
+    cpu_cross_entropy_forward(losses, lse, CF(logits), targets, rows, V, z_loss);
+}
+
+static void table_cross_entropy_backward(Activation *dlogits, const float *dloss,
+                                         const Activation *logits, const float *lse,
+                                         const uint32_t *targets, int rows, int V,
+                                         float z_loss)
+{
+    cpu_cross_entropy_backward(F(dlogits), dloss, CF(logits), lse, targets, rows, V, z_loss);
+}
+
+static void table_route_forward(Activation *out, float *weights, float *rstd,
+                                const Activation *const *sources, int n_sources,
+                                const Activation *query, const Activation *key_norm,
+                                const Activation *base, float alpha, int tokens, int d,
+                                int heads, float eps)
+{
+    cpu_route_forward(F(out), weights, rstd, (const float *const *)sources, n_sources,
+                      CF(query), CF(key_norm), CF(base), alpha, tokens, d, heads, eps);
+}
+
+static void table_route_backward(Activation *const *dsources, float *dquery, float *dkey_norm,
+                                 float *dalpha, const Activation *dout,
+                                 const Activation *const *sources, int n_sources,
+                                 const float *weights, const float *rstd,
+                                 const Activation *query, const Activation *key_norm,
+                                 bool delta, float alpha, float *scratch, int tokens, int d,
+                                 int heads)
+{
+    cpu_route_backward((float *const *)dsources, dquery, dkey_norm, dalpha, CF(dout),
+                       (const float *const *)sources, n_sources, weights, rstd, CF(query),
+                       CF(key_norm), delta, alpha, scratch, tokens, d, heads);
+}
+
+static void table_stream_conv_forward(Activation *out, const Activation *x,
+                                      const Activation *taps, int kernel_size, int B, int T,
+                                      int d)
+{
+    cpu_stream_conv_forward(F(out), CF(x), CF(taps), kernel_size, B, T, d);
+}
+
+static void table_stream_conv_backward(Activation *dx, float *dtaps, const Activation *dout,
+                                       const Activation *x, const Activation *taps,
+                                       int kernel_size, int B, int T, int d)
+{
+    cpu_stream_conv_backward(F(dx), dtaps, CF(dout), CF(x), CF(taps), kernel_size, B, T, d);
+}
+
+static void table_stream_mix_forward(Activation *out, float *gates, float *rstd,
+                                     const Activation *const *streams, int m,
+                                     const float *mix_bias, const Activation *mix_proj,
+                                     int tokens, int d, float eps)
+{
+    cpu_stream_mix_forward(F(out), gates, rstd, (const float *const *)streams, m, mix_bias,
+                           CF(mix_proj), tokens, d, eps);
+}
+
+static void table_stream_mix_backward(Activation *const *dstreams, float *dmix_bias,
+                                      float *dmix_proj, const Activation *dout,
+                                      const Activation *const *streams, int m,
+                                      const float *gates, const float *rstd,
+                                      const float *mix_bias, const Activation *mix_proj,
+                                      int tokens, int d)
+{
+    cpu_stream_mix_backward((float *const *)dstreams, dmix_bias, dmix_proj, CF(dout),
+                            (const float *const *)streams, m, gates, rstd, mix_bias,
+                            CF(mix_proj), tokens, d);
+}
+
+/* the compute copy of the weights IS the fp32 master here: nothing to refresh */
+static void table_adamw_update(float *params, const float *grads, float *exp_avg,
+                               float *exp_avg_sq, size_t n, float lr, float beta1, float beta2,
+                               float eps, float weight_decay, int step,
+                               Activation *compute_copy)
+{
+    cpu_adamw_update(params, grads, exp_avg, exp_avg_sq, n, lr, beta1, beta2, eps,
+                     weight_decay, step);
+    if (compute_copy)
+        cpu_activations_from_floats(compute_copy, params, n);
+}
+
+#undef F
+#undef CF
+
 static const Backend cpu_backend = {
     .name = "cpu",
+    .activation_bytes = sizeof(float),
     .alloc = cpu_alloc,
     .release = cpu_release,
     .zero = cpu_zero,
@@ -46,31 +275,39 @@ static const Backend cpu_backend = {
     .upload = cpu_copy,
     .download = cpu_copy,
     .synchronize = cpu_synchronize,
-    .add_inplace = cpu_add_inplace,
-    .add = cpu_add,
-    .embedding_forward = cpu_embedding_forward,
-    .embedding_backward = cpu_embedding_backward,
-    .rmsnorm_forward = cpu_rmsnorm_forward,
-    .rmsnorm_backward = cpu_rmsnorm_backward,
-    .matmul_forward = cpu_matmul_forward,
-    .matmul_backward = cpu_matmul_backward,
-    .rope_forward = cpu_rope_forward,
-    .rope_backward = cpu_rope_backward,
-    .attention_forward = cpu_attention_forward,
-    .attention_backward = cpu_attention_backward,
-    .swiglu_forward = cpu_swiglu_forward,
-    .swiglu_backward = cpu_swiglu_backward,
-    .cross_entropy_forward = cpu_cross_entropy_forward,
-    .cross_entropy_backward = cpu_cross_entropy_backward,
-    .route_forward = cpu_route_forward,
-    .route_backward = cpu_route_backward,
-    .stream_conv_forward = cpu_stream_conv_forward,
-    .stream_conv_backward = cpu_stream_conv_backward,
-    .stream_mix_forward = cpu_stream_mix_forward,
-    .stream_mix_backward = cpu_stream_mix_backward,
+    .memory_usage = cpu_memory_usage,
+    .event_create = cpu_event_create,
+    .event_destroy = cpu_event_destroy,
+    .event_record = cpu_event_record,
+    .event_elapsed_ms = cpu_event_elapsed_ms,
+    .activations_from_floats = cpu_activations_from_floats,
+    .activations_upload = cpu_activations_from_floats,
+    .activations_download = cpu_activations_download,
+    .add_inplace = table_add_inplace,
+    .add = table_add,
+    .embedding_forward = table_embedding_forward,
+    .embedding_backward = table_embedding_backward,
+    .rmsnorm_forward = table_rmsnorm_forward,
+    .rmsnorm_backward = table_rmsnorm_backward,
+    .matmul_forward = table_matmul_forward,
+    .matmul_backward = table_matmul_backward,
+    .rope_forward = table_rope_forward,
+    .rope_backward = table_rope_backward,
+    .attention_forward = table_attention_forward,
+    .attention_backward = table_attention_backward,
+    .swiglu_forward = table_swiglu_forward,
+    .swiglu_backward = table_swiglu_backward,
+    .cross_entropy_forward = table_cross_entropy_forward,
+    .cross_entropy_backward = table_cross_entropy_backward,
+    .route_forward = table_route_forward,
+    .route_backward = table_route_backward,
+    .stream_conv_forward = table_stream_conv_forward,
+    .stream_conv_backward = table_stream_conv_backward,
+    .stream_mix_forward = table_stream_mix_forward,
+    .stream_mix_backward = table_stream_mix_backward,
     .sum_squares = cpu_sum_squares,
     .scale = cpu_scale,
-    .adamw_update = cpu_adamw_update,
+    .adamw_update = table_adamw_update,
     .ema_update = cpu_ema_update,
 };
 
