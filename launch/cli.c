@@ -1,6 +1,7 @@
 /* launch/cli.c — the command dispatcher (DESIGN 6). */
 #include "launch/cli.h"
 
+#include "launch/bench.h"
 #include "launch/eval.h"
 #include "launch/probe.h"
 #include "launch/train.h"
@@ -16,7 +17,9 @@ static const char usage[] =
     "  eval  --checkpoint DIR [--weights ema|raw] [--data SPEC] [--samples N] "
     "[--dump-logits OUT.h5]\n"
     "  probe --checkpoint DIR [--weights ema|raw] [--data SPEC] [--samples N] [--slices S] "
-    "[--json OUT.json]\n";
+    "[--json OUT.json]\n"
+    "  bench [--cases layers,attention,route,msar,step] [--repeat N] [--device D] [--small] "
+    "[--json OUT.jsonl]\n";
 
 int cli_main(int argc, char **argv)
 {
@@ -34,5 +37,7 @@ int cli_main(int argc, char **argv)
         return eval_main(argc, argv);
     if (!strcmp(argv[1], "probe"))
         return probe_main(argc, argv);
+    if (!strcmp(argv[1], "bench"))
+        return bench_main(argc, argv);
     fatal(EXIT_CONFIG, "unknown command '%s'\n%s", argv[1], usage);
 }

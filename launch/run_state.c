@@ -3,6 +3,7 @@
 
 #include "checkpoints/checkpoint.h"
 #include "model/params.h"
+#include "runtime/metrics.h"
 #include "runtime/error.h"
 
 #include <stdio.h>
@@ -227,4 +228,28 @@ void run_state_load_weights(Model *model, const char *step_dir, bool use_ema)
     stage_end(&stage, true);
     model_refresh_compute_copy(model);
     free(tensors);
+}
+
+OptimRange *run_state_optimizer_ranges(const ParamTable *table, const OptimConfig *optim)
+{
+    OptimRange *ranges = xcalloc((size_t)table->n_params, sizeof *ranges);
+    for (int i = 0; i < table->n_params; i++) {
+        const ParamEntry *entry = &table->params[i];
+        unsigned kind_bit = param_kind_no_decay_bit(entry->kind);
+        ranges[i] = (OptimRange){
+            .offset = entry->offset,
+            .count = entry->count,
+            .lr_mult = optim_range_lr_mult(optim, kind_bit == NO_DECAY_ROUTING),
+            .weight_decay = optim_range_weight_decay(optim, kind_bit),
+        };
+    }
+    return ranges;
+}
+
+double run_state_peak_memory_gib(const Backend *backend)
+{
+    size_t in_use = 0, peak = 0;
+    if (backend->memory_usage)
+        backend->memory_usage(&in_use, &peak);
+    return peak > 0 ? (double)peak / (1 << 30) : metrics_peak_rss_gib();
 }

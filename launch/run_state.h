@@ -8,6 +8,8 @@
 #define FATHOM_LAUNCH_RUN_STATE_H
 
 #include "model/model.h"
+#include "model/params.h"
+#include "runtime/optim.h"
 #include "runtime/config.h"
 
 #include <stdbool.h>
@@ -35,5 +37,13 @@ void run_state_restore(RunState *state, Model *model, const Config *config,
 /* Loads only the model weights of a checkpoint into the model's parameters: the EMA
  * (use_ema) or the raw weights. */
 void run_state_load_weights(Model *model, const char *step_dir, bool use_ema);
+
+/* One optimizer range per parameter tensor: its lr multiplier and weight decay by kind
+ * (runtime/optim.h); malloc'd, the caller frees it. */
+OptimRange *run_state_optimizer_ranges(const ParamTable *table, const OptimConfig *optim);
+
+/* The most memory the run has held: the backend's own count (device memory on cuda), or
+ * the process's peak resident set where the backend keeps none (cpu). */
+double run_state_peak_memory_gib(const Backend *backend);
 
 #endif

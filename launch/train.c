@@ -80,23 +80,6 @@ static void parse_arguments(int argc, char **argv, const char **config_path,
         fatal(EXIT_CONFIG, "usage: fathom train CONFIG.yaml [--set key=value ...]");
 }
 
-/* One optimizer range per parameter tensor: its lr multiplier and weight decay by kind. */
-static OptimRange *optimizer_ranges(const ParamTable *table, const OptimConfig *optim)
-{
-    OptimRange *ranges = xcalloc((size_t)table->n_params, sizeof *ranges);
-    for (int i = 0; i < table->n_params; i++) {
-        const ParamEntry *entry = &table->params[i];
-        unsigned kind_bit = param_kind_no_decay_bit(entry->kind);
-        ranges[i] = (OptimRange){
-            .offset = entry->offset,
-            .count = entry->count,
-            .lr_mult = optim_range_lr_mult(optim, kind_bit == NO_DECAY_ROUTING),
-            .weight_decay = optim_range_weight_decay(optim, kind_bit),
-        };
-    }
-    return ranges;
-}
-
 static void print_banner(const Config *config, const Backend *backend,
                          const ParamTable *table, const RunState *state, bool resumed)
 {
@@ -165,7 +148,7 @@ int train_main(int argc, char **argv)
     MetricsLog *metrics = resumed ? metrics_open_resumed(config.run_dir, state.step)
                                  : metrics_open(config.run_dir, true);
 
-    OptimRange *ranges = optimizer_ranges(table, &config.optim);
+    OptimRange *ranges = run_state_optimizer_ranges(table, &config.optim);
     Optimizer optimizer = {
         .backend = backend,
         .config = &config.optim,
@@ -236,7 +219,7 @@ int train_main(int argc, char **argv)
                 .grad_norm = grad_norm,
                 .lr = lr,
                 .tokens = state.tokens_seen,
-                .mem_gib = metrics_peak_rss_gib(),
+                .mem_gib = run_state_peak_memory_gib(backend),
                 .skipped = window.skipped,
                 .comm = &comm,
                 .n_stages = 1,

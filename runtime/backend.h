@@ -51,6 +51,7 @@ typedef struct Backend {
     /* bytes held through alloc() now, and the most held at once so far (including the
      * backend's own workspaces) */
     void (*memory_usage)(size_t *in_use, size_t *peak);
+    void (*memory_peak_reset)(void); /* peak = in_use from now on */
 
     /* ---- events on the compute stream: timing now, ordering against communication later */
     BackendEvent *(*event_create)(void);

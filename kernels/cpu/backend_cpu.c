@@ -47,6 +47,10 @@ static void cpu_memory_usage(size_t *in_use, size_t *peak)
     *peak = 0;
 }
 
+static void cpu_memory_peak_reset(void)
+{
+}
+
 /* ---- events: a monotonic clock reading (every op has finished when it returns) ---- */
 struct BackendEvent {
     struct timespec time;
@@ -276,6 +280,7 @@ static const Backend cpu_backend = {
     .download = cpu_copy,
     .synchronize = cpu_synchronize,
     .memory_usage = cpu_memory_usage,
+    .memory_peak_reset = cpu_memory_peak_reset,
     .event_create = cpu_event_create,
     .event_destroy = cpu_event_destroy,
     .event_record = cpu_event_record,
