@@ -80,7 +80,19 @@ static void parse_arguments(int argc, char **argv, const char **config_path,
         fatal(EXIT_CONFIG, "usage: fathom train CONFIG.yaml [--set key=value ...]");
 }
 
-static void print_banner(const Config *config, const Backend *backend,
+/* "1.23 GiB", "45.6 MiB" or "789 KiB" */
+static const char *format_bytes(char *buffer, size_t capacity, size_t bytes)
+{
+    if (bytes >= ((size_t)1 << 30))
+        snprintf(buffer, capacity, "%.2f GiB", (double)bytes / (1 << 30));
+    else if (bytes >= ((size_t)1 << 20))
+        snprintf(buffer, capacity, "%.1f MiB", (double)bytes / (1 << 20));
+    else
+        snprintf(buffer, capacity, "%.0f KiB", (double)bytes / (1 << 10));
+    return buffer;
+}
+
+static void print_banner(const Config *config, const Backend *backend, Model *model,
                          const ParamTable *table, const RunState *state, bool resumed)
 {
     printf("fathom: %.2fM parameters (%d layers, d_model %d, %d/%d heads) on the %s backend\n",
@@ -90,6 +102,16 @@ static void print_banner(const Config *config, const Backend *backend,
            config->train.steps, config->train.global_batch_size, config->train.seq_len,
            config_microbatches_per_rank(config), config->train.microbatch_size,
            config->run_dir);
+    size_t parameter_bytes, activation_bytes;
+    model_memory_bytes(model, &parameter_bytes, &activation_bytes);
+    const size_t optimizer_bytes = (state->ema ? 3 : 2) * table->total * sizeof(float);
+    char parameters[32], optimizer[32], activations[32];
+    printf("fathom: memory plan: parameters %s (master, gradients%s), optimizer %s, "
+           "activations %s; allocated once, before the first step\n",
+           format_bytes(parameters, sizeof parameters, parameter_bytes),
+           model_compute_copy(model) ? ", compute copy" : "",
+           format_bytes(optimizer, sizeof optimizer, optimizer_bytes),
+           format_bytes(activations, sizeof activations, activation_bytes));
     if (resumed)
         printf("fathom: resumed at step %lld (%lld samples consumed)\n",
                (long long)state->step, (long long)state->consumed_samples);
@@ -141,7 +163,7 @@ int train_main(int argc, char **argv)
         if (state.ema)
             backend->copy(state.ema, model_params(model), table->total * sizeof(float));
     }
-    print_banner(&config, backend, table, &state, resumed);
+    print_banner(&config, backend, model, table, &state, resumed);
 
     DataSet *train_data = data_open_train(&config);
     DataSet *val_data = config.eval.every > 0 ? data_open_eval(&config, NULL) : NULL;

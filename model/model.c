@@ -126,6 +126,15 @@ void model_refresh_compute_copy(Model *model)
                                                 model->table.total);
 }
 
+void model_memory_bytes(const Model *model, size_t *parameter_bytes, size_t *activation_bytes)
+{
+    const size_t total = model->table.total;
+    *parameter_bytes = 2 * total * sizeof(float);
+    if (model->compute != (Activation *)model->params)
+        *parameter_bytes += total * model->backend->activation_bytes;
+    *activation_bytes = model->act.bytes;
+}
+
 void model_keep_all_logits(Model *model)
 {
     Activations *act = &model->act;

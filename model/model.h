@@ -54,6 +54,10 @@ Activation *model_compute_copy(Model *model);
  * other than through the optimizer (a checkpoint load, a test). No-op on cpu. */
 void model_refresh_compute_copy(Model *model);
 
+/* The backend memory the model holds: parameters (fp32 master, fp32 gradients and the
+ * compute copy where it is separate) and activations (model/activations.h). */
+void model_memory_bytes(const Model *model, size_t *parameter_bytes, size_t *activation_bytes);
+
 /* DESIGN 2 init (model/init.h): element i of tensor `name` depends only on (seed, name, i).
  * Refreshes the compute copy. */
 void model_init_params(Model *model, uint64_t seed, double init_std);
