@@ -6,8 +6,10 @@
  * weight under its DESIGN 2.3 name (/weights, float32) and what the oracle computed in float64:
  * /logits [B, T, V], /loss, /ce, /zloss and /grads/<name>.
  *
- * fixture_open builds the network the config names (its residual section included) on the
- * cpu backend for B sequences of T tokens and loads every weight into it. The fixture_check_*
+ * fixture_open builds the network the config names (its residual section included) for B
+ * sequences of T tokens on the backend of fixture_use_backend (cpu unless told otherwise) and
+ * loads every weight into it; weights, gradients and logits cross the host boundary only
+ * through that model's backend, so the same claims run on every backend. The fixture_check_*
  * functions each open a fixture, assert one claim with the caller's tolerance (relative error
  * ||fathom - oracle|| / ||oracle||) and close it again. `oracle` names who made the numbers
  * in failure messages. Everything a Fixture holds is its own; fixture_close frees it.
@@ -20,6 +22,7 @@
 #include <stdint.h>
 
 #include "model/model.h"
+#include "runtime/backend.h"
 #include "runtime/config.h"
 
 typedef struct {
@@ -29,6 +32,11 @@ typedef struct {
     uint32_t *inputs, *targets; /* [B, T] */
     Model *model;
 } Fixture;
+
+/* The backend every later fixture_open of this process builds its model on (default
+ * backend_cpu()). Criterion runs each test in its own process, so a test that sets it
+ * changes no other test. */
+void fixture_use_backend(const Backend *backend);
 
 void fixture_open(Fixture *fixture, const char *stem);
 void fixture_close(Fixture *fixture);

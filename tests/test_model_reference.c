@@ -2,11 +2,12 @@
  *
  * tests/fixtures/{llama,qwen3}_tiny.h5 were made by tests/reference/make_fixtures.py with
  * LlamaForCausalLM (llama3 RoPE scaling, untied head) and Qwen3ForCausalLM (q/k norms,
- * head_dim != d / n_heads, tied head) in float64. Each file holds the fathom YAML config of
- * the network (root attribute `config`), the batch (/tokens [B, T+1]), every weight under
- * its DESIGN 2.3 name (/weights), and the oracle: /logits, /loss, /ce, /zloss and every
- * gradient d loss / d weight (/grads), and the losses before and after each of 3 AdamW
- * steps on that batch (/adamw/losses). The cpu backend is fp32, so the tolerances are
+ * head_dim != d / n_heads, tied head) in float64; {llama,qwen3}_gpu.h5 are the same
+ * families at head_dim 64 and 128, head dims the cuda attention also runs. Each file holds
+ * the fathom YAML config of the network (root attribute `config`), the batch (/tokens
+ * [B, T+1]), every weight under its DESIGN 2.3 name (/weights), and the oracle: /logits,
+ * /loss, /ce, /zloss and every gradient d loss / d weight (/grads), and the losses before
+ * and after each of 3 AdamW steps on that batch (/adamw/losses). The cpu backend is fp32, so the tolerances are
  * relative 1e-5 on logits and losses and 1e-4 on gradients (||fathom - hf|| / ||hf||).
  * Reading and comparing: tests/fixture_support.h, shared with test_model_route_reference.c.
  */
@@ -30,7 +31,7 @@ static void check_adamw_losses_match(const char *stem)
 {
     Fixture fixture;
     fixture_open(&fixture, stem);
-    const Backend *backend = backend_cpu();
+    const Backend *backend = model_backend(fixture.model);
     const ParamTable *table = model_param_table(fixture.model);
     const OptimConfig *optim = &fixture.config.optim;
     OptimRange *ranges = xcalloc((size_t)table->n_params, sizeof *ranges);
@@ -48,6 +49,7 @@ static void check_adamw_losses_match(const char *stem)
         .config = optim,
         .params = model_params(fixture.model),
         .grads = model_grads(fixture.model),
+        .compute = model_compute_copy(fixture.model),
         .exp_avg = backend->alloc(bytes),
         .exp_avg_sq = backend->alloc(bytes),
         .count = table->total,
@@ -75,27 +77,30 @@ static void check_adamw_losses_match(const char *stem)
     fixture_close(&fixture);
 }
 
-#define REFERENCE_TESTS(family)                                                            \
-    Test(model_reference, family##_weight_names_and_shapes_match_the_param_table)         \
+/* The five claims for one fixture; `name` begins the test names. */
+#define REFERENCE_TESTS(name, stem)                                                        \
+    Test(model_reference, name##_weight_names_and_shapes_match_the_param_table)           \
     {                                                                                      \
-        fixture_check_weight_names_and_shapes(#family "_tiny");                            \
+        fixture_check_weight_names_and_shapes(stem);                                       \
     }                                                                                      \
-    Test(model_reference, family##_logits_match_hugging_face)                              \
+    Test(model_reference, name##_logits_match_hugging_face)                                \
     {                                                                                      \
-        fixture_check_logits(#family "_tiny", ORACLE, LOGITS_TOLERANCE);                   \
+        fixture_check_logits(stem, ORACLE, LOGITS_TOLERANCE);                              \
     }                                                                                      \
-    Test(model_reference, family##_loss_ce_and_zloss_match_hugging_face)                   \
+    Test(model_reference, name##_loss_ce_and_zloss_match_hugging_face)                     \
     {                                                                                      \
-        fixture_check_losses(#family "_tiny", ORACLE, LOGITS_TOLERANCE);                   \
+        fixture_check_losses(stem, ORACLE, LOGITS_TOLERANCE);                              \
     }                                                                                      \
-    Test(model_reference, family##_gradients_match_hugging_face)                           \
+    Test(model_reference, name##_gradients_match_hugging_face)                             \
     {                                                                                      \
-        fixture_check_gradients(#family "_tiny", GRADIENT_TOLERANCE);                      \
+        fixture_check_gradients(stem, GRADIENT_TOLERANCE);                                 \
     }                                                                                      \
-    Test(model_reference, family##_three_adamw_steps_follow_torch)                         \
+    Test(model_reference, name##_three_adamw_steps_follow_torch)                           \
     {                                                                                      \
-        check_adamw_losses_match(#family "_tiny");                                         \
+        check_adamw_losses_match(stem);                                                    \
     }
 
-REFERENCE_TESTS(llama)
-REFERENCE_TESTS(qwen3)
+REFERENCE_TESTS(llama, "llama_tiny")
+REFERENCE_TESTS(qwen3, "qwen3_tiny")
+REFERENCE_TESTS(llama_head_dim_64, "llama_gpu")
+REFERENCE_TESTS(qwen3_head_dim_128, "qwen3_gpu")

@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
 """tests/reference/make_fixtures.py — Hugging Face oracle fixtures for the model tests (DESIGN 7).
 
-Builds two tiny random models with Hugging Face transformers (the implementation nobody here
+Builds small random models with Hugging Face transformers (the implementation nobody here
 wrote), runs them in float64 on one fixed batch and writes, per model, one HDF5 file:
 
     tests/fixtures/llama_tiny.h5   LlamaForCausalLM, llama3 RoPE scaling, untied head
     tests/fixtures/qwen3_tiny.h5   Qwen3ForCausalLM, q/k norms, head_dim != d/heads, tied head
+    tests/fixtures/llama_gpu.h5    as llama_tiny at head_dim 64 (a head_dim the cuda
+                                   attention runs: 64, 80 or 128)
+    tests/fixtures/qwen3_gpu.h5    as qwen3_tiny at head_dim 128
 
 File format (the C tests read exactly this):
     attrs  config  fathom YAML (DESIGN 6 keys) describing the same network and optimizer
@@ -24,7 +27,9 @@ the model is float64. For a float64 oracle (and a finite-difference check that m
 something) those casts are redirected to float64 while the model is built and run (see
 float64_everywhere); the script checks that this changes the logits by float32 rounding only.
 
-Run from anywhere:  python3 tests/reference/make_fixtures.py   (deterministic: same bytes)
+Run from anywhere:  python3 tests/reference/make_fixtures.py [STEM ...]
+(deterministic: same bytes). With stems (llama_tiny, qwen3_tiny, llama_gpu, qwen3_gpu) it
+makes only those files; without, all of them.
 """
 
 import contextlib
@@ -52,11 +57,14 @@ BATCH = 2
 SEQ_LEN = 16
 Z_LOSS = 1e-4
 ADAMW_STEPS = 3
-LR = 1e-2
+LR = 1e-2  # the tiny fixtures'; a spec's "lr" key overrides it
 BETAS = (0.9, 0.95)
 ADAM_EPS = 1e-8
 WEIGHT_DECAY = 0.1
 GRAD_CLIP = 1.0
+
+# The relative tolerance of the C tests on /adamw/losses (tests/test_model_reference.c).
+FLOAT32_ADAMW_BOUND = 1e-5
 
 # Larger than the 0.02 of DESIGN 2 so that attention is far from uniform and every gradient
 # is well above float32 rounding of the logits (the C tests compare fp32 against these).
@@ -64,7 +72,7 @@ MATRIX_STD = 0.1
 NORM_JITTER = 0.1  # norm weights are 1 + 0.1 * N(0, 1): their gradients then matter
 
 LLAMA = dict(
-    family="llama", seed=20240601,
+    stem="llama_tiny", family="llama", seed=20240601,
     vocab_size=96, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16,
     ffn_dim=160, rope_theta=500000.0, norm_eps=1e-5, qk_norm=False, tie_embeddings=False,
     rope_scaling=dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
@@ -72,12 +80,28 @@ LLAMA = dict(
     max_position=64,
 )
 QWEN3 = dict(
-    family="qwen3", seed=20240602,
+    stem="qwen3_tiny", family="qwen3", seed=20240602,
     vocab_size=96, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=24,
     ffn_dim=160, rope_theta=1000000.0, norm_eps=1e-6, qk_norm=True, tie_embeddings=True,
     rope_scaling=None,
     max_position=64,
 )
+# The same families at head dims the cuda attention supports (64, 80, 128), so that one
+# fixture runs on every backend. Sizes keep each file under 4 MB (float64 gradients are two
+# thirds of it); qwen3_gpu's ffn_dim 96 (< d) is what keeps it there at head_dim 128.
+# Smaller lr than the tiny fixtures: with 3-5x their parameters, lr 1e-2 takes the loss from
+# 5.1 to 0.7 in three steps, and on that path a float32 run drifts from the float64 losses by
+# up to 2e-5 (check_adamw_float32_drift). llama_gpu 1e-3 and qwen3_gpu 2e-3 keep the drift
+# below 1e-6 (over six seeds) while every mistake of check_adamw_sensitivity still shows.
+LLAMA_GPU = dict(
+    LLAMA, stem="llama_gpu", seed=20240603,
+    d_model=128, n_heads=2, n_kv_heads=1, head_dim=64, ffn_dim=256, lr=1e-3,
+)
+QWEN3_GPU = dict(
+    QWEN3, stem="qwen3_gpu", seed=20240604,
+    d_model=128, n_heads=2, n_kv_heads=1, head_dim=128, ffn_dim=96, lr=2e-3,
+)
+SPECS = (LLAMA, QWEN3, LLAMA_GPU, QWEN3_GPU)
 
 
 def hf_config(spec):
@@ -146,10 +170,15 @@ def train_yaml(seq_len, batch, z_loss):
             f"z_loss: {yaml_exponent(z_loss)}}}\n")
 
 
+def spec_lr(spec):
+    """The AdamW learning rate of a spec: its own "lr", else LR."""
+    return spec.get("lr", LR)
+
+
 def fathom_yaml(spec):
     """The same network and optimizer as a fathom config (DESIGN 6)."""
     optim = (
-        f"optim: {{lr: {yaml_exponent(LR)}, schedule: constant, warmup_steps: 0, "
+        f"optim: {{lr: {yaml_exponent(spec_lr(spec))}, schedule: constant, warmup_steps: 0, "
         f"beta1: {BETAS[0]}, beta2: {BETAS[1]}, eps: {yaml_exponent(ADAM_EPS)},\n"
         f"        weight_decay: {WEIGHT_DECAY}, no_decay: [embeddings, norms, biases, routing], "
         f"grad_clip: {GRAD_CLIP}}}\n"
@@ -157,7 +186,7 @@ def fathom_yaml(spec):
     return model_yaml(spec) + train_yaml(SEQ_LEN, BATCH, Z_LOSS) + optim
 
 
-def check_config_text(text, config):
+def check_config_text(text, config, lr):
     """The fathom YAML names the network Hugging Face built and the optimizer run here."""
     parsed = yaml.safe_load(text)
     model, train, optim = parsed["model"], parsed["train"], parsed["optim"]
@@ -182,7 +211,7 @@ def check_config_text(text, config):
         assert scaling["original_max_position"] == rope["original_max_position_embeddings"]
     assert train == dict(seq_len=SEQ_LEN, microbatch_size=BATCH, global_batch_size=BATCH,
                          z_loss=Z_LOSS)
-    assert (optim["lr"], optim["beta1"], optim["beta2"], optim["eps"]) == (LR, *BETAS, ADAM_EPS)
+    assert (optim["lr"], optim["beta1"], optim["beta2"], optim["eps"]) == (lr, *BETAS, ADAM_EPS)
     assert (optim["weight_decay"], optim["grad_clip"]) == (WEIGHT_DECAY, GRAD_CLIP)
     assert optim["schedule"] == "constant" and optim["warmup_steps"] == 0
 
@@ -313,11 +342,11 @@ def param_groups(model, decay_everything=False, weight_decay=WEIGHT_DECAY):
             {"params": no_decay, "weight_decay": 0.0}]
 
 
-def run_adamw(model, tokens, grad_clip=GRAD_CLIP, decay_everything=False,
+def run_adamw(model, tokens, lr, grad_clip=GRAD_CLIP, decay_everything=False,
               weight_decay=WEIGHT_DECAY, verbose=False):
     """Losses at the initial weights and after each AdamW step, and the pre-clip norms."""
     groups = param_groups(model, decay_everything, weight_decay)
-    optimizer = torch.optim.AdamW(groups, lr=LR, betas=BETAS, eps=ADAM_EPS, foreach=False)
+    optimizer = torch.optim.AdamW(groups, lr=lr, betas=BETAS, eps=ADAM_EPS, foreach=False)
     losses, norms = [], []
     for step in range(ADAMW_STEPS):
         optimizer.zero_grad(set_to_none=True)
@@ -351,10 +380,26 @@ def check_adamw_sensitivity(spec, weights, tokens, losses, norms):
         with float64_everywhere():
             model = build_model(spec)
             load_weights(model, weights)
-            other = run_adamw(model, tokens, **options)[0]
+            other = run_adamw(model, tokens, spec_lr(spec), **options)[0]
         change = abs(other[-1] - losses[-1]) / losses[-1]
         print(f"  {label}, the final loss moves by {change:.1e} (relative)")
         assert change > least_change, f"the AdamW losses cannot tell {label} apart"
+
+
+def check_adamw_float32_drift(spec, weights, tokens, losses):
+    """The C tests run AdamW in float32 and compare each loss of /adamw/losses to relative
+    FLOAT32_ADAMW_BOUND: the stock Hugging Face model in float32 (torch's own float32
+    kernels) must stay within that bound over the same steps, or the fixture asks for more
+    than float32 can give (Adam's first steps turn a gradient's float32 rounding into a
+    full-size step where the gradient is near zero, and a steep loss amplifies it)."""
+    model = build_model(spec).float()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            parameter.copy_(torch.from_numpy(weights[name]))
+    float32_losses = run_adamw(model, tokens, spec_lr(spec))[0]
+    drift = float(np.max(np.abs(float32_losses - losses) / np.abs(losses)))
+    print(f"  float32 AdamW losses drift by {drift:.1e} (relative, worst step)")
+    assert drift < FLOAT32_ADAMW_BOUND, "the AdamW losses are beyond float32's reach"
 
 
 def write_fixture(path, family, content):
@@ -445,7 +490,7 @@ def make_torch_deterministic():
 
 
 def make_fixture(spec):
-    print(f"{spec['family']}:")
+    print(f"{spec['stem']}:")
     torch.manual_seed(spec["seed"])  # Hugging Face's own init; every value is replaced below
     stock = build_model(spec)
     with float64_everywhere():
@@ -481,26 +526,35 @@ def make_fixture(spec):
     with float64_everywhere():
         check_finite_difference(model, tokens, grads, probes)
         model.zero_grad(set_to_none=True)
-        adamw_losses, norms = run_adamw(model, tokens, verbose=True)
+        adamw_losses, norms = run_adamw(model, tokens, spec_lr(spec), verbose=True)
     assert adamw_losses[0] == loss.item()
     check_adamw_sensitivity(spec, weights, tokens, adamw_losses, norms)
+    check_adamw_float32_drift(spec, weights, tokens, adamw_losses)
 
-    check_config_text(fathom_yaml(spec), model.config)
+    check_config_text(fathom_yaml(spec), model.config, spec_lr(spec))
     content = dict(config=fathom_yaml(spec), tokens=tokens_np, weights=weights,
                    logits=logits.detach().numpy().copy(), loss=loss.item(), ce=ce.item(),
                    zloss=zloss.item(), grads=grads, adamw_losses=adamw_losses)
-    path = os.path.normpath(os.path.join(FIXTURE_DIR, f"{spec['family']}_tiny.h5"))
+    path = os.path.normpath(os.path.join(FIXTURE_DIR, f"{spec['stem']}.h5"))
     write_checked_fixture(path, spec["family"], content, (BATCH, SEQ_LEN, spec["vocab_size"]),
                           Z_LOSS)
 
 
-def main():
+def main(stems):
+    """Makes the fixtures named by `stems`, or all of them when none is named."""
+    known = {spec["stem"]: spec for spec in SPECS}
+    unknown = [stem for stem in stems if stem not in known]
+    if unknown:
+        print(f"unknown fixture {', '.join(unknown)}; known: {', '.join(known)}",
+              file=sys.stderr)
+        return 2
     make_torch_deterministic()
     os.makedirs(FIXTURE_DIR, exist_ok=True)
-    for spec in (LLAMA, QWEN3):
-        make_fixture(spec)
+    for spec in SPECS:
+        if not stems or spec["stem"] in stems:
+            make_fixture(spec)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
