@@ -98,8 +98,9 @@ void route_test_randomize_routing(Model *model, uint64_t seed)
 void route_test_set(Model *model, const char *name, const float *values)
 {
     const ParamEntry *entry = param_table_require(model_param_table(model), name);
-    backend_cpu()->upload(model_params(model) + entry->offset, values,
-                          entry->count * sizeof(float));
+    model_backend(model)->upload(model_params(model) + entry->offset, values,
+                                 entry->count * sizeof(float));
+    model_refresh_compute_copy(model);
 }
 
 void route_test_fill(Model *model, const char *name, float value)
@@ -116,7 +117,7 @@ void route_test_get(Model *model, const char *name, bool gradient, float *values
 {
     const ParamEntry *entry = param_table_require(model_param_table(model), name);
     const float *flat = gradient ? model_grads(model) : model_params(model);
-    backend_cpu()->download(values, flat + entry->offset, entry->count * sizeof(float));
+    model_backend(model)->download(values, flat + entry->offset, entry->count * sizeof(float));
 }
 
 size_t route_test_count(const Model *model, const char *name)
