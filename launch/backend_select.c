@@ -6,25 +6,27 @@
 
 #include <stdio.h>
 
+static const Backend *announce_cuda(const Backend *backend)
+{
+    printf("fathom: device cuda (%s)\n", cuda_module_probe()->description);
+    return backend;
+}
+
 const Backend *backend_select(DeviceKind device)
 {
-    const CudaModuleInfo *cuda;
+    const Backend *cuda;
     switch (device) {
     case DEVICE_CPU:
         return backend_cpu();
     case DEVICE_AUTO:
-        cuda = cuda_module_probe();
-        if (cuda->devices > 0)
-            printf("fathom: found %s, but this version has no cuda op table yet; "
-                   "training on the cpu\n", cuda->description);
-        return backend_cpu();
+        cuda = cuda_module_backend();
+        return cuda ? announce_cuda(cuda) : backend_cpu();
     case DEVICE_CUDA:
-        cuda = cuda_module_probe();
-        if (cuda->devices == 0)
+        cuda = cuda_module_backend();
+        if (!cuda)
             fatal(EXIT_CONFIG, "device: cuda, but %s; use device: cpu or auto",
-                  cuda->description);
-        fatal(EXIT_CONFIG, "device: cuda — found %s, but this version has no cuda op table "
-              "yet; use device: cpu or auto", cuda->description);
+                  cuda_module_probe()->description);
+        return announce_cuda(cuda);
     }
     fatal(EXIT_CONFIG, "device: unknown value %d", (int)device);
 }

@@ -1,6 +1,8 @@
 /* runtime/cuda_module.c — see cuda_module.h. */
 #include "runtime/cuda_module.h"
 
+#include "runtime/error.h"
+
 #include <dlfcn.h>
 #include <limits.h>
 #include <stdint.h>
@@ -13,6 +15,7 @@ typedef int (*CudaProbeFunction)(char *description, size_t capacity);
 
 static CudaModuleInfo module_info;
 static bool probed;
+static void *module_handle; /* kept open for the life of the process */
 
 static void *open_candidate(const char *path)
 {
@@ -66,7 +69,20 @@ const CudaModuleInfo *cuda_module_probe(void)
                  "%.200s does not export cuda_probe", module_info.path);
         return &module_info;
     }
+    module_handle = handle;
     module_info.loaded = true;
     module_info.devices = probe(module_info.description, sizeof module_info.description);
     return &module_info;
+}
+
+const Backend *cuda_module_backend(void)
+{
+    const CudaModuleInfo *info = cuda_module_probe();
+    if (!info->loaded || info->devices == 0)
+        return NULL;
+    BackendGetter getter = (BackendGetter)(uintptr_t)dlsym(module_handle, "backend_cuda");
+    if (!getter)
+        fatal(EXIT_CONFIG, "%s does not export backend_cuda; rebuild the CUDA module or use "
+              "device: cpu", info->path);
+    return getter();
 }

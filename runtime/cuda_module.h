@@ -4,9 +4,12 @@
  * (<dir>/libfathom_cuda.so, <dir>/kernels/libfathom_cuda.so). A build without nvcc has no
  * module; a machine without a GPU has the module but no device. Both are ordinary answers,
  * not errors: the caller decides (device: auto falls back to cpu, device: cuda exits 2).
+ * With a device, the module's op table (kernels/cuda/backend_cuda.h) is the cuda backend.
  */
 #ifndef FATHOM_RUNTIME_CUDA_MODULE_H
 #define FATHOM_RUNTIME_CUDA_MODULE_H
+
+#include "runtime/backend.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -20,5 +23,10 @@ typedef struct {
 
 /* Loads the module once per process (later calls return the same answer). */
 const CudaModuleInfo *cuda_module_probe(void);
+
+/* The cuda op table: NULL when the module is not loaded or sees no device (the reason is
+ * cuda_module_probe()->description); otherwise the module's backend_cuda(). A module
+ * without that symbol is an install error: fatal, EXIT_CONFIG, naming its path. */
+const Backend *cuda_module_backend(void);
 
 #endif

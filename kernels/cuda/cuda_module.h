@@ -6,7 +6,8 @@
  * machine without a GPU, a driver or the CUDA libraries. The module links the CUDA runtime
  * statically; the driver (libcuda) is loaded by it on first use.
  *
- * Every symbol is plain C. Strings are written into caller buffers.
+ * Every symbol is plain C. Strings are written into caller buffers. The module also exports
+ * backend_cuda() (backend_cuda.h), the cuda op table.
  */
 #ifndef FATHOM_KERNELS_CUDA_CUDA_MODULE_H
 #define FATHOM_KERNELS_CUDA_CUDA_MODULE_H

@@ -1,8 +1,9 @@
 /* kernels/cuda/elementwise_cuda.cu — bf16 sums of whole tensors (runtime/backend.h,
- * "elementwise"): y += x and out = a + b, each element added in fp32 and rounded once.
+ * "elementwise"): y += x and out = a + b, each element added in fp32 and rounded once; and
+ * the fp32 -> bf16 conversion of runtime/backend.h activations_from_floats.
  *
- * One grid-stride loop, 8 elements (16 bytes) per thread per step. Every thread reads both
- * operands of its 8 elements before writing them, so out may alias a or b.
+ * One grid-stride loop, 8 elements (16 bytes of bf16) per thread per step. Every thread
+ * reads both operands of its 8 elements before writing them, so out may alias a or b.
  */
 #include "kernels/cuda/kernels_cuda.h"
 
@@ -45,4 +46,31 @@ extern "C" void cuda_add(bf16 *out, const bf16 *a, const bf16 *b, size_t n,
 extern "C" void cuda_add_inplace(bf16 *y, const bf16 *x, size_t n, cudaStream_t stream)
 {
     cuda_add(y, y, x, n, stream);
+}
+
+/* dst[i] = bf16(src[i]), i < n (round to nearest even) */
+template <bool VECTOR>
+__global__ void __launch_bounds__(ELEMENTWISE_THREADS)
+    bf16_from_floats_kernel(bfloat *dst, const float *src, size_t n)
+{
+    size_t stride = (size_t)gridDim.x * blockDim.x * 8;
+    for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8; i < n; i += stride) {
+        float values[8];
+        load8_float<VECTOR>(values, src, i, n);
+        store8<VECTOR>(dst, i, n, values);
+    }
+}
+
+extern "C" void cuda_bf16_from_floats(bf16 *dst, const float *src, size_t n,
+                                      cudaStream_t stream)
+{
+    if (n == 0)
+        return;
+    unsigned blocks = grid_stride_blocks((n + 7) / 8, ELEMENTWISE_THREADS);
+    bfloat *dst_ = (bfloat *)dst;
+    if (is_aligned_16(dst) && is_aligned_16(src))
+        bf16_from_floats_kernel<true><<<blocks, ELEMENTWISE_THREADS, 0, stream>>>(dst_, src, n);
+    else
+        bf16_from_floats_kernel<false><<<blocks, ELEMENTWISE_THREADS, 0, stream>>>(dst_, src, n);
+    CUDA_CHECK_LAUNCH();
 }

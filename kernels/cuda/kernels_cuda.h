@@ -48,9 +48,12 @@
 extern "C" {
 #endif
 
-/* ---- elementwise_cuda.cu: y += x; out = a + b (out may alias a or b) ---- */
+/* ---- elementwise_cuda.cu: y += x; out = a + b (out may alias a or b); fp32 -> bf16 ---- */
 void cuda_add_inplace(bf16 *y, const bf16 *x, size_t n, cudaStream_t stream);
 void cuda_add(bf16 *out, const bf16 *a, const bf16 *b, size_t n, cudaStream_t stream);
+/* dst[i] = bf16(src[i]), round to nearest even (fp32 master weights -> their bf16 compute
+ * copy); reads 4 and writes 2 bytes an element. dst must not overlap src. */
+void cuda_bf16_from_floats(bf16 *dst, const float *src, size_t n, cudaStream_t stream);
 
 /* ---- embedding_cuda.cu: table [V, d] bf16, out / dout [n, d] bf16, tokens [n] (< V: the
  * caller validates its data, as on the cpu backend).

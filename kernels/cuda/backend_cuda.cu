@@ -1,0 +1,600 @@
+/* kernels/cuda/backend_cuda.cu — the cuda op table (runtime/backend.h; DESIGN 1, 3).
+ *
+ * Every compute entry wraps one kernel of kernels_cuda.h, attention_cuda.h or route_cuda.h
+ * with the same arguments in the same order: the table's Activation arrays are bf16 here, so
+ * a wrapper casts them, adds the compute stream and, where a kernel needs scratch, the
+ * workspace. The kernels check their own limits (fatal, EXIT_CONFIG); nothing is checked
+ * twice here. Two choices of the table are made here rather than in the kernels:
+ * attention_backward accumulates (the table's backwards ADD), and the cross-entropy backward
+ * is called with dlogits != logits (the model keeps them apart), so it adds too.
+ *
+ * Stream. One compute stream, cudaStreamNonBlocking, made on device 0 by the first call of
+ * any entry (the launcher has bound the rank's GPU as device 0); cuBLASLt's handle and
+ * workspace are made at the same moment. Every op, zero, copy, upload, download and event
+ * record is ordered on that stream; nothing uses the legacy default stream. alloc,
+ * release, download, activations_download, sum_squares and event_elapsed_ms wait for the
+ * stream; every other entry returns at once. Host arrays handed to upload are pageable (malloc):
+ * the copy has taken their bytes when the call returns, so the caller may reuse them.
+ * One host thread drives the backend: the state below is not locked.
+ *
+ * Memory. alloc is cudaMalloc plus a zero fill on the stream, waited for before alloc
+ * returns, so the memory reads zero from any stream (a communication stream too); 0 bytes
+ * give NULL. release waits for the stream, then cudaFree. A table of (pointer, bytes) of
+ * the live allocations gives memory_usage: in use = those bytes + the workspace + cuBLASLt's
+ * 32 MiB; peak = the most in use at once so far. Running out of device memory is reported
+ * with the sizes (exit 2: the configuration asks for more than the GPU has).
+ *
+ * Workspace. One device buffer the backend owns serves every op that needs scratch: the
+ * rmsnorm, attention, route, stream conv and stream mix backwards, and sum_squares (its
+ * result double, then its partials). Ops run one after another on the stream, so one buffer
+ * is enough. When a call needs more than the buffer has, the old buffer is freed and a new
+ * one of the size asked for is allocated, both ordered on the stream (cudaFreeAsync,
+ * cudaMallocAsync: no wait, and work still queued finishes with the old buffer). The first
+ * training step meets every shape of the run, so after it the workspace never grows again
+ * and nothing allocates inside the step loop (runtime/backend.h). route_backward's
+ * `scratch` argument is not used.
+ *
+ * How fast should this be: an entry adds one host call (and, for a backward with scratch,
+ * one size comparison) to its kernel, whose floor its header gives. activations_from_floats
+ * reads 4 and writes 2 bytes an element: a 4096 x 4096 weight (16.8 M elements, 101 MB)
+ * in ~23 us at 4.3 TB/s. activations_upload / download move 2 bytes an element over PCIe
+ * (pageable memory: a few GB/s) plus a host conversion of about a nanosecond an element.
+ */
+#include "kernels/cuda/backend_cuda.h"
+
+#include "kernels/cuda/attention_cuda.h"
+#include "kernels/cuda/kernels_cuda.h"
+#include "kernels/cuda/route_cuda.h"
+#include "runtime/error.h"
+
+#include <cuda_runtime.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum {
+    /* kernels_cuda.h: "one cuBLASLt handle and one 32 MiB workspace per process" */
+    MATMUL_WORKSPACE_BYTES = 32 << 20,
+    /* workspace sizes are rounded up to this; sum_squares' partials start this far in */
+    WORKSPACE_ALIGNMENT = 256,
+};
+
+/* A point on the compute stream (runtime/backend.h leaves the type to the backend). */
+struct BackendEvent {
+    cudaEvent_t event;
+};
+
+typedef struct DeviceAllocation {
+    void *pointer;
+    size_t bytes;
+} DeviceAllocation;
+
+typedef struct CudaBackendState {
+    cudaStream_t stream; /* NULL until the first call */
+    DeviceAllocation *allocations; /* live allocations of alloc() */
+    size_t allocation_count, allocation_capacity;
+    size_t allocated_bytes; /* their sum */
+    size_t matmul_bytes; /* cuBLASLt's workspace, once made */
+    void *workspace;
+    size_t workspace_bytes;
+    size_t peak_bytes;
+} CudaBackendState;
+
+static CudaBackendState state;
+
+/* ---- stream, accounting, workspace ---- */
+
+static size_t bytes_in_use(void)
+{
+    return state.allocated_bytes + state.workspace_bytes + state.matmul_bytes;
+}
+
+static void note_peak(void)
+{
+    size_t in_use = bytes_in_use();
+    if (in_use > state.peak_bytes)
+        state.peak_bytes = in_use;
+}
+
+static cudaStream_t compute_stream(void)
+{
+    if (!state.stream) {
+        CUDA_CHECK(cudaSetDevice(0));
+        CUDA_CHECK(cudaStreamCreateWithFlags(&state.stream, cudaStreamNonBlocking));
+        cuda_matmul_init();
+        state.matmul_bytes = MATMUL_WORKSPACE_BYTES;
+        note_peak();
+    }
+    return state.stream;
+}
+
+static void device_out_of_memory(size_t bytes)
+{
+    fatal(EXIT_CONFIG,
+          "device memory exhausted: %.1f MiB more asked for with %.2f GiB in use through the "
+          "backend; a smaller train.microbatch_size, a larger parallel.pp, "
+          "train.activation_checkpointing: full or fsdp.reshard_after_forward: true need less",
+          (double)bytes / (1 << 20), (double)bytes_in_use() / (1 << 30));
+}
+
+/* The workspace, at least `bytes` long (grown on the stream when it is shorter). */
+static void *workspace_reserve(size_t bytes)
+{
+    cudaStream_t stream = compute_stream();
+    if (bytes <= state.workspace_bytes)
+        return state.workspace;
+    size_t rounded = (bytes + WORKSPACE_ALIGNMENT - 1) / WORKSPACE_ALIGNMENT * WORKSPACE_ALIGNMENT;
+    if (state.workspace)
+        CUDA_CHECK(cudaFreeAsync(state.workspace, stream));
+    state.workspace = NULL;
+    state.workspace_bytes = 0;
+    cudaError_t status = cudaMallocAsync(&state.workspace, rounded, stream);
+    if (status == cudaErrorMemoryAllocation)
+        device_out_of_memory(rounded);
+    CUDA_CHECK(status);
+    state.workspace_bytes = rounded;
+    note_peak();
+    return state.workspace;
+}
+
+static float *workspace_floats(size_t floats)
+{
+    return (float *)workspace_reserve(floats * sizeof(float));
+}
+
+static void allocation_remember(void *pointer, size_t bytes)
+{
+    if (state.allocation_count == state.allocation_capacity) {
+        state.allocation_capacity = state.allocation_capacity ? 2 * state.allocation_capacity : 64;
+        state.allocations = (DeviceAllocation *)xrealloc(
+            state.allocations, state.allocation_capacity * sizeof(DeviceAllocation));
+    }
+    DeviceAllocation *entry = &state.allocations[state.allocation_count++];
+    entry->pointer = pointer;
+    entry->bytes = bytes;
+    state.allocated_bytes += bytes;
+    note_peak();
+}
+
+/* Drops `pointer` from the table (searched from the newest: buffers tend to go in the
+ * reverse order they came). */
+static void allocation_forget(void *pointer)
+{
+    for (size_t i = state.allocation_count; i-- > 0;) {
+        if (state.allocations[i].pointer != pointer)
+            continue;
+        state.allocated_bytes -= state.allocations[i].bytes;
+        state.allocations[i] = state.allocations[--state.allocation_count];
+        return;
+    }
+    fatal(EXIT_COMM, "cuda backend: release(%p) of memory that alloc() did not return", pointer);
+}
+
+/* The cuda backend's Activation arrays are bf16. */
+static bf16 *as_bf16(Activation *array)
+{
+    return (bf16 *)array;
+}
+
+static const bf16 *as_bf16_const(const Activation *array)
+{
+    return (const bf16 *)array;
+}
+
+/* ---- memory ---- */
+
+static void *device_alloc(size_t bytes)
+{
+    if (bytes == 0)
+        return NULL;
+    cudaStream_t stream = compute_stream();
+    void *pointer = NULL;
+    cudaError_t status = cudaMalloc(&pointer, bytes);
+    if (status == cudaErrorMemoryAllocation)
+        device_out_of_memory(bytes);
+    CUDA_CHECK(status);
+    CUDA_CHECK(cudaMemsetAsync(pointer, 0, bytes, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream)); /* zero before any stream can touch it */
+    allocation_remember(pointer, bytes);
+    return pointer;
+}
+
+static void device_release(void *pointer)
+{
+    if (!pointer)
+        return;
+    allocation_forget(pointer);
+    CUDA_CHECK(cudaStreamSynchronize(compute_stream())); /* no queued op still reads it */
+    CUDA_CHECK(cudaFree(pointer));
+}
+
+static void device_zero(void *pointer, size_t bytes)
+{
+    if (bytes)
+        CUDA_CHECK(cudaMemsetAsync(pointer, 0, bytes, compute_stream()));
+}
+
+static void device_copy(void *dst, const void *src, size_t bytes)
+{
+    if (bytes)
+        CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, compute_stream()));
+}
+
+static void device_upload(void *dst, const void *host_src, size_t bytes)
+{
+    if (bytes)
+        CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, compute_stream()));
+}
+
+static void device_download(void *host_dst, const void *src, size_t bytes)
+{
+    cudaStream_t stream = compute_stream();
+    if (bytes)
+        CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+static void device_synchronize(void)
+{
+    CUDA_CHECK(cudaStreamSynchronize(compute_stream()));
+}
+
+static void device_memory_usage(size_t *in_use, size_t *peak)
+{
+    if (in_use)
+        *in_use = bytes_in_use();
+    if (peak)
+        *peak = state.peak_bytes;
+}
+
+static void device_memory_peak_reset(void)
+{
+    state.peak_bytes = bytes_in_use();
+}
+
+/* ---- events ---- */
+
+static BackendEvent *event_create(void)
+{
+    compute_stream(); /* the event belongs to the stream's device */
+    BackendEvent *event = (BackendEvent *)xmalloc(sizeof *event);
+    CUDA_CHECK(cudaEventCreate(&event->event));
+    return event;
+}
+
+static void event_destroy(BackendEvent *event)
+{
+    if (!event)
+        return;
+    CUDA_CHECK(cudaEventDestroy(event->event));
+    free(event);
+}
+
+static void event_record(BackendEvent *event)
+{
+    CUDA_CHECK(cudaEventRecord(event->event, compute_stream()));
+}
+
+static float event_elapsed_ms(const BackendEvent *start, const BackendEvent *end)
+{
+    float milliseconds = 0.0f;
+    CUDA_CHECK(cudaEventSynchronize(end->event));
+    CUDA_CHECK(cudaEventElapsedTime(&milliseconds, start->event, end->event));
+    return milliseconds;
+}
+
+/* ---- conversions ---- */
+
+static void op_activations_from_floats(Activation *dst, const float *src, size_t n)
+{
+    cuda_bf16_from_floats(as_bf16(dst), src, n, compute_stream());
+}
+
+/* rounded on the host, so only 2 bytes an element cross the bus */
+static void op_activations_upload(Activation *dst, const float *host_src, size_t n)
+{
+    if (n == 0)
+        return;
+    bf16 *staging = (bf16 *)xmalloc(n * sizeof(bf16));
+    bf16_from_floats(staging, host_src, n);
+    device_upload(dst, staging, n * sizeof(bf16));
+    free(staging); /* pageable: the copy has taken the bytes (see the opening comment) */
+}
+
+static void op_activations_download(float *host_dst, const Activation *src, size_t n)
+{
+    if (n == 0) {
+        device_synchronize();
+        return;
+    }
+    bf16 *staging = (bf16 *)xmalloc(n * sizeof(bf16));
+    device_download(staging, src, n * sizeof(bf16));
+    bf16_to_floats(host_dst, staging, n);
+    free(staging);
+}
+
+/* ---- elementwise, embedding, rmsnorm, matmul, rope ---- */
+
+static void op_add_inplace(Activation *y, const Activation *x, size_t n)
+{
+    cuda_add_inplace(as_bf16(y), as_bf16_const(x), n, compute_stream());
+}
+
+static void op_add(Activation *out, const Activation *a, const Activation *b, size_t n)
+{
+    cuda_add(as_bf16(out), as_bf16_const(a), as_bf16_const(b), n, compute_stream());
+}
+
+static void op_embedding_forward(Activation *out, const uint32_t *tokens,
+                                 const Activation *table, int n, int d)
+{
+    cuda_embedding_forward(as_bf16(out), tokens, as_bf16_const(table), n, d, compute_stream());
+}
+
+static void op_embedding_backward(float *dtable, const Activation *dout, const uint32_t *tokens,
+                                  int n, int d)
+{
+    cuda_embedding_backward(dtable, as_bf16_const(dout), tokens, n, d, compute_stream());
+}
+
+static void op_rmsnorm_forward(Activation *out, float *rstd, const Activation *x,
+                               const Activation *weight, int rows, int d, float eps)
+{
+    cuda_rmsnorm_forward(as_bf16(out), rstd, as_bf16_const(x), as_bf16_const(weight), rows, d,
+                         eps, compute_stream());
+}
+
+static void op_rmsnorm_backward(Activation *dx, float *dweight, const Activation *dout,
+                                const Activation *x, const Activation *weight,
+                                const float *rstd, int rows, int d)
+{
+    float *workspace = workspace_floats(cuda_rmsnorm_backward_workspace_floats(rows, d));
+    cuda_rmsnorm_backward(as_bf16(dx), dweight, as_bf16_const(dout), as_bf16_const(x),
+                          as_bf16_const(weight), rstd, rows, d, workspace, compute_stream());
+}
+
+static void op_matmul_forward(Activation *out, const Activation *in, const Activation *weight,
+                              int rows, int in_dim, int out_dim)
+{
+    cuda_matmul_forward(as_bf16(out), as_bf16_const(in), as_bf16_const(weight), rows, in_dim,
+                        out_dim, compute_stream());
+}
+
+static void op_matmul_backward(Activation *din, float *dweight, const Activation *dout,
+                               const Activation *in, const Activation *weight, int rows,
+                               int in_dim, int out_dim)
+{
+    cuda_matmul_backward(as_bf16(din), dweight, as_bf16_const(dout), as_bf16_const(in),
+                         as_bf16_const(weight), rows, in_dim, out_dim, compute_stream());
+}
+
+static void op_rope_forward(Activation *out, const Activation *x, const float *cos,
+                            const float *sin, int B, int T, int n_heads, int head_dim)
+{
+    cuda_rope_forward(as_bf16(out), as_bf16_const(x), cos, sin, B, T, n_heads, head_dim,
+                      compute_stream());
+}
+
+static void op_rope_backward(Activation *dx, const Activation *dout, const float *cos,
+                             const float *sin, int B, int T, int n_heads, int head_dim)
+{
+    cuda_rope_backward(as_bf16(dx), as_bf16_const(dout), cos, sin, B, T, n_heads, head_dim,
+                       compute_stream());
+}
+
+/* ---- attention, swiglu, cross-entropy ---- */
+
+static void op_attention_forward(Activation *out, float *lse, const Activation *q,
+                                 const Activation *k, const Activation *v, int B, int T,
+                                 int n_heads, int n_kv_heads, int head_dim)
+{
+    attention_forward_cuda(as_bf16(out), lse, as_bf16_const(q), as_bf16_const(k),
+                           as_bf16_const(v), B, T, n_heads, n_kv_heads, head_dim,
+                           compute_stream());
+}
+
+static void op_attention_backward(Activation *dq, Activation *dk, Activation *dv,
+                                  const Activation *dout, const Activation *q,
+                                  const Activation *k, const Activation *v,
+                                  const Activation *out, const float *lse, int B, int T,
+                                  int n_heads, int n_kv_heads, int head_dim)
+{
+    float *workspace =
+        (float *)workspace_reserve(attention_backward_cuda_workspace_bytes(B, T, n_heads));
+    attention_backward_cuda(as_bf16(dq), as_bf16(dk), as_bf16(dv), as_bf16_const(dout),
+                            as_bf16_const(q), as_bf16_const(k), as_bf16_const(v),
+                            as_bf16_const(out), lse, B, T, n_heads, n_kv_heads, head_dim,
+                            workspace, true /* the table's backwards add */, compute_stream());
+}
+
+static void op_swiglu_forward(Activation *out, const Activation *gate, const Activation *up,
+                              size_t n)
+{
+    cuda_swiglu_forward(as_bf16(out), as_bf16_const(gate), as_bf16_const(up), n,
+                        compute_stream());
+}
+
+static void op_swiglu_backward(Activation *dgate, Activation *dup, const Activation *dout,
+                               const Activation *gate, const Activation *up, size_t n)
+{
+    cuda_swiglu_backward(as_bf16(dgate), as_bf16(dup), as_bf16_const(dout), as_bf16_const(gate),
+                         as_bf16_const(up), n, compute_stream());
+}
+
+static void op_cross_entropy_forward(float *losses, float *lse, const Activation *logits,
+                                     const uint32_t *targets, int rows, int V, float z_loss)
+{
+    cuda_cross_entropy_forward(losses, lse, as_bf16_const(logits), targets, rows, V, z_loss,
+                               compute_stream());
+}
+
+static void op_cross_entropy_backward(Activation *dlogits, const float *dloss,
+                                      const Activation *logits, const float *lse,
+                                      const uint32_t *targets, int rows, int V, float z_loss)
+{
+    cuda_cross_entropy_backward(as_bf16(dlogits), dloss, as_bf16_const(logits), lse, targets,
+                                rows, V, z_loss, compute_stream());
+}
+
+/* ---- attention over depth, MSAR streams ----
+ * The pointer arrays are host arrays of device pointers; an Activation pointer and a bf16
+ * pointer have one representation, so the arrays pass as they are. */
+
+static void op_route_forward(Activation *out, float *weights, float *rstd,
+                             const Activation *const *sources, int n_sources,
+                             const Activation *query, const Activation *key_norm,
+                             const Activation *base, float alpha, int tokens, int d, int heads,
+                             float eps)
+{
+    cuda_route_forward(as_bf16(out), weights, rstd, (const bf16 *const *)sources, n_sources,
+                       as_bf16_const(query), as_bf16_const(key_norm), as_bf16_const(base),
+                       alpha, tokens, d, heads, eps, compute_stream());
+}
+
+static void op_route_backward(Activation *const *dsources, float *dquery, float *dkey_norm,
+                              float *dalpha, const Activation *dout,
+                              const Activation *const *sources, int n_sources,
+                              const float *weights, const float *rstd, const Activation *query,
+                              const Activation *key_norm, bool delta, float alpha,
+                              float *scratch, int tokens, int d, int heads)
+{
+    (void)scratch; /* the workspace replaces it */
+    float *workspace = workspace_floats(cuda_route_backward_workspace_floats(tokens, d));
+    cuda_route_backward((bf16 *const *)dsources, dquery, dkey_norm, dalpha, as_bf16_const(dout),
+                        (const bf16 *const *)sources, n_sources, weights, rstd,
+                        as_bf16_const(query), as_bf16_const(key_norm), delta, alpha, workspace,
+                        tokens, d, heads, compute_stream());
+}
+
+static void op_stream_conv_forward(Activation *out, const Activation *x, const Activation *taps,
+                                   int kernel_size, int B, int T, int d)
+{
+    cuda_stream_conv_forward(as_bf16(out), as_bf16_const(x), as_bf16_const(taps), kernel_size,
+                             B, T, d, compute_stream());
+}
+
+static void op_stream_conv_backward(Activation *dx, float *dtaps, const Activation *dout,
+                                    const Activation *x, const Activation *taps,
+                                    int kernel_size, int B, int T, int d)
+{
+    float *workspace =
+        workspace_floats(cuda_stream_conv_backward_workspace_floats(kernel_size, B, T, d));
+    cuda_stream_conv_backward(as_bf16(dx), dtaps, as_bf16_const(dout), as_bf16_const(x),
+                              as_bf16_const(taps), kernel_size, B, T, d, workspace,
+                              compute_stream());
+}
+
+static void op_stream_mix_forward(Activation *out, float *gates, float *rstd,
+                                  const Activation *const *streams, int m,
+                                  const float *mix_bias, const Activation *mix_proj, int tokens,
+                                  int d, float eps)
+{
+    cuda_stream_mix_forward(as_bf16(out), gates, rstd, (const bf16 *const *)streams, m, mix_bias,
+                            as_bf16_const(mix_proj), tokens, d, eps, compute_stream());
+}
+
+static void op_stream_mix_backward(Activation *const *dstreams, float *dmix_bias,
+                                   float *dmix_proj, const Activation *dout,
+                                   const Activation *const *streams, int m, const float *gates,
+                                   const float *rstd, const float *mix_bias,
+                                   const Activation *mix_proj, int tokens, int d)
+{
+    float *workspace = workspace_floats(cuda_stream_mix_backward_workspace_floats(m, tokens, d));
+    cuda_stream_mix_backward((bf16 *const *)dstreams, dmix_bias, dmix_proj, as_bf16_const(dout),
+                             (const bf16 *const *)streams, m, gates, rstd, mix_bias,
+                             as_bf16_const(mix_proj), tokens, d, workspace, compute_stream());
+}
+
+/* ---- optimizer ---- */
+
+/* The result double sits at the start of the workspace, the partials one alignment in. */
+static double op_sum_squares(const float *x, size_t n)
+{
+    cudaStream_t stream = compute_stream();
+    char *space = (char *)workspace_reserve(WORKSPACE_ALIGNMENT +
+                                            CUDA_SUM_SQUARES_PARTIALS * sizeof(double));
+    double *result = (double *)space;
+    double *partials = (double *)(space + WORKSPACE_ALIGNMENT);
+    CUDA_CHECK(cudaMemsetAsync(result, 0, sizeof(double), stream));
+    cuda_sum_squares(result, x, n, partials, stream);
+    return cuda_sum_squares_read(result, stream);
+}
+
+static void op_scale(float *x, float factor, size_t n)
+{
+    cuda_scale(x, factor, n, compute_stream());
+}
+
+static void op_adamw_update(float *params, const float *grads, float *exp_avg,
+                            float *exp_avg_sq, size_t n, float lr, float beta1, float beta2,
+                            float eps, float weight_decay, int step, Activation *compute_copy)
+{
+    cuda_adamw_update(params, grads, exp_avg, exp_avg_sq, n, lr, beta1, beta2, eps,
+                      weight_decay, step, as_bf16(compute_copy), compute_stream());
+}
+
+static void op_ema_update(float *ema, const float *params, size_t n, float decay)
+{
+    cuda_ema_update(ema, params, n, decay, compute_stream());
+}
+
+/* ---- the table ---- */
+
+static Backend cuda_backend; /* filled by the first backend_cuda() call */
+
+extern "C" const Backend *backend_cuda(void)
+{
+    Backend *table = &cuda_backend;
+    if (table->name)
+        return table;
+    table->activation_bytes = sizeof(bf16);
+
+    table->alloc = device_alloc;
+    table->release = device_release;
+    table->zero = device_zero;
+    table->copy = device_copy;
+    table->upload = device_upload;
+    table->download = device_download;
+    table->synchronize = device_synchronize;
+    table->memory_usage = device_memory_usage;
+    table->memory_peak_reset = device_memory_peak_reset;
+
+    table->event_create = event_create;
+    table->event_destroy = event_destroy;
+    table->event_record = event_record;
+    table->event_elapsed_ms = event_elapsed_ms;
+
+    table->activations_from_floats = op_activations_from_floats;
+    table->activations_upload = op_activations_upload;
+    table->activations_download = op_activations_download;
+
+    table->add_inplace = op_add_inplace;
+    table->add = op_add;
+    table->embedding_forward = op_embedding_forward;
+    table->embedding_backward = op_embedding_backward;
+    table->rmsnorm_forward = op_rmsnorm_forward;
+    table->rmsnorm_backward = op_rmsnorm_backward;
+    table->matmul_forward = op_matmul_forward;
+    table->matmul_backward = op_matmul_backward;
+    table->rope_forward = op_rope_forward;
+    table->rope_backward = op_rope_backward;
+    table->attention_forward = op_attention_forward;
+    table->attention_backward = op_attention_backward;
+    table->swiglu_forward = op_swiglu_forward;
+    table->swiglu_backward = op_swiglu_backward;
+    table->cross_entropy_forward = op_cross_entropy_forward;
+    table->cross_entropy_backward = op_cross_entropy_backward;
+    table->route_forward = op_route_forward;
+    table->route_backward = op_route_backward;
+    table->stream_conv_forward = op_stream_conv_forward;
+    table->stream_conv_backward = op_stream_conv_backward;
+    table->stream_mix_forward = op_stream_mix_forward;
+    table->stream_mix_backward = op_stream_mix_backward;
+
+    table->sum_squares = op_sum_squares;
+    table->scale = op_scale;
+    table->adamw_update = op_adamw_update;
+    table->ema_update = op_ema_update;
+
+    table->name = "cuda"; /* last: a named table is a filled one */
+    return table;
+}
