@@ -137,10 +137,16 @@ int test_run_command(const char *command, char *output, size_t capacity)
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+const char *test_fathom_binary(void)
+{
+    const char *moved = getenv("FATHOM_BINARY");
+    return moved && *moved ? moved : FATHOM_BINARY;
+}
+
 int test_run_fathom(const char *arguments, char *output, size_t capacity)
 {
     char command[4096];
-    snprintf(command, sizeof command, "'%s' %s", FATHOM_BINARY, arguments);
+    snprintf(command, sizeof command, "'%s' %s", test_fathom_binary(), arguments);
     return test_run_command(command, output, capacity);
 }
 

@@ -39,7 +39,10 @@ void test_remove_tree(const char *path);
 /* Writes `text` to `path`. */
 void test_write_file(const char *path, const char *text);
 
-/* Runs `FATHOM_BINARY <arguments>` through the shell, captures stdout+stderr into `output`
+/* The fathom binary the tests run: $FATHOM_BINARY when set (a build tree moved to another
+ * machine), else the one this test binary was built with. */
+const char *test_fathom_binary(void);
+/* Runs `test_fathom_binary() <arguments>` through the shell, captures stdout+stderr into `output`
  * (NUL-terminated, truncated to `capacity`), returns the exit code (-1 if it did not exit). */
 int test_run_fathom(const char *arguments, char *output, size_t capacity);
 /* Same, for any shell command. */

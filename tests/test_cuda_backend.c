@@ -97,7 +97,7 @@ Test(cuda_backend, is_what_the_cuda_module_hands_out)
 {
     gpu_require();
     char binary[1024], module[1100];
-    snprintf(binary, sizeof binary, "%s", FATHOM_BINARY);
+    snprintf(binary, sizeof binary, "%s", test_fathom_binary());
     snprintf(module, sizeof module, "%s/kernels/libfathom_cuda.so", dirname(binary));
     setenv("FATHOM_CUDA_MODULE", module, 1);
     const Backend *b = cuda_module_backend();

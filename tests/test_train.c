@@ -160,7 +160,7 @@ Test(train, sigterm_saves_and_the_resumed_run_matches_an_uninterrupted_one, .tim
     if (child == 0) {
         if (!freopen("/dev/null", "w", stdout))
             _exit(99);
-        execl(FATHOM_BINARY, FATHOM_BINARY, "train", config, "--set", "train.steps=40",
+        execl(test_fathom_binary(), test_fathom_binary(), "train", config, "--set", "train.steps=40",
               (char *)NULL);
         _exit(98);
     }
