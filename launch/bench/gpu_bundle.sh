@@ -5,9 +5,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 # meson 1.0 does not ask nvcc for dependency files, so ninja misses edits to CUDA headers:
-# recompile every .cu when a header under kernels/cuda is newer than the library.
+# recompile every .cu when a header under kernels/cuda (or the op table they fill) is newer
+# than the library.
 library=build/kernels/libfathom_cuda.so
-if [ -f "$library" ] && [ -n "$(find kernels/cuda -name '*.h' -newer "$library" -o \
+if [ -f "$library" ] && [ -n "$(find kernels/cuda runtime/backend.h -name '*.h' -newer "$library" -o \
                                    -name '*.cuh' -newer "$library")" ]; then
   touch kernels/cuda/*.cu
 fi
