@@ -26,6 +26,7 @@ typedef struct {
     int layers_T;
     int attention_B, attention_T, attention_heads, attention_kv_heads, attention_head_dim;
     int route_d, route_heads, route_tokens, route_sublayers, route_blocks;
+    int step_route_sublayers, step_route_blocks; /* the routing of the step's MHAR */
     ModelConfig step_model;
     int step_microbatch, step_microbatches, step_T;
 } BenchShapes;
@@ -77,6 +78,7 @@ static BenchShapes bench_shapes(bool small)
         shapes.route_sublayers = 8, shapes.route_blocks = 2;
         shapes.step_model = llama_config(256, 128, 4, 2, 1, 64, 256);
         shapes.step_microbatch = 2, shapes.step_microbatches = 2, shapes.step_T = 32;
+        shapes.step_route_sublayers = 8, shapes.step_route_blocks = 4;
         return shapes;
     }
     shapes.layers_model = llama_config(256, 4096, 4, 32, 8, 128, 14336);
@@ -87,6 +89,7 @@ static BenchShapes bench_shapes(bool small)
     shapes.route_sublayers = 64, shapes.route_blocks = 8;
     shapes.step_model = llama_config(128256, 1280, 36, 16, 8, 80, 5120);
     shapes.step_microbatch = 8, shapes.step_microbatches = 4, shapes.step_T = 1024;
+    shapes.step_route_sublayers = 72, shapes.step_route_blocks = 9;
     return shapes;
 }
 
@@ -289,7 +292,7 @@ static void case_attention(Bench *bench)
 typedef struct {
     const Backend *backend;
     int d, heads, tokens, sites, sublayers_per_block, max_sources;
-    bool msar;
+    bool msar, replace; /* replace: the Block AttnRes replace form, no base, partials read */
     Activation *sources[16], *grad_sources[16];
     Activation *expanded[16], *grad_expanded[16]; /* msar: E_r(s_k) and their gradients */
     const Activation *route_inputs[16];           /* msar: s_0 (the null), E_r(s_1), .. */
@@ -303,9 +306,12 @@ typedef struct {
 
 static const int bench_kernels[BENCH_STREAMS] = {1, 2, 4, 8};
 
-/* Site j reads the null source and blocks b_0..b_n: N = j / S + 2 (as peer.py). */
+/* Delta: site j reads the null source and blocks b_0..b_n, N = j / S + 2 (as peer.py).
+ * Replace: b_0..b_n and, inside a block, its partial: N = j / S + 1 + (j % S > 0). */
 static int site_sources(const RoutePass *r, int site)
 {
+    if (r->replace)
+        return site / r->sublayers_per_block + 1 + (site % r->sublayers_per_block > 0);
     return site / r->sublayers_per_block + 2;
 }
 
@@ -400,15 +406,19 @@ static void route_pass(void *context)
         }
         backend->route_forward(r->out, r->weights, r->rstd,
                                (const Activation *const *)r->sources, n, r->query, r->key_norm,
-                               r->base, 0.1f, r->tokens, r->d, r->heads, 1e-5f);
-        backend->route_backward(r->grad_sources, r->grad_query, r->grad_key_norm, r->grad_alpha,
-                                r->dout, (const Activation *const *)r->sources, n, r->weights,
-                                r->rstd, r->query, r->key_norm, true, 0.1f, r->scratch,
+                               r->replace ? NULL : r->base, 0.1f, r->tokens, r->d, r->heads,
+                               1e-5f);
+        backend->route_backward(r->grad_sources, r->grad_query, r->grad_key_norm,
+                                r->replace ? NULL : r->grad_alpha, r->dout,
+                                (const Activation *const *)r->sources, n, r->weights, r->rstd,
+                                r->query, r->key_norm, !r->replace, 0.1f, r->scratch,
                                 r->tokens, r->d, r->heads);
     }
 }
 
-static void case_route(Bench *bench, bool msar)
+/* msar: the MSAR sites of the 8B graft; step_routing: the Block MHAR replace-form routing of
+ * one microbatch of the 1B step (d 1280, 8 x 1024 tokens, 73 sites); else the 8B graft. */
+static void case_route(Bench *bench, bool msar, bool step_routing)
 {
     const Backend *backend = bench->backend;
     const BenchShapes *s = &bench->shapes;
@@ -417,7 +427,16 @@ static void case_route(Bench *bench, bool msar)
         .tokens = s->route_tokens, .sites = s->route_sublayers,
         .sublayers_per_block = s->route_sublayers / s->route_blocks, .msar = msar,
     };
-    r.max_sources = site_sources(&r, r.sites - 1);
+    if (step_routing) {
+        r.d = s->step_model.d_model, r.heads = 8 < r.d / 16 ? 8 : 2;
+        r.tokens = s->step_microbatch * s->step_T, r.replace = true;
+        r.sites = s->step_route_sublayers + 1;
+        r.sublayers_per_block = s->step_route_sublayers / s->step_route_blocks;
+    }
+    r.max_sources = 0;
+    for (int j = 0; j < r.sites; j++)
+        r.max_sources = site_sources(&r, j) > r.max_sources ? site_sources(&r, j)
+                                                              : r.max_sources;
     if (r.max_sources > 16)
         fatal(EXIT_CONFIG, "bench: %d sources per site, at most 16", r.max_sources);
     const size_t rows = (size_t)r.tokens * r.d, m = msar ? BENCH_STREAMS : 1;
@@ -466,7 +485,8 @@ static void case_route(Bench *bench, bool msar)
     double bytes = 0;
     for (int j = 0; j < r.sites; j++)
         bytes += (2.0 * site_sources(&r, j) + 2.0) * (double)rows * backend->activation_bytes;
-    bench_add(bench, msar ? "msar" : "route", msar ? "conv in scratch" : "fused delta", ms,
+    bench_add(bench, msar ? "msar" : step_routing ? "route-1b" : "route",
+              msar ? "conv in scratch" : step_routing ? "block replace" : "fused delta", ms,
               bytes / ms / 1e6, "GB/s", peak_gib(backend));
 
     for (int k = 0; k < r.max_sources; k++) {
@@ -631,16 +651,22 @@ int bench_main(int argc, char **argv)
         else if (!strcmp(name, "attention"))
             case_attention(&bench);
         else if (!strcmp(name, "route"))
-            case_route(&bench, false);
+            case_route(&bench, false, false);
+        else if (!strcmp(name, "route-1b"))
+            case_route(&bench, false, true);
         else if (!strcmp(name, "msar"))
-            case_route(&bench, true);
+            case_route(&bench, true, false);
         else if (!strcmp(name, "step")) {
             case_step(&bench, "standard");
             case_step(&bench, "mhar");
             case_step(&bench, "msar");
-        } else
+        } else if (!strncmp(name, "step-", 5) && (!strcmp(name + 5, "standard") ||
+                                                  !strcmp(name + 5, "mhar") ||
+                                                  !strcmp(name + 5, "msar")))
+            case_step(&bench, name + 5);
+        else
             fatal(EXIT_CONFIG, "bench: unknown case '%s' (layers, attention, route, msar, "
-                  "step)", name);
+                  "step, or one of route-1b, step-standard, step-mhar, step-msar)", name);
     }
     print_table(&bench);
     if (bench.json)

@@ -18,6 +18,9 @@
  *              FFN 5120, V 128256, 32 x 1024 tokens in 4 microbatches of 8) with AdamW, for
  *              the standard residual, MHAR (block of 4 layers, H 8) and MSAR (m 4); tokens/s
  *              and the device memory it held at most
+ * More cases, not in the default list: route-1b (the Block MHAR routing of one microbatch of
+ * that step alone: d 1280, 8 x 1024 tokens, 73 sites, replace form), and step-standard,
+ * step-mhar, step-msar (one mode of the step).
  * --small shrinks every shape (a smoke test that runs on the cpu in seconds). Times are
  * medians of --repeat runs after two warm-ups, between backend events. One line per result
  * goes to --json; the table is printed last.

@@ -150,7 +150,7 @@ void fixture_open(Fixture *fixture, const char *stem)
 {
     memset(fixture, 0, sizeof *fixture);
     char path[1024];
-    snprintf(path, sizeof path, "%s/tests/fixtures/%s.h5", FATHOM_SOURCE_DIR, stem);
+    snprintf(path, sizeof path, "%s/tests/fixtures/%s.h5", test_source_dir(), stem);
     h5_quiet();
     fixture->file = (hid_t)H5_CHECK(H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT));
     char *yaml = read_root_string(fixture->file, "config");

@@ -137,6 +137,12 @@ int test_run_command(const char *command, char *output, size_t capacity)
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+const char *test_source_dir(void)
+{
+    const char *moved = getenv("FATHOM_SOURCE_DIR");
+    return moved && *moved ? moved : FATHOM_SOURCE_DIR;
+}
+
 const char *test_fathom_binary(void)
 {
     const char *moved = getenv("FATHOM_BINARY");

@@ -39,6 +39,9 @@ void test_remove_tree(const char *path);
 /* Writes `text` to `path`. */
 void test_write_file(const char *path, const char *text);
 
+/* The repository the tests read (fixtures): $FATHOM_SOURCE_DIR when set, else the source
+ * tree this test binary was built from. */
+const char *test_source_dir(void);
 /* The fathom binary the tests run: $FATHOM_BINARY when set (a build tree moved to another
  * machine), else the one this test binary was built with. */
 const char *test_fathom_binary(void);

@@ -11,6 +11,7 @@
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "tests/gpu_support.h"
@@ -35,6 +36,8 @@ static void train_on(const char *directory, const char *device, const char *over
     tiny_config_write(directory, "checkpoint:\n  every: 20\n");
     snprintf(arguments, sizeof arguments, "%s --set device=%s %s", gpu_shape, device,
              overrides);
+    /* the cpu run of a model this small wants few threads, and the GPU tests run in parallel */
+    setenv("OMP_NUM_THREADS", "2", 1);
     int code = tiny_train(directory, arguments, output, sizeof output);
     cr_assert_eq(code, 0, "fathom train on %s failed (%d):\n%s", device, code, output);
     snprintf(run, sizeof run, "%s/run", directory);

@@ -19,4 +19,12 @@ binaries=(build/fathom build/tests/fathom-tests build/kernels/libfathom_cuda.so)
 for extra in build/kernels/fathom-route-bench build/kernels/fathom-kernel-bench; do
   [ -x "$extra" ] && binaries+=("$extra")
 done
+# h5diff compares checkpoints in the tests; the GPU machine has no HDF5 tools
+binaries+=("$(command -v h5diff)")
 "$bundle" .gpu-libs "${binaries[@]}"
+mkdir -p .gpu-libs/bin
+cp "$(command -v h5diff)" .gpu-libs/bin/
+# the module travels in build/kernels (where fathom looks for it), not twice
+rm -f .gpu-libs/libfathom_cuda.so
+echo "carry: build/fathom build/tests/fathom-tests build/kernels/libfathom_cuda.so" \
+     "build/kernels/fathom-route-bench build/kernels/fathom-kernel-bench .gpu-libs"

@@ -9,8 +9,10 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/gpu-check}
 mkdir -p "$out"
+export PATH=$PWD/.gpu-libs/bin:$PATH
 export LD_LIBRARY_PATH=$PWD/.gpu-libs:$PWD/build/kernels${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 FATHOM_BINARY=$PWD/build/fathom
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 FATHOM_BINARY=$PWD/build/fathom \
+  FATHOM_SOURCE_DIR=$PWD
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used,temperature.gpu \
   --format=csv | tee "$out/gpu.txt"
 parts=("$@")
