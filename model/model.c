@@ -148,6 +148,11 @@ void model_keep_all_logits(Model *model)
               act->T);
 }
 
+int model_last_tokens(const Model *model)
+{
+    return model->last_batch * model->act.T;
+}
+
 void model_read_logits(const Model *model, float *host_out)
 {
     const Activations *act = &model->act;

@@ -77,6 +77,8 @@ void model_zero_grads(Model *model);
  * whole batch's logits: it holds when they fit in one chunk (model/loss.h), or after
  * model_keep_all_logits; otherwise EXIT_CONFIG. */
 void model_read_logits(const Model *model, float *host_out);
+/* B * T of the last forward (0 before the first). */
+int model_last_tokens(const Model *model);
 /* From now on keep the logits of the whole batch ([max_batch * T, V] more backend memory). */
 void model_keep_all_logits(Model *model);
 

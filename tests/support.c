@@ -1,6 +1,9 @@
 /* tests/support.c — see support.h. */
 #include "tests/support.h"
 
+#include "model/model.h"
+#include "runtime/error.h"
+
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -179,4 +182,18 @@ int test_run_in_child(void (*body)(void *), void *argument, char *errors, size_t
     if (WIFSIGNALED(status))
         fprintf(stderr, "child killed by signal %d\n", WTERMSIG(status));
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+int test_logits_bitwise_equal(const Model *a, const Model *b)
+{
+    const size_t n = (size_t)model_last_tokens(a) * model_config(a)->vocab_size;
+    if (n != (size_t)model_last_tokens(b) * model_config(b)->vocab_size)
+        return 0;
+    float *logits_a = xmalloc(n * sizeof(float)), *logits_b = xmalloc(n * sizeof(float));
+    model_read_logits(a, logits_a);
+    model_read_logits(b, logits_b);
+    const int equal = memcmp(logits_a, logits_b, n * sizeof(float)) == 0;
+    free(logits_a);
+    free(logits_b);
+    return equal;
 }

@@ -32,6 +32,10 @@ double test_relative_error_double(const float *a, const double *b, size_t n);
 /* 1 when every element of a is finite. */
 int test_all_finite(const float *a, size_t n);
 
+/* 1 when the last forwards of two models (same batch shape) gave bitwise equal logits. */
+typedef struct Model Model;
+int test_logits_bitwise_equal(const Model *a, const Model *b);
+
 /* Makes a fresh empty directory under /tmp and writes its path into `path` (>= 256 bytes). */
 void test_make_temp_dir(char *path, const char *tag);
 /* Removes a directory tree (rm -rf). */
