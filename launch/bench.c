@@ -293,6 +293,7 @@ typedef struct {
     const Backend *backend;
     int d, heads, tokens, sites, sublayers_per_block, max_sources;
     bool msar, replace; /* replace: the Block AttnRes replace form, no base, partials read */
+    bool forward_only;
     Activation *sources[16], *grad_sources[16];
     Activation *expanded[16], *grad_expanded[16]; /* msar: E_r(s_k) and their gradients */
     const Activation *route_inputs[16];           /* msar: s_0 (the null), E_r(s_1), .. */
@@ -408,6 +409,8 @@ static void route_pass(void *context)
                                (const Activation *const *)r->sources, n, r->query, r->key_norm,
                                r->replace ? NULL : r->base, 0.1f, r->tokens, r->d, r->heads,
                                1e-5f);
+        if (r->forward_only)
+            continue;
         backend->route_backward(r->grad_sources, r->grad_query, r->grad_key_norm,
                                 r->replace ? NULL : r->grad_alpha, r->dout,
                                 (const Activation *const *)r->sources, n, r->weights, r->rstd,
@@ -485,6 +488,16 @@ static void case_route(Bench *bench, bool msar, bool step_routing)
     double bytes = 0;
     for (int j = 0; j < r.sites; j++)
         bytes += (2.0 * site_sources(&r, j) + 2.0) * (double)rows * backend->activation_bytes;
+    if (step_routing) {
+        /* the forward alone too: where the time goes at d 1280 */
+        r.forward_only = true;
+        const double forward_ms = bench_time_ms(backend, route_pass, &r, bench->repeat);
+        double forward_bytes = 0;
+        for (int j = 0; j < r.sites; j++)
+            forward_bytes += (site_sources(&r, j) + 1.0) * (double)rows * backend->activation_bytes;
+        bench_add(bench, "route-1b", "forward", forward_ms, forward_bytes / forward_ms / 1e6,
+                  "GB/s", NAN);
+    }
     bench_add(bench, msar ? "msar" : step_routing ? "route-1b" : "route",
               msar ? "conv in scratch" : step_routing ? "block replace" : "fused delta", ms,
               bytes / ms / 1e6, "GB/s", peak_gib(backend));
