@@ -10,7 +10,7 @@
  *   S_c    += sum_n r dz[n,h(c)] s_n,c;   dq_c += g_c S_c,  dg_c += q_c S_c
  *   dalpha += sum_{n,h} a D                                           (= < dout, mix >)
  *
- * Kernel 1, route_backward_kernel: ROUTE_BACKWARD_BLOCKS blocks (fewer for fewer tokens),
+ * Kernel 1, route_backward_kernel: route_backward_blocks() blocks (fewer for fewer tokens),
  * block b owning the tokens [tokens b / G, tokens (b+1) / G), one token at a time:
  *   pass 1  read each source row once: per-segment partial sums of D and P into shared
  *           memory (one slot per source, no barrier between sources);
@@ -21,7 +21,8 @@
  * At the end each block writes its S [d] and its dalpha sum to the workspace.
  * Kernel 2, route_backward_reduce_kernel: per channel, the blocks' S in block order (eight
  * fixed strided sums, then those eight in order), dq += g S, dg += q S; dalpha likewise.
- * Both orders depend on `tokens` only: the same inputs give the same bits.
+ * Both orders depend on the shapes only (tokens, d, and the vector width the pointers'
+ * alignment allows): the same inputs give the same bits.
  */
 #include "kernels/cuda/route_cuda.h"
 #include "kernels/cuda/route_device.cuh"
@@ -29,7 +30,16 @@
 /* Blocks of the per-token kernel: two 256-thread blocks on each of an H100/H200's 132
  * multiprocessors at d = 4096, one wave. Fixed, so that the order of the token sums does not
  * depend on the device. */
-enum { ROUTE_BACKWARD_BLOCKS = 264, ROUTE_REDUCE_SLICES = 8 };
+/* Blocks of the backward: enough warps in flight to cover the latency of its row reads,
+ * ROUTE_BACKWARD_WARPS_PER_SM warps on each of ROUTE_BACKWARD_SMS multiprocessors (the
+ * H200's 132). A row of d 4096 is a block of 8 warps, two a multiprocessor (264 blocks);
+ * at d 1280 a block is 3 warps and five go on a multiprocessor (660 blocks): with 264 there
+ * the backward ran at 9% occupancy and 1.2 TB/s (ncu, docs/performance.md). */
+enum {
+    ROUTE_BACKWARD_SMS = 132,
+    ROUTE_BACKWARD_WARPS_PER_SM = 16,
+    ROUTE_REDUCE_SLICES = 8,
+};
 
 struct RouteBackwardArgs {
     bf16 *dsources[CUDA_ROUTE_MAX_SOURCES];
@@ -43,14 +53,23 @@ struct RouteBackwardArgs {
     int vectors, head_vectors, segment_period, segments, slots;
 };
 
-static int route_backward_blocks(int tokens)
+static int route_backward_blocks(int tokens, int threads)
 {
-    return tokens < ROUTE_BACKWARD_BLOCKS ? tokens : ROUTE_BACKWARD_BLOCKS;
+    const int warps = threads / 32;
+    int per_sm = ROUTE_BACKWARD_WARPS_PER_SM / warps;
+    per_sm = per_sm < 1 ? 1 : per_sm;
+    const int blocks = ROUTE_BACKWARD_SMS * per_sm;
+    return tokens < blocks ? tokens : blocks;
 }
 
+/* The most blocks any launch at width d takes: the 16-byte vector path has the fewest
+ * threads a block (row_shape), hence the most blocks. */
 extern "C" size_t cuda_route_backward_workspace_floats(int tokens, int d)
 {
-    return tokens > 0 ? (size_t)route_backward_blocks(tokens) * ((size_t)d + 1) : 1;
+    const int vectors = (d + 7) / 8;
+    int threads = ((vectors + 1) / 2 + 31) / 32 * 32;
+    threads = threads < 32 ? 32 : threads > ROW_MAX_THREADS ? ROW_MAX_THREADS : threads;
+    return tokens > 0 ? (size_t)route_backward_blocks(tokens, threads) * ((size_t)d + 1) : 1;
 }
 
 /* shared memory: the ring [ROW_STAGES][2][slots][threads] vectors (a source row, and in
@@ -365,7 +384,7 @@ extern "C" void cuda_route_backward(bf16 *const *dsources, float *dquery, float 
     pointers[count++] = key_norm;
     RowShape shape = row_shape(d, heads, pointers, count);
 
-    const int blocks = route_backward_blocks(tokens);
+    const int blocks = route_backward_blocks(tokens, shape.threads);
     args.partials = workspace;
     args.dout = dout;
     args.weights = weights;
