@@ -177,6 +177,33 @@ typedef struct Backend {
                                  const Activation *x, const Activation *taps, int kernel_size,
                                  int B, int T, int d);
 
+    /* ---- MSAR stream route (DESIGN 2.2): the Route of one stream over convolved sources,
+     * the convolution done inside the read (E_k is never stored):
+     *   E_k[b,t,c] = sum_{tau < kernel_size, tau <= t} taps[k][tau, c] * s_k[b, t - tau, c]
+     *                (taps[k] == NULL: E_k = s_k, the null source is not convolved)
+     *   out = Route(E_0 .. E_{N-1}; query, key_norm, heads)       (replace form, no base)
+     * sources: N pointers to [B, T, d]; taps: N pointers to [kernel_size, d] (or NULL).
+     * Saved: weights [N, B*T, heads] and rstd [N, B*T], the statistics of E_k.
+     * The same math as stream_conv_forward into a buffer and route_forward over the buffers,
+     * except that E is not rounded to the activation dtype in between. ---- */
+    void (*route_conv_forward)(Activation *out, float *weights, float *rstd,
+                               const Activation *const *sources,
+                               const Activation *const *taps, int n_sources, int kernel_size,
+                               const Activation *query, const Activation *key_norm, int B,
+                               int T, int d, int heads, float eps);
+    /* dsources[k] += d s_k (the conv transposed of d E_k), dtaps[k] += d taps[k] (fp32
+     * [kernel_size, d]; NULL where taps[k] is NULL), dquery += , dkey_norm += .
+     * dsources[k] and dtaps[k] may be NULL (no gradient wanted); the dsources must not alias
+     * one another. `scratch` holds [N, B*T, heads] floats (a backend with its own workspace
+     * may ignore it). Deterministic. */
+    void (*route_conv_backward)(Activation *const *dsources, float *const *dtaps,
+                                float *dquery, float *dkey_norm, const Activation *dout,
+                                const Activation *const *sources,
+                                const Activation *const *taps, int n_sources,
+                                int kernel_size, const float *weights, const float *rstd,
+                                const Activation *query, const Activation *key_norm,
+                                float *scratch, int B, int T, int d, int heads);
+
     /* ---- MSAR mix (DESIGN 2.2), per token over m streams o_r [tokens, d]:
      *   g[t,r]  = beta[r] + < theta[r], o_r[t] * rsqrt(mean(o_r[t]^2) + eps) >
      *   w[t,r]  = sigmoid(g[t,r])   (computed in double, rounded once)

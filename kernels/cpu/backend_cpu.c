@@ -233,6 +233,32 @@ static void table_stream_conv_backward(Activation *dx, float *dtaps, const Activ
     cpu_stream_conv_backward(F(dx), dtaps, CF(dout), CF(x), CF(taps), kernel_size, B, T, d);
 }
 
+static void table_route_conv_forward(Activation *out, float *weights, float *rstd,
+                                     const Activation *const *sources,
+                                     const Activation *const *taps, int n_sources,
+                                     int kernel_size, const Activation *query,
+                                     const Activation *key_norm, int B, int T, int d, int heads,
+                                     float eps)
+{
+    cpu_route_conv_forward(F(out), weights, rstd, (const float *const *)sources,
+                           (const float *const *)taps, n_sources, kernel_size, CF(query),
+                           CF(key_norm), B, T, d, heads, eps);
+}
+
+static void table_route_conv_backward(Activation *const *dsources, float *const *dtaps,
+                                      float *dquery, float *dkey_norm, const Activation *dout,
+                                      const Activation *const *sources,
+                                      const Activation *const *taps, int n_sources,
+                                      int kernel_size, const float *weights, const float *rstd,
+                                      const Activation *query, const Activation *key_norm,
+                                      float *scratch, int B, int T, int d, int heads)
+{
+    cpu_route_conv_backward((float *const *)dsources, dtaps, dquery, dkey_norm, CF(dout),
+                            (const float *const *)sources, (const float *const *)taps,
+                            n_sources, kernel_size, weights, rstd, CF(query), CF(key_norm),
+                            scratch, B, T, d, heads);
+}
+
 static void table_stream_mix_forward(Activation *out, float *gates, float *rstd,
                                      const Activation *const *streams, int m,
                                      const float *mix_bias, const Activation *mix_proj,
@@ -308,6 +334,8 @@ static const Backend cpu_backend = {
     .route_backward = table_route_backward,
     .stream_conv_forward = table_stream_conv_forward,
     .stream_conv_backward = table_stream_conv_backward,
+    .route_conv_forward = table_route_conv_forward,
+    .route_conv_backward = table_route_conv_backward,
     .stream_mix_forward = table_stream_mix_forward,
     .stream_mix_backward = table_stream_mix_backward,
     .sum_squares = cpu_sum_squares,

@@ -96,6 +96,19 @@ void cpu_stream_mix_backward(float *const *dstreams, float *dmix_bias, float *dm
                              const float *gates, const float *rstd, const float *mix_bias,
                              const float *mix_proj, int tokens, int d);
 
+/* route_conv_cpu.c: the stream route, convolution inside the read; kernel_size >= 1
+ * (else fatal(EXIT_CONFIG, ...)). The results are stream_conv + route's bit for bit. */
+void cpu_route_conv_forward(float *out, float *weights, float *rstd,
+                            const float *const *sources, const float *const *taps,
+                            int n_sources, int kernel_size, const float *query,
+                            const float *key_norm, int B, int T, int d, int heads, float eps);
+void cpu_route_conv_backward(float *const *dsources, float *const *dtaps, float *dquery,
+                             float *dkey_norm, const float *dout, const float *const *sources,
+                             const float *const *taps, int n_sources, int kernel_size,
+                             const float *weights, const float *rstd, const float *query,
+                             const float *key_norm, float *scratch, int B, int T, int d,
+                             int heads);
+
 /* optimizer_cpu.c */
 double cpu_sum_squares(const float *x, size_t n);
 void cpu_scale(float *x, float factor, size_t n);

@@ -3,7 +3,8 @@
  * Every compute entry wraps one kernel of kernels_cuda.h, attention_cuda.h or route_cuda.h
  * with the same arguments in the same order: the table's Activation arrays are bf16 here, so
  * a wrapper casts them, adds the compute stream and, where a kernel needs scratch, the
- * workspace. The kernels check their own limits (fatal, EXIT_CONFIG); nothing is checked
+ * workspace. The attention-over-depth and MSAR entries are wrapped in backend_cuda_msar.cu,
+ * through the stream and workspace this file hands out. The kernels check their own limits (fatal, EXIT_CONFIG); nothing is checked
  * twice here. Two choices of the table are made here rather than in the kernels:
  * attention_backward accumulates (the table's backwards ADD), and the cross-entropy backward
  * is called with dlogits != logits (the model keeps them apart), so it adds too.
@@ -25,14 +26,15 @@
  * with the sizes (exit 2: the configuration asks for more than the GPU has).
  *
  * Workspace. One device buffer the backend owns serves every op that needs scratch: the
- * rmsnorm, attention, route, stream conv and stream mix backwards, and sum_squares (its
- * result double, then its partials). Ops run one after another on the stream, so one buffer
- * is enough. When a call needs more than the buffer has, the old buffer is freed and a new
- * one of the size asked for is allocated, both ordered on the stream (cudaFreeAsync,
- * cudaMallocAsync: no wait, and work still queued finishes with the old buffer). The first
- * training step meets every shape of the run, so after it the workspace never grows again
- * and nothing allocates inside the step loop (runtime/backend.h). route_backward's
- * `scratch` argument is not used.
+ * rmsnorm, attention, route, stream conv and stream mix backwards, the stream route (forward
+ * and backward), and sum_squares (its result double, then its partials). Ops run one after
+ * another on the stream, so one buffer is enough. When a call needs more than the buffer
+ * has, the old buffer is freed and a new one of the size asked for is allocated, both
+ * ordered on the stream (cudaFreeAsync, cudaMallocAsync: no wait, and work still queued
+ * finishes with the old buffer). The first training step meets every shape of the run, so
+ * after it the workspace never grows again and nothing allocates inside the step loop
+ * (runtime/backend.h). The `scratch` arguments of route_backward and route_conv_backward
+ * are not used.
  *
  * How fast should this be: an entry adds one host call (and, for a backward with scratch,
  * one size comparison) to its kernel, whose floor its header gives. activations_from_floats
@@ -43,8 +45,8 @@
 #include "kernels/cuda/backend_cuda.h"
 
 #include "kernels/cuda/attention_cuda.h"
+#include "kernels/cuda/backend_cuda_msar.h"
 #include "kernels/cuda/kernels_cuda.h"
-#include "kernels/cuda/route_cuda.h"
 #include "runtime/error.h"
 
 #include <cuda_runtime.h>
@@ -435,73 +437,16 @@ static void op_cross_entropy_backward(Activation *dlogits, const float *dloss,
                                 rows, V, z_loss, compute_stream());
 }
 
-/* ---- attention over depth, MSAR streams ----
- * The pointer arrays are host arrays of device pointers; an Activation pointer and a bf16
- * pointer have one representation, so the arrays pass as they are. */
+/* ---- attention over depth and MSAR: backend_cuda_msar.cu fills those entries ---- */
 
-static void op_route_forward(Activation *out, float *weights, float *rstd,
-                             const Activation *const *sources, int n_sources,
-                             const Activation *query, const Activation *key_norm,
-                             const Activation *base, float alpha, int tokens, int d, int heads,
-                             float eps)
+extern "C" cudaStream_t backend_cuda_compute_stream(void)
 {
-    cuda_route_forward(as_bf16(out), weights, rstd, (const bf16 *const *)sources, n_sources,
-                       as_bf16_const(query), as_bf16_const(key_norm), as_bf16_const(base),
-                       alpha, tokens, d, heads, eps, compute_stream());
+    return compute_stream();
 }
 
-static void op_route_backward(Activation *const *dsources, float *dquery, float *dkey_norm,
-                              float *dalpha, const Activation *dout,
-                              const Activation *const *sources, int n_sources,
-                              const float *weights, const float *rstd, const Activation *query,
-                              const Activation *key_norm, bool delta, float alpha,
-                              float *scratch, int tokens, int d, int heads)
+extern "C" float *backend_cuda_workspace_floats(size_t floats)
 {
-    (void)scratch; /* the workspace replaces it */
-    float *workspace = workspace_floats(cuda_route_backward_workspace_floats(tokens, d));
-    cuda_route_backward((bf16 *const *)dsources, dquery, dkey_norm, dalpha, as_bf16_const(dout),
-                        (const bf16 *const *)sources, n_sources, weights, rstd,
-                        as_bf16_const(query), as_bf16_const(key_norm), delta, alpha, workspace,
-                        tokens, d, heads, compute_stream());
-}
-
-static void op_stream_conv_forward(Activation *out, const Activation *x, const Activation *taps,
-                                   int kernel_size, int B, int T, int d)
-{
-    cuda_stream_conv_forward(as_bf16(out), as_bf16_const(x), as_bf16_const(taps), kernel_size,
-                             B, T, d, compute_stream());
-}
-
-static void op_stream_conv_backward(Activation *dx, float *dtaps, const Activation *dout,
-                                    const Activation *x, const Activation *taps,
-                                    int kernel_size, int B, int T, int d)
-{
-    float *workspace =
-        workspace_floats(cuda_stream_conv_backward_workspace_floats(kernel_size, B, T, d));
-    cuda_stream_conv_backward(as_bf16(dx), dtaps, as_bf16_const(dout), as_bf16_const(x),
-                              as_bf16_const(taps), kernel_size, B, T, d, workspace,
-                              compute_stream());
-}
-
-static void op_stream_mix_forward(Activation *out, float *gates, float *rstd,
-                                  const Activation *const *streams, int m,
-                                  const float *mix_bias, const Activation *mix_proj, int tokens,
-                                  int d, float eps)
-{
-    cuda_stream_mix_forward(as_bf16(out), gates, rstd, (const bf16 *const *)streams, m, mix_bias,
-                            as_bf16_const(mix_proj), tokens, d, eps, compute_stream());
-}
-
-static void op_stream_mix_backward(Activation *const *dstreams, float *dmix_bias,
-                                   float *dmix_proj, const Activation *dout,
-                                   const Activation *const *streams, int m, const float *gates,
-                                   const float *rstd, const float *mix_bias,
-                                   const Activation *mix_proj, int tokens, int d)
-{
-    float *workspace = workspace_floats(cuda_stream_mix_backward_workspace_floats(m, tokens, d));
-    cuda_stream_mix_backward((bf16 *const *)dstreams, dmix_bias, dmix_proj, as_bf16_const(dout),
-                             (const bf16 *const *)streams, m, gates, rstd, mix_bias,
-                             as_bf16_const(mix_proj), tokens, d, workspace, compute_stream());
+    return workspace_floats(floats);
 }
 
 /* ---- optimizer ---- */
@@ -583,12 +528,7 @@ extern "C" const Backend *backend_cuda(void)
     table->swiglu_backward = op_swiglu_backward;
     table->cross_entropy_forward = op_cross_entropy_forward;
     table->cross_entropy_backward = op_cross_entropy_backward;
-    table->route_forward = op_route_forward;
-    table->route_backward = op_route_backward;
-    table->stream_conv_forward = op_stream_conv_forward;
-    table->stream_conv_backward = op_stream_conv_backward;
-    table->stream_mix_forward = op_stream_mix_forward;
-    table->stream_mix_backward = op_stream_mix_backward;
+    backend_cuda_fill_routing(table);
 
     table->sum_squares = op_sum_squares;
     table->scale = op_scale;

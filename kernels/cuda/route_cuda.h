@@ -68,6 +68,58 @@
  * thread a vector of channels; dtaps through per-block partials) and the gated mix (one
  * block a token, one read of each stream, forward and backward; parameter gradients through
  * per-block partials). Limits: m <= CUDA_STREAM_MAX_STREAMS, d <= CUDA_ROUTE_MAX_WIDTH.
+ *
+ * MSAR stream route (route_conv_cuda.cu, route_conv_backward_cuda.cu; backend.h route_conv_*,
+ * kernels/cpu/route_conv_cpu.c is the reference): the Route of one stream over the convolved
+ * sources E_k = taps[k] * s_k, the convolution done where E is read and never stored. E stays
+ * fp32 between the convolution and the Route (the composition rounds it to bf16). The heavy
+ * kernels are channel walkers: a thread owns VEC channels (4; 2 or 1 where head_dim or the
+ * alignment of a pointer asks) of a block's chunk of ROUTE_CONV_CHUNK channels, keeps the
+ * taps and the last rows of its source in registers and walks consecutive tokens, so that a
+ * pass reads each source row once and the taps once. The Route's sums over a head and over
+ * the row cut the work in passes:
+ *   forward   1. dots, per (source, chunk, token range): <E, E> and <q*g, E> per token and
+ *                (head, chunk) piece of the row, into the workspace;
+ *             2. weights, a warp a token: the pieces added in order, r = rsqrt(<E,E>/d + eps),
+ *                z = r <q*g, E>, the depth softmax -> weights and rstd;
+ *             3. mix, per (chunk, 8-token tile): out = sum_n a_n E_n, E convolved again.
+ *   backward  1. dots with dout: <dout, E> and <q*g, E> per piece;
+ *             2. a warp a token: the softmax backward dz and the key-norm term
+ *                e = r^2 (r sum_h dz <q*g, E>_h) / d (as route_backward_cuda.cu), kept as
+ *                (a, r dz) and e;
+ *             3. per (source, chunk, token range), walking the tokens backwards with a
+ *                cp.async ring: dE = a dout + r dz q g - e E, ds[t] += sum_tau taps[tau]
+ *                dE[t + tau] (the last k dE in registers), per-block sums of
+ *                dtaps[tau] = sum_t dE[t] s[t - tau] and S = sum_t r dz E;
+ *             4. those partials added in range order: dtaps +=, dq += g S, dg += q S.
+ * Deterministic: fixed partitions and orders, no atomics. With identity taps (tap 0 = 1, the
+ * rest 0) E is the source exactly and no sum depends on the kernel size: streams of kernel
+ * sizes 1, 2, 4, 8 give the same bits (so MSAR's mix at init returns the stream), though not
+ * cuda_route_forward's bits (other summation orders).
+ * Limits: the Route's (out must not alias a source), 1 <= kernel_size <=
+ * CUDA_ROUTE_CONV_MAX_KERNEL, and the dsources must not alias one another (blocks of
+ * different sources write them at the same time).
+ *
+ * How fast should the stream route be. Benchmark (route_bench.cu): the 64 MSAR sites of the
+ * 8B graft, d 4096, H 8, 2 x 4096 tokens, site j over N = j/8 + 2 sources (null and
+ * b_0 .. b_{j/8}: sum N = 352, 288 of them convolved), m = 4 streams of kernel sizes
+ * 1, 2, 4, 8, each site and stream forward and backward; S = 67.1 MB as above. DRAM bytes
+ * per site and stream:
+ *   composition  forward   conv (N-1)(read + write), Route N + 1               (3N - 1) S
+ *                backward  conv again 2(N-1), dE zeroed N-1, Route backward 3N + 1,
+ *                          conv backward 5(N-1) (dE, dx read and written; dE, x)  (11N - 7) S
+ *   fused        forward   dots N, mix N + out 1                                (2N + 1) S
+ *                backward  dots N + dout 1, walker N + dout 1 + ds 2N           (4N + 2) S
+ *   floor        each input once, each output once                (N + 1) S + (3N + 1) S
+ * All 64 sites x 4 streams: composition 17664 S = 1185 GB (276 ms at 4.3 TB/s); fused
+ * 9216 S = 618 GB (144 ms: forward 48 ms, backward 96 ms); floor 6144 S = 412 GB (96 ms).
+ * Besides DRAM: the mix re-reads k - 1 rows of halo per 8-token tile from L2, and the N
+ * source blocks of a walker share each dout row through L2. Arithmetic: the convolution costs
+ * 2k fp32 flops per element each time E is formed (forward twice, backward twice, plus 4k
+ * for ds and dtaps): ~3 TFLOP for the microbatch, 46 ms at the fp32 rate (67 TFLOP/s), most
+ * of it in the k = 8 stream (1.4 TFLOP, 20 ms against its 36 ms of DRAM time): memory-bound,
+ * the k = 8 stream nearest the arithmetic limit. The next lever is the forward's second read
+ * (a single pass with E kept on chip, as cuda_route_forward keeps its rows: 2N + 1 -> N + 1).
  */
 #ifndef FATHOM_KERNELS_CUDA_ROUTE_CUDA_H
 #define FATHOM_KERNELS_CUDA_ROUTE_CUDA_H
@@ -86,6 +138,7 @@ enum {
     CUDA_ROUTE_MAX_HEADS = 32,
     CUDA_ROUTE_MAX_WIDTH = 8192, /* 16 channels a thread, 512 threads a block */
     CUDA_STREAM_MAX_STREAMS = 16,
+    CUDA_ROUTE_CONV_MAX_KERNEL = 8, /* residual.stream_kernels: DESIGN 2.2's 1, 2, 4, 8 */
 };
 
 /* ---- Route (backend.h route_forward / route_backward) ---- */
@@ -140,6 +193,34 @@ void cuda_stream_mix_backward(bf16 *const *dstreams, float *dmix_bias, float *dm
                               const float *gates, const float *rstd, const float *mix_bias,
                               const bf16 *mix_proj, int tokens, int d, float *workspace,
                               cudaStream_t stream);
+
+/* ---- MSAR stream route (backend.h route_conv_*) ---- */
+
+/* Floats of the workspace cuda_route_conv_forward needs (the per-piece sums). */
+size_t cuda_route_conv_forward_workspace_floats(int n_sources, int tokens, int d, int heads);
+
+/* out [B*T, d] bf16 = Route(E_0 .. E_{N-1}), E_k = taps[k] * s_k (taps[k] [kernel_size, d]
+ * bf16, NULL: E_k = s_k); weights [N, B*T, heads] and rstd [N, B*T] fp32, of E. Three
+ * launches (dots, weights, mix). */
+void cuda_route_conv_forward(bf16 *out, float *weights, float *rstd,
+                             const bf16 *const *sources, const bf16 *const *taps, int n_sources,
+                             int kernel_size, const bf16 *query, const bf16 *key_norm, int B,
+                             int T, int d, int heads, float eps, float *workspace,
+                             cudaStream_t stream);
+
+/* Floats of the workspace cuda_route_conv_backward needs (it replaces the op's `scratch`). */
+size_t cuda_route_conv_backward_workspace_floats(int n_sources, int kernel_size, int tokens,
+                                                 int d, int heads);
+
+/* dsources[k] += (bf16; NULL entries skipped), dtaps[k] += (fp32 [kernel_size, d]; NULL
+ * entries, and those of NULL taps, skipped), dquery += , dkey_norm += (fp32 [d]). Four
+ * launches (dots, score gradients, walker, reduction). */
+void cuda_route_conv_backward(bf16 *const *dsources, float *const *dtaps, float *dquery,
+                              float *dkey_norm, const bf16 *dout, const bf16 *const *sources,
+                              const bf16 *const *taps, int n_sources, int kernel_size,
+                              const float *weights, const float *rstd, const bf16 *query,
+                              const bf16 *key_norm, int B, int T, int d, int heads,
+                              float *workspace, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,135 @@
+/* kernels/cuda/backend_cuda_msar.cu — the attention-over-depth and MSAR entries of the cuda
+ * op table (runtime/backend.h; DESIGN 2.1, 2.2; contract in backend_cuda_msar.h).
+ *
+ * Every entry wraps one kernel of route_cuda.h with the same arguments in the same order,
+ * casting the table's Activation arrays to bf16 and adding the compute stream and, where a
+ * kernel needs scratch, the workspace of backend_cuda.cu. The pointer arrays are host arrays
+ * of device pointers; an Activation pointer and a bf16 pointer have one representation, so
+ * the arrays pass as they are. The `scratch` arguments of the route backwards are not used
+ * (the workspace replaces them).
+ *
+ * How fast should this be: an entry adds one host call and a workspace size comparison to
+ * its kernels, whose floors route_cuda.h gives.
+ */
+#include "kernels/cuda/backend_cuda_msar.h"
+
+#include "kernels/cuda/route_cuda.h"
+
+static bf16 *as_bf16(Activation *array)
+{
+    return (bf16 *)array;
+}
+
+static const bf16 *as_bf16_const(const Activation *array)
+{
+    return (const bf16 *)array;
+}
+
+static void op_route_forward(Activation *out, float *weights, float *rstd,
+                             const Activation *const *sources, int n_sources,
+                             const Activation *query, const Activation *key_norm,
+                             const Activation *base, float alpha, int tokens, int d, int heads,
+                             float eps)
+{
+    cuda_route_forward(as_bf16(out), weights, rstd, (const bf16 *const *)sources, n_sources,
+                       as_bf16_const(query), as_bf16_const(key_norm), as_bf16_const(base),
+                       alpha, tokens, d, heads, eps, backend_cuda_compute_stream());
+}
+
+static void op_route_backward(Activation *const *dsources, float *dquery, float *dkey_norm,
+                              float *dalpha, const Activation *dout,
+                              const Activation *const *sources, int n_sources,
+                              const float *weights, const float *rstd, const Activation *query,
+                              const Activation *key_norm, bool delta, float alpha,
+                              float *scratch, int tokens, int d, int heads)
+{
+    (void)scratch; /* the workspace replaces it */
+    float *workspace = backend_cuda_workspace_floats(cuda_route_backward_workspace_floats(tokens, d));
+    cuda_route_backward((bf16 *const *)dsources, dquery, dkey_norm, dalpha, as_bf16_const(dout),
+                        (const bf16 *const *)sources, n_sources, weights, rstd,
+                        as_bf16_const(query), as_bf16_const(key_norm), delta, alpha, workspace,
+                        tokens, d, heads, backend_cuda_compute_stream());
+}
+
+static void op_stream_conv_forward(Activation *out, const Activation *x, const Activation *taps,
+                                   int kernel_size, int B, int T, int d)
+{
+    cuda_stream_conv_forward(as_bf16(out), as_bf16_const(x), as_bf16_const(taps), kernel_size,
+                             B, T, d, backend_cuda_compute_stream());
+}
+
+static void op_stream_conv_backward(Activation *dx, float *dtaps, const Activation *dout,
+                                    const Activation *x, const Activation *taps,
+                                    int kernel_size, int B, int T, int d)
+{
+    float *workspace =
+        backend_cuda_workspace_floats(cuda_stream_conv_backward_workspace_floats(kernel_size, B, T, d));
+    cuda_stream_conv_backward(as_bf16(dx), dtaps, as_bf16_const(dout), as_bf16_const(x),
+                              as_bf16_const(taps), kernel_size, B, T, d, workspace,
+                              backend_cuda_compute_stream());
+}
+
+static void op_stream_mix_forward(Activation *out, float *gates, float *rstd,
+                                  const Activation *const *streams, int m,
+                                  const float *mix_bias, const Activation *mix_proj, int tokens,
+                                  int d, float eps)
+{
+    cuda_stream_mix_forward(as_bf16(out), gates, rstd, (const bf16 *const *)streams, m, mix_bias,
+                            as_bf16_const(mix_proj), tokens, d, eps, backend_cuda_compute_stream());
+}
+
+static void op_stream_mix_backward(Activation *const *dstreams, float *dmix_bias,
+                                   float *dmix_proj, const Activation *dout,
+                                   const Activation *const *streams, int m, const float *gates,
+                                   const float *rstd, const float *mix_bias,
+                                   const Activation *mix_proj, int tokens, int d)
+{
+    float *workspace = backend_cuda_workspace_floats(cuda_stream_mix_backward_workspace_floats(m, tokens, d));
+    cuda_stream_mix_backward((bf16 *const *)dstreams, dmix_bias, dmix_proj, as_bf16_const(dout),
+                             (const bf16 *const *)streams, m, gates, rstd, mix_bias,
+                             as_bf16_const(mix_proj), tokens, d, workspace, backend_cuda_compute_stream());
+}
+
+static void op_route_conv_forward(Activation *out, float *weights, float *rstd,
+                                  const Activation *const *sources,
+                                  const Activation *const *taps, int n_sources, int kernel_size,
+                                  const Activation *query, const Activation *key_norm, int B,
+                                  int T, int d, int heads, float eps)
+{
+    float *workspace = backend_cuda_workspace_floats(
+        cuda_route_conv_forward_workspace_floats(n_sources, B * T, d, heads));
+    cuda_route_conv_forward(as_bf16(out), weights, rstd, (const bf16 *const *)sources,
+                            (const bf16 *const *)taps, n_sources, kernel_size,
+                            as_bf16_const(query), as_bf16_const(key_norm), B, T, d, heads, eps,
+                            workspace, backend_cuda_compute_stream());
+}
+
+static void op_route_conv_backward(Activation *const *dsources, float *const *dtaps,
+                                   float *dquery, float *dkey_norm, const Activation *dout,
+                                   const Activation *const *sources,
+                                   const Activation *const *taps, int n_sources,
+                                   int kernel_size, const float *weights, const float *rstd,
+                                   const Activation *query, const Activation *key_norm,
+                                   float *scratch, int B, int T, int d, int heads)
+{
+    (void)scratch; /* the workspace replaces it */
+    float *workspace = backend_cuda_workspace_floats(
+        cuda_route_conv_backward_workspace_floats(n_sources, kernel_size, B * T, d, heads));
+    cuda_route_conv_backward((bf16 *const *)dsources, dtaps, dquery, dkey_norm,
+                             as_bf16_const(dout), (const bf16 *const *)sources,
+                             (const bf16 *const *)taps, n_sources, kernel_size, weights, rstd,
+                             as_bf16_const(query), as_bf16_const(key_norm), B, T, d, heads,
+                             workspace, backend_cuda_compute_stream());
+}
+
+extern "C" void backend_cuda_fill_routing(Backend *table)
+{
+    table->route_forward = op_route_forward;
+    table->route_backward = op_route_backward;
+    table->stream_conv_forward = op_stream_conv_forward;
+    table->stream_conv_backward = op_stream_conv_backward;
+    table->route_conv_forward = op_route_conv_forward;
+    table->route_conv_backward = op_route_conv_backward;
+    table->stream_mix_forward = op_stream_mix_forward;
+    table->stream_mix_backward = op_stream_mix_backward;
+}
