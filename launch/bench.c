@@ -295,8 +295,8 @@ typedef struct {
     bool msar, replace; /* replace: the Block AttnRes replace form, no base, partials read */
     bool forward_only;
     Activation *sources[16], *grad_sources[16];
-    Activation *expanded[16], *grad_expanded[16]; /* msar: E_r(s_k) and their gradients */
-    const Activation *route_inputs[16];           /* msar: s_0 (the null), E_r(s_1), .. */
+    const Activation *taps_of_source[16]; /* msar: stream r's taps per source, NULL: null */
+    float *grad_taps_of_source[16];
     Activation *streams[BENCH_STREAMS], *grad_streams[BENCH_STREAMS];
     Activation *mixed, *grad_mixed, *base, *out, *dout;
     Activation *query, *key_norm, *zero_query, *taps, *mix_proj;
@@ -326,32 +326,36 @@ static const Activation *taps_of(const RoutePass *r, int stream)
     return activation_at_const(r->backend, r->taps, (size_t)stream * BENCH_KERNEL_MAX * r->d);
 }
 
-static void msar_expand(RoutePass *r, int n, int stream)
+/* Stream s's taps for sources 1..n-1; the null source (0) is not convolved (DESIGN 2.2). */
+static void msar_taps(RoutePass *r, int n, int stream)
 {
-    r->route_inputs[0] = r->sources[0]; /* the null source is not convolved (DESIGN 2.2) */
+    r->taps_of_source[0] = NULL;
+    r->grad_taps_of_source[0] = NULL;
     for (int k = 1; k < n; k++) {
-        r->backend->stream_conv_forward(r->expanded[k], r->sources[k], taps_of(r, stream),
-                                        bench_kernels[stream], 1, r->tokens, r->d);
-        r->route_inputs[k] = r->expanded[k];
+        r->taps_of_source[k] = taps_of(r, stream);
+        r->grad_taps_of_source[k] = r->grad_taps + (size_t)k * BENCH_KERNEL_MAX * r->d;
     }
 }
 
 static void msar_streams_forward(RoutePass *r, int n)
 {
     for (int s = 0; s < BENCH_STREAMS; s++) {
-        msar_expand(r, n, s);
-        r->backend->route_forward(r->streams[s], r->weights + (size_t)s * n * r->tokens * r->heads,
-                                  r->rstd + (size_t)s * n * r->tokens,
-                                  r->route_inputs, n, row_of(r, r->query, s),
-                                  row_of(r, r->key_norm, s), NULL, 0.0f, r->tokens, r->d,
-                                  r->heads, 1e-5f);
+        msar_taps(r, n, s);
+        r->backend->route_conv_forward(r->streams[s],
+                                       r->weights + (size_t)s * n * r->tokens * r->heads,
+                                       r->rstd + (size_t)s * n * r->tokens,
+                                       (const Activation *const *)r->sources, r->taps_of_source,
+                                       n, bench_kernels[s], row_of(r, r->query, s),
+                                       row_of(r, r->key_norm, s), 1, r->tokens, r->d, r->heads,
+                                       1e-5f);
     }
     r->backend->stream_mix_forward(r->mixed, r->mix_gates, r->mix_rstd,
                                    (const Activation *const *)r->streams, BENCH_STREAMS,
                                    r->mix_bias, r->mix_proj, r->tokens, r->d, 1e-5f);
 }
 
-/* One MSAR delta site, forward then backward, as model/route_site.c runs it. */
+/* One MSAR delta site, forward then backward, as model/route_site.c runs it: the stream
+ * convolutions happen inside the routing reads (route_conv ops), never stored. */
 static void msar_site(RoutePass *r, int n)
 {
     const Backend *backend = r->backend;
@@ -375,23 +379,15 @@ static void msar_site(RoutePass *r, int n)
                                  BENCH_STREAMS, r->mix_gates, r->mix_rstd, r->mix_bias,
                                  r->mix_proj, r->tokens, r->d);
     for (int s = 0; s < BENCH_STREAMS; s++) {
-        msar_expand(r, n, s);
-        Activation *grads[16];
-        grads[0] = r->grad_sources[0];
-        for (int k = 1; k < n; k++) {
-            backend->zero(r->grad_expanded[k], bytes);
-            grads[k] = r->grad_expanded[k];
-        }
-        backend->route_backward(grads, r->grad_query, r->grad_key_norm, NULL,
-                                r->grad_streams[s], r->route_inputs, n,
-                                r->weights + (size_t)s * n * r->tokens * r->heads,
-                                r->rstd + (size_t)s * n * r->tokens, row_of(r, r->query, s),
-                                row_of(r, r->key_norm, s), false, 0.0f, r->scratch, r->tokens,
-                                r->d, r->heads);
-        for (int k = 1; k < n; k++)
-            backend->stream_conv_backward(r->grad_sources[k], r->grad_taps, r->grad_expanded[k],
-                                          r->sources[k], taps_of(r, s), bench_kernels[s], 1,
-                                          r->tokens, r->d);
+        msar_taps(r, n, s);
+        backend->route_conv_backward(r->grad_sources, r->grad_taps_of_source, r->grad_query,
+                                     r->grad_key_norm, r->grad_streams[s],
+                                     (const Activation *const *)r->sources, r->taps_of_source,
+                                     n, bench_kernels[s],
+                                     r->weights + (size_t)s * n * r->tokens * r->heads,
+                                     r->rstd + (size_t)s * n * r->tokens,
+                                     row_of(r, r->query, s), row_of(r, r->key_norm, s),
+                                     r->scratch, 1, r->tokens, r->d, r->heads);
     }
 }
 
@@ -447,10 +443,6 @@ static void case_route(Bench *bench, bool msar, bool step_routing)
     for (int k = 0; k < r.max_sources; k++) {
         r.sources[k] = random_activations(backend, rows, 1.0f);
         r.grad_sources[k] = zero_activations(backend, rows);
-        if (msar) {
-            r.expanded[k] = zero_activations(backend, rows);
-            r.grad_expanded[k] = zero_activations(backend, rows);
-        }
     }
     for (size_t i = 0; i < m && msar; i++) {
         r.streams[i] = zero_activations(backend, rows);
@@ -477,7 +469,8 @@ static void case_route(Bench *bench, bool msar, bool step_routing)
     r.grad_query = backend->alloc(r.d * sizeof(float));
     r.grad_key_norm = backend->alloc(r.d * sizeof(float));
     r.grad_alpha = backend->alloc(sizeof(float));
-    r.grad_taps = backend->alloc(BENCH_KERNEL_MAX * (size_t)r.d * sizeof(float));
+    /* each source its own taps gradient, as each source has its own slot in the model */
+    r.grad_taps = backend->alloc((size_t)r.max_sources * BENCH_KERNEL_MAX * r.d * sizeof(float));
     r.mix_bias = backend->alloc(m * sizeof(float));
     r.grad_mix_bias = backend->alloc(m * sizeof(float));
     r.grad_mix_proj = backend->alloc(m * r.d * sizeof(float));
@@ -499,16 +492,12 @@ static void case_route(Bench *bench, bool msar, bool step_routing)
                   "GB/s", NAN);
     }
     bench_add(bench, msar ? "msar" : step_routing ? "route-1b" : "route",
-              msar ? "conv in scratch" : step_routing ? "block replace" : "fused delta", ms,
+              msar ? "conv in the read" : step_routing ? "block replace" : "fused delta", ms,
               bytes / ms / 1e6, "GB/s", peak_gib(backend));
 
     for (int k = 0; k < r.max_sources; k++) {
         backend->release(r.sources[k]);
         backend->release(r.grad_sources[k]);
-        if (msar) {
-            backend->release(r.expanded[k]);
-            backend->release(r.grad_expanded[k]);
-        }
     }
     for (size_t i = 0; i < m && msar; i++) {
         backend->release(r.streams[i]);

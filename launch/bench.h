@@ -13,7 +13,7 @@
  *   route      block-MHAR delta routing at the 8B graft: d 4096, H 8, 2 x 4096 tokens, 64
  *              sites reading N = 2..9 sources, forward + backward; GB/s of the ideal traffic
  *   msar       the same sites through MSAR (4 streams, kernels 1 2 4 8), as the model runs it:
- *              convolved sources made in scratch, in the forward and again in the backward
+ *              each stream's convolutions inside its routing read (route_conv ops)
  *   step       one training step of the MHAR paper's 1B model (d 1280, L 36, 16/8 heads,
  *              FFN 5120, V 128256, 32 x 1024 tokens in 4 microbatches of 8) with AdamW, for
  *              the standard residual, MHAR (block of 4 layers, H 8) and MSAR (m 4); tokens/s

@@ -84,10 +84,6 @@ static void routed_layout(RoutedActivations *routed, Carver *carver, const Resid
     route->route_backward = carve_floats(carver, M * N * H);
     if (!msar)
         return;
-    for (size_t k = 0; k < M; k++) {
-        route->sources[k] = carve_activations(carver, N * d);
-        route->grad_sources[k] = carve_activations(carver, N * d);
-    }
     for (size_t r = 0; r < m; r++) {
         route->streams[r] = carve_activations(carver, N * d);
         route->grad_streams[r] = carve_activations(carver, N * d);
@@ -171,10 +167,8 @@ static void routed_arrays_create(RoutedActivations *routed, const ResidualPlan *
     routed->sites = xcalloc((size_t)plan->n_sites, sizeof *routed->sites);
     routed->grad_blocks = xcalloc((size_t)plan->n_blocks + 1, sizeof *routed->grad_blocks);
     RouteScratch *route = &routed->route;
-    route->sources = xcalloc((size_t)plan->max_sources, sizeof *route->sources);
-    route->grad_sources = xcalloc((size_t)plan->max_sources, sizeof *route->grad_sources);
-    route->expanded = xcalloc((size_t)plan->max_sources, sizeof *route->expanded);
-    route->grad_expanded = xcalloc((size_t)plan->max_sources, sizeof *route->grad_expanded);
+    route->taps = xcalloc((size_t)plan->max_sources, sizeof *route->taps);
+    route->grad_taps = xcalloc((size_t)plan->max_sources, sizeof *route->grad_taps);
     route->streams = xcalloc((size_t)plan->streams, sizeof *route->streams);
     route->grad_streams = xcalloc((size_t)plan->streams, sizeof *route->grad_streams);
 }
@@ -184,10 +178,8 @@ static void routed_arrays_destroy(RoutedActivations *routed)
     free(routed->summaries);
     free(routed->sites);
     free(routed->grad_blocks);
-    free(routed->route.sources);
-    free(routed->route.grad_sources);
-    free((void *)routed->route.expanded);
-    free(routed->route.grad_expanded);
+    free((void *)routed->route.taps);
+    free(routed->route.grad_taps);
     free(routed->route.streams);
     free(routed->route.grad_streams);
 }

@@ -36,13 +36,12 @@
  *           per site m N_j (H + 1) (depth weights and key rstd per stream), msar m > 1 adds
  *           2m (mix gates and rstd), the msar delta form H + 1 (the gate route)
  *   scratch d x_j d, block gradients (n_b + 1) d, delta: d f_j and the null gradient 2d;
- *           route backward M H; msar: expanded sources and their gradients 2 M d, routed
- *           streams and their gradients 2 m d, mix and its gradient 2d, recomputed weights
- *           M (H + 1) and gates 2m
+ *           route backward M H; msar: routed streams and their gradients 2 m d, mix and
+ *           its gradient 2d, recomputed weights M (H + 1) and gates 2m
  * For Block MHAR delta at the 8B shape (L 32, 8 blocks, d 4096) that is (8 + 3) d kept
  * beside the 65 d of the streams x_j: the routed stream costs little over the standard one.
- * The msar streams E_r(source) are never kept: a site materialises them in scratch, one
- * stream at a time, in the forward and again in the backward (DESIGN 2.2).
+ * The msar convolved sources E_r(source) are never stored: the stream route op convolves each
+ * source inside its read, in the forward and again in the backward (DESIGN 2.2).
  */
 #ifndef FATHOM_MODEL_ACTIVATIONS_H
 #define FATHOM_MODEL_ACTIVATIONS_H
@@ -103,10 +102,8 @@ typedef struct {
 
 /* Everything a routing site needs besides its saved state, per the op table's rules. */
 typedef struct {
-    Activation **sources;         /* [M] [N, d] msar: E_r(source k) of the stream being routed */
-    Activation **grad_sources;    /* [M] [N, d] their gradients */
-    const Activation **expanded;  /* [M] host array: sources[k], or the raw null source */
-    Activation **grad_expanded;   /* [M] host array: grad_sources[k], or the null's gradient */
+    const Activation **taps;      /* [M] host array: stream r's taps per source (NULL: null) */
+    float **grad_taps;            /* [M] host array: where the taps' gradients go */
     Activation **streams;         /* [m] msar: o_r, the routed streams */
     Activation **grad_streams;    /* [m] */
     Activation *mixed;            /* [N, d] msar delta: the mix before alpha */

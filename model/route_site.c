@@ -87,27 +87,45 @@ static const Activation *stream_row(const RouteContext *context, const Activatio
     return activation_at_const(context->backend, tensor, (size_t)r * context->d);
 }
 
-/* E_r(s_k) for every source into scratch->sources (the null source passes through
- * unconvolved, DESIGN 2.2); returns the array the Route reads. */
-static const Activation *const *expand_sources(const RouteContext *context,
-                                               const SitePlan *site,
-                                               const Activation *const *sources, int r)
+/* Stream r's taps for each source of the site (NULL for the null source, which is not
+ * convolved, DESIGN 2.2), and where their gradients go; host arrays in the scratch. */
+static const Activation *const *stream_taps(const RouteContext *context, const SitePlan *site,
+                                            int r)
 {
     RouteScratch *scratch = context->scratch;
-    const int kernel_size = context->plan->kernel_sizes[r];
     for (int k = 0; k < site->n_sources; k++) {
         const int slot = site->sources[k].slot;
-        if (slot == RESIDUAL_NO_SLOT) {
-            scratch->expanded[k] = sources[k];
-            continue;
-        }
-        context->backend->stream_conv_forward(scratch->sources[k], sources[k],
-                                              taps_of(context, context->conv[slot], r),
-                                              kernel_size, context->B, context->T,
-                                              context->d);
-        scratch->expanded[k] = scratch->sources[k];
+        scratch->taps[k] = slot == RESIDUAL_NO_SLOT ? NULL
+                                                    : taps_of(context, context->conv[slot], r);
     }
-    return scratch->expanded;
+    return scratch->taps;
+}
+
+static float *const *stream_grad_taps(const RouteContext *context, const SitePlan *site, int r)
+{
+    RouteScratch *scratch = context->scratch;
+    for (int k = 0; k < site->n_sources; k++) {
+        const int slot = site->sources[k].slot;
+        scratch->grad_taps[k] = slot == RESIDUAL_NO_SLOT
+                                    ? NULL
+                                    : context->grad_conv[slot] + stream_taps_offset(context, r);
+    }
+    return scratch->grad_taps;
+}
+
+/* o_r = Route(E_r(s_0), .., E_r(s_{N-1})): the stream route of the op table convolves each
+ * source inside its read, so E_r is never stored. */
+static void stream_route_forward(const RouteContext *context, const SitePlan *site,
+                                 const SiteWeights *weights, const Activation *const *sources,
+                                 int r, Activation *stream, float *depth_weights, float *rstd)
+{
+    context->backend->route_conv_forward(stream, depth_weights, rstd, sources,
+                                         stream_taps(context, site, r), site->n_sources,
+                                         context->plan->kernel_sizes[r],
+                                         stream_row(context, weights->query, r),
+                                         stream_row(context, weights->key_norm, r), context->B,
+                                         context->T, context->d, context->plan->heads,
+                                         context->eps);
 }
 
 void route_site_forward(const RouteContext *context, const SitePlan *site,
@@ -128,15 +146,11 @@ void route_site_forward(const RouteContext *context, const SitePlan *site,
     RouteScratch *scratch = context->scratch;
     const int m = plan->streams;
     Activation *mix = base ? scratch->mixed : out;
-    for (int r = 0; r < m; r++) {
-        const Activation *const *expanded = expand_sources(context, site, sources, r);
-        Activation *stream = m == 1 ? mix : scratch->streams[r];
-        backend->route_forward(stream, saved->weights + stream_weights_offset(context, site, r),
-                               saved->rstd + stream_rstd_offset(context, site, r), expanded, N,
-                               stream_row(context, weights->query, r),
-                               stream_row(context, weights->key_norm, r), NULL, 0.0f, rows, d,
-                               H, context->eps);
-    }
+    for (int r = 0; r < m; r++)
+        stream_route_forward(context, site, weights, sources, r,
+                             m == 1 ? mix : scratch->streams[r],
+                             saved->weights + stream_weights_offset(context, site, r),
+                             saved->rstd + stream_rstd_offset(context, site, r));
     if (m > 1)
         backend->stream_mix_forward(mix, saved->mix_gates, saved->mix_rstd,
                                     (const Activation *const *)scratch->streams, m, weights->mix_bias,
@@ -156,15 +170,9 @@ static void recompute_streams(const RouteContext *context, const SitePlan *site,
                               const SiteWeights *weights, const Activation *const *sources)
 {
     RouteScratch *scratch = context->scratch;
-    const int rows = context->B * context->T, d = context->d;
-    for (int r = 0; r < context->plan->streams; r++) {
-        const Activation *const *expanded = expand_sources(context, site, sources, r);
-        context->backend->route_forward(scratch->streams[r], scratch->weights, scratch->rstd,
-                                        expanded, site->n_sources,
-                                        stream_row(context, weights->query, r),
-                                        stream_row(context, weights->key_norm, r), NULL, 0.0f,
-                                        rows, d, context->plan->heads, context->eps);
-    }
+    for (int r = 0; r < context->plan->streams; r++)
+        stream_route_forward(context, site, weights, sources, r, scratch->streams[r],
+                             scratch->weights, scratch->rstd);
 }
 
 /* The delta gate: d mix = alpha * dout into scratch->grad_mixed, d alpha += sum <dout, mix>.
@@ -195,46 +203,23 @@ static const Activation *gate_backward(const RouteContext *context,
     return scratch->grad_mixed;
 }
 
-/* Stream r: from d o_r through its Route and the slot convolutions into grad_sources,
- * the stream's query and key norm, and the conv taps. */
+/* Stream r: from d o_r through its Route and the slot convolutions (one op) into
+ * grad_sources, the stream's query and key norm, and the conv taps. */
 static void stream_backward(const RouteContext *context, const SitePlan *site,
                             const SiteWeights *weights, SiteGrads *grads,
                             const SiteActivations *saved, const Activation *const *sources,
                             Activation *const *grad_sources, const Activation *grad_stream,
                             int r)
 {
-    const Backend *backend = context->backend;
-    RouteScratch *scratch = context->scratch;
-    const ResidualPlan *plan = context->plan;
-    const int rows = context->B * context->T, d = context->d, N = site->n_sources;
-    const size_t bytes = (size_t)rows * d * backend->activation_bytes;
-
-    const Activation *const *expanded = expand_sources(context, site, sources, r);
-    for (int k = 0; k < N; k++) {
-        if (site->sources[k].slot == RESIDUAL_NO_SLOT) {
-            scratch->grad_expanded[k] = grad_sources[k]; /* the null source: straight through */
-            continue;
-        }
-        backend->zero(scratch->grad_sources[k], bytes);
-        scratch->grad_expanded[k] = scratch->grad_sources[k];
-    }
-    backend->route_backward(scratch->grad_expanded, grads->query + (size_t)r * d,
-                            grads->key_norm + (size_t)r * d, NULL, grad_stream, expanded, N,
-                            saved->weights + stream_weights_offset(context, site, r),
-                            saved->rstd + stream_rstd_offset(context, site, r),
-                            stream_row(context, weights->query, r),
-                            stream_row(context, weights->key_norm, r), false, 0.0f,
-                            scratch->route_backward, rows, d, plan->heads);
-    for (int k = 0; k < N; k++) {
-        const int slot = site->sources[k].slot;
-        if (slot == RESIDUAL_NO_SLOT)
-            continue;
-        const size_t taps = stream_taps_offset(context, r);
-        backend->stream_conv_backward(grad_sources[k], context->grad_conv[slot] + taps,
-                                      scratch->grad_sources[k], sources[k],
-                                      taps_of(context, context->conv[slot], r),
-                                      plan->kernel_sizes[r], context->B, context->T, d);
-    }
+    const int d = context->d;
+    context->backend->route_conv_backward(
+        grad_sources, stream_grad_taps(context, site, r), grads->query + (size_t)r * d,
+        grads->key_norm + (size_t)r * d, grad_stream, sources, stream_taps(context, site, r),
+        site->n_sources, context->plan->kernel_sizes[r],
+        saved->weights + stream_weights_offset(context, site, r),
+        saved->rstd + stream_rstd_offset(context, site, r), stream_row(context, weights->query, r),
+        stream_row(context, weights->key_norm, r), context->scratch->route_backward, context->B,
+        context->T, d, context->plan->heads);
 }
 
 void route_site_backward(const RouteContext *context, const SitePlan *site,

@@ -6,7 +6,8 @@
  *             x = p + alpha * Route(s; q, g, H)            (delta form; p = the stream)
  *   msar      o_r = Route(E_r(s); Q[r], G[r], H) for each stream r < m, where
  *             E_r(s_k) = the causal conv of s_k with model.route_streams.{slot_k}.conv[r]
- *             (k_r taps; the null source is not convolved);
+ *             (k_r taps; the null source is not convolved), made inside the Route's read
+ *             by the op table's route_conv ops and never stored;
  *             mix = sum_r w_r o_r through stream_mix (m > 1), mix = o_0 (m = 1);
  *             x = mix (replace) or x = p + alpha * mix (delta)
  * In the msar delta form, alpha is applied by a Route over the one source `mix`: a softmax
@@ -15,9 +16,8 @@
  * alpha * dx with the ops the table has. MSAR at init is then Block AttnRes bit for bit.
  *
  * Saved (SiteActivations): the depth weights and key rstd of every stream, the mix gates
- * and rstd (m > 1), the gate route's state (msar delta). The expanded sources E_r(s), the
- * routed streams o_r and the mix are not kept: the backward recomputes them in the
- * RouteScratch, one stream at a time.
+ * and rstd (m > 1), the gate route's state (msar delta). The routed streams o_r and the mix
+ * are not kept: the backward recomputes them in the RouteScratch.
  *
  * Backward, ADDS into: grad_sources[k] += d s_k (the caller zeroes them once per backward;
  * a source read by several sites accumulates), the site's weight gradients, the stream

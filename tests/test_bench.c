@@ -19,7 +19,7 @@ Test(bench, small_cpu_run_reports_every_case_in_the_table_and_the_json, .timeout
     static const char *const expected[][2] = {
         {"layers", "forward+backward"}, {"attention", "forward"},
         {"attention", "forward+backward"}, {"route", "fused delta"},
-        {"msar", "conv in scratch"}, {"step", "standard"}, {"step", "mhar"},
+        {"msar", "conv in the read"}, {"step", "standard"}, {"step", "mhar"},
         {"step", "msar"},
     };
     const int n_expected = sizeof expected / sizeof expected[0];
