@@ -1,0 +1,68 @@
+/* launch/bench_internal.h — what the files of `fathom bench` share (launch/bench.h says
+ * what the command does): the shapes, the result table, timing between backend events, and
+ * random inputs in backend memory. Nothing outside launch/bench*.c includes this.
+ */
+#ifndef FATHOM_LAUNCH_BENCH_INTERNAL_H
+#define FATHOM_LAUNCH_BENCH_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "runtime/backend.h"
+#include "runtime/config.h"
+
+enum { BENCH_MAX_ROWS = 16, BENCH_STREAMS = 4, BENCH_KERNEL_MAX = 8 };
+
+/* The shapes of every case: the real ones, or --small. */
+
+/* MSAR's streams in every case: kernel sizes 1, 2, 4, 8 (bench.c) */
+extern const int bench_kernels[BENCH_STREAMS];
+
+typedef struct {
+    ModelConfig layers_model;
+    int layers_T;
+    int attention_B, attention_T, attention_heads, attention_kv_heads, attention_head_dim;
+    int route_d, route_heads, route_tokens, route_sublayers, route_blocks;
+    int step_route_sublayers, step_route_blocks; /* the routing of the step's MHAR */
+    ModelConfig step_model;
+    int step_microbatch, step_microbatches, step_T;
+} BenchShapes;
+
+typedef struct {
+    char case_name[16], mode[24];
+    double ms, rate, peak_gib;
+    const char *unit; /* "TFLOP/s", "GB/s", "tok/s" */
+} BenchRow;
+
+typedef struct {
+    const Backend *backend;
+    BenchShapes shapes;
+    int repeat;
+    BenchRow rows[BENCH_MAX_ROWS];
+    int n_rows;
+    FILE *json;
+} Bench;
+
+typedef void (*BenchWork)(void *context);
+
+/* Median of `repeat` runs of work(context) after two warm-ups, in milliseconds between
+ * events on the backend's stream. */
+double bench_time_ms(const Backend *backend, BenchWork work, void *context, int repeat);
+/* The most backend memory held since the last memory_peak_reset, in GiB (NaN: not counted). */
+double bench_peak_gib(const Backend *backend);
+/* One result: printed at once, written to --json, kept for the table. */
+void bench_add(Bench *bench, const char *case_name, const char *mode, double ms, double rate,
+               const char *unit, double peak);
+
+/* Backend arrays of n activations: uniform in [-scale, scale) from a fixed sequence, or zero. */
+Activation *bench_random_activations(const Backend *backend, size_t n, float scale);
+Activation *bench_zero_activations(const Backend *backend, size_t n);
+void bench_random_tokens(uint32_t *tokens, size_t n, int vocab);
+
+/* bench_route.c: msar, the MSAR sites of the 8B graft; step_routing, the Block MHAR routing
+ * of one microbatch of the 1B step (route-1b); else the Block MHAR delta sites of the graft. */
+void bench_case_route(Bench *bench, bool msar, bool step_routing);
+
+#endif
