@@ -14,6 +14,7 @@ Cases (each prints one JSON line, then a table at the end):
 
 Times are CUDA-event medians after warm-up. Usage:
   python3 launch/bench/peer.py [--cases layers,attention,route,msar,step1b] [--repeat 10]
+                               [--step-modes standard,mhar,msar]
 """
 
 import argparse
@@ -175,7 +176,7 @@ def case_route(repeat, mode):
                  peak_gib=peak_gib(), sites=len(sites), n_max=n_max)]
 
 
-def case_step1b(repeat):
+def case_step1b(repeat, modes):
     spec = reference.ModelSpec(vocab_size=128256, d_model=1280, n_layers=36, n_heads=16,
                                n_kv_heads=8, head_dim=80, ffn_dim=5120, rope_theta=500000.0)
     reference.USE_SDPA = True
@@ -190,6 +191,8 @@ def case_step1b(repeat):
     results = []
     tokens = torch.randint(0, spec.vocab_size, (32, 1025), device=DEVICE)
     for name, residual in residuals.items():
+        if name not in modes:
+            continue
         model = reference.RoutingModel(spec, residual, dtype=BF16).to(DEVICE)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
         compiled = torch.compile(model)
@@ -215,6 +218,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default="layers,attention,route,msar,step1b")
     parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--step-modes", default="standard,mhar,msar",
+                        help="the residuals of step1b (each compiles a 1B model: minutes)")
     arguments = parser.parse_args()
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
     rows = []
@@ -226,7 +231,7 @@ def main():
         elif case in ("route", "msar"):
             found = case_route(arguments.repeat, case)
         elif case == "step1b":
-            found = case_step1b(arguments.repeat)
+            found = case_step1b(arguments.repeat, arguments.step_modes.split(","))
         else:
             sys.exit(f"peer.py: unknown case {case!r}")
         for row in found:
