@@ -3,9 +3,9 @@
  * Every compute entry wraps one kernel of kernels_cuda.h, attention_cuda.h or route_cuda.h
  * with the same arguments in the same order: the table's Activation arrays are bf16 here, so
  * a wrapper casts them, adds the compute stream and, where a kernel needs scratch, the
- * workspace. The attention-over-depth and MSAR entries are wrapped in backend_cuda_msar.cu,
- * through the stream and workspace this file hands out. The kernels check their own limits (fatal, EXIT_CONFIG); nothing is checked
- * twice here. Two choices of the table are made here rather than in the kernels:
+ * workspace. The attention-over-depth and MSAR entries are wrapped in
+ * backend_cuda_routing.cu, through the stream and workspace this file hands out. The kernels
+ * check their own limits (fatal, EXIT_CONFIG); nothing is checked twice here. Two choices of the table are made here rather than in the kernels:
  * attention_backward accumulates (the table's backwards ADD), and the cross-entropy backward
  * is called with dlogits != logits (the model keeps them apart), so it adds too.
  *
@@ -45,7 +45,7 @@
 #include "kernels/cuda/backend_cuda.h"
 
 #include "kernels/cuda/attention_cuda.h"
-#include "kernels/cuda/backend_cuda_msar.h"
+#include "kernels/cuda/backend_cuda_routing.h"
 #include "kernels/cuda/kernels_cuda.h"
 #include "runtime/error.h"
 
@@ -437,7 +437,7 @@ static void op_cross_entropy_backward(Activation *dlogits, const float *dloss,
                                 rows, V, z_loss, compute_stream());
 }
 
-/* ---- attention over depth and MSAR: backend_cuda_msar.cu fills those entries ---- */
+/* ---- attention over depth and MSAR: backend_cuda_routing.cu fills those entries ---- */
 
 extern "C" cudaStream_t backend_cuda_compute_stream(void)
 {

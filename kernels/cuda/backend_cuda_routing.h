@@ -1,13 +1,13 @@
-/* kernels/cuda/backend_cuda_msar.h — the attention-over-depth and MSAR entries of the cuda op
+/* kernels/cuda/backend_cuda_routing.h — the attention-over-depth and MSAR entries of the cuda op
  * table (route, stream conv, stream mix, stream route), split from backend_cuda.cu. Plain C
  * header, for the CUDA module's own files.
  *
  * backend_cuda.cu owns the compute stream and the workspace (its opening comment says how
- * they are made and grown) and hands them out here; backend_cuda_msar.cu wraps the kernels
+ * they are made and grown) and hands them out here; backend_cuda_routing.cu wraps the kernels
  * of route_cuda.h with them and fills the table's entries.
  */
-#ifndef FATHOM_KERNELS_CUDA_BACKEND_CUDA_MSAR_H
-#define FATHOM_KERNELS_CUDA_BACKEND_CUDA_MSAR_H
+#ifndef FATHOM_KERNELS_CUDA_BACKEND_CUDA_ROUTING_H
+#define FATHOM_KERNELS_CUDA_BACKEND_CUDA_ROUTING_H
 
 #include "runtime/backend.h"
 
@@ -23,7 +23,7 @@ extern "C" {
 cudaStream_t backend_cuda_compute_stream(void);
 float *backend_cuda_workspace_floats(size_t floats);
 
-/* backend_cuda_msar.cu: sets route_*, stream_conv_*, stream_mix_* and route_conv_*. */
+/* backend_cuda_routing.cu: sets route_*, stream_conv_*, stream_mix_* and route_conv_*. */
 void backend_cuda_fill_routing(Backend *table);
 
 #ifdef __cplusplus
