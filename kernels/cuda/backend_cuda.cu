@@ -5,9 +5,10 @@
  * a wrapper casts them, adds the compute stream and, where a kernel needs scratch, the
  * workspace. The attention-over-depth and MSAR entries are wrapped in
  * backend_cuda_routing.cu, through the stream and workspace this file hands out. The kernels
- * check their own limits (fatal, EXIT_CONFIG); nothing is checked twice here. Two choices of the table are made here rather than in the kernels:
- * attention_backward accumulates (the table's backwards ADD), and the cross-entropy backward
- * is called with dlogits != logits (the model keeps them apart), so it adds too.
+ * check their own limits (fatal, EXIT_CONFIG); nothing is checked twice here. Two choices
+ * of the table are made here rather than in the kernels: attention_backward accumulates (the
+ * table's backwards ADD), and the cross-entropy backward is called with dlogits != logits
+ * (the model keeps them apart), so it adds too.
  *
  * Stream. One compute stream, cudaStreamNonBlocking, made on device 0 by the first call of
  * any entry (the launcher has bound the rank's GPU as device 0); cuBLASLt's handle and
