@@ -133,7 +133,7 @@ static void activations_layout(Activations *act, Carver *carver, const ModelConf
     }
     act->final_normed = carve_activations(carver, N * d);
     act->final_rstd = carve_floats(carver, N);
-    act->logits = carve_activations(carver, (size_t)act->logit_rows * V);
+    act->logits = carve_activations(carver, (size_t)act->logit_capacity * V);
     act->token_losses = carve_floats(carver, N);
     act->token_lse = carve_floats(carver, N);
     act->inputs = carve_tokens(carver, N);
@@ -151,7 +151,7 @@ static void activations_layout(Activations *act, Carver *carver, const ModelConf
     scratch->grad_gate = carve_activations(carver, N * F);
     scratch->grad_up = carve_activations(carver, N * F);
     scratch->grad_hidden = carve_activations(carver, N * F);
-    scratch->grad_logits = carve_activations(carver, (size_t)act->logit_rows * V);
+    scratch->grad_logits = carve_activations(carver, (size_t)act->logit_capacity * V);
     scratch->grad_token_loss = carve_floats(carver, N);
 
     if (plan->mode != RESIDUAL_STANDARD)
@@ -198,6 +198,7 @@ void activations_create(Activations *act, const Backend *backend, const ModelCon
     const size_t row_bytes = (size_t)config->vocab_size * backend->activation_bytes;
     const size_t chunk = row_bytes ? ACTIVATION_LOGIT_BYTES / row_bytes : N;
     act->logit_rows = (int)(chunk < 1 ? 1 : chunk > N ? N : chunk);
+    act->logit_capacity = act->logit_rows;
     act->stream = xcalloc((size_t)2 * config->n_layers + 1, sizeof *act->stream);
     act->layers = xcalloc((size_t)config->n_layers, sizeof *act->layers);
     routed_arrays_create(&act->routed, plan);

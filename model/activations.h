@@ -136,6 +136,7 @@ typedef struct {
     Activation *final_normed;     /* [N, d] */
     float *final_rstd;            /* [N] */
     int logit_rows;               /* rows of the logits chunk (model/loss.h) */
+    int logit_capacity;           /* the rows its buffers were made for */
     Activation *logits;           /* [logit_rows, V] */
     Activation *all_logits;       /* [N, V] its own allocation, when asked for (model.h) */
     float *token_losses;          /* [N] ce_t + z_loss * lse_t^2 */

@@ -135,6 +135,14 @@ void model_memory_bytes(const Model *model, size_t *parameter_bytes, size_t *act
     *activation_bytes = model->act.bytes;
 }
 
+void model_set_logit_rows(Model *model, int rows)
+{
+    if (rows < 1 || rows > model->act.logit_capacity)
+        fatal(EXIT_CONFIG, "logit chunks of %d rows: the model was made for 1 to %d", rows,
+              model->act.logit_capacity);
+    model->act.logit_rows = rows;
+}
+
 void model_keep_all_logits(Model *model)
 {
     Activations *act = &model->act;

@@ -79,6 +79,11 @@ void model_zero_grads(Model *model);
 void model_read_logits(const Model *model, float *host_out);
 /* B * T of the last forward (0 before the first). */
 int model_last_tokens(const Model *model);
+/* The head and the loss walk the batch in chunks of at most `rows` tokens from now on
+ * (model/loss.h; the default is as many as fit in ACTIVATION_LOGIT_BYTES). Only fewer rows
+ * than the default can be asked for (EXIT_CONFIG otherwise): the buffers are already made.
+ * Results do not depend on it beyond the order of the head's fp32 gradient sums. */
+void model_set_logit_rows(Model *model, int rows);
 /* From now on keep the logits of the whole batch ([max_batch * T, V] more backend memory). */
 void model_keep_all_logits(Model *model);
 

@@ -417,6 +417,69 @@ Test(model, a_batch_smaller_than_max_batch_gives_the_logits_of_a_model_sized_for
     model_destroy(exact);
 }
 
+/* The head and the loss in chunks of 3 rows (the last one short) against one chunk of all
+ * 10, with the chunks' logits kept and with the backward making each chunk's logits again:
+ * the same loss and logits bit for bit, the same gradients up to the order of the head's
+ * fp32 sums over the chunks. */
+Test(model, the_loss_in_chunks_of_rows_equals_the_loss_in_one_chunk)
+{
+    ModelConfig config = small_config(true, true);
+    const int B = 2, T = 5;
+    Model *whole = model_create(backend_cpu(), &config, NULL, B, T);
+    Model *kept = model_create(backend_cpu(), &config, NULL, B, T);
+    Model *remade = model_create(backend_cpu(), &config, NULL, B, T);
+    model_set_logit_rows(kept, 3);
+    model_keep_all_logits(kept);
+    model_set_logit_rows(remade, 3);
+    const size_t total = model_param_table(whole)->total;
+    Model *models[3] = {whole, kept, remade};
+    float *grads[3];
+    ModelLoss losses[3];
+    uint32_t inputs[10], targets[10];
+    fill_tokens(inputs, 10, config.vocab_size, 7);
+    fill_tokens(targets, 10, config.vocab_size, 8);
+    for (int k = 0; k < 3; k++) {
+        model_init_params(models[k], 4, 0.2);
+        losses[k] = model_forward(models[k], inputs, targets, B, 1e-3f);
+        model_backward(models[k], 1.0f);
+        grads[k] = xmalloc(total * sizeof(float));
+        backend_cpu()->download(grads[k], model_grads(models[k]), total * sizeof(float));
+    }
+    cr_assert(test_logits_bitwise_equal(whole, kept));
+    double norm = 0;
+    for (size_t i = 0; i < total; i++)
+        norm += (double)grads[0][i] * grads[0][i];
+    cr_assert_gt(norm, 0.0);
+    for (int k = 1; k < 3; k++) {
+        cr_assert_eq(losses[k].loss, losses[0].loss, "model %d", k);
+        cr_assert_eq(losses[k].zloss, losses[0].zloss, "model %d", k);
+        double error = test_relative_error(grads[k], grads[0], total);
+        cr_assert(error <= 1e-6, "model %d: chunked vs whole gradients %.3g", k, error);
+    }
+    for (int k = 0; k < 3; k++) {
+        free(grads[k]);
+        model_destroy(models[k]);
+    }
+}
+
+/* Without model_keep_all_logits the chunk buffer holds only the last chunk: reading the
+ * whole batch's logits is refused, not answered with stale rows. */
+Test(model, reading_the_logits_of_a_batch_made_in_chunks_is_a_config_error,
+     .exit_code = EXIT_CONFIG)
+{
+    ModelConfig config = small_config(false, false);
+    Model *model = model_create(backend_cpu(), &config, NULL, 2, 5);
+    model_init_params(model, 1, 0.2);
+    model_set_logit_rows(model, 4);
+    uint32_t inputs[10], targets[10];
+    fill_tokens(inputs, 10, config.vocab_size, 1);
+    fill_tokens(targets, 10, config.vocab_size, 2);
+    model_forward(model, inputs, targets, 2, 0.0f);
+    float logits[10 * 64];
+    cr_assert_leq((size_t)10 * config.vocab_size, sizeof logits / sizeof logits[0]);
+    model_read_logits(model, logits);
+}
+
 Test(model, a_token_outside_the_vocabulary_is_a_data_error, .exit_code = EXIT_DATA)
 {
     ModelConfig config = small_config(false, false);
