@@ -4,29 +4,76 @@
 #include "runtime/cuda_module.h"
 #include "runtime/error.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 
-static const Backend *announce_cuda(const Backend *backend)
+/* The cuda kernels' limits (backend_select.h names the headers they come from). */
+enum {
+    CUDA_ATTENTION_COMPUTE_CAPABILITY = 90,
+    CUDA_MAX_WIDTH = 8192,
+    CUDA_MAX_ROUTE_HEADS = 32,
+    CUDA_MAX_STREAM_KERNEL = 8,
+};
+
+bool backend_cuda_takes(const Config *config, int compute_capability, char *why,
+                        size_t capacity)
 {
-    printf("fathom: device cuda (%s)\n", cuda_module_probe()->description);
-    return backend;
+    if (compute_capability / 10 != CUDA_ATTENTION_COMPUTE_CAPABILITY / 10) {
+        snprintf(why, capacity, "the cuda attention needs a Hopper GPU (compute capability "
+                 "9.x; this one is %d.%d)", compute_capability / 10, compute_capability % 10);
+        return false;
+    }
+    if (!config)
+        return true;
+    const ModelConfig *model = &config->model;
+    const ResidualConfig *residual = &config->residual;
+    if (model->head_dim != 64 && model->head_dim != 80 && model->head_dim != 128) {
+        snprintf(why, capacity, "the cuda attention takes model.head_dim 64, 80 or 128, not "
+                 "%d", model->head_dim);
+        return false;
+    }
+    if (model->d_model > CUDA_MAX_WIDTH) {
+        snprintf(why, capacity, "the cuda kernels take model.d_model up to %d, not %d",
+                 CUDA_MAX_WIDTH, model->d_model);
+        return false;
+    }
+    if (residual->mode != RESIDUAL_STANDARD && residual->heads > CUDA_MAX_ROUTE_HEADS) {
+        snprintf(why, capacity, "the cuda routing takes residual.heads up to %d, not %d",
+                 CUDA_MAX_ROUTE_HEADS, residual->heads);
+        return false;
+    }
+    for (int i = 0; residual->mode == RESIDUAL_MSAR && i < residual->n_stream_kernels; i++)
+        if (residual->stream_kernels[i] > CUDA_MAX_STREAM_KERNEL) {
+            snprintf(why, capacity, "the cuda stream route takes residual.stream_kernels up "
+                     "to %d, not %d", CUDA_MAX_STREAM_KERNEL, residual->stream_kernels[i]);
+            return false;
+        }
+    return true;
 }
 
-const Backend *backend_select(DeviceKind device)
+const Backend *backend_select(DeviceKind device, const Config *config)
 {
-    const Backend *cuda;
-    switch (device) {
-    case DEVICE_CPU:
+    if (device == DEVICE_CPU)
         return backend_cpu();
-    case DEVICE_AUTO:
-        cuda = cuda_module_backend();
-        return cuda ? announce_cuda(cuda) : backend_cpu();
-    case DEVICE_CUDA:
-        cuda = cuda_module_backend();
-        if (!cuda)
+    if (device != DEVICE_AUTO && device != DEVICE_CUDA)
+        fatal(EXIT_CONFIG, "device: unknown value %d", (int)device);
+
+    const Backend *cuda = cuda_module_backend();
+    const CudaModuleInfo *info = cuda_module_probe();
+    char why[256];
+    if (!cuda) {
+        if (device == DEVICE_CUDA)
             fatal(EXIT_CONFIG, "device: cuda, but %s; use device: cpu or auto",
-                  cuda_module_probe()->description);
-        return announce_cuda(cuda);
+                  info->description);
+        return backend_cpu();
     }
-    fatal(EXIT_CONFIG, "device: unknown value %d", (int)device);
+    if (!backend_cuda_takes(config, info->compute_capability, why, sizeof why)) {
+        if (device == DEVICE_CUDA)
+            fatal(EXIT_CONFIG, "device: cuda on %s, but %s; use device: cpu or auto",
+                  info->description, why);
+        printf("fathom: found %s, but %s: training on the cpu\n", info->description, why);
+        return backend_cpu();
+    }
+    printf("fathom: device cuda (%s)\n", info->description);
+    return cuda;
 }

@@ -384,7 +384,7 @@ int bench_main(int argc, char **argv)
             fatal(EXIT_CONFIG, "bench: unknown option '%s'\n%s", option, bench_usage);
         }
     }
-    Bench bench = {.backend = backend_select(device), .shapes = bench_shapes(small),
+    Bench bench = {.backend = backend_select(device, NULL), .shapes = bench_shapes(small),
                    .repeat = repeat};
     if (json_path && !(bench.json = fopen(json_path, "w")))
         fatal(EXIT_DATA, "bench: cannot open %s for writing", json_path);

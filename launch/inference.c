@@ -27,7 +27,7 @@ void inference_open(Inference *inference, const char *checkpoint, const char *we
               inference->step_dir);
     inference->weights = use_ema ? "ema" : "raw";
 
-    inference->model = model_create(backend_select(config->device), &config->model,
+    inference->model = model_create(backend_select(config->device, config), &config->model,
                                     &config->residual, config->train.microbatch_size,
                                     config->train.seq_len);
     run_state_load_weights(inference->model, inference->step_dir, use_ema);

@@ -142,7 +142,7 @@ int train_main(int argc, char **argv)
 
     Config config;
     config_load(&config, config_path, overrides, n_overrides, 1);
-    const Backend *backend = backend_select(config.device);
+    const Backend *backend = backend_select(config.device, &config);
     char *resolved = config_to_yaml(&config);
     printf("# resolved config\n%s\n", resolved);
     free(resolved);

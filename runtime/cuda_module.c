@@ -72,6 +72,11 @@ const CudaModuleInfo *cuda_module_probe(void)
     module_handle = handle;
     module_info.loaded = true;
     module_info.devices = probe(module_info.description, sizeof module_info.description);
+    typedef int (*CapabilityFunction)(void);
+    CapabilityFunction capability =
+        (CapabilityFunction)(uintptr_t)dlsym(handle, "cuda_compute_capability");
+    if (module_info.devices > 0 && capability)
+        module_info.compute_capability = capability();
     return &module_info;
 }
 

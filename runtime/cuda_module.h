@@ -17,6 +17,7 @@
 typedef struct {
     bool loaded;          /* the module was found and opened */
     int devices;          /* usable CUDA devices (0 when not loaded) */
+    int compute_capability; /* of device 0: 10 * major + minor (0: none) */
     char path[1024];      /* where it was found */
     char description[256]; /* device 0, or why there is none / why the module is missing */
 } CudaModuleInfo;

@@ -22,6 +22,9 @@ extern "C" {
  * device 0 ("NVIDIA H200, sm_90, 132 SMs, 139.8 GiB") or the reason there is none. */
 int cuda_probe(char *description, size_t capacity);
 
+/* 10 * major + minor of device 0 (90 for Hopper), 0 when there is none. */
+int cuda_compute_capability(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -4,6 +4,16 @@
 #include <cuda_runtime.h>
 #include <stdio.h>
 
+extern "C" int cuda_compute_capability(void)
+{
+    int count = 0;
+    cudaDeviceProp properties;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0 ||
+        cudaGetDeviceProperties(&properties, 0) != cudaSuccess)
+        return 0;
+    return 10 * properties.major + properties.minor;
+}
+
 extern "C" int cuda_probe(char *description, size_t capacity)
 {
     int count = 0;
