@@ -386,6 +386,9 @@ int bench_main(int argc, char **argv)
     }
     Bench bench = {.backend = backend_select(device, NULL), .shapes = bench_shapes(small),
                    .repeat = repeat};
+    if (!small && bench.backend->activation_bytes == sizeof(float))
+        fatal(EXIT_CONFIG, "bench: the full shapes (8B layers, a 1B model) are for a GPU; "
+              "the %s backend runs them with --small", bench.backend->name);
     if (json_path && !(bench.json = fopen(json_path, "w")))
         fatal(EXIT_DATA, "bench: cannot open %s for writing", json_path);
     printf("bench: %s backend, %s shapes, median of %d\n", bench.backend->name,

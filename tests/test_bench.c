@@ -52,3 +52,11 @@ Test(bench, an_unknown_case_is_a_usage_error)
     cr_assert_eq(code, 2, "%s", output);
     cr_assert_not_null(strstr(output, "unknown case 'nothing'"), "%s", output);
 }
+
+Test(bench, full_shapes_on_the_cpu_are_refused_with_the_way_out)
+{
+    char output[4096];
+    int code = test_run_fathom("bench --device cpu --cases attention", output, sizeof output);
+    cr_assert_eq(code, 2, "%s", output);
+    cr_assert_not_null(strstr(output, "--small"), "%s", output);
+}
