@@ -181,6 +181,7 @@ void fixture_expect_relative(double value, double expected, double tolerance, co
                              const char *oracle)
 {
     double error = fabs(value - expected) / fabs(expected);
+    cr_log_info("%s: relative error %.3g against %s", what, error, oracle);
     cr_assert(error <= tolerance, "%s = %.10g, %s %.10g (relative error %.3g)", what, value,
               oracle, expected, error);
 }
@@ -228,6 +229,7 @@ void fixture_check_logits(const char *stem, const char *oracle, double tolerance
     float *logits = xmalloc(count * sizeof(float));
     model_read_logits(fixture.model, logits);
     double error = test_relative_error_double(logits, expected, count);
+    cr_log_info("%s logits: relative error %.3g against %s", stem, error, oracle);
     cr_assert(error <= tolerance, "%s logits: relative error %.3g against %s", stem, error,
               oracle);
     free(logits);
@@ -261,6 +263,8 @@ int fixture_check_gradients(const char *stem, double tolerance)
     model_backend(fixture.model)->download(grads, model_grads(fixture.model),
                                            table->total * sizeof(float));
     int routing = 0;
+    double worst = 0;
+    const char *worst_name = "";
     for (int p = 0; p < table->n_params; p++) {
         const ParamEntry *entry = &table->params[p];
         char path[256];
@@ -279,12 +283,17 @@ int fixture_check_gradients(const char *stem, double tolerance)
                           entry->name, i, got[i]);
         } else {
             double error = test_relative_error_double(got, expected, count);
+            if (error > worst) {
+                worst = error;
+                worst_name = entry->name;
+            }
             cr_assert(error <= tolerance, "%s gradient: relative error %.3g", entry->name,
                       error);
         }
         routing += entry->kind == PARAM_ROUTING;
         free(expected);
     }
+    cr_log_info("%s gradients: largest relative error %.3g (%s)", stem, worst, worst_name);
     free(grads);
     fixture_close(&fixture);
     return routing;
