@@ -178,3 +178,22 @@ Test(cuda_train, nothing_is_allocated_after_the_first_step, .timeout = 120)
     backend->release(exp_avg_sq);
     model_destroy(model);
 }
+
+/* A cuda run resumed from its step-3 checkpoint follows the uninterrupted one bit for bit
+ * (the checkpoint goes through host memory both ways; the compute copy is remade from it). */
+Test(cuda_train, three_steps_resume_three_steps_equals_six_straight, .timeout = 120)
+{
+    gpu_require();
+    char straight[256], resumed[256], arguments[1024];
+    test_make_temp_dir(straight, "cuda-straight");
+    test_make_temp_dir(resumed, "cuda-resumed");
+    snprintf(arguments, sizeof arguments,
+             "--set model.d_model=128 --set model.n_heads=2 --set model.n_kv_heads=1 "
+             "--set model.head_dim=64 --set model.ffn_dim=256 --set device=cuda "
+             "--set residual.mode=attnres --set residual.heads=4 "
+             "--set residual.granularity=block --set residual.layers_per_block=1 "
+             "--set residual.form=delta");
+    train_expect_resume_equals_straight(straight, resumed, arguments);
+    test_remove_tree(straight);
+    test_remove_tree(resumed);
+}

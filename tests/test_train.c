@@ -34,24 +34,6 @@ Test(train, synthetic_training_lowers_the_loss_by_two_nats_in_60_steps, .timeout
     test_remove_tree(dir);
 }
 
-/* The runs under <a>/run and <b>/run logged 6 equal losses and wrote bitwise equal step-6
- * checkpoints. */
-static void expect_six_equal_steps(const char *a, const char *b)
-{
-    double losses_a[8], losses_b[8];
-    char run_a[300], run_b[300], step_a[400], step_b[400];
-    snprintf(run_a, sizeof run_a, "%s/run", a);
-    snprintf(run_b, sizeof run_b, "%s/run", b);
-    cr_assert_eq(metrics_read_losses(run_a, losses_a, NULL, 8), 6);
-    cr_assert_eq(metrics_read_losses(run_b, losses_b, NULL, 8), 6);
-    for (int i = 0; i < 6; i++)
-        cr_assert(losses_a[i] == losses_b[i], "step %d: %.17g vs %.17g", i + 1, losses_a[i],
-                  losses_b[i]);
-    snprintf(step_a, sizeof step_a, "%s/checkpoints/step_00000006", run_a);
-    snprintf(step_b, sizeof step_b, "%s/checkpoints/step_00000006", run_b);
-    cr_assert(checkpoints_bitwise_equal(step_a, step_b));
-}
-
 Test(train, two_runs_with_the_same_seed_are_bitwise_identical, .timeout = 120)
 {
     char a[256], b[256];
@@ -61,7 +43,7 @@ Test(train, two_runs_with_the_same_seed_are_bitwise_identical, .timeout = 120)
     tiny_config_write(b, "checkpoint:\n  every: 6\n");
     cr_assert_eq(tiny_train(a, "", output, sizeof output), 0, "%s", output);
     cr_assert_eq(tiny_train(b, "", output, sizeof output), 0, "%s", output);
-    expect_six_equal_steps(a, b);
+    train_expect_six_equal_steps(a, b);
     test_remove_tree(a);
     test_remove_tree(b);
 }
@@ -83,39 +65,13 @@ Test(train, a_different_seed_gives_different_weights, .timeout = 120)
     test_remove_tree(b);
 }
 
-/* Trains `straight` 6 steps, and `resumed` from a copy of straight's step-3 checkpoint (as
- * if it died after step 3), both with `arguments`; asserts equal losses and bitwise equal
- * step-6 checkpoints. The caller makes and removes both directories. */
-static void resume_equals_straight(const char *straight, const char *resumed,
-                                   const char *arguments)
-{
-    char command[2400];
-    const char *extra = "checkpoint:\n  every: 3\n  keep_last: 5\n";
-    tiny_config_write(straight, extra);
-    tiny_config_write(resumed, extra);
-    cr_assert_eq(tiny_train(straight, arguments, output, sizeof output), 0, "%s", output);
-
-    /* The interrupted run: its last committed checkpoint is step 3, but it logged steps 4..6
-     * before it died; the resumed run must drop those lines and take the steps again. */
-    snprintf(command, sizeof command,
-             "mkdir -p %s/run/checkpoints && cp -r %s/run/checkpoints/step_00000003 "
-             "%s/run/checkpoints/ && printf step_00000003 > %s/run/checkpoints/latest && "
-             "cp %s/run/metrics.jsonl %s/run/metrics.jsonl",
-             resumed, straight, resumed, resumed, straight, resumed);
-    cr_assert_eq(test_run_command(command, output, sizeof output), 0, "%s", output);
-    cr_assert_eq(tiny_train(resumed, arguments, output, sizeof output), 0, "%s", output);
-    cr_assert(strstr(output, "resumed at step 3"), "no resume message:\n%s", output);
-
-    expect_six_equal_steps(straight, resumed);
-}
-
 /* 6 steps straight, against 3 steps, a resume from the step-3 checkpoint, and 3 more. */
 Test(train, three_steps_resume_three_steps_equals_six_straight, .timeout = 120)
 {
     char straight[256], resumed[256];
     test_make_temp_dir(straight, "train-straight");
     test_make_temp_dir(resumed, "train-resumed");
-    resume_equals_straight(straight, resumed, "");
+    train_expect_resume_equals_straight(straight, resumed, "");
     test_remove_tree(straight);
     test_remove_tree(resumed);
 }
@@ -128,7 +84,7 @@ Test(train, msar_run_checkpoints_and_resumes_bitwise, .timeout = 120)
     char straight[256], resumed[256], command[1024];
     test_make_temp_dir(straight, "train-msar-straight");
     test_make_temp_dir(resumed, "train-msar-resumed");
-    resume_equals_straight(straight, resumed,
+    train_expect_resume_equals_straight(straight, resumed,
                            "--set residual.mode=msar --set residual.streams=2 "
                            "--set 'residual.stream_kernels=[1,3]' --set residual.heads=2");
     snprintf(command, sizeof command,

@@ -19,4 +19,14 @@ int metrics_read_losses(const char *run_dir, double *losses, int *steps, int cap
 /* 1 when every tensor of every group of two committed step directories is bitwise equal. */
 int checkpoints_bitwise_equal(const char *step_dir_a, const char *step_dir_b);
 
+/* The runs under <a>/run and <b>/run logged 6 equal losses and wrote bitwise equal step-6
+ * checkpoints. */
+void train_expect_six_equal_steps(const char *a, const char *b);
+
+/* Trains `straight` 6 steps, and `resumed` from a copy of straight's step-3 checkpoint (as
+ * if it died after step 3), both with `arguments`; asserts equal losses and bitwise equal
+ * step-6 checkpoints. The caller makes and removes both directories. */
+void train_expect_resume_equals_straight(const char *straight, const char *resumed,
+                                         const char *arguments);
+
 #endif
