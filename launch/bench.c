@@ -304,17 +304,10 @@ static void case_step(Bench *bench, const char *mode)
     Model *model = model_create(backend, &s->step_model, &residual, s->step_microbatch,
                                 s->step_T);
     model_init_params(model, 1, 0.02);
-    const ParamTable *table = model_param_table(model);
-    float *exp_avg = backend->alloc(table->total * sizeof(float));
-    float *exp_avg_sq = backend->alloc(table->total * sizeof(float));
-    OptimRange *ranges = run_state_optimizer_ranges(table, &config.optim);
-    Optimizer optimizer = {
-        .backend = backend, .config = &config.optim,
-        .params = model_params(model), .grads = model_grads(model),
-        .compute = model_compute_copy(model),
-        .exp_avg = exp_avg, .exp_avg_sq = exp_avg_sq,
-        .count = table->total, .ranges = ranges, .n_ranges = table->n_params,
-    };
+    config.optim.ema_decay = 0; /* the step of the table keeps no EMA */
+    RunState state;
+    run_state_create(&state, model, &config);
+    Optimizer optimizer = run_state_optimizer(&state, model, &config.optim);
     const size_t tokens = (size_t)s->step_microbatch * s->step_microbatches * s->step_T;
     uint32_t *inputs = xmalloc(tokens * sizeof *inputs);
     uint32_t *targets = xmalloc(tokens * sizeof *targets);
@@ -327,9 +320,8 @@ static void case_step(Bench *bench, const char *mode)
     bench_add(bench, "step", mode, ms, (double)tokens / ms * 1e3, "tok/s", bench_peak_gib(backend));
     free(inputs);
     free(targets);
-    free(ranges);
-    backend->release(exp_avg);
-    backend->release(exp_avg_sq);
+    free((void *)optimizer.ranges);
+    run_state_destroy(&state, model);
     model_destroy(model);
 }
 

@@ -246,6 +246,26 @@ OptimRange *run_state_optimizer_ranges(const ParamTable *table, const OptimConfi
     return ranges;
 }
 
+Optimizer run_state_optimizer(const RunState *state, Model *model, const OptimConfig *optim)
+{
+    const ParamTable *table = model_param_table(model);
+    return (Optimizer){
+        .backend = model_backend(model),
+        .config = optim,
+        .params = model_params(model),
+        .grads = model_grads(model),
+        .compute = model_compute_copy(model),
+        .exp_avg = state->exp_avg,
+        .exp_avg_sq = state->exp_avg_sq,
+        .ema = state->ema,
+        .count = table->total,
+        .ranges = run_state_optimizer_ranges(table, optim),
+        .n_ranges = table->n_params,
+        .step = (int)state->optimizer_steps,
+        .skipped = (int)state->skipped_steps,
+    };
+}
+
 double run_state_peak_memory_gib(const Backend *backend)
 {
     size_t in_use = 0, peak = 0;

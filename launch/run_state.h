@@ -42,6 +42,11 @@ void run_state_load_weights(Model *model, const char *step_dir, bool use_ema);
  * (runtime/optim.h); malloc'd, the caller frees it. */
 OptimRange *run_state_optimizer_ranges(const ParamTable *table, const OptimConfig *optim);
 
+/* The AdamW of the run over the model's parameters, gradients and compute copy and the
+ * state's moments and EMA, at the state's step counts. Its ranges are malloc'd: the caller
+ * frees optimizer.ranges. */
+Optimizer run_state_optimizer(const RunState *state, Model *model, const OptimConfig *optim);
+
 /* The most memory the run has held: the backend's own count (device memory on cuda), or
  * the process's peak resident set where the backend keeps none (cpu). */
 double run_state_peak_memory_gib(const Backend *backend);

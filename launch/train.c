@@ -170,22 +170,7 @@ int train_main(int argc, char **argv)
     MetricsLog *metrics = resumed ? metrics_open_resumed(config.run_dir, state.step)
                                  : metrics_open(config.run_dir, true);
 
-    OptimRange *ranges = run_state_optimizer_ranges(table, &config.optim);
-    Optimizer optimizer = {
-        .backend = backend,
-        .config = &config.optim,
-        .params = model_params(model),
-        .grads = model_grads(model),
-        .compute = model_compute_copy(model),
-        .exp_avg = state.exp_avg,
-        .exp_avg_sq = state.exp_avg_sq,
-        .ema = state.ema,
-        .count = table->total,
-        .ranges = ranges,
-        .n_ranges = table->n_params,
-        .step = (int)state.optimizer_steps,
-        .skipped = (int)state.skipped_steps,
-    };
+    Optimizer optimizer = run_state_optimizer(&state, model, &config.optim);
 
     signal(SIGTERM, request_stop);
     signal(SIGUSR1, request_stop);
@@ -272,7 +257,7 @@ int train_main(int argc, char **argv)
     }
 
     executor_tokens_destroy(&tokens);
-    free(ranges);
+    free((void *)optimizer.ranges);
     metrics_close(metrics);
     if (val_data)
         data_close(val_data);

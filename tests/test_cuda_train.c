@@ -147,16 +147,9 @@ Test(cuda_train, nothing_is_allocated_after_the_first_step, .timeout = 120)
     const int B = 4, T = 32;
     Model *model = model_create(backend, &config.model, &config.residual, B, T);
     model_init_params(model, 3, 0.02);
-    const ParamTable *table = model_param_table(model);
-    float *exp_avg = backend->alloc(table->total * sizeof(float));
-    float *exp_avg_sq = backend->alloc(table->total * sizeof(float));
-    OptimRange *ranges = run_state_optimizer_ranges(table, &config.optim);
-    Optimizer optimizer = {
-        .backend = backend, .config = &config.optim, .params = model_params(model),
-        .grads = model_grads(model), .compute = model_compute_copy(model),
-        .exp_avg = exp_avg, .exp_avg_sq = exp_avg_sq, .count = table->total,
-        .ranges = ranges, .n_ranges = table->n_params,
-    };
+    RunState state;
+    run_state_create(&state, model, &config);
+    Optimizer optimizer = run_state_optimizer(&state, model, &config.optim);
     uint32_t *tokens = gpu_test_random_tokens(B * T + 1, 256, 11);
     size_t in_use[3], peak[3];
     for (int step = 0; step < 3; step++) {
@@ -173,9 +166,8 @@ Test(cuda_train, nothing_is_allocated_after_the_first_step, .timeout = 120)
     cr_expect_eq(peak[2], peak[0], "peak %zu bytes after step 1, %zu after step 3", peak[0],
                  peak[2]);
     free(tokens);
-    free(ranges);
-    backend->release(exp_avg);
-    backend->release(exp_avg_sq);
+    free((void *)optimizer.ranges);
+    run_state_destroy(&state, model);
     model_destroy(model);
 }
 
