@@ -1,5 +1,6 @@
 /* tests/cuda_backend_support.c — see cuda_backend_support.h. */
 #include "tests/cuda_backend_support.h"
+#include "tests/gpu_support.h"
 
 #include "kernels/cuda/backend_cuda.h"
 #include "kernels/cuda/cuda_common.h"
@@ -76,13 +77,6 @@ float *op_host(OpCase *c, int index)
 
 /* ---- host side ---- */
 
-static float *host_floats(size_t n)
-{
-    float *x = calloc(n ? n : 1, sizeof(float));
-    cr_assert_not_null(x);
-    return x;
-}
-
 static void round_to_bf16(float *x, size_t n)
 {
     for (size_t i = 0; i < n; i++)
@@ -145,7 +139,7 @@ static void host_prepare(OpCase *c, uint64_t seed)
     bool accumulates = false;
     for (int i = 0; i < c->count; i++) {
         OpArray *array = &c->arrays[i];
-        array->host = host_floats(array->n);
+        array->host = gpu_test_host_floats(array->n);
         uint64_t array_seed = seed * 101 + (uint64_t)i;
         if (array->kind == ARRAY_TOKENS) {
             uint32_t *tokens = array->host;
@@ -156,7 +150,7 @@ static void host_prepare(OpCase *c, uint64_t seed)
             fill_random(array->host, array->n, array->scale, array->offset, array_seed);
         }
         if (array->role == ROLE_UPDATED) {
-            array->start = host_floats(array->n);
+            array->start = gpu_test_host_floats(array->n);
             memcpy(array->start, array->host, array->n * sizeof(float));
         }
         accumulates |= array->role == ROLE_ACCUMULATED;
@@ -176,7 +170,7 @@ static void host_prepare(OpCase *c, uint64_t seed)
             continue;
         /* a contribution that is exactly zero (nothing to add) keeps a start of scale 1 */
         double rms = root_mean_square(array->host, array->n);
-        array->start = host_floats(array->n);
+        array->start = gpu_test_host_floats(array->n);
         fill_random(array->start, array->n, rms > 0 ? (float)(rms * sqrt(3.0)) : 1.0f, 0.0f,
                     seed * 101 + 50 + (uint64_t)i);
         if (array->kind == ARRAY_ACTIVATION)
@@ -227,7 +221,7 @@ static void device_reset(const OpCase *c)
 static float *device_read(const OpArray *array)
 {
     const Backend *cuda = backend_cuda();
-    float *host = host_floats(array->n);
+    float *host = gpu_test_host_floats(array->n);
     if (array->kind == ARRAY_ACTIVATION)
         cuda->activations_download(host, array->device, array->n);
     else

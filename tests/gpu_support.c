@@ -129,3 +129,20 @@ void gpu_expect_close(const float *got, const float *want, size_t n, double tole
     double error = test_relative_error(got, want, n);
     cr_assert_leq(error, tolerance, "%s: relative error %g > %g", what, error, tolerance);
 }
+
+float *gpu_test_host_floats(size_t n)
+{
+    float *x = calloc(n ? n : 1, sizeof(float));
+    cr_assert_not_null(x);
+    return x;
+}
+
+float *gpu_test_rounded_uniform(size_t n, float scale, float offset, uint64_t seed)
+{
+    float *x = gpu_test_host_floats(n);
+    test_fill_uniform(x, n, scale, seed);
+    for (size_t i = 0; i < n; i++)
+        x[i] += offset;
+    gpu_round_to_bf16(x, n);
+    return x;
+}

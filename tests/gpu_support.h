@@ -30,6 +30,10 @@ void gpu_round_to_bf16(float *host, size_t n);
  * frees): fp32 as is, or rounded to bf16 (what the GPU reads of them). */
 float *gpu_test_fp32_values(size_t n, float scale, uint64_t seed);
 float *gpu_test_bf16_values(size_t n, float scale, uint64_t seed);
+/* A zeroed host array of n floats (at least one; caller frees). */
+float *gpu_test_host_floats(size_t n);
+/* offset + uniform(-scale, scale) from `seed`, rounded to bf16 (caller frees). */
+float *gpu_test_rounded_uniform(size_t n, float scale, float offset, uint64_t seed);
 /* n random token ids below V (caller frees), and a device copy of them. */
 uint32_t *gpu_test_random_tokens(int n, int V, uint64_t seed);
 uint32_t *gpu_upload_tokens(const uint32_t *tokens, int n);

@@ -42,16 +42,9 @@ typedef struct Case {
     float *dq, *dk, *dv; /* cpu backward from zero, given out_rounded (with_backward only) */
 } Case;
 
-static float *host_floats(size_t n)
-{
-    float *x = calloc(n ? n : 1, sizeof(float));
-    cr_assert_not_null(x);
-    return x;
-}
-
 static float *random_bf16_floats(size_t n, uint64_t seed)
 {
-    float *x = host_floats(n);
+    float *x = gpu_test_host_floats(n);
     test_fill_normal(x, n, 1.0f, seed);
     gpu_round_to_bf16(x, n);
     return x;
@@ -67,17 +60,17 @@ static Case case_make(Shape shape, uint64_t seed, int with_backward)
     c.k = random_bf16_floats(c.kv_count, seed + 1);
     c.v = random_bf16_floats(c.kv_count, seed + 2);
     c.dout = random_bf16_floats(c.q_count, seed + 3);
-    c.out = host_floats(c.q_count);
-    c.lse = host_floats(c.lse_count);
+    c.out = gpu_test_host_floats(c.q_count);
+    c.lse = gpu_test_host_floats(c.lse_count);
     cpu_attention_forward(c.out, c.lse, c.q, c.k, c.v, shape.B, shape.T, shape.n_heads,
                           shape.n_kv_heads, shape.head_dim);
-    c.out_rounded = host_floats(c.q_count);
+    c.out_rounded = gpu_test_host_floats(c.q_count);
     memcpy(c.out_rounded, c.out, c.q_count * sizeof(float));
     gpu_round_to_bf16(c.out_rounded, c.q_count);
     if (with_backward) {
-        c.dq = host_floats(c.q_count);
-        c.dk = host_floats(c.kv_count);
-        c.dv = host_floats(c.kv_count);
+        c.dq = gpu_test_host_floats(c.q_count);
+        c.dk = gpu_test_host_floats(c.kv_count);
+        c.dv = gpu_test_host_floats(c.kv_count);
         cpu_attention_backward(c.dq, c.dk, c.dv, c.dout, c.q, c.k, c.v, c.out_rounded, c.lse,
                                shape.B, shape.T, shape.n_heads, shape.n_kv_heads,
                                shape.head_dim);
@@ -298,12 +291,12 @@ Test(cuda_attention, backward_with_accumulate_adds_to_the_gradients)
     float *start[3], *expected[3];
     bf16 *gradient[3];
     for (int i = 0; i < 3; i++) {
-        start[i] = host_floats(count[i]);
+        start[i] = gpu_test_host_floats(count[i]);
         test_fill_normal(start[i], count[i], (float)root_mean_square(reference[i], count[i]),
                          302 + (uint64_t)i);
         gpu_round_to_bf16(start[i], count[i]);
         gradient[i] = gpu_upload_bf16(start[i], count[i]);
-        expected[i] = host_floats(count[i]);
+        expected[i] = gpu_test_host_floats(count[i]);
         for (size_t j = 0; j < count[i]; j++)
             expected[i][j] = start[i][j] + reference[i][j];
     }

@@ -45,24 +45,6 @@ static const RouteShape route_shapes[] = {
 
 /* ---- inputs ---- */
 
-static float *host_floats(size_t n)
-{
-    float *x = calloc(n ? n : 1, sizeof(float));
-    cr_assert_not_null(x);
-    return x;
-}
-
-/* offset + uniform(-scale, scale), rounded to bf16 */
-static float *rounded_uniform(size_t n, float scale, float offset, uint64_t seed)
-{
-    float *x = host_floats(n);
-    test_fill_uniform(x, n, scale, seed);
-    for (size_t i = 0; i < n; i++)
-        x[i] += offset;
-    gpu_round_to_bf16(x, n);
-    return x;
-}
-
 /* One Route problem, on the host (rounded to bf16) and on the device. */
 typedef struct {
     RouteShape shape;
@@ -82,7 +64,7 @@ static RouteInputs route_inputs(RouteShape shape, bool delta, uint64_t seed)
     memset(&in, 0, sizeof in);
     in.shape = shape;
     in.size = (size_t)shape.tokens * shape.d;
-    in.sources = host_floats((size_t)shape.n_sources * in.size);
+    in.sources = gpu_test_host_floats((size_t)shape.n_sources * in.size);
     for (int n = 0; n < shape.n_sources; n++) {
         float *rows = in.sources + (size_t)n * in.size;
         test_fill_uniform(rows, in.size, 0.5f + 0.4f * (n % 7), seed + 10 + (uint64_t)n);
@@ -91,12 +73,12 @@ static RouteInputs route_inputs(RouteShape shape, bool delta, uint64_t seed)
         in.device_sources[n] = gpu_upload_bf16(rows, in.size);
     }
     float query_scale = 2.0f / sqrtf((float)(shape.d / shape.heads));
-    in.query = rounded_uniform(shape.d, query_scale, 0.0f, seed + 1);
-    in.key_norm = rounded_uniform(shape.d, 0.5f, 1.0f, seed + 2);
+    in.query = gpu_test_rounded_uniform(shape.d, query_scale, 0.0f, seed + 1);
+    in.key_norm = gpu_test_rounded_uniform(shape.d, 0.5f, 1.0f, seed + 2);
     in.device_query = gpu_upload_bf16(in.query, shape.d);
     in.device_key_norm = gpu_upload_bf16(in.key_norm, shape.d);
     if (delta) {
-        in.base = rounded_uniform(in.size, 0.3f, 0.0f, seed + 3);
+        in.base = gpu_test_rounded_uniform(in.size, 0.3f, 0.0f, seed + 3);
         in.device_base = gpu_upload_bf16(in.base, in.size);
     }
     return in;
@@ -142,8 +124,8 @@ static void check_forward(RouteShape shape, bool delta, uint64_t seed)
     const size_t n_rstd = (size_t)N * shape.tokens;
     const float alpha = delta ? 1.5f : 0.0f;
 
-    float *out_ref = host_floats(in.size), *weights_ref = host_floats(n_weights);
-    float *rstd_ref = host_floats(n_rstd);
+    float *out_ref = gpu_test_host_floats(in.size), *weights_ref = gpu_test_host_floats(n_weights);
+    float *rstd_ref = gpu_test_host_floats(n_rstd);
     cpu_route_forward(out_ref, weights_ref, rstd_ref, in.source_rows, N, in.query, in.key_norm,
                       in.base, alpha, shape.tokens, shape.d, shape.heads, ROUTE_EPS);
 
@@ -204,8 +186,8 @@ Test(cuda_route, delta_form_may_write_its_output_over_the_base)
     gpu_require();
     RouteShape shape = {9, 33, 4096, 8};
     RouteInputs in = route_inputs(shape, true, 91);
-    float *out_ref = host_floats(in.size);
-    float *weights_ref = host_floats((size_t)9 * 33 * 8), *rstd_ref = host_floats(9 * 33);
+    float *out_ref = gpu_test_host_floats(in.size);
+    float *weights_ref = gpu_test_host_floats((size_t)9 * 33 * 8), *rstd_ref = gpu_test_host_floats(9 * 33);
     cpu_route_forward(out_ref, weights_ref, rstd_ref, in.source_rows, 9, in.query, in.key_norm,
                       in.base, 0.8f, shape.tokens, shape.d, shape.heads, ROUTE_EPS);
     float *weights = gpu_poisoned_floats((size_t)9 * 33 * 8), *rstd = gpu_poisoned_floats(9 * 33);
@@ -225,8 +207,8 @@ Test(cuda_route, zero_query_over_equal_sources_gives_weights_one_over_n_and_the_
 {
     gpu_require();
     enum { N = 4, TOKENS = 33, D = 256, H = 2 };
-    float *source = rounded_uniform((size_t)TOKENS * D, 1.0f, 0.0f, 123);
-    float *zeros = host_floats(D), *ones = host_floats(D);
+    float *source = gpu_test_rounded_uniform((size_t)TOKENS * D, 1.0f, 0.0f, 123);
+    float *zeros = gpu_test_host_floats(D), *ones = gpu_test_host_floats(D);
     for (int c = 0; c < D; c++)
         ones[c] = 1.0f;
     const bf16 *sources[N];
@@ -275,7 +257,7 @@ static RouteGrads gpu_route_backward(const RouteInputs *in, const float *dout,
 {
     const RouteShape shape = in->shape;
     const int N = shape.n_sources;
-    float *zeros = host_floats(in->size > (size_t)shape.d ? in->size : (size_t)shape.d);
+    float *zeros = gpu_test_host_floats(in->size > (size_t)shape.d ? in->size : (size_t)shape.d);
     bf16 *dsources[CUDA_ROUTE_MAX_SOURCES];
     for (int n = 0; n < N; n++)
         dsources[n] = skip && skip[n] ? NULL : gpu_upload_bf16(zeros, in->size);
@@ -294,7 +276,7 @@ static RouteGrads gpu_route_backward(const RouteInputs *in, const float *dout,
                             shape.tokens, shape.d, shape.heads, 0);
 
     RouteGrads grads;
-    grads.dsources = host_floats((size_t)N * in->size);
+    grads.dsources = gpu_test_host_floats((size_t)N * in->size);
     for (int n = 0; n < N; n++) {
         if (!dsources[n])
             continue;
@@ -323,22 +305,22 @@ static RouteReference route_reference(const RouteInputs *in, bool delta, float a
     const RouteShape shape = in->shape;
     const int N = shape.n_sources;
     RouteReference ref;
-    float *out = host_floats(in->size);
-    ref.weights = host_floats((size_t)N * shape.tokens * shape.heads);
-    ref.rstd = host_floats((size_t)N * shape.tokens);
+    float *out = gpu_test_host_floats(in->size);
+    ref.weights = gpu_test_host_floats((size_t)N * shape.tokens * shape.heads);
+    ref.rstd = gpu_test_host_floats((size_t)N * shape.tokens);
     cpu_route_forward(out, ref.weights, ref.rstd, in->source_rows, N, in->query, in->key_norm,
                       in->base, alpha, shape.tokens, shape.d, shape.heads, ROUTE_EPS);
     free(out);
-    ref.dout = rounded_uniform(in->size, 1.0f, 0.0f, seed);
+    ref.dout = gpu_test_rounded_uniform(in->size, 1.0f, 0.0f, seed);
 
-    ref.grads.dsources = host_floats((size_t)N * in->size);
-    ref.grads.dquery = host_floats(shape.d);
-    ref.grads.dkey_norm = host_floats(shape.d);
+    ref.grads.dsources = gpu_test_host_floats((size_t)N * in->size);
+    ref.grads.dquery = gpu_test_host_floats(shape.d);
+    ref.grads.dkey_norm = gpu_test_host_floats(shape.d);
     ref.grads.dalpha = 0.0f;
     float *dsources[CUDA_ROUTE_MAX_SOURCES];
     for (int n = 0; n < N; n++)
         dsources[n] = skip && skip[n] ? NULL : ref.grads.dsources + (size_t)n * in->size;
-    float *scratch = host_floats((size_t)N * shape.tokens * shape.heads);
+    float *scratch = gpu_test_host_floats((size_t)N * shape.tokens * shape.heads);
     cpu_route_backward(dsources, ref.grads.dquery, ref.grads.dkey_norm, &ref.grads.dalpha,
                        ref.dout, in->source_rows, N, ref.weights, ref.rstd, in->query,
                        in->key_norm, delta, alpha, scratch, shape.tokens, shape.d, shape.heads);
@@ -419,9 +401,9 @@ Test(cuda_route, backward_adds_into_its_gradients)
         gpu_route_backward(&in, ref.dout, ref.weights, ref.rstd, true, 0.9f, NULL, 2);
     RouteGrads doubled = once;
     size_t all = (size_t)shape.n_sources * in.size;
-    doubled.dsources = host_floats(all);
-    doubled.dquery = host_floats(shape.d);
-    doubled.dkey_norm = host_floats(shape.d);
+    doubled.dsources = gpu_test_host_floats(all);
+    doubled.dquery = gpu_test_host_floats(shape.d);
+    doubled.dkey_norm = gpu_test_host_floats(shape.d);
     for (size_t i = 0; i < all; i++)
         doubled.dsources[i] = 2.0f * once.dsources[i];
     for (int c = 0; c < shape.d; c++) {

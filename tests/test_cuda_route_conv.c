@@ -47,24 +47,6 @@ static const ConvShape conv_shapes[] = {
 
 /* ---- inputs ---- */
 
-static float *host_floats(size_t n)
-{
-    float *x = calloc(n ? n : 1, sizeof(float));
-    cr_assert_not_null(x);
-    return x;
-}
-
-/* offset + uniform(-scale, scale), rounded to bf16 */
-static float *rounded_uniform(size_t n, float scale, float offset, uint64_t seed)
-{
-    float *x = host_floats(n);
-    test_fill_uniform(x, n, scale, seed);
-    for (size_t i = 0; i < n; i++)
-        x[i] += offset;
-    gpu_round_to_bf16(x, n);
-    return x;
-}
-
 /* One problem on the host (rounded to bf16) and on the device. Sources of different scales;
  * taps near (1, 0, ..) plus noise; a query of scale 2/sqrt(head_dim) (scores O(1)); key_norm
  * near 1. */
@@ -88,8 +70,8 @@ static ConvInputs conv_inputs(ConvShape shape, uint64_t seed)
     in.tap_count = (size_t)shape.kernel_size * shape.d;
     in.n_weights = (size_t)shape.n_sources * in.tokens * shape.heads;
     in.n_rstd = (size_t)shape.n_sources * in.tokens;
-    in.sources = host_floats((size_t)shape.n_sources * in.size);
-    in.taps = rounded_uniform((size_t)shape.n_sources * in.tap_count, 0.4f, 0.0f, seed + 5);
+    in.sources = gpu_test_host_floats((size_t)shape.n_sources * in.size);
+    in.taps = gpu_test_rounded_uniform((size_t)shape.n_sources * in.tap_count, 0.4f, 0.0f, seed + 5);
     for (int n = 0; n < shape.n_sources; n++) {
         float *rows = in.sources + (size_t)n * in.size;
         test_fill_uniform(rows, in.size, 0.5f + 0.4f * (n % 7), seed + 10 + (uint64_t)n);
@@ -103,10 +85,10 @@ static ConvInputs conv_inputs(ConvShape shape, uint64_t seed)
         in.tap_rows[n] = null ? NULL : taps;
         in.device_taps[n] = null ? NULL : gpu_upload_bf16(taps, in.tap_count);
     }
-    in.query = rounded_uniform(shape.d, 2.0f / sqrtf((float)(shape.d / shape.heads)), 0.0f,
+    in.query = gpu_test_rounded_uniform(shape.d, 2.0f / sqrtf((float)(shape.d / shape.heads)), 0.0f,
                                seed + 1);
-    in.key_norm = rounded_uniform(shape.d, 0.5f, 1.0f, seed + 2);
-    in.dout = rounded_uniform(in.size, 1.0f, 0.0f, seed + 3);
+    in.key_norm = gpu_test_rounded_uniform(shape.d, 0.5f, 1.0f, seed + 2);
+    in.dout = gpu_test_rounded_uniform(in.size, 1.0f, 0.0f, seed + 3);
     in.device_query = gpu_upload_bf16(in.query, shape.d);
     in.device_key_norm = gpu_upload_bf16(in.key_norm, shape.d);
     in.device_dout = gpu_upload_bf16(in.dout, in.size);
@@ -140,8 +122,8 @@ typedef struct {
 static ForwardResult cpu_forward(const ConvInputs *in)
 {
     const ConvShape s = in->shape;
-    ForwardResult r = {host_floats(in->size), host_floats(in->n_weights),
-                       host_floats(in->n_rstd)};
+    ForwardResult r = {gpu_test_host_floats(in->size), gpu_test_host_floats(in->n_weights),
+                       gpu_test_host_floats(in->n_rstd)};
     cpu_route_conv_forward(r.out, r.weights, r.rstd, in->source_rows, in->tap_rows, s.n_sources,
                            s.kernel_size, in->query, in->key_norm, s.B, s.T, s.d, s.heads,
                            CONV_EPS);
@@ -180,10 +162,10 @@ typedef struct {
 static Gradients cpu_backward(const ConvInputs *in, const ForwardResult *saved)
 {
     const ConvShape s = in->shape;
-    Gradients g = {host_floats((size_t)s.n_sources * in->size),
-                   host_floats((size_t)s.n_sources * in->tap_count), host_floats(s.d),
-                   host_floats(s.d)};
-    float *dsources[MAX_SOURCES], *dtaps[MAX_SOURCES], *scratch = host_floats(in->n_weights);
+    Gradients g = {gpu_test_host_floats((size_t)s.n_sources * in->size),
+                   gpu_test_host_floats((size_t)s.n_sources * in->tap_count), gpu_test_host_floats(s.d),
+                   gpu_test_host_floats(s.d)};
+    float *dsources[MAX_SOURCES], *dtaps[MAX_SOURCES], *scratch = gpu_test_host_floats(in->n_weights);
     for (int n = 0; n < s.n_sources; n++) {
         dsources[n] = g.dsources + (size_t)n * in->size;
         dtaps[n] = in->tap_rows[n] ? g.dtaps + (size_t)n * in->tap_count : NULL;
@@ -201,7 +183,7 @@ static Gradients gpu_backward(const ConvInputs *in, const ForwardResult *saved)
     const ConvShape s = in->shape;
     const size_t n_dsources = (size_t)s.n_sources * in->size;
     const size_t n_dtaps = (size_t)s.n_sources * in->tap_count;
-    float *zeros = host_floats(n_dsources > n_dtaps ? n_dsources : n_dtaps);
+    float *zeros = gpu_test_host_floats(n_dsources > n_dtaps ? n_dsources : n_dtaps);
     bf16 *dsources_all = gpu_upload_bf16(zeros, n_dsources);
     float *dtaps_all = gpu_upload_floats(zeros, n_dtaps);
     float *dquery = gpu_upload_floats(zeros, s.d), *dkey_norm = gpu_upload_floats(zeros, s.d);
@@ -426,7 +408,7 @@ static void prepare_table_backward(OpCase *c)
     const size_t size = (size_t)c->shape[0] * c->shape[1] * c->shape[2];
     table_pointers(backend_cpu(), c, op_host(c, BACKWARD_SOURCES), op_host(c, BACKWARD_TAPS),
                    sources, taps);
-    float *out = host_floats(size);
+    float *out = gpu_test_host_floats(size);
     backend_cpu()->route_conv_forward((Activation *)out, op_host(c, BACKWARD_WEIGHTS),
                                       op_host(c, BACKWARD_RSTD), sources, taps, c->shape[4],
                                       c->shape[5], (Activation *)op_host(c, BACKWARD_QUERY),

@@ -21,21 +21,6 @@
 #define FP32_TOLERANCE 1e-3
 #define MIX_EPS 1e-5f
 
-static float *host_floats(size_t n)
-{
-    float *x = calloc(n ? n : 1, sizeof(float));
-    cr_assert_not_null(x);
-    return x;
-}
-
-static float *rounded_uniform(size_t n, float scale, uint64_t seed)
-{
-    float *x = host_floats(n);
-    test_fill_uniform(x, n, scale, seed);
-    gpu_round_to_bf16(x, n);
-    return x;
-}
-
 static void expect_close(const float *got, const float *expected, size_t n, double tolerance,
                          const char *what, const int *shape)
 {
@@ -59,9 +44,9 @@ Test(cuda_stream, conv_forward_matches_cpu)
         const int *shape = conv_shapes[i];
         const int B = shape[0], T = shape[1], d = shape[2], k = shape[3];
         const size_t size = (size_t)B * T * d;
-        float *x = rounded_uniform(size, 1.0f, 100 + (uint64_t)i);
-        float *taps = rounded_uniform((size_t)k * d, 0.8f, 200 + (uint64_t)i);
-        float *ref = host_floats(size);
+        float *x = gpu_test_rounded_uniform(size, 1.0f, 0.0f, 100 + (uint64_t)i);
+        float *taps = gpu_test_rounded_uniform((size_t)k * d, 0.8f, 0.0f, 200 + (uint64_t)i);
+        float *ref = gpu_test_host_floats(size);
         cpu_stream_conv_forward(ref, x, taps, k, B, T, d);
         bf16 *out = gpu_poisoned_bf16(size);
         cuda_stream_conv_forward(out, gpu_upload_bf16(x, size), gpu_upload_bf16(taps, (size_t)k * d),
@@ -81,8 +66,8 @@ Test(cuda_stream, conv_with_identity_taps_returns_the_input_bit_for_bit)
     gpu_require();
     enum { B = 2, T = 33, D = 256, K = 8 };
     const size_t size = (size_t)B * T * D;
-    float *x = rounded_uniform(size, 3.0f, 42);
-    float *taps = host_floats((size_t)K * D);
+    float *x = gpu_test_rounded_uniform(size, 3.0f, 0.0f, 42);
+    float *taps = gpu_test_host_floats((size_t)K * D);
     for (int c = 0; c < D; c++)
         taps[c] = 1.0f;
     bf16 *out = gpu_poisoned_bf16(size);
@@ -103,7 +88,7 @@ static void gpu_conv_backward(float **dx_got, float **dtaps_got, const float *do
 {
     const int B = shape[0], T = shape[1], d = shape[2], k = shape[3];
     const size_t size = (size_t)B * T * d;
-    float *zeros = host_floats(size > (size_t)k * d ? size : (size_t)k * d);
+    float *zeros = gpu_test_host_floats(size > (size_t)k * d ? size : (size_t)k * d);
     bf16 *dx = without_dx ? NULL : gpu_upload_bf16(zeros, size);
     float *dtaps = gpu_upload_floats(zeros, (size_t)k * d);
     float *workspace = gpu_poisoned_floats(cuda_stream_conv_backward_workspace_floats(k, B, T, d));
@@ -121,10 +106,10 @@ Test(cuda_stream, conv_backward_matches_cpu)
         const int *shape = conv_shapes[i];
         const int B = shape[0], T = shape[1], d = shape[2], k = shape[3];
         const size_t size = (size_t)B * T * d;
-        float *x = rounded_uniform(size, 1.0f, 300 + (uint64_t)i);
-        float *taps = rounded_uniform((size_t)k * d, 0.8f, 400 + (uint64_t)i);
-        float *dout = rounded_uniform(size, 1.0f, 500 + (uint64_t)i);
-        float *dx_ref = host_floats(size), *dtaps_ref = host_floats((size_t)k * d);
+        float *x = gpu_test_rounded_uniform(size, 1.0f, 0.0f, 300 + (uint64_t)i);
+        float *taps = gpu_test_rounded_uniform((size_t)k * d, 0.8f, 0.0f, 400 + (uint64_t)i);
+        float *dout = gpu_test_rounded_uniform(size, 1.0f, 0.0f, 500 + (uint64_t)i);
+        float *dx_ref = gpu_test_host_floats(size), *dtaps_ref = gpu_test_host_floats((size_t)k * d);
         cpu_stream_conv_backward(dx_ref, dtaps_ref, dout, x, taps, k, B, T, d);
         float *dx_got, *dtaps_got;
         gpu_conv_backward(&dx_got, &dtaps_got, dout, x, taps, shape, i % 2 == 1);
@@ -147,8 +132,8 @@ Test(cuda_stream, conv_backward_is_bitwise_deterministic)
     gpu_require();
     const int shape[4] = {2, 1000, 4096, 8};
     const size_t size = (size_t)2 * 1000 * 4096;
-    float *x = rounded_uniform(size, 1.0f, 61), *dout = rounded_uniform(size, 1.0f, 62);
-    float *taps = rounded_uniform((size_t)8 * 4096, 0.8f, 63);
+    float *x = gpu_test_rounded_uniform(size, 1.0f, 0.0f, 61), *dout = gpu_test_rounded_uniform(size, 1.0f, 0.0f, 62);
+    float *taps = gpu_test_rounded_uniform((size_t)8 * 4096, 0.8f, 0.0f, 63);
     float *dx_first, *dtaps_first, *dx_second, *dtaps_second;
     gpu_conv_backward(&dx_first, &dtaps_first, dout, x, taps, shape, false);
     gpu_conv_backward(&dx_second, &dtaps_second, dout, x, taps, shape, false);
@@ -189,7 +174,7 @@ static MixInputs mix_inputs(const int *shape, uint64_t seed)
     in.tokens = shape[1];
     in.d = shape[2];
     in.size = (size_t)in.tokens * in.d;
-    in.streams = host_floats((size_t)in.m * in.size);
+    in.streams = gpu_test_host_floats((size_t)in.m * in.size);
     for (int r = 0; r < in.m; r++) {
         float *rows = in.streams + (size_t)r * in.size;
         test_fill_uniform(rows, in.size, 0.5f + 0.5f * r, seed + (uint64_t)r);
@@ -197,9 +182,9 @@ static MixInputs mix_inputs(const int *shape, uint64_t seed)
         in.stream_rows[r] = rows;
         in.device_streams[r] = gpu_upload_bf16(rows, in.size);
     }
-    in.mix_bias = host_floats(in.m);
+    in.mix_bias = gpu_test_host_floats(in.m);
     test_fill_uniform(in.mix_bias, in.m, 1.0f, seed + 20);
-    in.mix_proj = rounded_uniform((size_t)in.m * in.d, 2.0f / sqrtf((float)in.d), seed + 21);
+    in.mix_proj = gpu_test_rounded_uniform((size_t)in.m * in.d, 2.0f / sqrtf((float)in.d), 0.0f, seed + 21);
     return in;
 }
 
@@ -217,8 +202,8 @@ Test(cuda_stream, mix_forward_matches_cpu)
     for (int i = 0; i < MIX_SHAPE_COUNT; i++) {
         MixInputs in = mix_inputs(mix_shapes[i], 700 + 10 * (uint64_t)i);
         const size_t n_gates = (size_t)in.tokens * in.m;
-        float *out_ref = host_floats(in.size), *gates_ref = host_floats(n_gates);
-        float *rstd_ref = host_floats(n_gates);
+        float *out_ref = gpu_test_host_floats(in.size), *gates_ref = gpu_test_host_floats(n_gates);
+        float *rstd_ref = gpu_test_host_floats(n_gates);
         cpu_stream_mix_forward(out_ref, gates_ref, rstd_ref, in.stream_rows, in.m, in.mix_bias,
                                in.mix_proj, in.tokens, in.d, MIX_EPS);
         bf16 *out = gpu_poisoned_bf16(in.size);
@@ -247,8 +232,8 @@ Test(cuda_stream, mix_at_init_of_equal_streams_gives_one_over_m_and_the_stream)
 {
     gpu_require();
     enum { M = 4, TOKENS = 33, D = 256 };
-    float *stream_rows = rounded_uniform((size_t)TOKENS * D, 2.0f, 99);
-    float bias[M], *theta = host_floats((size_t)M * D);
+    float *stream_rows = gpu_test_rounded_uniform((size_t)TOKENS * D, 2.0f, 0.0f, 99);
+    float bias[M], *theta = gpu_test_host_floats((size_t)M * D);
     for (int r = 0; r < M; r++)
         bias[r] = (float)-log(M - 1.0);
     const bf16 *streams[M];
@@ -281,7 +266,7 @@ static MixGrads gpu_mix_backward(const MixInputs *in, const float *dout, const f
                                  const float *rstd)
 {
     const size_t n_gates = (size_t)in->tokens * in->m, n_proj = (size_t)in->m * in->d;
-    float *zeros = host_floats(in->size > n_proj ? in->size : n_proj);
+    float *zeros = gpu_test_host_floats(in->size > n_proj ? in->size : n_proj);
     bf16 *dstreams[CUDA_STREAM_MAX_STREAMS];
     for (int r = 0; r < in->m; r++)
         dstreams[r] = gpu_upload_bf16(zeros, in->size);
@@ -293,7 +278,7 @@ static MixGrads gpu_mix_backward(const MixInputs *in, const float *dout, const f
                              gpu_upload_floats(rstd, n_gates), gpu_upload_floats(in->mix_bias, in->m),
                              gpu_upload_bf16(in->mix_proj, n_proj), in->tokens, in->d, workspace, 0);
     MixGrads grads;
-    grads.dstreams = host_floats((size_t)in->m * in->size);
+    grads.dstreams = gpu_test_host_floats((size_t)in->m * in->size);
     for (int r = 0; r < in->m; r++) {
         float *got = gpu_download_bf16(dstreams[r], in->size);
         memcpy(grads.dstreams + (size_t)r * in->size, got, in->size * sizeof(float));
@@ -317,17 +302,17 @@ static MixGrads mix_reference(const MixInputs *in, float **dout, float **gates, 
                               uint64_t seed)
 {
     const size_t n_gates = (size_t)in->tokens * in->m, n_proj = (size_t)in->m * in->d;
-    float *out = host_floats(in->size);
-    *gates = host_floats(n_gates);
-    *rstd = host_floats(n_gates);
+    float *out = gpu_test_host_floats(in->size);
+    *gates = gpu_test_host_floats(n_gates);
+    *rstd = gpu_test_host_floats(n_gates);
     cpu_stream_mix_forward(out, *gates, *rstd, in->stream_rows, in->m, in->mix_bias,
                            in->mix_proj, in->tokens, in->d, MIX_EPS);
     free(out);
-    *dout = rounded_uniform(in->size, 1.0f, seed);
+    *dout = gpu_test_rounded_uniform(in->size, 1.0f, 0.0f, seed);
     MixGrads ref;
-    ref.dstreams = host_floats((size_t)in->m * in->size);
-    ref.dmix_bias = host_floats(in->m);
-    ref.dmix_proj = host_floats(n_proj);
+    ref.dstreams = gpu_test_host_floats((size_t)in->m * in->size);
+    ref.dmix_bias = gpu_test_host_floats(in->m);
+    ref.dmix_proj = gpu_test_host_floats(n_proj);
     float *dstreams[CUDA_STREAM_MAX_STREAMS];
     for (int r = 0; r < in->m; r++)
         dstreams[r] = ref.dstreams + (size_t)r * in->size;
