@@ -104,15 +104,7 @@ static inline RouteConvShape route_conv_shape(int kernel_size, bool any_taps, in
 {
     RouteConvShape shape;
     const int head_dim = d / heads;
-    shape.vec = 4;
-    while (shape.vec > 1) {
-        bool fits = head_dim % shape.vec == 0;
-        for (int i = 0; i < count && fits; i++)
-            fits = pointer_aligned(pointers[i], 2 * shape.vec);
-        if (fits)
-            break;
-        shape.vec /= 2;
-    }
+    shape.vec = widest_vector(4, head_dim, pointers, count);
     shape.vectors = d / shape.vec;
     shape.head_vectors = head_dim / shape.vec;
     shape.segment_period = 32 / greatest_common_divisor(32, shape.head_vectors) *

@@ -330,21 +330,30 @@ static inline bool pointer_aligned(const void *pointer, int bytes)
     return ((uintptr_t)pointer % (uintptr_t)bytes) == 0; /* NULL is aligned: never read */
 }
 
+/* The widest vector of widest, widest / 2, .., 1 bf16 elements that divides head_dim and at
+ * which every pointer is aligned. */
+static inline int widest_vector(int widest, int head_dim, const void *const *pointers,
+                                int count)
+{
+    int vec = widest;
+    while (vec > 1) {
+        bool fits = head_dim % vec == 0;
+        for (int i = 0; i < count && fits; i++)
+            fits = pointer_aligned(pointers[i], 2 * vec);
+        if (fits)
+            break;
+        vec /= 2;
+    }
+    return vec;
+}
+
 /* The widest VEC (8, 4, 2, 1) that divides head_dim and every pointer allows; `threads` a
  * multiple of 32 giving each thread about two slots (more when d needs it). */
 static inline RowShape row_shape(int d, int heads, const void *const *pointers, int count)
 {
     RowShape shape;
     int head_dim = d / heads;
-    shape.vec = 8;
-    while (shape.vec > 1) {
-        bool fits = head_dim % shape.vec == 0;
-        for (int i = 0; i < count && fits; i++)
-            fits = pointer_aligned(pointers[i], 2 * shape.vec);
-        if (fits)
-            break;
-        shape.vec /= 2;
-    }
+    shape.vec = widest_vector(8, head_dim, pointers, count);
     shape.vectors = d / shape.vec;
     int threads = ((shape.vectors + 1) / 2 + 31) / 32 * 32;
     shape.threads = threads < 32 ? 32 : threads > ROW_MAX_THREADS ? ROW_MAX_THREADS : threads;
