@@ -4,8 +4,8 @@
 # against the cpu reference, then the timings, ours and PyTorch's on the same GPU.
 #   launch/bench/gpu_check.sh [tests] [bench] [route] [fathom] [peer]
 #   (default: tests fathom peer; FATHOM_CASES / PEER_CASES pick the cases of the last two.
-#   PyTorch's step1b compiles a 1B model per mode, minutes each: run it on its own,
-#   `python3 launch/bench/peer.py --cases step1b --step-modes standard,mhar`.)
+#   PyTorch's step1b runs a 1B model per mode, eager and compiled, about 7 minutes for
+#   the three: run it on its own, `python3 launch/bench/peer.py --cases step1b`.)
 # Logs go to $OUT (or /tmp/gpu-check); a short table is printed last.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
