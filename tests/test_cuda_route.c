@@ -8,7 +8,8 @@
  * (gradients, which are added into, start from zero: an unwritten element stays 0 and
  * misses the reference). The backward is fed the cpu forward's weights and rstd, so both
  * backwards see the same inputs. Shapes: N 1, 2, 5, 9, 17, 65; H 1, 2, 4, 8, 16;
- * d 24 (H 8: head_dim 3, element loads; H 4: pairs; H 2: quads), 256, 4096, 8192;
+ * d 24 (H 8: head_dim 3, element loads; H 4: pairs; H 2: quads), 256 .. 2048 (the
+ * warp-a-token kernels), 4096, 8192, and a source 2 bytes off its alignment;
  * tokens 1, 33, 1000 (not multiples of anything); replace and delta forms.
  * Identities checked bit for bit: alpha = 0 returns base; a zero query gives weights
  * 1/N and, over equal sources with N a power of two, the source itself. The backward is
@@ -33,13 +34,18 @@ typedef struct {
     int n_sources, tokens, d, heads;
 } RouteShape;
 
-/* each listed value of N, tokens, d and H appears with several of the others */
+/* Each listed value of N, tokens, d and H appears with several of the others. Rows of
+ * d % 256 == 0 up to 2048, with H dividing 32, take the warp-a-token kernels
+ * (route_narrow.cuh): d 256 .. 2048, lanes of 1 to 8 vectors, heads of 1 to 32 lanes; the
+ * rest take the block-a-token ones, as does a misaligned source (its own test). */
 static const RouteShape route_shapes[] = {
     {1, 33, 24, 1},    {2, 1000, 24, 2},  {5, 1, 24, 8},     {9, 33, 24, 8},
     {17, 1000, 24, 2}, {5, 33, 24, 4},    {2, 33, 256, 1},   {5, 1000, 256, 2},
     {9, 1, 256, 8},    {17, 33, 256, 8},  {1, 1000, 256, 8}, {65, 17, 256, 8},
     {9, 1000, 4096, 8}, {17, 33, 4096, 1}, {5, 33, 4096, 2}, {2, 1, 4096, 8},
     {1, 33, 4096, 8},  {9, 33, 4096, 16}, {3, 33, 8192, 8},
+    {10, 1000, 1280, 8}, {16, 33, 1280, 8}, {3, 1000, 768, 4}, {4, 33, 512, 32},
+    {2, 1000, 2048, 16}, {7, 33, 1536, 1},  {6, 1, 1792, 2},
 };
 #define ROUTE_SHAPE_COUNT ((int)(sizeof route_shapes / sizeof route_shapes[0]))
 
@@ -57,8 +63,9 @@ typedef struct {
 } RouteInputs;
 
 /* Sources of different scales (different rms statistics); a query of scale 2/sqrt(head_dim)
- * so that scores are O(1) and the softmax is neither flat nor one-hot; key_norm near 1. */
-static RouteInputs route_inputs(RouteShape shape, bool delta, uint64_t seed)
+ * so that scores are O(1) and the softmax is neither flat nor one-hot; key_norm near 1.
+ * `misaligned`: source 1 starts 2 bytes into its allocation. */
+static RouteInputs route_inputs(RouteShape shape, bool delta, bool misaligned, uint64_t seed)
 {
     RouteInputs in;
     memset(&in, 0, sizeof in);
@@ -71,6 +78,12 @@ static RouteInputs route_inputs(RouteShape shape, bool delta, uint64_t seed)
         gpu_round_to_bf16(rows, in.size);
         in.source_rows[n] = rows;
         in.device_sources[n] = gpu_upload_bf16(rows, in.size);
+        if (misaligned && n == 1) {
+            float *shifted = gpu_test_host_floats(in.size + 1);
+            memcpy(shifted + 1, rows, in.size * sizeof(float));
+            in.device_sources[n] = gpu_upload_bf16(shifted, in.size + 1) + 1;
+            free(shifted);
+        }
     }
     float query_scale = 2.0f / sqrtf((float)(shape.d / shape.heads));
     in.query = gpu_test_rounded_uniform(shape.d, query_scale, 0.0f, seed + 1);
@@ -116,9 +129,9 @@ static void expect_close(const float *got, const float *expected, size_t n, doub
 
 /* ---- forward ---- */
 
-static void check_forward(RouteShape shape, bool delta, uint64_t seed)
+static void check_forward(RouteShape shape, bool delta, bool misaligned, uint64_t seed)
 {
-    RouteInputs in = route_inputs(shape, delta, seed);
+    RouteInputs in = route_inputs(shape, delta, misaligned, seed);
     const int N = shape.n_sources;
     const size_t n_weights = (size_t)N * shape.tokens * shape.heads;
     const size_t n_rstd = (size_t)N * shape.tokens;
@@ -155,21 +168,21 @@ Test(cuda_route, forward_matches_cpu_in_the_replace_form)
 {
     gpu_require();
     for (int i = 0; i < ROUTE_SHAPE_COUNT; i++)
-        check_forward(route_shapes[i], false, 1000 + 100 * (uint64_t)i);
+        check_forward(route_shapes[i], false, false, 1000 + 100 * (uint64_t)i);
 }
 
 Test(cuda_route, forward_matches_cpu_in_the_delta_form)
 {
     gpu_require();
     for (int i = 0; i < ROUTE_SHAPE_COUNT; i++)
-        check_forward(route_shapes[i], true, 5000 + 100 * (uint64_t)i);
+        check_forward(route_shapes[i], true, false, 5000 + 100 * (uint64_t)i);
 }
 
 Test(cuda_route, delta_form_with_zero_gate_returns_the_base_bit_for_bit)
 {
     gpu_require();
     RouteShape shape = {5, 33, 256, 8};
-    RouteInputs in = route_inputs(shape, true, 77);
+    RouteInputs in = route_inputs(shape, true, false, 77);
     bf16 *out = gpu_poisoned_bf16(in.size);
     float *weights = gpu_poisoned_floats((size_t)5 * 33 * 8), *rstd = gpu_poisoned_floats(5 * 33);
     cuda_route_forward(out, weights, rstd, in.device_sources, 5, in.device_query,
@@ -181,17 +194,18 @@ Test(cuda_route, delta_form_with_zero_gate_returns_the_base_bit_for_bit)
     route_inputs_free(&in);
 }
 
-Test(cuda_route, delta_form_may_write_its_output_over_the_base)
+static void check_output_over_base(RouteShape shape, uint64_t seed)
 {
-    gpu_require();
-    RouteShape shape = {9, 33, 4096, 8};
-    RouteInputs in = route_inputs(shape, true, 91);
+    const int N = shape.n_sources;
+    RouteInputs in = route_inputs(shape, true, false, seed);
+    const size_t n_weights = (size_t)N * shape.tokens * shape.heads;
+    const size_t n_rstd = (size_t)N * shape.tokens;
     float *out_ref = gpu_test_host_floats(in.size);
-    float *weights_ref = gpu_test_host_floats((size_t)9 * 33 * 8), *rstd_ref = gpu_test_host_floats(9 * 33);
-    cpu_route_forward(out_ref, weights_ref, rstd_ref, in.source_rows, 9, in.query, in.key_norm,
+    float *weights_ref = gpu_test_host_floats(n_weights), *rstd_ref = gpu_test_host_floats(n_rstd);
+    cpu_route_forward(out_ref, weights_ref, rstd_ref, in.source_rows, N, in.query, in.key_norm,
                       in.base, 0.8f, shape.tokens, shape.d, shape.heads, ROUTE_EPS);
-    float *weights = gpu_poisoned_floats((size_t)9 * 33 * 8), *rstd = gpu_poisoned_floats(9 * 33);
-    cuda_route_forward(in.device_base, weights, rstd, in.device_sources, 9, in.device_query,
+    float *weights = gpu_poisoned_floats(n_weights), *rstd = gpu_poisoned_floats(n_rstd);
+    cuda_route_forward(in.device_base, weights, rstd, in.device_sources, N, in.device_query,
                        in.device_key_norm, in.device_base, 0.8f, shape.tokens, shape.d,
                        shape.heads, ROUTE_EPS, 0);
     float *got = gpu_download_bf16(in.device_base, in.size);
@@ -201,6 +215,13 @@ Test(cuda_route, delta_form_may_write_its_output_over_the_base)
     free(weights_ref);
     free(rstd_ref);
     route_inputs_free(&in);
+}
+
+Test(cuda_route, delta_form_may_write_its_output_over_the_base)
+{
+    gpu_require();
+    check_output_over_base((RouteShape){9, 33, 4096, 8}, 91);  /* block a token */
+    check_output_over_base((RouteShape){9, 33, 1280, 8}, 92);  /* warp a token */
 }
 
 Test(cuda_route, zero_query_over_equal_sources_gives_weights_one_over_n_and_the_source)
@@ -349,10 +370,10 @@ static void expect_grads_close(const RouteGrads *got, const RouteGrads *ref, siz
         cr_assert_eq(got->dalpha, 0.0f, "the replace form wrote dalpha");
 }
 
-static void check_backward(RouteShape shape, bool delta, uint64_t seed)
+static void check_backward(RouteShape shape, bool delta, bool misaligned, uint64_t seed)
 {
     const float alpha = delta ? 0.7f : 0.0f;
-    RouteInputs in = route_inputs(shape, delta, seed);
+    RouteInputs in = route_inputs(shape, delta, misaligned, seed);
     RouteReference ref = route_reference(&in, delta, alpha, NULL, seed + 50);
     RouteGrads got = gpu_route_backward(&in, ref.dout, ref.weights, ref.rstd, delta, alpha,
                                         NULL, 1);
@@ -366,35 +387,50 @@ Test(cuda_route, backward_matches_cpu_in_the_replace_form)
 {
     gpu_require();
     for (int i = 0; i < ROUTE_SHAPE_COUNT; i++)
-        check_backward(route_shapes[i], false, 9000 + 100 * (uint64_t)i);
+        check_backward(route_shapes[i], false, false, 9000 + 100 * (uint64_t)i);
 }
 
 Test(cuda_route, backward_matches_cpu_in_the_delta_form)
 {
     gpu_require();
     for (int i = 0; i < ROUTE_SHAPE_COUNT; i++)
-        check_backward(route_shapes[i], true, 13000 + 100 * (uint64_t)i);
+        check_backward(route_shapes[i], true, false, 13000 + 100 * (uint64_t)i);
+}
+
+Test(cuda_route, a_misaligned_source_takes_the_general_kernels)
+{
+    gpu_require();
+    /* a warp-a-token shape, but a source 2 bytes off: 2-byte loads, a block a token */
+    const RouteShape shape = {5, 33, 1280, 8};
+    for (int delta = 0; delta < 2; delta++) {
+        check_forward(shape, delta, true, 17000 + 100 * (uint64_t)delta);
+        check_backward(shape, delta, true, 17500 + 100 * (uint64_t)delta);
+    }
 }
 
 Test(cuda_route, backward_skips_a_source_whose_gradient_is_null)
 {
     gpu_require();
-    RouteShape shape = {5, 33, 256, 8};
+    /* d 256: a warp a token; d 24: a block a token */
+    const RouteShape shapes[] = {{5, 33, 256, 8}, {5, 33, 24, 8}};
     bool skip[5] = {false, true, false, false, true};
-    RouteInputs in = route_inputs(shape, true, 321);
-    RouteReference ref = route_reference(&in, true, 0.6f, skip, 322);
-    RouteGrads got = gpu_route_backward(&in, ref.dout, ref.weights, ref.rstd, true, 0.6f, skip, 1);
-    expect_grads_close(&got, &ref.grads, in.size, true, shape);
-    route_grads_free(&got);
-    route_reference_free(&ref);
-    route_inputs_free(&in);
+    for (int i = 0; i < 2; i++) {
+        RouteInputs in = route_inputs(shapes[i], true, false, 321);
+        RouteReference ref = route_reference(&in, true, 0.6f, skip, 322);
+        RouteGrads got =
+            gpu_route_backward(&in, ref.dout, ref.weights, ref.rstd, true, 0.6f, skip, 1);
+        expect_grads_close(&got, &ref.grads, in.size, true, shapes[i]);
+        route_grads_free(&got);
+        route_reference_free(&ref);
+        route_inputs_free(&in);
+    }
 }
 
 Test(cuda_route, backward_adds_into_its_gradients)
 {
     gpu_require();
     RouteShape shape = {5, 1000, 256, 2};
-    RouteInputs in = route_inputs(shape, true, 555);
+    RouteInputs in = route_inputs(shape, true, false, 555);
     RouteReference ref = route_reference(&in, true, 0.9f, NULL, 556);
     RouteGrads once = gpu_route_backward(&in, ref.dout, ref.weights, ref.rstd, true, 0.9f, NULL, 1);
     RouteGrads twice =
@@ -422,10 +458,11 @@ Test(cuda_route, backward_adds_into_its_gradients)
 Test(cuda_route, backward_is_bitwise_deterministic)
 {
     gpu_require();
-    const RouteShape shapes[] = {{9, 1000, 4096, 8}, {17, 1000, 24, 2}, {5, 33, 24, 8}};
-    for (int i = 0; i < 3; i++) {
+    const RouteShape shapes[] = {
+        {9, 1000, 4096, 8}, {17, 1000, 24, 2}, {5, 33, 24, 8}, {10, 1000, 1280, 8}};
+    for (int i = 0; i < 4; i++) {
         RouteShape shape = shapes[i];
-        RouteInputs in = route_inputs(shape, true, 777 + (uint64_t)i);
+        RouteInputs in = route_inputs(shape, true, false, 777 + (uint64_t)i);
         RouteReference ref = route_reference(&in, true, 0.5f, NULL, 778 + (uint64_t)i);
         RouteGrads first =
             gpu_route_backward(&in, ref.dout, ref.weights, ref.rstd, true, 0.5f, NULL, 1);

@@ -26,6 +26,7 @@
  */
 #include "kernels/cuda/route_cuda.h"
 #include "kernels/cuda/route_device.cuh"
+#include "kernels/cuda/route_narrow.cuh"
 
 /* Blocks of the per-token kernel: two 256-thread blocks on each of an H100/H200's 132
  * multiprocessors at d = 4096, one wave. Fixed, so that the order of the token sums does not
@@ -69,7 +70,12 @@ extern "C" size_t cuda_route_backward_workspace_floats(int tokens, int d)
     const int vectors = (d + 7) / 8;
     int threads = ((vectors + 1) / 2 + 31) / 32 * 32;
     threads = threads < 32 ? 32 : threads > ROW_MAX_THREADS ? ROW_MAX_THREADS : threads;
-    return tokens > 0 ? (size_t)route_backward_blocks(tokens, threads) * ((size_t)d + 1) : 1;
+    if (tokens <= 0)
+        return 1;
+    int blocks = route_backward_blocks(tokens, threads);
+    if (route_narrow_backward_blocks(tokens) > blocks)
+        blocks = route_narrow_backward_blocks(tokens);
+    return (size_t)blocks * ((size_t)d + 1);
 }
 
 /* shared memory: the ring [ROW_STAGES][2][slots][threads] vectors (a source row, and in
@@ -357,31 +363,20 @@ static void route_backward_launch(const RouteBackwardArgs &args, const RowShape 
     CUDA_CHECK_LAUNCH();
 }
 
-extern "C" void cuda_route_backward(bf16 *const *dsources, float *dquery, float *dkey_norm,
-                                    float *dalpha, const bf16 *dout, const bf16 *const *sources,
-                                    int n_sources, const float *weights, const float *rstd,
-                                    const bf16 *query, const bf16 *key_norm, bool delta,
-                                    float alpha, float *workspace, int tokens, int d, int heads,
-                                    cudaStream_t stream)
+/* The block-a-token backward (kernel 1); returns its block count. */
+static int route_backward_block_a_token(bf16 *const *dsources, const bf16 *dout,
+                                        const bf16 *const *sources, int n_sources,
+                                        const float *weights, const float *rstd,
+                                        const bf16 *query, const bf16 *key_norm, bool delta,
+                                        float alpha, float *workspace, int tokens, int d,
+                                        int heads, const void *const *pointers, int count,
+                                        cudaStream_t stream)
 {
-    route_check_shape(n_sources, d, heads);
-    if (tokens <= 0)
-        return;
-
     RouteBackwardArgs args;
-    const void *pointers[2 * CUDA_ROUTE_MAX_SOURCES + 3];
-    int count = 0;
     for (int n = 0; n < CUDA_ROUTE_MAX_SOURCES; n++) {
         args.sources[n] = n < n_sources ? sources[n] : NULL;
         args.dsources[n] = n < n_sources ? dsources[n] : NULL;
-        if (n < n_sources) {
-            pointers[count++] = sources[n];
-            pointers[count++] = dsources[n];
-        }
     }
-    pointers[count++] = dout;
-    pointers[count++] = query;
-    pointers[count++] = key_norm;
     RowShape shape = row_shape(d, heads, pointers, count);
 
     const int blocks = route_backward_blocks(tokens, shape.threads);
@@ -410,6 +405,38 @@ extern "C" void cuda_route_backward(bf16 *const *dsources, float *dquery, float 
     case 2: route_backward_launch<2>(args, shape, bytes, blocks, stream); break;
     default: route_backward_launch<1>(args, shape, bytes, blocks, stream); break;
     }
+    return blocks;
+}
+
+extern "C" void cuda_route_backward(bf16 *const *dsources, float *dquery, float *dkey_norm,
+                                    float *dalpha, const bf16 *dout, const bf16 *const *sources,
+                                    int n_sources, const float *weights, const float *rstd,
+                                    const bf16 *query, const bf16 *key_norm, bool delta,
+                                    float alpha, float *workspace, int tokens, int d, int heads,
+                                    cudaStream_t stream)
+{
+    route_check_shape(n_sources, d, heads);
+    if (tokens <= 0)
+        return;
+
+    const void *pointers[2 * CUDA_ROUTE_MAX_SOURCES + 3];
+    int count = 0;
+    for (int n = 0; n < n_sources; n++) {
+        pointers[count++] = sources[n];
+        pointers[count++] = dsources[n];
+    }
+    pointers[count++] = dout;
+    pointers[count++] = query;
+    pointers[count++] = key_norm;
+    const int blocks = route_narrow_fits(n_sources, d, heads, pointers, count)
+                           ? route_narrow_backward(dsources, workspace, dout, sources,
+                                                   n_sources, weights, rstd, query, key_norm,
+                                                   delta ? alpha : 1.0f, tokens, d, heads,
+                                                   stream)
+                           : route_backward_block_a_token(dsources, dout, sources, n_sources,
+                                                          weights, rstd, query, key_norm, delta,
+                                                          alpha, workspace, tokens, d, heads,
+                                                          pointers, count, stream);
 
     const int reduce_blocks = (d + 31) / 32;
     route_backward_reduce_kernel<<<reduce_blocks, 32 * ROUTE_REDUCE_SLICES, 0, stream>>>(

@@ -33,6 +33,7 @@
  */
 #include "kernels/cuda/route_cuda.h"
 #include "kernels/cuda/route_device.cuh"
+#include "kernels/cuda/route_narrow.cuh"
 
 #include <math.h>
 
@@ -418,6 +419,11 @@ extern "C" void cuda_route_forward(bf16 *out, float *weights, float *rstd,
     pointers[count++] = base;
     pointers[count++] = query;
     pointers[count++] = key_norm;
+    if (route_narrow_fits(n_sources, d, heads, pointers, count)) {
+        route_narrow_forward(out, weights, rstd, sources, n_sources, query, key_norm, base,
+                             alpha, tokens, d, heads, eps, stream);
+        return;
+    }
     RowShape shape = row_shape(d, heads, pointers, count);
 
     args.out = out;

@@ -1,0 +1,575 @@
+/* kernels/cuda/route_narrow_cuda.cu — the Route a warp a token, for rows of d <= 2048
+ * (DESIGN 2.1; why, layout and limits in route_narrow.cuh; contract in route_cuda.h; the
+ * math is route_cuda.cu's and route_backward_cuda.cu's).
+ *
+ * A block is one warp, so that shared memory, the limit here, is taken a warp at a time.
+ *
+ * Forward: the warp's rows stream through a ring of NARROW_FORWARD_RING rows in shared
+ * memory, NARROW_FORWARD_RING - 1 of them in flight across token boundaries (the sources of
+ * a token, then its base in the delta form), so that shared memory does not grow with N.
+ * Per source row: the lane's sums of squares and of (q*g) s, reduced over the warp and over
+ * the head's lanes; r = rsqrt(squares / d + eps), z = r dot; the online softmax of each head
+ * (m' = max(m, z), l' = l e^(m - m') + e^(z - m'), mix' = mix e^(m - m') + e^(z - m') s),
+ * each lane for its own head, from the row still in its slot. After the last source:
+ * out = mix / l (or base + alpha mix / l), rounded once, and the weights e^(z - m) / l from
+ * the scores kept in shared memory. No barrier.
+ *
+ * Backward, per token (the symbols of route_backward_cuda.cu):
+ *   A. the token's weights a and rstd r into shared memory; its N source rows and dout row
+ *      have been in flight since the last token's step C (a source row is refetched for the
+ *      next token as soon as step C is done with it); the first gradient rows follow into
+ *      a ring of NARROW_GRADIENT_RING;
+ *   B. per source: D = < dout, s >, P = < q*g, s > per head (the head's lanes), kept by the
+ *      head's first lane; per head mean = sum_k a_k scale D_k;
+ *   C. per source: dz = a (scale D - mean), e = r^2 (r sum_h dz P) / d, and each lane's
+ *      ds += a scale dout + r dz q g - e s (bf16 read, fp32 add, one rounding), S += r dz s,
+ *      the next gradient rows fetched while this one is used.
+ * Each source row is read from memory once (the block-a-token backward reads it twice), so
+ * shared memory grows with N: (N + 4) rows a warp. A streaming variant (a ring over the
+ * rows, each source read twice, the second time from L2) was slower at d 1280: 147 us
+ * against 137 us for one site (docs/performance.md).
+ */
+#include "kernels/cuda/route_device.cuh"
+#include "kernels/cuda/route_narrow.cuh"
+
+#include <math.h>
+
+enum {
+    NARROW_FORWARD_RING = 4,  /* rows a warp holds in the forward; all but one in flight */
+    NARROW_GRADIENT_RING = 3, /* gradient rows in flight in step C of the backward */
+    /* the backward's grid: warps a multiprocessor on the H200's 132, whatever the device,
+     * so that the token partition (and the bits of S) depend on the shapes only */
+    NARROW_BACKWARD_SMS = 132,
+    NARROW_BACKWARD_MAX_WARPS_PER_SM = 16,
+    NARROW_SHARED_PER_SM = 227 * 1024,
+};
+
+/* A lane keeps its LV vectors of a row together at a stride of LV, or LV + 1 when LV is even:
+ * the 16-byte reads of 8 consecutive lanes then start 16 B * odd apart, in different banks. */
+template <int LV>
+struct NarrowRow {
+    static constexpr int STRIDE = LV % 2 ? LV : LV + 1;
+    static constexpr int VECTORS = 32 * STRIDE; /* a row in shared memory */
+};
+
+/* where vector v of a row (coalesced order) sits in shared memory */
+template <int LV>
+__device__ __forceinline__ int narrow_slot(int v)
+{
+    return v / LV * NarrowRow<LV>::STRIDE + v % LV;
+}
+
+/* starts the copy of row t of `array` into `row`: lane copies vectors j * 32 + lane */
+template <int LV>
+__device__ __forceinline__ void narrow_copy_row(BfVector<8> *row, const bf16 *array,
+                                                long long t, int lane)
+{
+#pragma unroll
+    for (int j = 0; j < LV; j++) {
+        const int v = j * 32 + lane;
+        copy_vector_async<8>(row + narrow_slot<LV>(v), array, t * (32 * LV) + v);
+    }
+}
+
+/* this lane's vector j of a row in shared memory, in fp32 */
+template <int LV>
+__device__ __forceinline__ void narrow_read(const BfVector<8> *row, int lane, int j, float *x)
+{
+    vector_to_floats<8>(row[lane * NarrowRow<LV>::STRIDE + j], x);
+}
+
+/* The sum over the lanes of this lane's head (lanes_per_head a power of two, the head's
+ * lanes aligned to it): xor partners stay inside the head, and every lane of the head gets
+ * the same bits (each step adds the same two values, in either order). */
+__device__ __forceinline__ float head_sum(float value, int lanes_per_head)
+{
+    for (int offset = 1; offset < lanes_per_head; offset <<= 1)
+        value += __shfl_xor_sync(0xffffffffu, value, offset);
+    return value;
+}
+
+/* q*g of this lane's channels, in fp32 (exact: a product of two bf16) */
+template <int LV>
+__device__ __forceinline__ void narrow_key_weight(const bf16 *query, const bf16 *key_norm,
+                                                  int lane, float *key_weight)
+{
+#pragma unroll
+    for (int j = 0; j < LV; j++) {
+        float q[8], g[8];
+        vector_to_floats<8>(vector_load<8>(query, lane * LV + j), q);
+        vector_to_floats<8>(vector_load<8>(key_norm, lane * LV + j), g);
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            key_weight[8 * j + i] = q[i] * g[i];
+    }
+}
+
+static size_t round_up_16(size_t bytes)
+{
+    return (bytes + 15) / 16 * 16;
+}
+
+static int lane_vectors_of(int d)
+{
+    return d / 256;
+}
+
+static size_t narrow_row_bytes(int d)
+{
+    const int lane_vectors = lane_vectors_of(d);
+    const int stride = lane_vectors % 2 ? lane_vectors : lane_vectors + 1;
+    return (size_t)32 * stride * 16;
+}
+
+/* the ring, then the scores [N][H] of the token */
+static size_t narrow_forward_bytes(int n_sources, int d, int heads)
+{
+    return NARROW_FORWARD_RING * narrow_row_bytes(d) +
+           round_up_16((size_t)n_sources * heads * sizeof(float));
+}
+
+/* rows: N sources, dout, the gradient ring; then floats a, D, P [N][H] and r [N] */
+static size_t narrow_backward_bytes(int n_sources, int d, int heads)
+{
+    return (size_t)(n_sources + 1 + NARROW_GRADIENT_RING) * narrow_row_bytes(d) +
+           round_up_16((size_t)(3 * n_sources * heads + n_sources) * sizeof(float));
+}
+
+bool route_narrow_fits(int n_sources, int d, int heads, const void *const *pointers, int count)
+{
+    if (d % 256 != 0 || d / 256 > ROUTE_NARROW_MAX_LANE_VECTORS || 32 % heads != 0 ||
+        n_sources > ROUTE_NARROW_MAX_SOURCES)
+        return false;
+    for (int i = 0; i < count; i++)
+        if (!pointer_aligned(pointers[i], 16))
+            return false;
+    return narrow_backward_bytes(n_sources, d, heads) <= 99 * 1024 &&
+           narrow_forward_bytes(n_sources, d, heads) <= 99 * 1024;
+}
+
+/* ---- forward ---- */
+
+struct NarrowForwardArgs {
+    bf16 *out;
+    float *weights; /* [N, tokens, heads] */
+    float *rstd;    /* [N, tokens] */
+    const bf16 *sources[ROUTE_NARROW_MAX_SOURCES];
+    const bf16 *query, *key_norm, *base;
+    float alpha, eps, inverse_width;
+    int n_sources, tokens, heads, lanes_per_head;
+};
+
+/* Starts ring item `item` of this warp (item i is row i % rows of its token i / rows:
+ * sources, then base) into its slot and commits; an empty group past the warp's tokens. */
+template <int LV>
+__device__ __forceinline__ void narrow_forward_fetch(BfVector<8> *ring,
+                                                     const NarrowForwardArgs &args, int rows,
+                                                     long long item, int lane)
+{
+    const long long t = blockIdx.x + item / rows * gridDim.x;
+    const int k = (int)(item % rows);
+    if (t < args.tokens)
+        narrow_copy_row<LV>(ring + (item % NARROW_FORWARD_RING) * NarrowRow<LV>::VECTORS,
+                            k < args.n_sources ? args.sources[k] : args.base, t, lane);
+    copy_async_commit();
+}
+
+/* 128 registers at d 1280, 16 warps a multiprocessor. Capped at 96 (20 warps) it spilled
+ * 44 bytes and ran slower: route-1b forward 4.08 ms against 3.41 ms. */
+template <int LV>
+__global__ void __launch_bounds__(32)
+route_narrow_forward_kernel(const __grid_constant__ NarrowForwardArgs args)
+{
+    constexpr int C = 8 * LV, VECTORS = NarrowRow<LV>::VECTORS;
+    extern __shared__ __align__(16) unsigned char shared_bytes[];
+    BfVector<8> *ring = reinterpret_cast<BfVector<8> *>(shared_bytes);
+    float *scores = reinterpret_cast<float *>(ring + NARROW_FORWARD_RING * VECTORS);
+    const int lane = threadIdx.x, N = args.n_sources, H = args.heads, tokens = args.tokens;
+    const int rows = N + (args.base ? 1 : 0); /* ring items a token */
+    const int head = lane / args.lanes_per_head;
+    const bool head_leader = lane % args.lanes_per_head == 0;
+    float key_weight[C];
+    narrow_key_weight<LV>(args.query, args.key_norm, lane, key_weight);
+
+    long long item = 0; /* the item in use; the next NARROW_FORWARD_RING - 1 fly */
+    for (int k = 0; k < NARROW_FORWARD_RING - 1; k++)
+        narrow_forward_fetch<LV>(ring, args, rows, k, lane);
+    for (int t = blockIdx.x; t < tokens; t += gridDim.x) {
+        float mix[C], head_max = -INFINITY, head_total = 0.0f;
+#pragma unroll
+        for (int c = 0; c < C; c++)
+            mix[c] = 0.0f;
+        for (int k = 0; k < N; k++, item++) {
+            narrow_forward_fetch<LV>(ring, args, rows, item + NARROW_FORWARD_RING - 1, lane);
+            copy_async_wait<NARROW_FORWARD_RING - 1>(); /* item landed */
+            __syncwarp();
+            const BfVector<8> *row = ring + (item % NARROW_FORWARD_RING) * VECTORS;
+
+            /* z = r < q*g, s >_head */
+            float squares = 0.0f, dot = 0.0f;
+#pragma unroll
+            for (int j = 0; j < LV; j++) {
+                float x[8];
+                narrow_read<LV>(row, lane, j, x);
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    squares += x[i] * x[i];
+                    dot += key_weight[8 * j + i] * x[i];
+                }
+            }
+            squares = warp_sum(squares);
+            dot = head_sum(dot, args.lanes_per_head);
+            const float r = rsqrtf(squares * args.inverse_width + args.eps);
+            const float score = r * dot;
+            if (lane == 0)
+                args.rstd[(long long)k * tokens + t] = r;
+            if (head_leader)
+                scores[k * H + head] = score;
+
+            /* the online softmax; the first source's scale is e^-inf = 0 */
+            const float new_max = fmaxf(head_max, score);
+            const float scale = __expf(head_max - new_max), e = __expf(score - new_max);
+            head_total = head_total * scale + e;
+            head_max = new_max;
+#pragma unroll
+            for (int j = 0; j < LV; j++) {
+                float x[8];
+                narrow_read<LV>(row, lane, j, x);
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+                    mix[8 * j + i] = mix[8 * j + i] * scale + e * x[i];
+            }
+            __syncwarp(); /* the slot is read before the next fetch refills it */
+        }
+        const float inverse = __frcp_rn(head_total); /* exact for N a power of two at equal scores */
+
+        /* out = mix / l, or base + alpha mix / l (base is the token's last item; out may
+         * alias it: the row is in shared memory before out is written) */
+        const BfVector<8> *base_row = NULL;
+        if (args.base) {
+            narrow_forward_fetch<LV>(ring, args, rows, item + NARROW_FORWARD_RING - 1, lane);
+            copy_async_wait<NARROW_FORWARD_RING - 1>();
+            __syncwarp();
+            base_row = ring + (item % NARROW_FORWARD_RING) * VECTORS;
+        }
+        const long long row_start = (long long)t * (32 * LV);
+#pragma unroll
+        for (int j = 0; j < LV; j++) {
+            float result[8];
+            if (base_row) {
+                float base_values[8];
+                narrow_read<LV>(base_row, lane, j, base_values);
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+                    result[i] = base_values[i] + args.alpha * (mix[8 * j + i] * inverse);
+            } else {
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+                    result[i] = mix[8 * j + i] * inverse;
+            }
+            vector_store<8>(args.out, row_start + lane * LV + j, vector_from_floats<8>(result));
+        }
+        if (args.base) {
+            item++;
+            __syncwarp(); /* the base slot is read before the next fetch refills it */
+        }
+        /* a[k] = e^(z_k - m) / l, by the head's first lane, which wrote its scores */
+        if (head_leader)
+            for (int k = 0; k < N; k++)
+                args.weights[((long long)k * tokens + t) * H + head] =
+                    __expf(scores[k * H + head] - head_max) * inverse;
+    }
+    copy_async_wait<0>(); /* the empty groups past the last token */
+}
+
+template <int LV>
+static void narrow_forward_launch(const NarrowForwardArgs &args, size_t bytes,
+                                  cudaStream_t stream)
+{
+    static bool carveout_set;
+    if (!carveout_set) {
+        CUDA_CHECK(cudaFuncSetAttribute(route_narrow_forward_kernel<LV>,
+                                        cudaFuncAttributePreferredSharedMemoryCarveout,
+                                        cudaSharedmemCarveoutMaxShared));
+        carveout_set = true;
+    }
+    int blocks = resident_blocks(route_narrow_forward_kernel<LV>, 32, bytes,
+                                 "the cuda route forward");
+    blocks = blocks < args.tokens ? blocks : args.tokens;
+    route_narrow_forward_kernel<LV><<<blocks, 32, bytes, stream>>>(args);
+    CUDA_CHECK_LAUNCH();
+}
+
+void route_narrow_forward(bf16 *out, float *weights, float *rstd, const bf16 *const *sources,
+                          int n_sources, const bf16 *query, const bf16 *key_norm,
+                          const bf16 *base, float alpha, int tokens, int d, int heads,
+                          float eps, cudaStream_t stream)
+{
+    NarrowForwardArgs args;
+    args.out = out;
+    args.weights = weights;
+    args.rstd = rstd;
+    for (int k = 0; k < ROUTE_NARROW_MAX_SOURCES; k++)
+        args.sources[k] = k < n_sources ? sources[k] : NULL;
+    args.query = query;
+    args.key_norm = key_norm;
+    args.base = base;
+    args.alpha = alpha;
+    args.eps = eps;
+    args.inverse_width = 1.0f / (float)d;
+    args.n_sources = n_sources;
+    args.tokens = tokens;
+    args.heads = heads;
+    args.lanes_per_head = 32 / heads;
+    const size_t bytes = narrow_forward_bytes(n_sources, d, heads);
+    switch (lane_vectors_of(d)) {
+    case 1: narrow_forward_launch<1>(args, bytes, stream); break;
+    case 2: narrow_forward_launch<2>(args, bytes, stream); break;
+    case 3: narrow_forward_launch<3>(args, bytes, stream); break;
+    case 4: narrow_forward_launch<4>(args, bytes, stream); break;
+    case 5: narrow_forward_launch<5>(args, bytes, stream); break;
+    case 6: narrow_forward_launch<6>(args, bytes, stream); break;
+    case 7: narrow_forward_launch<7>(args, bytes, stream); break;
+    default: narrow_forward_launch<8>(args, bytes, stream); break;
+    }
+}
+
+/* ---- backward ---- */
+
+struct NarrowBackwardArgs {
+    bf16 *dsources[ROUTE_NARROW_MAX_SOURCES];
+    const bf16 *sources[ROUTE_NARROW_MAX_SOURCES];
+    float *partials; /* [blocks, d] channel sums S, then [blocks] dalpha sums */
+    const bf16 *dout;
+    const float *weights, *rstd;
+    const bf16 *query, *key_norm;
+    float mix_scale, inverse_width;
+    int n_sources, tokens, heads, lanes_per_head, d;
+};
+
+/* Starts gradient row k of token t into its ring slot (nothing past N or for a NULL
+ * gradient) and commits, so that every step of C has one group to wait for. */
+template <int LV>
+__device__ __forceinline__ void narrow_fetch_gradient(BfVector<8> *ring,
+                                                      const NarrowBackwardArgs &args, int k,
+                                                      long long t, int lane)
+{
+    if (k < args.n_sources && args.dsources[k])
+        narrow_copy_row<LV>(ring + (k % NARROW_GRADIENT_RING) * NarrowRow<LV>::VECTORS,
+                            args.dsources[k], t, lane);
+    copy_async_commit();
+}
+
+template <int LV>
+__global__ void __launch_bounds__(32)
+route_narrow_backward_kernel(const __grid_constant__ NarrowBackwardArgs args)
+{
+    constexpr int C = 8 * LV, VECTORS = NarrowRow<LV>::VECTORS;
+    extern __shared__ __align__(16) unsigned char shared_bytes[];
+    const int lane = threadIdx.x, N = args.n_sources, H = args.heads, tokens = args.tokens;
+    BfVector<8> *rows = reinterpret_cast<BfVector<8> *>(shared_bytes);
+    BfVector<8> *dout_row = rows + N * VECTORS, *ring = dout_row + VECTORS;
+    float *route_weights = reinterpret_cast<float *>(ring + NARROW_GRADIENT_RING * VECTORS);
+    float *value_dots = route_weights + N * H; /* D [N][H] */
+    float *key_dots = value_dots + N * H;      /* P [N][H] */
+    float *source_rstd = key_dots + N * H;     /* r [N] */
+    const int head = lane / args.lanes_per_head;
+    const bool head_leader = lane % args.lanes_per_head == 0;
+
+    float key_weight[C], channel_sums[C];
+    narrow_key_weight<LV>(args.query, args.key_norm, lane, key_weight);
+#pragma unroll
+    for (int c = 0; c < C; c++)
+        channel_sums[c] = 0.0f;
+    float alpha_part = 0.0f; /* head leaders: sum of a D over this block's tokens, in order */
+
+    const int first = (int)((long long)tokens * blockIdx.x / gridDim.x);
+    const int last = (int)((long long)tokens * (blockIdx.x + 1) / gridDim.x);
+    if (first < last) { /* the first token's rows; the later ones come during step C */
+        for (int k = 0; k < N; k++)
+            narrow_copy_row<LV>(rows + k * VECTORS, args.sources[k], first, lane);
+        narrow_copy_row<LV>(dout_row, args.dout, first, lane);
+        copy_async_commit();
+    }
+    for (int t = first; t < last; t++) {
+        const long long row_start = (long long)t * (32 * LV);
+        const bool next = t + 1 < last;
+        /* A. the token's weights and rstd; its rows (in flight since the last token's step
+         * C) and the first gradient rows */
+        for (int i = lane; i < N * H; i += 32) {
+            const int k = i / H, h = i - k * H;
+            route_weights[i] = args.weights[((long long)k * tokens + t) * H + h];
+        }
+        for (int k = lane; k < N; k += 32)
+            source_rstd[k] = args.rstd[(long long)k * tokens + t];
+        for (int k = 0; k < NARROW_GRADIENT_RING - 1; k++)
+            narrow_fetch_gradient<LV>(ring, args, k, t, lane);
+        copy_async_wait<NARROW_GRADIENT_RING - 1>();
+        __syncwarp();
+
+        /* B. D and P per (source, head); the head's mean of a scale D */
+        float mean = 0.0f;
+        for (int k = 0; k < N; k++) {
+            float value_dot = 0.0f, key_dot = 0.0f;
+#pragma unroll
+            for (int j = 0; j < LV; j++) {
+                float s[8], dy[8];
+                narrow_read<LV>(rows + k * VECTORS, lane, j, s);
+                narrow_read<LV>(dout_row, lane, j, dy);
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    value_dot += dy[i] * s[i];
+                    key_dot += key_weight[8 * j + i] * s[i];
+                }
+            }
+            value_dot = head_sum(value_dot, args.lanes_per_head);
+            key_dot = head_sum(key_dot, args.lanes_per_head);
+            const float a = route_weights[k * H + head];
+            mean += a * (args.mix_scale * value_dot);
+            if (head_leader) {
+                alpha_part += a * value_dot;
+                value_dots[k * H + head] = value_dot;
+                key_dots[k * H + head] = key_dot;
+            }
+        }
+        __syncwarp();
+
+        /* C. the gradients, source by source; source k - 1's row, used, takes the next
+         * token's (in the group of this step's gradient fetch) */
+        for (int k = 0; k < N; k++) {
+            if (k > 0 && next)
+                narrow_copy_row<LV>(rows + (k - 1) * VECTORS, args.sources[k - 1], t + 1, lane);
+            narrow_fetch_gradient<LV>(ring, args, k + NARROW_GRADIENT_RING - 1, t, lane);
+            const int index = k * H + head;
+            const float a = route_weights[index];
+            const float score_grad = a * (args.mix_scale * value_dots[index] - mean);
+            /* e = r^2 (r sum_h dz P) / d: the heads' terms from their first lanes */
+            const float self_sum = warp_sum(head_leader ? score_grad * key_dots[index] : 0.0f);
+            const float r = source_rstd[k];
+            const float self_term = r * r * (r * self_sum * args.inverse_width);
+            const float key_coefficient = r * score_grad;
+            const float value_coefficient = a * args.mix_scale;
+            bf16 *dsource = args.dsources[k];
+            copy_async_wait<NARROW_GRADIENT_RING - 1>(); /* gradient row k has landed */
+            __syncwarp();
+            const BfVector<8> *gradient_row = ring + (k % NARROW_GRADIENT_RING) * VECTORS;
+#pragma unroll
+            for (int j = 0; j < LV; j++) {
+                float s[8];
+                narrow_read<LV>(rows + k * VECTORS, lane, j, s);
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+                    channel_sums[8 * j + i] += key_coefficient * s[i];
+                if (!dsource)
+                    continue;
+                float grad[8], dy[8];
+                narrow_read<LV>(gradient_row, lane, j, grad);
+                narrow_read<LV>(dout_row, lane, j, dy);
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+                    grad[i] += value_coefficient * dy[i] + key_coefficient * key_weight[8 * j + i] -
+                               self_term * s[i];
+                vector_store<8>(dsource, row_start + lane * LV + j, vector_from_floats<8>(grad));
+            }
+            __syncwarp(); /* the slot and the row are read before they are refilled */
+        }
+        if (next) {
+            narrow_copy_row<LV>(rows + (N - 1) * VECTORS, args.sources[N - 1], t + 1, lane);
+            narrow_copy_row<LV>(dout_row, args.dout, t + 1, lane);
+        }
+        copy_async_commit();
+    }
+    copy_async_wait<0>(); /* the ring's empty tail groups */
+
+    /* this block's partial sums (the workspace may be only 4-byte aligned) */
+    float *partial = args.partials + (long long)blockIdx.x * args.d + lane * C;
+#pragma unroll
+    for (int c = 0; c < C; c++)
+        partial[c] = channel_sums[c];
+    alpha_part = warp_sum(alpha_part);
+    if (lane == 0)
+        args.partials[(long long)gridDim.x * args.d + blockIdx.x] = alpha_part;
+}
+
+int route_narrow_backward_blocks(int tokens)
+{
+    /* the most warps a multiprocessor holds at N = 2 (the smallest backward), capped */
+    const int blocks = NARROW_BACKWARD_SMS * NARROW_BACKWARD_MAX_WARPS_PER_SM;
+    return tokens < blocks ? tokens : blocks;
+}
+
+/* Blocks for this shape: as many one-warp blocks as a multiprocessor holds at this N (by
+ * its shared memory and the kernel's registers), on NARROW_BACKWARD_SMS multiprocessors: one
+ * wave on an H200. Both limits are properties of the shapes and of the binary, not of the
+ * device, so the token partition, and the bits of S, are the same on any GPU. */
+template <int LV>
+static int narrow_backward_grid(int tokens, size_t bytes)
+{
+    static int registers;
+    if (!registers) {
+        cudaFuncAttributes attributes;
+        CUDA_CHECK(cudaFuncGetAttributes(&attributes, route_narrow_backward_kernel<LV>));
+        registers = (attributes.numRegs + 7) / 8 * 8;
+    }
+    int per_sm = (int)(NARROW_SHARED_PER_SM / (bytes + 1024));
+    const int by_registers = 65536 / (32 * registers);
+    per_sm = per_sm < by_registers ? per_sm : by_registers;
+    per_sm = per_sm < 1 ? 1 : per_sm > NARROW_BACKWARD_MAX_WARPS_PER_SM
+                                  ? NARROW_BACKWARD_MAX_WARPS_PER_SM : per_sm;
+    const int blocks = NARROW_BACKWARD_SMS * per_sm;
+    return tokens < blocks ? tokens : blocks;
+}
+
+template <int LV>
+static int narrow_backward_launch(const NarrowBackwardArgs &args, size_t bytes,
+                                  cudaStream_t stream)
+{
+    static bool carveout_set;
+    if (!carveout_set) {
+        CUDA_CHECK(cudaFuncSetAttribute(route_narrow_backward_kernel<LV>,
+                                        cudaFuncAttributePreferredSharedMemoryCarveout,
+                                        cudaSharedmemCarveoutMaxShared));
+        carveout_set = true;
+    }
+    resident_blocks(route_narrow_backward_kernel<LV>, 32, bytes, "the cuda route backward");
+    const int blocks = narrow_backward_grid<LV>(args.tokens, bytes);
+    route_narrow_backward_kernel<LV><<<blocks, 32, bytes, stream>>>(args);
+    CUDA_CHECK_LAUNCH();
+    return blocks;
+}
+
+int route_narrow_backward(bf16 *const *dsources, float *partials, const bf16 *dout,
+                          const bf16 *const *sources, int n_sources, const float *weights,
+                          const float *rstd, const bf16 *query, const bf16 *key_norm,
+                          float mix_scale, int tokens, int d, int heads, cudaStream_t stream)
+{
+    NarrowBackwardArgs args;
+    for (int k = 0; k < ROUTE_NARROW_MAX_SOURCES; k++) {
+        args.sources[k] = k < n_sources ? sources[k] : NULL;
+        args.dsources[k] = k < n_sources ? dsources[k] : NULL;
+    }
+    args.partials = partials;
+    args.dout = dout;
+    args.weights = weights;
+    args.rstd = rstd;
+    args.query = query;
+    args.key_norm = key_norm;
+    args.mix_scale = mix_scale;
+    args.inverse_width = 1.0f / (float)d;
+    args.n_sources = n_sources;
+    args.tokens = tokens;
+    args.heads = heads;
+    args.lanes_per_head = 32 / heads;
+    args.d = d;
+    const size_t bytes = narrow_backward_bytes(n_sources, d, heads);
+    switch (lane_vectors_of(d)) {
+    case 1: return narrow_backward_launch<1>(args, bytes, stream);
+    case 2: return narrow_backward_launch<2>(args, bytes, stream);
+    case 3: return narrow_backward_launch<3>(args, bytes, stream);
+    case 4: return narrow_backward_launch<4>(args, bytes, stream);
+    case 5: return narrow_backward_launch<5>(args, bytes, stream);
+    case 6: return narrow_backward_launch<6>(args, bytes, stream);
+    case 7: return narrow_backward_launch<7>(args, bytes, stream);
+    default: return narrow_backward_launch<8>(args, bytes, stream);
+    }
+}
