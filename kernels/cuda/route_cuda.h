@@ -20,7 +20,9 @@
  * per-block partials (a fixed partition of the tokens) added in block order by a second
  * small kernel. No atomics.
  *
- * Route (route_cuda.cu, route_backward_cuda.cu). One block a token at a time (a persistent
+ * Route (route_cuda.cu, route_backward_cuda.cu). Rows of d <= 2048 with d % 256 == 0, heads
+ * dividing 32 and 16-byte aligned pointers (the 1B model's d 1280) take the warp-a-token
+ * kernels of route_narrow.cuh. The rest: one block a token at a time (a persistent
  * grid), each thread owning up to 16 channels of the row (16-byte loads where head_dim % 8
  * == 0 and the pointers are 16-byte aligned; narrower loads otherwise). The forward reads
  * each source row ONCE: a thread copies its vectors of all N rows of the token (up to 9 at
