@@ -21,9 +21,11 @@
  * (route_narrow_cuda.cu).
  *
  * Fits when: every pointer is 16-byte aligned, d % 256 == 0, d <= 2048 (LV <= 8), heads
- * divides 32, and the backward's (N + 4) rows a warp fit in 99 KB. Deterministic: each token is one warp's; the backward's sums over tokens go
- * per warp (a block) in token order into per-block partials that route_backward_cuda.cu
- * reduces in block order, and the block count depends on the shapes and the binary only.
+ * divides 32, and the backward's N + 2 + 3 min(N, 4) rows a block fit in 99 KB.
+ * Deterministic: each token is one block's; the backward's sums over tokens go per warp in
+ * token order, then per block in warp order, into per-block partials that
+ * route_backward_cuda.cu reduces in block order, and the block count depends on the shapes
+ * and the binary only.
  */
 #ifndef FATHOM_KERNELS_CUDA_ROUTE_NARROW_CUH
 #define FATHOM_KERNELS_CUDA_ROUTE_NARROW_CUH

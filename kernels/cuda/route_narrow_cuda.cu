@@ -2,7 +2,7 @@
  * (DESIGN 2.1; why, layout and limits in route_narrow.cuh; contract in route_cuda.h; the
  * math is route_cuda.cu's and route_backward_cuda.cu's).
  *
- * A block is one warp, so that shared memory, the limit here, is taken a warp at a time.
+ * A forward block is one warp, so that shared memory is taken a warp at a time.
  *
  * Forward: the warp's rows stream through a ring of NARROW_FORWARD_RING rows in shared
  * memory, NARROW_FORWARD_RING - 1 of them in flight across token boundaries (the sources of
@@ -14,20 +14,23 @@
  * out = mix / l (or base + alpha mix / l), rounded once, and the weights e^(z - m) / l from
  * the scores kept in shared memory. No barrier.
  *
- * Backward, per token (the symbols of route_backward_cuda.cu):
+ * Backward, per token (the symbols of route_backward_cuda.cu), a block of W = min(N, 4)
+ * warps, warp w taking the sources w, w + W, ... (one warp a token, all N in turn, left the
+ * kernel waiting on memory at 0.29 instructions a cycle a scheduler):
  *   A. the token's weights a and rstd r into shared memory; its N source rows and dout row
  *      have been in flight since the last token's step C (a source row is refetched for the
- *      next token as soon as step C is done with it); the first gradient rows follow into
- *      a ring of NARROW_GRADIENT_RING;
+ *      next token as soon as its warp's step C is done with it); each warp's first
+ *      gradient rows follow into its ring of NARROW_GRADIENT_RING; barrier;
  *   B. per source: D = < dout, s >, P = < q*g, s > per head (the head's lanes), kept by the
- *      head's first lane; per head mean = sum_k a_k scale D_k;
+ *      head's first lane; barrier; every lane: its head's mean = sum_k a_k scale D_k;
  *   C. per source: dz = a (scale D - mean), e = r^2 (r sum_h dz P) / d, and each lane's
  *      ds += a scale dout + r dz q g - e s (bf16 read, fp32 add, one rounding), S += r dz s,
  *      the next gradient rows fetched while this one is used.
  * Each source row is read from memory once (the block-a-token backward reads it twice), so
- * shared memory grows with N: (N + 4) rows a warp. A streaming variant (a ring over the
- * rows, each source read twice, the second time from L2) was slower at d 1280: 147 us
- * against 137 us for one site (docs/performance.md).
+ * shared memory grows with N: (N + 2 + 3W) rows a block. A streaming variant (a ring over
+ * the rows, each source read twice, the second time from L2) was slower at d 1280: 147 us
+ * against 137 us for one site (docs/performance.md). The block's S and dalpha are its
+ * warps' added in warp order.
  */
 #include "kernels/cuda/route_device.cuh"
 #include "kernels/cuda/route_narrow.cuh"
@@ -36,7 +39,8 @@
 
 enum {
     NARROW_FORWARD_RING = 4,  /* rows a warp holds in the forward; all but one in flight */
-    NARROW_GRADIENT_RING = 3, /* gradient rows in flight in step C of the backward */
+    NARROW_GRADIENT_RING = 3,  /* a warp's gradient rows in flight in step C of the backward */
+    NARROW_BACKWARD_WARPS = 4, /* at most, a token */
     /* the backward's grid: warps a multiprocessor on the H200's 132, whatever the device,
      * so that the token partition (and the bits of S) depend on the shapes only */
     NARROW_BACKWARD_SMS = 132,
@@ -128,11 +132,20 @@ static size_t narrow_forward_bytes(int n_sources, int d, int heads)
            round_up_16((size_t)n_sources * heads * sizeof(float));
 }
 
-/* rows: N sources, dout, the gradient ring; then floats a, D, P [N][H] and r [N] */
+/* Warps a token in the backward: each takes every W-th source, so a token's latency is
+ * about ceil(N / W) sources' worth. */
+static int narrow_backward_warps(int n_sources)
+{
+    return n_sources < NARROW_BACKWARD_WARPS ? n_sources : NARROW_BACKWARD_WARPS;
+}
+
+/* rows: N sources, two dout rows, a gradient ring a warp; then floats, two buffers each of
+ * the token's a [N][H] and r [N], and of D and P [N][H] */
 static size_t narrow_backward_bytes(int n_sources, int d, int heads)
 {
-    return (size_t)(n_sources + 1 + NARROW_GRADIENT_RING) * narrow_row_bytes(d) +
-           round_up_16((size_t)(3 * n_sources * heads + n_sources) * sizeof(float));
+    const int rows = n_sources + 2 + narrow_backward_warps(n_sources) * NARROW_GRADIENT_RING;
+    return (size_t)rows * narrow_row_bytes(d) +
+           round_up_16((size_t)2 * (3 * n_sources * heads + n_sources) * sizeof(float));
 }
 
 bool route_narrow_fits(int n_sources, int d, int heads, const void *const *pointers, int count)
@@ -347,32 +360,35 @@ struct NarrowBackwardArgs {
     int n_sources, tokens, heads, lanes_per_head, d;
 };
 
-/* Starts gradient row k of token t into its ring slot (nothing past N or for a NULL
- * gradient) and commits, so that every step of C has one group to wait for. */
+/* Starts the gradient row of this warp's i-th source of token t (source warp + i W) into
+ * its ring slot (nothing past N or for a NULL gradient) and commits, so that every step of
+ * C has one group to wait for. */
 template <int LV>
 __device__ __forceinline__ void narrow_fetch_gradient(BfVector<8> *ring,
-                                                      const NarrowBackwardArgs &args, int k,
-                                                      long long t, int lane)
+                                                      const NarrowBackwardArgs &args, int i,
+                                                      int warp, int warps, long long t,
+                                                      int lane)
 {
+    const int k = warp + i * warps;
     if (k < args.n_sources && args.dsources[k])
-        narrow_copy_row<LV>(ring + (k % NARROW_GRADIENT_RING) * NarrowRow<LV>::VECTORS,
+        narrow_copy_row<LV>(ring + (i % NARROW_GRADIENT_RING) * NarrowRow<LV>::VECTORS,
                             args.dsources[k], t, lane);
     copy_async_commit();
 }
 
 template <int LV>
-__global__ void __launch_bounds__(32)
+__global__ void __launch_bounds__(32 * NARROW_BACKWARD_WARPS)
 route_narrow_backward_kernel(const __grid_constant__ NarrowBackwardArgs args)
 {
     constexpr int C = 8 * LV, VECTORS = NarrowRow<LV>::VECTORS;
     extern __shared__ __align__(16) unsigned char shared_bytes[];
-    const int lane = threadIdx.x, N = args.n_sources, H = args.heads, tokens = args.tokens;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const int N = args.n_sources, H = args.heads, tokens = args.tokens;
     BfVector<8> *rows = reinterpret_cast<BfVector<8> *>(shared_bytes);
-    BfVector<8> *dout_row = rows + N * VECTORS, *ring = dout_row + VECTORS;
-    float *route_weights = reinterpret_cast<float *>(ring + NARROW_GRADIENT_RING * VECTORS);
-    float *value_dots = route_weights + N * H; /* D [N][H] */
-    float *key_dots = value_dots + N * H;      /* P [N][H] */
-    float *source_rstd = key_dots + N * H;     /* r [N] */
+    BfVector<8> *dout_rows = rows + N * VECTORS; /* two: this token's and the next */
+    BfVector<8> *ring = dout_rows + 2 * VECTORS + warp * NARROW_GRADIENT_RING * VECTORS;
+    float *token_floats = reinterpret_cast<float *>(dout_rows + 2 * VECTORS +
+                                                    warps * NARROW_GRADIENT_RING * VECTORS);
     const int head = lane / args.lanes_per_head;
     const bool head_leader = lane % args.lanes_per_head == 0;
 
@@ -381,35 +397,45 @@ route_narrow_backward_kernel(const __grid_constant__ NarrowBackwardArgs args)
 #pragma unroll
     for (int c = 0; c < C; c++)
         channel_sums[c] = 0.0f;
-    float alpha_part = 0.0f; /* head leaders: sum of a D over this block's tokens, in order */
+    float alpha_part = 0.0f; /* head leaders: sum of a D over this warp's sources and tokens */
 
     const int first = (int)((long long)tokens * blockIdx.x / gridDim.x);
     const int last = (int)((long long)tokens * (blockIdx.x + 1) / gridDim.x);
     if (first < last) { /* the first token's rows; the later ones come during step C */
-        for (int k = 0; k < N; k++)
+        for (int k = warp; k < N; k += warps)
             narrow_copy_row<LV>(rows + k * VECTORS, args.sources[k], first, lane);
-        narrow_copy_row<LV>(dout_row, args.dout, first, lane);
+        if (warp == 0)
+            narrow_copy_row<LV>(dout_rows, args.dout, first, lane);
         copy_async_commit();
     }
     for (int t = first; t < last; t++) {
         const long long row_start = (long long)t * (32 * LV);
         const bool next = t + 1 < last;
+        /* Per-token buffers alternate, so that a warp may start token t + 1 while another
+         * still reads token t's: each is rewritten only two tokens later, past the barriers
+         * of the token between. */
+        const int buffer = (t - first) & 1;
+        const BfVector<8> *dout_row = dout_rows + buffer * VECTORS;
+        float *route_weights = token_floats + buffer * (3 * N * H + N); /* a [N][H] */
+        float *source_rstd = route_weights + N * H;                     /* r [N] */
+        float *value_dots = source_rstd + N;                            /* D [N][H] */
+        float *key_dots = value_dots + N * H;                           /* P [N][H] */
+
         /* A. the token's weights and rstd; its rows (in flight since the last token's step
-         * C) and the first gradient rows */
-        for (int i = lane; i < N * H; i += 32) {
+         * C) and each warp's first gradient rows */
+        for (int i = threadIdx.x; i < N * H; i += blockDim.x) {
             const int k = i / H, h = i - k * H;
             route_weights[i] = args.weights[((long long)k * tokens + t) * H + h];
         }
-        for (int k = lane; k < N; k += 32)
+        for (int k = threadIdx.x; k < N; k += blockDim.x)
             source_rstd[k] = args.rstd[(long long)k * tokens + t];
-        for (int k = 0; k < NARROW_GRADIENT_RING - 1; k++)
-            narrow_fetch_gradient<LV>(ring, args, k, t, lane);
+        for (int i = 0; i < NARROW_GRADIENT_RING - 1; i++)
+            narrow_fetch_gradient<LV>(ring, args, i, warp, warps, t, lane);
         copy_async_wait<NARROW_GRADIENT_RING - 1>();
-        __syncwarp();
+        __syncthreads(); /* every warp's copies and stores are seen by all */
 
-        /* B. D and P per (source, head); the head's mean of a scale D */
-        float mean = 0.0f;
-        for (int k = 0; k < N; k++) {
+        /* B. D and P per (source, head) for this warp's sources */
+        for (int k = warp; k < N; k += warps) {
             float value_dot = 0.0f, key_dot = 0.0f;
 #pragma unroll
             for (int j = 0; j < LV; j++) {
@@ -424,22 +450,27 @@ route_narrow_backward_kernel(const __grid_constant__ NarrowBackwardArgs args)
             }
             value_dot = head_sum(value_dot, args.lanes_per_head);
             key_dot = head_sum(key_dot, args.lanes_per_head);
-            const float a = route_weights[k * H + head];
-            mean += a * (args.mix_scale * value_dot);
             if (head_leader) {
-                alpha_part += a * value_dot;
+                alpha_part += route_weights[k * H + head] * value_dot;
                 value_dots[k * H + head] = value_dot;
                 key_dots[k * H + head] = key_dot;
             }
         }
-        __syncwarp();
+        __syncthreads();
+        /* the head's mean of a scale D, every lane over every source in order */
+        float mean = 0.0f;
+        for (int k = 0; k < N; k++)
+            mean += route_weights[k * H + head] * (args.mix_scale * value_dots[k * H + head]);
 
-        /* C. the gradients, source by source; source k - 1's row, used, takes the next
+        /* C. the gradients of this warp's sources; source k - W's row, used, takes the next
          * token's (in the group of this step's gradient fetch) */
-        for (int k = 0; k < N; k++) {
-            if (k > 0 && next)
-                narrow_copy_row<LV>(rows + (k - 1) * VECTORS, args.sources[k - 1], t + 1, lane);
-            narrow_fetch_gradient<LV>(ring, args, k + NARROW_GRADIENT_RING - 1, t, lane);
+        int i = 0;
+        for (int k = warp; k < N; k += warps, i++) {
+            if (i > 0 && next)
+                narrow_copy_row<LV>(rows + (k - warps) * VECTORS, args.sources[k - warps],
+                                    t + 1, lane);
+            narrow_fetch_gradient<LV>(ring, args, i + NARROW_GRADIENT_RING - 1, warp, warps, t,
+                                      lane);
             const int index = k * H + head;
             const float a = route_weights[index];
             const float score_grad = a * (args.mix_scale * value_dots[index] - mean);
@@ -450,60 +481,79 @@ route_narrow_backward_kernel(const __grid_constant__ NarrowBackwardArgs args)
             const float key_coefficient = r * score_grad;
             const float value_coefficient = a * args.mix_scale;
             bf16 *dsource = args.dsources[k];
-            copy_async_wait<NARROW_GRADIENT_RING - 1>(); /* gradient row k has landed */
+            copy_async_wait<NARROW_GRADIENT_RING - 1>(); /* gradient row i has landed */
             __syncwarp();
-            const BfVector<8> *gradient_row = ring + (k % NARROW_GRADIENT_RING) * VECTORS;
+            const BfVector<8> *gradient_row = ring + (i % NARROW_GRADIENT_RING) * VECTORS;
 #pragma unroll
             for (int j = 0; j < LV; j++) {
                 float s[8];
                 narrow_read<LV>(rows + k * VECTORS, lane, j, s);
 #pragma unroll
-                for (int i = 0; i < 8; i++)
-                    channel_sums[8 * j + i] += key_coefficient * s[i];
+                for (int c = 0; c < 8; c++)
+                    channel_sums[8 * j + c] += key_coefficient * s[c];
                 if (!dsource)
                     continue;
                 float grad[8], dy[8];
                 narrow_read<LV>(gradient_row, lane, j, grad);
                 narrow_read<LV>(dout_row, lane, j, dy);
 #pragma unroll
-                for (int i = 0; i < 8; i++)
-                    grad[i] += value_coefficient * dy[i] + key_coefficient * key_weight[8 * j + i] -
-                               self_term * s[i];
+                for (int c = 0; c < 8; c++)
+                    grad[c] += value_coefficient * dy[c] + key_coefficient * key_weight[8 * j + c] -
+                               self_term * s[c];
                 vector_store<8>(dsource, row_start + lane * LV + j, vector_from_floats<8>(grad));
             }
             __syncwarp(); /* the slot and the row are read before they are refilled */
         }
-        if (next) {
-            narrow_copy_row<LV>(rows + (N - 1) * VECTORS, args.sources[N - 1], t + 1, lane);
-            narrow_copy_row<LV>(dout_row, args.dout, t + 1, lane);
+        if (next) { /* this warp's last source row, and the next dout row */
+            if (i > 0) {
+                const int k = warp + (i - 1) * warps;
+                narrow_copy_row<LV>(rows + k * VECTORS, args.sources[k], t + 1, lane);
+            }
+            if (warp == 0)
+                narrow_copy_row<LV>(dout_rows + (buffer ^ 1) * VECTORS, args.dout, t + 1, lane);
         }
         copy_async_commit();
     }
-    copy_async_wait<0>(); /* the ring's empty tail groups */
+    copy_async_wait<0>(); /* the rings' empty tail groups */
 
-    /* this block's partial sums (the workspace may be only 4-byte aligned) */
-    float *partial = args.partials + (long long)blockIdx.x * args.d + lane * C;
+    /* this block's partial sums: the warps' S and dalpha added in warp order (the rows'
+     * shared memory, at least (N + 2 + 3W) rows of 2d bytes, holds W d + W floats) */
+    __syncthreads();
+    float *warp_sums = reinterpret_cast<float *>(shared_bytes);
 #pragma unroll
     for (int c = 0; c < C; c++)
-        partial[c] = channel_sums[c];
+        warp_sums[warp * args.d + lane * C + c] = channel_sums[c];
     alpha_part = warp_sum(alpha_part);
     if (lane == 0)
-        args.partials[(long long)gridDim.x * args.d + blockIdx.x] = alpha_part;
+        warp_sums[warps * args.d + warp] = alpha_part;
+    __syncthreads();
+    for (int c = threadIdx.x; c < args.d; c += blockDim.x) {
+        float total = 0.0f;
+        for (int w = 0; w < warps; w++)
+            total += warp_sums[w * args.d + c];
+        args.partials[(long long)blockIdx.x * args.d + c] = total;
+    }
+    if (threadIdx.x == 0) {
+        float total = 0.0f;
+        for (int w = 0; w < warps; w++)
+            total += warp_sums[warps * args.d + w];
+        args.partials[(long long)gridDim.x * args.d + blockIdx.x] = total;
+    }
 }
 
 int route_narrow_backward_blocks(int tokens)
 {
-    /* the most warps a multiprocessor holds at N = 2 (the smallest backward), capped */
+    /* the most any N takes: one-warp blocks (N = 1), NARROW_BACKWARD_MAX_WARPS_PER_SM each */
     const int blocks = NARROW_BACKWARD_SMS * NARROW_BACKWARD_MAX_WARPS_PER_SM;
     return tokens < blocks ? tokens : blocks;
 }
 
-/* Blocks for this shape: as many one-warp blocks as a multiprocessor holds at this N (by
+/* Blocks for this shape: as many blocks of W warps as a multiprocessor holds at this N (by
  * its shared memory and the kernel's registers), on NARROW_BACKWARD_SMS multiprocessors: one
  * wave on an H200. Both limits are properties of the shapes and of the binary, not of the
  * device, so the token partition, and the bits of S, are the same on any GPU. */
 template <int LV>
-static int narrow_backward_grid(int tokens, size_t bytes)
+static int narrow_backward_grid(int tokens, int warps, size_t bytes)
 {
     static int registers;
     if (!registers) {
@@ -512,10 +562,10 @@ static int narrow_backward_grid(int tokens, size_t bytes)
         registers = (attributes.numRegs + 7) / 8 * 8;
     }
     int per_sm = (int)(NARROW_SHARED_PER_SM / (bytes + 1024));
-    const int by_registers = 65536 / (32 * registers);
+    const int by_registers = 65536 / (32 * warps * registers);
     per_sm = per_sm < by_registers ? per_sm : by_registers;
-    per_sm = per_sm < 1 ? 1 : per_sm > NARROW_BACKWARD_MAX_WARPS_PER_SM
-                                  ? NARROW_BACKWARD_MAX_WARPS_PER_SM : per_sm;
+    const int most = NARROW_BACKWARD_MAX_WARPS_PER_SM / warps;
+    per_sm = per_sm < 1 ? 1 : per_sm > most ? most : per_sm;
     const int blocks = NARROW_BACKWARD_SMS * per_sm;
     return tokens < blocks ? tokens : blocks;
 }
@@ -531,9 +581,11 @@ static int narrow_backward_launch(const NarrowBackwardArgs &args, size_t bytes,
                                         cudaSharedmemCarveoutMaxShared));
         carveout_set = true;
     }
-    resident_blocks(route_narrow_backward_kernel<LV>, 32, bytes, "the cuda route backward");
-    const int blocks = narrow_backward_grid<LV>(args.tokens, bytes);
-    route_narrow_backward_kernel<LV><<<blocks, 32, bytes, stream>>>(args);
+    const int warps = narrow_backward_warps(args.n_sources);
+    resident_blocks(route_narrow_backward_kernel<LV>, 32 * warps, bytes,
+                    "the cuda route backward");
+    const int blocks = narrow_backward_grid<LV>(args.tokens, warps, bytes);
+    route_narrow_backward_kernel<LV><<<blocks, 32 * warps, bytes, stream>>>(args);
     CUDA_CHECK_LAUNCH();
     return blocks;
 }
