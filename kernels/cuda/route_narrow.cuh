@@ -17,8 +17,9 @@
  * by their owners after __syncwarp.
  *
  * The forward streams its rows through a small ring in shared memory, a few in flight
- * across token boundaries; the backward holds a token's rows and reads each source row once
- * (route_narrow_cuda.cu).
+ * across token boundaries (route_narrow_cuda.cu); the backward holds a token's rows, reads
+ * each source row once and shares a token among up to four warps
+ * (route_narrow_backward_cuda.cu); route_narrow_device.cuh has what both use.
  *
  * Fits when: every pointer is 16-byte aligned, d % 256 == 0, d <= 2048 (LV <= 8), heads
  * divides 32, and the backward's N + 2 + 3 min(N, 4) rows a block fit in 99 KB.
