@@ -67,11 +67,6 @@ struct RouteForwardLayout {
         total;
 };
 
-static inline size_t round_up_16(size_t bytes)
-{
-    return (bytes + 15) / 16 * 16;
-}
-
 static RouteForwardLayout route_forward_layout(int maxk, int stage_vectors, int vec,
                                                int pass_sources, int parts, int n_sources,
                                                int heads)

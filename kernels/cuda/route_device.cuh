@@ -325,6 +325,12 @@ struct RowShape {
     int segments;
 };
 
+/* bytes rounded up to a multiple of 16: where a piece of a shared-memory layout may start */
+static inline size_t round_up_16(size_t bytes)
+{
+    return (bytes + 15) / 16 * 16;
+}
+
 static inline bool pointer_aligned(const void *pointer, int bytes)
 {
     return ((uintptr_t)pointer % (uintptr_t)bytes) == 0; /* NULL is aligned: never read */

@@ -81,11 +81,6 @@ __device__ __forceinline__ void narrow_key_weight(const bf16 *query, const bf16 
     }
 }
 
-static inline size_t round_up_16(size_t bytes)
-{
-    return (bytes + 15) / 16 * 16;
-}
-
 static inline int lane_vectors_of(int d)
 {
     return d / 256;
