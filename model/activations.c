@@ -1,12 +1,11 @@
 /* model/activations.c — see activations.h.
  *
- * The buffers are laid out twice by the same code: a first pass with no base address only
- * adds up the sizes, the second hands out pointers into the one allocation. Each buffer
+ * Every buffer set is laid out twice by the same code: a first pass with no base address
+ * only adds up the sizes, the second hands out pointers into the one allocation. Each buffer
  * starts on a 256-byte boundary (what vectorised and device loads like).
  */
 #include "model/activations.h"
 
-#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -43,46 +42,98 @@ static uint32_t *carve_tokens(Carver *carver, size_t count)
     return carve_bytes(carver, count * sizeof(uint32_t));
 }
 
-/* The sources, saved routing state and routing scratch of attention over depth. */
-static void routed_layout(RoutedActivations *routed, Carver *carver, const ResidualPlan *plan,
-                          size_t N, size_t d)
+typedef struct {
+    size_t N, d, F, V, q_dim, kv_dim;
+} Widths;
+
+static Widths widths_of(const ModelConfig *config, int max_batch, int T)
+{
+    return (Widths){
+        .N = (size_t)max_batch * T,
+        .d = (size_t)config->d_model,
+        .F = (size_t)config->ffn_dim,
+        .V = (size_t)config->vocab_size,
+        .q_dim = (size_t)config->n_heads * config->head_dim,
+        .kv_dim = (size_t)config->n_kv_heads * config->head_dim,
+    };
+}
+
+static void check_batch(int max_batch, int T)
+{
+    if (max_batch < 1)
+        fatal(EXIT_CONFIG, "train.microbatch_size = %d must be >= 1", max_batch);
+    if (T < 1)
+        fatal(EXIT_CONFIG, "train.seq_len = %d must be >= 1", T);
+}
+
+/* Rows of one logits chunk: as many as fit in ACTIVATION_LOGIT_BYTES, at most N. */
+static int logit_rows_for(const Backend *backend, const ModelConfig *config, size_t N)
+{
+    const size_t element = backend ? backend->activation_bytes : sizeof(float);
+    const size_t row_bytes = (size_t)config->vocab_size * element;
+    const size_t rows = row_bytes ? ACTIVATION_LOGIT_BYTES / row_bytes : N;
+    return (int)(rows < 1 ? 1 : rows > N ? N : rows);
+}
+
+static void layer_layout(LayerActivations *layer, Carver *carver, const ModelConfig *config,
+                         const Widths *w)
+{
+    const size_t N = w->N;
+    layer->attention_normed = carve_activations(carver, N * w->d);
+    layer->attention_rstd = carve_floats(carver, N);
+    if (config->qk_norm) {
+        layer->q_projected = carve_activations(carver, N * w->q_dim);
+        layer->k_projected = carve_activations(carver, N * w->kv_dim);
+        layer->q_norm_rstd = carve_floats(carver, N * config->n_heads);
+        layer->k_norm_rstd = carve_floats(carver, N * config->n_kv_heads);
+    }
+    layer->q = carve_activations(carver, N * w->q_dim);
+    layer->k = carve_activations(carver, N * w->kv_dim);
+    layer->v = carve_activations(carver, N * w->kv_dim);
+    layer->attention_output = carve_activations(carver, N * w->q_dim);
+    layer->attention_lse = carve_floats(carver, N * config->n_heads);
+    layer->mlp_normed = carve_activations(carver, N * w->d);
+    layer->mlp_rstd = carve_floats(carver, N);
+    layer->gate = carve_activations(carver, N * w->F);
+    layer->up = carve_activations(carver, N * w->F);
+    layer->hidden = carve_activations(carver, N * w->F);
+}
+
+static void site_layout(SiteActivations *site, Carver *carver, const ResidualPlan *plan,
+                        int j, size_t N)
 {
     const size_t H = (size_t)plan->heads, m = (size_t)plan->streams;
-    const size_t M = (size_t)plan->max_sources;
+    const size_t sources = (size_t)plan->sites[j].n_sources;
     const bool msar = plan->mode == RESIDUAL_MSAR, delta = plan->form == FORM_DELTA;
+    site->weights = carve_floats(carver, m * sources * N * H);
+    site->rstd = carve_floats(carver, m * sources * N);
+    if (msar && m > 1) {
+        site->mix_gates = carve_floats(carver, N * m);
+        site->mix_rstd = carve_floats(carver, N * m);
+    }
+    if (msar && delta) {
+        site->gate_weights = carve_floats(carver, N * H);
+        site->gate_rstd = carve_floats(carver, N);
+    }
+}
 
-    for (int b = 0; b < plan->n_buffers; b++)
-        routed->summaries[b] = carve_activations(carver, N * d);
-    if (delta) {
-        routed->stream = carve_activations(carver, N * d);
-        routed->null_rows = carve_activations(carver, N * d);
-        routed->zero_tokens = carve_tokens(carver, N);
-    }
-    for (int j = 0; j < plan->n_sites; j++) {
-        SiteActivations *site = &routed->sites[j];
-        const size_t sources = (size_t)plan->sites[j].n_sources;
-        site->weights = carve_floats(carver, m * sources * N * H);
-        site->rstd = carve_floats(carver, m * sources * N);
-        if (msar && m > 1) {
-            site->mix_gates = carve_floats(carver, N * m);
-            site->mix_rstd = carve_floats(carver, N * m);
-        }
-        if (msar && delta) {
-            site->gate_weights = carve_floats(carver, N * H);
-            site->gate_rstd = carve_floats(carver, N);
-        }
-    }
+/* ---- the scratch ---- */
 
-    routed->grad_input = carve_activations(carver, N * d);
-    for (int b = 0; b <= plan->n_blocks; b++)
-        routed->grad_blocks[b] = carve_activations(carver, N * d);
-    if (delta) {
-        routed->grad_output = carve_activations(carver, N * d);
-        routed->grad_null_rows = carve_activations(carver, N * d);
+static void route_scratch_layout(ModelScratch *scratch, Carver *carver,
+                                 const ResidualPlan *plan, const Widths *w)
+{
+    const size_t N = w->N, d = w->d, H = (size_t)plan->heads, m = (size_t)plan->streams;
+    const size_t M = (size_t)plan->max_sources;
+    RouteScratch *route = &scratch->route;
+    scratch->grad_input = carve_activations(carver, N * d);
+    if (plan->form == FORM_DELTA) {
+        scratch->grad_output = carve_activations(carver, N * d);
+        scratch->null_rows = carve_activations(carver, N * d);
+        scratch->grad_null_rows = carve_activations(carver, N * d);
+        scratch->zero_tokens = carve_tokens(carver, N);
     }
-    RouteScratch *route = &routed->route;
     route->route_backward = carve_floats(carver, M * N * H);
-    if (!msar)
+    if (plan->mode != RESIDUAL_MSAR)
         return;
     for (size_t r = 0; r < m; r++) {
         route->streams[r] = carve_activations(carver, N * d);
@@ -99,129 +150,293 @@ static void routed_layout(RoutedActivations *routed, Carver *carver, const Resid
     route->gate_grad_key_norm = carve_floats(carver, d);
 }
 
-static void activations_layout(Activations *act, Carver *carver, const ModelConfig *config,
-                               const ResidualPlan *plan)
+static void scratch_layout(ModelScratch *scratch, Carver *carver, const ModelConfig *config,
+                           const ResidualPlan *plan, const Widths *w)
 {
-    const size_t N = (size_t)act->max_batch * act->T;
-    const size_t d = config->d_model, F = config->ffn_dim, V = config->vocab_size;
-    const size_t q_dim = (size_t)config->n_heads * config->head_dim;
-    const size_t kv_dim = (size_t)config->n_kv_heads * config->head_dim;
-    const int L = config->n_layers;
-
-    for (int j = 0; j <= 2 * L; j++)
-        act->stream[j] = carve_activations(carver, N * d);
-    for (int i = 0; i < L; i++) {
-        LayerActivations *layer = &act->layers[i];
-        layer->attention_normed = carve_activations(carver, N * d);
-        layer->attention_rstd = carve_floats(carver, N);
-        if (config->qk_norm) {
-            layer->q_projected = carve_activations(carver, N * q_dim);
-            layer->k_projected = carve_activations(carver, N * kv_dim);
-            layer->q_norm_rstd = carve_floats(carver, N * config->n_heads);
-            layer->k_norm_rstd = carve_floats(carver, N * config->n_kv_heads);
-        }
-        layer->q = carve_activations(carver, N * q_dim);
-        layer->k = carve_activations(carver, N * kv_dim);
-        layer->v = carve_activations(carver, N * kv_dim);
-        layer->attention_output = carve_activations(carver, N * q_dim);
-        layer->attention_lse = carve_floats(carver, N * config->n_heads);
-        layer->mlp_normed = carve_activations(carver, N * d);
-        layer->mlp_rstd = carve_floats(carver, N);
-        layer->gate = carve_activations(carver, N * F);
-        layer->up = carve_activations(carver, N * F);
-        layer->hidden = carve_activations(carver, N * F);
-    }
-    act->final_normed = carve_activations(carver, N * d);
-    act->final_rstd = carve_floats(carver, N);
-    act->logits = carve_activations(carver, (size_t)act->logit_capacity * V);
-    act->token_losses = carve_floats(carver, N);
-    act->token_lse = carve_floats(carver, N);
-    act->inputs = carve_tokens(carver, N);
-    act->targets = carve_tokens(carver, N);
-
-    ActivationScratch *scratch = &act->scratch;
-    scratch->sublayer_output = carve_activations(carver, N * d);
-    scratch->grad_stream = carve_activations(carver, N * d);
-    scratch->grad_normed = carve_activations(carver, N * d);
+    const size_t N = w->N, d = w->d;
+    ActivationScratch *layer = &scratch->layer;
+    layer->sublayer_output = carve_activations(carver, N * d);
+    layer->grad_stream = carve_activations(carver, N * d);
+    layer->grad_normed = carve_activations(carver, N * d);
     for (int k = 0; k < 2; k++) {
-        scratch->grad_q[k] = carve_activations(carver, N * q_dim);
-        scratch->grad_k[k] = carve_activations(carver, N * kv_dim);
+        layer->grad_q[k] = carve_activations(carver, N * w->q_dim);
+        layer->grad_k[k] = carve_activations(carver, N * w->kv_dim);
     }
-    scratch->grad_v = carve_activations(carver, N * kv_dim);
-    scratch->grad_gate = carve_activations(carver, N * F);
-    scratch->grad_up = carve_activations(carver, N * F);
-    scratch->grad_hidden = carve_activations(carver, N * F);
-    scratch->grad_logits = carve_activations(carver, (size_t)act->logit_capacity * V);
-    scratch->grad_token_loss = carve_floats(carver, N);
-
+    layer->grad_v = carve_activations(carver, N * w->kv_dim);
+    layer->grad_gate = carve_activations(carver, N * w->F);
+    layer->grad_up = carve_activations(carver, N * w->F);
+    layer->grad_hidden = carve_activations(carver, N * w->F);
+    layer->grad_logits = carve_activations(carver, (size_t)scratch->logit_capacity * w->V);
+    layer->grad_token_loss = carve_floats(carver, N);
+    scratch->logits = carve_activations(carver, (size_t)scratch->logit_capacity * w->V);
+    if (scratch->checkpointing) {
+        layer_layout(&scratch->recompute, carver, config, w);
+        scratch->recompute_x[0] = carve_activations(carver, N * d);
+        scratch->recompute_x[1] = carve_activations(carver, N * d);
+        scratch->recompute_stream = carve_activations(carver, N * d);
+    }
     if (plan->mode != RESIDUAL_STANDARD)
-        routed_layout(&act->routed, carver, plan, N, d);
+        route_scratch_layout(scratch, carver, plan, w);
 }
 
-/* The host arrays of pointers that the layout fills. */
-static void routed_arrays_create(RoutedActivations *routed, const ResidualPlan *plan)
+static void scratch_arrays_create(ModelScratch *scratch, const ResidualPlan *plan)
 {
+    RouteScratch *route = &scratch->route;
     if (plan->mode == RESIDUAL_STANDARD)
         return;
-    routed->summaries = xcalloc((size_t)plan->n_buffers, sizeof *routed->summaries);
-    routed->sites = xcalloc((size_t)plan->n_sites, sizeof *routed->sites);
-    routed->grad_blocks = xcalloc((size_t)plan->n_blocks + 1, sizeof *routed->grad_blocks);
-    RouteScratch *route = &routed->route;
     route->taps = xcalloc((size_t)plan->max_sources, sizeof *route->taps);
     route->grad_taps = xcalloc((size_t)plan->max_sources, sizeof *route->grad_taps);
     route->streams = xcalloc((size_t)plan->streams, sizeof *route->streams);
     route->grad_streams = xcalloc((size_t)plan->streams, sizeof *route->grad_streams);
 }
 
-static void routed_arrays_destroy(RoutedActivations *routed)
+static void scratch_arrays_destroy(ModelScratch *scratch)
 {
-    free(routed->summaries);
-    free(routed->sites);
-    free(routed->grad_blocks);
-    free((void *)routed->route.taps);
-    free(routed->route.grad_taps);
-    free(routed->route.streams);
-    free(routed->route.grad_streams);
+    free((void *)scratch->route.taps);
+    free(scratch->route.grad_taps);
+    free(scratch->route.streams);
+    free(scratch->route.grad_streams);
 }
 
-void activations_create(Activations *act, const Backend *backend, const ModelConfig *config,
-                        const ResidualPlan *plan, int max_batch, int T)
+/* The one backend allocation of a create below; failing is the user's size to shrink. */
+static void *allocate_carved(const Backend *backend, size_t bytes, const char *what,
+                             int max_batch, int T)
 {
-    if (max_batch < 1)
-        fatal(EXIT_CONFIG, "train.microbatch_size = %d must be >= 1", max_batch);
-    if (T < 1)
-        fatal(EXIT_CONFIG, "train.seq_len = %d must be >= 1", T);
-    memset(act, 0, sizeof *act);
-    act->max_batch = max_batch;
-    act->T = T;
-    const size_t N = (size_t)max_batch * T;
-    const size_t row_bytes = (size_t)config->vocab_size * backend->activation_bytes;
-    const size_t chunk = row_bytes ? ACTIVATION_LOGIT_BYTES / row_bytes : N;
-    act->logit_rows = (int)(chunk < 1 ? 1 : chunk > N ? N : chunk);
-    act->logit_capacity = act->logit_rows;
-    act->stream = xcalloc((size_t)2 * config->n_layers + 1, sizeof *act->stream);
-    act->layers = xcalloc((size_t)config->n_layers, sizeof *act->layers);
-    routed_arrays_create(&act->routed, plan);
-
-    Carver sizing = {.base = NULL, .used = 0, .activation_bytes = backend->activation_bytes};
-    activations_layout(act, &sizing, config, plan);
-    act->bytes = sizing.used;
-    act->memory = backend->alloc(act->bytes);
-    if (!act->memory)
-        fatal(EXIT_CONFIG, "cannot allocate %.2f GiB of activations for %d x %d tokens on "
-              "the %s backend (lower train.microbatch_size or train.seq_len)",
-              (double)act->bytes / (1 << 30), max_batch, T, backend->name);
-    Carver carving = {.base = act->memory, .used = 0,
-                      .activation_bytes = backend->activation_bytes};
-    activations_layout(act, &carving, config, plan);
+    void *memory = backend->alloc(bytes);
+    if (!memory)
+        fatal(EXIT_CONFIG, "cannot allocate %.2f GiB of %s for %d x %d tokens on the %s "
+              "backend (lower train.microbatch_size or train.seq_len, or set "
+              "train.activation_checkpointing: full)",
+              (double)bytes / (1 << 30), what, max_batch, T, backend->name);
+    return memory;
 }
 
-void activations_destroy(Activations *act, const Backend *backend)
+static void scratch_prepare(ModelScratch *scratch, const Backend *backend,
+                            const ModelConfig *config, int max_batch, int T,
+                            bool checkpointing)
 {
-    if (act->memory)
-        backend->release(act->memory);
-    free(act->stream);
-    free(act->layers);
-    routed_arrays_destroy(&act->routed);
-    memset(act, 0, sizeof *act);
+    check_batch(max_batch, T);
+    memset(scratch, 0, sizeof *scratch);
+    scratch->max_batch = max_batch;
+    scratch->T = T;
+    scratch->checkpointing = checkpointing;
+    scratch->logit_rows = logit_rows_for(backend, config, (size_t)max_batch * T);
+    scratch->logit_capacity = scratch->logit_rows;
+}
+
+size_t scratch_bytes(const Backend *backend, const ModelConfig *config,
+                     const ResidualPlan *plan, int max_batch, int T, bool checkpointing)
+{
+    ModelScratch scratch;
+    scratch_prepare(&scratch, backend, config, max_batch, T, checkpointing);
+    scratch_arrays_create(&scratch, plan);
+    const Widths w = widths_of(config, max_batch, T);
+    Carver sizing = {NULL, 0, backend ? backend->activation_bytes : sizeof(float)};
+    scratch_layout(&scratch, &sizing, config, plan, &w);
+    scratch_arrays_destroy(&scratch);
+    return sizing.used;
+}
+
+void scratch_create(ModelScratch *scratch, const Backend *backend, const ModelConfig *config,
+                    const ResidualPlan *plan, int max_batch, int T, bool checkpointing)
+{
+    scratch_prepare(scratch, backend, config, max_batch, T, checkpointing);
+    scratch_arrays_create(scratch, plan);
+    const Widths w = widths_of(config, max_batch, T);
+    scratch->bytes = scratch_bytes(backend, config, plan, max_batch, T, checkpointing);
+    scratch->memory =
+        allocate_carved(backend, scratch->bytes, "scratch", max_batch, T);
+    Carver carving = {scratch->memory, 0, backend->activation_bytes};
+    scratch_layout(scratch, &carving, config, plan, &w);
+    if (scratch->zero_tokens) /* route_null is row 0 of a one-row table, for every token */
+        backend->zero(scratch->zero_tokens, w.N * sizeof(uint32_t));
+}
+
+void scratch_destroy(ModelScratch *scratch, const Backend *backend)
+{
+    if (scratch->memory)
+        backend->release(scratch->memory);
+    if (scratch->all_logits)
+        backend->release(scratch->all_logits);
+    scratch_arrays_destroy(scratch);
+    memset(scratch, 0, sizeof *scratch);
+}
+
+/* ---- the stash of one (microbatch, chunk) ---- */
+
+static bool stash_keeps_stream(const StashShape *shape, const ResidualPlan *plan, int j)
+{
+    const bool routed = plan->mode != RESIDUAL_STANDARD;
+    if (routed) {
+        if (j == plan->n_sublayers)
+            return shape->has_head;
+        return !shape->checkpointed && j >= shape->first_sublayer && j < shape->end_sublayer;
+    }
+    if (j < shape->first_sublayer || j > shape->end_sublayer)
+        return false;
+    /* checkpointed: the layers' inputs and the chunk's output */
+    return !shape->checkpointed || j % 2 == 0 || j == shape->end_sublayer;
+}
+
+static void stash_layout(Stash *stash, Carver *carver, const ModelConfig *config,
+                         const ResidualPlan *plan, const Widths *w)
+{
+    const size_t N = w->N, d = w->d;
+    const int L2 = 2 * config->n_layers;
+    const StashShape shape = {stash->first_sublayer, stash->end_sublayer,
+                              stash->has_embedding, stash->has_head, stash->checkpointed};
+    for (int j = 0; j <= L2; j++)
+        if (stash_keeps_stream(&shape, plan, j))
+            stash->stream[j] = carve_activations(carver, N * d);
+    for (int i = shape.first_sublayer / 2; i < shape.end_sublayer / 2; i++) {
+        if (!shape.checkpointed)
+            layer_layout(&stash->layers[i], carver, config, w);
+        else if (plan->form == FORM_DELTA && plan->mode != RESIDUAL_STANDARD)
+            stash->layer_stream[i] = carve_activations(carver, N * d);
+    }
+    for (int j = 0; j < plan->n_sites; j++) {
+        const bool in_span = j >= shape.first_sublayer && j < shape.end_sublayer;
+        if (in_span || (j == L2 && shape.has_head))
+            site_layout(&stash->sites[j], carver, plan, j, N);
+    }
+    if (shape.has_head) {
+        stash->head.final_normed = carve_activations(carver, N * d);
+        stash->head.final_rstd = carve_floats(carver, N);
+        stash->head.token_losses = carve_floats(carver, N);
+        stash->head.token_lse = carve_floats(carver, N);
+        stash->targets = carve_tokens(carver, N);
+    }
+    if (shape.has_embedding)
+        stash->inputs = carve_tokens(carver, N);
+}
+
+static void stash_arrays_create(Stash *stash, const ModelConfig *config,
+                                const ResidualPlan *plan, StashShape shape)
+{
+    memset(stash, 0, sizeof *stash);
+    stash->first_sublayer = shape.first_sublayer;
+    stash->end_sublayer = shape.end_sublayer;
+    stash->has_embedding = shape.has_embedding;
+    stash->has_head = shape.has_head;
+    stash->checkpointed = shape.checkpointed;
+    const int L = config->n_layers;
+    stash->stream = xcalloc((size_t)2 * L + 1, sizeof *stash->stream);
+    stash->layers = xcalloc((size_t)L, sizeof *stash->layers);
+    stash->layer_stream = xcalloc((size_t)L, sizeof *stash->layer_stream);
+    stash->sites = xcalloc((size_t)plan->n_sites + 1, sizeof *stash->sites);
+}
+
+static void stash_arrays_destroy(Stash *stash)
+{
+    free(stash->stream);
+    free(stash->layers);
+    free(stash->layer_stream);
+    free(stash->sites);
+}
+
+static void check_shape(const ModelConfig *config, StashShape shape)
+{
+    const int L2 = 2 * config->n_layers;
+    if (shape.first_sublayer < 0 || shape.first_sublayer % 2 || shape.end_sublayer % 2 ||
+        shape.end_sublayer > L2 || shape.first_sublayer > shape.end_sublayer)
+        fatal(EXIT_CONFIG, "a chunk over sublayers [%d, %d) of %d is not a span of layers",
+              shape.first_sublayer, shape.end_sublayer, L2);
+}
+
+size_t stash_bytes(const Backend *backend, const ModelConfig *config, const ResidualPlan *plan,
+                   int max_batch, int T, StashShape shape)
+{
+    check_batch(max_batch, T);
+    check_shape(config, shape);
+    Stash stash;
+    stash_arrays_create(&stash, config, plan, shape);
+    const Widths w = widths_of(config, max_batch, T);
+    Carver sizing = {NULL, 0, backend ? backend->activation_bytes : sizeof(float)};
+    stash_layout(&stash, &sizing, config, plan, &w);
+    stash_arrays_destroy(&stash);
+    return sizing.used;
+}
+
+void stash_create(Stash *stash, const Backend *backend, const ModelConfig *config,
+                  const ResidualPlan *plan, int max_batch, int T, StashShape shape)
+{
+    const size_t bytes = stash_bytes(backend, config, plan, max_batch, T, shape);
+    stash_arrays_create(stash, config, plan, shape);
+    const Widths w = widths_of(config, max_batch, T);
+    stash->bytes = bytes;
+    stash->memory = allocate_carved(backend, bytes, "activations", max_batch, T);
+    Carver carving = {stash->memory, 0, backend->activation_bytes};
+    stash_layout(stash, &carving, config, plan, &w);
+}
+
+void stash_destroy(Stash *stash, const Backend *backend)
+{
+    if (stash->memory)
+        backend->release(stash->memory);
+    stash_arrays_destroy(stash);
+    memset(stash, 0, sizeof *stash);
+}
+
+/* ---- the summary store of one microbatch ---- */
+
+static void store_layout(SummaryStore *store, Carver *carver, const ResidualPlan *plan,
+                         const Widths *w, const bool *needed)
+{
+    const size_t N = w->N, d = w->d;
+    for (int b = 0; b < plan->n_buffers; b++)
+        if (!needed || needed[b])
+            store->summaries[b] = carve_activations(carver, N * d);
+    if (plan->form == FORM_DELTA)
+        store->stream = carve_activations(carver, N * d);
+    for (int n = 0; n <= plan->n_blocks; n++)
+        if (!needed || needed[plan->block_buffer[n]])
+            store->grad_blocks[n] = carve_activations(carver, N * d);
+}
+
+static void store_arrays_create(SummaryStore *store, const ResidualPlan *plan)
+{
+    memset(store, 0, sizeof *store);
+    store->n_buffers = plan->mode == RESIDUAL_STANDARD ? 0 : plan->n_buffers;
+    store->n_blocks = plan->mode == RESIDUAL_STANDARD ? -1 : plan->n_blocks;
+    store->summaries = xcalloc((size_t)store->n_buffers + 1, sizeof *store->summaries);
+    store->grad_blocks = xcalloc((size_t)store->n_blocks + 2, sizeof *store->grad_blocks);
+}
+
+size_t store_bytes(const Backend *backend, const ModelConfig *config, const ResidualPlan *plan,
+                   int max_batch, int T, const bool *needed)
+{
+    if (plan->mode == RESIDUAL_STANDARD)
+        return 0;
+    check_batch(max_batch, T);
+    SummaryStore store;
+    store_arrays_create(&store, plan);
+    const Widths w = widths_of(config, max_batch, T);
+    Carver sizing = {NULL, 0, backend ? backend->activation_bytes : sizeof(float)};
+    store_layout(&store, &sizing, plan, &w, needed);
+    free(store.summaries);
+    free(store.grad_blocks);
+    return sizing.used;
+}
+
+void store_create(SummaryStore *store, const Backend *backend, const ModelConfig *config,
+                  const ResidualPlan *plan, int max_batch, int T, const bool *needed)
+{
+    const size_t bytes = store_bytes(backend, config, plan, max_batch, T, needed);
+    store_arrays_create(store, plan);
+    if (plan->mode == RESIDUAL_STANDARD)
+        return;
+    const Widths w = widths_of(config, max_batch, T);
+    store->bytes = bytes;
+    store->memory = allocate_carved(backend, bytes, "block summaries", max_batch, T);
+    Carver carving = {store->memory, 0, backend->activation_bytes};
+    store_layout(store, &carving, plan, &w, needed);
+}
+
+void store_destroy(SummaryStore *store, const Backend *backend)
+{
+    if (store->memory)
+        backend->release(store->memory);
+    free(store->summaries);
+    free(store->grad_blocks);
+    memset(store, 0, sizeof *store);
 }

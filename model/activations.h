@@ -1,51 +1,67 @@
 /* model/activations.h — what the forward keeps for the backward, and the scratch both use.
  *
- * Sizes are for up to max_batch sequences of T tokens, N = max_batch * T rows, carved out of
- * ONE backend allocation that the Activations own. Activations and their gradients are
- * `Activation` arrays (the backend's dtype: fp32 cpu, bf16 cuda); statistics (rstd, lse,
- * routing weights, gates, token losses) are fp32 on every backend (runtime/backend.h).
- * q_dim = n_heads * head_dim, kv_dim = n_kv_heads * head_dim, F = ffn_dim, V = vocab_size.
+ * Three kinds of backend memory, each ONE allocation carved into buffers (activations.c):
+ *
+ *   ModelScratch   per rank, reused by every chunk and microbatch; nothing in it outlives
+ *                  one chunk's forward or backward (except the logits, see below).
+ *   Stash          per (microbatch, chunk): what one chunk's forward keeps for its backward.
+ *                  The pipeline holds as many as its schedule keeps in flight (DESIGN 3).
+ *   SummaryStore   per microbatch: the block summaries of attention over depth that a rank
+ *                  receives or makes, the running stream p of the delta form, and the
+ *                  gradient accumulator of every block; shared by the rank's chunks of that
+ *                  microbatch, which is what the cross-stage cache keeps (DESIGN 3).
+ *
+ * Sizes are for up to max_batch sequences of T tokens, N = max_batch * T rows. Activations
+ * and their gradients are `Activation` arrays (the backend's dtype: fp32 cpu, bf16 cuda);
+ * statistics (rstd, lse, routing weights, gates, token losses) are fp32 on every backend
+ * (runtime/backend.h). q_dim = n_heads * head_dim, kv_dim = n_kv_heads * head_dim,
+ * F = ffn_dim, V = vocab_size. Arrays of pointers are indexed GLOBALLY (sublayer j of the
+ * whole network, layer i, site j, summary buffer b) and are NULL where a stash or store
+ * keeps nothing, so a chunk walks the same indices as the whole network.
  *
  * The stream (DESIGN 2): stream[j], j = 0..2L-1, is the input of sublayer j (sublayer 2i is
  * layer i's attention, 2i+1 its MLP) and stream[2L] the input of the final norm. With the
- * standard residual stream[0] = e and stream[j+1] = stream[j] + f_j(stream[j]). With
- * attention over depth (DESIGN 2.1) stream[j] = x_j, what routing site j hands its
- * sublayer, and the sources live in the RoutedActivations (model/residual.h says which).
+ * standard residual stream[j+1] = stream[j] + f_j(stream[j]). With attention over depth
+ * (DESIGN 2.1) stream[j] = x_j, what routing site j hands its sublayer, and the sources live
+ * in the SummaryStore (model/residual.h says which buffer holds what).
  *
- * Kept for the backward, floats per token:
- *   streams          (2L + 1) * d
+ * A stash of a chunk over sublayers [first, end) keeps, floats per token:
+ *   streams          standard: stream[first..end] (the chunk's input, every sublayer's input,
+ *                    its output); routed: x_j for j in [first, end), and x_2L with the head
  *   per layer        attention: normed d, rstd 1, q q_dim, k and v 2 kv_dim, output q_dim,
  *                    lse n_heads; qk_norm adds the projections before the norm (q_dim +
  *                    kv_dim) and their rstd (n_heads + n_kv_heads);
  *                    MLP: normed d, rstd 1, gate, up and silu(gate) * up 3 F
- *   final            normed d, rstd 1, token losses and lse 2
- * Scratch (reused by every layer), values per token:
- *   forward          sublayer output d
- *   backward         stream gradient d, normed gradient d, 2 q_dim, 3 kv_dim, 3 F, token
- *                    loss gradient 1
- * so per token about L * (4d + 2 q_dim + 2 kv_dim + 3F) values are kept. Nothing is
- * recomputed (activation checkpointing, DESIGN 3, is not here yet). The logits and their
- * gradient are two [logit_rows, V] buffers: the head and the loss walk the batch in chunks
- * of logit_rows tokens (model/loss.h), so the logits of a whole batch exist at once only
- * when they fit in ACTIVATION_LOGIT_BYTES (then logit_rows = N).
+ *   per site         m N_j (H + 1) (depth weights and key rstd per stream), msar m > 1 adds
+ *                    2m (mix gates and rstd), the msar delta form H + 1 (the gate route)
+ *   head (last)      normed d, rstd 1, token losses and lse 2; tokens: inputs (chunk 0),
+ *                    targets (last chunk)
+ * With activation checkpointing (train.activation_checkpointing: full, DESIGN 3) a stash
+ * keeps no layer intermediates and no x_j: only each layer's input (standard: stream[2i];
+ * delta: p at the layer's start; replace: nothing, its partials are in the store), the
+ * chunk's output stream, the site statistics and the head. The backward of a layer first
+ * recomputes its forward, routing included, into the scratch's one-layer `recompute` buffers.
  *
- * Attention over depth adds, with n_b = n_blocks, N_j the sources of site j, M = the most
- * sources of any site, H = residual.heads, m = MSAR streams (1 for attnres):
- *   kept    summaries: replace (2L + 1) d (every partial is read); delta (n_b + 1) d, plus
- *           the running stream d and the null source broadcast d;
- *           per site m N_j (H + 1) (depth weights and key rstd per stream), msar m > 1 adds
- *           2m (mix gates and rstd), the msar delta form H + 1 (the gate route)
- *   scratch d x_j d, block gradients (n_b + 1) d, delta: d f_j and the null gradient 2d;
- *           route backward M H; msar: routed streams and their gradients 2 m d, mix and
- *           its gradient 2d, recomputed weights M (H + 1) and gates 2m
- * For Block MHAR delta at the 8B shape (L 32, 8 blocks, d 4096) that is (8 + 3) d kept
+ * A summary store keeps the summary buffers the rank reads or writes: replace up to
+ * (2L + 1) d (every partial is read), delta (n_b + 1) d plus p; and (n_b + 1) d of block
+ * gradients. For Block MHAR delta at the 8B shape (L 32, 8 blocks, d 4096) that is (9 + 1) d
  * beside the 65 d of the streams x_j: the routed stream costs little over the standard one.
  * The msar convolved sources E_r(source) are never stored: the stream route op convolves each
  * source inside its read, in the forward and again in the backward (DESIGN 2.2).
+ *
+ * The scratch, values per token: sublayer output d; stream gradient d, normed gradient d,
+ * 2 q_dim, 3 kv_dim, 3 F, token loss gradient 1; routed: d x_j d, delta d f_j, the null
+ * source and its gradient 2d; route backward M H; msar: routed streams and their gradients
+ * 2 m d, mix and its gradient 2d, recomputed weights M (H + 1) and gates 2m; with
+ * checkpointing one layer's intermediates and 3d. The logits and their gradient are two
+ * [logit_rows, V] buffers: the head and the loss walk the batch in chunks of logit_rows
+ * tokens (model/loss.h), so the logits of a whole batch exist at once only when they fit in
+ * ACTIVATION_LOGIT_BYTES (then logit_rows = N, and `logits_owner` says whose they are).
  */
 #ifndef FATHOM_MODEL_ACTIVATIONS_H
 #define FATHOM_MODEL_ACTIVATIONS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -115,46 +131,89 @@ typedef struct {
     float *gate_grad_query, *gate_grad_key_norm; /* [d] where its (zero) gradients go */
 } RouteScratch;
 
-/* The sources of attention over depth and their gradients (unused by mode standard). */
+/* The final norm and the loss of one microbatch (the last chunk's stash). */
 typedef struct {
-    Activation **summaries;       /* [n_buffers] [N, d]: b_0 = e and the partials/blocks */
-    Activation *stream;           /* [N, d] delta: p, the running stream (forward only) */
-    Activation *null_rows;        /* [N, d] delta: model.route_null on every token */
-    uint32_t *zero_tokens;    /* [N] all 0: route_null is looked up as a one-row table */
-    SiteActivations *sites;   /* [n_sites] */
-    Activation *grad_input;       /* [N, d] d x_j, what a site's backward starts from */
-    Activation *grad_output;      /* [N, d] d f_j in the delta form (dp_{j+1} + d b_n) */
-    Activation **grad_blocks; /* [n_blocks + 1] [N, d]: d b_n, and the open block's accumulator */
-    Activation *grad_null_rows;   /* [N, d] delta: d null per token, summed into d route_null */
-    RouteScratch route;
-} RoutedActivations;
+    Activation *final_normed;     /* [N, d] */
+    float *final_rstd;            /* [N] */
+    float *token_losses;          /* [N] ce_t + z_loss * lse_t^2 */
+    float *token_lse;             /* [N] logsumexp of the logits */
+} HeadActivations;
 
 typedef struct {
     int max_batch, T;
-    Activation **stream;          /* [2L + 1] pointers to [N, d] */
-    LayerActivations *layers;     /* [L] */
-    Activation *final_normed;     /* [N, d] */
-    float *final_rstd;            /* [N] */
+    ActivationScratch layer;      /* the sublayers' scratch (model/layer.h) */
+    RouteScratch route;           /* the sites' scratch (model/route_site.h) */
+    Activation *grad_input;       /* [N, d] d x_j, what a site's backward starts from */
+    Activation *grad_output;      /* [N, d] d f_j in the delta form (dp_{j+1} + d b_n) */
+    Activation *null_rows;        /* [N, d] delta: model.route_null on every token */
+    Activation *grad_null_rows;   /* [N, d] delta: d null per token, summed into d route_null */
+    uint32_t *zero_tokens;        /* [N] all 0: route_null is looked up as a one-row table */
     int logit_rows;               /* rows of the logits chunk (model/loss.h) */
     int logit_capacity;           /* the rows its buffers were made for */
     Activation *logits;           /* [logit_rows, V] */
+    const void *logits_owner;     /* the HeadActivations whose whole batch `logits` holds */
     Activation *all_logits;       /* [N, V] its own allocation, when asked for (model.h) */
-    float *token_losses;          /* [N] ce_t + z_loss * lse_t^2 */
-    float *token_lse;             /* [N] logsumexp of the logits */
-    uint32_t *inputs, *targets;   /* [N] tokens in backend memory */
-    ActivationScratch scratch;
-    RoutedActivations routed;     /* mode standard: all NULL */
+    bool checkpointing;           /* the recompute buffers exist */
+    LayerActivations recompute;   /* one layer's intermediates, remade in its backward */
+    Activation *recompute_x[2];   /* [N, d] x of the layer's attention and MLP */
+    Activation *recompute_stream; /* [N, d] h or p between the layer's two sublayers */
     size_t bytes;                 /* of the one backend allocation */
     void *memory;
-} Activations;
+} ModelScratch;
+
+typedef struct {
+    int first_sublayer, end_sublayer; /* the chunk's sublayers [first, end) */
+    bool has_embedding, has_head, checkpointed;
+    Activation **stream;          /* [2L + 1] (see the top of this file) */
+    LayerActivations *layers;     /* [L]; all NULL outside the span or when checkpointed */
+    Activation **layer_stream;    /* [L] delta and checkpointed: p at the layer's start */
+    SiteActivations *sites;       /* [n_sites]; the span's sites and, with the head, 2L */
+    HeadActivations head;         /* has_head */
+    uint32_t *inputs, *targets;   /* [N] tokens in backend memory (chunk 0, last chunk) */
+    int batch;                    /* B of the forward it holds; 0: none */
+    float z_loss;
+    size_t bytes;
+    void *memory;
+} Stash;
+
+typedef struct {
+    Activation **summaries;       /* [n_buffers] [N, d]; NULL where the rank needs none */
+    Activation *stream;           /* [N, d] delta: p, the running stream (forward only) */
+    Activation **grad_blocks;     /* [n_blocks + 1] [N, d]: d b_n, and the open block's
+                                     accumulator while it is walked */
+    int n_buffers, n_blocks;
+    size_t bytes;
+    void *memory;
+} SummaryStore;
+
+/* What a stash holds: a chunk over sublayers [first, end) of the network. */
+typedef struct {
+    int first_sublayer, end_sublayer;
+    bool has_embedding, has_head, checkpointed;
+} StashShape;
 
 /* The most bytes one logits chunk may take: 4096 rows of Llama-3's 128256 bf16 logits. */
 #define ACTIVATION_LOGIT_BYTES ((size_t)1 << 30)
 
-/* `plan` (model/residual.h) sizes the routed part; a standard plan adds nothing. */
-void activations_create(Activations *activations, const Backend *backend,
-                        const ModelConfig *config, const ResidualPlan *plan, int max_batch,
-                        int T);
-void activations_destroy(Activations *activations, const Backend *backend);
+/* Each create allocates once (EXIT_CONFIG naming the keys that shrink it when that fails);
+ * `backend` NULL only sizes: the *_bytes functions return what create would allocate. */
+void scratch_create(ModelScratch *scratch, const Backend *backend, const ModelConfig *config,
+                    const ResidualPlan *plan, int max_batch, int T, bool checkpointing);
+void scratch_destroy(ModelScratch *scratch, const Backend *backend);
+size_t scratch_bytes(const Backend *backend, const ModelConfig *config,
+                     const ResidualPlan *plan, int max_batch, int T, bool checkpointing);
+
+void stash_create(Stash *stash, const Backend *backend, const ModelConfig *config,
+                  const ResidualPlan *plan, int max_batch, int T, StashShape shape);
+void stash_destroy(Stash *stash, const Backend *backend);
+size_t stash_bytes(const Backend *backend, const ModelConfig *config, const ResidualPlan *plan,
+                   int max_batch, int T, StashShape shape);
+
+/* needed[b] (n_buffers entries; NULL: all) says which summary buffers the rank touches. */
+void store_create(SummaryStore *store, const Backend *backend, const ModelConfig *config,
+                  const ResidualPlan *plan, int max_batch, int T, const bool *needed);
+void store_destroy(SummaryStore *store, const Backend *backend);
+size_t store_bytes(const Backend *backend, const ModelConfig *config, const ResidualPlan *plan,
+                   int max_batch, int T, const bool *needed);
 
 #endif

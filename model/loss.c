@@ -7,48 +7,53 @@
 
 /* Where the logits of the chunk starting at row `first` live: the chunk buffer, or their
  * rows of all_logits when the whole batch's are kept. */
-static Activation *chunk_logits(const LayerContext *context, Activations *act, int first)
+static Activation *chunk_logits(const LayerContext *context, ModelScratch *scratch, int first)
 {
-    if (!act->all_logits)
-        return act->logits;
-    return activation_at(context->backend, act->all_logits,
+    if (!scratch->all_logits)
+        return scratch->logits;
+    return activation_at(context->backend, scratch->all_logits,
                          (size_t)first * context->config->vocab_size);
 }
 
 /* logits of rows [first, first + count) */
 static void head_forward_chunk(const LayerContext *context, const HeadWeights *weights,
-                               Activations *act, int first, int count)
+                               ModelScratch *scratch, const HeadActivations *head, int first,
+                               int count)
 {
     const Backend *backend = context->backend;
     const int d = context->config->d_model, V = context->config->vocab_size;
-    backend->matmul_forward(chunk_logits(context, act, first),
-                            activation_at_const(backend, act->final_normed, (size_t)first * d),
+    backend->matmul_forward(chunk_logits(context, scratch, first),
+                            activation_at_const(backend, head->final_normed, (size_t)first * d),
                             weights->head, count, d, V);
 }
 
 ModelLoss loss_forward(const LayerContext *context, const HeadWeights *weights,
-                       Activations *act, const Activation *x, float z_loss)
+                       ModelScratch *scratch, HeadActivations *head, const uint32_t *targets,
+                       const Activation *x, float z_loss)
 {
     const Backend *backend = context->backend;
     const ModelConfig *config = context->config;
     const int rows = context->B * context->T, d = config->d_model, V = config->vocab_size;
 
-    backend->rmsnorm_forward(act->final_normed, act->final_rstd, x, weights->norm, rows, d,
+    backend->rmsnorm_forward(head->final_normed, head->final_rstd, x, weights->norm, rows, d,
                              (float)config->norm_eps);
-    for (int first = 0; first < rows; first += act->logit_rows) {
-        const int count = rows - first < act->logit_rows ? rows - first : act->logit_rows;
-        head_forward_chunk(context, weights, act, first, count);
-        backend->cross_entropy_forward(act->token_losses + first, act->token_lse + first,
-                                       chunk_logits(context, act, first), act->targets + first,
+    const int chunk = scratch->logit_rows;
+    for (int first = 0; first < rows; first += chunk) {
+        const int count = rows - first < chunk ? rows - first : chunk;
+        head_forward_chunk(context, weights, scratch, head, first, count);
+        backend->cross_entropy_forward(head->token_losses + first, head->token_lse + first,
+                                       chunk_logits(context, scratch, first), targets + first,
                                        count, V, z_loss);
     }
+    /* the logits buffer now holds this batch's whole logits, or only its last chunk's */
+    scratch->logits_owner = scratch->all_logits || rows <= chunk ? head : NULL;
 
     /* The means are taken in double on the host, in token order, so they do not depend on
      * the backend's reduction order. ce_t is recovered from loss_t and lse_t. */
     float *losses = xmalloc((size_t)rows * sizeof *losses);
     float *lse = xmalloc((size_t)rows * sizeof *lse);
-    backend->download(losses, act->token_losses, (size_t)rows * sizeof *losses);
-    backend->download(lse, act->token_lse, (size_t)rows * sizeof *lse);
+    backend->download(losses, head->token_losses, (size_t)rows * sizeof *losses);
+    backend->download(lse, head->token_lse, (size_t)rows * sizeof *lse);
     double loss_sum = 0, zloss_sum = 0;
     for (int t = 0; t < rows; t++) {
         loss_sum += losses[t];
@@ -64,15 +69,18 @@ ModelLoss loss_forward(const LayerContext *context, const HeadWeights *weights,
 }
 
 void loss_backward(const LayerContext *context, const HeadWeights *weights, HeadGrads *grads,
-                   Activations *act, const Activation *x, float z_loss, float loss_scale,
-                   Activation *dx)
+                   ModelScratch *model_scratch, const HeadActivations *head,
+                   const uint32_t *targets, const Activation *x, float z_loss,
+                   float loss_scale, Activation *dx)
 {
     const Backend *backend = context->backend;
     const ModelConfig *config = context->config;
     ActivationScratch *scratch = context->scratch;
     const int rows = context->B * context->T, d = config->d_model, V = config->vocab_size;
-    /* the forward's logits are all still there: one chunk, or all kept */
-    const bool logits_kept = act->all_logits || rows <= act->logit_rows;
+    /* this batch's logits are all still there (one chunk, or all kept, and no other batch's
+     * forward since) */
+    const bool logits_kept = model_scratch->logits_owner == head;
+    const int chunk = model_scratch->logit_rows;
 
     /* d(loss_scale * mean_t loss_t) / d loss_t = loss_scale / rows for every token */
     float *grad_token_loss = xmalloc((size_t)rows * sizeof *grad_token_loss);
@@ -83,20 +91,21 @@ void loss_backward(const LayerContext *context, const HeadWeights *weights, Head
     free(grad_token_loss);
 
     backend->zero(scratch->grad_normed, (size_t)rows * d * backend->activation_bytes);
-    for (int first = 0; first < rows; first += act->logit_rows) {
-        const int count = rows - first < act->logit_rows ? rows - first : act->logit_rows;
+    for (int first = 0; first < rows; first += chunk) {
+        const int count = rows - first < chunk ? rows - first : chunk;
         if (!logits_kept)
-            head_forward_chunk(context, weights, act, first, count);
+            head_forward_chunk(context, weights, model_scratch, head, first, count);
         backend->zero(scratch->grad_logits, (size_t)count * V * backend->activation_bytes);
         backend->cross_entropy_backward(scratch->grad_logits, scratch->grad_token_loss + first,
-                                        chunk_logits(context, act, first), act->token_lse + first,
-                                        act->targets + first, count, V, z_loss);
+                                        chunk_logits(context, model_scratch, first),
+                                        head->token_lse + first, targets + first, count, V,
+                                        z_loss);
         const size_t offset = (size_t)first * d;
         backend->matmul_backward(activation_at(backend, scratch->grad_normed, offset),
                                  grads->head, scratch->grad_logits,
-                                 activation_at_const(backend, act->final_normed, offset),
+                                 activation_at_const(backend, head->final_normed, offset),
                                  weights->head, count, d, V);
     }
     backend->rmsnorm_backward(dx, grads->norm, scratch->grad_normed, x, weights->norm,
-                              act->final_rstd, rows, d);
+                              head->final_rstd, rows, d);
 }

@@ -7,12 +7,13 @@
  *
  * head is lm_head.weight, or model.embed_tokens.weight when tie_embeddings (its gradient is
  * then the embedding's, and both uses add into it). The forward keeps the normed input,
- * rstd, per-token losses and lse in the Activations.
+ * rstd, per-token losses and lse in the microbatch's HeadActivations (its stash).
  *
- * The head and the loss walk the rows in chunks of act->logit_rows (model/activations.h):
+ * The head and the loss walk the rows in chunks of scratch->logit_rows (model/activations.h):
  * per chunk, the logits [chunk, V] are made, the loss read from them, and they are dropped.
  * The backward makes each chunk's logits again (one more head matmul) unless the whole
- * batch was one chunk, whose logits are still there; so no [rows, V] array exists at once
+ * batch was one chunk whose logits are still there (no other microbatch's forward came in
+ * between: scratch->logits_owner); so no [rows, V] array exists at once
  * beyond the chunk. The chunking changes no value: every row is computed alone.
  */
 #ifndef FATHOM_MODEL_LOSS_H
@@ -37,14 +38,16 @@ typedef struct {
     float *norm, *head;
 } HeadGrads;
 
-/* Fills act->final_normed, final_rstd, token_losses, token_lse (and the logits of the last
- * chunk) from x and act->targets; returns the means. */
+/* Fills head (final_normed, final_rstd, token_losses, token_lse) and the scratch's logits
+ * from x [rows, d] and targets [rows] (backend memory); returns the means. */
 ModelLoss loss_forward(const LayerContext *context, const HeadWeights *weights,
-                       Activations *act, const Activation *x, float z_loss);
+                       ModelScratch *scratch, HeadActivations *head, const uint32_t *targets,
+                       const Activation *x, float z_loss);
 
 /* dx += d(loss_scale * loss)/dx; grads->norm and grads->head += theirs. */
 void loss_backward(const LayerContext *context, const HeadWeights *weights, HeadGrads *grads,
-                   Activations *act, const Activation *x, float z_loss, float loss_scale,
-                   Activation *dx);
+                   ModelScratch *scratch, const HeadActivations *head,
+                   const uint32_t *targets, const Activation *x, float z_loss,
+                   float loss_scale, Activation *dx);
 
 #endif

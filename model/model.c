@@ -1,5 +1,5 @@
-/* model/model.c — see model.h: the model's lifetime, the standard residual walk, and the
- * dispatch to the routed walk (model/model_routed.c). */
+/* model/model.c — see model.h: the model's lifetime, and the one-chunk case (the whole
+ * network as one span of model/chunk.c). */
 #include "model/model.h"
 
 #include <stdlib.h>
@@ -72,7 +72,8 @@ Model *model_create(const Backend *backend, const ModelConfig *config,
     const size_t table_count = (size_t)seq_len * (config->head_dim / 2);
     const size_t table_bytes = (table_count ? table_count : 1) * sizeof(float);
     float *cos_host = xmalloc(table_bytes), *sin_host = xmalloc(table_bytes);
-    activations_create(&model->act, backend, config, &model->plan, max_batch, seq_len);
+    scratch_create(&model->scratch, backend, config, &model->plan, max_batch, seq_len, false);
+    chunk_spans_build(&model->whole, 1, config, &model->plan, NULL, 0);
     if (model->plan.mode != RESIDUAL_STANDARD)
         model_routing_resolve(model);
     rope_table_build(cos_host, sin_host, seq_len, config);
@@ -90,9 +91,11 @@ void model_destroy(Model *model)
     if (!model)
         return;
     const Backend *backend = model->backend;
-    if (model->act.all_logits)
-        backend->release(model->act.all_logits);
-    activations_destroy(&model->act, backend);
+    if (model->whole_ready) {
+        stash_destroy(&model->whole_stash, backend);
+        store_destroy(&model->whole_store, backend);
+    }
+    scratch_destroy(&model->scratch, backend);
     backend->release(model->rope_cos);
     backend->release(model->rope_sin);
     if (model->compute != (Activation *)model->params)
@@ -132,46 +135,78 @@ void model_memory_bytes(const Model *model, size_t *parameter_bytes, size_t *act
     *parameter_bytes = 2 * total * sizeof(float);
     if (model->compute != (Activation *)model->params)
         *parameter_bytes += total * model->backend->activation_bytes;
-    *activation_bytes = model->act.bytes;
+    *activation_bytes = model->scratch.bytes;
+    if (model->whole_ready)
+        *activation_bytes += model->whole_stash.bytes + model->whole_store.bytes;
+    else
+        *activation_bytes += model_whole_stash_bytes(model, false);
+}
+
+size_t model_whole_stash_bytes(const Model *model, bool checkpointed)
+{
+    const int max_batch = model->scratch.max_batch, T = model->scratch.T;
+    return stash_bytes(model->backend, &model->config, &model->plan, max_batch, T,
+                       chunk_stash_shape(&model->whole, checkpointed)) +
+           store_bytes(model->backend, &model->config, &model->plan, max_batch, T, NULL);
+}
+
+void model_set_activation_checkpointing(Model *model, bool enabled)
+{
+    if (model->scratch.checkpointing == enabled)
+        return;
+    if (model->whole_ready)
+        fatal(EXIT_CONFIG, "activation checkpointing is chosen before the first forward");
+    const int max_batch = model->scratch.max_batch, T = model->scratch.T;
+    scratch_destroy(&model->scratch, model->backend);
+    scratch_create(&model->scratch, model->backend, &model->config, &model->plan, max_batch,
+                   T, enabled);
+}
+
+bool model_activation_checkpointing(const Model *model)
+{
+    return model->scratch.checkpointing;
 }
 
 void model_set_logit_rows(Model *model, int rows)
 {
-    if (rows < 1 || rows > model->act.logit_capacity)
+    if (rows < 1 || rows > model->scratch.logit_capacity)
         fatal(EXIT_CONFIG, "logit chunks of %d rows: the model was made for 1 to %d", rows,
-              model->act.logit_capacity);
-    model->act.logit_rows = rows;
+              model->scratch.logit_capacity);
+    model->scratch.logit_rows = rows;
+    model->scratch.logits_owner = NULL;
 }
 
 void model_keep_all_logits(Model *model)
 {
-    Activations *act = &model->act;
-    if (act->all_logits)
+    ModelScratch *scratch = &model->scratch;
+    if (scratch->all_logits)
         return;
-    const size_t count = (size_t)act->max_batch * act->T * model->config.vocab_size;
-    act->all_logits = model->backend->alloc(count * model->backend->activation_bytes);
-    if (!act->all_logits)
+    const size_t count = (size_t)scratch->max_batch * scratch->T * model->config.vocab_size;
+    scratch->all_logits = model->backend->alloc(count * model->backend->activation_bytes);
+    if (!scratch->all_logits)
         fatal(EXIT_CONFIG, "cannot allocate %.2f GiB to keep the logits of %d x %d tokens",
-              (double)(count * model->backend->activation_bytes) / (1 << 30), act->max_batch,
-              act->T);
+              (double)(count * model->backend->activation_bytes) / (1 << 30),
+              scratch->max_batch, scratch->T);
+    scratch->logits_owner = NULL;
 }
 
 int model_last_tokens(const Model *model)
 {
-    return model->last_batch * model->act.T;
+    return model->whole_ready ? model->whole_stash.batch * model->scratch.T : 0;
 }
 
 void model_read_logits(const Model *model, float *host_out)
 {
-    const Activations *act = &model->act;
-    if (model->last_batch == 0)
+    const ModelScratch *scratch = &model->scratch;
+    if (model_last_tokens(model) == 0)
         fatal(EXIT_CONFIG, "model_read_logits needs a model_forward first");
-    const size_t rows = (size_t)model->last_batch * act->T;
-    if (!act->all_logits && rows > (size_t)act->logit_rows)
+    const size_t rows = (size_t)model_last_tokens(model);
+    if (scratch->logits_owner != &model->whole_stash.head)
         fatal(EXIT_CONFIG, "the logits of %zu tokens were made in chunks of %d and not kept "
-              "(model_keep_all_logits keeps them)", rows, act->logit_rows);
+              "(model_keep_all_logits keeps them)", rows, scratch->logit_rows);
     model->backend->activations_download(host_out,
-                                         act->all_logits ? act->all_logits : act->logits,
+                                         scratch->all_logits ? scratch->all_logits
+                                                             : scratch->logits,
                                          rows * model->config.vocab_size);
 }
 
@@ -198,116 +233,36 @@ void model_zero_grads(Model *model)
     model->backend->zero(model->grads, model->table.total * sizeof(float));
 }
 
-static LayerContext model_context(Model *model, int B)
+/* The whole network's stash and store, made at the first forward of the one-chunk case. */
+static void model_whole_prepare(Model *model)
 {
-    return (LayerContext){
-        .backend = model->backend,
-        .config = &model->config,
-        .B = B,
-        .T = model->act.T,
-        .rope_cos = model->rope_cos,
-        .rope_sin = model->rope_sin,
-        .scratch = &model->act.scratch,
-    };
-}
-
-static void upload_tokens(Model *model, uint32_t *dst, const uint32_t *tokens, size_t n,
-                          const char *what)
-{
-    for (size_t t = 0; t < n; t++)
-        if (tokens[t] >= (uint32_t)model->config.vocab_size)
-            fatal(EXIT_DATA, "%s token %u at position %zu is outside the vocabulary "
-                  "(model.vocab_size = %d)", what, tokens[t], t, model->config.vocab_size);
-    model->backend->upload(dst, tokens, n * sizeof *tokens);
-}
-
-/* Sublayer j: layer j/2's attention (j even) or MLP (j odd), x -> out (model/layer.h). */
-void model_sublayer_forward(Model *model, const LayerContext *context, int j,
-                            const Activation *x, Activation *out)
-{
-    const LayerWeights *weights = &model->layer_params[j / 2];
-    LayerActivations *saved = &model->act.layers[j / 2];
-    if (j % 2 == 0)
-        attention_sublayer_forward(context, weights, saved, x, out);
-    else
-        mlp_sublayer_forward(context, weights, saved, x, out);
-}
-
-/* dx += J_j^T dout; dx may be dout. */
-void model_sublayer_backward(Model *model, const LayerContext *context, int j,
-                             const Activation *x, const Activation *dout, Activation *dx)
-{
-    const LayerWeights *weights = &model->layer_params[j / 2];
-    LayerGrads *grads = &model->layer_grads[j / 2];
-    const LayerActivations *saved = &model->act.layers[j / 2];
-    if (j % 2 == 0)
-        attention_sublayer_backward(context, weights, grads, saved, x, dout, dx);
-    else
-        mlp_sublayer_backward(context, weights, grads, saved, x, dout, dx);
-}
-
-/* DESIGN 2: stream[j+1] = stream[j] + f_j(stream[j]); returns the final norm's input. */
-static const Activation *standard_forward(Model *model, const LayerContext *context,
-                                         size_t rows)
-{
-    const Backend *backend = model->backend;
-    Activations *act = &model->act;
-    const int L = model->config.n_layers, d = model->config.d_model;
-    backend->embedding_forward(act->stream[0], act->inputs, model->embedding, (int)rows, d);
-    for (int j = 0; j < 2 * L; j++) {
-        Activation *out = act->scratch.sublayer_output;
-        model_sublayer_forward(model, context, j, act->stream[j], out);
-        backend->add(act->stream[j + 1], act->stream[j], out, rows * d);
-    }
-    return act->stream[2 * L];
+    if (model->whole_ready)
+        return;
+    const int max_batch = model->scratch.max_batch, T = model->scratch.T;
+    stash_create(&model->whole_stash, model->backend, &model->config, &model->plan, max_batch,
+                 T, chunk_stash_shape(&model->whole, model->scratch.checkpointing));
+    store_create(&model->whole_store, model->backend, &model->config, &model->plan, max_batch,
+                 T, NULL);
+    model->whole_ready = true;
 }
 
 ModelLoss model_forward(Model *model, const uint32_t *inputs, const uint32_t *targets, int B,
                         float z_loss)
 {
-    if (B < 1 || B > model->act.max_batch)
-        fatal(EXIT_CONFIG, "a batch of %d sequences does not fit the model's activations "
-              "(train.microbatch_size = %d)", B, model->act.max_batch);
-    Activations *act = &model->act;
-    const LayerContext context = model_context(model, B);
-    const size_t rows = (size_t)B * act->T;
-
-    upload_tokens(model, act->inputs, inputs, rows, "input");
-    upload_tokens(model, act->targets, targets, rows, "target");
-    const Activation *final_input = model->plan.mode == RESIDUAL_STANDARD
-                                   ? standard_forward(model, &context, rows)
-                                   : model_routed_forward(model, &context, rows);
-    model->last_batch = B;
-    model->last_z_loss = z_loss;
-    return loss_forward(&context, &model->head_params, act, final_input, z_loss);
-}
-
-/* Standard residual: d stream[j] = d stream[j+1] + J_j^T d stream[j+1], done in place (the
- * sublayer backwards allow dx == dout). */
-static void standard_backward(Model *model, const LayerContext *context, float loss_scale,
-                              size_t rows)
-{
-    const Backend *backend = model->backend;
-    Activations *act = &model->act;
-    const int L = model->config.n_layers, d = model->config.d_model;
-    Activation *grad_stream = act->scratch.grad_stream;
-
-    backend->zero(grad_stream, rows * d * backend->activation_bytes);
-    loss_backward(context, &model->head_params, &model->head_grads, act, act->stream[2 * L],
-                  model->last_z_loss, loss_scale, grad_stream);
-    for (int j = 2 * L - 1; j >= 0; j--)
-        model_sublayer_backward(model, context, j, act->stream[j], grad_stream, grad_stream);
-    backend->embedding_backward(model->grad_embedding, grad_stream, act->inputs, (int)rows, d);
+    model_whole_prepare(model);
+    return chunk_forward(model, &model->whole, &model->whole_stash, &model->whole_store,
+                         inputs, targets, B, z_loss);
 }
 
 void model_backward(Model *model, float loss_scale)
 {
-    if (model->last_batch == 0)
+    if (model_last_tokens(model) == 0)
         fatal(EXIT_CONFIG, "model_backward needs a model_forward first");
-    const LayerContext context = model_context(model, model->last_batch);
-    const size_t rows = (size_t)model->last_batch * model->act.T;
-    if (model->plan.mode == RESIDUAL_STANDARD)
-        standard_backward(model, &context, loss_scale, rows);
-    else
-        model_routed_backward(model, &context, loss_scale, rows);
+    store_zero_grads(model, &model->whole_store);
+    chunk_backward(model, &model->whole, &model->whole_stash, &model->whole_store,
+                   loss_scale);
 }
+
+const ResidualPlan *model_plan(const Model *model) { return &model->plan; }
+
+int model_max_batch(const Model *model) { return model->scratch.max_batch; }

@@ -4,9 +4,14 @@
  * A Model owns, in backend memory: the flat fp32 parameters and gradients laid out by its
  * ParamTable (model/params.h), the compute copy of the parameters that the ops read (DESIGN
  * 3: bf16 on cuda; on cpu it is the fp32 parameters themselves), the RoPE tables, and the
- * activations for up to max_batch sequences of seq_len tokens (model/activations.h lists
- * what is kept and what it costs). It is written only against the op table of
- * runtime/backend.h.
+ * scratch for up to max_batch sequences of seq_len tokens (model/activations.h lists what
+ * is kept and what it costs). It is written only against the op table of runtime/backend.h.
+ *
+ * The network runs in chunks (model/chunk.h): spans of layers with a payload in and out,
+ * each microbatch's saved tensors in a stash the caller holds, which is how the pipeline
+ * (pipeline/) keeps several microbatches in flight. model_forward / model_backward below
+ * are the one-chunk case: the whole network as one span, with one stash of its own made at
+ * the first forward; evaluation, probing and most tests use it.
  *
  *   e = embed_tokens[inputs]                                  [B, T, d]
  *   for each sublayer j = 0..2L-1 (attention, MLP, attention, ...):
@@ -23,6 +28,8 @@
 #ifndef FATHOM_MODEL_MODEL_H
 #define FATHOM_MODEL_MODEL_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "model/loss.h"
@@ -55,12 +62,24 @@ Activation *model_compute_copy(Model *model);
 void model_refresh_compute_copy(Model *model);
 
 /* The backend memory the model holds: parameters (fp32 master, fp32 gradients and the
- * compute copy where it is separate) and activations (model/activations.h). */
+ * compute copy where it is separate) and activations: the scratch and the one-chunk case's
+ * stash and store (made or, before the first forward, to be made; model/activations.h). */
 void model_memory_bytes(const Model *model, size_t *parameter_bytes, size_t *activation_bytes);
 
 /* DESIGN 2 init (model/init.h): element i of tensor `name` depends only on (seed, name, i).
  * Refreshes the compute copy. */
 void model_init_params(Model *model, uint64_t seed, double init_std);
+
+/* train.activation_checkpointing (DESIGN 3): with it, a stash keeps each layer's input only
+ * and the backward recomputes the layer. Chosen before the first forward (EXIT_CONFIG after). */
+void model_set_activation_checkpointing(Model *model, bool enabled);
+bool model_activation_checkpointing(const Model *model);
+/* What the one-chunk case's stash and store take, with or without checkpointing (the memory
+ * plan prints both). */
+size_t model_whole_stash_bytes(const Model *model, bool checkpointed);
+
+const ResidualPlan *model_plan(const Model *model);
+int model_max_batch(const Model *model);
 
 /* Forward on host tokens inputs/targets [B, T] (1 <= B <= max_batch, T = seq_len); keeps
  * what backward needs. A token >= vocab_size is a data error (EXIT_DATA). */

@@ -1,6 +1,7 @@
-/* model/model_internal.h — the Model's state, shared by the files of model/ that walk it
- * (model.c: lifetime and the standard residual; model_routed.c: attention over depth).
- * Nothing outside model/ includes this; the public view is model/model.h.
+/* model/model_internal.h — the Model's state, shared by the files of model/ that use it
+ * (model.c: lifetime and the one-chunk case; chunk.c: the walk over a span of sublayers;
+ * model_sites.c: the routing weights' views and read access to the routing).
+ * Nothing outside model/ includes this; the public view is model/model.h and chunk.h.
  */
 #ifndef FATHOM_MODEL_MODEL_INTERNAL_H
 #define FATHOM_MODEL_MODEL_INTERNAL_H
@@ -8,6 +9,7 @@
 #include <stddef.h>
 
 #include "model/activations.h"
+#include "model/chunk.h"
 #include "model/layer.h"
 #include "model/loss.h"
 #include "model/model.h"
@@ -38,27 +40,18 @@ struct Model {
     float **conv_grads;
     Activation *route_null;         /* [d] (delta) */
     float *grad_route_null;
-    Activations act;
-    int last_batch;                 /* B of the last forward; 0 before the first */
-    float last_z_loss;
+    ModelScratch scratch;           /* per rank, shared by every chunk (activations.h) */
+    /* the one-chunk case of model.h (model_forward / model_backward): the whole network as
+     * one span, with its stash and store, made at the first forward */
+    ChunkSpan whole;
+    Stash whole_stash;
+    SummaryStore whole_store;
+    bool whole_ready;
 };
 
-/* Sublayer j: layer j/2's attention (j even) or MLP (j odd), x -> out (model/layer.h). */
-void model_sublayer_forward(Model *model, const LayerContext *context, int j,
-                            const Activation *x, Activation *out);
-/* dx += J_j^T dout; dx may be dout. */
-void model_sublayer_backward(Model *model, const LayerContext *context, int j,
-                             const Activation *x, const Activation *dout, Activation *dx);
-
-/* model_routed.c: the routing weights' views (after the parameters are allocated) and
+/* model_sites.c: the routing weights' views (after the parameters are allocated) and
  * their release. */
 void model_routing_resolve(Model *model);
 void model_routing_free(Model *model);
-/* The routed forward over rows = B * T tokens; returns the final norm's input. */
-const Activation *model_routed_forward(Model *model, const LayerContext *context,
-                                      size_t rows);
-/* The routed backward from the loss to the embedding; adds loss_scale times the gradient. */
-void model_routed_backward(Model *model, const LayerContext *context, float loss_scale,
-                           size_t rows);
 
 #endif

@@ -52,13 +52,16 @@ static float *per_sublayer_logits(Model *model, bool delta)
     const int H = model_residual(model)->heads, half = config->head_dim / 2;
     ResidualPlan standard;
     residual_plan_build(&standard, config, NULL);
-    Activations act;
-    activations_create(&act, backend, config, &standard, ROUTE_TEST_B, ROUTE_TEST_T);
+    ModelScratch scratch;
+    Stash act; /* the whole network's stash of the standard plan: its streams and layers */
+    scratch_create(&scratch, backend, config, &standard, ROUTE_TEST_B, ROUTE_TEST_T, false);
+    stash_create(&act, backend, config, &standard, ROUTE_TEST_B, ROUTE_TEST_T,
+                 (StashShape){0, 2 * L, true, true, false});
     float *cos_table = xmalloc((size_t)ROUTE_TEST_T * half * sizeof(float));
     float *sin_table = xmalloc((size_t)ROUTE_TEST_T * half * sizeof(float));
     rope_table_build(cos_table, sin_table, ROUTE_TEST_T, config);
     const LayerContext context = {backend, config, ROUTE_TEST_B, ROUTE_TEST_T, cos_table,
-                                  sin_table, &act.scratch};
+                                  sin_table, &scratch.layer};
     route_test_tokens(act.inputs, act.targets);
 
     const size_t bytes = (size_t)rows * d * sizeof(float);
@@ -109,10 +112,10 @@ static float *per_sublayer_logits(Model *model, bool delta)
     }
     HeadWeights head = {AS_ACTIVATIONS(tensor_of(model, "model.norm.weight")),
                         AS_ACTIVATIONS(tensor_of(model, "lm_head.weight"))};
-    loss_forward(&context, &head, &act, act.stream[2 * L], 1e-4f);
+    loss_forward(&context, &head, &scratch, &act.head, act.targets, act.stream[2 * L], 1e-4f);
     const size_t logit_bytes = (size_t)rows * config->vocab_size * sizeof(float);
     float *logits = xmalloc(logit_bytes);
-    memcpy(logits, act.logits, logit_bytes);
+    memcpy(logits, scratch.logits, logit_bytes);
 
     for (int k = 0; k <= 2 * L; k++)
         free(outputs[k]);
@@ -124,7 +127,8 @@ static float *per_sublayer_logits(Model *model, bool delta)
     free(sources);
     free(cos_table);
     free(sin_table);
-    activations_destroy(&act, backend);
+    stash_destroy(&act, backend);
+    scratch_destroy(&scratch, backend);
     residual_plan_free(&standard);
     return logits;
 }

@@ -1,0 +1,455 @@
+/* model/chunk.c — see chunk.h: the one walk over a span of sublayers, for every residual
+ * mode (DESIGN 2, 2.1, 2.2), forward and backward, with optional recomputation.
+ *
+ * Per sublayer j of the span the walk does, by mode:
+ *   standard  stream[j+1] = stream[j] + f_j(stream[j])
+ *   routed    x_j = site_j(sources | delta: p + alpha_j * ...); f_j = f_j(x_j) lands in
+ *             its block's buffer (written when it starts the block, else added to the
+ *             previous partial); delta also runs p <- p + f_j
+ * and the backward walks it in reverse (model_routed's rule, now per chunk):
+ *   standard  d stream[j] = d stream[j+1] + J_j^T d stream[j+1], in place
+ *   replace   d f_j = d b_n;  delta  d f_j = d p_{j+1} + d b_n,  d p_j = d p_{j+1} + d x_j
+ *   then d x_j = J_j^T d f_j, and site j's backward sends d x_j into its sources' gradients.
+ * d b_n accumulates in the store's grad_blocks[n]: from the sites that read the completed
+ * block and, while block n is walked, from the partials its own sites read (every partial
+ * read at j' > j contains f_j, so their gradients meet in one accumulator).
+ */
+#include "model/chunk.h"
+
+#include <stdlib.h>
+
+#include "model/model_internal.h"
+#include "runtime/error.h"
+
+static LayerContext layer_context(Model *model, int B)
+{
+    return (LayerContext){
+        .backend = model->backend,
+        .config = &model->config,
+        .B = B,
+        .T = model->scratch.T,
+        .rope_cos = model->rope_cos,
+        .rope_sin = model->rope_sin,
+        .scratch = &model->scratch.layer,
+    };
+}
+
+static RouteContext route_context(Model *model, int B)
+{
+    return (RouteContext){
+        .backend = model->backend,
+        .plan = &model->plan,
+        .B = B,
+        .T = model->scratch.T,
+        .d = model->config.d_model,
+        .max_rows = model->scratch.max_batch * model->scratch.T,
+        .eps = (float)model->config.norm_eps,
+        .conv = model->conv_params,
+        .grad_conv = model->conv_grads,
+        .scratch = &model->scratch.route,
+    };
+}
+
+/* The sources site j reads, as backend pointers [n_sources] (model/residual.h). */
+static void site_sources(const Model *model, SummaryStore *store, int site,
+                         const Activation **sources)
+{
+    const SitePlan *plan = &model->plan.sites[site];
+    for (int k = 0; k < plan->n_sources; k++) {
+        const int buffer = plan->sources[k].buffer;
+        sources[k] = buffer == RESIDUAL_NULL_BUFFER ? model->scratch.null_rows
+                                                    : store->summaries[buffer];
+    }
+}
+
+/* Where the gradients of site j's sources accumulate [n_sources]. */
+static void site_grad_sources(const Model *model, SummaryStore *store, int site,
+                              Activation **grads)
+{
+    const SitePlan *plan = &model->plan.sites[site];
+    for (int k = 0; k < plan->n_sources; k++) {
+        const int block = plan->sources[k].grad_block;
+        grads[k] = block < 0 ? model->scratch.grad_null_rows : store->grad_blocks[block];
+    }
+}
+
+/* Sublayer j: layer j/2's attention (j even) or MLP (j odd), x -> out (model/layer.h). */
+static void sublayer_forward(Model *model, const LayerContext *context, int j,
+                             LayerActivations *saved, const Activation *x, Activation *out)
+{
+    const LayerWeights *weights = &model->layer_params[j / 2];
+    if (j % 2 == 0)
+        attention_sublayer_forward(context, weights, saved, x, out);
+    else
+        mlp_sublayer_forward(context, weights, saved, x, out);
+}
+
+/* dx += J_j^T dout; dx may be dout. */
+static void sublayer_backward(Model *model, const LayerContext *context, int j,
+                              const LayerActivations *saved, const Activation *x,
+                              const Activation *dout, Activation *dx)
+{
+    const LayerWeights *weights = &model->layer_params[j / 2];
+    LayerGrads *grads = &model->layer_grads[j / 2];
+    if (j % 2 == 0)
+        attention_sublayer_backward(context, weights, grads, saved, x, dout, dx);
+    else
+        mlp_sublayer_backward(context, weights, grads, saved, x, dout, dx);
+}
+
+/* Everything one walk needs, made once per chunk call. */
+typedef struct {
+    Model *model;
+    const Backend *backend;
+    const ResidualPlan *plan;
+    LayerContext layer;
+    RouteContext route;
+    Stash *stash;
+    SummaryStore *store;
+    size_t count, bytes;          /* rows * d, and in bytes */
+    bool routed, delta;
+    const Activation **sources;   /* [max_sources] host scratch */
+    Activation **grad_sources;
+} Walk;
+
+static Walk walk_begin(Model *model, Stash *stash, SummaryStore *store, int B)
+{
+    Walk walk = {
+        .model = model,
+        .backend = model->backend,
+        .plan = &model->plan,
+        .layer = layer_context(model, B),
+        .route = route_context(model, B),
+        .stash = stash,
+        .store = store,
+        .routed = model->plan.mode != RESIDUAL_STANDARD,
+        .delta = model->plan.mode != RESIDUAL_STANDARD && model->plan.form == FORM_DELTA,
+    };
+    walk.count = (size_t)B * model->scratch.T * model->config.d_model;
+    walk.bytes = walk.count * model->backend->activation_bytes;
+    const size_t sources = (size_t)model->plan.max_sources + 1;
+    walk.sources = xcalloc(sources, sizeof *walk.sources);
+    walk.grad_sources = xcalloc(sources, sizeof *walk.grad_sources);
+    return walk;
+}
+
+static void walk_end(Walk *walk)
+{
+    free(walk->sources);
+    free(walk->grad_sources);
+}
+
+/* Site j's forward into x (base: p in the delta form). */
+static void site_forward(Walk *walk, int j, const Activation *base, Activation *x)
+{
+    Model *model = walk->model;
+    site_sources(model, walk->store, j, walk->sources);
+    route_site_forward(&walk->route, &walk->plan->sites[j], &model->site_params[j],
+                       model->site_alpha[j], &walk->stash->sites[j], walk->sources, base, x);
+}
+
+static void site_backward(Walk *walk, int j, const Activation *grad_x)
+{
+    Model *model = walk->model;
+    site_sources(model, walk->store, j, walk->sources);
+    site_grad_sources(model, walk->store, j, walk->grad_sources);
+    route_site_backward(&walk->route, &walk->plan->sites[j], &model->site_params[j],
+                        &model->site_grads[j], model->site_alpha[j], &walk->stash->sites[j],
+                        walk->sources, walk->grad_sources, grad_x);
+}
+
+/* Routed sublayer j in the forward: site j into x, f_j into its block (and p). */
+static void routed_sublayer_forward(Walk *walk, int j, LayerActivations *saved, Activation *x)
+{
+    const Backend *backend = walk->backend;
+    const ResidualPlan *plan = walk->plan;
+    SummaryStore *store = walk->store;
+    site_forward(walk, j, walk->delta ? store->stream : NULL, x);
+    const bool starts_block = residual_sublayer_starts_block(plan, j);
+    Activation *partial = store->summaries[plan->sublayer_buffer[j]];
+    Activation *out = starts_block ? partial : walk->model->scratch.layer.sublayer_output;
+    sublayer_forward(walk->model, &walk->layer, j, saved, x, out);
+    if (!starts_block)
+        backend->add(partial, store->summaries[plan->sublayer_buffer[j - 1]], out,
+                     walk->count);
+    if (walk->delta)
+        backend->add_inplace(store->stream, out, walk->count);
+}
+
+/* Layer i's forward: the sublayers' intermediates go to the stash, or with checkpointing
+ * to the scratch's recompute buffers, and only the layer's input stays (activations.h). */
+static void layer_forward(Walk *walk, int i)
+{
+    Model *model = walk->model;
+    const Backend *backend = walk->backend;
+    Stash *stash = walk->stash;
+    ModelScratch *scratch = &model->scratch;
+    const bool checkpointed = stash->checkpointed;
+    LayerActivations *saved = checkpointed ? &scratch->recompute : &stash->layers[i];
+    for (int j = 2 * i; j <= 2 * i + 1; j++) {
+        if (walk->routed) {
+            if (checkpointed && walk->delta && j == 2 * i)
+                backend->copy(stash->layer_stream[i], walk->store->stream, walk->bytes);
+            Activation *x = checkpointed ? scratch->recompute_x[j - 2 * i] : stash->stream[j];
+            routed_sublayer_forward(walk, j, saved, x);
+            continue;
+        }
+        /* standard: checkpointed keeps stream[2i] and the layer's output only */
+        const Activation *in = checkpointed && j % 2 ? scratch->recompute_stream
+                                                     : stash->stream[j];
+        Activation *next = checkpointed && j % 2 == 0 ? scratch->recompute_stream
+                                                      : stash->stream[j + 1];
+        Activation *out = scratch->layer.sublayer_output;
+        sublayer_forward(model, &walk->layer, j, saved, in, out);
+        backend->add(next, in, out, walk->count);
+    }
+}
+
+/* With checkpointing: layer i's forward again, into the recompute buffers, from what the
+ * stash kept. Nothing kept is written: the summaries and p are complete already. Every op
+ * is deterministic, so the values are the forward's to the bit. */
+static void layer_recompute(Walk *walk, int i)
+{
+    Model *model = walk->model;
+    const Backend *backend = walk->backend;
+    Stash *stash = walk->stash;
+    ModelScratch *scratch = &model->scratch;
+    Activation *out = scratch->layer.sublayer_output;
+    for (int j = 2 * i; j <= 2 * i + 1; j++) {
+        const int k = j - 2 * i;
+        if (!walk->routed) {
+            const Activation *in = k ? scratch->recompute_stream : stash->stream[j];
+            sublayer_forward(model, &walk->layer, j, &scratch->recompute, in, out);
+            if (k == 0)
+                backend->add(scratch->recompute_stream, in, out, walk->count);
+            continue;
+        }
+        const Activation *base = NULL;
+        if (walk->delta)
+            base = k ? scratch->recompute_stream : stash->layer_stream[i];
+        site_forward(walk, j, base, scratch->recompute_x[k]);
+        sublayer_forward(model, &walk->layer, j, &scratch->recompute, scratch->recompute_x[k],
+                         out);
+        if (walk->delta && k == 0)
+            backend->add(scratch->recompute_stream, base, out, walk->count);
+    }
+}
+
+static void upload_tokens(Model *model, uint32_t *dst, const uint32_t *tokens, size_t n,
+                          const char *what)
+{
+    for (size_t t = 0; t < n; t++)
+        if (tokens[t] >= (uint32_t)model->config.vocab_size)
+            fatal(EXIT_DATA, "%s token %u at position %zu is outside the vocabulary "
+                  "(model.vocab_size = %d)", what, tokens[t], t, model->config.vocab_size);
+    model->backend->upload(dst, tokens, n * sizeof *tokens);
+}
+
+/* The chunk's input from the embedding: e into the stream (standard) or b_0 (and p). */
+static void embedding_forward(Walk *walk, size_t rows)
+{
+    Model *model = walk->model;
+    const Backend *backend = walk->backend;
+    const int d = model->config.d_model;
+    Activation *e = walk->routed ? walk->store->summaries[0] : walk->stash->stream[0];
+    backend->embedding_forward(e, walk->stash->inputs, model->embedding, (int)rows, d);
+    if (walk->delta)
+        backend->copy(walk->store->stream, e, walk->bytes);
+}
+
+static void check_stash(const ChunkSpan *span, const Stash *stash)
+{
+    if (stash->first_sublayer != span->first_sublayer ||
+        stash->end_sublayer != span->end_sublayer || stash->has_head != span->has_head ||
+        stash->has_embedding != span->has_embedding)
+        fatal(EXIT_CONFIG, "a stash made for sublayers [%d, %d) was given chunk %d over "
+              "[%d, %d)", stash->first_sublayer, stash->end_sublayer, span->index,
+              span->first_sublayer, span->end_sublayer);
+}
+
+ModelLoss chunk_forward(Model *model, const ChunkSpan *span, Stash *stash,
+                        SummaryStore *store, const uint32_t *inputs, const uint32_t *targets,
+                        int B, float z_loss)
+{
+    check_stash(span, stash);
+    if (B < 1 || B > model->scratch.max_batch)
+        fatal(EXIT_CONFIG, "a batch of %d sequences does not fit the model's activations "
+              "(train.microbatch_size = %d)", B, model->scratch.max_batch);
+    const size_t rows = (size_t)B * model->scratch.T;
+    Walk walk = walk_begin(model, stash, store, B);
+    const Backend *backend = model->backend;
+    const int L2 = model->plan.n_sublayers;
+
+    if (span->has_embedding) {
+        upload_tokens(model, stash->inputs, inputs, rows, "input");
+        embedding_forward(&walk, rows);
+    }
+    if (span->has_head)
+        upload_tokens(model, stash->targets, targets, rows, "target");
+    if (walk.delta) {
+        /* the null source on every token: a lookup in a table of one row */
+        backend->embedding_forward(model->scratch.null_rows, model->scratch.zero_tokens,
+                                   model->route_null, (int)rows, model->config.d_model);
+        for (int j = span->first_sublayer; j <= L2; j++) /* the Route op takes alpha by value */
+            if (j < span->end_sublayer || (j == L2 && span->has_head))
+                backend->download(&model->site_alpha[j], model->site_params[j].alpha,
+                                  sizeof(float));
+    }
+    for (int i = span->first_layer; i < span->first_layer + span->n_layers; i++)
+        layer_forward(&walk, i);
+
+    ModelLoss loss = {0};
+    if (span->has_head) {
+        Activation *final_input = stash->stream[walk.routed ? L2 : span->end_sublayer];
+        if (walk.routed)
+            site_forward(&walk, L2, walk.delta ? store->stream : NULL, final_input);
+        loss = loss_forward(&walk.layer, &model->head_params, &model->scratch, &stash->head,
+                            stash->targets, final_input, z_loss);
+    }
+    stash->batch = B;
+    stash->z_loss = z_loss;
+    walk_end(&walk);
+    return loss;
+}
+
+/* Sublayer j's backward, from the stream gradient (standard) or its block's gradient. */
+static void sublayer_walk_backward(Walk *walk, int j, const LayerActivations *saved,
+                                   const Activation *x)
+{
+    const Backend *backend = walk->backend;
+    ModelScratch *scratch = &walk->model->scratch;
+    Activation *grad_stream = scratch->layer.grad_stream;
+    if (!walk->routed) {
+        sublayer_backward(walk->model, &walk->layer, j, saved, x, grad_stream, grad_stream);
+        return;
+    }
+    const Activation *grad_f = walk->store->grad_blocks[walk->plan->sublayer_block[j]];
+    if (walk->delta) {
+        backend->add(scratch->grad_output, grad_stream, grad_f, walk->count);
+        grad_f = scratch->grad_output;
+    }
+    backend->zero(scratch->grad_input, walk->bytes);
+    sublayer_backward(walk->model, &walk->layer, j, saved, x, grad_f, scratch->grad_input);
+    site_backward(walk, j, scratch->grad_input);
+    if (walk->delta) /* x_j = p_j + alpha * mix: d p_j gets d x_j */
+        backend->add_inplace(grad_stream, scratch->grad_input, walk->count);
+}
+
+/* Layer i's backward: both sublayers in reverse, after recomputing it when checkpointed. */
+static void layer_backward(Walk *walk, int i)
+{
+    Stash *stash = walk->stash;
+    ModelScratch *scratch = &walk->model->scratch;
+    const bool checkpointed = stash->checkpointed;
+    if (checkpointed)
+        layer_recompute(walk, i);
+    const LayerActivations *saved = checkpointed ? &scratch->recompute : &stash->layers[i];
+    for (int j = 2 * i + 1; j >= 2 * i; j--) {
+        const Activation *x;
+        if (walk->routed)
+            x = checkpointed ? scratch->recompute_x[j - 2 * i] : stash->stream[j];
+        else
+            x = checkpointed && j % 2 ? scratch->recompute_stream : stash->stream[j];
+        sublayer_walk_backward(walk, j, saved, x);
+    }
+}
+
+/* The last chunk's head: loss and final norm, then (routed) the final site. */
+static void head_backward(Walk *walk, float loss_scale)
+{
+    Model *model = walk->model;
+    const Backend *backend = walk->backend;
+    Stash *stash = walk->stash;
+    ModelScratch *scratch = &model->scratch;
+    const int L2 = walk->plan->n_sublayers;
+    Activation *grad_stream = scratch->layer.grad_stream;
+    if (!walk->routed || walk->delta)
+        backend->zero(grad_stream, walk->bytes);
+    Activation *grad_final = walk->routed ? scratch->grad_input : grad_stream;
+    const Activation *final_input = stash->stream[walk->routed ? L2 : stash->end_sublayer];
+    if (walk->routed)
+        backend->zero(grad_final, walk->bytes);
+    loss_backward(&walk->layer, &model->head_params, &model->head_grads, scratch, &stash->head,
+                  stash->targets, final_input, stash->z_loss, loss_scale, grad_final);
+    if (!walk->routed)
+        return;
+    site_backward(walk, L2, grad_final);
+    if (walk->delta)
+        backend->add_inplace(grad_stream, grad_final, walk->count);
+}
+
+void chunk_backward(Model *model, const ChunkSpan *span, Stash *stash, SummaryStore *store,
+                    float loss_scale)
+{
+    check_stash(span, stash);
+    if (stash->batch == 0)
+        fatal(EXIT_CONFIG, "the backward of chunk %d needs its forward first", span->index);
+    const int B = stash->batch, d = model->config.d_model;
+    const size_t rows = (size_t)B * model->scratch.T;
+    Walk walk = walk_begin(model, stash, store, B);
+    const Backend *backend = model->backend;
+    ModelScratch *scratch = &model->scratch;
+    Activation *grad_stream = scratch->layer.grad_stream;
+
+    if (walk.delta)
+        backend->zero(scratch->grad_null_rows, walk.bytes);
+    if (span->has_head)
+        head_backward(&walk, loss_scale);
+    for (int i = span->first_layer + span->n_layers - 1; i >= span->first_layer; i--)
+        layer_backward(&walk, i);
+
+    if (span->has_embedding) {
+        const Activation *grad_e = grad_stream;
+        if (walk.delta)
+            backend->add_inplace(grad_stream, store->grad_blocks[0], walk.count);
+        else if (walk.routed)
+            grad_e = store->grad_blocks[0];
+        backend->embedding_backward(model->grad_embedding, grad_e, stash->inputs, (int)rows, d);
+    }
+    if (walk.delta) /* d route_null: the sum over tokens of the null source's gradient */
+        backend->embedding_backward(model->grad_route_null, scratch->grad_null_rows,
+                                    scratch->zero_tokens, (int)rows, d);
+    walk_end(&walk);
+}
+
+/* ---- the payload's places ---- */
+
+Activation *chunk_input_stream(const Model *model, const ChunkSpan *span, Stash *stash,
+                               SummaryStore *store)
+{
+    if (model->plan.mode == RESIDUAL_STANDARD)
+        return stash->stream[span->first_sublayer];
+    return model->plan.form == FORM_DELTA ? store->stream : NULL;
+}
+
+Activation *chunk_output_stream(const Model *model, const ChunkSpan *span, Stash *stash,
+                                SummaryStore *store)
+{
+    if (model->plan.mode == RESIDUAL_STANDARD)
+        return stash->stream[span->end_sublayer];
+    return model->plan.form == FORM_DELTA ? store->stream : NULL;
+}
+
+Activation *chunk_grad_stream(Model *model)
+{
+    return model->scratch.layer.grad_stream;
+}
+
+Activation *store_summary(const Model *model, SummaryStore *store, int block)
+{
+    return store->summaries[model->plan.block_buffer[block]];
+}
+
+Activation *store_summary_grad(SummaryStore *store, int block)
+{
+    return store->grad_blocks[block];
+}
+
+void store_zero_grads(const Model *model, SummaryStore *store)
+{
+    const size_t bytes = (size_t)model->scratch.max_batch * model->scratch.T *
+                         model->config.d_model * model->backend->activation_bytes;
+    for (int n = 0; n <= store->n_blocks; n++)
+        if (store->grad_blocks[n])
+            model->backend->zero(store->grad_blocks[n], bytes);
+}

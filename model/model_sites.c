@@ -1,0 +1,115 @@
+/* model/model_sites.c — the routing weights of attention over depth (DESIGN 2.1, 2.2) as
+ * views into the parameters, and read access to the routing of the one-chunk case's last
+ * forward (model.h). The walk itself is model/chunk.c. */
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "model/model_internal.h"
+#include "runtime/error.h"
+
+/* The routing weights' views; the routed forward and backward read nothing else. */
+void model_routing_resolve(Model *model)
+{
+    const ResidualPlan *plan = &model->plan;
+    const ParamTable *table = &model->table;
+    model->site_params = xcalloc((size_t)plan->n_sites, sizeof *model->site_params);
+    model->site_grads = xcalloc((size_t)plan->n_sites, sizeof *model->site_grads);
+    model->site_alpha = xcalloc((size_t)plan->n_sites, sizeof *model->site_alpha);
+    for (int j = 0; j < plan->n_sites; j++) {
+        site_weights_resolve(&model->site_params[j], model->backend, table, model->compute,
+                             model->params, plan, j);
+        site_grads_resolve(&model->site_grads[j], table, model->grads, plan, j);
+    }
+    model->conv_params = xcalloc((size_t)plan->n_slots + 1, sizeof *model->conv_params);
+    model->conv_grads = xcalloc((size_t)plan->n_slots + 1, sizeof *model->conv_grads);
+    for (int slot = 0; slot < plan->n_slots; slot++) {
+        char name[PARAM_NAME_MAX];
+        snprintf(name, sizeof name, "model.route_streams.%d.conv", slot);
+        const size_t offset = param_table_require(table, name)->offset;
+        model->conv_params[slot] = activation_at(model->backend, model->compute, offset);
+        model->conv_grads[slot] = model->grads + offset;
+    }
+    if (plan->form == FORM_DELTA) {
+        const size_t offset = param_table_require(table, "model.route_null")->offset;
+        model->route_null = activation_at(model->backend, model->compute, offset);
+        model->grad_route_null = model->grads + offset;
+    }
+}
+
+void model_routing_free(Model *model)
+{
+    free(model->site_params);
+    free(model->site_grads);
+    free(model->site_alpha);
+    free(model->conv_params);
+    free(model->conv_grads);
+}
+
+/* ---- read access to the routing of the last forward ---- */
+
+static const SitePlan *model_site(const Model *model, int site)
+{
+    if (site < 0 || site >= model->plan.n_sites)
+        fatal(EXIT_CONFIG, "routing site %d does not exist (the model has %d; residual.mode "
+              "standard has none)", site, model->plan.n_sites);
+    return &model->plan.sites[site];
+}
+
+static void model_require_forward(const Model *model, const char *what)
+{
+    if (!model->whole_ready || model->whole_stash.batch == 0)
+        fatal(EXIT_CONFIG, "%s needs a model_forward first", what);
+}
+
+static size_t model_last_rows(const Model *model)
+{
+    return (size_t)model->whole_stash.batch * model->scratch.T;
+}
+
+int model_site_count(const Model *model) { return model->plan.n_sites; }
+const char *model_site_name(const Model *model, int site)
+{
+    return model_site(model, site)->name;
+}
+int model_site_sources(const Model *model, int site)
+{
+    return model_site(model, site)->n_sources;
+}
+int model_site_heads(const Model *model) { return model->plan.heads; }
+int model_site_streams(const Model *model) { return model->plan.streams; }
+
+void model_site_weights(const Model *model, int site, int stream, float *host_out)
+{
+    const SitePlan *plan = model_site(model, site);
+    model_require_forward(model, "model_site_weights");
+    if (stream < 0 || stream >= model->plan.streams)
+        fatal(EXIT_CONFIG, "routing stream %d does not exist (residual.streams = %d)", stream,
+              model->plan.streams);
+    const size_t rows = model_last_rows(model);
+    const size_t max_rows = (size_t)model->scratch.max_batch * model->scratch.T;
+    const size_t per_source = (size_t)model->plan.heads, N = (size_t)plan->n_sources;
+    const float *weights = model->whole_stash.sites[site].weights +
+                           (size_t)stream * N * max_rows * per_source;
+    model->backend->download(host_out, weights, N * rows * per_source * sizeof(float));
+}
+
+void model_site_inputs(const Model *model, int site, const Activation **sources)
+{
+    const SitePlan *plan = model_site(model, site);
+    model_require_forward(model, "model_site_inputs");
+    for (int k = 0; k < plan->n_sources; k++) {
+        const int buffer = plan->sources[k].buffer;
+        sources[k] = buffer == RESIDUAL_NULL_BUFFER ? model->scratch.null_rows
+                                                    : model->whole_store.summaries[buffer];
+    }
+}
+
+void model_site_output(const Model *model, int site, float *host_out)
+{
+    model_site(model, site);
+    model_require_forward(model, "model_site_output");
+    const size_t rows = model_last_rows(model);
+    model->backend->activations_download(host_out, model->whole_stash.stream[site],
+                                         rows * model->config.d_model);
+}
