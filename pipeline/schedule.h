@@ -92,7 +92,8 @@ typedef struct {
     int stages;                   /* P: peak_stash[0..P) and finish[0..P) are filled */
     int peak_stash[SCHEDULE_MAX_STAGES]; /* the most forwards held awaiting their backward */
     long finish[SCHEDULE_MAX_STAGES];    /* when each stage's last action that ran ended */
-    char problem[256];            /* "" when all of the above hold; else the first problem */
+    char problem[512];            /* "" when all of the above hold; else the first problem
+                                     (a deadlock names every waiting stage and action) */
 } SimulationResult;
 
 /* Runs lists[s][0..counts[s]) for every stage s in 0..P-1 together under the execution
