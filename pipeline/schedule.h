@@ -39,8 +39,8 @@
  * lists keep the last stage busy from its first action to its last. In units of a stage's
  * whole forward and backward (v chunks), the interleaved bubble is 1/v of 1f1b's.
  *
- * Nothing here allocates except schedule_simulate, which frees what it takes; results are
- * values. Everything is pure and thread-safe; schedule_check's message lives in
+ * Nothing here allocates but the two simulate functions, which free what they take;
+ * results are values. Everything is pure and thread-safe; schedule_check's message lives in
  * thread-local storage until that thread's next schedule_check call.
  */
 #ifndef FATHOM_PIPELINE_SCHEDULE_H
