@@ -83,9 +83,10 @@ int schedule_warmup_forwards(PipelineSchedule kind, int P, int v, int M, int sta
          * stages below: that many forwards fill the wait. */
         warmup = P - stage - 1;
     else
-        /* Megatron-LM: every stage first runs (v - 1) P forwards (all of a group's chunks
-         * but the last), and a stage s further up the pipe 2 (P - s - 1) more: one forward
-         * and one backward step of each stage below it, in chunk-sized steps. */
+        /* Megatron-LM: every stage first runs (v - 1) P forwards (a group through all its
+         * chunks but the last), and stage s 2 (P - s - 1) more: a chunk-sized forward and
+         * backward step of each stage below it. Without communication time P - s - 1 more
+         * would do; the rest is slack for the hops (docs/design-notes.md). */
         warmup = 2 * (P - stage - 1) + (v - 1) * P;
     return warmup < total ? warmup : total;
 }
