@@ -1,45 +1,461 @@
-/* pipeline/executor.c — the single-stage step loop (see executor.h). */
+/* pipeline/executor.c — see executor.h. */
 #include "pipeline/executor.h"
+
+#include <stdlib.h>
+#include <string.h>
 
 #include "runtime/error.h"
 
-#include <stdlib.h>
+typedef struct {
+    CommRequest *request;
+    void *buffer;
+} PendingSend;
 
-MicrobatchTokens executor_tokens_create(const Config *config)
+struct Executor {
+    Model *model;
+    const Config *config;
+    const Backend *backend;
+    Comm *pp;
+    int P, v, M, stage, n_chunks;
+    ChunkSpan *spans;         /* [n_chunks] */
+    Action *actions;
+    int n_actions;
+    bool checkpointing;
+    /* stashes of local chunk k (global chunk k P + stage): slots[k] of them */
+    int *slots;
+    Stash **stashes;          /* [v][slots[k]] */
+    int **stash_microbatch;   /* [v][slots[k]]: the microbatch held, -1 free */
+    int n_stores;
+    SummaryStore *stores;
+    int *store_microbatch;    /* [n_stores] */
+    bool *needed;             /* the summary buffers this stage touches (NULL: standard) */
+    Activation *grad_staging; /* [rows, d] where a received gradient lands before the add */
+    uint32_t *inputs, *targets;
+    PendingSend *pending;
+    int n_pending, pending_capacity;
+    size_t tensor_bytes;      /* one [rows, d] activation tensor of a full microbatch */
+};
+
+enum { DIRECTION_FORWARD = 0, DIRECTION_BACKWARD = 1 };
+
+/* Unique while 2 * C * M <= COMM_TAG_MAX + 1; past that, equal tags between the same two
+ * ranks still match in the order they were sent, which is the order both sides use. */
+static int hop_tag(const Executor *executor, int direction, int microbatch, int chunk)
 {
-    size_t count = (size_t)config->train.microbatch_size * config->train.seq_len;
-    MicrobatchTokens tokens = {
-        .inputs = xmalloc(count * sizeof(uint32_t)),
-        .targets = xmalloc(count * sizeof(uint32_t)),
-    };
-    return tokens;
+    const long tag = direction + 2L * (chunk + (long)executor->n_chunks * microbatch);
+    return (int)(tag % (COMM_TAG_MAX + 1));
 }
 
-void executor_tokens_destroy(MicrobatchTokens *tokens)
+/* The most stashes each local chunk and the most stores the action list holds at once. */
+static void count_in_flight(Executor *executor)
 {
-    free(tokens->inputs);
-    free(tokens->targets);
-    tokens->inputs = tokens->targets = NULL;
-}
-
-StepLoss executor_run_step(Model *model, DataSet *data, const Config *config,
-                           uint64_t consumed_samples, int dp_rank, MicrobatchTokens *tokens)
-{
-    int microbatches = config_microbatches_per_rank(config);
-    int batch = config->train.microbatch_size;
-    StepLoss step = {0};
-    for (int micro = 0; micro < microbatches; micro++) {
-        data_read_microbatch(data, consumed_samples, config->train.global_batch_size,
-                             dp_rank, config->parallel.dp, micro, batch,
-                             tokens->inputs, tokens->targets);
-        ModelLoss loss = model_forward(model, tokens->inputs, tokens->targets, batch,
-                                       (float)config->train.z_loss);
-        /* every microbatch holds the same number of tokens, so the step's mean loss is
-         * the mean of the microbatch means */
-        model_backward(model, 1.0f / (float)microbatches);
-        step.loss += loss.loss / microbatches;
-        step.ce += loss.ce / microbatches;
-        step.zloss += loss.zloss / microbatches;
+    int *live = xcalloc((size_t)executor->v, sizeof *live);
+    int *first_seen = xcalloc((size_t)executor->M, sizeof *first_seen);
+    int stores = 0;
+    for (int a = 0; a < executor->n_actions; a++) {
+        const Action *action = &executor->actions[a];
+        const int local = action->chunk / executor->P;
+        if (action->kind == ACTION_FORWARD) {
+            if (++live[local] > executor->slots[local])
+                executor->slots[local] = live[local];
+            if (!first_seen[action->microbatch]++ && ++stores > executor->n_stores)
+                executor->n_stores = stores;
+        } else {
+            live[local]--;
+            if (local == 0) /* the backward of the stage's first chunk ends the microbatch */
+                stores--;
+        }
     }
-    return step;
+    free(live);
+    free(first_seen);
+}
+
+static void executor_allocate(Executor *executor)
+{
+    Model *model = executor->model;
+    const Backend *backend = executor->backend;
+    const ModelConfig *config = model_config(model);
+    const ResidualPlan *plan = model_plan(model);
+    const int max_batch = model_max_batch(model), T = executor->config->train.seq_len;
+    executor->stashes = xcalloc((size_t)executor->v, sizeof *executor->stashes);
+    executor->stash_microbatch = xcalloc((size_t)executor->v, sizeof *executor->stash_microbatch);
+    for (int k = 0; k < executor->v; k++) {
+        const ChunkSpan *span = &executor->spans[k * executor->P + executor->stage];
+        executor->stashes[k] = xcalloc((size_t)executor->slots[k], sizeof(Stash));
+        executor->stash_microbatch[k] = xmalloc((size_t)executor->slots[k] * sizeof(int));
+        for (int s = 0; s < executor->slots[k]; s++) {
+            stash_create(&executor->stashes[k][s], backend, config, plan, max_batch, T,
+                         chunk_stash_shape(span, executor->checkpointing));
+            executor->stash_microbatch[k][s] = -1;
+        }
+    }
+    executor->stores = xcalloc((size_t)executor->n_stores, sizeof *executor->stores);
+    executor->store_microbatch = xmalloc((size_t)executor->n_stores * sizeof(int));
+    for (int s = 0; s < executor->n_stores; s++) {
+        store_create(&executor->stores[s], backend, config, plan, max_batch, T,
+                     executor->needed);
+        executor->store_microbatch[s] = -1;
+    }
+    executor->tensor_bytes = (size_t)max_batch * T * config->d_model * backend->activation_bytes;
+    if (executor->P > 1)
+        executor->grad_staging = backend->alloc(executor->tensor_bytes);
+    const size_t tokens = (size_t)max_batch * T * sizeof(uint32_t);
+    executor->inputs = xmalloc(tokens);
+    executor->targets = xmalloc(tokens);
+}
+
+Executor *executor_create(Model *model, const Config *config, Comm *pp, int stage)
+{
+    Executor *executor = xcalloc(1, sizeof *executor);
+    executor->model = model;
+    executor->config = config;
+    executor->backend = model_backend(model);
+    executor->pp = pp;
+    executor->P = config->parallel.pp;
+    executor->v = config->parallel.virtual_stages;
+    executor->M = config_microbatches_per_rank(config);
+    executor->stage = stage;
+    executor->n_chunks = executor->P * executor->v;
+    executor->checkpointing = config->train.activation_checkpointing;
+    const PipelineSchedule schedule = config->parallel.schedule;
+    const char *problem = schedule_check(schedule, executor->P, executor->v, executor->M);
+    if (problem)
+        fatal(EXIT_CONFIG, "%s", problem);
+
+    executor->spans = xcalloc((size_t)executor->n_chunks, sizeof *executor->spans);
+    chunk_spans_build(executor->spans, executor->n_chunks, model_config(model),
+                      model_plan(model), config->parallel.layer_split,
+                      config->parallel.n_layer_split);
+    executor->n_actions = schedule_actions(schedule, executor->P, executor->v, executor->M,
+                                           stage, NULL, 0);
+    executor->actions = xcalloc((size_t)executor->n_actions, sizeof *executor->actions);
+    schedule_actions(schedule, executor->P, executor->v, executor->M, stage,
+                     executor->actions, executor->n_actions);
+    executor->slots = xcalloc((size_t)executor->v, sizeof *executor->slots);
+    count_in_flight(executor);
+
+    ChunkSpan *mine = xcalloc((size_t)executor->v, sizeof *mine);
+    for (int k = 0; k < executor->v; k++)
+        mine[k] = executor->spans[k * executor->P + stage];
+    executor->needed = store_needed_buffers(model, mine, executor->v);
+    free(mine);
+    model_set_activation_checkpointing(model, executor->checkpointing);
+    executor_allocate(executor);
+    return executor;
+}
+
+static void pending_wait_all(Executor *executor)
+{
+    for (int i = 0; i < executor->n_pending; i++) {
+        comm_wait(executor->pending[i].request);
+        free(executor->pending[i].buffer);
+    }
+    executor->n_pending = 0;
+}
+
+/* Frees the sends that have completed, keeping the others in order. */
+static void pending_collect(Executor *executor)
+{
+    int kept = 0;
+    for (int i = 0; i < executor->n_pending; i++) {
+        PendingSend send = executor->pending[i];
+        if (comm_test(send.request))
+            free(send.buffer);
+        else
+            executor->pending[kept++] = send;
+    }
+    executor->n_pending = kept;
+}
+
+void executor_destroy(Executor *executor)
+{
+    if (!executor)
+        return;
+    pending_wait_all(executor);
+    const Backend *backend = executor->backend;
+    for (int k = 0; k < executor->v; k++) {
+        for (int s = 0; s < executor->slots[k]; s++)
+            stash_destroy(&executor->stashes[k][s], backend);
+        free(executor->stashes[k]);
+        free(executor->stash_microbatch[k]);
+    }
+    for (int s = 0; s < executor->n_stores; s++)
+        store_destroy(&executor->stores[s], backend);
+    if (executor->grad_staging)
+        backend->release(executor->grad_staging);
+    free(executor->stashes);
+    free(executor->stash_microbatch);
+    free(executor->stores);
+    free(executor->store_microbatch);
+    free(executor->needed);
+    free(executor->slots);
+    free(executor->spans);
+    free(executor->actions);
+    free(executor->inputs);
+    free(executor->targets);
+    free(executor->pending);
+    free(executor);
+}
+
+const ChunkSpan *executor_spans(const Executor *executor, int *n_chunks)
+{
+    *n_chunks = executor->n_chunks;
+    return executor->spans;
+}
+
+int executor_stage(const Executor *executor) { return executor->stage; }
+
+int executor_stash_count(const Executor *executor)
+{
+    int count = 0;
+    for (int k = 0; k < executor->v; k++)
+        count += executor->slots[k];
+    return count;
+}
+
+size_t executor_activation_bytes(const Executor *executor)
+{
+    size_t bytes = 0;
+    for (int k = 0; k < executor->v; k++)
+        for (int s = 0; s < executor->slots[k]; s++)
+            bytes += executor->stashes[k][s].bytes;
+    for (int s = 0; s < executor->n_stores; s++)
+        bytes += executor->stores[s].bytes;
+    return bytes;
+}
+
+size_t executor_plan_bytes(const Executor *executor, bool checkpointed)
+{
+    const Model *model = executor->model;
+    const int max_batch = model_max_batch(model), T = executor->config->train.seq_len;
+    size_t bytes = 0;
+    for (int k = 0; k < executor->v; k++) {
+        const ChunkSpan *span = &executor->spans[k * executor->P + executor->stage];
+        bytes += (size_t)executor->slots[k] *
+                 stash_bytes(executor->backend, model_config(model), model_plan(model),
+                             max_batch, T, chunk_stash_shape(span, checkpointed));
+    }
+    bytes += (size_t)executor->n_stores * store_bytes(executor->backend, model_config(model),
+                                                      model_plan(model), max_batch, T,
+                                                      executor->needed);
+    return bytes;
+}
+
+PayloadBytes executor_predicted_bytes(const Executor *executor)
+{
+    return payload_predict(model_plan(executor->model), executor->spans, executor->n_chunks,
+                           executor->P, executor->stage, executor->M,
+                           (uint64_t)executor->tensor_bytes);
+}
+
+/* ---- the pools ---- */
+
+static Stash *stash_acquire(Executor *executor, int local, int microbatch)
+{
+    for (int s = 0; s < executor->slots[local]; s++)
+        if (executor->stash_microbatch[local][s] < 0) {
+            executor->stash_microbatch[local][s] = microbatch;
+            return &executor->stashes[local][s];
+        }
+    fatal(EXIT_CONFIG, "stage %d ran out of stashes for chunk %d (a schedule bug)",
+          executor->stage, local * executor->P + executor->stage);
+}
+
+static Stash *stash_find(Executor *executor, int local, int microbatch, bool release)
+{
+    for (int s = 0; s < executor->slots[local]; s++)
+        if (executor->stash_microbatch[local][s] == microbatch) {
+            if (release)
+                executor->stash_microbatch[local][s] = -1;
+            return &executor->stashes[local][s];
+        }
+    fatal(EXIT_CONFIG, "stage %d has no stash of microbatch %d for chunk %d", executor->stage,
+          microbatch, local * executor->P + executor->stage);
+}
+
+/* The microbatch's store; the first forward on this stage takes a free one, zeroed. */
+static SummaryStore *store_for(Executor *executor, int microbatch, bool first_use)
+{
+    for (int s = 0; s < executor->n_stores; s++)
+        if (executor->store_microbatch[s] == microbatch)
+            return &executor->stores[s];
+    if (!first_use)
+        fatal(EXIT_CONFIG, "stage %d has no summary store of microbatch %d", executor->stage,
+              microbatch);
+    for (int s = 0; s < executor->n_stores; s++)
+        if (executor->store_microbatch[s] < 0) {
+            executor->store_microbatch[s] = microbatch;
+            store_zero_grads(executor->model, &executor->stores[s]);
+            return &executor->stores[s];
+        }
+    fatal(EXIT_CONFIG, "stage %d ran out of summary stores (a schedule bug)", executor->stage);
+}
+
+static void store_release(Executor *executor, int microbatch)
+{
+    for (int s = 0; s < executor->n_stores; s++)
+        if (executor->store_microbatch[s] == microbatch)
+            executor->store_microbatch[s] = -1;
+}
+
+/* ---- hops ---- */
+
+/* The [rows, d] tensors of a hop, in message order: the stream, then the summaries. */
+static int hop_tensors(Executor *executor, HopPayload hop, Stash *stash, SummaryStore *store,
+                       const ChunkSpan *span, bool output, bool gradients, Activation **out)
+{
+    Model *model = executor->model;
+    int n = 0;
+    if (hop.stream) {
+        if (gradients)
+            out[n++] = chunk_grad_stream(model);
+        else
+            out[n++] = output ? chunk_output_stream(model, span, stash, store)
+                              : chunk_input_stream(model, span, stash, store);
+    }
+    for (int block = hop.first_block; block < hop.end_block; block++)
+        out[n++] = gradients ? store_summary_grad(store, block)
+                             : store_summary(model, store, block);
+    return n;
+}
+
+static void send_tensors(Executor *executor, Activation **tensors, int n, size_t bytes,
+                         int peer, int tag, uint64_t summary_bytes, uint64_t uncached_bytes)
+{
+    char *buffer = xmalloc((size_t)n * bytes + 1);
+    for (int t = 0; t < n; t++)
+        executor->backend->download(buffer + (size_t)t * bytes, tensors[t], bytes);
+    if (executor->n_pending == executor->pending_capacity) {
+        executor->pending_capacity = executor->pending_capacity ? 2 * executor->pending_capacity
+                                                                : 16;
+        executor->pending = xrealloc(executor->pending,
+                                     (size_t)executor->pending_capacity * sizeof(PendingSend));
+    }
+    CommRequest *request = comm_send_start(executor->pp, buffer, (size_t)n * bytes, peer, tag,
+                                           COMM_KIND_PP_SEND);
+    executor->pending[executor->n_pending++] = (PendingSend){request, buffer};
+    comm_count(COMM_KIND_PP_SUMMARY, summary_bytes);
+    comm_count(COMM_KIND_PP_SUMMARY_UNCACHED, uncached_bytes);
+}
+
+/* Receives n tensors; each goes to its place, or with `add` is added into it. */
+static void recv_tensors(Executor *executor, Activation **tensors, int n, size_t bytes,
+                         int peer, int tag, bool add, int first_added)
+{
+    const Backend *backend = executor->backend;
+    char *buffer = xmalloc((size_t)n * bytes + 1);
+    comm_wait(comm_recv_start(executor->pp, buffer, (size_t)n * bytes, peer, tag,
+                              COMM_KIND_PP_RECV));
+    const size_t count = bytes / backend->activation_bytes;
+    for (int t = 0; t < n; t++) {
+        const char *part = buffer + (size_t)t * bytes;
+        if (add && t >= first_added) {
+            backend->upload(executor->grad_staging, part, bytes);
+            backend->add_inplace(tensors[t], executor->grad_staging, count);
+        } else {
+            backend->upload(tensors[t], part, bytes);
+        }
+    }
+    free(buffer);
+}
+
+static uint64_t hop_summary_bytes(HopPayload hop, size_t bytes)
+{
+    return (uint64_t)(hop.end_block - hop.first_block) * bytes;
+}
+
+static void run_forward(Executor *executor, const Action *action, DataSet *data,
+                        uint64_t consumed_samples, int dp_rank, int dp_size, StepLoss *loss)
+{
+    Model *model = executor->model;
+    const Config *config = executor->config;
+    const ResidualPlan *plan = model_plan(model);
+    const int c = action->chunk, mb = action->microbatch, P = executor->P;
+    const ChunkSpan *span = &executor->spans[c];
+    const int B = config->train.microbatch_size;
+    const size_t bytes = (size_t)B * config->train.seq_len * model_config(model)->d_model *
+                         executor->backend->activation_bytes;
+    SummaryStore *store = store_for(executor, mb, true);
+    Stash *stash = stash_acquire(executor, c / P, mb);
+    Activation **tensors = xcalloc((size_t)plan->n_blocks + 3, sizeof *tensors);
+    if (c > 0) {
+        const HopPayload hop = payload_hop(plan, executor->spans, executor->n_chunks, P, c - 1,
+                                           true);
+        const int n = hop_tensors(executor, hop, stash, store, span, false, false, tensors);
+        recv_tensors(executor, tensors, n, bytes, (c - 1) % P,
+                     hop_tag(executor, DIRECTION_FORWARD, mb, c - 1), false, n);
+    }
+    if (span->has_embedding || span->has_head)
+        data_read_microbatch(data, consumed_samples, config->train.global_batch_size, dp_rank,
+                             dp_size, mb, B, executor->inputs, executor->targets);
+    ModelLoss result = chunk_forward(model, span, stash, store, executor->inputs,
+                                     executor->targets, B, (float)config->train.z_loss);
+    if (span->has_head) {
+        loss->loss += result.loss;
+        loss->ce += result.ce;
+        loss->zloss += result.zloss;
+    }
+    if (c < executor->n_chunks - 1) {
+        const HopPayload hop = payload_hop(plan, executor->spans, executor->n_chunks, P, c, true);
+        const HopPayload plain = payload_hop(plan, executor->spans, executor->n_chunks, P, c,
+                                             false);
+        const int n = hop_tensors(executor, hop, stash, store, span, true, false, tensors);
+        send_tensors(executor, tensors, n, bytes, (c + 1) % P,
+                     hop_tag(executor, DIRECTION_FORWARD, mb, c), hop_summary_bytes(hop, bytes),
+                     hop_summary_bytes(plain, bytes));
+    }
+    free(tensors);
+}
+
+static void run_backward(Executor *executor, const Action *action, float loss_scale)
+{
+    Model *model = executor->model;
+    const Config *config = executor->config;
+    const ResidualPlan *plan = model_plan(model);
+    const int c = action->chunk, mb = action->microbatch, P = executor->P;
+    const ChunkSpan *span = &executor->spans[c];
+    const size_t bytes = (size_t)config->train.microbatch_size * config->train.seq_len *
+                         model_config(model)->d_model * executor->backend->activation_bytes;
+    SummaryStore *store = store_for(executor, mb, false);
+    Stash *stash = stash_find(executor, c / P, mb, false);
+    Activation **tensors = xcalloc((size_t)plan->n_blocks + 3, sizeof *tensors);
+    if (c < executor->n_chunks - 1) {
+        /* d(output stream) replaces the gradient stream; the summaries' gradients add */
+        const HopPayload hop = payload_hop(plan, executor->spans, executor->n_chunks, P, c, true);
+        const int n = hop_tensors(executor, hop, stash, store, span, true, true, tensors);
+        recv_tensors(executor, tensors, n, bytes, (c + 1) % P,
+                     hop_tag(executor, DIRECTION_BACKWARD, mb, c + 1), true, hop.stream ? 1 : 0);
+    }
+    chunk_backward(model, span, stash, store, loss_scale);
+    if (c > 0) {
+        const HopPayload hop = payload_hop(plan, executor->spans, executor->n_chunks, P, c - 1,
+                                           true);
+        const HopPayload plain = payload_hop(plan, executor->spans, executor->n_chunks, P,
+                                             c - 1, false);
+        const int n = hop_tensors(executor, hop, stash, store, span, false, true, tensors);
+        send_tensors(executor, tensors, n, bytes, (c - 1) % P,
+                     hop_tag(executor, DIRECTION_BACKWARD, mb, c), hop_summary_bytes(hop, bytes),
+                     hop_summary_bytes(plain, bytes));
+    }
+    free(tensors);
+    stash_find(executor, c / P, mb, true);
+    if (c / P == 0)
+        store_release(executor, mb);
+}
+
+StepLoss executor_run_step(Executor *executor, DataSet *data, uint64_t consumed_samples,
+                           int dp_rank, int dp_size, float loss_scale)
+{
+    StepLoss loss = {0};
+    for (int a = 0; a < executor->n_actions; a++) {
+        const Action *action = &executor->actions[a];
+        if (action->kind == ACTION_FORWARD)
+            run_forward(executor, action, data, consumed_samples, dp_rank, dp_size, &loss);
+        else
+            run_backward(executor, action, loss_scale);
+        if (executor->n_pending)
+            pending_collect(executor);
+    }
+    pending_wait_all(executor);
+    return loss;
 }

@@ -1,35 +1,70 @@
-/* pipeline/executor.h — runs one training step's microbatches on one stage (DESIGN 1, 3).
+/* pipeline/executor.h — runs one stage's share of a training step's microbatches
+ * (DESIGN 1, 3): the stage's actions from pipeline/schedule.h, in order, with the hops of
+ * pipeline/payload.h sent and received through runtime/comm.h.
  *
- * With one pipeline stage the schedule is trivial: for each of this rank's microbatches,
- * read its tokens, run the forward, run the backward with the gradient scaled by
- * 1/microbatches, so the accumulated gradient is that of the mean loss over the step's
- * sequences. Multi-stage schedules (gpipe, 1f1b, interleaved) replace this loop later; the
- * contract stays: gradients of the step's mean loss, accumulated into the model's buffer.
- * The caller zeroes the gradients first.
+ * Per action:
+ *   forward (mb, c)   c > 0: wait for the payload from stage (c-1) % P and put it in place;
+ *                     run the chunk; c < C-1: start the send of its payload to (c+1) % P.
+ *   backward (mb, c)  c < C-1: wait for the gradient payload from (c+1) % P (the stream's
+ *                     gradient, and the summaries' gradients ADDED into the store); run the
+ *                     chunk's backward; c > 0: start the send of the gradients of what the
+ *                     forward hop into c carried, to (c-1) % P.
+ * Sends start at once and complete in the background (each from its own host buffer, so
+ * nothing the stage writes later can change a message in flight); a receive waits, with
+ * the deadline of parallel.timeout_s, at its action, which is the simulator's execution
+ * model: every schedule there is deadlock free. cuda payloads go through host copies.
+ *
+ * Memory, allocated once in executor_create (before step 1): per local chunk as many
+ * stashes as its most forwards in flight in the schedule (the schedule's stash bound, over
+ * the stage's chunks), and one summary store per microbatch the stage holds at once (from
+ * its first forward to the backward of its first chunk), sized to the buffers this stage's
+ * chunks touch. With one stage this is one stash and one store: the one-process step.
+ *
+ * Each microbatch's backward is scaled by `loss_scale` (1 / (M * D), DESIGN 3); the caller
+ * zeroes the gradients first. The loss returned is the sum over the stage's microbatches of
+ * their means, on the stage that holds the last chunk, zero elsewhere.
  */
 #ifndef FATHOM_PIPELINE_EXECUTOR_H
 #define FATHOM_PIPELINE_EXECUTOR_H
 
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/chunk.h"
 #include "model/model.h"
+#include "pipeline/payload.h"
+#include "pipeline/schedule.h"
+#include "runtime/comm.h"
 #include "runtime/config.h"
 #include "runtime/data.h"
 
-#include <stdint.h>
-
 typedef struct {
-    double loss, ce, zloss; /* means over the step's tokens */
+    double loss, ce, zloss; /* sums of microbatch means (the last chunk's stage only) */
 } StepLoss;
 
-/* Token scratch for one microbatch, host memory, owned by the caller. */
-typedef struct {
-    uint32_t *inputs, *targets; /* [microbatch_size, seq_len] each */
-} MicrobatchTokens;
+typedef struct Executor Executor;
 
-MicrobatchTokens executor_tokens_create(const Config *config);
-void executor_tokens_destroy(MicrobatchTokens *tokens);
+/* The executor of `stage` of the pipeline `pp` (a communicator of parallel.pp ranks whose
+ * rank is the stage; NULL when pp is 1), for config's schedule, virtual_stages,
+ * layer_split, activation checkpointing and microbatches per rank. A layout the schedule
+ * cannot run is EXIT_CONFIG naming the keys. */
+Executor *executor_create(Model *model, const Config *config, Comm *pp, int stage);
+void executor_destroy(Executor *executor);
 
-/* The step that starts at global sample `consumed_samples`. */
-StepLoss executor_run_step(Model *model, DataSet *data, const Config *config,
-                           uint64_t consumed_samples, int dp_rank, MicrobatchTokens *tokens);
+/* All chunks [n_chunks], this stage's chunk list, and sizes for the memory plan. */
+const ChunkSpan *executor_spans(const Executor *executor, int *n_chunks);
+int executor_stage(const Executor *executor);
+size_t executor_activation_bytes(const Executor *executor); /* stashes and stores */
+int executor_stash_count(const Executor *executor);
+/* What the stage's stashes and stores would take with and without checkpointing. */
+size_t executor_plan_bytes(const Executor *executor, bool checkpointed);
+
+/* The microbatches of the step that starts at global sample consumed_samples, for data-
+ * parallel rank dp_rank of dp_size. */
+StepLoss executor_run_step(Executor *executor, DataSet *data, uint64_t consumed_samples,
+                           int dp_rank, int dp_size, float loss_scale);
+
+/* The bytes this stage's hops of one step carry (pipeline/payload.h). */
+PayloadBytes executor_predicted_bytes(const Executor *executor);
 
 #endif

@@ -23,7 +23,13 @@ static void optim_check_ranges(const Optimizer *opt)
 
 static double optim_global_grad_norm(const Optimizer *opt)
 {
-    double sum_squares = opt->backend->sum_squares(opt->grads, opt->count);
+    double sum_squares = 0;
+    if (!opt->norm_ranges)
+        sum_squares = opt->backend->sum_squares(opt->grads, opt->count);
+    for (int r = 0; opt->norm_ranges && r < opt->n_norm_ranges; r++)
+        if (opt->norm_ranges[r].count)
+            sum_squares += opt->backend->sum_squares(opt->grads + opt->norm_ranges[r].offset,
+                                                     opt->norm_ranges[r].count);
     if (opt->reduce_sum)
         sum_squares = opt->reduce_sum(sum_squares, opt->reduce_context);
     return sqrt(sum_squares);

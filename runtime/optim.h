@@ -8,7 +8,8 @@
  * adamw_update, ema_update, copy), so the same code runs on cpu and cuda.
  *
  * One step, optim_step(opt, lr, &grad_norm):
- *   1. norm = sqrt(sum over all `count` grads of g^2), in double. When reduce_sum is set the
+ *   1. norm = sqrt(sum over all `count` grads of g^2, or over norm_ranges when given), in
+ *      double. When reduce_sum is set the
  *      per-rank sum of squares goes through it first, so every rank sees the global norm and
  *      takes the same decision.
  *   2. norm not finite: nothing changes except `skipped` (+1); returns false.
@@ -53,6 +54,11 @@ typedef struct {
     size_t count;
     const OptimRange *ranges;
     int n_ranges;
+    /* The ranges whose gradients the norm counts, when not every element of the buffers
+     * (NULL: all `count`): under pipeline stages each rank counts its own tensors, and a
+     * tensor several stages share only on the lowest of them (DESIGN 3). */
+    const OptimRange *norm_ranges;
+    int n_norm_ranges;
     OptimReduceSum reduce_sum;  /* NULL: this process holds every parameter */
     void *reduce_context;
     int step;                   /* updates taken so far; a skipped step does not count */
