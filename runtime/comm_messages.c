@@ -110,8 +110,9 @@ CommRequest *comm_recv_start(Comm *comm, void *buffer, size_t bytes, int peer, i
     return request;
 }
 
-static void comm_describe_request(const CommRequest *request, char *text, size_t capacity)
+static void comm_describe_request(const void *context, char *text, size_t capacity)
 {
+    const CommRequest *request = context;
     const int peer = comm_world_rank_of(request->comm, request->peer);
     snprintf(text, capacity, "%s of %zu bytes %s rank %d (tag %d)",
              request->is_recv ? "recv" : "send", request->bytes,
@@ -142,9 +143,9 @@ static void comm_finish_request(CommRequest *request, const MPI_Status *status)
 void comm_wait(CommRequest *request)
 {
     comm_refuse_inside_group(request, "comm_wait");
-    char operation[160];
     if (request->comm->size == 1) {
         if (!request->local_done) {
+            char operation[160];
             comm_describe_request(request, operation, sizeof operation);
             fatal(EXIT_COMM, "%s can never complete: no send of that tag on a 1-rank "
                              "communicator", operation);
@@ -152,9 +153,8 @@ void comm_wait(CommRequest *request)
         free(request);
         return;
     }
-    comm_describe_request(request, operation, sizeof operation);
     MPI_Status status;
-    comm_poll(&request->handle, &status, operation);
+    comm_poll(&request->handle, &status, comm_describe_request, request);
     comm_finish_request(request, request->is_recv ? &status : NULL);
 }
 

@@ -191,18 +191,6 @@ const char *comm_kind_name(CommKind kind)
     return kind >= 0 && kind < COMM_KIND_COUNT ? comm_kind_names[kind] : "unknown";
 }
 
-size_t comm_type_size(CommType type)
-{
-    switch (type) {
-    case COMM_FLOAT32: return 4;
-    case COMM_BFLOAT16: return 2;
-    case COMM_BYTE: return 1;
-    case COMM_INT64: return 8;
-    case COMM_FLOAT64: return 8;
-    }
-    fatal(EXIT_COMM, "comm: unknown CommType %d", (int)type);
-}
-
 /* ---- waiting ------------------------------------------------------------------------ */
 
 static double comm_now_seconds(void)
@@ -228,11 +216,12 @@ int comm_world_rank_of(const Comm *comm, int rank)
     return world_rank;
 }
 
-/* Polls the request until it completes or the deadline passes; `operation` says what it
+/* Polls the request until it completes or the deadline passes; `describe` says what it
  * was, for the message. The first polls spin (latency); after that the rank
  * yields, then sleeps 50 us between polls, so that ranks sharing cores (mpirun
  * --oversubscribe, the tests) leave the CPU to the rank that must make progress. */
-void comm_poll(MPI_Request *request, MPI_Status *status, const char *operation)
+void comm_poll(MPI_Request *request, MPI_Status *status, CommDescribe describe,
+               const void *context)
 {
     const double start = comm_now_seconds();
     const double deadline = start + comm_state.timeout_seconds;
@@ -242,9 +231,12 @@ void comm_poll(MPI_Request *request, MPI_Status *status, const char *operation)
         if (done)
             return;
         const double now = comm_now_seconds();
-        if (now > deadline)
+        if (now > deadline) {
+            char operation[256];
+            describe(context, operation, sizeof operation);
             fatal(EXIT_COMM, "%s did not complete within parallel.timeout_s = %g s", operation,
                   comm_state.timeout_seconds);
+        }
         if (polls < 1000)
             continue;
         if (now - start < 0.01) {
@@ -256,15 +248,25 @@ void comm_poll(MPI_Request *request, MPI_Status *status, const char *operation)
     }
 }
 
+typedef struct {
+    const char *name;
+    const Comm *comm;
+    size_t bytes;
+} CollectiveCall;
+
+static void comm_describe_collective(const void *context, char *text, size_t capacity)
+{
+    const CollectiveCall *call = context;
+    snprintf(text, capacity, "%s of %zu bytes on a %d-rank communicator (this rank is its "
+             "rank %d)", call->name, call->bytes, call->comm->size, call->comm->rank);
+}
+
 /* A collective's request, with its name and communicator in the message. */
 static void comm_poll_collective(MPI_Request *request, const char *name, const Comm *comm,
                                  size_t bytes)
 {
-    char operation[256];
-    snprintf(operation, sizeof operation,
-             "%s of %zu bytes on a %d-rank communicator (this rank is its rank %d)", name,
-             bytes, comm->size, comm->rank);
-    comm_poll(request, MPI_STATUS_IGNORE, operation);
+    const CollectiveCall call = {.name = name, .comm = comm, .bytes = bytes};
+    comm_poll(request, MPI_STATUS_IGNORE, comm_describe_collective, &call);
 }
 
 /* MPI counts are int: a larger call must be split by the caller. */

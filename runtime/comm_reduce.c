@@ -6,6 +6,18 @@
 
 #include "runtime/error.h"
 
+size_t comm_type_size(CommType type)
+{
+    switch (type) {
+    case COMM_FLOAT32: return 4;
+    case COMM_BFLOAT16: return 2;
+    case COMM_BYTE: return 1;
+    case COMM_INT64: return 8;
+    case COMM_FLOAT64: return 8;
+    }
+    fatal(EXIT_COMM, "comm: unknown CommType %d", (int)type);
+}
+
 float comm_bfloat16_to_float(uint16_t value)
 {
     const uint32_t bits = (uint32_t)value << 16;
