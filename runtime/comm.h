@@ -92,7 +92,8 @@ typedef enum {
 /* Starts MPI when launched by mpirun (see above); otherwise a world of one. Call once, first
  * thing in main; a second call does nothing. */
 void comm_init(int *argc, char ***argv);
-/* Waits for nobody: the caller has finished its communication. MPI_Finalize when MPI runs. */
+/* MPI_Finalize when MPI runs; it waits for nobody, so every rank must have finished its
+ * communication. No comm call may follow it. */
 void comm_finalize(void);
 /* Whether MPI was initialised (false in a world of one started without a launcher). */
 bool comm_mpi_active(void);
