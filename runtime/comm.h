@@ -3,8 +3,8 @@
  * What it does: collectives (all-gather, reduce-scatter, all-reduce, broadcast, barrier) and
  * tagged point-to-point messages between the ranks of a communicator, with byte counters by
  * kind. Nothing here knows what a transformer is; callers say what bytes were for through
- * CommKind. This implementation (comm_mpi.c) moves host memory through MPI; the CUDA module
- * will add device memory through NCCL behind the same names.
+ * CommKind. This implementation (comm_mpi.c, comm_messages.c) moves host memory through MPI;
+ * the CUDA module will add device memory through NCCL behind the same names.
  *
  * Memory: every buffer belongs to the caller; nothing here keeps a pointer after the call
  * returns, except a started send/recv, whose buffer must stay untouched until comm_wait or
