@@ -7,16 +7,42 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Process-wide, set once by comm_init in a job of several ranks (error.h). */
+static void (*error_abort_job)(int exit_code);
+static int error_rank = -1;
+
+void error_set_abort(void (*abort_job)(int exit_code))
+{
+    error_abort_job = abort_job;
+}
+
+void error_set_rank(int rank)
+{
+    error_rank = rank;
+}
+
+static void error_print_prefix(const char *severity)
+{
+    fprintf(stderr, "fathom: %s: ", severity);
+    if (error_rank >= 0)
+        fprintf(stderr, "rank %d: ", error_rank);
+}
+
 void fatal(int exit_code, const char *format, ...)
 {
     va_list args;
     fflush(stdout);
-    fputs("fathom: error: ", stderr);
+    error_print_prefix("error");
     va_start(args, format);
     vfprintf(stderr, format, args);
     va_end(args);
     fputc('\n', stderr);
     fflush(stderr);
+    /* a failure inside the hook (a second fatal from MPI_Abort's path) must not recurse */
+    void (*abort_job)(int) = error_abort_job;
+    error_abort_job = NULL;
+    if (abort_job)
+        abort_job(exit_code);
     exit(exit_code);
 }
 
@@ -24,7 +50,7 @@ void warn(const char *format, ...)
 {
     va_list args;
     fflush(stdout);
-    fputs("fathom: warning: ", stderr);
+    error_print_prefix("warning");
     va_start(args, format);
     vfprintf(stderr, format, args);
     va_end(args);

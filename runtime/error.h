@@ -5,8 +5,11 @@
  * that names the key or the file; a failed library call goes through one of the *_CHECK
  * macros, which add file:line and the library's own message.
  *
- * The process-wide handler lets tests and the CLI see fatal() before exit: by default it
- * just exits.
+ * In a job of several ranks (runtime/comm.h) the communication layer installs two
+ * process-wide settings: a rank prefix, so every message reads "fathom: error: rank 3: ...",
+ * and an abort hook that fatal() calls instead of exit(), so that one rank's failure ends the
+ * whole job with its exit code. Without them (one process, and the forked children of the
+ * tests) fatal() prints and exits.
  */
 #ifndef FATHOM_RUNTIME_ERROR_H
 #define FATHOM_RUNTIME_ERROR_H
@@ -31,6 +34,12 @@ enum ExitCode {
 
 FATHOM_NORETURN void fatal(int exit_code, const char *format, ...)
     __attribute__((format(printf, 2, 3)));
+
+/* After this, fatal() prints its message and calls abort_job(exit_code) instead of exit();
+ * abort_job should not return (if it does, fatal() exits). NULL restores plain exit(). */
+void error_set_abort(void (*abort_job)(int exit_code));
+/* rank >= 0: fatal() and warn() put "rank N: " before the message; rank < 0: no prefix. */
+void error_set_rank(int rank);
 
 /* Prints "fathom: warning: ..." and carries on. */
 void warn(const char *format, ...) __attribute__((format(printf, 1, 2)));
