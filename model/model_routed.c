@@ -186,8 +186,8 @@ void model_routed_backward(Model *model, const LayerContext *context, float loss
         backend->add_inplace(grad_stream, routed->grad_blocks[0], count);
         backend->embedding_backward(model->grad_embedding, grad_stream, act->inputs, (int)rows,
                                     d);
-        backend->embedding_backward(model->grad_route_null, routed->grad_null_rows,
-                                    routed->zero_tokens, (int)rows, d);
+        /* d null = sum over tokens of d null_rows: a column sum, not a scatter onto one row */
+        backend->sum_rows(model->grad_route_null, routed->grad_null_rows, (int)rows, d);
     } else {
         backend->embedding_backward(model->grad_embedding, routed->grad_blocks[0], act->inputs,
                                     (int)rows, d);
