@@ -407,8 +407,7 @@ void chunk_backward(Model *model, const ChunkSpan *span, Stash *stash, SummarySt
         backend->embedding_backward(model->grad_embedding, grad_e, stash->inputs, (int)rows, d);
     }
     if (walk.delta) /* d route_null: the sum over tokens of the null source's gradient */
-        backend->embedding_backward(model->grad_route_null, scratch->grad_null_rows,
-                                    scratch->zero_tokens, (int)rows, d);
+        backend->sum_rows(model->grad_route_null, scratch->grad_null_rows, (int)rows, d);
     walk_end(&walk);
 }
 

@@ -10,6 +10,12 @@
 #include "model/residual.h"
 #include "runtime/error.h"
 
+/* The next multiple of PARAM_ALIGNMENT from `elements`. */
+static size_t param_align(size_t elements)
+{
+    return (elements + PARAM_ALIGNMENT - 1) / PARAM_ALIGNMENT * PARAM_ALIGNMENT;
+}
+
 /* Appends one tensor of shape[0..ndim-1]; the caller has reserved room. */
 static void table_append_shape(ParamTable *table, int unit, ParamKind kind, int ndim,
                                const int shape[3], const char *name)
@@ -24,10 +30,10 @@ static void table_append_shape(ParamTable *table, int unit, ParamKind kind, int 
         entry->shape[axis] = axis < ndim ? shape[axis] : 1;
         entry->count *= (size_t)entry->shape[axis];
     }
-    entry->offset = table->total;
+    entry->offset = param_align(table->total);
     entry->unit = unit;
     entry->kind = kind;
-    table->total += entry->count;
+    table->total = entry->offset + entry->count;
 }
 
 /* A [rows] (cols = 0) or [rows, cols] tensor named by a printf format. */
@@ -109,6 +115,7 @@ void param_table_build_with_residual(ParamTable *table, const ModelConfig *confi
 
     for (int unit = 0; unit < table->n_units; unit++) {
         ParamUnit *range = &table->units[unit];
+        table->total = param_align(table->total);
         range->offset = table->total;
         range->first_param = table->n_params;
         if (unit == 0) {

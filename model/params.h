@@ -19,6 +19,12 @@
  * (msar with m > 1), just before the norm of the sublayer they stand before
  * (docs/design-notes.md). All of them are PARAM_ROUTING.
  *
+ * Every tensor, and so every unit, starts on a multiple of PARAM_ALIGNMENT elements; the
+ * few elements of padding in front of it belong to no tensor and stay zero (their gradient
+ * is zero, so AdamW and the EMA keep them at zero). Without it one [1] alpha shifts every
+ * later tensor of the delta form to an odd element, and the compute copy's bf16 weights
+ * reach cuBLASLt and the vector kernels 2-byte aligned: their slow paths.
+ *
  * The table owns its arrays (param_table_free releases them); it holds no tensor data.
  */
 #ifndef FATHOM_MODEL_PARAMS_H
@@ -29,6 +35,8 @@
 #include "runtime/config.h"
 
 #define PARAM_NAME_MAX 96
+/* 64 elements: 256 bytes of fp32, 128 of bf16 (cuBLASLt's largest alignment is 256 bytes) */
+#define PARAM_ALIGNMENT 64
 
 typedef enum {
     PARAM_EMBEDDING, /* embed_tokens, an untied lm_head */
@@ -42,14 +50,14 @@ typedef struct {
     char name[PARAM_NAME_MAX];
     int ndim;         /* 1, 2 or 3 (the MSAR stream convolutions) */
     int shape[3];     /* trailing entries beyond ndim are 1 */
-    size_t offset;    /* first element in the flat buffer */
+    size_t offset;    /* first element in the flat buffer, a multiple of PARAM_ALIGNMENT */
     size_t count;     /* shape[0] * shape[1] * shape[2] */
     int unit;         /* FSDP unit */
     ParamKind kind;
 } ParamEntry;
 
 typedef struct {
-    size_t offset, count; /* the unit's contiguous range of the flat buffer */
+    size_t offset, count; /* the unit's contiguous range of the flat buffer (with padding) */
     int first_param;      /* its entries are params[first_param .. first_param+n_params-1] */
     int n_params;
 } ParamUnit;
@@ -59,7 +67,7 @@ typedef struct {
     int n_params;
     ParamUnit *units;
     int n_units;              /* n_layers + 2 */
-    size_t total;             /* elements in the flat buffer */
+    size_t total;             /* elements in the flat buffer, padding included */
     size_t layer_matrix_count; /* q,k,v,o,gate,up,down elements over all layers (MFU, DESIGN 6) */
 } ParamTable;
 

@@ -78,6 +78,11 @@ typedef struct Backend {
     /* dtable[tokens[t], :] += dout[t, :] (deterministic: fixed order over t per row) */
     void (*embedding_backward)(float *dtable, const Activation *dout, const uint32_t *tokens,
                                int n, int d);
+    /* out[c] += sum over t of x[t, c]   x [rows, d], out [d] fp32: the gradient of one [d]
+     * row read by every token (the delta form's null source, DESIGN 2.1), which
+     * embedding_backward would sum on one row, serially. Deterministic: a fixed order over t
+     * that depends on the shapes only. */
+    void (*sum_rows)(float *out, const Activation *x, int rows, int d);
 
     /* ---- RMSNorm over rows (DESIGN 2): out = weight * (x * rstd), rstd = rsqrt(mean(x^2)+eps)
      * x, out [rows, d]; weight [d]; rstd [rows] saved for the backward ---- */

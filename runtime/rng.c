@@ -25,6 +25,10 @@ double rng_uniform(uint64_t seed, uint64_t stream, uint64_t index)
 void rng_fill_normal(float *x, size_t n, uint64_t first, double mean, double std,
                      uint64_t seed, uint64_t stream)
 {
+    /* Each element is a function of its own index, so the threads' split cannot change a
+     * bit; one thread takes ~40 ns an element, 80 s for the 2 G parameters of an 8B-width
+     * model with 4 layers. */
+#pragma omp parallel for schedule(static) if (n >= 65536)
     for (size_t i = 0; i < n; i++) {
         uint64_t element = first + i;
         /* both members of a Box-Muller pair come from the pair's two uniforms */

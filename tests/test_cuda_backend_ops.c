@@ -111,6 +111,29 @@ Test(cuda_backend_ops, embedding_backward_adds_the_cpu_gradient)
     }
 }
 
+/* ---- sum of rows: shape rows, d (d 20: the scalar path; 72 and 4096: 16-byte vectors;
+ * rows past SUM_ROWS_SLICES = 64 cut into slices) ---- */
+
+static const int sum_rows_shapes[][2] = {{37, 20}, {1001, 72}, {300, 4096}};
+
+static void run_sum_rows(const Backend *b, void *const *p, const OpCase *c)
+{
+    b->sum_rows(p[0], p[1], c->shape[0], c->shape[1]);
+}
+
+Test(cuda_backend_ops, sum_rows_adds_the_cpu_column_sums)
+{
+    gpu_require();
+    for (int i = 0; i < 3; i++) {
+        const int rows = sum_rows_shapes[i][0], d = sum_rows_shapes[i][1];
+        OpCase c = op_case("sum_rows", run_sum_rows);
+        c.shape[0] = rows, c.shape[1] = d;
+        op_accumulated(&c, "out", ARRAY_FLOAT, (size_t)d, FP32_OUT);
+        op_input(&c, "x", ARRAY_ACTIVATION, (size_t)rows * d, 1, 0.25f);
+        op_check(&c, 45 + (uint64_t)i);
+    }
+}
+
 /* ---- RMSNorm: shape rows, d ---- */
 
 static const int rmsnorm_shapes[][2] = {{7, 40}, {33, 100}};

@@ -119,6 +119,28 @@ Test(kernels_cpu_backward, embedding_backward_is_bitwise_identical_for_1_and_2_t
     free_all(tokens, dout, one, two, NULL);
 }
 
+/* The delta form's null source is one row read by every token: its gradient, the sum of
+ * rows, is the embedding backward with every token 0, bit for bit, and adds into out. */
+Test(kernels_cpu_backward, sum_rows_is_the_embedding_backward_onto_one_row)
+{
+    int n = 131, d = 150; /* 3 column blocks, the last one partial */
+    uint32_t *zeros = calloc((size_t)n, sizeof *zeros);
+    cr_assert_not_null(zeros);
+    float *x = random_floats((size_t)n * d, 1, 8);
+    float *start = random_floats((size_t)d, 1, 9);
+    float *summed = random_floats((size_t)d, 1, 9), *scattered = random_floats((size_t)d, 1, 9);
+    cpu_sum_rows(summed, x, n, d);
+    cpu_embedding_backward(scattered, x, zeros, n, d);
+    expect_bitwise_equal(summed, scattered, (size_t)d, "out");
+    for (int c = 0; c < d; c++) {
+        double column = start[c];
+        for (int t = 0; t < n; t++)
+            column += x[(size_t)t * d + c];
+        cr_assert_float_eq(summed[c], column, 1e-4 * (1 + fabs(column)), "column %d", c);
+    }
+    free_all(zeros, x, start, summed, scattered, NULL);
+}
+
 /* ---- RMSNorm ---- */
 
 typedef struct {

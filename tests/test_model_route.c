@@ -140,6 +140,12 @@ Test(model_route, msar_with_one_stream_has_no_mix_weights_but_keeps_m_by_d_queri
     param_table_free(&table);
 }
 
+/* The next tensor starts at the first multiple of PARAM_ALIGNMENT from `end`. */
+static size_t aligned_start(size_t end)
+{
+    return (end + PARAM_ALIGNMENT - 1) / PARAM_ALIGNMENT * PARAM_ALIGNMENT;
+}
+
 Test(model_route, every_routing_weight_is_routing_kind_and_units_stay_contiguous)
 {
     ModelConfig config = route_test_model_config();
@@ -150,13 +156,13 @@ Test(model_route, every_routing_weight_is_routing_kind_and_units_stay_contiguous
     int routing = 0;
     for (int u = 0; u < table.n_units; u++) {
         const ParamUnit *unit = &table.units[u];
-        cr_assert_eq(unit->offset, next, "unit %d", u);
+        cr_assert_eq(unit->offset, aligned_start(next), "unit %d", u);
         size_t inside = unit->offset;
         for (int p = unit->first_param; p < unit->first_param + unit->n_params; p++) {
             const ParamEntry *entry = &table.params[p];
             cr_assert_eq(entry->unit, u, "%s", entry->name);
-            cr_assert_eq(entry->offset, inside, "%s", entry->name);
-            inside += entry->count;
+            cr_assert_eq(entry->offset, aligned_start(inside), "%s", entry->name);
+            inside = entry->offset + entry->count;
             bool route = strstr(entry->name, "route") != NULL;
             cr_assert_eq(route, entry->kind == PARAM_ROUTING, "%s", entry->name);
             routing += route;
@@ -166,6 +172,22 @@ Test(model_route, every_routing_weight_is_routing_kind_and_units_stay_contiguous
     cr_assert_eq(next, table.total);
     /* 5 sites x (query, key_norm, alpha, mix_bias, mix_proj) + null + 3 convs */
     cr_assert_eq(routing, 5 * 5 + 1 + 3);
+    param_table_free(&table);
+}
+
+/* A [1] alpha in front of a layer's weights must not shift them off the 16-byte boundary
+ * the compute copy's bf16 matmul and vector paths need (docs/performance.md, 2026-12-01). */
+Test(model_route, every_tensor_of_the_delta_form_starts_on_an_aligned_element)
+{
+    ModelConfig config = route_test_model_config();
+    ResidualConfig residual = route_test_msar(2, 2, kernels_1_2_4_8, FORM_DELTA);
+    residual.mode = RESIDUAL_ATTNRES;
+    ParamTable table;
+    param_table_build_with_residual(&table, &config, &residual);
+    cr_assert_not_null(param_table_find(&table, "model.layers.0.attn_route.alpha"));
+    for (int p = 0; p < table.n_params; p++)
+        cr_assert_eq(table.params[p].offset % PARAM_ALIGNMENT, 0, "%s at %zu",
+                     table.params[p].name, table.params[p].offset);
     param_table_free(&table);
 }
 

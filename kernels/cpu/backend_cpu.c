@@ -114,6 +114,11 @@ static void table_embedding_backward(float *dtable, const Activation *dout,
     cpu_embedding_backward(dtable, CF(dout), tokens, n, d);
 }
 
+static void table_sum_rows(float *out, const Activation *x, int rows, int d)
+{
+    cpu_sum_rows(out, CF(x), rows, d);
+}
+
 static void table_rmsnorm_forward(Activation *out, float *rstd, const Activation *x,
                                   const Activation *weight, int rows, int d, float eps)
 {
@@ -318,6 +323,7 @@ static const Backend cpu_backend = {
     .add = table_add,
     .embedding_forward = table_embedding_forward,
     .embedding_backward = table_embedding_backward,
+    .sum_rows = table_sum_rows,
     .rmsnorm_forward = table_rmsnorm_forward,
     .rmsnorm_backward = table_rmsnorm_backward,
     .matmul_forward = table_matmul_forward,

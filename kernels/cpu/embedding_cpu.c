@@ -36,3 +36,18 @@ void cpu_embedding_backward(float *dtable, const float *dout, const uint32_t *to
         }
     }
 }
+
+void cpu_sum_rows(float *out, const float *x, int rows, int d)
+{
+    int n_blocks = (d + EMBEDDING_COLUMN_BLOCK - 1) / EMBEDDING_COLUMN_BLOCK;
+#pragma omp parallel for schedule(static) if ((size_t)rows * d >= CPU_PARALLEL_MIN_WORK)
+    for (int block = 0; block < n_blocks; block++) {
+        int first = block * EMBEDDING_COLUMN_BLOCK;
+        int last = first + EMBEDDING_COLUMN_BLOCK < d ? first + EMBEDDING_COLUMN_BLOCK : d;
+        for (int t = 0; t < rows; t++) {
+            const float *row = x + (size_t)t * d;
+            for (int c = first; c < last; c++)
+                out[c] += row[c];
+        }
+    }
+}

@@ -33,6 +33,9 @@ void cpu_embedding_forward(float *out, const uint32_t *tokens, const float *tabl
                            int d);
 void cpu_embedding_backward(float *dtable, const float *dout, const uint32_t *tokens, int n,
                             int d);
+/* out[c] += x[t, c] for t = 0 .. rows-1 in that order, in fp32: the order, hence the bits, of
+ * cpu_embedding_backward with every token on one row */
+void cpu_sum_rows(float *out, const float *x, int rows, int d);
 
 /* rmsnorm_cpu.c */
 void cpu_rmsnorm_forward(float *out, float *rstd, const float *x, const float *weight, int rows,

@@ -339,6 +339,12 @@ static void op_embedding_backward(float *dtable, const Activation *dout, const u
     cuda_embedding_backward(dtable, as_bf16_const(dout), tokens, n, d, compute_stream());
 }
 
+static void op_sum_rows(float *out, const Activation *x, int rows, int d)
+{
+    float *workspace = workspace_floats(cuda_sum_rows_workspace_floats(rows, d));
+    cuda_sum_rows(out, as_bf16_const(x), rows, d, workspace, compute_stream());
+}
+
 static void op_rmsnorm_forward(Activation *out, float *rstd, const Activation *x,
                                const Activation *weight, int rows, int d, float eps)
 {
@@ -517,6 +523,7 @@ extern "C" const Backend *backend_cuda(void)
     table->add = op_add;
     table->embedding_forward = op_embedding_forward;
     table->embedding_backward = op_embedding_backward;
+    table->sum_rows = op_sum_rows;
     table->rmsnorm_forward = op_rmsnorm_forward;
     table->rmsnorm_backward = op_rmsnorm_backward;
     table->matmul_forward = op_matmul_forward;

@@ -68,6 +68,12 @@ void cuda_embedding_forward(bf16 *out, const uint32_t *tokens, const bf16 *table
                             cudaStream_t stream);
 void cuda_embedding_backward(float *dtable, const bf16 *dout, const uint32_t *tokens, int n,
                              int d, cudaStream_t stream);
+/* out [d] fp32 += sum over t of x[t, :], x [rows, d] bf16 (backend.h sum_rows). Two
+ * launches: fixed slices of rows summed in row order into `workspace` (of
+ * cuda_sum_rows_workspace_floats floats), then the slices added in order. */
+size_t cuda_sum_rows_workspace_floats(int rows, int d);
+void cuda_sum_rows(float *out, const bf16 *x, int rows, int d, float *workspace,
+                   cudaStream_t stream);
 
 /* ---- rmsnorm_cuda.cu: x, out, dx, dout [rows, d] bf16; weight [d] bf16 (compute copy);
  * rstd [rows] fp32; dweight [d] fp32; d <= 8192 (more: fatal, EXIT_CONFIG).

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# launch/bench/train_8b_width.sh — `fathom train` at the 8B width on one GPU: d 4096, 32/8
+# heads, ffn 14336, vocab 128256, blocks of 2 layers, 4 x 4096 tokens a step (4 microbatches
+# of 1), synthetic data, no checkpoint or eval. For each residual it prints the steady-state
+# rate: the median tokens_per_s of the steps after the first two (plan building, workspace
+# growth and cuBLASLt heuristics happen in step 1). docs/performance.md, 2026-12-01.
+#   launch/bench/train_8b_width.sh LAYERS [STEPS] [RESIDUAL ...]
+# RESIDUAL: standard, mhar_delta (H 8), attnres_delta (H 1), mhar_replace (H 8); default
+# the first three. FATHOM_BINARY names the binary (default build/fathom); logs go to
+# $OUT (or /tmp/train-8b-width). Prints "residual layers tok/s step_ms mem_gib" lines.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+layers=${1:?layers}
+steps=${2:-6}
+shift $(($# < 2 ? $# : 2))
+residuals=("$@")
+[ ${#residuals[@]} -eq 0 ] && residuals=(standard mhar_delta attnres_delta)
+binary=${FATHOM_BINARY:-build/fathom}
+out=${OUT:-/tmp/train-8b-width}
+tag=${TRAIN_TAG:-run}
+mkdir -p "$out"
+for residual in "${residuals[@]}"; do
+  case $residual in
+    standard) routing=(--set residual.mode=standard) ;;
+    mhar_delta) routing=(--set residual.mode=attnres --set residual.heads=8 --set residual.form=delta) ;;
+    attnres_delta) routing=(--set residual.mode=attnres --set residual.heads=1 --set residual.form=delta) ;;
+    mhar_replace) routing=(--set residual.mode=attnres --set residual.heads=8 --set residual.form=replace) ;;
+    *) echo "train_8b_width: unknown residual $residual" >&2; exit 2 ;;
+  esac
+  dir=/tmp/train-8b-width-runs/$tag-$residual-$layers
+  rm -rf "$dir"
+  log=$out/$tag-$residual-$layers.log
+  "$binary" train launch/configs/marin8b_block_mhar.yaml \
+    --set run_dir="$dir" --set device=cuda --set parallel.dp=1 --set parallel.pp=1 \
+    --set model.n_layers="$layers" --set residual.granularity=block \
+    --set residual.layers_per_block=2 "${routing[@]}" \
+    --set train.steps="$steps" --set train.seq_len=4096 --set train.microbatch_size=1 \
+    --set train.global_batch_size=4 --set train.activation_checkpointing=none \
+    --set fsdp.reshard_after_forward=false --set optim.warmup_steps=1 \
+    --set data.source=synthetic --set checkpoint.every=0 --set eval.every=0 \
+    --set log.every=1 >"$log" 2>&1
+  status=$?
+  python3 - "$dir/metrics.jsonl" "$residual" "$layers" "$status" "$tag" <<'PY'
+import json, statistics, sys
+path, residual, layers, status, tag = sys.argv[1:]
+try:
+    lines = [json.loads(l) for l in open(path)]
+except OSError:
+    lines = []
+steps = [l for l in lines if "tokens_per_s" in l][2:]
+if not steps:
+    print(f"{tag} {residual} {layers} FAILED (exit {status})")
+    sys.exit(0)
+rate = statistics.median(l["tokens_per_s"] for l in steps)
+print(f"{tag} {residual} {layers} {rate / 1e3:.1f}k {4 * 4096 / rate * 1e3:.1f} "
+      f"{steps[-1]['mem_gib']:.1f}")
+PY
+done
