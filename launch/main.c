@@ -1,7 +1,11 @@
 /* launch/main.c — the `fathom` command (DESIGN 6). */
 #include "launch/cli.h"
+#include "runtime/comm.h"
 
 int main(int argc, char **argv)
 {
-    return cli_main(argc, argv);
+    comm_init(&argc, &argv); /* MPI only under mpirun (runtime/comm.h) */
+    const int code = cli_main(argc, argv);
+    comm_finalize();
+    return code;
 }

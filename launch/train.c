@@ -8,6 +8,9 @@
 #include "model/params.h"
 #include "pipeline/evaluate.h"
 #include "pipeline/executor.h"
+#include "pipeline/step.h"
+#include "runtime/comm.h"
+#include "runtime/grid.h"
 #include "runtime/config.h"
 #include "runtime/data.h"
 #include "runtime/error.h"
@@ -93,25 +96,49 @@ static const char *format_bytes(char *buffer, size_t capacity, size_t bytes)
 }
 
 static void print_banner(const Config *config, const Backend *backend, Model *model,
-                         const ParamTable *table, const RunState *state, bool resumed)
+                         const ParamTable *table, const RunState *state, bool resumed,
+                         const TrainingStep *step)
 {
+    const int M = config_microbatches_per_rank(config);
     printf("fathom: %.2fM parameters (%d layers, d_model %d, %d/%d heads) on the %s backend\n",
            (double)table->total / 1e6, config->model.n_layers, config->model.d_model,
            config->model.n_heads, config->model.n_kv_heads, backend->name);
-    printf("fathom: %d steps of %d sequences x %d tokens (%d microbatches of %d), run_dir %s\n",
-           config->train.steps, config->train.global_batch_size, config->train.seq_len,
-           config_microbatches_per_rank(config), config->train.microbatch_size,
+    printf("fathom: %d steps of %d sequences x %d tokens (%d microbatch%s of %d per rank), "
+           "run_dir %s\n", config->train.steps, config->train.global_batch_size,
+           config->train.seq_len, M, M == 1 ? "" : "es", config->train.microbatch_size,
            config->run_dir);
-    size_t parameter_bytes, activation_bytes;
-    model_memory_bytes(model, &parameter_bytes, &activation_bytes);
+    if (step->grid->world_size > 1)
+        printf("fathom: %d ranks: parallel.pp %d x parallel.dp %d, %d chunk%s (virtual_stages "
+               "%d), schedule %s\n", step->grid->world_size, config->parallel.pp,
+               config->parallel.dp, config->parallel.pp * config->parallel.virtual_stages,
+               config->parallel.pp * config->parallel.virtual_stages == 1 ? "" : "s",
+               config->parallel.virtual_stages,
+               config->parallel.schedule == SCHEDULE_GPIPE  ? "gpipe"
+               : config->parallel.schedule == SCHEDULE_1F1B ? "1f1b"
+                                                            : "interleaved");
+    size_t parameter_bytes, unused;
+    model_memory_bytes(model, &parameter_bytes, &unused);
     const size_t optimizer_bytes = (state->ema ? 3 : 2) * table->total * sizeof(float);
-    char parameters[32], optimizer[32], activations[32];
-    printf("fathom: memory plan: parameters %s (master, gradients%s), optimizer %s, "
-           "activations %s; allocated once, before the first step\n",
+    const bool checkpointing = model_activation_checkpointing(model);
+    const size_t scratch = scratch_bytes(backend, model_config(model), model_plan(model),
+                                         config->train.microbatch_size, config->train.seq_len,
+                                         checkpointing);
+    const size_t kept = executor_plan_bytes(step->executor, checkpointing);
+    const size_t other = executor_plan_bytes(step->executor, !checkpointing);
+    char parameters[32], optimizer[32], activations[32], alternative[32];
+    printf("fathom: memory plan (stage 0): parameters %s (master, gradients%s), optimizer %s, "
+           "activations %s in %d stash%s (activation_checkpointing %s; %s: %s); allocated "
+           "once, before the first step\n",
            format_bytes(parameters, sizeof parameters, parameter_bytes),
            model_compute_copy(model) ? ", compute copy" : "",
            format_bytes(optimizer, sizeof optimizer, optimizer_bytes),
-           format_bytes(activations, sizeof activations, activation_bytes));
+           format_bytes(activations, sizeof activations, kept + scratch),
+           executor_stash_count(step->executor),
+           executor_stash_count(step->executor) == 1 ? "" : "es",
+           checkpointing ? "full" : "none", checkpointing ? "none" : "full",
+           format_bytes(alternative, sizeof alternative, other + scratch_bytes(
+               backend, model_config(model), model_plan(model), config->train.microbatch_size,
+               config->train.seq_len, !checkpointing)));
     if (resumed)
         printf("fathom: resumed at step %lld (%lld samples consumed)\n",
                (long long)state->step, (long long)state->consumed_samples);
@@ -134,19 +161,77 @@ static double evaluate_during_training(Model *model, DataSet *val, const Config 
     return result.loss;
 }
 
+/* The comm array of metrics.jsonl (DESIGN 6): each rank's counters since the last log,
+ * summed per stage over its dp ranks, on every rank. stages: [pp]. */
+static void gather_comm(const RankGrid *grid, MetricsComm *stages)
+{
+    enum { FIELDS = 7 };
+    static const CommKind kinds[FIELDS] = {
+        COMM_KIND_PP_SEND, COMM_KIND_PP_RECV, COMM_KIND_PP_SUMMARY,
+        COMM_KIND_PP_SUMMARY_UNCACHED, COMM_KIND_FSDP_ALLGATHER,
+        COMM_KIND_FSDP_REDUCESCATTER, COMM_KIND_ALLREDUCE,
+    };
+    int64_t *mine = xcalloc((size_t)grid->pp * FIELDS, sizeof *mine);
+    int64_t *total = xcalloc((size_t)grid->pp * FIELDS, sizeof *total);
+    for (int k = 0; k < FIELDS; k++)
+        mine[grid->stage * FIELDS + k] = (int64_t)comm_counter(kinds[k]);
+    comm_counters_reset();
+    comm_allreduce_sum(grid->world, mine, total, (size_t)grid->pp * FIELDS, COMM_INT64,
+                       COMM_KIND_OTHER);
+    comm_counters_reset(); /* the metrics' own sum is not the run's traffic */
+    for (int s = 0; s < grid->pp; s++) {
+        const int64_t *t = total + s * FIELDS;
+        stages[s] = (MetricsComm){t[0], t[1], t[2], t[3], t[4], t[5], t[6]};
+    }
+    free(mine);
+    free(total);
+}
+
+/* Whether any rank was asked to stop: every rank leaves after the same step. */
+static bool stop_agreed(const RankGrid *grid)
+{
+    int64_t mine = stop_requested, any = 0;
+    comm_allreduce_max(grid->world, &mine, &any, 1, COMM_INT64, COMM_KIND_OTHER);
+    return any != 0;
+}
+
+/* Rank 0 saves the whole state; under pp the other stages' tensors come to it first. */
+static void save_checkpoint(TrainingStep *step, RunState *state, Model *model,
+                            const Config *config)
+{
+    float *arrays[4] = {model_params(model), state->exp_avg, state->exp_avg_sq, state->ema};
+    pipeline_gather_state(step, arrays);
+    if (step->grid->rank == 0)
+        run_state_save(state, model, config);
+    comm_barrier(step->grid->world); /* nobody runs ahead of a checkpoint being written */
+}
+
 int train_main(int argc, char **argv)
 {
     const char *config_path, *overrides[MAX_OVERRIDES];
     int n_overrides;
     parse_arguments(argc, argv, &config_path, overrides, &n_overrides);
+    signal(SIGTERM, request_stop);
+    signal(SIGUSR1, request_stop);
 
     Config config;
-    config_load(&config, config_path, overrides, n_overrides, 1);
+    config_load(&config, config_path, overrides, n_overrides, comm_size(comm_world()));
+    comm_set_timeout(config.parallel.timeout_s);
+    RankGrid grid;
+    grid_create(&grid, config.parallel.pp, config.parallel.dp);
+    const bool leader = grid.rank == 0;
+    if (config.parallel.pp > 1 && config.eval.every > 0)
+        fatal(EXIT_CONFIG, "eval.every = %d: evaluation during training runs on one pipeline "
+              "stage only for now; set eval.every: 0 with parallel.pp = %d and evaluate the "
+              "checkpoints with fathom eval", config.eval.every, config.parallel.pp);
     const Backend *backend = backend_select(config.device, &config);
-    char *resolved = config_to_yaml(&config);
-    printf("# resolved config\n%s\n", resolved);
-    free(resolved);
-    make_directories(config.run_dir);
+    if (leader) {
+        char *resolved = config_to_yaml(&config);
+        printf("# resolved config\n%s\n", resolved);
+        free(resolved);
+        make_directories(config.run_dir);
+    }
+    comm_barrier(grid.world);
 
     Model *model = model_create(backend, &config.model, &config.residual,
                                 config.train.microbatch_size, config.train.seq_len);
@@ -163,106 +248,120 @@ int train_main(int argc, char **argv)
         if (state.ema)
             backend->copy(state.ema, model_params(model), table->total * sizeof(float));
     }
-    print_banner(&config, backend, model, table, &state, resumed);
+    Optimizer optimizer = run_state_optimizer(&state, model, &config.optim);
+    TrainingStep step;
+    step_create(&step, model, &config, &grid, &optimizer);
+    if (leader)
+        print_banner(&config, backend, model, table, &state, resumed, &step);
 
     DataSet *train_data = data_open_train(&config);
     DataSet *val_data = config.eval.every > 0 ? data_open_eval(&config, NULL) : NULL;
-    MetricsLog *metrics = resumed ? metrics_open_resumed(config.run_dir, state.step)
-                                 : metrics_open(config.run_dir, true);
-
-    Optimizer optimizer = run_state_optimizer(&state, model, &config.optim);
-
-    signal(SIGTERM, request_stop);
-    signal(SIGUSR1, request_stop);
+    MetricsLog *metrics = NULL;
+    if (leader)
+        metrics = resumed ? metrics_open_resumed(config.run_dir, state.step)
+                          : metrics_open(config.run_dir, true);
 
     double flops_per_token = metrics_flops_per_token(
         (int64_t)table->layer_matrix_count, config.model.vocab_size, config.model.d_model,
         config.model.n_layers, config.train.seq_len, config.model.n_heads,
         config.model.head_dim);
     int64_t tokens_per_step = (int64_t)config.train.global_batch_size * config.train.seq_len;
-    MicrobatchTokens tokens = executor_tokens_create(&config);
     LogWindow window = {0};
-    MetricsComm comm = {0}; /* one stage, one process: nothing crosses a wire */
-    bool saved_last = false;
+    MetricsComm *comm = xcalloc((size_t)grid.pp, sizeof *comm);
+    bool saved_last = false, stopping = false;
+    comm_counters_reset();
 
-    while (state.step < config.train.steps && !stop_requested) {
-        int step = (int)state.step + 1;
+    while (state.step < config.train.steps && !stopping) {
+        int step_number = (int)state.step + 1;
         double started = timer_seconds();
-        double lr = lr_at_step(&config.optim, step, config.train.steps);
+        double lr = lr_at_step(&config.optim, step_number, config.train.steps);
 
-        model_zero_grads(model);
-        StepLoss loss = executor_run_step(model, train_data, &config,
-                                          (uint64_t)state.consumed_samples, 0, &tokens);
-        double grad_norm = 0;
-        bool applied = optim_step(&optimizer, lr, &grad_norm);
-        if (!applied) {
+        StepResult result = step_run(&step, train_data, (uint64_t)state.consumed_samples, lr);
+        if (!result.applied) {
             window.skipped++;
-            warn("step %d: non-finite loss or gradient (loss %g, grad norm %g); update "
-                 "skipped (%d so far, train.max_skipped %d)", step, loss.loss, grad_norm,
-                 optimizer.skipped, config.train.max_skipped);
+            if (leader)
+                warn("step %d: non-finite loss or gradient (loss %g, grad norm %g); update "
+                     "skipped (%d so far, train.max_skipped %d)", step_number, result.loss,
+                     result.grad_norm, optimizer.skipped, config.train.max_skipped);
             optim_check_skipped(&optimizer, config.train.max_skipped);
         }
         backend->synchronize();
-        state.step = step;
+        state.step = step_number;
         state.consumed_samples += config.train.global_batch_size;
         state.tokens_seen += tokens_per_step;
         state.optimizer_steps = optimizer.step;
         state.skipped_steps = optimizer.skipped;
         saved_last = false;
+        stopping = stop_agreed(&grid);
 
-        window.loss_sum += loss.loss;
-        window.ce_sum += loss.ce;
-        window.zloss_sum += loss.zloss;
+        window.loss_sum += result.loss;
+        window.ce_sum += result.ce;
+        window.zloss_sum += result.zloss;
         window.seconds += timer_seconds() - started;
         window.steps++;
 
-        bool last = step == config.train.steps;
-        if (step % config.log.every == 0 || last || stop_requested) {
+        bool last = step_number == config.train.steps;
+        if (step_number % config.log.every == 0 || last || stopping) {
+            gather_comm(&grid, comm);
+            for (int s = 0; s < grid.pp; s++) /* per step, as DESIGN 6 counts them */
+                for (int64_t *field = &comm[s].pp_send_bytes;
+                     field <= &comm[s].allreduce_bytes; field++)
+                    *field /= window.steps;
             MetricsStep line = {
-                .step = step,
+                .step = step_number,
                 .loss = window.loss_sum / window.steps,
                 .ce = window.ce_sum / window.steps,
                 .zloss = window.zloss_sum / window.steps,
-                .grad_norm = grad_norm,
+                .grad_norm = result.grad_norm,
                 .lr = lr,
                 .tokens = state.tokens_seen,
                 .mem_gib = run_state_peak_memory_gib(backend),
                 .skipped = window.skipped,
-                .comm = &comm,
-                .n_stages = 1,
+                .comm = comm,
+                .n_stages = grid.pp,
             };
             metrics_fill_throughput(&line, (double)tokens_per_step * window.steps,
-                                    window.seconds, 1, flops_per_token);
-            metrics_write_step(metrics, &line);
-            char console[256];
-            metrics_format_console(&line, config.train.steps, console, sizeof console);
-            puts(console);
-            fflush(stdout);
+                                    window.seconds, grid.world_size, flops_per_token);
+            if (leader) {
+                metrics_write_step(metrics, &line);
+                char console[256];
+                metrics_format_console(&line, config.train.steps, console, sizeof console);
+                puts(console);
+                fflush(stdout);
+            }
             window = (LogWindow){0};
         }
-        if (val_data && (step % config.eval.every == 0 || last)) {
+        if (val_data && (step_number % config.eval.every == 0 || last)) {
             double val_loss = evaluate_during_training(model, val_data, &config);
-            metrics_write_eval(metrics, step, val_loss);
-            printf("eval step %d | val_loss %.4f | ppl %.2f\n", step, val_loss, exp(val_loss));
-            fflush(stdout);
+            if (leader) {
+                metrics_write_eval(metrics, step_number, val_loss);
+                printf("eval step %d | val_loss %.4f | ppl %.2f\n", step_number, val_loss,
+                       exp(val_loss));
+                fflush(stdout);
+            }
         }
-        if (config.checkpoint.every > 0 && (step % config.checkpoint.every == 0 || last)) {
-            run_state_save(&state, model, &config);
+        if (config.checkpoint.every > 0 &&
+            (step_number % config.checkpoint.every == 0 || last)) {
+            save_checkpoint(&step, &state, model, &config);
             saved_last = true;
         }
     }
-    if (stop_requested && !saved_last && state.step > 0) {
-        printf("fathom: stop requested; saving step %lld\n", (long long)state.step);
-        run_state_save(&state, model, &config);
+    if (stopping && !saved_last && state.step > 0) {
+        if (leader)
+            printf("fathom: stop requested; saving step %lld\n", (long long)state.step);
+        save_checkpoint(&step, &state, model, &config);
     }
 
-    executor_tokens_destroy(&tokens);
+    free(comm);
+    step_destroy(&step);
     free((void *)optimizer.ranges);
-    metrics_close(metrics);
+    if (metrics)
+        metrics_close(metrics);
     if (val_data)
         data_close(val_data);
     data_close(train_data);
     run_state_destroy(&state, model);
     model_destroy(model);
+    grid_destroy(&grid);
     return EXIT_DONE;
 }

@@ -192,6 +192,8 @@ void model_keep_all_logits(Model *model)
 
 int model_last_tokens(const Model *model)
 {
+    if (model->lent_stash)
+        return model->lent_stash->batch * model->scratch.T;
     return model->whole_ready ? model->whole_stash.batch * model->scratch.T : 0;
 }
 
@@ -201,7 +203,8 @@ void model_read_logits(const Model *model, float *host_out)
     if (model_last_tokens(model) == 0)
         fatal(EXIT_CONFIG, "model_read_logits needs a model_forward first");
     const size_t rows = (size_t)model_last_tokens(model);
-    if (scratch->logits_owner != &model->whole_stash.head)
+    const Stash *stash = model->lent_stash ? model->lent_stash : &model->whole_stash;
+    if (scratch->logits_owner != &stash->head)
         fatal(EXIT_CONFIG, "the logits of %zu tokens were made in chunks of %d and not kept "
               "(model_keep_all_logits keeps them)", rows, scratch->logit_rows);
     model->backend->activations_download(host_out,
@@ -246,21 +249,42 @@ static void model_whole_prepare(Model *model)
     model->whole_ready = true;
 }
 
+void model_lend_stash(Model *model, Stash *stash, SummaryStore *store)
+{
+    const StashShape whole = chunk_stash_shape(&model->whole, stash->checkpointed);
+    if (model->whole_ready || stash->first_sublayer != whole.first_sublayer ||
+        stash->end_sublayer != whole.end_sublayer || !stash->has_embedding ||
+        !stash->has_head)
+        fatal(EXIT_CONFIG, "a lent stash must span the whole network, before any forward");
+    model->lent_stash = stash;
+    model->lent_store = store;
+}
+
+static Stash *whole_stash(Model *model)
+{
+    return model->lent_stash ? model->lent_stash : &model->whole_stash;
+}
+
+static SummaryStore *whole_store(Model *model)
+{
+    return model->lent_store ? model->lent_store : &model->whole_store;
+}
+
 ModelLoss model_forward(Model *model, const uint32_t *inputs, const uint32_t *targets, int B,
                         float z_loss)
 {
-    model_whole_prepare(model);
-    return chunk_forward(model, &model->whole, &model->whole_stash, &model->whole_store,
-                         inputs, targets, B, z_loss);
+    if (!model->lent_stash)
+        model_whole_prepare(model);
+    return chunk_forward(model, &model->whole, whole_stash(model), whole_store(model), inputs,
+                         targets, B, z_loss);
 }
 
 void model_backward(Model *model, float loss_scale)
 {
     if (model_last_tokens(model) == 0)
         fatal(EXIT_CONFIG, "model_backward needs a model_forward first");
-    store_zero_grads(model, &model->whole_store);
-    chunk_backward(model, &model->whole, &model->whole_stash, &model->whole_store,
-                   loss_scale);
+    store_zero_grads(model, whole_store(model));
+    chunk_backward(model, &model->whole, whole_stash(model), whole_store(model), loss_scale);
 }
 
 const ResidualPlan *model_plan(const Model *model) { return &model->plan; }

@@ -78,6 +78,11 @@ bool model_activation_checkpointing(const Model *model);
  * plan prints both). */
 size_t model_whole_stash_bytes(const Model *model, bool checkpointed);
 
+/* From now on the one-chunk case uses `stash` and `store` (a whole-network stash the
+ * pipeline holds, with one stage and one chunk) instead of making its own: evaluation
+ * during training then takes no second set of activations. The caller keeps them alive. */
+void model_lend_stash(Model *model, Stash *stash, SummaryStore *store);
+
 const ResidualPlan *model_plan(const Model *model);
 int model_max_batch(const Model *model);
 

@@ -47,6 +47,8 @@ struct Model {
     Stash whole_stash;
     SummaryStore whole_store;
     bool whole_ready;
+    Stash *lent_stash;              /* model_lend_stash: the pipeline's, used instead */
+    SummaryStore *lent_store;
 };
 
 /* model_sites.c: the routing weights' views (after the parameters are allocated) and

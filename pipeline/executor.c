@@ -116,7 +116,7 @@ Executor *executor_create(Model *model, const Config *config, Comm *pp, int stag
     executor->M = config_microbatches_per_rank(config);
     executor->stage = stage;
     executor->n_chunks = executor->P * executor->v;
-    executor->checkpointing = config->train.activation_checkpointing;
+    executor->checkpointing = config->train.activation_checkpointing == CHECKPOINTING_FULL;
     const PipelineSchedule schedule = config->parallel.schedule;
     const char *problem = schedule_check(schedule, executor->P, executor->v, executor->M);
     if (problem)
@@ -141,6 +141,8 @@ Executor *executor_create(Model *model, const Config *config, Comm *pp, int stag
     free(mine);
     model_set_activation_checkpointing(model, executor->checkpointing);
     executor_allocate(executor);
+    if (executor->n_chunks == 1) /* evaluation between steps reuses the one stash */
+        model_lend_stash(model, &executor->stashes[0][0], &executor->stores[0]);
     return executor;
 }
 

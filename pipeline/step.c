@@ -1,6 +1,7 @@
 /* pipeline/step.c — see step.h. */
 #include "pipeline/step.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 

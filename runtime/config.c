@@ -57,6 +57,7 @@ void config_defaults(Config *config)
     config->parallel.virtual_stages = 1;
     config->parallel.schedule = SCHEDULE_1F1B;
     config->parallel.n_layer_split = 0;
+    config->parallel.timeout_s = 600;
 
     config->fsdp.reshard_after_forward = true;
 

@@ -64,6 +64,7 @@ typedef struct {
     PipelineSchedule schedule;
     int layer_split[CONFIG_SPLIT_MAX]; /* layers per chunk; n_layer_split = 0: even split */
     int n_layer_split;
+    double timeout_s; /* every communication wait's deadline (runtime/comm.h), default 600 */
 } ParallelConfig;
 
 typedef struct {

@@ -95,6 +95,7 @@ const ConfigKey config_key_table[] = {
     ENUM("parallel.schedule", parallel.schedule, PipelineSchedule, pipeline_schedule_names),
     INT_LIST("parallel.layer_split", parallel.layer_split, parallel.n_layer_split, AT_LEAST(1),
              NO_MAX),
+    FLOAT("parallel.timeout_s", parallel.timeout_s, ABOVE(0), NO_MAX),
 
     BOOL("fsdp.reshard_after_forward", fsdp.reshard_after_forward),
 
