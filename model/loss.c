@@ -106,6 +106,9 @@ void loss_backward(const LayerContext *context, const HeadWeights *weights, Head
                                  activation_at_const(backend, head->final_normed, offset),
                                  weights->head, count, d, V);
     }
+    /* a remade batch's logits now fill the buffer, or only its last chunk's */
+    if (!logits_kept)
+        model_scratch->logits_owner = model_scratch->all_logits || rows <= chunk ? head : NULL;
     backend->rmsnorm_backward(dx, grads->norm, scratch->grad_normed, x, weights->norm,
                               head->final_rstd, rows, d);
 }

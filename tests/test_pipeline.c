@@ -1,0 +1,396 @@
+/* tests/test_pipeline.c — pipeline stages under mpirun on the cpu (DESIGN 3, 7): every
+ * layout trains the losses and weights of the one-rank run, activation checkpointing
+ * changes no bit, the pp bytes of metrics.jsonl equal pipeline/payload.h's prediction, and
+ * each layout error is exit 2 naming its key.
+ *
+ * The runs use the 4-layer demo configs at d 32 for 5 steps of 4 microbatches, so a layout
+ * takes about a second on 2 cores.
+ */
+#include <criterion/criterion.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/chunk.h"
+#include "pipeline/payload.h"
+#include "runtime/config.h"
+#include "tests/support.h"
+#include "tests/train_support.h"
+
+#define OUTPUT_CAPACITY (1 << 16)
+#define STEPS 5
+
+/* the demo configs at a smaller width: 4 microbatches of 2 x 32 tokens a step */
+static const char *const COMMON =
+    "--set model.d_model=32 --set model.n_heads=2 --set model.n_kv_heads=1 "
+    "--set model.head_dim=16 --set model.ffn_dim=64 --set train.seq_len=32 "
+    "--set train.microbatch_size=2 --set train.global_batch_size=8 --set train.steps=5 "
+    "--set log.every=1 --set eval.every=0 --set checkpoint.every=5";
+
+/* `fathom train launch/configs/<config>.yaml COMMON <extra> --set run_dir=<run_dir>` on
+ * `ranks` ranks (1: without mpirun); returns the exit code, output in `output`. */
+static int train_layout(int ranks, const char *config, const char *extra, const char *run_dir,
+                        char *output)
+{
+    char command[4096];
+    char launcher[256] = "";
+    /* one thread a rank: the ranks share the machine's cores */
+    snprintf(launcher, sizeof launcher, "OMP_NUM_THREADS=1 ");
+    if (ranks > 1)
+        snprintf(launcher, sizeof launcher,
+                 "OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+                 "mpirun --oversubscribe -np %d ", ranks);
+    snprintf(command, sizeof command,
+             "%s'%s' train '%s/launch/configs/%s.yaml' %s %s --set run_dir='%s' </dev/null",
+             launcher, test_fathom_binary(), test_source_dir(), config, COMMON, extra, run_dir);
+    return test_run_command(command, output, OUTPUT_CAPACITY);
+}
+
+typedef struct {
+    char root[256];
+    char single[300], layout[300];
+    char a[400], b[400];
+    char *output;
+} Runs;
+
+static void runs_begin(Runs *runs, const char *tag)
+{
+    test_make_temp_dir(runs->root, tag);
+    snprintf(runs->single, sizeof runs->single, "%s/single", runs->root);
+    snprintf(runs->layout, sizeof runs->layout, "%s/layout", runs->root);
+    runs->output = malloc(OUTPUT_CAPACITY);
+}
+
+static void runs_end(Runs *runs)
+{
+    test_remove_tree(runs->root);
+    free(runs->output);
+}
+
+/* Every /model tensor of the two runs' step-5 checkpoints agrees to relative 1e-5. */
+static int weights_agree(const char *run_a, const char *run_b, char *output)
+{
+    char command[2048];
+    snprintf(command, sizeof command,
+             "python3 -c \"import h5py, numpy, sys\n"
+             "a = h5py.File('%s/checkpoints/step_00000005/index.h5', 'r')['model']\n"
+             "b = h5py.File('%s/checkpoints/step_00000005/index.h5', 'r')['model']\n"
+             "assert sorted(a) == sorted(b)\n"
+             "worst = max(float(numpy.abs(a[k][()] - b[k][()]).max() / "
+             "(numpy.abs(b[k][()]).max() + 1e-30)) for k in a)\n"
+             "print('worst relative difference', worst)\n"
+             "sys.exit(0 if worst <= 1e-5 else 1)\"",
+             run_a, run_b);
+    return test_run_command(command, output, OUTPUT_CAPACITY);
+}
+
+/* `network` applies to both runs, `extra` (the layout) to the layout's only. */
+static void expect_network_layout_equals_single(const char *config, const char *network,
+                                                int ranks, const char *layout, const char *tag)
+{
+    Runs runs;
+    runs_begin(&runs, tag);
+    char extra[1024];
+    snprintf(extra, sizeof extra, "%s %s", network, layout);
+    cr_assert_eq(train_layout(1, config, network, runs.single, runs.output), 0, "%s",
+                 runs.output);
+    cr_assert_eq(train_layout(ranks, config, extra, runs.layout, runs.output), 0, "%s",
+                 runs.output);
+    double single[STEPS], losses[STEPS];
+    int steps[STEPS];
+    cr_assert_eq(metrics_read_losses(runs.single, single, steps, STEPS), STEPS);
+    cr_assert_eq(metrics_read_losses(runs.layout, losses, steps, STEPS), STEPS);
+    for (int s = 0; s < STEPS; s++)
+        cr_expect(fabs(losses[s] - single[s]) <= 1e-5 * fabs(single[s]),
+                  "%s %s: step %d loss %.9g, one rank %.9g", config, extra, s + 1, losses[s],
+                  single[s]);
+    cr_expect_eq(weights_agree(runs.layout, runs.single, runs.output), 0, "%s", runs.output);
+    runs_end(&runs);
+}
+
+static void expect_layout_equals_single(const char *config, int ranks, const char *extra,
+                                        const char *tag)
+{
+    expect_network_layout_equals_single(config, "", ranks, extra, tag);
+}
+
+Test(pipeline, pp4_standard_equals_one_rank)
+{
+    expect_layout_equals_single("demo", 4, "--set parallel.pp=4", "pp-std4");
+}
+
+Test(pipeline, pp2_block_mhar_replace_equals_one_rank)
+{
+    expect_layout_equals_single("demo_block_mhar", 2, "--set parallel.pp=2", "pp-mhar2");
+}
+
+Test(pipeline, pp2_v2_interleaved_block_mhar_replace_equals_one_rank)
+{
+    expect_layout_equals_single("demo_block_mhar", 2,
+                                "--set parallel.pp=2 --set parallel.virtual_stages=2 "
+                                "--set parallel.schedule=interleaved", "pp-mhar2v2");
+}
+
+Test(pipeline, pp2_v2_interleaved_mhar_delta_equals_one_rank)
+{
+    expect_layout_equals_single("demo_mhar_delta", 2,
+                                "--set parallel.pp=2 --set parallel.virtual_stages=2 "
+                                "--set parallel.schedule=interleaved", "pp-delta2v2");
+}
+
+Test(pipeline, pp4_gpipe_msar_replace_equals_one_rank)
+{
+    expect_layout_equals_single("demo_msar", 4,
+                                "--set parallel.pp=4 --set parallel.schedule=gpipe",
+                                "pp-msar4");
+}
+
+Test(pipeline, pp2_msar_delta_with_checkpointing_equals_one_rank)
+{
+    expect_network_layout_equals_single("demo_msar", "--set residual.form=delta", 2,
+                                        "--set parallel.pp=2 "
+                                        "--set train.activation_checkpointing=full",
+                                        "pp-msard2");
+}
+
+Test(pipeline, pp2_dp2_block_mhar_equals_one_rank)
+{
+    expect_layout_equals_single("demo_block_mhar", 4, "--set parallel.pp=2 --set parallel.dp=2",
+                                "pp-dp");
+}
+
+/* The same layout with and without checkpointing: the same bits, in losses and weights. */
+static void expect_checkpointing_changes_nothing(const char *config, const char *extra,
+                                                 const char *tag)
+{
+    Runs runs;
+    runs_begin(&runs, tag);
+    char with[1024];
+    snprintf(with, sizeof with, "%s --set train.activation_checkpointing=full", extra);
+    const int ranks = strstr(extra, "parallel.pp=2") ? 2 : 1;
+    cr_assert_eq(train_layout(ranks, config, extra, runs.single, runs.output), 0, "%s",
+                 runs.output);
+    cr_assert_eq(train_layout(ranks, config, with, runs.layout, runs.output), 0, "%s",
+                 runs.output);
+    snprintf(runs.a, sizeof runs.a, "%s/checkpoints/step_00000005", runs.single);
+    snprintf(runs.b, sizeof runs.b, "%s/checkpoints/step_00000005", runs.layout);
+    cr_expect(checkpoints_bitwise_equal(runs.a, runs.b), "%s %s: checkpointing changed the weights",
+              config, extra);
+    double off[STEPS], on[STEPS];
+    int steps[STEPS];
+    metrics_read_losses(runs.single, off, steps, STEPS);
+    metrics_read_losses(runs.layout, on, steps, STEPS);
+    cr_expect(memcmp(off, on, sizeof off) == 0, "%s: the losses moved", config);
+    runs_end(&runs);
+}
+
+Test(pipeline, checkpointing_is_bitwise_free_for_the_standard_residual)
+{
+    expect_checkpointing_changes_nothing("demo", "", "ac-std");
+}
+
+Test(pipeline, checkpointing_is_bitwise_free_for_block_mhar_on_two_stages)
+{
+    expect_checkpointing_changes_nothing("demo_block_mhar", "--set parallel.pp=2", "ac-mhar");
+}
+
+Test(pipeline, checkpointing_is_bitwise_free_for_the_delta_form)
+{
+    expect_checkpointing_changes_nothing("demo_mhar_delta", "", "ac-delta");
+}
+
+Test(pipeline, gpipe_on_one_stage_equals_1f1b_bit_for_bit)
+{
+    /* four microbatches in flight: the logits of an earlier one are remade, not reused */
+    expect_layout_equals_single("demo", 1, "--set parallel.schedule=gpipe", "gpipe-one");
+}
+
+/* ---- bytes ---- */
+
+/* The value of field `key` in the comm object of stage `stage` of the last metrics line. */
+static long long metrics_comm_field(const char *run_dir, int stage, const char *key)
+{
+    char path[512], line[1 << 14], last[1 << 14] = "";
+    snprintf(path, sizeof path, "%s/metrics.jsonl", run_dir);
+    FILE *file = fopen(path, "r");
+    cr_assert(file, "no %s", path);
+    while (fgets(line, sizeof line, file))
+        if (strstr(line, "\"comm\""))
+            strcpy(last, line);
+    fclose(file);
+    const char *at = strstr(last, "\"comm\"");
+    for (int s = 0; at && s <= stage; s++)
+        at = strchr(at + 1, '{');
+    cr_assert(at, "stage %d has no comm object", stage);
+    char pattern[96];
+    snprintf(pattern, sizeof pattern, "\"%s\":", key);
+    const char *field = strstr(at, pattern);
+    cr_assert(field, "no %s", key);
+    return atoll(field + strlen(pattern));
+}
+
+/* The prediction of pipeline/payload.h for the demo config with `overrides`. */
+static PayloadBytes predicted(const char *config_name, const char *const *overrides, int n,
+                              int world, int stage)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/launch/configs/%s.yaml", test_source_dir(), config_name);
+    Config config;
+    config_load(&config, path, overrides, n, world);
+    ResidualPlan plan;
+    residual_plan_build(&plan, &config.model, &config.residual);
+    const int chunks = config.parallel.pp * config.parallel.virtual_stages;
+    ChunkSpan *spans = calloc((size_t)chunks, sizeof *spans);
+    chunk_spans_build(spans, chunks, &config.model, &plan, config.parallel.layer_split,
+                      config.parallel.n_layer_split);
+    const uint64_t tensor = (uint64_t)config.train.microbatch_size * config.train.seq_len *
+                            config.model.d_model * sizeof(float);
+    PayloadBytes bytes = payload_predict(&plan, spans, chunks, config.parallel.pp, stage,
+                                         config_microbatches_per_rank(&config), tensor);
+    free(spans);
+    residual_plan_free(&plan);
+    return bytes;
+}
+
+static void expect_bytes_as_predicted(const char *config, const char *const *overrides, int n,
+                                      int ranks, const char *tag)
+{
+    Runs runs;
+    runs_begin(&runs, tag);
+    char extra[1024] = "";
+    for (int i = 0; i < n; i++) {
+        strcat(extra, " --set ");
+        strcat(extra, overrides[i]);
+    }
+    cr_assert_eq(train_layout(ranks, config, extra, runs.layout, runs.output), 0, "%s",
+                 runs.output);
+    const char *all[16] = {"model.d_model=32", "model.n_heads=2", "model.n_kv_heads=1",
+                           "model.head_dim=16", "model.ffn_dim=64", "train.seq_len=32",
+                           "train.microbatch_size=2", "train.global_batch_size=8"};
+    const int fixed = 8;
+    for (int i = 0; i < n; i++)
+        all[fixed + i] = overrides[i];
+    for (int stage = 0; stage < ranks; stage++) {
+        const PayloadBytes expected = predicted(config, all, fixed + n, ranks, stage);
+        cr_expect_eq(metrics_comm_field(runs.layout, stage, "pp_send_bytes"),
+                     (long long)expected.send_bytes, "%s stage %d", extra, stage);
+        cr_expect_eq(metrics_comm_field(runs.layout, stage, "pp_summary_bytes"),
+                     (long long)expected.summary_bytes, "%s stage %d", extra, stage);
+        cr_expect_eq(metrics_comm_field(runs.layout, stage, "pp_summary_bytes_uncached"),
+                     (long long)expected.summary_bytes_uncached, "%s stage %d", extra, stage);
+    }
+    long long sent = 0, received = 0; /* every byte sent arrives */
+    for (int stage = 0; stage < ranks; stage++) {
+        sent += metrics_comm_field(runs.layout, stage, "pp_send_bytes");
+        received += metrics_comm_field(runs.layout, stage, "pp_recv_bytes");
+    }
+    cr_expect_eq(sent, received);
+    runs_end(&runs);
+}
+
+Test(pipeline, pp_bytes_of_a_delta_pp2_v2_run_equal_the_prediction)
+{
+    const char *overrides[] = {"parallel.pp=2", "parallel.virtual_stages=2",
+                               "parallel.schedule=interleaved"};
+    expect_bytes_as_predicted("demo_mhar_delta", overrides, 3, 2, "bytes-delta");
+}
+
+Test(pipeline, pp_bytes_of_a_replace_pp4_run_equal_the_prediction)
+{
+    const char *overrides[] = {"parallel.pp=4"};
+    expect_bytes_as_predicted("demo_block_mhar", overrides, 1, 4, "bytes-replace");
+}
+
+/* The closed forms of payload.h, for even splits of N_p blocks per chunk. */
+Test(pipeline, summary_units_follow_the_closed_form_cached_and_uncached)
+{
+    for (int P = 2; P <= 4; P++)
+        for (int v = 1; v <= 3; v++)
+            for (int per_chunk = 1; per_chunk <= 2; per_chunk++) {
+                const int C = P * v;
+                ModelConfig model = {0};
+                model.n_layers = C * per_chunk;
+                ResidualConfig residual = {0};
+                residual.mode = RESIDUAL_ATTNRES;
+                residual.heads = 1;
+                residual.granularity = GRANULARITY_BLOCK;
+                residual.layers_per_block = 1;
+                residual.form = FORM_REPLACE;
+                residual.streams = 1;
+                model.d_model = 16;
+                model.n_heads = model.n_kv_heads = 1;
+                model.head_dim = 16;
+                model.ffn_dim = 16;
+                model.vocab_size = 8;
+                ResidualPlan plan;
+                residual_plan_build(&plan, &model, &residual);
+                ChunkSpan *spans = calloc((size_t)C, sizeof *spans);
+                chunk_spans_build(spans, C, &model, &plan, NULL, 0);
+                long cached = 0, uncached = 0;
+                for (int c = 0; c + 1 < C; c++) {
+                    HopPayload a = payload_hop(&plan, spans, C, P, c, true);
+                    HopPayload b = payload_hop(&plan, spans, C, P, c, false);
+                    cached += a.end_block - a.first_block;
+                    uncached += b.end_block - b.first_block;
+                }
+                const long N = per_chunk; /* one block a layer */
+                cr_expect_eq(uncached, N * C * (C - 1) / 2 + (C - 1), "P %d v %d", P, v);
+                cr_expect_eq(cached, N * P * (P - 1) / 2 + (long)P * (v - 1) * (P - 1) * N +
+                                         (P - 1), "P %d v %d", P, v);
+                free(spans);
+                residual_plan_free(&plan);
+            }
+}
+
+/* ---- layout errors ---- */
+
+static void expect_layout_error(int ranks, const char *config, const char *extra,
+                                const char *key)
+{
+    Runs runs;
+    runs_begin(&runs, "layout-error");
+    const int status = train_layout(ranks, config, extra, runs.layout, runs.output);
+    cr_expect_eq(status, 2, "%s: exit %d\n%s", extra, status, runs.output);
+    cr_expect(strstr(runs.output, key), "%s: the message names no %s:\n%s", extra, key,
+              runs.output);
+    runs_end(&runs);
+}
+
+Test(pipeline, a_grid_that_is_not_the_world_names_both_keys)
+{
+    expect_layout_error(2, "demo", "--set parallel.pp=4", "parallel.dp");
+    expect_layout_error(2, "demo", "--set parallel.pp=4", "parallel.pp");
+}
+
+Test(pipeline, a_layer_split_that_does_not_sum_is_refused)
+{
+    expect_layout_error(2, "demo", "--set parallel.pp=2 --set parallel.layer_split=[1,2]",
+                        "parallel.layer_split");
+}
+
+Test(pipeline, a_layer_split_that_cuts_a_block_is_refused)
+{
+    expect_layout_error(2, "demo_block_mhar",
+                        "--set parallel.pp=2 --set residual.layers_per_block=2 "
+                        "--set parallel.layer_split=[1,3]",
+                        "parallel.layer_split");
+}
+
+Test(pipeline, fewer_microbatches_than_1f1b_needs_are_refused)
+{
+    expect_layout_error(4, "demo", "--set parallel.pp=4 --set train.global_batch_size=4",
+                        "parallel.schedule");
+}
+
+Test(pipeline, virtual_stages_without_interleaved_are_refused)
+{
+    expect_layout_error(2, "demo", "--set parallel.pp=2 --set parallel.virtual_stages=2",
+                        "parallel.virtual_stages");
+}
+
+Test(pipeline, evaluation_during_a_pipeline_run_is_refused)
+{
+    expect_layout_error(2, "demo", "--set parallel.pp=2 --set eval.every=2", "eval.every");
+}
