@@ -98,10 +98,9 @@ def depth_weights_figure(probe: Probe) -> Figure:
             _write_cell_values(axes, matrix, top)
     for unused in list(grid.flat)[len(matrices):]:
         unused.set_visible(False)
-    colour_bar = figure.colorbar(image, ax=grid, shrink=0.9, pad=0.02)
+    colour_bar = figure.colorbar(image, ax=grid, shrink=0.9, pad=0.02, aspect=30)
     colour_bar.set_label("mean depth weight")
-    figure.suptitle(f"Depth weights per site (b0 = embedding): {probe.title()}",
-                    fontsize=11)
+    figure.suptitle(f"Depth weights per site (b0 = embedding)\n{probe.title()}", fontsize=10)
     return figure
 
 
