@@ -63,6 +63,7 @@ def run_plot(*arguments: str) -> subprocess.CompletedProcess:
 def expect_png(path: Path, size: tuple[int, int]) -> None:
     """path is a PNG of `size` (width, height) pixels whose pixels are not all alike."""
     expect(path.is_file(), f"{path} was not written")
+    expect(path.stat().st_mode & 0o444 == 0o444, f"{path.name} is not readable by all")
     pixels = matplotlib.image.imread(path)
     height, width = pixels.shape[:2]
     expect((width, height) == size, f"{path.name} is {width}x{height}, stated {size[0]}x"
@@ -108,7 +109,8 @@ def check_run_labels(run_dir: str) -> None:
     loss = run_figures.loss_figure([run]).axes[0]
     expect(loss.get_xlabel() == "tokens seen", loss.get_xlabel())
     expect(loss.get_ylabel() == "loss (nats per token)", loss.get_ylabel())
-    expect(legend_texts(loss) == ["MHAR (block, H 4): train", "MHAR (block, H 4): val"],
+    expect(legend_texts(loss) == ["MHAR (block, H 4)", "train loss (solid)",
+                                  "val_loss (dashed, dots)"],
            str(legend_texts(loss)))
     log_loss = run_figures.loss_figure([run], log_x=True).axes[0]
     expect(log_loss.get_xscale() == "log" and "log scale" in log_loss.get_xlabel(),
@@ -235,8 +237,8 @@ def check_overlay(out: str, *run_dirs: str) -> None:
     labels = [run.label for run in runs]
     expect(labels == ["baseline", "MHAR (block, H 4)"], str(labels))
     loss = legend_texts(run_figures.loss_figure(runs).axes[0])
-    expect(loss == ["baseline: train", "baseline: val", "MHAR (block, H 4): train",
-                    "MHAR (block, H 4): val"], str(loss))
+    expect(loss == ["baseline", "MHAR (block, H 4)", "train loss (solid)",
+                    "val_loss (dashed, dots)"], str(loss))
     colours = {line.get_color() for line in run_figures.loss_figure(runs).axes[0].get_lines()}
     expect(len(colours) == 2, f"the two runs are drawn in {colours}")
     throughput = legend_texts(run_figures.throughput_figure(runs).axes[0])

@@ -71,6 +71,15 @@ def write_figures(figures: dict[str, Figure], directory: Path) -> list[Path]:
             raise PlotError(f"cannot write into {directory}: {error.strerror or error}") \
                 from None
         raise
+    mode = 0o666 & ~_current_umask()  # mkstemp makes 0600; a PNG is as readable as any file
     for temporary, final in staged:
+        os.chmod(temporary, mode)
         os.replace(temporary, final)
     return [final for _, final in staged]
+
+
+def _current_umask() -> int:
+    """The process umask (reading it means setting it, so it is set straight back)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

@@ -3,7 +3,8 @@
 Every figure overlays the runs it is given, one colour per run, with the run's label
 (its residual mode) in the legend. Sizes at 100 dpi:
 
-    loss.png        1000 x 600 px   train loss (solid) and val_loss (dashed, dots) vs tokens
+    loss.png        1000 x 600 px   train loss (solid) and val_loss (dashed, dots) vs tokens;
+                                    the legend names each run once, then the two styles
     throughput.png  1000 x 700 px   tokens/s per device with peak memory on a second axis;
                                     MFU below; both vs step
     grad_norm.png   1000 x 600 px   gradient norm (log scale) with the learning rate on a
@@ -69,18 +70,24 @@ def loss_figure(runs: list[Run], log_x: bool = False) -> Figure:
     figure = new_figure(10, 6)
     axes = figure.add_subplot()
     handles, labels = [], []
+    any_val = False
     for index, run in enumerate(runs):
         colour = run_colour(index)
         (line,) = axes.plot(run.series("tokens"), run.series("loss"), color=colour,
                             linewidth=1.6)
         handles.append(line)
-        labels.append(f"{run.label}: train")
+        labels.append(run.label)
         if run.evals:
+            any_val = True
             values = [number_or_nan(line.get("val_loss")) for line in run.evals]
-            (val,) = axes.plot(_eval_tokens(run), values, color=colour, linestyle="--",
-                               marker="o", markersize=4, linewidth=1.2)
-            handles.append(val)
-            labels.append(f"{run.label}: val")
+            axes.plot(_eval_tokens(run), values, color=colour, linestyle="--", marker="o",
+                      markersize=4, linewidth=1.2)
+    # one entry per run (its colour), then what the line styles mean
+    handles.append(Line2D([], [], color="grey", linewidth=1.6))
+    labels.append("train loss (solid)")
+    if any_val:
+        handles.append(Line2D([], [], color="grey", linestyle="--", marker="o", markersize=4))
+        labels.append("val_loss (dashed, dots)")
     if log_x:
         axes.set_xscale("log")
     axes.xaxis.set_major_formatter(EngFormatter(sep=""))
