@@ -20,11 +20,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
-# Python side: the tokenizer front end and the tests that read files with h5py.
-if ! python3 -c 'import h5py, numpy, tokenizers' 2>/dev/null; then
-  echo "setup: installing python packages h5py numpy tokenizers"
-  python3 -m pip install -q h5py numpy tokenizers 2>/dev/null ||
-    python3 -m pip install -q --break-system-packages h5py numpy tokenizers
+# Python side: the tokenizer front end, launch/tools/plot.py (matplotlib; PyYAML reads the
+# config saved in a checkpoint) and the tests that read files with h5py.
+if ! python3 -c 'import h5py, numpy, tokenizers, matplotlib, yaml' 2>/dev/null; then
+  echo "setup: installing python packages h5py numpy tokenizers matplotlib pyyaml"
+  python3 -m pip install -q h5py numpy tokenizers matplotlib pyyaml 2>/dev/null ||
+    python3 -m pip install -q --break-system-packages h5py numpy tokenizers matplotlib pyyaml
 fi
 
 if [ ! -f build/build.ninja ]; then

@@ -2,7 +2,9 @@
 # launch/bench/compare_residuals.sh — the residual modes side by side on the synthetic
 # corpus: the demo model, the same seed and steps, baseline / AttnRes / MHAR H=4 / MHAR H=8 /
 # MSAR m=4 (docs/residual-comparison.md holds a run). Extra arguments go to every run
-# (e.g. --set train.steps=400). Prints a markdown table.
+# (e.g. --set train.steps=400). Prints a markdown table, and draws the runs overlaid into
+# $out/plots (launch/tools/plot.py; each run saves its last step, whose config names the
+# residual mode in the legends).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${COMPARE_DIR:-runs/compare}
@@ -22,7 +24,7 @@ for run in "${runs[@]}"; do
   dir="$out/$i"
   # shellcheck disable=SC2086
   build/fathom train "$config" --set run_dir="$dir" --set eval.every=1000000 \
-    --set eval.samples=64 $extra "$@" >"$out.$i.log" 2>&1
+    --set eval.samples=64 --set checkpoint.every=1000000 $extra "$@" >"$out.$i.log" 2>&1
   python3 - "$dir/metrics.jsonl" "$out.$i.log" "$name" <<'PY'
 import json, re, sys
 lines = [json.loads(l) for l in open(sys.argv[1])]
@@ -35,3 +37,4 @@ print(f"| {sys.argv[3]} | {params} | {steps[-1]['loss']:.4f} | {val:.4f} | {rate
 PY
   i=$((i + 1))
 done
+python3 launch/tools/plot.py "$out"/[0-9]* --out "$out/plots" >&2
