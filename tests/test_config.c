@@ -143,6 +143,7 @@ static const char full_yaml[] =
     "  virtual_stages: 3\n"
     "  schedule: interleaved\n"
     "  layer_split: [1, 1, 1, 1, 1, 1]\n"
+    "  timeout_s: 42.5\n"
     "fsdp:\n"
     "  reshard_after_forward: false\n"
     "train:\n"
