@@ -16,6 +16,7 @@
 #include "model/chunk.h"
 #include "pipeline/payload.h"
 #include "runtime/config.h"
+#include "tests/pipeline_support.h"
 #include "tests/support.h"
 #include "tests/train_support.h"
 
@@ -29,23 +30,10 @@ static const char *const COMMON =
     "--set train.microbatch_size=2 --set train.global_batch_size=8 --set train.steps=5 "
     "--set log.every=1 --set eval.every=0 --set checkpoint.every=5";
 
-/* `fathom train launch/configs/<config>.yaml COMMON <extra> --set run_dir=<run_dir>` on
- * `ranks` ranks (1: without mpirun); returns the exit code, output in `output`. */
 static int train_layout(int ranks, const char *config, const char *extra, const char *run_dir,
                         char *output)
 {
-    char command[4096];
-    char launcher[256] = "";
-    /* one thread a rank: the ranks share the machine's cores */
-    snprintf(launcher, sizeof launcher, "OMP_NUM_THREADS=1 ");
-    if (ranks > 1)
-        snprintf(launcher, sizeof launcher,
-                 "OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
-                 "mpirun --oversubscribe -np %d ", ranks);
-    snprintf(command, sizeof command,
-             "%s'%s' train '%s/launch/configs/%s.yaml' %s %s --set run_dir='%s' </dev/null",
-             launcher, test_fathom_binary(), test_source_dir(), config, COMMON, extra, run_dir);
-    return test_run_command(command, output, OUTPUT_CAPACITY);
+    return pipeline_train(ranks, config, COMMON, extra, run_dir, output, OUTPUT_CAPACITY);
 }
 
 typedef struct {
