@@ -5,11 +5,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 # meson 1.0 does not ask nvcc for dependency files, so ninja misses edits to CUDA headers:
-# recompile every .cu when a header under kernels/cuda (or the op table they fill) is newer
-# than the library.
-library=build/kernels/libfathom_cuda.so
-if [ -f "$library" ] && [ -n "$(find kernels/cuda runtime/backend.h -name '*.h' -newer "$library" -o \
-                                   -name '*.cuh' -newer "$library")" ]; then
+# recompile every .cu when a header under kernels/cuda, or one the .cu files include from
+# runtime/ (the op table they fill), is newer than the OLDEST cuda object. The library's
+# own date is not enough: one rebuilt .cu makes it new while the others stay stale.
+objects=build/kernels/libfathom_cuda.so.p
+oldest=$(ls -tr "$objects"/*.o 2>/dev/null | head -1)
+if [ -n "$oldest" ] && [ -n "$(find kernels/cuda runtime -name '*.h' -newer "$oldest" -o \
+                                  -name '*.cuh' -newer "$oldest")" ]; then
   touch kernels/cuda/*.cu
 fi
 ninja -C build
