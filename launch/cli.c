@@ -3,6 +3,7 @@
 
 #include "launch/bench.h"
 #include "launch/eval.h"
+#include "launch/inspect.h"
 #include "launch/probe.h"
 #include "launch/train.h"
 #include "runtime/error.h"
@@ -19,7 +20,8 @@ static const char usage[] =
     "  probe --checkpoint DIR [--weights ema|raw] [--data SPEC] [--samples N] [--slices S] "
     "[--json OUT.json]\n"
     "  bench [--cases layers,attention,route,msar,step] [--repeat N] [--device D] [--small] "
-    "[--json OUT.jsonl]\n";
+    "[--json OUT.jsonl]\n"
+    "  inspect --comm RUN_DIR                    per-stage pp bytes beside their prediction\n";
 
 int cli_main(int argc, char **argv)
 {
@@ -39,5 +41,7 @@ int cli_main(int argc, char **argv)
         return probe_main(argc, argv);
     if (!strcmp(argv[1], "bench"))
         return bench_main(argc, argv);
+    if (!strcmp(argv[1], "inspect"))
+        return inspect_main(argc, argv);
     fatal(EXIT_CONFIG, "unknown command '%s'\n%s", argv[1], usage);
 }

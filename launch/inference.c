@@ -16,7 +16,8 @@ void inference_open(Inference *inference, const char *checkpoint, const char *we
     char *config_yaml = NULL;
     checkpoint_read_meta(checkpoint, &meta, &config_yaml, inference->step_dir,
                          sizeof inference->step_dir);
-    config_load_text(&inference->config, config_yaml, inference->step_dir, NULL, 0, 1);
+    config_load_text(&inference->config, config_yaml, inference->step_dir, NULL, 0,
+                     CONFIG_ANY_WORLD);
     free(config_yaml);
     inference->step = meta.step;
 

@@ -161,6 +161,22 @@ static double evaluate_during_training(Model *model, DataSet *val, const Config 
     return result.loss;
 }
 
+/* <run_dir>/config.yaml: the resolved config with the device the run took, which `fathom
+ * inspect --comm` and the plots read (written to a temporary name, then renamed). */
+static void write_run_config(const Config *config, const Backend *backend)
+{
+    Config resolved = *config;
+    resolved.device = strcmp(backend->name, "cuda") ? DEVICE_CPU : DEVICE_CUDA;
+    char path[CONFIG_PATH_MAX + 32], temporary[CONFIG_PATH_MAX + 48];
+    snprintf(path, sizeof path, "%s/config.yaml", config->run_dir);
+    snprintf(temporary, sizeof temporary, "%s.tmp", path);
+    char *text = config_to_yaml(&resolved);
+    FILE *file = fopen(temporary, "w");
+    if (!file || fputs(text, file) < 0 || fclose(file) != 0 || rename(temporary, path) != 0)
+        fatal(EXIT_DATA, "cannot write %s: %s", path, strerror(errno));
+    free(text);
+}
+
 /* The comm array of metrics.jsonl (DESIGN 6): each rank's counters since the last log,
  * summed per stage over its dp ranks, on every rank. stages: [pp]. */
 static void gather_comm(const RankGrid *grid, MetricsComm *stages)
@@ -230,6 +246,7 @@ int train_main(int argc, char **argv)
         printf("# resolved config\n%s\n", resolved);
         free(resolved);
         make_directories(config.run_dir);
+        write_run_config(&config, backend);
     }
     comm_barrier(grid.world);
 

@@ -134,7 +134,7 @@ static void validate_combinations(const Config *config, const char *origin, int 
               origin, residual->n_stream_kernels, residual->streams);
 
     long long grid = (long long)parallel->pp * parallel->dp;
-    if (grid != world_size)
+    if (world_size != CONFIG_ANY_WORLD && grid != world_size)
         fatal(EXIT_CONFIG, "%s: parallel.pp = %d times parallel.dp = %d is %lld, but %d ranks "
               "were launched", origin, parallel->pp, parallel->dp, grid, world_size);
     long long chunks = (long long)parallel->pp * parallel->virtual_stages;
@@ -166,7 +166,7 @@ static void validate_combinations(const Config *config, const char *origin, int 
 
 static void config_validate(const Config *config, const char *origin, int world_size)
 {
-    if (world_size < 1)
+    if (world_size < 1 && world_size != CONFIG_ANY_WORLD)
         fatal(EXIT_CONFIG, "%s: world size %d (ranks launched) must be >= 1", origin,
               world_size);
     for (int i = 0; i < config_key_count; i++)

@@ -123,7 +123,10 @@ typedef struct {
 void config_defaults(Config *config);
 
 /* Reads `path` (NULL: defaults only), applies `n_overrides` "key=value" strings, validates.
- * `world_size` is the number of ranks (1 for one process): pp * dp must equal it. */
+ * `world_size` is the number of ranks (1 for one process): pp * dp must equal it, unless it
+ * is CONFIG_ANY_WORLD (a config read back from a run or a checkpoint, whose layout was the
+ * writer's: everything else is still validated). */
+#define CONFIG_ANY_WORLD 0
 void config_load(Config *config, const char *path, const char *const *overrides,
                  int n_overrides, int world_size);
 

@@ -382,3 +382,61 @@ Test(pipeline, evaluation_during_a_pipeline_run_is_refused)
 {
     expect_layout_error(2, "demo", "--set parallel.pp=2 --set eval.every=2", "eval.every");
 }
+
+/* ---- fathom inspect --comm ---- */
+
+Test(pipeline, inspect_comm_shows_measured_bytes_equal_to_the_prediction)
+{
+    Runs runs;
+    runs_begin(&runs, "inspect");
+    cr_assert_eq(train_layout(2, "demo_mhar_delta",
+                              "--set parallel.pp=2 --set parallel.virtual_stages=2 "
+                              "--set parallel.schedule=interleaved",
+                              runs.layout, runs.output),
+                 0, "%s", runs.output);
+    char arguments[512];
+    snprintf(arguments, sizeof arguments, "inspect --comm '%s'", runs.layout);
+    cr_expect_eq(test_run_fathom(arguments, runs.output, OUTPUT_CAPACITY), 0, "%s",
+                 runs.output);
+    cr_expect(strstr(runs.output, "every measured value equals the prediction"), "%s",
+              runs.output);
+    /* a stage that sent a byte more than predicted is a mismatch, exit 3 */
+    char command[1024];
+    snprintf(command, sizeof command,
+             "sed -i '$ s/\"pp_send_bytes\":\\([0-9]*\\)/\"pp_send_bytes\":1\\1/' '%s/metrics.jsonl'",
+             runs.layout);
+    cr_assert_eq(test_run_command(command, runs.output, OUTPUT_CAPACITY), 0, "%s", runs.output);
+    cr_expect_eq(test_run_fathom(arguments, runs.output, OUTPUT_CAPACITY), 3, "%s",
+                 runs.output);
+    cr_expect(strstr(runs.output, "differ from the prediction"), "%s", runs.output);
+    runs_end(&runs);
+}
+
+Test(pipeline, inspect_of_a_checkpoint_says_it_is_not_built_yet)
+{
+    char output[4096];
+    cr_expect_eq(test_run_fathom("inspect runs/x", output, sizeof output), 2);
+    cr_expect(strstr(output, "not built yet"), "%s", output);
+}
+
+Test(pipeline, a_pp2_run_resumed_from_its_checkpoint_equals_the_straight_run_bit_for_bit)
+{
+    Runs runs;
+    runs_begin(&runs, "pp-resume");
+    const char *layout = "--set parallel.pp=2 --set parallel.virtual_stages=2 "
+                         "--set parallel.schedule=interleaved";
+    char first_part[512];
+    snprintf(first_part, sizeof first_part, "%s --set train.steps=3 --set checkpoint.every=3",
+             layout);
+    cr_assert_eq(train_layout(2, "demo_block_mhar", layout, runs.single, runs.output), 0,
+                 "%s", runs.output);
+    cr_assert_eq(train_layout(2, "demo_block_mhar", first_part, runs.layout, runs.output), 0,
+                 "%s", runs.output);
+    cr_assert_eq(train_layout(2, "demo_block_mhar", layout, runs.layout, runs.output), 0,
+                 "%s", runs.output);
+    cr_expect(strstr(runs.output, "resumed at step 3"), "%s", runs.output);
+    snprintf(runs.a, sizeof runs.a, "%s/checkpoints/step_00000005", runs.single);
+    snprintf(runs.b, sizeof runs.b, "%s/checkpoints/step_00000005", runs.layout);
+    cr_expect(checkpoints_bitwise_equal(runs.a, runs.b), "the resumed pp2 v2 run moved");
+    runs_end(&runs);
+}

@@ -1,0 +1,142 @@
+/* launch/inspect.c — `fathom inspect --comm RUN_DIR` (see inspect.h). */
+#include "launch/inspect.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/chunk.h"
+#include "pipeline/payload.h"
+#include "runtime/config.h"
+#include "runtime/error.h"
+
+/* Measured bytes per step of one stage, from its object in metrics.jsonl's comm array. */
+typedef struct {
+    long long send, recv, summary, summary_uncached;
+} StageBytes;
+
+static const char usage[] = "usage: fathom inspect --comm RUN_DIR";
+
+/* The number after "key": inside [object, end), or fatal naming the file. */
+static long long field_in(const char *object, const char *end, const char *key,
+                          const char *path)
+{
+    char pattern[64];
+    snprintf(pattern, sizeof pattern, "\"%s\":", key);
+    const char *at = strstr(object, pattern);
+    if (!at || at >= end)
+        fatal(EXIT_DATA, "%s: a comm object has no %s", path, key);
+    return atoll(at + strlen(pattern));
+}
+
+/* The last step line of metrics.jsonl that carries `comm`, its step and stages. */
+static int read_measured(const char *run_dir, StageBytes *stages, int capacity, int *step)
+{
+    char path[CONFIG_PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", run_dir);
+    FILE *file = fopen(path, "r");
+    if (!file)
+        fatal(EXIT_DATA, "cannot open %s: is %s a run directory of fathom train?", path,
+              run_dir);
+    size_t capacity_line = 1 << 16;
+    char *line = xmalloc(capacity_line), *last = xcalloc(capacity_line, 1);
+    while (fgets(line, (int)capacity_line, file))
+        if (strstr(line, "\"comm\":["))
+            strcpy(last, line);
+    fclose(file);
+    const char *at = strstr(last, "\"comm\":[");
+    if (!at)
+        fatal(EXIT_DATA, "%s has no step line with comm bytes yet", path);
+    *step = atoi(strstr(last, "\"step\":") + 7);
+    int n = 0;
+    for (const char *object = strchr(at, '{'); object && n < capacity;
+         object = strchr(object + 1, '{')) {
+        const char *end = strchr(object, '}');
+        if (!end)
+            fatal(EXIT_DATA, "%s: a truncated comm object", path);
+        stages[n++] = (StageBytes){
+            field_in(object, end, "pp_send_bytes", path),
+            field_in(object, end, "pp_recv_bytes", path),
+            field_in(object, end, "pp_summary_bytes", path),
+            field_in(object, end, "pp_summary_bytes_uncached", path),
+        };
+        if (end[1] == ']')
+            break;
+    }
+    free(line);
+    free(last);
+    return n;
+}
+
+static void print_bytes(long long bytes)
+{
+    if (bytes >= 1000000)
+        printf(" %11.2f MB", bytes / 1e6);
+    else
+        printf(" %11lld  B", bytes);
+}
+
+int inspect_main(int argc, char **argv)
+{
+    if (argc == 3 && (!strcmp(argv[2], "--help") || !strcmp(argv[2], "-h"))) {
+        printf("%s\n  per pipeline stage: the pp bytes of the run's last logged step (from "
+               "RUN_DIR/metrics.jsonl)\n  beside the prediction from its config "
+               "(RUN_DIR/config.yaml), with and without the cross-stage cache\n"
+               "example: fathom inspect --comm runs/demo\n", usage);
+        return EXIT_DONE;
+    }
+    if (argc != 4 || strcmp(argv[2], "--comm"))
+        fatal(EXIT_CONFIG, "%s (fathom inspect DIR, the tensors, layout and integrity of a "
+              "checkpoint, is not built yet)", usage);
+    const char *run_dir = argv[3];
+    char path[CONFIG_PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/config.yaml", run_dir);
+    Config config;
+    config_load(&config, path, NULL, 0, CONFIG_ANY_WORLD);
+
+    const int P = config.parallel.pp, chunks = P * config.parallel.virtual_stages;
+    StageBytes *measured = xcalloc((size_t)P, sizeof *measured);
+    int step = 0;
+    const int n = read_measured(run_dir, measured, P, &step);
+    if (n != P)
+        fatal(EXIT_DATA, "%s/metrics.jsonl has %d comm objects, parallel.pp = %d", run_dir, n,
+              P);
+    ResidualPlan plan;
+    residual_plan_build(&plan, &config.model, &config.residual);
+    ChunkSpan *spans = xcalloc((size_t)chunks, sizeof *spans);
+    chunk_spans_build(spans, chunks, &config.model, &plan, config.parallel.layer_split,
+                      config.parallel.n_layer_split);
+    /* DESIGN 3 precision: payloads are activations, fp32 on the cpu and bf16 on cuda */
+    const uint64_t element = config.device == DEVICE_CUDA ? 2 : 4;
+    const uint64_t tensor = (uint64_t)config.train.microbatch_size * config.train.seq_len *
+                            config.model.d_model * element;
+    const int dp = config.parallel.dp, M = config_microbatches_per_rank(&config);
+
+    printf("pp bytes per step at step %d of %s (parallel.pp %d, dp %d, virtual_stages %d, "
+           "%d microbatches a rank)\n", step, run_dir, P, dp, config.parallel.virtual_stages, M);
+    printf("%5s %14s %14s %14s %14s %14s %14s\n", "stage", "sent", "predicted", "summaries",
+           "predicted", "uncached", "predicted");
+    int mismatches = 0;
+    for (int stage = 0; stage < P; stage++) {
+        PayloadBytes predicted = payload_predict(&plan, spans, chunks, P, stage, M, tensor);
+        /* a stage's measured bytes are summed over its dp ranks */
+        const long long expected[3] = {(long long)predicted.send_bytes * dp,
+                                       (long long)predicted.summary_bytes * dp,
+                                       (long long)predicted.summary_bytes_uncached * dp};
+        const long long got[3] = {measured[stage].send, measured[stage].summary,
+                                  measured[stage].summary_uncached};
+        printf("%5d", stage);
+        for (int k = 0; k < 3; k++) {
+            print_bytes(got[k]);
+            print_bytes(expected[k]);
+            mismatches += got[k] != expected[k];
+        }
+        printf("\n");
+    }
+    printf(mismatches ? "%d measured values differ from the prediction\n"
+                      : "every measured value equals the prediction\n", mismatches);
+    free(spans);
+    free(measured);
+    residual_plan_free(&plan);
+    return mismatches ? EXIT_DATA : EXIT_DONE;
+}
