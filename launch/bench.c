@@ -6,7 +6,9 @@
 #include "launch/run_state.h"
 #include "model/model.h"
 #include "model/params.h"
+#include "pipeline/step.h"
 #include "runtime/config.h"
+#include "runtime/grid.h"
 #include "runtime/error.h"
 #include "runtime/optim.h"
 
@@ -258,26 +260,20 @@ static void case_attention(Bench *bench)
     backend->release(a.lse);
 }
 
-/* ---- one training step of the 1B model ---- */
+/* ---- one training step of the 1B model, through the one training step (pipeline/step.h) ---- */
 
 typedef struct {
-    Model *model;
-    Optimizer *optimizer;
-    const uint32_t *inputs, *targets;
-    int microbatch, microbatches, T;
+    TrainingStep *step;
+    DataSet *data;
+    uint64_t consumed;
+    int global_batch;
 } StepPass;
 
 static void step_pass(void *context)
 {
     StepPass *p = context;
-    model_zero_grads(p->model);
-    for (int i = 0; i < p->microbatches; i++) {
-        const size_t first = (size_t)i * p->microbatch * p->T;
-        model_forward(p->model, p->inputs + first, p->targets + first, p->microbatch, 1e-4f);
-        model_backward(p->model, 1.0f / p->microbatches);
-    }
-    double grad_norm;
-    optim_step(p->optimizer, 1e-4, &grad_norm);
+    step_run(p->step, p->data, p->consumed, 1e-4);
+    p->consumed += (uint64_t)p->global_batch;
 }
 
 static void case_step(Bench *bench, const char *mode)
@@ -286,40 +282,47 @@ static void case_step(Bench *bench, const char *mode)
     const BenchShapes *s = &bench->shapes;
     Config config;
     config_defaults(&config);
-    ResidualConfig residual = config.residual;
-    residual.mode = RESIDUAL_STANDARD;
+    config.model = s->step_model;
+    config.train.microbatch_size = s->step_microbatch;
+    config.train.global_batch_size = s->step_microbatch * s->step_microbatches;
+    config.train.seq_len = s->step_T;
+    config.train.z_loss = 1e-4;
+    config.data.source = DATA_SYNTHETIC;
+    ResidualConfig *residual = &config.residual;
+    residual->mode = RESIDUAL_STANDARD;
     if (strcmp(mode, "standard")) {
         /* the MHAR paper's 1B graft: blocks of 4 layers, 8 heads, replace form */
-        residual.mode = strcmp(mode, "msar") ? RESIDUAL_ATTNRES : RESIDUAL_MSAR;
-        residual.heads = 8 < s->step_model.d_model / 16 ? 8 : 2;
-        residual.granularity = GRANULARITY_BLOCK;
-        residual.layers_per_block = s->step_model.n_layers >= 8 ? 4 : 2;
-        residual.form = FORM_REPLACE;
-        residual.streams = residual.mode == RESIDUAL_MSAR ? BENCH_STREAMS : 1;
-        residual.n_stream_kernels = residual.mode == RESIDUAL_MSAR ? BENCH_STREAMS : 0;
-        for (int i = 0; i < residual.n_stream_kernels; i++)
-            residual.stream_kernels[i] = bench_kernels[i];
+        residual->mode = strcmp(mode, "msar") ? RESIDUAL_ATTNRES : RESIDUAL_MSAR;
+        residual->heads = 8 < s->step_model.d_model / 16 ? 8 : 2;
+        residual->granularity = GRANULARITY_BLOCK;
+        residual->layers_per_block = s->step_model.n_layers >= 8 ? 4 : 2;
+        residual->form = FORM_REPLACE;
+        residual->streams = residual->mode == RESIDUAL_MSAR ? BENCH_STREAMS : 1;
+        residual->n_stream_kernels = residual->mode == RESIDUAL_MSAR ? BENCH_STREAMS : 0;
+        for (int i = 0; i < residual->n_stream_kernels; i++)
+            residual->stream_kernels[i] = bench_kernels[i];
     }
     backend->memory_peak_reset();
-    Model *model = model_create(backend, &s->step_model, &residual, s->step_microbatch,
+    Model *model = model_create(backend, &config.model, residual, s->step_microbatch,
                                 s->step_T);
     model_init_params(model, 1, 0.02);
     config.optim.ema_decay = 0; /* the step of the table keeps no EMA */
     RunState state;
     run_state_create(&state, model, &config);
     Optimizer optimizer = run_state_optimizer(&state, model, &config.optim);
-    const size_t tokens = (size_t)s->step_microbatch * s->step_microbatches * s->step_T;
-    uint32_t *inputs = xmalloc(tokens * sizeof *inputs);
-    uint32_t *targets = xmalloc(tokens * sizeof *targets);
-    bench_random_tokens(inputs, tokens, s->step_model.vocab_size);
-    bench_random_tokens(targets, tokens, s->step_model.vocab_size);
-    StepPass pass = {model, &optimizer, inputs, targets, s->step_microbatch,
-                     s->step_microbatches, s->step_T};
+    RankGrid grid;
+    grid_create(&grid, 1, 1);
+    TrainingStep step;
+    step_create(&step, model, &config, &grid, &optimizer);
+    DataSet *data = data_open_train(&config);
+    StepPass pass = {&step, data, 0, config.train.global_batch_size};
+    const size_t tokens = (size_t)config.train.global_batch_size * s->step_T;
     const int repeat = bench->repeat / 3 > 3 ? bench->repeat / 3 : 3;
     double ms = bench_time_ms(backend, step_pass, &pass, repeat);
     bench_add(bench, "step", mode, ms, (double)tokens / ms * 1e3, "tok/s", bench_peak_gib(backend));
-    free(inputs);
-    free(targets);
+    data_close(data);
+    step_destroy(&step);
+    grid_destroy(&grid);
     free((void *)optimizer.ranges);
     run_state_destroy(&state, model);
     model_destroy(model);
