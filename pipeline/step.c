@@ -1,7 +1,6 @@
 /* pipeline/step.c — see step.h. */
 #include "pipeline/step.h"
 
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -9,26 +8,25 @@
 
 enum { SHARED_TENSOR = -1 };
 
-/* The stage whose chunks read tensor `name`, or SHARED_TENSOR (step.h). */
-static int tensor_stage(const char *name, const ChunkSpan *spans, int n_chunks, int P,
-                        bool tied)
+/* The stage whose chunks read tensor `entry`, or SHARED_TENSOR (step.h). Its FSDP unit
+ * says where it lives (model/params.h): unit 1 + i is decoder layer i with its sites, unit
+ * L + 1 the final site, norm and head, unit 0 the embedding and the shared routing tensors. */
+static int tensor_stage(const ParamEntry *entry, const ChunkSpan *spans, int n_chunks, int P,
+                        int n_layers, bool tied)
 {
     const int last = (n_chunks - 1) % P;
-    int layer;
-    if (sscanf(name, "model.layers.%d.", &layer) == 1) {
+    if (entry->unit == n_layers + 1)
+        return last;
+    if (entry->unit > 0) {
+        const int layer = entry->unit - 1;
         for (int c = 0; c < n_chunks; c++)
             if (layer >= spans[c].first_layer && layer < spans[c].first_layer + spans[c].n_layers)
                 return c % P;
-        fatal(EXIT_CONFIG, "tensor %s belongs to no chunk", name);
+        fatal(EXIT_CONFIG, "tensor %s belongs to no chunk", entry->name);
     }
-    if (!strcmp(name, "model.embed_tokens.weight"))
+    if (!strcmp(entry->name, "model.embed_tokens.weight"))
         return tied && last != 0 ? SHARED_TENSOR : 0;
-    if (!strcmp(name, "model.norm.weight") || !strcmp(name, "lm_head.weight") ||
-        !strncmp(name, "model.final_route.", 18))
-        return last;
-    if (P == 1)
-        return 0;
-    return SHARED_TENSOR; /* model.route_null, model.route_streams.{n}.conv */
+    return P == 1 ? 0 : SHARED_TENSOR; /* model.route_null, model.route_streams.{n}.conv */
 }
 
 static OptimRange *ranges_push(OptimRange *ranges, int *n, OptimRange range)
@@ -55,7 +53,8 @@ void step_create(TrainingStep *step, Model *model, const Config *config, const R
     size_t largest = 1;
     for (int p = 0; p < table->n_params; p++) {
         const ParamEntry *entry = &table->params[p];
-        const int owner = tensor_stage(entry->name, spans, n_chunks, grid->pp,
+        const int owner = tensor_stage(entry, spans, n_chunks, grid->pp,
+                                       model_config(model)->n_layers,
                                        model_config(model)->tie_embeddings);
         step->owner[p] = owner;
         const OptimRange range = optimizer->ranges[p];
