@@ -143,6 +143,13 @@ Test(pipeline, pp2_msar_delta_with_checkpointing_equals_one_rank)
                                         "pp-msard2");
 }
 
+Test(pipeline, pp2_with_tied_embeddings_equals_one_rank)
+{
+    /* the embedding is read by chunk 0 and by the head: a tensor two stages share */
+    expect_network_layout_equals_single("demo", "--set model.tie_embeddings=true", 2,
+                                        "--set parallel.pp=2", "pp-tied");
+}
+
 Test(pipeline, pp2_dp2_block_mhar_equals_one_rank)
 {
     expect_layout_equals_single("demo_block_mhar", 4, "--set parallel.pp=2 --set parallel.dp=2",
