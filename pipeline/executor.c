@@ -375,8 +375,7 @@ static void run_forward(Executor *executor, const Action *action, DataSet *data,
     const int c = action->chunk, mb = action->microbatch, P = executor->P;
     const ChunkSpan *span = &executor->spans[c];
     const int B = config->train.microbatch_size;
-    const size_t bytes = (size_t)B * config->train.seq_len * model_config(model)->d_model *
-                         executor->backend->activation_bytes;
+    const size_t bytes = executor->tensor_bytes;
     SummaryStore *store = store_for(executor, mb, true);
     Stash *stash = stash_acquire(executor, c / P, mb);
     Activation **tensors = xcalloc((size_t)plan->n_blocks + 3, sizeof *tensors);
@@ -412,12 +411,10 @@ static void run_forward(Executor *executor, const Action *action, DataSet *data,
 static void run_backward(Executor *executor, const Action *action, float loss_scale)
 {
     Model *model = executor->model;
-    const Config *config = executor->config;
     const ResidualPlan *plan = model_plan(model);
     const int c = action->chunk, mb = action->microbatch, P = executor->P;
     const ChunkSpan *span = &executor->spans[c];
-    const size_t bytes = (size_t)config->train.microbatch_size * config->train.seq_len *
-                         model_config(model)->d_model * executor->backend->activation_bytes;
+    const size_t bytes = executor->tensor_bytes;
     SummaryStore *store = store_for(executor, mb, false);
     Stash *stash = stash_find(executor, c / P, mb, false);
     Activation **tensors = xcalloc((size_t)plan->n_blocks + 3, sizeof *tensors);

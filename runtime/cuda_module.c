@@ -17,6 +17,20 @@ static CudaModuleInfo module_info;
 static bool probed;
 static void *module_handle; /* kept open for the life of the process */
 
+/* The module compiles its own runtime/error.c: give it this process's rank prefix and abort
+ * hook, so that a fatal() inside it ends a job of several ranks as one here does. */
+static void share_error_handling(void *handle)
+{
+    typedef void (*SetAbort)(void (*)(int));
+    typedef void (*SetRank)(int);
+    SetAbort set_abort = (SetAbort)(uintptr_t)dlsym(handle, "error_set_abort");
+    SetRank set_rank = (SetRank)(uintptr_t)dlsym(handle, "error_set_rank");
+    if (set_abort)
+        set_abort(error_abort_hook());
+    if (set_rank)
+        set_rank(error_rank_prefix());
+}
+
 static void *open_candidate(const char *path)
 {
     if (access(path, R_OK) != 0)
@@ -85,6 +99,7 @@ const Backend *cuda_module_backend(void)
     const CudaModuleInfo *info = cuda_module_probe();
     if (!info->loaded || info->devices == 0)
         return NULL;
+    share_error_handling(module_handle);
     BackendGetter getter = (BackendGetter)(uintptr_t)dlsym(module_handle, "backend_cuda");
     if (!getter)
         fatal(EXIT_CONFIG, "%s does not export backend_cuda; rebuild the CUDA module or use "

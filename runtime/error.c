@@ -11,6 +11,16 @@
 static void (*error_abort_job)(int exit_code);
 static int error_rank = -1;
 
+void (*error_abort_hook(void))(int exit_code)
+{
+    return error_abort_job;
+}
+
+int error_rank_prefix(void)
+{
+    return error_rank;
+}
+
 void error_set_abort(void (*abort_job)(int exit_code))
 {
     error_abort_job = abort_job;

@@ -40,6 +40,10 @@ FATHOM_NORETURN void fatal(int exit_code, const char *format, ...)
 void error_set_abort(void (*abort_job)(int exit_code));
 /* rank >= 0: fatal() and warn() put "rank N: " before the message; rank < 0: no prefix. */
 void error_set_rank(int rank);
+/* The hook and the rank set above, so that a separately loaded module with its own copy of
+ * this file (the CUDA module, runtime/cuda_module.c) can be given the same. */
+void (*error_abort_hook(void))(int exit_code);
+int error_rank_prefix(void);
 
 /* Prints "fathom: warning: ..." and carries on. */
 void warn(const char *format, ...) __attribute__((format(printf, 1, 2)));
