@@ -2,8 +2,9 @@
 
 metrics.jsonl holds one JSON object per logged step (`step loss ... skipped comm`) and one
 per evaluation (`step val_loss val_ppl`). The residual mode is not in the metrics: it comes
-from the config saved in the newest checkpoint (index.h5 root attribute `config`, YAML
-text, DESIGN 5). A run without a checkpoint is labelled by its directory name.
+from the resolved config `fathom train` writes to RUN_DIR/config.yaml, or, for a run made
+before that file existed, from the config saved in the newest checkpoint (index.h5 root
+attribute `config`, YAML text). A run with neither is labelled by its directory name.
 """
 from __future__ import annotations
 
@@ -103,7 +104,15 @@ def checkpoint_residual(step_dir: Path) -> dict[str, Any] | None:
 
 
 def saved_residual(directory: Path) -> dict[str, Any] | None:
-    """The `residual` section of the config in the run's newest checkpoint, if it has one."""
+    """The `residual` section of RUN_DIR/config.yaml, else of the newest checkpoint's."""
+    try:
+        import yaml
+        config = yaml.safe_load((directory / "config.yaml").read_text(encoding="utf-8"))
+        residual = config.get("residual") if isinstance(config, dict) else None
+        if isinstance(residual, dict):
+            return residual
+    except Exception:  # no config.yaml (an older run) or an unreadable one: try a checkpoint
+        pass
     latest = directory / "checkpoints" / "latest"
     try:
         step_dir = latest.read_text(encoding="utf-8").strip()
