@@ -3,6 +3,7 @@
 
 #include "launch/bench.h"
 #include "launch/eval.h"
+#include "launch/help.h"
 #include "launch/inspect.h"
 #include "launch/probe.h"
 #include "launch/train.h"
@@ -11,37 +12,38 @@
 #include <stdio.h>
 #include <string.h>
 
-static const char usage[] =
-    "usage: fathom <command> [arguments]\n"
-    "  train CONFIG.yaml [--set key=value ...]   train, resuming from run_dir if it holds a "
-    "checkpoint\n"
-    "  eval  --checkpoint DIR [--weights ema|raw] [--data SPEC] [--samples N] "
-    "[--dump-logits OUT.h5]\n"
-    "  probe --checkpoint DIR [--weights ema|raw] [--data SPEC] [--samples N] [--slices S] "
-    "[--json OUT.json]\n"
-    "  bench [--cases layers,attention,route,msar,step] [--repeat N] [--device D] [--small] "
-    "[--json OUT.jsonl]\n"
-    "  inspect --comm RUN_DIR                    per-stage pp bytes beside their prediction\n";
-
 int cli_main(int argc, char **argv)
 {
     if (argc < 2) {
-        fputs(usage, stderr);
+        help_print_overview(stderr);
         return EXIT_CONFIG;
     }
-    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
-        fputs(usage, stdout);
+    const char *command = argv[1];
+    if (!strcmp(command, "--help") || !strcmp(command, "-h") || !strcmp(command, "help")) {
+        if (argc >= 3 && help_print_command(stdout, argv[2]))
+            return EXIT_DONE;
+        help_print_overview(stdout);
         return EXIT_DONE;
     }
-    if (!strcmp(argv[1], "train"))
+    if (!strcmp(command, "--version") || !strcmp(command, "version")) {
+        help_print_version(stdout);
+        return EXIT_DONE;
+    }
+    if (help_requested(argc, argv) && help_print_command(stdout, command))
+        return EXIT_DONE;
+    if (!strcmp(command, "train"))
         return train_main(argc, argv);
-    if (!strcmp(argv[1], "eval"))
+    if (!strcmp(command, "eval"))
         return eval_main(argc, argv);
-    if (!strcmp(argv[1], "probe"))
+    if (!strcmp(command, "probe"))
         return probe_main(argc, argv);
-    if (!strcmp(argv[1], "bench"))
+    if (!strcmp(command, "bench"))
         return bench_main(argc, argv);
-    if (!strcmp(argv[1], "inspect"))
+    if (!strcmp(command, "inspect"))
         return inspect_main(argc, argv);
-    fatal(EXIT_CONFIG, "unknown command '%s'\n%s", argv[1], usage);
+    if (!strcmp(command, "convert"))
+        fatal(EXIT_CONFIG, "fathom convert is not built yet (it will import Hugging Face "
+              "safetensors as step 0 of a run; see fathom convert --help)");
+    help_print_overview(stderr);
+    fatal(EXIT_CONFIG, "unknown command '%s' (fathom --help lists the commands)", command);
 }

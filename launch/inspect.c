@@ -78,13 +78,6 @@ static void print_bytes(long long bytes)
 
 int inspect_main(int argc, char **argv)
 {
-    if (argc == 3 && (!strcmp(argv[2], "--help") || !strcmp(argv[2], "-h"))) {
-        printf("%s\n  per pipeline stage: the pp bytes of the run's last logged step (from "
-               "RUN_DIR/metrics.jsonl)\n  beside the prediction from its config "
-               "(RUN_DIR/config.yaml), with and without the cross-stage cache\n"
-               "example: fathom inspect --comm runs/demo\n", usage);
-        return EXIT_DONE;
-    }
     if (argc != 4 || strcmp(argv[2], "--comm"))
         fatal(EXIT_CONFIG, "%s (fathom inspect DIR, the tensors, layout and integrity of a "
               "checkpoint, is not built yet)", usage);

@@ -1,0 +1,101 @@
+/* launch/help.c — see help.h. */
+#include "launch/help.h"
+
+#include <string.h>
+
+#include "launch/version.h"
+#include "runtime/cuda_module.h"
+
+typedef struct {
+    const char *name, *text;
+} CommandHelp;
+
+static const CommandHelp commands[] = {
+    {"train",
+     "usage: fathom train CONFIG.yaml [--set key=value ...]\n"
+     "  Trains the model of CONFIG.yaml (launch/configs/demo.yaml lists every key with its\n"
+     "  default). A run_dir that holds a committed checkpoint is resumed from its\n"
+     "  newest step, bit for bit; otherwise the run starts from `seed`. Under mpirun, pp x dp\n"
+     "  ranks train one job (parallel.*). SIGTERM or SIGUSR1 finish the step, save, exit 0.\n"
+     "  --set key=value   overrides one config key (any number of times; dotted names)\n"
+     "example: fathom train launch/configs/demo.yaml --set train.steps=400 --set run_dir=runs/mine\n"},
+    {"eval",
+     "usage: fathom eval --checkpoint DIR [--weights ema|raw] [--data SPEC] [--samples N] "
+     "[--dump-logits OUT.h5]\n"
+     "  The mean loss of a checkpoint over evaluation windows, read in file order.\n"
+     "  --checkpoint DIR    a run_dir or one of its step directories (the newest committed)\n"
+     "  --weights ema|raw   the EMA of the weights (default) or the trained weights\n"
+     "  --data SPEC         token shards to evaluate on (default: the run's data.val)\n"
+     "  --samples N         how many windows (default: the run's eval.samples)\n"
+     "  --dump-logits OUT   write /tokens [N,T] and /logits [N,T,V] of the windows to HDF5\n"
+     "example: fathom eval --checkpoint runs/demo --weights raw --samples 64\n"},
+    {"probe",
+     "usage: fathom probe --checkpoint DIR [--weights ema|raw] [--data SPEC] [--samples N] "
+     "[--slices S] [--json OUT.json]\n"
+     "  Per routing site and head: the mean depth weights over a batch, and the MHAR paper's\n"
+     "  width-disagreement KL beside a random query's.\n"
+     "  --checkpoint DIR    a run_dir or one of its step directories\n"
+     "  --weights ema|raw   the EMA of the weights (default) or the trained weights\n"
+     "  --data SPEC         token shards (default: the run's data.val)\n"
+     "  --samples N         windows in the batch\n"
+     "  --slices S          width slices of the KL probe\n"
+     "  --json OUT.json     also write the numbers as JSON (launch/tools/plot.py --probe)\n"
+     "example: fathom probe --checkpoint runs/demo_block_mhar --weights raw --json probe.json\n"},
+    {"bench",
+     "usage: fathom bench [--cases layers,attention,route,msar,step] [--repeat N] "
+     "[--device auto|cpu|cuda] [--small] [--json OUT.jsonl]\n"
+     "  Times the kernels and training steps of docs/performance.md on this machine.\n"
+     "  --cases LIST        which cases, comma separated (default: all)\n"
+     "  --repeat N          timed repetitions of each\n"
+     "  --device D          the backend (default auto: the GPU when there is one)\n"
+     "  --small             small shapes (the only ones the cpu takes)\n"
+     "  --json OUT.jsonl    also write one JSON object a case\n"
+     "example: fathom bench --cases step --small\n"},
+    {"inspect",
+     "usage: fathom inspect --comm RUN_DIR\n"
+     "  --comm RUN_DIR      per pipeline stage: the pp bytes of the run's last logged step\n"
+     "                      beside the prediction, with and without the cross-stage cache\n"
+     "  (fathom inspect DIR, a checkpoint's tensors, layout and integrity, is not built yet)\n"
+     "example: fathom inspect --comm runs/demo\n"},
+    {"convert",
+     "usage: fathom convert --from-hf DIR --config CONFIG.yaml --to RUN_DIR\n"
+     "  Not built yet: it will import a Hugging Face safetensors model as step 0 of a run.\n"},
+};
+
+void help_print_overview(FILE *out)
+{
+    fputs("usage: fathom <command> [arguments]   (fathom <command> --help for one command)\n",
+          out);
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
+        const char *text = commands[i].text;
+        const char *end = strchr(text, '\n');
+        fprintf(out, "  %.*s\n", (int)(end - text) - 7, text + 7); /* the usage line */
+    }
+    fputs("  --version\n", out);
+}
+
+bool help_print_command(FILE *out, const char *command)
+{
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(commands[i].name, command)) {
+            fputs(commands[i].text, out);
+            return true;
+        }
+    return false;
+}
+
+void help_print_version(FILE *out)
+{
+    fprintf(out, "fathom %s (commit %s)\n", FATHOM_VERSION, FATHOM_COMMIT);
+    const CudaModuleInfo *cuda = cuda_module_probe();
+    fprintf(out, "backends: cpu (fp32)");
+    if (cuda->loaded)
+        fprintf(out, ", cuda (bf16; %s: %s)\n", cuda->path, cuda->description);
+    else
+        fprintf(out, "; cuda not available (%s)\n", cuda->description);
+}
+
+bool help_requested(int argc, char **argv)
+{
+    return argc >= 3 && (!strcmp(argv[2], "--help") || !strcmp(argv[2], "-h"));
+}
