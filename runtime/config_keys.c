@@ -384,6 +384,34 @@ static void format_double(double value, char *out, size_t capacity)
     }
 }
 
+/* A float as YAML that every common reader types as a float (DESIGN 5): YAML 1.1 readers
+ * such as PyYAML take only numbers with a dot, and an exponent with its sign, as floats, so
+ * 10000 is written 10000.0 and 1e-05 is written 1.0e-05. The value reads back exactly. */
+static void format_yaml_double(double value, char *out, size_t capacity)
+{
+    if (isnan(value)) {
+        snprintf(out, capacity, ".nan");
+        return;
+    }
+    if (isinf(value)) {
+        snprintf(out, capacity, value > 0 ? ".inf" : "-.inf");
+        return;
+    }
+    if (value == floor(value) && fabs(value) < 1e15) {
+        snprintf(out, capacity, "%.1f", value);
+        return;
+    }
+    char shortest[32];
+    format_double(value, shortest, sizeof shortest);
+    char *exponent = strchr(shortest, 'e');
+    if (!exponent || memchr(shortest, '.', (size_t)(exponent - shortest))) {
+        snprintf(out, capacity, "%s", shortest); /* 0.25, 1.5e-05: a dot already */
+        return;
+    }
+    /* %g's exponent always has its sign; the mantissa needs the dot */
+    snprintf(out, capacity, "%.*s.0%s", (int)(exponent - shortest), shortest, exponent);
+}
+
 static void describe_range(const ConfigKey *key, char *out, size_t capacity)
 {
     char low[32], high[32];
@@ -477,7 +505,7 @@ void config_key_write_value(const Config *config, const ConfigKey *key, FILE *ou
         fprintf(out, "%llu", *(const unsigned long long *)value_in(config, key));
         return;
     case KEY_FLOAT:
-        format_double(*(const double *)value_in(config, key), number, sizeof number);
+        format_yaml_double(*(const double *)value_in(config, key), number, sizeof number);
         fputs(number, out);
         return;
     case KEY_BOOL:

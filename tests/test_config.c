@@ -7,6 +7,7 @@
  */
 #include "runtime/config.h"
 #include "runtime/config_keys.h"
+#include "tests/support.h"
 
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -526,4 +527,43 @@ Test(config, llama3_high_freq_factor_must_exceed_low)
 Test(config, beta_of_one_is_an_error)
 {
     assert_config_error(load_text_in_child("optim:\n  beta2: 1\n"), "optim.beta2", NULL);
+}
+
+/* DESIGN 5: the saved config is YAML that a YAML 1.1 reader (PyYAML, which reads 1e-05 as a
+ * string and 10000 as an int) types as fathom does: every float key a float, every int key
+ * an int, for the defaults and for values that print with an exponent. */
+Test(config, saved_yaml_types_every_number_as_pyyaml_reads_it)
+{
+    Config config;
+    config_load_text(&config, "model:\n  norm_eps: 1e-5\n  rope_theta: 500000\n"
+                              "optim:\n  eps: 1e-8\n  lr: 3e-4\n", "test", NULL, 0, 1);
+    char *yaml = config_to_yaml(&config);
+    char dir[256], path[300], command[1 << 14];
+    test_make_temp_dir(dir, "yaml-types");
+    snprintf(path, sizeof path, "%s/config.yaml", dir);
+    test_write_file(path, yaml);
+    free(yaml);
+    int n = snprintf(command, sizeof command,
+                     "python3 -c \"import yaml, sys\n"
+                     "c = yaml.safe_load(open('%s'))\n"
+                     "def at(p):\n"
+                     "    v = c\n"
+                     "    for k in p.split('.'):\n"
+                     "        v = v[k]\n"
+                     "    return v\n"
+                     "bad = [(p, t, repr(at(p))) for p, t in [", path);
+    for (int i = 0; i < config_key_count; i++) {
+        const ConfigKey *key = &config_key_table[i];
+        if (key->type == KEY_FLOAT || key->type == KEY_INT)
+            n += snprintf(command + n, sizeof command - (size_t)n, "('%s', %s), ", key->path,
+                          key->type == KEY_FLOAT ? "float" : "int");
+    }
+    snprintf(command + n, sizeof command - (size_t)n,
+             "] if type(at(p)) is not t]\n"
+             "print(bad)\n"
+             "sys.exit(1 if bad else 0)\"");
+    char output[8192];
+    cr_expect_eq(test_run_command(command, output, sizeof output), 0,
+                 "PyYAML types these keys otherwise: %s", output);
+    test_remove_tree(dir);
 }
