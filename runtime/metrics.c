@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <sys/resource.h>
 
 #include "runtime/error.h"
@@ -16,12 +18,35 @@ struct MetricsLog {
     char path[4096];
 };
 
+/* A fresh run in a run_dir that already holds a metrics log: the log is kept, renamed to the
+ * first free metrics.jsonl.N, and the run says so; nothing is wiped. */
+static void keep_earlier_log(const char *path)
+{
+    struct stat status;
+    if (stat(path, &status) != 0 || status.st_size == 0)
+        return;
+    char kept[sizeof ((MetricsLog *)0)->path + 16];
+    for (int n = 1; n < 1000; n++) {
+        snprintf(kept, sizeof kept, "%s.%d", path, n);
+        if (access(kept, F_OK) != 0) {
+            if (rename(path, kept) != 0)
+                fatal(EXIT_DATA, "cannot keep the earlier %s as %s: %s", path, kept,
+                      strerror(errno));
+            printf("fathom: %s held an earlier run's metrics; kept as %s\n", path, kept);
+            return;
+        }
+    }
+    fatal(EXIT_DATA, "%s: 999 earlier metrics logs are kept already; move them away", path);
+}
+
 MetricsLog *metrics_open(const char *run_dir, bool fresh)
 {
     MetricsLog *log = xcalloc(1, sizeof *log);
     int length = snprintf(log->path, sizeof log->path, "%s/metrics.jsonl", run_dir);
     if (length < 0 || (size_t)length >= sizeof log->path)
         fatal(EXIT_CONFIG, "run_dir '%s' is too long for a path", run_dir);
+    if (fresh)
+        keep_earlier_log(log->path);
     /* append by default: a resumed run keeps the lines of the run it continues */
     log->file = fopen(log->path, fresh ? "w" : "a");
     if (!log->file)

@@ -1,7 +1,8 @@
 /* runtime/metrics.h — metrics.jsonl, the console line and MFU (DESIGN 6).
  *
  * metrics_open() opens `<run_dir>/metrics.jsonl` for appending (a resumed run continues the
- * same file) or, with fresh = true, truncates it. Each metrics_write_step / metrics_write_eval
+ * same file) or, with fresh = true, starts a new one: an earlier run's non-empty log is kept
+ * as metrics.jsonl.N (the first free N) and the run prints where, so no log is wiped. Each metrics_write_step / metrics_write_eval
  * appends one JSON object on one line and flushes it, so a killed run leaves whole lines.
  * Only rank 0 writes (the caller's choice). A step line has exactly the keys
  *   step loss ce zloss grad_norm lr tokens tokens_per_s tokens_per_s_per_device

@@ -147,6 +147,30 @@ Test(metrics, opening_appends_unless_asked_to_start_fresh)
     test_remove_tree(dir);
 }
 
+Test(metrics, a_fresh_run_keeps_an_earlier_log_instead_of_wiping_it)
+{
+    char dir[256], kept[300];
+    test_make_temp_dir(dir, "metrics-kept");
+    MetricsStep step = step_example(NULL, 0);
+    for (int run = 0; run < 3; run++) { /* three fresh starts in one run_dir */
+        MetricsLog *log = metrics_open(dir, true);
+        for (int line = 0; line <= run; line++)
+            metrics_write_step(log, &step);
+        metrics_close(log);
+    }
+    for (int n = 1; n <= 2; n++) { /* the first run's log is .1 (1 line), the second's .2 */
+        snprintf(kept, sizeof kept, "%s/metrics.jsonl.%d", dir, n);
+        FILE *file = fopen(kept, "r");
+        cr_assert(file, "%s was not kept", kept);
+        int lines = 0;
+        for (int c; (c = fgetc(file)) != EOF;)
+            lines += c == '\n';
+        fclose(file);
+        cr_expect_eq(lines, n, "%s has %d lines", kept, lines);
+    }
+    test_remove_tree(dir);
+}
+
 /* A run that logged steps 1..5 but last committed step 3: resuming drops 4 and 5 (and the
  * eval line of step 4) so the steps taken again appear once. */
 Test(metrics, resuming_drops_the_lines_logged_after_the_checkpoint)
