@@ -357,8 +357,9 @@ int train_main(int argc, char **argv)
                 fflush(stdout);
             }
         }
-        if (config.checkpoint.every > 0 &&
-            (step_number % config.checkpoint.every == 0 || last)) {
+        const bool periodic = config.checkpoint.every > 0 &&
+                              step_number % config.checkpoint.every == 0;
+        if (periodic || (last && config.checkpoint.save_final)) {
             save_checkpoint(&step, &state, model, &config);
             saved_last = true;
         }

@@ -91,6 +91,7 @@ void config_defaults(Config *config)
     config->checkpoint.every = 0;
     config->checkpoint.keep_last = 2;
     config->checkpoint.keep_every = 0;
+    config->checkpoint.save_final = true;
     config->log.every = 10;
     config->eval.every = 0;
     config->eval.samples = 16;

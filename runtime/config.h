@@ -98,6 +98,7 @@ typedef struct {
 typedef struct {
     int every;                  /* 0: never */
     int keep_last, keep_every;  /* 0: keep all / none extra */
+    bool save_final;            /* the last step is saved whatever `every` says */
 } CheckpointConfig;
 
 typedef struct { int every; } LogConfig;

@@ -130,6 +130,7 @@ const ConfigKey config_key_table[] = {
     INT("checkpoint.every", checkpoint.every, AT_LEAST(0), NO_MAX),
     INT("checkpoint.keep_last", checkpoint.keep_last, AT_LEAST(0), NO_MAX),
     INT("checkpoint.keep_every", checkpoint.keep_every, AT_LEAST(0), NO_MAX),
+    BOOL("checkpoint.save_final", checkpoint.save_final),
 
     INT("log.every", log.every, AT_LEAST(1), NO_MAX),
 

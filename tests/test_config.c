@@ -178,6 +178,7 @@ static const char full_yaml[] =
     "  every: 50\n"
     "  keep_last: 0\n"
     "  keep_every: 1000\n"
+    "  save_final: false\n"
     "log:\n"
     "  every: 1\n"
     "eval:\n"

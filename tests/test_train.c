@@ -208,3 +208,33 @@ Test(train, checkpoints_record_applied_and_skipped_updates, .timeout = 60)
     cr_assert(strstr(output, "4 1 3"), "step, optimizer_steps, skipped_steps: %s", output);
     test_remove_tree(dir);
 }
+
+/* checkpoint.save_final (default true): a run that saves nothing periodically still leaves
+ * its last step, which eval, probe and a resume then find; false leaves none. */
+Test(train, the_last_step_is_saved_unless_save_final_is_false, .timeout = 60)
+{
+    char dir[256], step_dir[400];
+    struct stat status;
+    test_make_temp_dir(dir, "train-final");
+    tiny_config_write(dir, "checkpoint:\n  every: 0\n");
+    cr_assert_eq(tiny_train(dir, "--set train.steps=3", output, sizeof output), 0, "%s",
+                 output);
+    snprintf(step_dir, sizeof step_dir, "%s/run/checkpoints/step_00000003/COMMITTED", dir);
+    cr_expect_eq(stat(step_dir, &status), 0, "no committed step 3:\n%s", output);
+    char arguments[512];
+    snprintf(arguments, sizeof arguments, "eval --checkpoint %s/run --samples 2", dir);
+    cr_expect_eq(test_run_fathom(arguments, output, sizeof output), 0, "%s", output);
+    /* asking for more steps resumes from the saved last step */
+    cr_assert_eq(tiny_train(dir, "--set train.steps=4", output, sizeof output), 0, "%s",
+                 output);
+    cr_expect(strstr(output, "resumed at step 3"), "%s", output);
+    test_remove_tree(dir);
+
+    test_make_temp_dir(dir, "train-no-final");
+    tiny_config_write(dir, "checkpoint:\n  every: 0\n  save_final: false\n");
+    cr_assert_eq(tiny_train(dir, "--set train.steps=3", output, sizeof output), 0, "%s",
+                 output);
+    snprintf(step_dir, sizeof step_dir, "%s/run/checkpoints/latest", dir);
+    cr_expect_neq(access(step_dir, F_OK), 0, "save_final: false saved a checkpoint");
+    test_remove_tree(dir);
+}
