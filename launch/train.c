@@ -288,6 +288,10 @@ int train_main(int argc, char **argv)
     bool saved_last = false, stopping = false;
     comm_counters_reset();
 
+    if (leader && state.step >= config.train.steps)
+        printf("fathom: %s is at step %lld already and train.steps = %d: nothing to train "
+               "(raise train.steps to continue)\n", config.run_dir, (long long)state.step,
+               config.train.steps);
     while (state.step < config.train.steps && !stopping) {
         int step_number = (int)state.step + 1;
         double started = timer_seconds();
