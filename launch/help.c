@@ -16,7 +16,8 @@ static const CommandHelp commands[] = {
      "  Trains the model of CONFIG.yaml (launch/configs/demo.yaml lists every key with its\n"
      "  default). A run_dir that holds a committed checkpoint is resumed from its\n"
      "  newest step, bit for bit; otherwise the run starts from `seed`. Under mpirun, pp x dp\n"
-     "  ranks train one job (parallel.*). SIGTERM or SIGUSR1 finish the step, save, exit 0.\n"
+     "  ranks train one job (parallel.*). SIGTERM, SIGUSR1 or a first Ctrl-C finish the\n"
+     "  step, save and exit 0; a second Ctrl-C stops at once (exit 130).\n"
      "  --set key=value   overrides one config key (any number of times; dotted names)\n"
      "example: fathom train launch/configs/demo.yaml --set train.steps=400 --set run_dir=runs/mine\n"},
     {"eval",

@@ -26,14 +26,18 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #define MAX_OVERRIDES 256
 
 static volatile sig_atomic_t stop_requested;
 
+/* SIGTERM, SIGUSR1 and a first SIGINT (Ctrl-C): finish the step, save, exit 0. A second
+ * SIGINT ends the process at once, saving nothing more (exit 130, the shell's code). */
 static void request_stop(int signal_number)
 {
-    (void)signal_number;
+    if (signal_number == SIGINT && stop_requested)
+        _exit(128 + SIGINT);
     stop_requested = 1;
 }
 
@@ -229,6 +233,7 @@ int train_main(int argc, char **argv)
     parse_arguments(argc, argv, &config_path, overrides, &n_overrides);
     signal(SIGTERM, request_stop);
     signal(SIGUSR1, request_stop);
+    signal(SIGINT, request_stop);
 
     Config config;
     config_load(&config, config_path, overrides, n_overrides, comm_size(comm_world()));

@@ -99,7 +99,9 @@ Test(train, msar_run_checkpoints_and_resumes_bitwise, .timeout = 120)
 
 /* SIGTERM finishes the step in flight, saves, exits 0; training again finishes the run with
  * the weights of an uninterrupted one. */
-Test(train, sigterm_saves_and_the_resumed_run_matches_an_uninterrupted_one, .timeout = 180)
+/* `signal_number` during the run: it finishes the step, saves, exits 0, and the resumed run
+ * ends bitwise where an uninterrupted one does. */
+static void expect_signal_saves_and_resume_matches(int signal_number)
 {
     char straight[256], stopped[256], config[300], step_a[400], step_b[400];
     test_make_temp_dir(straight, "train-term-a");
@@ -126,14 +128,14 @@ Test(train, sigterm_saves_and_the_resumed_run_matches_an_uninterrupted_one, .tim
     struct stat info;
     for (int tries = 0; tries < 600 && (stat(metrics, &info) || info.st_size == 0); tries++)
         usleep(10000);
-    kill(child, SIGTERM);
+    kill(child, signal_number);
     int status;
     waitpid(child, &status, 0);
     cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "stopped run exit status %d",
               status);
     char latest[400];
     snprintf(latest, sizeof latest, "%s/run/checkpoints/latest", stopped);
-    cr_assert_eq(stat(latest, &info), 0, "SIGTERM left no checkpoint");
+    cr_assert_eq(stat(latest, &info), 0, "signal %d left no checkpoint", signal_number);
 
     cr_assert_eq(tiny_train(stopped, "--set train.steps=40 --set checkpoint.every=40",
                             output, sizeof output), 0, "%s", output);
@@ -142,6 +144,16 @@ Test(train, sigterm_saves_and_the_resumed_run_matches_an_uninterrupted_one, .tim
     cr_assert(checkpoints_bitwise_equal(step_a, step_b));
     test_remove_tree(straight);
     test_remove_tree(stopped);
+}
+
+Test(train, sigterm_saves_and_the_resumed_run_matches_an_uninterrupted_one, .timeout = 180)
+{
+    expect_signal_saves_and_resume_matches(SIGTERM);
+}
+
+Test(train, a_first_ctrl_c_saves_like_sigterm, .timeout = 180)
+{
+    expect_signal_saves_and_resume_matches(SIGINT);
 }
 
 Test(train, index_h5_names_the_model_tensors_by_their_design_names, .timeout = 60)
