@@ -348,6 +348,8 @@ int train_main(int argc, char **argv)
             };
             metrics_fill_throughput(&line, (double)tokens_per_step * window.steps,
                                     window.seconds, grid.world_size, flops_per_token);
+            if (!strcmp(backend->name, "cpu"))
+                line.mfu = NAN; /* the peak of DESIGN 6 is a GPU's; a cpu has none known */
             if (leader) {
                 metrics_write_step(metrics, &line);
                 char console[256];

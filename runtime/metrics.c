@@ -202,10 +202,14 @@ int metrics_format_console(const MetricsStep *m, int total_steps, char *buffer,
         pp_bytes += (double)m->comm[stage].pp_send_bytes;
     format_scaled(rate, sizeof rate, m->tokens_per_s, rate_units, 4, "");
     format_scaled(bytes, sizeof bytes, pp_bytes, byte_units, 5, " ");
+    /* MFU only where a peak is known: NaN (a cpu run) leaves it out */
+    char mfu[32] = "";
+    if (isfinite(m->mfu))
+        snprintf(mfu, sizeof mfu, " | %.1f%% MFU", 100.0 * m->mfu);
     return snprintf(buffer, capacity,
-                    "step %d/%d | loss %.3f | gnorm %.2f | lr %.1e | %s tok/s | %.1f%% MFU | "
+                    "step %d/%d | loss %.3f | gnorm %.2f | lr %.1e | %s tok/s%s | "
                     "%.1f GiB | pp %s/step",
-                    m->step, total_steps, m->loss, m->grad_norm, m->lr, rate, 100.0 * m->mfu,
+                    m->step, total_steps, m->loss, m->grad_norm, m->lr, rate, mfu,
                     m->mem_gib, bytes);
 }
 

@@ -14,7 +14,8 @@
  * finite (NaN loss, infinite norm) is written as null, so every line stays valid JSON.
  *
  * Units: tokens = tokens consumed by the run so far (all ranks); tokens_per_s over the
- * interval since the previous line; mfu is a fraction (0.513, shown as 51.3% on the console);
+ * interval since the previous line; mfu is a fraction (0.513, shown as 51.3% on the console;
+ * NaN, written null and left off the console, where no peak is known: a cpu run);
  * mem_gib in GiB (2^30 bytes); comm counters are bytes per training step, per stage.
  *
  * MFU: flops per token = 6 * (layer_matrix_params + vocab * d) + 6 * layers * seq_len *

@@ -281,3 +281,16 @@ Test(metrics, timer_counts_wall_seconds_forward)
     double elapsed = timer_seconds() - start;
     cr_assert(elapsed >= 0.02 && elapsed < 1.0, "%g s", elapsed);
 }
+
+Test(metrics, the_console_leaves_mfu_out_where_no_peak_is_known)
+{
+    MetricsStep step = step_example(NULL, 0);
+    char line[512];
+    step.mfu = 0.513;
+    metrics_format_console(&step, 10, line, sizeof line);
+    cr_expect(strstr(line, "51.3% MFU"), "%s", line);
+    step.mfu = NAN;
+    metrics_format_console(&step, 10, line, sizeof line);
+    cr_expect(!strstr(line, "MFU"), "%s", line);
+    cr_expect(strstr(line, "tok/s | "), "%s", line);
+}
