@@ -165,6 +165,49 @@ static void validate_combinations(const Config *config, const char *origin, int 
         fatal(EXIT_CONFIG, "%s: data.source is shards but data.train is empty", origin);
 }
 
+/* DESIGN 6: a key that changes nothing is never accepted silently. Residual keys that the
+ * chosen mode or granularity does not read, set away from their defaults, get one warning
+ * line each; an MSAR kernel longer than the sequence is an error (its taps past T read
+ * nothing). */
+static void check_keys_that_do_nothing(const Config *config, const char *origin)
+{
+    Config defaults;
+    config_defaults(&defaults);
+    const ResidualConfig *residual = &config->residual, *base = &defaults.residual;
+    const bool standard = residual->mode == RESIDUAL_STANDARD;
+    const bool kernels_differ =
+        residual->n_stream_kernels != base->n_stream_kernels ||
+        memcmp(residual->stream_kernels, base->stream_kernels,
+               (size_t)residual->n_stream_kernels * sizeof residual->stream_kernels[0]) != 0;
+    const struct {
+        bool ignored;
+        const char *key, *why;
+    } unused[] = {
+        {standard && residual->heads != base->heads, "residual.heads", "residual.mode is standard"},
+        {standard && residual->granularity != base->granularity, "residual.granularity",
+         "residual.mode is standard"},
+        {standard && residual->form != base->form, "residual.form", "residual.mode is standard"},
+        {residual->mode != RESIDUAL_MSAR && residual->streams != base->streams,
+         "residual.streams", "residual.mode is not msar"},
+        {residual->mode != RESIDUAL_MSAR && kernels_differ, "residual.stream_kernels",
+         "residual.mode is not msar"},
+        {(standard || residual->granularity == GRANULARITY_FULL) &&
+             residual->layers_per_block != base->layers_per_block,
+         "residual.layers_per_block",
+         standard ? "residual.mode is standard" : "residual.granularity is full"},
+    };
+    for (size_t i = 0; i < sizeof unused / sizeof unused[0]; i++)
+        if (unused[i].ignored)
+            warn("%s: %s is set but does nothing: %s", origin, unused[i].key, unused[i].why);
+    if (residual->mode == RESIDUAL_MSAR)
+        for (int r = 0; r < residual->n_stream_kernels; r++)
+            if (residual->stream_kernels[r] > config->train.seq_len)
+                fatal(EXIT_CONFIG, "%s: residual.stream_kernels[%d] = %d is longer than "
+                      "train.seq_len = %d: a causal convolution over the sequence has at most "
+                      "seq_len taps", origin, r, residual->stream_kernels[r],
+                      config->train.seq_len);
+}
+
 static void config_validate(const Config *config, const char *origin, int world_size)
 {
     if (world_size < 1 && world_size != CONFIG_ANY_WORLD)
@@ -173,6 +216,8 @@ static void config_validate(const Config *config, const char *origin, int world_
     for (int i = 0; i < config_key_count; i++)
         config_key_check_range(config, &config_key_table[i], origin);
     validate_combinations(config, origin, world_size);
+    if (world_size != CONFIG_ANY_WORLD) /* a config read back was checked when it was written */
+        check_keys_that_do_nothing(config, origin);
 }
 
 void config_load_text(Config *config, const char *yaml_text, const char *origin,

@@ -568,3 +568,36 @@ Test(config, saved_yaml_types_every_number_as_pyyaml_reads_it)
                  "PyYAML types these keys otherwise: %s", output);
     test_remove_tree(dir);
 }
+
+/* DESIGN 6: a key that does nothing is one warning line naming it, or an error. */
+static void expect_warning(const char *yaml, const char *key)
+{
+    ChildResult result = load_text_in_child(yaml);
+    cr_expect_eq(result.exit_code, 0, "%s", result.message);
+    cr_expect(strstr(result.message, "warning") && strstr(result.message, key) &&
+                  strstr(result.message, "does nothing"),
+              "no warning naming %s: '%s'", key, result.message);
+}
+
+Test(config, residual_keys_of_another_mode_are_a_warning_naming_the_key)
+{
+    expect_warning("residual:\n  mode: standard\n  heads: 4\n", "residual.heads");
+    expect_warning("residual:\n  mode: standard\n  form: delta\n", "residual.form");
+    expect_warning("residual:\n  mode: attnres\n  streams: 2\n", "residual.streams");
+    expect_warning("residual:\n  mode: attnres\n  granularity: full\n  layers_per_block: 2\n",
+                   "residual.layers_per_block");
+}
+
+Test(config, the_defaults_warn_of_nothing)
+{
+    ChildResult result = load_text_in_child("");
+    cr_expect_eq(result.exit_code, 0);
+    cr_expect(!strstr(result.message, "warning"), "'%s'", result.message);
+}
+
+Test(config, an_msar_kernel_longer_than_the_sequence_is_refused)
+{
+    assert_config_error(load_text_in_child("train:\n  seq_len: 64\nresidual:\n  mode: msar\n"
+                                           "  streams: 2\n  stream_kernels: [1, 1000]\n"),
+                        "residual.stream_kernels", "train.seq_len");
+}
