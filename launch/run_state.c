@@ -4,6 +4,7 @@
 #include "checkpoints/checkpoint.h"
 #include "model/params.h"
 #include "runtime/metrics.h"
+#include "runtime/config_keys.h"
 #include "runtime/error.h"
 
 #include <stdio.h>
@@ -185,6 +186,38 @@ static void check_same_network(const char *saved_yaml, const Config *config,
     free(current_text);
 }
 
+/* Every key outside the network that differs from the checkpoint's config, on one line
+ * (a resume may change the learning rate, the steps, the layout...; it should say so). */
+static void print_changed_keys(const char *saved_yaml, const Config *config,
+                               const char *step_dir)
+{
+    Config saved;
+    config_load_text(&saved, saved_yaml, step_dir, NULL, 0, CONFIG_ANY_WORLD);
+    char *changes = NULL;
+    size_t length = 0;
+    FILE *out = open_memstream(&changes, &length);
+    int n = 0;
+    for (int i = 0; i < config_key_count; i++) {
+        const ConfigKey *key = &config_key_table[i];
+        char *before = NULL, *after = NULL;
+        size_t before_length = 0, after_length = 0;
+        FILE *a = open_memstream(&before, &before_length);
+        FILE *b = open_memstream(&after, &after_length);
+        config_key_write_value(&saved, key, a);
+        config_key_write_value(config, key, b);
+        fclose(a);
+        fclose(b);
+        if (strcmp(before, after))
+            fprintf(out, "%s%s %s -> %s", n++ ? ", " : "", key->path, before, after);
+        free(before);
+        free(after);
+    }
+    fclose(out);
+    if (n)
+        printf("fathom: resuming with %d changed key%s: %s\n", n, n == 1 ? "" : "s", changes);
+    free(changes);
+}
+
 void run_state_restore(RunState *state, Model *model, const Config *config,
                        const char *step_dir)
 {
@@ -193,6 +226,7 @@ void run_state_restore(RunState *state, Model *model, const Config *config,
     char resolved_dir[CONFIG_PATH_MAX];
     checkpoint_read_meta(step_dir, &meta, &saved_yaml, resolved_dir, sizeof resolved_dir);
     check_same_network(saved_yaml, config, resolved_dir);
+    print_changed_keys(saved_yaml, config, resolved_dir);
 
     const ParamTable *table = model_param_table(model);
     CheckpointTensor *tensors = checkpoint_tensors_of(table);

@@ -240,6 +240,8 @@ Test(train, the_last_step_is_saved_unless_save_final_is_false, .timeout = 60)
     cr_assert_eq(tiny_train(dir, "--set train.steps=4", output, sizeof output), 0, "%s",
                  output);
     cr_expect(strstr(output, "resumed at step 3"), "%s", output);
+    cr_expect(strstr(output, "changed key: train.steps 3 -> 4"), "a resume with more steps "
+              "did not list the changed key:\n%s", output);
     cr_assert_eq(tiny_train(dir, "--set train.steps=4", output, sizeof output), 0, "%s",
                  output);
     cr_expect(strstr(output, "nothing to train"), "a finished run said nothing:\n%s", output);
