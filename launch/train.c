@@ -107,8 +107,9 @@ static void print_banner(const Config *config, const Backend *backend, Model *mo
     printf("fathom: %.2fM parameters (%d layers, d_model %d, %d/%d heads) on the %s backend\n",
            (double)table->total / 1e6, config->model.n_layers, config->model.d_model,
            config->model.n_heads, config->model.n_kv_heads, backend->name);
-    printf("fathom: %d steps of %d sequences x %d tokens (%d microbatch%s of %d per rank), "
-           "run_dir %s\n", config->train.steps, config->train.global_batch_size,
+    printf("fathom: %d step%s of %d sequences x %d tokens (%d microbatch%s of %d per rank), "
+           "run_dir %s\n", config->train.steps, config->train.steps == 1 ? "" : "s",
+           config->train.global_batch_size,
            config->train.seq_len, M, M == 1 ? "" : "es", config->train.microbatch_size,
            config->run_dir);
     if (step->grid->world_size > 1)
@@ -181,6 +182,30 @@ static void write_run_config(const Config *config, const Backend *backend)
     free(text);
 }
 
+/* Two lines for a person, instead of every key: where the config came from and went, and
+ * the residual it trains. */
+static void print_config_summary(const Config *config, const char *path, int n_overrides)
+{
+    static const char *const modes[] = {"standard", "attnres", "msar"};
+    const ResidualConfig *residual = &config->residual;
+    printf("fathom: config %s with %d override%s, every key resolved in %s/config.yaml\n",
+           path, n_overrides, n_overrides == 1 ? "" : "s", config->run_dir);
+    if (residual->mode == RESIDUAL_STANDARD) {
+        printf("fathom: residual standard\n");
+        return;
+    }
+    char granularity[48] = "full granularity", streams[32] = "";
+    if (residual->granularity == GRANULARITY_BLOCK)
+        snprintf(granularity, sizeof granularity, "blocks of %d layer%s",
+                 residual->layers_per_block, residual->layers_per_block == 1 ? "" : "s");
+    if (residual->mode == RESIDUAL_MSAR)
+        snprintf(streams, sizeof streams, ", %d stream%s", residual->streams,
+                 residual->streams == 1 ? "" : "s");
+    printf("fathom: residual %s, %s, %d head%s%s, %s form\n", modes[residual->mode],
+           granularity, residual->heads, residual->heads == 1 ? "" : "s", streams,
+           residual->form == FORM_DELTA ? "delta" : "replace");
+}
+
 /* The comm array of metrics.jsonl (DESIGN 6): each rank's counters since the last log,
  * summed per stage over its dp ranks, on every rank. stages: [pp]. */
 static void gather_comm(const RankGrid *grid, MetricsComm *stages)
@@ -247,11 +272,9 @@ int train_main(int argc, char **argv)
               "checkpoints with fathom eval", config.eval.every, config.parallel.pp);
     const Backend *backend = backend_select(config.device, &config);
     if (leader) {
-        char *resolved = config_to_yaml(&config);
-        printf("# resolved config\n%s\n", resolved);
-        free(resolved);
         make_directories(config.run_dir);
         write_run_config(&config, backend);
+        print_config_summary(&config, config_path, n_overrides);
     }
     comm_barrier(grid.world);
 
