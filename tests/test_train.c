@@ -1,4 +1,5 @@
 /* tests/test_train.c — `fathom train` end to end on the synthetic corpus (DESIGN 3, 5, 6). */
+#include "runtime/config.h"
 #include "tests/support.h"
 #include "tests/train_support.h"
 
@@ -253,5 +254,23 @@ Test(train, the_last_step_is_saved_unless_save_final_is_false, .timeout = 60)
                  output);
     snprintf(step_dir, sizeof step_dir, "%s/run/checkpoints/latest", dir);
     cr_expect_neq(access(step_dir, F_OK), 0, "save_final: false saved a checkpoint");
+    test_remove_tree(dir);
+}
+
+/* The console gets a summary; run_dir/config.yaml gets every key, and reads back. */
+Test(train, the_resolved_config_goes_to_run_dir_not_the_console, .timeout = 60)
+{
+    char dir[256], path[400];
+    test_make_temp_dir(dir, "train-summary");
+    tiny_config_write(dir, "");
+    cr_assert_eq(tiny_train(dir, "--set train.steps=1", output, sizeof output), 0, "%s",
+                 output);
+    cr_expect(!strstr(output, "vocab_size:"), "the console still lists every key:\n%s",
+              output);
+    cr_expect(strstr(output, "config.yaml"), "%s", output);
+    snprintf(path, sizeof path, "%s/run/config.yaml", dir);
+    Config config;
+    config_load(&config, path, NULL, 0, 1);
+    cr_expect_eq(config.train.steps, 1);
     test_remove_tree(dir);
 }
