@@ -220,10 +220,16 @@ static _Noreturn void fail_type(const ConfigKey *key, const char *text, bool quo
 }
 
 /* YAML 1.2 core-schema decimal integer: [-+]?[0-9]+ */
-static bool parse_int(const char *text, long long *value)
+static bool looks_like_int(const char *text)
 {
     const char *digits = text + (text[0] == '-' || text[0] == '+');
-    if (!*digits || strspn(digits, "0123456789") != strlen(digits))
+    return *digits && strspn(digits, "0123456789") == strlen(digits);
+}
+
+/* false also when the integer is too large for a long long */
+static bool parse_int(const char *text, long long *value)
+{
+    if (!looks_like_int(text))
         return false;
     errno = 0;
     *value = strtoll(text, NULL, 10);
@@ -291,8 +297,11 @@ void config_key_store_scalar(Config *config, const ConfigKey *key, const char *t
     int index;
     switch (key->type) {
     case KEY_INT:
-        if (quoted || !parse_int(text, &integer) || integer < INT_MIN || integer > INT_MAX)
+        if (quoted || !looks_like_int(text))
             fail_type(key, text, quoted, where);
+        if (!parse_int(text, &integer) || integer < INT_MIN || integer > INT_MAX)
+            fatal(EXIT_CONFIG, "%s: %s = %s is out of range (at most %d)", where, key->path,
+                  text, INT_MAX);
         *(int *)value_at(config, key) = (int)integer;
         return;
     case KEY_SEED:

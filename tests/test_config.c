@@ -601,3 +601,13 @@ Test(config, an_msar_kernel_longer_than_the_sequence_is_refused)
                                            "  streams: 2\n  stream_kernels: [1, 1000]\n"),
                         "residual.stream_kernels", "train.seq_len");
 }
+
+Test(config, an_integer_too_large_for_a_key_is_out_of_range_not_a_wrong_type)
+{
+    assert_config_error(set_in_child("model.vocab_size=4000000000"), "model.vocab_size",
+                        "out of range");
+    assert_config_error(set_in_child("model.vocab_size=99999999999999999999999"),
+                        "model.vocab_size", "out of range");
+    assert_config_error(set_in_child("model.vocab_size=4e9"), "model.vocab_size",
+                        "expected an integer");
+}
