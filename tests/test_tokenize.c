@@ -195,3 +195,30 @@ Test(tokenize, jsonl_line_without_the_text_field_exits_3_naming_the_line)
     cr_assert(strstr(output, "bad.jsonl:2"), "%s", output);
     test_remove_tree(corpus.directory);
 }
+
+Test(tokenize, an_output_that_is_a_file_is_a_one_line_error_exit_2)
+{
+    Corpus corpus;
+    make_corpus(&corpus);
+    char path[300], output[4096];
+    snprintf(path, sizeof path, "%s/taken", corpus.directory);
+    test_write_file(path, "not a directory\n");
+    int code = run_tokenize(&corpus, "--tokenizer tokenizer.json --output taken docs.jsonl",
+                            output, sizeof output);
+    cr_assert_eq(code, 2, "exit code %d: %s", code, output);
+    cr_expect(strstr(output, "taken") && strstr(output, "is a file"), "%s", output);
+    cr_expect(!strstr(output, "Traceback"), "%s", output);
+    test_remove_tree(corpus.directory);
+}
+
+Test(tokenize, the_summary_names_the_vocab_size_to_train_with)
+{
+    Corpus corpus;
+    make_corpus(&corpus);
+    char output[4096];
+    int code = run_tokenize(&corpus, "--tokenizer tokenizer.json --output shards docs.jsonl",
+                            output, sizeof output);
+    cr_assert_eq(code, 0, "exit code %d: %s", code, output);
+    cr_expect(strstr(output, "--set model.vocab_size="), "%s", output);
+    test_remove_tree(corpus.directory);
+}

@@ -196,7 +196,12 @@ class ShardWriter:
 
 
 def prepare_output(directory, overwrite):
-    os.makedirs(directory, exist_ok=True)
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        fail(2, f"--output {directory} is a file; it must name a directory for the shards")
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as error:
+        fail(2, f"cannot make the output directory {directory}: {error.strerror}")
     existing = sorted(name for name in os.listdir(directory)
                       if name.startswith("shard_") and name.endswith(".h5"))
     if existing and not overwrite:
@@ -250,6 +255,8 @@ def main(argv):
     print(f"tokenize.py: wrote {writer.tokens_written} tokens from {document_count} documents "
           f"into {writer.shards_written} shard(s) in {arguments.output} "
           f"(vocab_size {vocab_size}, eot_id {eot_id})", file=sys.stderr)
+    print(f"tokenize.py: train on them with --set model.vocab_size={vocab_size} "
+          f"--set data.source=shards --set data.train={arguments.output}", file=sys.stderr)
     return 0
 
 
