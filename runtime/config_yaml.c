@@ -320,7 +320,7 @@ char *config_to_yaml(const Config *config)
     FILE *out = open_memstream(&text, &length);
     if (!out)
         fatal(EXIT_CONFIG, "config_to_yaml: cannot open a memory stream (out of memory)");
-    fputs("# fathom config: every key, resolved (DESIGN 6)\n", out);
+    fputs("# fathom config: every key, resolved (docs/config.md says what each means)\n", out);
 
     /* the table lists each section's keys together, so a section header is printed the
      * first time its path differs from the previous key's */

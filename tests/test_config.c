@@ -611,3 +611,39 @@ Test(config, an_integer_too_large_for_a_key_is_out_of_range_not_a_wrong_type)
     assert_config_error(set_in_child("model.vocab_size=4e9"), "model.vocab_size",
                         "expected an integer");
 }
+
+/* docs/config.md is the users' reference: every key of the table has a row, and the row
+ * states the key's default as config_to_yaml writes it. */
+Test(config, every_key_is_in_the_config_reference_with_its_default)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/docs/config.md", test_source_dir());
+    FILE *file = fopen(path, "r");
+    cr_assert(file, "no %s", path);
+    static char text[1 << 16];
+    const size_t length = fread(text, 1, sizeof text - 1, file);
+    text[length] = '\0';
+    fclose(file);
+    Config defaults;
+    config_defaults(&defaults);
+    for (int i = 0; i < config_key_count; i++) {
+        const ConfigKey *key = &config_key_table[i];
+        char name[128];
+        snprintf(name, sizeof name, "| `%s` |", key->path);
+        const char *row = strstr(text, name);
+        cr_expect(row, "docs/config.md has no row for %s", key->path);
+        if (!row)
+            continue;
+        char *value = NULL;
+        size_t size = 0;
+        FILE *out = open_memstream(&value, &size);
+        config_key_write_value(&defaults, key, out);
+        fclose(out);
+        const char *end = strchr(row, '\n');
+        char line[1024];
+        snprintf(line, sizeof line, "%.*s", (int)(end ? end - row : (long)strlen(row)), row);
+        cr_expect(strstr(line, value) || (!strcmp(value, "\"\"") && strstr(line, "\"\"")),
+                  "the row of %s does not state its default %s: %s", key->path, value, line);
+        free(value);
+    }
+}
