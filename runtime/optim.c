@@ -70,10 +70,17 @@ bool optim_step(Optimizer *opt, double lr, double *grad_norm)
     }
 
     if (config->ema_decay > 0 && opt->ema)
-        backend->ema_update(opt->ema, opt->params, opt->count, (float)config->ema_decay);
+        backend->ema_update(opt->ema, opt->params, opt->count,
+                            (float)optim_ema_decay_at(config->ema_decay, update_number));
 
     opt->step = update_number;
     return true;
+}
+
+double optim_ema_decay_at(double ema_decay, int update_number)
+{
+    const double warming = (1.0 + update_number) / (10.0 + update_number);
+    return warming < ema_decay ? warming : ema_decay;
 }
 
 void optim_ema_reset(Optimizer *opt)

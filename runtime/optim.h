@@ -18,7 +18,11 @@
  *   4. AdamW on each range with lr * range.lr_mult and range.weight_decay, bias correction
  *      for update number step + 1 (the formula is in runtime/backend.h); the compute copy,
  *      when there is one, gets the new weights in the same pass.
- *   5. ema_decay > 0 and ema != NULL: ema = decay * ema + (1 - decay) * params.
+ *   5. ema_decay > 0 and ema != NULL: ema = decay_t * ema + (1 - decay_t) * params, with the
+ *      decay warming up: decay_t = min(ema_decay, (1 + t) / (10 + t)) at update t = 1, 2, ..
+ *      (optim_ema_decay_at). Without the warm-up an EMA of 0.999 keeps most of the initial
+ *      weights for thousands of steps and looks untrained early in a run (0.18 at t = 1,
+ *      0.96 at t = 200, 0.999 from about t = 9000).
  *   6. step += 1; returns true.
  * *grad_norm (grad_norm may be NULL) receives the pre-clip norm, NaN or inf for a skipped step.
  *
@@ -67,6 +71,9 @@ typedef struct {
 
 /* One optimizer step as described above. Returns false when the step was skipped. */
 bool optim_step(Optimizer *opt, double lr, double *grad_norm);
+
+/* The EMA decay of update number t (step 5 above). */
+double optim_ema_decay_at(double ema_decay, int update_number);
 
 /* ema = params (at initialisation, or when a run starts keeping an EMA). No-op without ema. */
 void optim_ema_reset(Optimizer *opt);

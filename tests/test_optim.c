@@ -307,16 +307,18 @@ Test(optim, ema_reset_copies_the_parameters)
 Test(optim, ema_follows_its_closed_form_over_steps)
 {
     /* lr 0 and no decay keep the parameters fixed at p, so after k steps
-     * ema = p + decay^k (ema_0 - p) */
+     * ema = p + prod_t decay_t (ema_0 - p), decay_t = min(0.9, (1 + t) / (10 + t)) */
     OptimConfig config = optim_config_plain();
     config.ema_decay = 0.9;
     OptimFixture f;
     fixture_init(&f, &config);
     test_fill_normal(f.ema, COUNT, 1.0f, 99);
-    double expected[COUNT];
+    double product = 1, expected[COUNT];
+    for (int t = 1; t <= 200; t++)
+        product *= fmin(0.9, (1.0 + t) / (10.0 + t));
     for (int i = 0; i < COUNT; i++)
-        expected[i] = f.params[i] + pow(0.9, 5) * ((double)f.ema[i] - f.params[i]);
-    for (int k = 0; k < 5; k++)
+        expected[i] = f.params[i] + product * ((double)f.ema[i] - f.params[i]);
+    for (int k = 0; k < 200; k++)
         cr_assert(optim_step(&f.opt, 0.0, NULL));
     double error = test_relative_error_double(f.ema, expected, COUNT);
     cr_assert_lt(error, 1e-6, "relative error %g", error);
@@ -357,4 +359,14 @@ Test(optim, routing_ranges_take_route_lr_mult)
     config.route_lr_mult = 4;
     cr_assert_float_eq(optim_range_lr_mult(&config, true), 4.0f, 1e-9);
     cr_assert_float_eq(optim_range_lr_mult(&config, false), 1.0f, 1e-9);
+}
+
+/* An EMA is meaningful early: its decay warms up as (1 + t) / (10 + t) until ema_decay. */
+Test(optim, the_ema_decay_warms_up_to_ema_decay)
+{
+    cr_expect_float_eq(optim_ema_decay_at(0.999, 1), 2.0 / 11.0, 1e-12);
+    cr_expect_float_eq(optim_ema_decay_at(0.999, 200), 201.0 / 210.0, 1e-12);
+    cr_expect_float_eq(optim_ema_decay_at(0.999, 100000), 0.999, 1e-12);
+    cr_expect_float_eq(optim_ema_decay_at(0.5, 1), 2.0 / 11.0, 1e-12);
+    cr_expect_float_eq(optim_ema_decay_at(0.5, 50), 0.5, 1e-12);
 }
