@@ -1,0 +1,76 @@
+/* runtime/device_comm.h — collectives on backend memory (DESIGN 3, "Communication").
+ *
+ * runtime/comm.h moves host memory over MPI. FSDP's gathers and reduce-scatters move the
+ * memory of a backend (runtime/backend.h): host memory on the cpu backend, device memory on
+ * cuda. A DeviceComm wraps one communicator of comm.h for such buffers, by one of three
+ * methods, chosen once, collectively, when it is created:
+ *
+ *   "mpi"          the backend's memory is host memory (cpu): straight through comm.h.
+ *   "nccl"         cuda, and every rank of the group has a GPU of its own: an NCCL
+ *                  communicator of the CUDA module, bootstrapped over the group's MPI
+ *                  communicator (the unique id is broadcast from rank 0), non-blocking,
+ *                  its operations on a communication stream of their own.
+ *   "host-staged"  cuda, and some ranks of the group share a GPU (NCCL refuses them:
+ *                  "Duplicate GPU detected"): download to host memory, comm.h over MPI,
+ *                  upload. Correct and slow; what lets one GPU run every distributed path.
+ * A group of one rank never communicates, whatever the method.
+ *
+ * Operations are queued between device_comm_group_begin and device_comm_group_end and
+ * started together at the end (one NCCL group; on MPI, one after the other). They read
+ * their send buffers as the backend's compute stream leaves them at group_end (every op
+ * queued on the compute stream before group_end has written them), and their results are
+ * visible to the compute ops queued after device_comm_work_wait. Between group_end and
+ * work_wait the caller must not write a send buffer or touch a recv buffer. On "mpi" and
+ * "host-staged" the work is complete when group_end returns; on "nccl" it runs beside the
+ * compute stream, which is how the next unit's gather hides behind this unit's compute.
+ *
+ * Sums are the fixed-order sums of comm.h on "mpi" and "host-staged" (bitwise repeatable
+ * for a layout). NCCL's ring reductions are repeatable for a fixed group and NCCL version.
+ *
+ * Every host wait has the deadline of comm.h (parallel.timeout_s): a dead or hung peer ends
+ * the job with exit 5 naming this rank, the operation and the group; an NCCL communicator
+ * is polled for its asynchronous errors and aborted at the deadline, never left to hang.
+ * Bytes are booked in comm.h's counters under the kind the caller passes, by comm.h's rule.
+ *
+ * Memory: every buffer is the caller's, in the backend's memory. A DeviceComm holds the
+ * host staging buffers it needs (grown to the largest operation, then kept).
+ */
+#ifndef FATHOM_RUNTIME_DEVICE_COMM_H
+#define FATHOM_RUNTIME_DEVICE_COMM_H
+
+#include <stddef.h>
+
+#include "runtime/backend.h"
+#include "runtime/comm.h"
+
+typedef struct DeviceComm DeviceComm;
+typedef struct DeviceCommWork DeviceCommWork; /* a started group of operations */
+
+/* Collective over `group` (every rank calls it, in the same order for every group). The
+ * group must outlive the DeviceComm. */
+DeviceComm *device_comm_create(Comm *group, const Backend *backend);
+void device_comm_destroy(DeviceComm *comm);
+
+/* "mpi", "nccl" or "host-staged" (above). */
+const char *device_comm_method(const DeviceComm *comm);
+/* Why that method, for the one line the run prints: "ranks 0 and 1 share GPU
+ * 0000:19:00.0", "4 ranks on 4 GPUs". */
+const char *device_comm_reason(const DeviceComm *comm);
+
+void device_comm_group_begin(DeviceComm *comm);
+/* recv [n * count_per_rank] = every rank's send [count_per_rank], in rank order. */
+void device_comm_allgather(DeviceComm *comm, const void *send, void *recv,
+                           size_t count_per_rank, CommType type, CommKind kind);
+/* send [n * count_per_rank]; recv [count_per_rank] = the sum over ranks of their block
+ * number comm_rank (runtime/comm.h). */
+void device_comm_reduce_scatter_sum(DeviceComm *comm, const void *send, void *recv,
+                                    size_t count_per_rank, CommType type, CommKind kind);
+/* Starts the queued operations; returns the work to wait for (never NULL). */
+DeviceCommWork *device_comm_group_end(DeviceComm *comm);
+/* The compute stream waits for the work (ops queued after this see its results); frees
+ * it. On mpi and host-staged the work is already complete. On nccl the host does not wait
+ * for the communication itself; the deadline is kept by polling the communicator (how, a
+ * watchdog or the next host wait, is the implementation's). */
+void device_comm_work_wait(DeviceCommWork *work);
+
+#endif
