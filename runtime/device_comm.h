@@ -16,10 +16,11 @@
  * A group of one rank never communicates, whatever the method.
  *
  * Operations are queued between device_comm_group_begin and device_comm_group_end and
- * started together at the end (one NCCL group; on MPI, one after the other). They read
- * their send buffers as the backend's compute stream leaves them at group_end (every op
- * queued on the compute stream before group_end has written them), and their results are
- * visible to the compute ops queued after device_comm_work_wait. Between group_end and
+ * started together at the end (one NCCL group; on MPI, one after the other). They run
+ * after every op queued on the backend's compute stream before group_end (so they read the
+ * send buffers those ops wrote, and overwrite recv buffers only once those ops are done
+ * with them), and their results are visible to the compute ops queued after
+ * device_comm_work_wait. Groups on one DeviceComm run in the order they were started. Between group_end and
  * work_wait the caller must not write a send buffer or touch a recv buffer. On "mpi" and
  * "host-staged" the work is complete when group_end returns; on "nccl" it runs beside the
  * compute stream, which is how the next unit's gather hides behind this unit's compute.
