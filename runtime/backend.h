@@ -230,6 +230,8 @@ typedef struct Backend {
     double (*sum_squares)(const float *x, size_t n);
     /* x[i] *= factor */
     void (*scale)(float *x, float factor, size_t n);
+    /* y[i] += x[i], fp32 (FSDP adds a reduce-scattered gradient into its accumulator) */
+    void (*add_floats)(float *y, const float *x, size_t n);
     /* AdamW (decoupled decay), `step` counts from 1:
      *   p -= lr * wd * p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
      *   p -= lr / (1 - b1^step) * m / (sqrt(v) / sqrt(1 - b2^step) + eps)

@@ -71,6 +71,8 @@ const char *device_comm_method(const DeviceComm *comm)
 
 const char *device_comm_reason(const DeviceComm *comm) { return comm->reason; }
 
+Comm *device_comm_group(const DeviceComm *comm) { return comm->group; }
+
 void device_comm_group_begin(DeviceComm *comm) { comm->depth++; }
 
 static void queue(DeviceComm *comm, Operation operation)

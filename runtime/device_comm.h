@@ -52,6 +52,9 @@ typedef struct DeviceCommWork DeviceCommWork; /* a started group of operations *
 DeviceComm *device_comm_create(Comm *group, const Backend *backend);
 void device_comm_destroy(DeviceComm *comm);
 
+/* The communicator it wraps. */
+Comm *device_comm_group(const DeviceComm *comm);
+
 /* "mpi", "nccl" or "host-staged" (above). */
 const char *device_comm_method(const DeviceComm *comm);
 /* Why that method, for the one line the run prints: "ranks 0 and 1 share GPU

@@ -476,6 +476,11 @@ static void op_scale(float *x, float factor, size_t n)
     cuda_scale(x, factor, n, compute_stream());
 }
 
+static void op_add_floats(float *y, const float *x, size_t n)
+{
+    cuda_add_floats(y, x, n, compute_stream());
+}
+
 static void op_adamw_update(float *params, const float *grads, float *exp_avg,
                             float *exp_avg_sq, size_t n, float lr, float beta1, float beta2,
                             float eps, float weight_decay, int step, Activation *compute_copy)
@@ -540,6 +545,7 @@ extern "C" const Backend *backend_cuda(void)
 
     table->sum_squares = op_sum_squares;
     table->scale = op_scale;
+    table->add_floats = op_add_floats;
     table->adamw_update = op_adamw_update;
     table->ema_update = op_ema_update;
 
