@@ -360,6 +360,11 @@ int train_main(int argc, char **argv)
         config.model.head_dim);
     int64_t tokens_per_step = (int64_t)config.train.global_batch_size * config.train.seq_len;
     LogWindow window = {0};
+    /* FSDP's share of the steps, from events around its groups (printed at the end) */
+    FsdpTimes fsdp_total = {0};
+    double step_seconds = 0;
+    int timed_steps = 0;
+    fsdp_set_timing(model_fsdp(model), grid.dp > 1);
     MetricsComm *comm = xcalloc((size_t)grid.pp, sizeof *comm);
     bool saved_last = false, stopping = false;
     comm_counters_reset();
@@ -397,6 +402,15 @@ int train_main(int argc, char **argv)
         window.zloss_sum += result.zloss;
         window.seconds += timer_seconds() - started;
         window.steps++;
+        if (grid.dp > 1 && step_number > 1) { /* the first step pays for warm-up */
+            const FsdpTimes times = fsdp_step_times(model_fsdp(model));
+            fsdp_total.gather_ms += times.gather_ms;
+            fsdp_total.reduce_ms += times.reduce_ms;
+            fsdp_total.gathers += times.gathers;
+            fsdp_total.reduces += times.reduces;
+            step_seconds += timer_seconds() - started;
+            timed_steps++;
+        }
 
         bool last = step_number == config.train.steps;
         if (step_number % config.log.every == 0 || last || stopping) {
@@ -453,6 +467,12 @@ int train_main(int argc, char **argv)
         save_checkpoint(&step, &state, model, &config);
     }
 
+    if (leader && timed_steps > 0)
+        printf("fathom: fsdp on rank 0, per step (mean of %d): gathers %.2f ms in %d groups, "
+               "reduce-scatters %.2f ms in %d groups, of a %.2f ms step\n", timed_steps,
+               fsdp_total.gather_ms / timed_steps, fsdp_total.gathers / timed_steps,
+               fsdp_total.reduce_ms / timed_steps, fsdp_total.reduces / timed_steps,
+               1e3 * step_seconds / timed_steps);
     free(comm);
     step_destroy(&step);
     free((void *)optimizer.ranges);

@@ -57,6 +57,12 @@ struct Fsdp {
     DeviceCommWork **persistent_works; /* [n_units] persistent reduce-scatters this step */
     int n_persistent_works;
     size_t full_bytes;
+    /* timing: a pair of events per group of the step, made as needed and kept */
+    bool timing;
+    BackendEvent **events;             /* [2 * capacity]: start, end of group g */
+    bool *is_gather;
+    int n_timed, timed_capacity;
+    FsdpTimes times;
 };
 
 static size_t align_up(size_t elements, size_t alignment)
@@ -245,6 +251,10 @@ void fsdp_destroy(Fsdp *fsdp)
     backend->release(fsdp->grads);
     if (fsdp->compute)
         backend->release(fsdp->compute);
+    for (int i = 0; i < 2 * fsdp->timed_capacity; i++)
+        backend->event_destroy(fsdp->events[i]);
+    free(fsdp->events);
+    free(fsdp->is_gather);
     free(fsdp->tensors);
     free(fsdp->places);
     free(fsdp->units);
@@ -290,6 +300,50 @@ void fsdp_refresh_compute(Fsdp *fsdp)
 
 void fsdp_params_changed(Fsdp *fsdp) { mark_stale(fsdp); }
 
+/* ---- timing ---- */
+
+void fsdp_set_timing(Fsdp *fsdp, bool enabled) { fsdp->timing = enabled && fsdp->size > 1; }
+FsdpTimes fsdp_step_times(const Fsdp *fsdp) { return fsdp->times; }
+
+/* Marks the start (start = true) or end of the group being timed. */
+static void timing_mark(Fsdp *fsdp, bool start, bool gather)
+{
+    if (!fsdp->timing)
+        return;
+    const Backend *backend = fsdp->backend;
+    if (start && fsdp->n_timed == fsdp->timed_capacity) {
+        const int capacity = fsdp->timed_capacity ? 2 * fsdp->timed_capacity : 64;
+        fsdp->events = xrealloc(fsdp->events, 2 * (size_t)capacity * sizeof *fsdp->events);
+        fsdp->is_gather = xrealloc(fsdp->is_gather, (size_t)capacity * sizeof *fsdp->is_gather);
+        for (int i = 2 * fsdp->timed_capacity; i < 2 * capacity; i++)
+            fsdp->events[i] = backend->event_create();
+        fsdp->timed_capacity = capacity;
+    }
+    if (start)
+        fsdp->is_gather[fsdp->n_timed] = gather;
+    backend->event_record(fsdp->events[2 * fsdp->n_timed + (start ? 0 : 1)]);
+    if (!start)
+        fsdp->n_timed++;
+}
+
+static void timing_collect(Fsdp *fsdp)
+{
+    FsdpTimes times = {0};
+    for (int g = 0; g < fsdp->n_timed; g++) {
+        const float ms = fsdp->backend->event_elapsed_ms(fsdp->events[2 * g],
+                                                         fsdp->events[2 * g + 1]);
+        if (fsdp->is_gather[g]) {
+            times.gather_ms += ms;
+            times.gathers++;
+        } else {
+            times.reduce_ms += ms;
+            times.reduces++;
+        }
+    }
+    fsdp->times = times;
+    fsdp->n_timed = 0;
+}
+
 /* ---- gathers ---- */
 
 /* Starts the all-gather of unit u's shards into the given full buffers. */
@@ -298,6 +352,7 @@ static DeviceCommWork *gather_start(Fsdp *fsdp, int u, Activation *compute, floa
     const Backend *backend = fsdp->backend;
     const Unit *unit = &fsdp->units[u];
     const Activation *local = fsdp->compute ? fsdp->compute : (Activation *)fsdp->params;
+    timing_mark(fsdp, true, true);
     device_comm_group_begin(fsdp->group);
     for (int t = unit->first_tensor; t < unit->first_tensor + unit->n_tensors; t++) {
         const FsdpTensorPlace *place = &fsdp->places[t];
@@ -311,7 +366,9 @@ static DeviceCommWork *gather_start(Fsdp *fsdp, int u, Activation *compute, floa
                                   fp32 + place->fp32_offset, shard, COMM_FLOAT32,
                                   COMM_KIND_FSDP_ALLGATHER);
     }
-    return device_comm_group_end(fsdp->group);
+    DeviceCommWork *work = device_comm_group_end(fsdp->group);
+    timing_mark(fsdp, false, true);
+    return work;
 }
 
 static FsdpUnitBuffers unit_buffers(const Fsdp *fsdp, Activation *compute, float *grads,
@@ -419,6 +476,7 @@ FsdpUnitBuffers fsdp_acquire(Fsdp *fsdp, int u, bool for_backward)
 static DeviceCommWork *reduce_start(Fsdp *fsdp, int u, const float *grads, float *target)
 {
     const Unit *unit = &fsdp->units[u];
+    timing_mark(fsdp, true, false);
     device_comm_group_begin(fsdp->group);
     for (int t = unit->first_tensor; t < unit->first_tensor + unit->n_tensors; t++) {
         const FsdpTensorPlace *place = &fsdp->places[t];
@@ -427,7 +485,9 @@ static DeviceCommWork *reduce_start(Fsdp *fsdp, int u, const float *grads, float
                                        target + (place->local_offset - unit->local_offset),
                                        shard, COMM_FLOAT32, COMM_KIND_FSDP_REDUCESCATTER);
     }
-    return device_comm_group_end(fsdp->group);
+    DeviceCommWork *work = device_comm_group_end(fsdp->group);
+    timing_mark(fsdp, false, false);
+    return work;
 }
 
 /* The pooled reduce-scatter in flight: wait for it and add it into the accumulators. */
@@ -475,6 +535,7 @@ void fsdp_release(Fsdp *fsdp, int u, bool gradients)
 void fsdp_step_begin(Fsdp *fsdp, const int *releases)
 {
     const Backend *backend = fsdp->backend;
+    fsdp->n_timed = 0; /* gathers between steps (an evaluation) are not the step's */
     backend->zero(fsdp->grads, fsdp->local_count * sizeof(float));
     for (int u = 0; u < fsdp->n_units; u++) {
         Unit *unit = &fsdp->units[u];
@@ -502,4 +563,6 @@ void fsdp_step_finish(Fsdp *fsdp)
     for (int w = 0; w < fsdp->n_persistent_works; w++)
         device_comm_work_wait(fsdp->persistent_works[w]);
     fsdp->n_persistent_works = 0;
+    if (fsdp->timing)
+        timing_collect(fsdp);
 }
