@@ -106,7 +106,16 @@ void checkpoint_index_write(const char *step_dir, const CheckpointMeta *meta,
                             const CheckpointTensor *tensors, int n_tensors,
                             unsigned group_mask, const CheckpointShard *shards, int n_shards);
 
-/* Opens <step_dir>/index.h5 read-only and checks format and version; exits 3 otherwise. */
+/* COMMITTED holds the step's name, then the size and CRC32C of index.h5 ("index.h5 SIZE
+ * CRC\n"), so that a damaged index is refused before HDF5 parses it (HDF5 does not
+ * survive every damaged file). These write and check that line; a COMMITTED without it
+ * (an older save) is accepted unchecked. */
+void checkpoint_commit_text(const char *step_dir, const char *step_name, char *text,
+                            size_t capacity);
+void checkpoint_index_verify(const char *step_dir, const char *index_path);
+
+/* Opens <step_dir>/index.h5 read-only, after checkpoint_index_verify, and checks format and
+ * version; exits 3 otherwise. */
 hid_t checkpoint_index_open(const char *step_dir, char *index_path, size_t capacity);
 
 typedef struct {

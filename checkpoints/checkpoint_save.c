@@ -137,8 +137,10 @@ void checkpoint_commit(const char *checkpoints_dir, int64_t step)
     snprintf(path, sizeof path, "%s" CHECKPOINT_TMP_SUFFIX, name);
     checkpoint_path_join(tmp_dir, sizeof tmp_dir, checkpoints_dir, path);
 
+    char commit_text[256];
+    checkpoint_commit_text(tmp_dir, name, commit_text, sizeof commit_text);
     checkpoint_path_join(path, sizeof path, tmp_dir, CHECKPOINT_COMMIT_FILE);
-    checkpoint_write_text_file(path, text);
+    checkpoint_write_text_file(path, commit_text);
     checkpoint_sync_path(tmp_dir);
     step_directory_publish(tmp_dir, final_dir);
     checkpoint_sync_path(checkpoints_dir);

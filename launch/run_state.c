@@ -6,6 +6,7 @@
 #include "runtime/metrics.h"
 #include "runtime/config_keys.h"
 #include "runtime/error.h"
+#include "runtime/fault.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,13 +56,28 @@ typedef struct {
     const Backend *backend;
     const Fsdp *fsdp;
     float *arrays[CKPT_GROUPS];
+    int step, reads, total_reads; /* for the fault switch (runtime/fault.h) */
 } ShardIo;
+
+/* The io of the model's shards and, with a state, of its moments and EMA. */
+static ShardIo shard_io(Model *model, const RunState *state)
+{
+    ShardIo io = {.backend = model_backend(model), .fsdp = model_fsdp(model)};
+    if (state) {
+        io.arrays[CKPT_GROUP_MODEL] = model_params(model);
+        io.arrays[CKPT_GROUP_EMA] = state->ema;
+        io.arrays[CKPT_GROUP_EXP_AVG] = state->exp_avg;
+        io.arrays[CKPT_GROUP_EXP_AVG_SQ] = state->exp_avg_sq;
+    }
+    return io;
+}
 
 static void shard_read(void *context, int group, int tensor, float *host, size_t count)
 {
-    const ShardIo *io = context;
+    ShardIo *io = context;
     const size_t offset = fsdp_place(io->fsdp, tensor)->local_offset;
     io->backend->download(host, io->arrays[group] + offset, count * sizeof(float));
+    fault_save_progress(io->step, ++io->reads, io->total_reads);
 }
 
 static void shard_write(void *context, int group, int tensor, const float *host, size_t count)
@@ -112,14 +128,15 @@ void run_state_save(const RunState *state, Model *model, const Config *config,
         .n_layer_split = config->parallel.n_layer_split,
     };
     memcpy(meta.layer_split, config->parallel.layer_split, sizeof meta.layer_split);
-    ShardIo io = {model_backend(model), model_fsdp(model),
-                  {[CKPT_GROUP_MODEL] = model_params(model), [CKPT_GROUP_EMA] = state->ema,
-                   [CKPT_GROUP_EXP_AVG] = state->exp_avg,
-                   [CKPT_GROUP_EXP_AVG_SQ] = state->exp_avg_sq}};
+    ShardIo io = shard_io(model, state);
     unsigned groups = 0;
     for (int g = 0; g < CKPT_GROUPS; g++)
         groups |= io.arrays[g] ? 1u << g : 0;
     CheckpointRows *rows = held_rows(model, layout ? layout->writes_unit : NULL);
+    io.step = (int)state->step;
+    for (int p = 0; p < table->n_params; p++)
+        io.total_reads += rows[p].row_end > rows[p].row_begin;
+    io.total_reads *= __builtin_popcount(groups);
     const CheckpointIo checkpoint_io = {&io, shard_read, shard_write};
     const CheckpointStats stats = checkpoint_save_sharded(
         layout ? layout->world : NULL, layout ? layout->stage : 0,
@@ -247,10 +264,7 @@ void run_state_restore(RunState *state, Model *model, const Config *config,
 
     const ParamTable *table = model_param_table(model);
     CheckpointTensor *tensors = checkpoint_tensors_of(table);
-    ShardIo io = {model_backend(model), model_fsdp(model),
-                  {[CKPT_GROUP_MODEL] = model_params(model), [CKPT_GROUP_EMA] = state->ema,
-                   [CKPT_GROUP_EXP_AVG] = state->exp_avg,
-                   [CKPT_GROUP_EXP_AVG_SQ] = state->exp_avg_sq}};
+    ShardIo io = shard_io(model, state);
     /* a step-0 checkpoint of `fathom convert` holds the model only: the moments then start
      * at zero (as allocated) and the EMA at the weights (DESIGN 5) */
     const unsigned saved = checkpoint_saved_groups(resolved_dir);
@@ -285,7 +299,7 @@ void run_state_load_weights(Model *model, const char *step_dir, bool use_ema)
 {
     const ParamTable *table = model_param_table(model);
     CheckpointTensor *tensors = checkpoint_tensors_of(table);
-    ShardIo io = {model_backend(model), model_fsdp(model), {0}};
+    ShardIo io = shard_io(model, NULL);
     io.arrays[use_ema ? CKPT_GROUP_EMA : CKPT_GROUP_MODEL] = model_params(model);
     CheckpointRows *rows = held_rows(model, NULL);
     const CheckpointIo checkpoint_io = {&io, shard_read, shard_write};

@@ -2,6 +2,7 @@
 #include "runtime/fault.h"
 
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +11,7 @@
 
 static FaultKind fault_kind = FAULT_NONE;
 static int fault_step = -1;
+static bool fault_in_save; /* during=save */
 
 static void fault_malformed(const char *text, const char *why)
 {
@@ -41,6 +43,10 @@ void fault_init(int world_rank)
                 number > 1000000000)
                 fault_malformed(text, "rank and step take non-negative and positive integers");
             *(*item == 'r' ? &rank : &step) = (int)number;
+        } else if (!strcmp(item, "during")) {
+            if (strcmp(value, "save"))
+                fault_malformed(text, "during takes save");
+            fault_in_save = true;
         } else if (!strcmp(item, "kind")) {
             kind = !strcmp(value, "nan") ? FAULT_NAN : !strcmp(value, "exit") ? FAULT_EXIT
                    : !strcmp(value, "stop") ? FAULT_STOP : FAULT_NONE;
@@ -52,21 +58,36 @@ void fault_init(int world_rank)
     }
     if (rank < 0 || step < 1 || kind == FAULT_NONE)
         fault_malformed(text, "rank, step and kind are all required");
+    if (fault_in_save && kind == FAULT_NAN)
+        fault_malformed(text, "during=save takes kind exit or stop");
     if (rank == world_rank) {
         fault_kind = kind;
         fault_step = step;
     }
 }
 
-FaultKind fault_at(int step)
+static void fault_act(void)
 {
-    if (fault_kind == FAULT_NONE || step != fault_step)
-        return FAULT_NONE;
     fflush(stdout);
     fflush(stderr);
     if (fault_kind == FAULT_EXIT)
         raise(SIGKILL);
     if (fault_kind == FAULT_STOP)
         raise(SIGSTOP); /* a SIGCONT lets it go on as if nothing happened */
+}
+
+void fault_save_progress(int step, int done, int total)
+{
+    if (fault_in_save && fault_kind != FAULT_NONE && step == fault_step && 2 * done >= total) {
+        fault_act();
+        fault_kind = FAULT_NONE; /* once */
+    }
+}
+
+FaultKind fault_at(int step)
+{
+    if (fault_kind == FAULT_NONE || step != fault_step || fault_in_save)
+        return FAULT_NONE;
+    fault_act();
     return fault_kind == FAULT_NAN ? FAULT_NAN : FAULT_NONE;
 }

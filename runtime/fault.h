@@ -8,6 +8,8 @@
  *               exit  the process kills itself (SIGKILL) after the step's backward;
  *               stop  the process stops itself (SIGSTOP) there: a rank that no longer
  *                     answers, as a hung node would
+ *   during=save exit and stop happen instead halfway through the rank's writing of the
+ *               checkpoint of step S (the save's fault, not the step's)
  * e.g. FATHOM_FAULT=rank=1,step=3,kind=stop. A malformed value is a usage error (exit 2)
  * naming the variable. Documented for users in docs/reference.md.
  */
@@ -23,5 +25,7 @@ void fault_init(int world_rank);
 /* The fault due on this rank at `step` (FAULT_NONE almost always). exit and stop happen
  * inside this call; nan is returned for the caller to apply. */
 FaultKind fault_at(int step);
+/* Called by a save as it writes: done of total tensors of the step's checkpoint written. */
+void fault_save_progress(int step, int done, int total);
 
 #endif

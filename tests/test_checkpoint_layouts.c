@@ -217,3 +217,39 @@ Test(checkpoint_layout, a_second_training_on_a_run_dir_in_use_exits_2_and_touche
     waitpid(first, NULL, 0);
     runs_end(&runs);
 }
+
+/* ---- a rank killed while it saves ---- */
+
+Test(checkpoint_layout, a_rank_killed_midway_through_a_save_leaves_the_previous_checkpoint,
+     .timeout = 180)
+{
+    Runs runs;
+    runs_begin(&runs, "killed-save");
+    /* pp2 x dp2 v2 saving every 3 steps; rank 1 dies halfway through writing step 6 */
+    char command[4096];
+    snprintf(command, sizeof command,
+             "FATHOM_FAULT=rank=1,step=6,kind=exit,during=save OMP_NUM_THREADS=1 "
+             "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe "
+             "-x FATHOM_FAULT -np 4 '%s' train '%s/launch/configs/%s.yaml' %s %s "
+             "--set train.steps=6 --set checkpoint.every=3 --set run_dir='%s' </dev/null",
+             test_fathom_binary(), test_source_dir(), BLOCK_MHAR, LAYOUT_COMMON, PP2_DP2_V2,
+             runs.layout);
+    cr_assert_neq(test_run_command(command, runs.output, LAYOUT_OUTPUT_CAPACITY), 0,
+                  "the save of step 6 should have died\n%s", runs.output);
+    /* step 6 was never published: no step directory of it, `latest` names step 3 */
+    char path[512];
+    snprintf(path, sizeof path, "%s/checkpoints/step_00000006", runs.layout);
+    cr_expect(access(path, F_OK) != 0, "a half-written step 6 was published");
+    snprintf(path, sizeof path, "%s/checkpoints/step_00000006.tmp", runs.layout);
+    cr_expect(access(path, F_OK) == 0, "the save should have died inside step_00000006.tmp");
+    /* the next start loads step 3 and finishes; its steps 4-6 equal a straight run's */
+    cr_assert_eq(train_steps(4, PP2_DP2_V2, STEPS, runs.layout, runs.output), 0, "%s",
+                 runs.output);
+    cr_expect(strstr(runs.output, "resumed at step 3"), "%s", runs.output);
+    cr_assert_eq(train_steps(4, PP2_DP2_V2, STEPS, runs.single, runs.output), 0, "%s",
+                 runs.output);
+    snprintf(runs.a, sizeof runs.a, "%s/checkpoints/step_00000006", runs.single);
+    snprintf(runs.b, sizeof runs.b, "%s/checkpoints/step_00000006", runs.layout);
+    cr_expect(checkpoints_bitwise_equal(runs.a, runs.b), "the run after the failed save moved");
+    runs_end(&runs);
+}
