@@ -18,6 +18,7 @@
 #include "runtime/metrics.h"
 #include "runtime/optim.h"
 #include "runtime/timer.h"
+#include "runtime/topo.h"
 
 #include <errno.h>
 #include <math.h>
@@ -270,7 +271,10 @@ int train_main(int argc, char **argv)
         fatal(EXIT_CONFIG, "eval.every = %d: evaluation during training runs on one pipeline "
               "stage only for now; set eval.every: 0 with parallel.pp = %d and evaluate the "
               "checkpoints with fathom eval", config.eval.every, config.parallel.pp);
+    TopoPlacement placement;
+    topo_place(&grid, &config, &placement); /* the rank's GPU and cores, before any CUDA */
     const Backend *backend = backend_select(config.device, &config);
+    topo_print_map(&grid, &placement);
     if (leader) {
         make_directories(config.run_dir);
         write_run_config(&config, backend);
