@@ -29,10 +29,12 @@
  * after every op queued on the backend's compute stream before group_end (so they read the
  * send buffers those ops wrote, and overwrite recv buffers only once those ops are done
  * with them), and their results are visible to the compute ops queued after
- * device_comm_work_wait. Groups on one DeviceComm run in the order they were started. Between group_end and
- * work_wait the caller must not write a send buffer or touch a recv buffer. On "mpi" and
- * "host-staged" the work is complete when group_end returns; on "nccl" it runs beside the
- * compute stream, which is how the next unit's gather hides behind this unit's compute.
+ * device_comm_work_wait. Groups on one DeviceComm run in the order they were started.
+ * Between group_end and work_wait the caller must not write a send buffer or touch a recv
+ * buffer. On "mpi" and "host-staged" the work is complete when group_end returns; on
+ * "nccl" it runs beside the compute stream (on one communication stream per DeviceComm,
+ * which keeps the order of its groups), which is how the next unit's gather hides behind
+ * this unit's compute.
  *
  * Sums are the fixed-order sums of comm.h on "mpi" and "host-staged" (bitwise repeatable
  * for a layout). NCCL's ring reductions are repeatable for a fixed group and NCCL version.
