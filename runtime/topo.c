@@ -126,7 +126,8 @@ static void bind_process(hwloc_topology_t topology, hwloc_obj_t ancestor,
     }
     if (launcher_bound) {
         placement->binding = TOPO_BOUND_BY_LAUNCHER;
-        placement->far = ancestor && !hwloc_bitmap_isincluded(current, near);
+        cpus_text(current, placement->cpus, sizeof placement->cpus);
+        placement->far = ancestor && !topo_cpus_within(placement->cpus, placement->gpu_cpus);
     } else if (ancestor && !hwloc_bitmap_iszero(near)) {
         if (hwloc_set_cpubind(topology, near, HWLOC_CPUBIND_PROCESS) != 0) {
             warn("binding to cpus %s near GPU %s was refused (%s): the rank is not bound",
