@@ -14,17 +14,20 @@
  *
  * Watchdog. One thread per process, started by the first start(), asleep while no work is
  * in flight. Every WATCHDOG_PERIOD_MS it queries each work's end event (cudaEventQuery, which
- * never blocks) and each busy communicator's ncclCommGetAsyncError (an atomic read in NCCL,
- * safe beside the thread that issues the operations). A work whose event has not passed
- * timeout_s after its start(), or a communicator with an asynchronous error, ends the job:
- * the message is written, the communicator aborted (ncclCommAbort, from a thread of its own,
- * waited for at most ABORT_GRACE_S: an abort can itself hang on a dead peer), then fatal(),
- * exit 5 (MPI_Abort in a job of several ranks; _exit in a process of one, since exit() from
- * this thread would run CUDA's teardown under the main thread's blocked call). The deadline
- * counts from start(), so it also covers the compute queued before the work; timeout_s is
- * minutes and a step's compute is seconds. Because the thread watches the work itself, every
- * host wait is covered: a synchronize of the compute stream that waits behind an NCCL work
- * that will never finish ends at the deadline like the work does.
+ * never blocks) and each busy communicator's ncclCommGetAsyncError. That call is not a pure
+ * read in non-blocking mode (it may complete a group launch NCCL left pending), so a
+ * communicator's NCCL calls hold its `calls` lock and the watchdog only tries the lock:
+ * while the issuing thread is inside NCCL on that communicator, that thread polls the same
+ * state itself, against the same deadline. A work whose event has not passed timeout_s
+ * after its start(), or a communicator with an asynchronous error, ends the job: the
+ * communicator is aborted (ncclCommAbort, from a thread of its own, waited for at most
+ * ABORT_GRACE_S: an abort can itself hang on a dead peer), then fatal() writes the message
+ * and exits 5 (MPI_Abort in a job of several ranks; _exit in a process of one, since exit()
+ * from this thread would run CUDA's teardown under the main thread's blocked call). The
+ * deadline counts from start(), so it also covers the compute queued before the work;
+ * timeout_s is minutes and a step's compute is seconds. Because the thread watches the work
+ * itself, every host wait is covered: a synchronize of the compute stream that waits behind
+ * an NCCL work that will never finish ends at the deadline like the work does.
  *
  * Works are pooled (their events kept): a work returns to the pool once it is complete and
  * released. A process-exit handler stops the thread before CUDA's own teardown runs.
@@ -61,6 +64,7 @@ struct NcclCommunicator {
     int in_flight;               /* works started and not yet complete (watchdog's lock) */
     double timeout_s;            /* of the last create or start: finalize's deadline */
     char name[NAME_BYTES];       /* "the group of world ranks 0-3" */
+    pthread_mutex_t calls;       /* one thread at a time in NCCL on this communicator */
     NcclCommunicator *next;      /* the watchdog's list */
 };
 
@@ -216,10 +220,11 @@ static void watchdog_check(void)
     }
     for (NcclCommunicator *communicator = watchdog.communicators; communicator;
          communicator = communicator->next) {
-        if (communicator->in_flight == 0)
+        if (communicator->in_flight == 0 || pthread_mutex_trylock(&communicator->calls) != 0)
             continue;
         ncclResult_t state = ncclSuccess;
         NCCL_CHECK(communicator, ncclCommGetAsyncError(communicator->handle, &state));
+        pthread_mutex_unlock(&communicator->calls);
         if (state != ncclSuccess && state != ncclInProgress)
             nccl_fail(communicator, "NCCL reported an error on %s, as its rank %d: %s (%s)",
                       communicator->name, communicator->rank, ncclGetErrorString(state),
@@ -297,6 +302,7 @@ static NcclCommunicator *nccl_create(const unsigned char id[NCCL_TABLE_ID_BYTES]
     communicator->rank = rank;
     communicator->timeout_s = timeout_s;
     snprintf(communicator->name, sizeof communicator->name, "%s", group_name);
+    pthread_mutex_init(&communicator->calls, NULL);
     CUDA_CHECK(cudaStreamCreateWithFlags(&communicator->stream, cudaStreamNonBlocking));
     CUDA_CHECK(cudaEventCreateWithFlags(&communicator->compute_reached,
                                         cudaEventDisableTiming));
@@ -390,6 +396,7 @@ static NcclWork *nccl_start(NcclCommunicator *communicator, const NcclOperation 
     CUDA_CHECK(cudaEventRecord(communicator->compute_reached, compute));
     CUDA_CHECK(cudaStreamWaitEvent(communicator->stream, communicator->compute_reached, 0));
     const double started = now_seconds();
+    pthread_mutex_lock(&communicator->calls);
     NCCL_CHECK(communicator, ncclGroupStart());
     for (int i = 0; i < count; i++) {
         const NcclOperation *operation = &operations[i];
@@ -409,6 +416,7 @@ static NcclWork *nccl_start(NcclCommunicator *communicator, const NcclOperation 
     }
     if (NCCL_CHECK(communicator, ncclGroupEnd()) == ncclInProgress)
         wait_until_ready(communicator, work->what, timeout_s);
+    pthread_mutex_unlock(&communicator->calls);
     CUDA_CHECK(cudaEventRecord(work->end.event, communicator->stream));
     work->communicator = communicator;
     work->started = started;
@@ -463,6 +471,7 @@ static void nccl_destroy(NcclCommunicator *communicator)
     if (NCCL_CHECK(communicator, ncclCommFinalize(communicator->handle)) == ncclInProgress)
         wait_until_ready(communicator, "communicator finalize", communicator->timeout_s);
     NCCL_CHECK(communicator, ncclCommDestroy(communicator->handle));
+    pthread_mutex_destroy(&communicator->calls);
     CUDA_CHECK(cudaEventDestroy(communicator->compute_reached));
     CUDA_CHECK(cudaStreamDestroy(communicator->stream));
     free(communicator);
