@@ -14,8 +14,9 @@
  *
  * Watchdog. One thread per process, started by the first start(), asleep while no work is
  * in flight. Every WATCHDOG_PERIOD_MS it queries each work's end event (cudaEventQuery, which
- * never blocks) and each busy communicator's ncclCommGetAsyncError. That call is not a pure
- * read in non-blocking mode (it may complete a group launch NCCL left pending), so a
+ * never blocks) and each busy communicator's ncclCommGetAsyncError. NCCL's thread-safety
+ * rules allow one thread at a time in NCCL calls on a communicator and name no exception
+ * (the call is an atomic read in NCCL's sources, but that is not a promise), so a
  * communicator's NCCL calls hold its `calls` lock and the watchdog only tries the lock:
  * while the issuing thread is inside NCCL on that communicator, that thread polls the same
  * state itself, against the same deadline. A work whose event has not passed timeout_s
