@@ -46,7 +46,8 @@ int device_probe_run(int ranks, const char *environment, const char *arguments, 
     located("FATHOM_DEVICE_COMM_PROBE", "fathom-device-comm-probe", probe, sizeof probe);
     located("FATHOM_CUDA_MODULE", "../kernels/libfathom_cuda.so", module, sizeof module);
     snprintf(variables, sizeof variables, "FATHOM_CUDA_MODULE='%s' %s", module, environment);
-    /* -x NAME for every variable set here, and the library path of a moved build */
+    /* -x NAME for every variable set here, and for the library path of a moved build and
+     * NCCL's settings where the caller has them */
     char names[sizeof variables];
     snprintf(names, sizeof names, "%s", variables);
     for (char *word = strtok(names, " "); word; word = strtok(NULL, " ")) {
@@ -56,9 +57,11 @@ int device_probe_run(int ranks, const char *environment, const char *arguments, 
         *equals = '\0';
         snprintf(exports + strlen(exports), sizeof exports - strlen(exports), " -x %s", word);
     }
-    if (getenv("LD_LIBRARY_PATH"))
-        snprintf(exports + strlen(exports), sizeof exports - strlen(exports),
-                 " -x LD_LIBRARY_PATH");
+    static const char *const passed[] = {"LD_LIBRARY_PATH", "NCCL_NVLS_ENABLE", "NCCL_DEBUG"};
+    for (size_t i = 0; i < sizeof passed / sizeof passed[0]; i++)
+        if (getenv(passed[i]))
+            snprintf(exports + strlen(exports), sizeof exports - strlen(exports), " -x %s",
+                     passed[i]);
     char command[sizeof variables + sizeof exports + PATH_BYTES + 1024];
     if (ranks == 0)
         snprintf(command, sizeof command,

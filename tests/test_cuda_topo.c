@@ -27,10 +27,11 @@ static int train_demo(int ranks, const char *binding, const char *overrides, cha
     char command[4096];
     snprintf(command, sizeof command,
              "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun "
-             "--oversubscribe --bind-to %s -np %d%s '%s' train '%s/launch/configs/demo.yaml' "
-             "%s %s --set run_dir='%s/run' </dev/null",
+             "--oversubscribe --bind-to %s -np %d%s%s '%s' train "
+             "'%s/launch/configs/demo.yaml' %s %s --set run_dir='%s/run' </dev/null",
              binding, ranks, getenv("LD_LIBRARY_PATH") ? " -x LD_LIBRARY_PATH" : "",
-             test_fathom_binary(), test_source_dir(), CUDA_DEMO, overrides, directory);
+             getenv("NCCL_NVLS_ENABLE") ? " -x NCCL_NVLS_ENABLE" : "", test_fathom_binary(),
+             test_source_dir(), CUDA_DEMO, overrides, directory);
     return test_run_command(command, output, OUTPUT_CAPACITY);
 }
 
