@@ -13,9 +13,10 @@
  *   deadline     cuda, parallel.timeout_s = 0.05 s after create: the same busy stream, one
  *                all-gather, then a synchronize; the work cannot end in time, so the job
  *                must end with exit 5 (reaching the end prints "deadline did not happen").
- * Every line starts with "rank R " (world rank); tests/test_device_comm.c and
- * tests/test_cuda_device_comm.c read them. The CUDA module is found as fathom finds it
- * (runtime/cuda_module.h; the tests set FATHOM_CUDA_MODULE).
+ * parallel.timeout_s is 30 s unless a scenario says otherwise. Every line starts with
+ * "rank R " (world rank); tests/test_device_comm.c and tests/test_cuda_device_comm.c read
+ * them. The CUDA module is found as fathom finds it (runtime/cuda_module.h; the tests set
+ * FATHOM_CUDA_MODULE).
  */
 #include <math.h>
 #include <stdint.h>
@@ -285,6 +286,7 @@ static void scenario_deadline(const Backend *backend)
 int main(int argc, char **argv)
 {
     comm_init(&argc, &argv);
+    comm_set_timeout(30); /* a hung NCCL init ends well within the tests' own limits */
     const char *scenario = argc > 2 ? argv[1] : "";
     const Backend *backend = argc > 2 ? probe_backend(argv[2]) : NULL;
     if (!strcmp(scenario, "collectives"))
