@@ -6,18 +6,65 @@
  * communication stream after the compute stream, and the deadline that aborts a work that
  * cannot end. Two ranks on the one GPU must choose host-staged and give the rank-order
  * results of comm.h; forced onto NCCL they must end with exit 5 from NCCL's init. Each test
- * SKIPs without a GPU. All run tests/device_comm_probe.c, alone or under mpirun.
+ * SKIPs without a GPU. All but the first run tests/device_comm_probe.c, alone or under
+ * mpirun; the first holds the op table's event_wait, which device_comm_work_wait is.
  */
 #include <criterion/criterion.h>
+#include <cuda_runtime_api.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "kernels/cuda/backend_cuda.h"
+#include "kernels/cuda/backend_cuda_event.h"
 #include "tests/device_comm_support.h"
 #include "tests/gpu_support.h"
 
 static const char *const results[4] = {"allgather_f32", "allgather_bf16",
                                        "reduce_scatter_f32", "reduce_scatter_bf16"};
+
+/* a slow producer on another stream: the host function blocks that stream for 300 ms */
+static void hold_the_stream(void *unused)
+{
+    (void)unused;
+    usleep(300000);
+}
+
+Test(cuda_device_comm, event_wait_holds_the_compute_stream_until_another_streams_event,
+     .timeout = 60)
+{
+    gpu_require();
+    const Backend *cuda = backend_cuda();
+    enum { COUNT = 1 << 20 };
+    float *fresh = gpu_test_fp32_values(COUNT, 1, 71), *got = gpu_test_host_floats(COUNT);
+    float *source = cuda->alloc(COUNT * sizeof(float));
+    float *produced = cuda->alloc(COUNT * sizeof(float));
+    float *consumed = cuda->alloc(COUNT * sizeof(float));
+    cuda->upload(source, fresh, COUNT * sizeof(float));
+    cuda->synchronize();
+    cudaStream_t producer;
+    BackendEvent done;
+    cr_assert_eq(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking), cudaSuccess);
+    cr_assert_eq(cudaEventCreateWithFlags(&done.event, cudaEventDisableTiming), cudaSuccess);
+    cr_assert_eq(cudaLaunchHostFunc(producer, hold_the_stream, NULL), cudaSuccess);
+    cr_assert_eq(cudaMemcpyAsync(produced, source, COUNT * sizeof(float),
+                                 cudaMemcpyDeviceToDevice, producer), cudaSuccess);
+    cr_assert_eq(cudaEventRecord(done.event, producer), cudaSuccess);
+    cuda->event_wait(&done);
+    cuda->copy(consumed, produced, COUNT * sizeof(float)); /* after the producer's copy */
+    cuda->download(got, consumed, COUNT * sizeof(float));
+    cr_expect_eq(memcmp(got, fresh, COUNT * sizeof(float)), 0,
+                 "the compute stream read the buffer before the other stream wrote it");
+    cudaStreamSynchronize(producer);
+    cudaEventDestroy(done.event);
+    cudaStreamDestroy(producer);
+    cuda->release(source);
+    cuda->release(produced);
+    cuda->release(consumed);
+    free(fresh);
+    free(got);
+}
 
 /* Rank `rank` printed `method` and four results equal to the references. */
 static void expect_collectives(const char *output, int rank, const char *method)
