@@ -62,6 +62,8 @@ typedef struct DeviceCommWork DeviceCommWork; /* a started group of operations *
 /* Collective over `group` (every rank calls it, in the same order for every group). The
  * group must outlive the DeviceComm. */
 DeviceComm *device_comm_create(Comm *group, const Backend *backend);
+/* Collective as create (an NCCL communicator is finalized with its peers); every work must
+ * have been waited for. */
 void device_comm_destroy(DeviceComm *comm);
 
 /* "mpi", "nccl" or "host-staged" (above). */
