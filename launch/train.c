@@ -20,6 +20,7 @@
 #include "runtime/metrics.h"
 #include "runtime/optim.h"
 #include "runtime/timer.h"
+#include "runtime/topo.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -310,7 +311,10 @@ int train_main(int argc, char **argv)
         fatal(EXIT_CONFIG, "eval.every = %d: evaluation during training runs on one pipeline "
               "stage only for now; set eval.every: 0 with parallel.pp = %d and evaluate the "
               "checkpoints with fathom eval", config.eval.every, config.parallel.pp);
+    TopoPlacement placement;
+    topo_place(&grid, &config, &placement); /* the rank's GPU and cores, before any CUDA */
     const Backend *backend = backend_select(config.device, &config);
+    topo_print_map(&grid, &placement);
     if (leader) {
         make_directories(config.run_dir);
         lock_run_dir(config.run_dir); /* before anything in it is touched */

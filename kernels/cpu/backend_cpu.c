@@ -95,6 +95,12 @@ static float cpu_event_elapsed_ms(const BackendEvent *start, const BackendEvent 
                    (double)(end->time.tv_nsec - start->time.tv_nsec) * 1e-6);
 }
 
+/* every op has finished when it returns: nothing to wait for */
+static void cpu_event_wait(const BackendEvent *event)
+{
+    (void)event;
+}
+
 /* ---- the op table's Activation arrays are fp32 here: the wrappers only cast ---- */
 #define F(pointer) ((float *)(pointer))
 #define CF(pointer) ((const float *)(pointer))
@@ -334,6 +340,7 @@ static const Backend cpu_backend = {
     .event_destroy = cpu_event_destroy,
     .event_record = cpu_event_record,
     .event_elapsed_ms = cpu_event_elapsed_ms,
+    .event_wait = cpu_event_wait,
     .activations_from_floats = cpu_activations_from_floats,
     .activations_upload = cpu_activations_from_floats,
     .activations_download = cpu_activations_download,
