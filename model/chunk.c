@@ -145,7 +145,7 @@ static void site_forward(Walk *walk, int j, const Activation *base, Activation *
     Model *model = walk->model;
     site_sources(model, walk->store, j, walk->sources);
     route_site_forward(&walk->route, &walk->plan->sites[j], &model->site_params[j],
-                       model->site_alpha[j], &walk->stash->sites[j], walk->sources, base, x);
+                       &walk->stash->sites[j], walk->sources, base, x);
 }
 
 static void site_backward(Walk *walk, int j, const Activation *grad_x)
@@ -154,8 +154,8 @@ static void site_backward(Walk *walk, int j, const Activation *grad_x)
     site_sources(model, walk->store, j, walk->sources);
     site_grad_sources(model, walk->store, j, walk->grad_sources);
     route_site_backward(&walk->route, &walk->plan->sites[j], &model->site_params[j],
-                        &model->site_grads[j], model->site_alpha[j], &walk->stash->sites[j],
-                        walk->sources, walk->grad_sources, grad_x);
+                        &model->site_grads[j], &walk->stash->sites[j], walk->sources,
+                        walk->grad_sources, grad_x);
 }
 
 /* Routed sublayer j in the forward: site j into x, f_j into its block (and p). */
@@ -286,15 +286,9 @@ ModelLoss chunk_forward(Model *model, const ChunkSpan *span, Stash *stash,
     }
     if (span->has_head)
         upload_tokens(model, stash->targets, targets, rows, "target");
-    if (walk.delta) {
-        /* the null source on every token: a lookup in a table of one row */
+    if (walk.delta) /* the null source on every token: a lookup in a table of one row */
         backend->embedding_forward(model->scratch.null_rows, model->scratch.zero_tokens,
                                    model->route_null, (int)rows, model->config.d_model);
-        for (int j = span->first_sublayer; j <= L2; j++) /* the Route op takes alpha by value */
-            if (j < span->end_sublayer || (j == L2 && span->has_head))
-                backend->download(&model->site_alpha[j], model->site_params[j].alpha,
-                                  sizeof(float));
-    }
     for (int i = span->first_layer; i < span->first_layer + span->n_layers; i++)
         layer_forward(&walk, i);
 

@@ -15,7 +15,6 @@ void model_routing_resolve(Model *model)
     const ParamTable *table = &model->table;
     model->site_params = xcalloc((size_t)plan->n_sites, sizeof *model->site_params);
     model->site_grads = xcalloc((size_t)plan->n_sites, sizeof *model->site_grads);
-    model->site_alpha = xcalloc((size_t)plan->n_sites, sizeof *model->site_alpha);
     for (int j = 0; j < plan->n_sites; j++) {
         site_weights_resolve(&model->site_params[j], model->backend, table, model->compute,
                              model->params, plan, j);
@@ -41,7 +40,6 @@ void model_routing_free(Model *model)
 {
     free(model->site_params);
     free(model->site_grads);
-    free(model->site_alpha);
     free(model->conv_params);
     free(model->conv_grads);
 }

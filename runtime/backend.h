@@ -150,17 +150,20 @@ typedef struct Backend {
      *   mix[t][h]  = sum_n a[n,t,h] * s_n[t][h]
      *   out[t]     = mix[t]                      when base == NULL (replace form)
      *   out[t]     = base[t] + alpha * mix[t]    otherwise (delta form; out may alias base)
-     * sources: N pointers to [tokens, d]; query, key_norm [d]; d % heads == 0.
+     * sources: N pointers to [tokens, d]; query, key_norm [d]; d % heads == 0. alpha is fp32
+     * backend memory [1] (the master weight, read where the op runs: no host copy, no
+     * synchronisation); NULL in the replace form.
      * Saved for the backward: weights [N, tokens, heads] (a) and rstd [N, tokens] (r); the
      * normalised keys are not kept. Statistics, softmax and sums in fp32 (or wider). ---- */
     void (*route_forward)(Activation *out, float *weights, float *rstd,
                           const Activation *const *sources, int n_sources,
                           const Activation *query, const Activation *key_norm,
-                          const Activation *base, float alpha, int tokens, int d, int heads,
-                          float eps);
+                          const Activation *base, const float *alpha, int tokens, int d,
+                          int heads, float eps);
     /* Gradients of out w.r.t. sources, query, key_norm and alpha, from dout [tokens, d]:
      * dsources[n] += ..., dquery += ..., dkey_norm += ..., *dalpha += ... (delta form only:
-     * base != NULL marks it; the gradient of base is dout and is the caller's to add).
+     * alpha != NULL marks it, fp32 backend memory [1] as in the forward, and dalpha is fp32
+     * backend memory [1]; the gradient of base is dout and is the caller's to add).
      * dsources[n] may be NULL (no gradient wanted for that source). `scratch` holds
      * [N, tokens, heads] floats (a backend with its own workspace may ignore it).
      * Deterministic (fixed-order reductions, no atomics). */
@@ -168,8 +171,8 @@ typedef struct Backend {
                            float *dalpha, const Activation *dout,
                            const Activation *const *sources, int n_sources,
                            const float *weights, const float *rstd, const Activation *query,
-                           const Activation *key_norm, bool delta, float alpha,
-                           float *scratch, int tokens, int d, int heads);
+                           const Activation *key_norm, const float *alpha, float *scratch,
+                           int tokens, int d, int heads);
 
     /* ---- MSAR stream convolution (DESIGN 2.2): causal depthwise over the sequence,
      *   out[b,t,c] = sum_{tau < kernel_size, tau <= t} taps[tau, c] * x[b, t - tau, c]

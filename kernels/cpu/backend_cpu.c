@@ -204,11 +204,12 @@ static void table_cross_entropy_backward(Activation *dlogits, const float *dloss
 static void table_route_forward(Activation *out, float *weights, float *rstd,
                                 const Activation *const *sources, int n_sources,
                                 const Activation *query, const Activation *key_norm,
-                                const Activation *base, float alpha, int tokens, int d,
-                                int heads, float eps)
+                                const Activation *base, const float *alpha, int tokens,
+                                int d, int heads, float eps)
 {
     cpu_route_forward(F(out), weights, rstd, (const float *const *)sources, n_sources,
-                      CF(query), CF(key_norm), CF(base), alpha, tokens, d, heads, eps);
+                      CF(query), CF(key_norm), CF(base), base ? *alpha : 0.0f, tokens, d,
+                      heads, eps);
 }
 
 static void table_route_backward(Activation *const *dsources, float *dquery, float *dkey_norm,
@@ -216,12 +217,13 @@ static void table_route_backward(Activation *const *dsources, float *dquery, flo
                                  const Activation *const *sources, int n_sources,
                                  const float *weights, const float *rstd,
                                  const Activation *query, const Activation *key_norm,
-                                 bool delta, float alpha, float *scratch, int tokens, int d,
+                                 const float *alpha, float *scratch, int tokens, int d,
                                  int heads)
 {
     cpu_route_backward((float *const *)dsources, dquery, dkey_norm, dalpha, CF(dout),
                        (const float *const *)sources, n_sources, weights, rstd, CF(query),
-                       CF(key_norm), delta, alpha, scratch, tokens, d, heads);
+                       CF(key_norm), alpha != NULL, alpha ? *alpha : 0.0f, scratch, tokens, d,
+                       heads);
 }
 
 static void table_stream_conv_forward(Activation *out, const Activation *x,

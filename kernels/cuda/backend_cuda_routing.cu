@@ -28,8 +28,8 @@ static const bf16 *as_bf16_const(const Activation *array)
 static void op_route_forward(Activation *out, float *weights, float *rstd,
                              const Activation *const *sources, int n_sources,
                              const Activation *query, const Activation *key_norm,
-                             const Activation *base, float alpha, int tokens, int d, int heads,
-                             float eps)
+                             const Activation *base, const float *alpha, int tokens, int d,
+                             int heads, float eps)
 {
     cuda_route_forward(as_bf16(out), weights, rstd, (const bf16 *const *)sources, n_sources,
                        as_bf16_const(query), as_bf16_const(key_norm), as_bf16_const(base),
@@ -40,14 +40,14 @@ static void op_route_backward(Activation *const *dsources, float *dquery, float 
                               float *dalpha, const Activation *dout,
                               const Activation *const *sources, int n_sources,
                               const float *weights, const float *rstd, const Activation *query,
-                              const Activation *key_norm, bool delta, float alpha,
-                              float *scratch, int tokens, int d, int heads)
+                              const Activation *key_norm, const float *alpha, float *scratch,
+                              int tokens, int d, int heads)
 {
     (void)scratch; /* the workspace replaces it */
     float *workspace = backend_cuda_workspace_floats(cuda_route_backward_workspace_floats(tokens, d));
     cuda_route_backward((bf16 *const *)dsources, dquery, dkey_norm, dalpha, as_bf16_const(dout),
                         (const bf16 *const *)sources, n_sources, weights, rstd,
-                        as_bf16_const(query), as_bf16_const(key_norm), delta, alpha, workspace,
+                        as_bf16_const(query), as_bf16_const(key_norm), alpha, workspace,
                         tokens, d, heads, backend_cuda_compute_stream());
 }
 
