@@ -133,6 +133,18 @@ static void route_scratch_layout(ModelScratch *scratch, Carver *carver,
         scratch->zero_tokens = carve_tokens(carver, N);
     }
     route->route_backward = carve_floats(carver, M * N * H);
+    if (plan->mode == RESIDUAL_ATTNRES) { /* two-phase routing, model/route_block.h */
+        const int S = plan->sublayers_per_block;
+        for (int i = 0; i < S; i++)
+            route->block_results[i] = carve_activations(carver, N * d);
+        for (int i = 0; i < S; i++)
+            route->block_grads[i] = scratch->checkpointing ? carve_activations(carver, N * d)
+                                                           : route->block_results[i];
+        if (plan->form == FORM_REPLACE) {
+            route->block_lse = carve_floats(carver, (size_t)S * N * H);
+            route->block_means = carve_floats(carver, (size_t)S * N * H);
+        }
+    }
     if (plan->mode != RESIDUAL_MSAR)
         return;
     for (size_t r = 0; r < m; r++) {
@@ -185,6 +197,8 @@ static void scratch_arrays_create(ModelScratch *scratch, const ResidualPlan *pla
     if (plan->mode == RESIDUAL_STANDARD)
         return;
     route->taps = xcalloc((size_t)plan->max_sources, sizeof *route->taps);
+    route->block_results = xcalloc((size_t)plan->sublayers_per_block, sizeof *route->block_results);
+    route->block_grads = xcalloc((size_t)plan->sublayers_per_block, sizeof *route->block_grads);
     route->grad_taps = xcalloc((size_t)plan->max_sources, sizeof *route->grad_taps);
     route->streams = xcalloc((size_t)plan->streams, sizeof *route->streams);
     route->grad_streams = xcalloc((size_t)plan->streams, sizeof *route->grad_streams);
@@ -193,6 +207,8 @@ static void scratch_arrays_create(ModelScratch *scratch, const ResidualPlan *pla
 static void scratch_arrays_destroy(ModelScratch *scratch)
 {
     free((void *)scratch->route.taps);
+    free(scratch->route.block_results);
+    free(scratch->route.block_grads);
     free(scratch->route.grad_taps);
     free(scratch->route.streams);
     free(scratch->route.grad_streams);
