@@ -1,6 +1,8 @@
-/* launch/bench_route.c — the routing cases of `fathom bench` (launch/bench.h): Block MHAR
- * delta at the 8B graft, MSAR at the same sites, and the routing of the 1B step (route-1b),
- * each site's forward and backward through the op table as the model runs them. */
+/* launch/bench_route.c — the routing cases of `fathom bench` that route a site at a time
+ * (launch/bench.h): MSAR at the sites of the 8B graft, as the model runs it, and for
+ * comparison with the two-phase cases (bench_route_block.c) Block MHAR delta at the 8B graft
+ * (route-sites) and the routing of the 1B step (route-1b-sites), each site's forward and
+ * backward through the per-site Route ops. */
 #include "launch/bench_internal.h"
 
 #include "runtime/error.h"
@@ -213,11 +215,11 @@ void bench_case_route(Bench *bench, bool msar, bool step_routing)
         double forward_bytes = 0;
         for (int j = 0; j < r.sites; j++)
             forward_bytes += (site_sources(&r, j) + 1.0) * (double)rows * backend->activation_bytes;
-        bench_add(bench, "route-1b", "forward", forward_ms, forward_bytes / forward_ms / 1e6,
+        bench_add(bench, "route-1b", "per site forward", forward_ms, forward_bytes / forward_ms / 1e6,
                   "GB/s", NAN);
     }
     bench_add(bench, msar ? "msar" : step_routing ? "route-1b" : "route",
-              msar ? "conv in the read" : step_routing ? "block replace" : "fused delta", ms,
+              msar ? "conv in the read" : step_routing ? "per site replace" : "per site delta", ms,
               bytes / ms / 1e6, "GB/s", bench_peak_gib(backend));
 
     for (int k = 0; k < r.max_sources; k++) {

@@ -135,11 +135,22 @@ static void route_scratch_layout(ModelScratch *scratch, Carver *carver,
     route->route_backward = carve_floats(carver, M * N * H);
     if (plan->mode == RESIDUAL_ATTNRES) { /* two-phase routing, model/route_block.h */
         const int S = plan->sublayers_per_block;
-        for (int i = 0; i < S; i++)
-            route->block_results[i] = carve_activations(carver, N * d);
-        for (int i = 0; i < S; i++)
-            route->block_grads[i] = scratch->checkpointing ? carve_activations(carver, N * d)
-                                                           : route->block_results[i];
+        /* The block buffers live inside one block of a chunk's layer walk; the logits'
+         * gradient lives inside the head's backward. They never overlap, so the block
+         * buffers take that buffer when it is large enough (1 GiB at a 128k vocabulary). */
+        const size_t buffers = (size_t)S * (scratch->checkpointing ? 2 : 1);
+        const bool shared = buffers * N * d <= (size_t)scratch->logit_capacity * w->V;
+        Activation *next = shared ? scratch->layer.grad_logits : NULL;
+        for (size_t b = 0; b < buffers; b++) {
+            Activation *buffer = carver->base && shared
+                                     ? (Activation *)((char *)next +
+                                                      b * N * d * carver->activation_bytes)
+                                     : shared ? NULL : carve_activations(carver, N * d);
+            if (b < (size_t)S)
+                route->block_results[b] = buffer;
+            if (b >= buffers - (size_t)S)
+                route->block_grads[b - (buffers - (size_t)S)] = buffer;
+        }
         if (plan->form == FORM_REPLACE) {
             route->block_lse = carve_floats(carver, (size_t)S * N * H);
             route->block_means = carve_floats(carver, (size_t)S * N * H);
