@@ -3,7 +3,8 @@
  * model's gradients (DESIGN 2.1, 2.2; DESIGN 7, "GPU").
  *
  * The network of tests/route_support.h at a width the cuda attention takes (d 128, 2 heads
- * of 64, 1 KV head, ffn 256, 4 layers), on ROUTE_TEST_B x ROUTE_TEST_T tokens.
+ * of 64, 1 KV head, ffn 256, 3 layers: blocks of 2 layers end with a short one), on
+ * ROUTE_TEST_B x ROUTE_TEST_T tokens.
  * - The delta form with every alpha 0 is the standard model: logits and every base weight's
  *   gradient bit for bit (x = p + 0 * Route is p, and every routing gradient added is zero).
  * - MSAR (m 4, kernels 1 2 4 8) at init is Block AttnRes at init, to rounding on cuda (the
@@ -31,7 +32,7 @@
 static ModelConfig cuda_route_config(void)
 {
     ModelConfig config = route_test_model_config();
-    config.d_model = 128, config.n_layers = 4, config.n_heads = 2, config.n_kv_heads = 1;
+    config.d_model = 128, config.n_layers = 3, config.n_heads = 2, config.n_kv_heads = 1;
     config.head_dim = 64, config.ffn_dim = 256;
     return config;
 }
