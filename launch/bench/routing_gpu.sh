@@ -5,15 +5,16 @@
 #   1. the cuda tests it touches: the two-phase ops against the cpu per-site reference
 #      (cuda_route_block), the routed model on cuda (cuda_model_route: delta at alpha 0 is
 #      the base model, MSAR at init is Block AttnRes, routing gradients follow the cpu), the
-#      per-site kernels (cuda_route, cuda_backend_route), the table's entries, the 20-step
-#      cuda-against-cpu training runs and the pipeline runs on one GPU;
+#      per-site kernels (cuda_route, cuda_backend_route), the table's entries and the 20-step
+#      cuda-against-cpu training runs;
 #   2. `fathom bench`: the routing of the 8B graft and of the 1B step, two-phase and a site at
 #      a time (route, route-sites, route-1b, route-1b-sites), then the steps (step8b: the 8B
 #      width, 4 layers, standard / MHAR delta / MSAR delta; step: the 1B model, standard,
-#      MHAR and MSAR in both forms);
+#      MHAR, MSAR);
 #   3. a short table: every timing, and the ratios the targets are stated in.
-# About 3.5 minutes on one H200. WIDTH8=1 adds `fathom train` at the 8B width with 8 layers
-# (launch/bench/train_8b_width.sh 8 5; about 3 minutes more). Logs go to $OUT (default
+# About 3.5 minutes on one H200. FULL=1 adds the pipeline runs on one GPU (cuda_pipeline), the
+# 1B step's delta forms and `fathom train` at the 8B width with 8 layers
+# (launch/bench/train_8b_width.sh 8 5): about 5 minutes more. Logs go to $OUT (default
 # /tmp/routing-gpu).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -45,7 +46,7 @@ suite 'cuda_route/*' 60
 suite 'cuda_backend_route/*' 30
 suite 'cuda_backend/fills*' 20
 suite 'cuda_train/*follows*' 120
-suite 'cuda_pipeline/*' 90
+[ "${FULL:-0}" = 1 ] && suite 'cuda_pipeline/*' 120
 echo "tests took $((SECONDS - start)) s"
 
 # ---- 2. timings ----
@@ -53,10 +54,11 @@ bench() { # json name, seconds, cases, repeat
   timeout "$2" build/fathom bench --device cuda --cases "$3" --repeat "$4" \
     --json "$out/$1.jsonl" >"$out/$1.txt" 2>&1 || echo "bench $3: exit $? (see $out/$1.txt)"
 }
-bench route 90 route,route-sites,route-1b,route-1b-sites 20
-bench step8b 120 step8b 6
-bench step 150 step 6
-if [ "${WIDTH8:-0}" = 1 ]; then
+bench route 60 route,route-sites,route-1b,route-1b-sites 20
+bench step8b 100 step8b 6
+bench step 100 step-standard,step-mhar,step-msar 6
+if [ "${FULL:-0}" = 1 ]; then
+  bench step-delta 100 step-mhar-delta,step-msar-delta 6
   OUT=$out launch/bench/train_8b_width.sh 8 5 standard mhar_delta attnres_delta \
     | tee "$out/width8.txt"
 fi
@@ -67,7 +69,7 @@ python3 - "$out" <<'PY'
 import json, os, sys
 out = sys.argv[1]
 rows = []
-for name in ("route", "step8b", "step"):
+for name in ("route", "step8b", "step", "step-delta"):
     path = os.path.join(out, name + ".jsonl")
     if os.path.exists(path):
         rows += [json.loads(line) for line in open(path) if line.startswith("{")]
