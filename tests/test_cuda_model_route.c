@@ -11,7 +11,8 @@
  *   stream route sums in another order; docs/design-notes.md).
  * - With random routing weights, every routing gradient of Block MHAR (replace and delta,
  *   blocks of 2 layers, with and without activation checkpointing) follows the cpu model's
- *   within 5e-2 (the bf16 tolerance of the model fixtures).
+ *   within 1e-1 relative (bf16 gradients summed over 12 tokens; a site or block whose
+ *   contribution went missing or to another site is off by about 1).
  * Each test SKIPs where no GPU answers.
  */
 #include "kernels/cuda/backend_cuda.h"
@@ -157,7 +158,7 @@ static void check_routing_gradients_follow_the_cpu(ResidualForm form, bool check
         route_test_get(models[0], entry->name, true, expected);
         route_test_get(models[1], entry->name, true, got);
         const double error = test_relative_error(got, expected, entry->count);
-        cr_expect_leq(error, 5e-2, "%s (%s%s): gradient relative error %.3g", entry->name,
+        cr_expect_leq(error, 1e-1, "%s (%s%s): gradient relative error %.3g", entry->name,
                       form == FORM_DELTA ? "delta" : "replace",
                       checkpointing ? ", checkpointed" : "", error);
         free(expected);
