@@ -18,7 +18,7 @@
 #include <string.h>
 
 static const char bench_usage[] =
-    "usage: fathom bench [--cases layers,attention,route,msar,step] [--repeat N] "
+    "usage: fathom bench [--cases layers,attention,route,msar,step,step8b] [--repeat N] "
     "[--device auto|cpu|cuda] [--small] [--json OUT.jsonl]";
 
 const int bench_kernels[BENCH_STREAMS] = {1, 2, 4, 8};
@@ -56,6 +56,9 @@ static BenchShapes bench_shapes(bool small)
         shapes.step_model = llama_config(256, 128, 4, 2, 1, 64, 256);
         shapes.step_microbatch = 2, shapes.step_microbatches = 2, shapes.step_T = 32;
         shapes.step_route_sublayers = 8, shapes.step_route_blocks = 4;
+        shapes.wide_model = llama_config(256, 128, 4, 2, 1, 64, 256);
+        shapes.wide_microbatch = 1, shapes.wide_microbatches = 2, shapes.wide_T = 32;
+        shapes.wide_layers_per_block = 2;
         return shapes;
     }
     shapes.layers_model = llama_config(256, 4096, 4, 32, 8, 128, 14336);
@@ -67,6 +70,9 @@ static BenchShapes bench_shapes(bool small)
     shapes.step_model = llama_config(128256, 1280, 36, 16, 8, 80, 5120);
     shapes.step_microbatch = 8, shapes.step_microbatches = 4, shapes.step_T = 1024;
     shapes.step_route_sublayers = 72, shapes.step_route_blocks = 9;
+    shapes.wide_model = llama_config(128256, 4096, 4, 32, 8, 128, 14336);
+    shapes.wide_microbatch = 1, shapes.wide_microbatches = 4, shapes.wide_T = 4096;
+    shapes.wide_layers_per_block = 2;
     return shapes;
 }
 
@@ -260,74 +266,6 @@ static void case_attention(Bench *bench)
     backend->release(a.lse);
 }
 
-/* ---- one training step of the 1B model, through the one training step (pipeline/step.h) ---- */
-
-typedef struct {
-    TrainingStep *step;
-    DataSet *data;
-    uint64_t consumed;
-    int global_batch;
-} StepPass;
-
-static void step_pass(void *context)
-{
-    StepPass *p = context;
-    step_run(p->step, p->data, p->consumed, 1e-4, 1);
-    p->consumed += (uint64_t)p->global_batch;
-}
-
-static void case_step(Bench *bench, const char *mode)
-{
-    const Backend *backend = bench->backend;
-    const BenchShapes *s = &bench->shapes;
-    Config config;
-    config_defaults(&config);
-    config.model = s->step_model;
-    config.train.microbatch_size = s->step_microbatch;
-    config.train.global_batch_size = s->step_microbatch * s->step_microbatches;
-    config.train.seq_len = s->step_T;
-    config.train.z_loss = 1e-4;
-    config.data.source = DATA_SYNTHETIC;
-    ResidualConfig *residual = &config.residual;
-    residual->mode = RESIDUAL_STANDARD;
-    if (strcmp(mode, "standard")) {
-        /* the MHAR paper's 1B graft: blocks of 4 layers, 8 heads, replace form */
-        residual->mode = strcmp(mode, "msar") ? RESIDUAL_ATTNRES : RESIDUAL_MSAR;
-        residual->heads = 8 < s->step_model.d_model / 16 ? 8 : 2;
-        residual->granularity = GRANULARITY_BLOCK;
-        residual->layers_per_block = s->step_model.n_layers >= 8 ? 4 : 2;
-        residual->form = FORM_REPLACE;
-        residual->streams = residual->mode == RESIDUAL_MSAR ? BENCH_STREAMS : 1;
-        residual->n_stream_kernels = residual->mode == RESIDUAL_MSAR ? BENCH_STREAMS : 0;
-        for (int i = 0; i < residual->n_stream_kernels; i++)
-            residual->stream_kernels[i] = bench_kernels[i];
-    }
-    backend->memory_peak_reset();
-    Model *model = model_create(backend, &config.model, residual, s->step_microbatch,
-                                s->step_T);
-    model_init_params(model, 1, 0.02);
-    config.optim.ema_decay = 0; /* the step of the table keeps no EMA */
-    RunState state;
-    run_state_create(&state, model, &config);
-    Optimizer optimizer = run_state_optimizer(&state, model, &config.optim);
-    RankGrid grid;
-    grid_create(&grid, 1, 1);
-    TrainingStep step;
-    step_create(&step, model, &config, &grid, &optimizer);
-    DataSet *data = data_open_train(&config);
-    StepPass pass = {&step, data, 0, config.train.global_batch_size};
-    const size_t tokens = (size_t)config.train.global_batch_size * s->step_T;
-    const int repeat = bench->repeat / 3 > 3 ? bench->repeat / 3 : 3;
-    double ms = bench_time_ms(backend, step_pass, &pass, repeat);
-    bench_add(bench, "step", mode, ms, (double)tokens / ms * 1e3, "tok/s", bench_peak_gib(backend));
-    data_close(data);
-    step_destroy(&step);
-    grid_destroy(&grid);
-    free((void *)optimizer.ranges);
-    run_state_destroy(&state, model);
-    model_destroy(model);
-}
-
 /* ---- the command ---- */
 
 static void print_table(const Bench *bench)
@@ -345,7 +283,7 @@ static void print_table(const Bench *bench)
 
 int bench_main(int argc, char **argv)
 {
-    const char *cases = "layers,attention,route,msar,step", *json_path = NULL;
+    const char *cases = "layers,attention,route,msar,step,step8b", *json_path = NULL;
     DeviceKind device = DEVICE_AUTO;
     bool small = false;
     int repeat = 10;
@@ -397,22 +335,32 @@ int bench_main(int argc, char **argv)
         else if (!strcmp(name, "attention"))
             case_attention(&bench);
         else if (!strcmp(name, "route"))
-            bench_case_route(&bench, false, false);
+            bench_case_route_blocks(&bench, false);
         else if (!strcmp(name, "route-1b"))
+            bench_case_route_blocks(&bench, true);
+        else if (!strcmp(name, "route-sites"))
+            bench_case_route(&bench, false, false);
+        else if (!strcmp(name, "route-1b-sites"))
             bench_case_route(&bench, false, true);
         else if (!strcmp(name, "msar"))
             bench_case_route(&bench, true, false);
         else if (!strcmp(name, "step")) {
-            case_step(&bench, "standard");
-            case_step(&bench, "mhar");
-            case_step(&bench, "msar");
-        } else if (!strncmp(name, "step-", 5) && (!strcmp(name + 5, "standard") ||
-                                                  !strcmp(name + 5, "mhar") ||
-                                                  !strcmp(name + 5, "msar")))
-            case_step(&bench, name + 5);
+            static const char *const modes[] = {"standard", "mhar", "msar", "mhar-delta",
+                                                "msar-delta"};
+            for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++)
+                bench_case_step(&bench, false, modes[i]);
+        } else if (!strcmp(name, "step8b")) {
+            static const char *const modes[] = {"standard", "mhar-delta", "msar-delta"};
+            for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++)
+                bench_case_step(&bench, true, modes[i]);
+        } else if (!strncmp(name, "step-", 5) && bench_step_mode_known(name + 5))
+            bench_case_step(&bench, false, name + 5);
+        else if (!strncmp(name, "step8b-", 7) && bench_step_mode_known(name + 7))
+            bench_case_step(&bench, true, name + 7);
         else
-            fatal(EXIT_CONFIG, "bench: unknown case '%s' (layers, attention, route, msar, "
-                  "step, or one of route-1b, step-standard, step-mhar, step-msar)", name);
+            fatal(EXIT_CONFIG, "bench: unknown case '%s' (layers, attention, route, msar, step, "
+                  "step8b, or one of route-1b, route-sites, route-1b-sites, step-MODE, "
+                  "step8b-MODE with MODE standard, mhar, msar, mhar-delta, msar-delta)", name);
     }
     print_table(&bench);
     if (bench.json)

@@ -13,7 +13,7 @@
 #include "runtime/backend.h"
 #include "runtime/config.h"
 
-enum { BENCH_MAX_ROWS = 16, BENCH_STREAMS = 4, BENCH_KERNEL_MAX = 8 };
+enum { BENCH_MAX_ROWS = 32, BENCH_STREAMS = 4, BENCH_KERNEL_MAX = 8 };
 
 /* The shapes of every case: the real ones, or --small. */
 
@@ -28,6 +28,8 @@ typedef struct {
     int step_route_sublayers, step_route_blocks; /* the routing of the step's MHAR */
     ModelConfig step_model;
     int step_microbatch, step_microbatches, step_T;
+    ModelConfig wide_model; /* step8b: the 8B width */
+    int wide_microbatch, wide_microbatches, wide_T, wide_layers_per_block;
 } BenchShapes;
 
 typedef struct {
@@ -61,8 +63,16 @@ Activation *bench_random_activations(const Backend *backend, size_t n, float sca
 Activation *bench_zero_activations(const Backend *backend, size_t n);
 void bench_random_tokens(uint32_t *tokens, size_t n, int vocab);
 
-/* bench_route.c: msar, the MSAR sites of the 8B graft; step_routing, the Block MHAR routing
- * of one microbatch of the 1B step (route-1b); else the Block MHAR delta sites of the graft. */
+/* bench_route.c, a site at a time: msar, the MSAR sites of the 8B graft; step_routing, the
+ * Block MHAR routing of one microbatch of the 1B step (route-1b-sites); else the Block MHAR
+ * delta sites of the graft (route-sites). */
 void bench_case_route(Bench *bench, bool msar, bool step_routing);
+/* bench_route_block.c, two-phase as the model routes attnres: the 8B graft's delta sites
+ * (route), or the 1B step's replace-form routing (route-1b). */
+void bench_case_route_blocks(Bench *bench, bool step_routing);
+/* bench_step.c: one training step of the 1B model (step) or at the 8B width (wide, step8b)
+ * for one residual mode; bench_step_mode_known says which modes there are. */
+void bench_case_step(Bench *bench, bool wide, const char *mode);
+bool bench_step_mode_known(const char *mode);
 
 #endif

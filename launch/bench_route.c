@@ -1,6 +1,8 @@
-/* launch/bench_route.c — the routing cases of `fathom bench` (launch/bench.h): Block MHAR
- * delta at the 8B graft, MSAR at the same sites, and the routing of the 1B step (route-1b),
- * each site's forward and backward through the op table as the model runs them. */
+/* launch/bench_route.c — the routing cases of `fathom bench` that route a site at a time
+ * (launch/bench.h): MSAR at the sites of the 8B graft, as the model runs it, and for
+ * comparison with the two-phase cases (bench_route_block.c) Block MHAR delta at the 8B graft
+ * (route-sites) and the routing of the 1B step (route-1b-sites), each site's forward and
+ * backward through the per-site Route ops. */
 #include "launch/bench_internal.h"
 
 #include "runtime/error.h"
@@ -23,6 +25,7 @@ typedef struct {
     Activation *mixed, *grad_mixed, *base, *out, *dout;
     Activation *query, *key_norm, *zero_query, *taps, *mix_proj;
     float *weights, *rstd, *gate_weights, *gate_rstd, *mix_gates, *mix_rstd, *scratch;
+    float *alpha; /* [1] 0.1, backend memory (the gate's master weight) */
     float *grad_query, *grad_key_norm, *grad_alpha, *grad_taps, *mix_bias, *grad_mix_bias;
     float *grad_mix_proj;
 } RoutePass;
@@ -86,13 +89,13 @@ static void msar_site(RoutePass *r, int n)
 
     msar_streams_forward(r, n);
     backend->route_forward(r->out, r->gate_weights, r->gate_rstd, one_source, 1, r->zero_query,
-                           r->zero_query, r->base, 0.1f, r->tokens, r->d, r->heads, 1e-5f);
+                           r->zero_query, r->base, r->alpha, r->tokens, r->d, r->heads, 1e-5f);
     /* backward: the streams and the mix again, then the gate, the mix, each stream */
     msar_streams_forward(r, n);
     backend->zero(r->grad_mixed, bytes);
     backend->route_backward(one_grad, r->grad_query, r->grad_key_norm, r->grad_alpha, r->dout,
                             one_source, 1, r->gate_weights, r->gate_rstd, r->zero_query,
-                            r->zero_query, true, 0.1f, r->scratch, r->tokens, r->d, r->heads);
+                            r->zero_query, r->alpha, r->scratch, r->tokens, r->d, r->heads);
     for (int s = 0; s < BENCH_STREAMS; s++)
         backend->zero(r->grad_streams[s], bytes);
     backend->stream_mix_backward(r->grad_streams, r->grad_mix_bias, r->grad_mix_proj,
@@ -124,15 +127,15 @@ static void route_pass(void *context)
         }
         backend->route_forward(r->out, r->weights, r->rstd,
                                (const Activation *const *)r->sources, n, r->query, r->key_norm,
-                               r->replace ? NULL : r->base, 0.1f, r->tokens, r->d, r->heads,
-                               1e-5f);
+                               r->replace ? NULL : r->base, r->replace ? NULL : r->alpha,
+                               r->tokens, r->d, r->heads, 1e-5f);
         if (r->forward_only)
             continue;
         backend->route_backward(r->grad_sources, r->grad_query, r->grad_key_norm,
                                 r->replace ? NULL : r->grad_alpha, r->dout,
                                 (const Activation *const *)r->sources, n, r->weights, r->rstd,
-                                r->query, r->key_norm, !r->replace, 0.1f, r->scratch,
-                                r->tokens, r->d, r->heads);
+                                r->query, r->key_norm, r->replace ? NULL : r->alpha,
+                                r->scratch, r->tokens, r->d, r->heads);
     }
 }
 
@@ -190,6 +193,9 @@ void bench_case_route(Bench *bench, bool msar, bool step_routing)
     r.grad_query = backend->alloc(r.d * sizeof(float));
     r.grad_key_norm = backend->alloc(r.d * sizeof(float));
     r.grad_alpha = backend->alloc(sizeof(float));
+    const float alpha = 0.1f;
+    r.alpha = backend->alloc(sizeof(float));
+    backend->upload(r.alpha, &alpha, sizeof alpha);
     /* each source its own taps gradient, as each source has its own slot in the model */
     r.grad_taps = backend->alloc((size_t)r.max_sources * BENCH_KERNEL_MAX * r.d * sizeof(float));
     r.mix_bias = backend->alloc(m * sizeof(float));
@@ -209,11 +215,11 @@ void bench_case_route(Bench *bench, bool msar, bool step_routing)
         double forward_bytes = 0;
         for (int j = 0; j < r.sites; j++)
             forward_bytes += (site_sources(&r, j) + 1.0) * (double)rows * backend->activation_bytes;
-        bench_add(bench, "route-1b", "forward", forward_ms, forward_bytes / forward_ms / 1e6,
+        bench_add(bench, "route-1b", "per site forward", forward_ms, forward_bytes / forward_ms / 1e6,
                   "GB/s", NAN);
     }
     bench_add(bench, msar ? "msar" : step_routing ? "route-1b" : "route",
-              msar ? "conv in the read" : step_routing ? "block replace" : "fused delta", ms,
+              msar ? "conv in the read" : step_routing ? "per site replace" : "per site delta", ms,
               bytes / ms / 1e6, "GB/s", bench_peak_gib(backend));
 
     for (int k = 0; k < r.max_sources; k++) {
@@ -227,7 +233,7 @@ void bench_case_route(Bench *bench, bool msar, bool step_routing)
     void *rest[] = {r.mixed, r.grad_mixed, r.base, r.out, r.dout, r.query, r.key_norm,
                     r.zero_query, r.taps, r.mix_proj, r.weights, r.rstd, r.gate_weights,
                     r.gate_rstd, r.mix_gates, r.mix_rstd, r.scratch, r.grad_query,
-                    r.grad_key_norm, r.grad_alpha, r.grad_taps, r.mix_bias, r.grad_mix_bias,
+                    r.grad_key_norm, r.grad_alpha, r.alpha, r.grad_taps, r.mix_bias, r.grad_mix_bias,
                     r.grad_mix_proj};
     for (size_t i = 0; i < sizeof rest / sizeof rest[0]; i++)
         backend->release(rest[i]);

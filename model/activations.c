@@ -133,6 +133,29 @@ static void route_scratch_layout(ModelScratch *scratch, Carver *carver,
         scratch->zero_tokens = carve_tokens(carver, N);
     }
     route->route_backward = carve_floats(carver, M * N * H);
+    if (plan->mode == RESIDUAL_ATTNRES) { /* two-phase routing, model/route_block.h */
+        const int S = plan->sublayers_per_block;
+        /* The block buffers live inside one block of a chunk's layer walk; the logits'
+         * gradient lives inside the head's backward. They never overlap, so the block
+         * buffers take that buffer when it is large enough (1 GiB at a 128k vocabulary). */
+        const size_t buffers = (size_t)S * (scratch->checkpointing ? 2 : 1);
+        const bool shared = buffers * N * d <= (size_t)scratch->logit_capacity * w->V;
+        Activation *next = shared ? scratch->layer.grad_logits : NULL;
+        for (size_t b = 0; b < buffers; b++) {
+            Activation *buffer = carver->base && shared
+                                     ? (Activation *)((char *)next +
+                                                      b * N * d * carver->activation_bytes)
+                                     : shared ? NULL : carve_activations(carver, N * d);
+            if (b < (size_t)S)
+                route->block_results[b] = buffer;
+            if (b >= buffers - (size_t)S)
+                route->block_grads[b - (buffers - (size_t)S)] = buffer;
+        }
+        if (plan->form == FORM_REPLACE) {
+            route->block_lse = carve_floats(carver, (size_t)S * N * H);
+            route->block_means = carve_floats(carver, (size_t)S * N * H);
+        }
+    }
     if (plan->mode != RESIDUAL_MSAR)
         return;
     for (size_t r = 0; r < m; r++) {
@@ -185,6 +208,8 @@ static void scratch_arrays_create(ModelScratch *scratch, const ResidualPlan *pla
     if (plan->mode == RESIDUAL_STANDARD)
         return;
     route->taps = xcalloc((size_t)plan->max_sources, sizeof *route->taps);
+    route->block_results = xcalloc((size_t)plan->sublayers_per_block, sizeof *route->block_results);
+    route->block_grads = xcalloc((size_t)plan->sublayers_per_block, sizeof *route->block_grads);
     route->grad_taps = xcalloc((size_t)plan->max_sources, sizeof *route->grad_taps);
     route->streams = xcalloc((size_t)plan->streams, sizeof *route->streams);
     route->grad_streams = xcalloc((size_t)plan->streams, sizeof *route->grad_streams);
@@ -193,6 +218,8 @@ static void scratch_arrays_create(ModelScratch *scratch, const ResidualPlan *pla
 static void scratch_arrays_destroy(ModelScratch *scratch)
 {
     free((void *)scratch->route.taps);
+    free(scratch->route.block_results);
+    free(scratch->route.block_grads);
     free(scratch->route.grad_taps);
     free(scratch->route.streams);
     free(scratch->route.grad_streams);

@@ -51,8 +51,12 @@
  *
  * The scratch, values per token: sublayer output d; stream gradient d, normed gradient d,
  * 2 q_dim, 3 kv_dim, 3 F, token loss gradient 1; routed: d x_j d, delta d f_j, the null
- * source and its gradient 2d; route backward M H; msar: routed streams and their gradients
- * 2 m d, mix and its gradient 2d, recomputed weights M (H + 1) and gates 2m; with
+ * source and its gradient 2d; route backward M H; attnres: the open block's phase-one
+ * results (its d x in the backward) S d, and S d more with checkpointing (both live in a
+ * checkpointed backward), carved out of the logits' gradient when it is large enough (it is
+ * idle outside the head's backward, the block buffers outside the layers' walk), replace
+ * 2 S H (lse, centres); msar: routed streams and their
+ * gradients 2 m d, mix and its gradient 2d, recomputed weights M (H + 1) and gates 2m; with
  * checkpointing one layer's intermediates and 3d. The logits and their gradient are two
  * [logit_rows, V] buffers: the head and the loss walk the batch in chunks of logit_rows
  * tokens (model/loss.h), so the logits of a whole batch exist at once only when they fit in
@@ -127,6 +131,15 @@ typedef struct {
     float *weights, *rstd;    /* [M, N, H], [M, N]: weights recomputed in the backward */
     float *mix_gates, *mix_rstd; /* [N, m] recomputed in the backward */
     float *route_backward;    /* [M, N, H] route_backward's scratch */
+    /* two-phase routing (attnres; model/route_block.h), S = sublayers_per_block: */
+    Activation **block_results;  /* [S] [N, d]: phase one's Route of each site of the open
+                                    block (forward, and the recompute of checkpointing) */
+    Activation **block_grads;    /* [S] [N, d]: d x of each site, until the block's backward;
+                                    the same buffers as block_results without checkpointing
+                                    (a forward and a backward never overlap then); both may
+                                    lie inside layer.grad_logits (see the top of this file) */
+    float *block_lse;            /* [S, N, H] replace: phase one's log-sum-exp per site */
+    float *block_means;          /* [S, N, H] replace: each site's softmax centre */
     const Activation *gate_query; /* [d] zeros: the gate route scores nothing (one source) */
     float *gate_grad_query, *gate_grad_key_norm; /* [d] where its (zero) gradients go */
 } RouteScratch;

@@ -10,6 +10,9 @@
  *   standard  d stream[j] = d stream[j+1] + J_j^T d stream[j+1], in place
  *   replace   d f_j = d b_n;  delta  d f_j = d p_{j+1} + d b_n,  d p_j = d p_{j+1} + d x_j
  *   then d x_j = J_j^T d f_j, and site j's backward sends d x_j into its sources' gradients.
+ * The sites are routed block by block (route_block.h: a block's Route is made for all its
+ * sites when the walk enters it, and its completed sources receive every site's gradient when
+ * the walk leaves it); this file only says where each site stands.
  * d b_n accumulates in the store's grad_blocks[n]: from the sites that read the completed
  * block and, while block n is walked, from the partials its own sites read (every partial
  * read at j' > j contains f_j, so their gradients meet in one accumulator).
@@ -19,6 +22,7 @@
 #include <stdlib.h>
 
 #include "model/model_internal.h"
+#include "model/route_block.h"
 #include "runtime/error.h"
 
 static LayerContext layer_context(Model *model, int B)
@@ -48,29 +52,6 @@ static RouteContext route_context(Model *model, int B)
         .grad_conv = model->conv_grads,
         .scratch = &model->scratch.route,
     };
-}
-
-/* The sources site j reads, as backend pointers [n_sources] (model/residual.h). */
-static void site_sources(const Model *model, SummaryStore *store, int site,
-                         const Activation **sources)
-{
-    const SitePlan *plan = &model->plan.sites[site];
-    for (int k = 0; k < plan->n_sources; k++) {
-        const int buffer = plan->sources[k].buffer;
-        sources[k] = buffer == RESIDUAL_NULL_BUFFER ? model->scratch.null_rows
-                                                    : store->summaries[buffer];
-    }
-}
-
-/* Where the gradients of site j's sources accumulate [n_sources]. */
-static void site_grad_sources(const Model *model, SummaryStore *store, int site,
-                              Activation **grads)
-{
-    const SitePlan *plan = &model->plan.sites[site];
-    for (int k = 0; k < plan->n_sources; k++) {
-        const int block = plan->sources[k].grad_block;
-        grads[k] = block < 0 ? model->scratch.grad_null_rows : store->grad_blocks[block];
-    }
 }
 
 /* Sublayer j: layer j/2's attention (j even) or MLP (j odd), x -> out (model/layer.h). */
@@ -108,8 +89,7 @@ typedef struct {
     SummaryStore *store;
     size_t count, bytes;          /* rows * d, and in bytes */
     bool routed, delta;
-    const Activation **sources;   /* [max_sources] host scratch */
-    Activation **grad_sources;
+    RouteWalk sites;              /* the routing sites, block by block (route_block.h) */
 } Walk;
 
 static Walk walk_begin(Model *model, Stash *stash, SummaryStore *store, int B)
@@ -127,46 +107,33 @@ static Walk walk_begin(Model *model, Stash *stash, SummaryStore *store, int B)
     };
     walk.count = (size_t)B * model->scratch.T * model->config.d_model;
     walk.bytes = walk.count * model->backend->activation_bytes;
-    const size_t sources = (size_t)model->plan.max_sources + 1;
-    walk.sources = xcalloc(sources, sizeof *walk.sources);
-    walk.grad_sources = xcalloc(sources, sizeof *walk.grad_sources);
     return walk;
+}
+
+/* The route context must not move once the sites' walk points at it. */
+static void walk_sites_begin(Walk *walk)
+{
+    if (walk->routed)
+        route_walk_begin(&walk->sites, walk->model, walk->stash, walk->store, &walk->route,
+                         walk->layer.B * walk->layer.T);
 }
 
 static void walk_end(Walk *walk)
 {
-    free(walk->sources);
-    free(walk->grad_sources);
-}
-
-/* The Route op takes the delta gate by value: a host copy of alpha from the site's fp32
- * view, read while its unit is acquired. */
-static void site_read_alpha(Walk *walk, int j)
-{
-    if (walk->delta)
-        walk->backend->download(&walk->model->site_alpha[j], walk->model->site_params[j].alpha,
-                                sizeof(float));
+    if (walk->routed)
+        route_walk_end(&walk->sites);
 }
 
 /* Site j's forward into x (base: p in the delta form). */
 static void site_forward(Walk *walk, int j, const Activation *base, Activation *x)
 {
-    Model *model = walk->model;
-    site_read_alpha(walk, j);
-    site_sources(model, walk->store, j, walk->sources);
-    route_site_forward(&walk->route, &walk->plan->sites[j], &model->site_params[j],
-                       model->site_alpha[j], &walk->stash->sites[j], walk->sources, base, x);
+    route_walk_site_forward(&walk->sites, j, base, x);
 }
 
-static void site_backward(Walk *walk, int j, const Activation *grad_x)
+/* Site j's backward from d x = grad_x (route_walk_grad_x), x its forward output. */
+static void site_backward(Walk *walk, int j, const Activation *x, const Activation *grad_x)
 {
-    Model *model = walk->model;
-    site_read_alpha(walk, j);
-    site_sources(model, walk->store, j, walk->sources);
-    site_grad_sources(model, walk->store, j, walk->grad_sources);
-    route_site_backward(&walk->route, &walk->plan->sites[j], &model->site_params[j],
-                        &model->site_grads[j], model->site_alpha[j], &walk->stash->sites[j],
-                        walk->sources, walk->grad_sources, grad_x);
+    route_walk_site_backward(&walk->sites, j, x, grad_x);
 }
 
 /* Routed sublayer j in the forward: site j into x, f_j into its block (and p). */
@@ -285,6 +252,17 @@ static int walk_next_unit(const ChunkSpan *span, const ParamTable *table, int un
     return span->has_embedding ? 0 : -1;
 }
 
+/* Whether layer i is the first (side -1) or last (side +1) layer of the span that its
+ * routing unit covers: a block's sites are acquired together, for the whole block (a chunk
+ * edge falls on a block edge, so a routing unit never straddles two chunks). */
+static bool routing_unit_edge(const ParamTable *table, const ChunkSpan *span, int i, int side)
+{
+    const int neighbour = i + side;
+    if (neighbour < span->first_layer || neighbour >= span->first_layer + span->n_layers)
+        return true;
+    return param_unit_of_layer_routing(table, neighbour) != param_unit_of_layer_routing(table, i);
+}
+
 /* The head reads the final site, norm and head weight; tied, the weight is unit 0's. */
 static void head_acquire(Model *model, bool for_backward)
 {
@@ -332,6 +310,7 @@ ModelLoss chunk_forward(Model *model, const ChunkSpan *span, Stash *stash,
               "(train.microbatch_size = %d)", B, model->scratch.max_batch);
     const size_t rows = (size_t)B * model->scratch.T;
     Walk walk = walk_begin(model, stash, store, B);
+    walk_sites_begin(&walk);
     const Backend *backend = model->backend;
     const int L2 = model->plan.n_sublayers;
 
@@ -352,10 +331,15 @@ ModelLoss chunk_forward(Model *model, const ChunkSpan *span, Stash *stash,
         backend->embedding_forward(model->scratch.null_rows, model->scratch.zero_tokens,
                                    model->route_null, (int)rows, model->config.d_model);
     for (int i = span->first_layer; i < span->first_layer + span->n_layers; i++) {
+        const int routing = param_unit_of_layer_routing(table, i);
+        if (routing >= 0 && routing_unit_edge(table, span, i, -1))
+            model_unit_acquire(model, routing, false);
         model_unit_acquire(model, 1 + i, false);
         model_unit_prefetch(model, walk_next_unit(span, table, 1 + i, true));
         layer_forward(&walk, i);
         model_unit_release(model, 1 + i, false);
+        if (routing >= 0 && routing_unit_edge(table, span, i, +1))
+            model_unit_release(model, routing, false);
     }
 
     ModelLoss loss = {0};
@@ -392,11 +376,12 @@ static void sublayer_walk_backward(Walk *walk, int j, const LayerActivations *sa
         backend->add(scratch->grad_output, grad_stream, grad_f, walk->count);
         grad_f = scratch->grad_output;
     }
-    backend->zero(scratch->grad_input, walk->bytes);
-    sublayer_backward(walk->model, &walk->layer, j, saved, x, grad_f, scratch->grad_input);
-    site_backward(walk, j, scratch->grad_input);
+    Activation *grad_x = route_walk_grad_x(&walk->sites, j);
+    backend->zero(grad_x, walk->bytes);
+    sublayer_backward(walk->model, &walk->layer, j, saved, x, grad_f, grad_x);
+    site_backward(walk, j, x, grad_x);
     if (walk->delta) /* x_j = p_j + alpha * mix: d p_j gets d x_j */
-        backend->add_inplace(grad_stream, scratch->grad_input, walk->count);
+        backend->add_inplace(grad_stream, grad_x, walk->count);
 }
 
 /* Layer i's backward: both sublayers in reverse, after recomputing it when checkpointed. */
@@ -437,7 +422,7 @@ static void head_backward(Walk *walk, float loss_scale)
                   stash->targets, final_input, stash->z_loss, loss_scale, grad_final);
     if (!walk->routed)
         return;
-    site_backward(walk, L2, grad_final);
+    site_backward(walk, L2, final_input, grad_final);
     if (walk->delta)
         backend->add_inplace(grad_stream, grad_final, walk->count);
 }
@@ -451,6 +436,7 @@ void chunk_backward(Model *model, const ChunkSpan *span, Stash *stash, SummarySt
     const int B = stash->batch, d = model->config.d_model;
     const size_t rows = (size_t)B * model->scratch.T;
     Walk walk = walk_begin(model, stash, store, B);
+    walk_sites_begin(&walk);
     const Backend *backend = model->backend;
     ModelScratch *scratch = &model->scratch;
     Activation *grad_stream = scratch->layer.grad_stream;
@@ -468,10 +454,15 @@ void chunk_backward(Model *model, const ChunkSpan *span, Stash *stash, SummarySt
         head_release(model, true);
     }
     for (int i = span->first_layer + span->n_layers - 1; i >= span->first_layer; i--) {
+        const int routing = param_unit_of_layer_routing(table, i);
+        if (routing >= 0 && routing_unit_edge(table, span, i, +1))
+            model_unit_acquire(model, routing, true);
         model_unit_acquire(model, 1 + i, true);
         model_unit_prefetch(model, walk_next_unit(span, table, 1 + i, false));
         layer_backward(&walk, i);
         model_unit_release(model, 1 + i, true);
+        if (routing >= 0 && routing_unit_edge(table, span, i, -1))
+            model_unit_release(model, routing, true);
     }
 
     if (span->has_embedding) {

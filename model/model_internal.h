@@ -38,7 +38,6 @@ struct Model {
     ResidualPlan plan;
     SiteWeights *site_params;       /* [n_sites] views (alpha, mix_bias: fp32 views) */
     SiteGrads *site_grads;          /* [n_sites] */
-    float *site_alpha;              /* [n_sites] host copies of alpha for the Route op (delta) */
     Activation **conv_params;       /* [n_slots] model.route_streams.{n}.conv (msar) */
     float **conv_grads;
     Activation *route_null;         /* [d] (delta) */

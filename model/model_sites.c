@@ -16,10 +16,10 @@ void model_routing_resolve(Model *model)
     const ParamTable *table = &model->table;
     model->site_params = xcalloc((size_t)plan->n_sites, sizeof *model->site_params);
     model->site_grads = xcalloc((size_t)plan->n_sites, sizeof *model->site_grads);
-    model->site_alpha = xcalloc((size_t)plan->n_sites, sizeof *model->site_alpha);
-    /* site 2i and 2i + 1 stand in layer i's unit, site 2L in the head's (params.h) */
+    /* sites 2i and 2i + 1 stand in layer i's routing unit, site 2L in the head's (params.h) */
     for (int j = 0; j < plan->n_sites; j++) {
-        const int unit = j < 2 * model->config.n_layers ? 1 + j / 2 : table->unit_head;
+        const int unit = j < 2 * model->config.n_layers ? param_unit_of_layer_routing(table, j / 2)
+                                                        : table->unit_head;
         site_views_add(&model->unit_views[unit], &model->site_params[j], &model->site_grads[j],
                        table, plan, j);
     }
@@ -44,7 +44,6 @@ void model_routing_free(Model *model)
 {
     free(model->site_params);
     free(model->site_grads);
-    free(model->site_alpha);
     free(model->conv_params);
     free(model->conv_grads);
 }

@@ -31,8 +31,11 @@ void chunk_units(const Model *model, const ChunkSpan *span, bool *units)
     const ParamTable *table = &model->table;
     if (span->has_embedding)
         units[0] = true;
-    for (int i = span->first_layer; i < span->first_layer + span->n_layers; i++)
+    for (int i = span->first_layer; i < span->first_layer + span->n_layers; i++) {
         units[1 + i] = true;
+        if (table->unit_routing_first >= 0)
+            units[param_unit_of_layer_routing(table, i)] = true;
+    }
     if (span->has_head) {
         units[table->unit_head] = true;
         if (model->config.tie_embeddings)

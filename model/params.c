@@ -110,9 +110,18 @@ void param_table_build_with_residual(ParamTable *table, const ModelConfig *confi
 
     memset(table, 0, sizeof *table);
     table->params = xcalloc((size_t)per_layer * layers + 3 + routing_max, sizeof *table->params);
-    table->n_units = layers + 3;
+    /* the routing weights of a block's layers form a unit (one layer's in full granularity):
+     * two-phase routing reads all of a block's sites at once */
+    table->layers_per_routing_unit = routed && plan.sublayers_per_block > 1
+                                         ? plan.sublayers_per_block / 2
+                                         : 1;
+    const int routing_units = routed ? (layers + table->layers_per_routing_unit - 1) /
+                                           table->layers_per_routing_unit
+                                     : 0;
+    table->n_units = layers + 3 + routing_units;
     table->unit_head = layers + 1;
     table->unit_shared = layers + 2;
+    table->unit_routing_first = routed ? layers + 3 : -1;
     table->units = xcalloc((size_t)table->n_units, sizeof *table->units);
 
     for (int unit = 0; unit < table->n_units; unit++) {
@@ -136,8 +145,6 @@ void param_table_build_with_residual(ParamTable *table, const ModelConfig *confi
             char layer[32];
             snprintf(layer, sizeof layer, "model.layers.%d", unit - 1);
             const int hd = config->head_dim;
-            if (routed)
-                append_site(table, unit, &plan, d, 2 * (unit - 1), layers);
             table_append(table, unit, PARAM_NORM, d, 0, "%s.input_layernorm.weight", layer);
             table_append(table, unit, PARAM_MATRIX, q_dim, d, "%s.self_attn.q_proj.weight", layer);
             table_append(table, unit, PARAM_MATRIX, kv_dim, d, "%s.self_attn.k_proj.weight", layer);
@@ -147,8 +154,6 @@ void param_table_build_with_residual(ParamTable *table, const ModelConfig *confi
                 table_append(table, unit, PARAM_NORM, hd, 0, "%s.self_attn.q_norm.weight", layer);
                 table_append(table, unit, PARAM_NORM, hd, 0, "%s.self_attn.k_norm.weight", layer);
             }
-            if (routed)
-                append_site(table, unit, &plan, d, 2 * (unit - 1) + 1, layers);
             table_append(table, unit, PARAM_NORM, d, 0, "%s.post_attention_layernorm.weight",
                          layer);
             table_append(table, unit, PARAM_MATRIX, ffn, d, "%s.mlp.gate_proj.weight", layer);
@@ -160,6 +165,12 @@ void param_table_build_with_residual(ParamTable *table, const ModelConfig *confi
             table_append(table, unit, PARAM_NORM, d, 0, "model.norm.weight");
             if (!config->tie_embeddings)
                 table_append(table, unit, PARAM_EMBEDDING, config->vocab_size, d, "lm_head.weight");
+        } else { /* the sites of the routing unit's layers, in site order */
+            const int first = (unit - table->unit_routing_first) * table->layers_per_routing_unit;
+            for (int i = first; i < first + table->layers_per_routing_unit && i < layers; i++) {
+                append_site(table, unit, &plan, d, 2 * i, layers);
+                append_site(table, unit, &plan, d, 2 * i + 1, layers);
+            }
         }
         range->count = table->total - range->offset;
         range->n_params = table->n_params - range->first_param;
@@ -183,6 +194,13 @@ void param_table_free(ParamTable *table)
 
 /* A linear scan: a table holds about 11 entries per layer and lookups happen at setup, not
  * per step. */
+int param_unit_of_layer_routing(const ParamTable *table, int layer)
+{
+    return table->unit_routing_first < 0
+               ? -1
+               : table->unit_routing_first + layer / table->layers_per_routing_unit;
+}
+
 const ParamEntry *param_table_find(const ParamTable *table, const char *name)
 {
     for (int p = 0; p < table->n_params; p++)

@@ -16,10 +16,14 @@
  *                 form) and model.route_streams.{n}.conv for n = 0..n_blocks (msar); empty
  *                 otherwise. A unit of their own, so that a chunk that routes gathers a few
  *                 [d] rows, not the embedding (docs/design-notes.md)
+ *   unit L + 3 + g (routed modes) the routing weights of the sites of the g-th block of
+ *                 layers (layers_per_block layers; one layer in full granularity): the
+ *                 attn_route.* and mlp_route.* of each layer, in site order. A block's sites
+ *                 are routed together (two-phase routing reads every site's query when the
+ *                 block starts), so their weights are gathered together
  * A site's routing weights (DESIGN 2.3; mode standard has none) come in the order query,
  * key_norm ([d]; msar [m, d]), alpha [1] (delta form), mix_bias [m] and mix_proj [m, d]
- * (msar with m > 1), just before the norm of the sublayer they stand before
- * (docs/design-notes.md). All of them are PARAM_ROUTING.
+ * (msar with m > 1). All of them are PARAM_ROUTING.
  *
  * Every tensor, and so every unit, starts on a multiple of PARAM_ALIGNMENT elements; the
  * few elements of padding in front of it belong to no tensor and stay zero (their gradient
@@ -68,8 +72,10 @@ typedef struct {
     ParamEntry *params;
     int n_params;
     ParamUnit *units;
-    int n_units;              /* n_layers + 3 */
+    int n_units;              /* n_layers + 3 + the routing units */
     int unit_head, unit_shared; /* n_layers + 1, n_layers + 2 */
+    int unit_routing_first;   /* n_layers + 3 in a routed mode, else -1 */
+    int layers_per_routing_unit;
     size_t total;             /* elements in the flat buffer, padding included */
     size_t layer_matrix_count; /* q,k,v,o,gate,up,down elements over all layers (MFU, DESIGN 6) */
 } ParamTable;
@@ -81,6 +87,9 @@ void param_table_build(ParamTable *table, const ModelConfig *config);
 void param_table_build_with_residual(ParamTable *table, const ModelConfig *config,
                                      const ResidualConfig *residual);
 void param_table_free(ParamTable *table);
+
+/* The unit of the routing weights of layer `layer`'s two sites; -1 for mode standard. */
+int param_unit_of_layer_routing(const ParamTable *table, int layer);
 
 /* The entry called `name`, or NULL when the model has no such tensor. */
 const ParamEntry *param_table_find(const ParamTable *table, const char *name);

@@ -97,7 +97,7 @@ static void stream_route_forward(const RouteContext *context, const SitePlan *si
 }
 
 void route_site_forward(const RouteContext *context, const SitePlan *site,
-                        const SiteWeights *weights, float alpha, SiteActivations *saved,
+                        const SiteWeights *weights, SiteActivations *saved,
                         const Activation *const *sources, const Activation *base,
                         Activation *out)
 {
@@ -108,7 +108,8 @@ void route_site_forward(const RouteContext *context, const SitePlan *site,
 
     if (plan->mode != RESIDUAL_MSAR) {
         backend->route_forward(out, saved->weights, saved->rstd, sources, N, weights->query,
-                               weights->key_norm, base, alpha, rows, d, H, context->eps);
+                               weights->key_norm, base, weights->alpha, rows, d, H,
+                               context->eps);
         return;
     }
     RouteScratch *scratch = context->scratch;
@@ -127,8 +128,8 @@ void route_site_forward(const RouteContext *context, const SitePlan *site,
         /* x = p + alpha * mix through a Route over the one source `mix` (see the header) */
         const Activation *one_source[1] = {mix};
         backend->route_forward(out, saved->gate_weights, saved->gate_rstd, one_source, 1,
-                               scratch->gate_query, scratch->gate_query, base, alpha, rows, d,
-                               H, context->eps);
+                               scratch->gate_query, scratch->gate_query, base, weights->alpha,
+                               rows, d, H, context->eps);
     }
 }
 
@@ -147,7 +148,7 @@ static void recompute_streams(const RouteContext *context, const SitePlan *site,
  * Needs scratch->streams recomputed; returns d mix. */
 static const Activation *gate_backward(const RouteContext *context,
                                        const SiteWeights *weights, SiteGrads *grads,
-                                       float alpha, const SiteActivations *saved,
+                                       const SiteActivations *saved,
                                        const Activation *dout)
 {
     const Backend *backend = context->backend;
@@ -166,8 +167,9 @@ static const Activation *gate_backward(const RouteContext *context,
     Activation *one_grad[1] = {scratch->grad_mixed};
     backend->route_backward(one_grad, scratch->gate_grad_query, scratch->gate_grad_key_norm,
                             grads->alpha, dout, one_source, 1, saved->gate_weights,
-                            saved->gate_rstd, scratch->gate_query, scratch->gate_query, true,
-                            alpha, scratch->route_backward, rows, d, context->plan->heads);
+                            saved->gate_rstd, scratch->gate_query, scratch->gate_query,
+                            weights->alpha, scratch->route_backward, rows, d,
+                            context->plan->heads);
     return scratch->grad_mixed;
 }
 
@@ -191,7 +193,7 @@ static void stream_backward(const RouteContext *context, const SitePlan *site,
 }
 
 void route_site_backward(const RouteContext *context, const SitePlan *site,
-                         const SiteWeights *weights, SiteGrads *grads, float alpha,
+                         const SiteWeights *weights, SiteGrads *grads,
                          const SiteActivations *saved, const Activation *const *sources,
                          Activation *const *grad_sources, const Activation *dout)
 {
@@ -204,7 +206,8 @@ void route_site_backward(const RouteContext *context, const SitePlan *site,
         backend->route_backward(grad_sources, grads->query, grads->key_norm,
                                 delta ? grads->alpha : NULL, dout, sources, site->n_sources,
                                 saved->weights, saved->rstd, weights->query, weights->key_norm,
-                                delta, alpha, context->scratch->route_backward, rows, d, H);
+                                delta ? weights->alpha : NULL, context->scratch->route_backward,
+                                rows, d, H);
         return;
     }
     RouteScratch *scratch = context->scratch;
@@ -212,7 +215,7 @@ void route_site_backward(const RouteContext *context, const SitePlan *site,
     if (m > 1 || delta) /* the mix backward and the gate need the routed streams */
         recompute_streams(context, site, weights, sources);
     const Activation *grad_mix =
-        delta ? gate_backward(context, weights, grads, alpha, saved, dout) : dout;
+        delta ? gate_backward(context, weights, grads, saved, dout) : dout;
     if (m > 1) {
         for (int r = 0; r < m; r++)
             backend->zero(scratch->grad_streams[r], (size_t)rows * d * backend->activation_bytes);

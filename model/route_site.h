@@ -35,11 +35,14 @@
 
 /* Pointers to one site's tensors: what the ops read (the compute copy, except alpha and
  * mix_bias, which are added or read as scalars and stay the fp32 master), and where their
- * gradients go (fp32, same layout). NULL where the site has no such tensor. */
+ * gradients go (fp32, same layout). NULL where the site has no such tensor. Every pointer
+ * is backend memory: the ops read alpha where they run (no host copy). The walk reads a
+ * site's alpha only through SiteWeights.alpha, so its fp32 value may come from another
+ * buffer (a gathered one) by pointing it there. */
 typedef struct {
     Activation *query;     /* [d]; msar [m, d] */
     Activation *key_norm;  /* [d]; msar [m, d] */
-    const float *alpha;    /* [1], delta form only (fp32 master) */
+    const float *alpha;    /* [1], delta form only (fp32, backend memory) */
     const float *mix_bias; /* [m], msar with m > 1 only (fp32 master) */
     Activation *mix_proj;  /* [m, d], msar with m > 1 only */
 } SiteWeights;
@@ -65,17 +68,16 @@ void site_views_add(UnitViews *views, SiteWeights *weights, SiteGrads *grads,
                     const ParamTable *table, const ResidualPlan *plan, int site);
 
 /* out [rows, d] = x of the site; sources [N] as listed by `site`; base = the stream p in
- * the delta form, NULL in the replace form; alpha = the value of weights->alpha (a host
- * copy, as the Route op takes it). out must not alias a source. */
+ * the delta form, NULL in the replace form. out must not alias a source. */
 void route_site_forward(const RouteContext *context, const SitePlan *site,
-                        const SiteWeights *weights, float alpha, SiteActivations *saved,
+                        const SiteWeights *weights, SiteActivations *saved,
                         const Activation *const *sources, const Activation *base,
                         Activation *out);
 
 /* From dout = d x [rows, d]: grad_sources[k] += d s_k, grads += the site's weight
  * gradients, context->grad_conv += the stream convolutions' (msar). */
 void route_site_backward(const RouteContext *context, const SitePlan *site,
-                         const SiteWeights *weights, SiteGrads *grads, float alpha,
+                         const SiteWeights *weights, SiteGrads *grads,
                          const SiteActivations *saved, const Activation *const *sources,
                          Activation *const *grad_sources, const Activation *dout);
 

@@ -155,17 +155,20 @@ typedef struct Backend {
      *   mix[t][h]  = sum_n a[n,t,h] * s_n[t][h]
      *   out[t]     = mix[t]                      when base == NULL (replace form)
      *   out[t]     = base[t] + alpha * mix[t]    otherwise (delta form; out may alias base)
-     * sources: N pointers to [tokens, d]; query, key_norm [d]; d % heads == 0.
+     * sources: N pointers to [tokens, d]; query, key_norm [d]; d % heads == 0. alpha is fp32
+     * backend memory [1] (the master weight, read where the op runs: no host copy, no
+     * synchronisation); NULL in the replace form.
      * Saved for the backward: weights [N, tokens, heads] (a) and rstd [N, tokens] (r); the
      * normalised keys are not kept. Statistics, softmax and sums in fp32 (or wider). ---- */
     void (*route_forward)(Activation *out, float *weights, float *rstd,
                           const Activation *const *sources, int n_sources,
                           const Activation *query, const Activation *key_norm,
-                          const Activation *base, float alpha, int tokens, int d, int heads,
-                          float eps);
+                          const Activation *base, const float *alpha, int tokens, int d,
+                          int heads, float eps);
     /* Gradients of out w.r.t. sources, query, key_norm and alpha, from dout [tokens, d]:
      * dsources[n] += ..., dquery += ..., dkey_norm += ..., *dalpha += ... (delta form only:
-     * base != NULL marks it; the gradient of base is dout and is the caller's to add).
+     * alpha != NULL marks it, fp32 backend memory [1] as in the forward, and dalpha is fp32
+     * backend memory [1]; the gradient of base is dout and is the caller's to add).
      * dsources[n] may be NULL (no gradient wanted for that source). `scratch` holds
      * [N, tokens, heads] floats (a backend with its own workspace may ignore it).
      * Deterministic (fixed-order reductions, no atomics). */
@@ -173,8 +176,85 @@ typedef struct Backend {
                            float *dalpha, const Activation *dout,
                            const Activation *const *sources, int n_sources,
                            const float *weights, const float *rstd, const Activation *query,
-                           const Activation *key_norm, bool delta, float alpha,
-                           float *scratch, int tokens, int d, int heads);
+                           const Activation *key_norm, const float *alpha, float *scratch,
+                           int tokens, int d, int heads);
+
+    /* ---- two-phase Route over a block (DESIGN 2.1; docs/design-notes.md, "Two-phase
+     * routing"): the sites of one block read the same N completed sources, and these ops
+     * read each source once for all of them instead of once a site. The sources are known
+     * when the block starts, so phase one runs then, for every site of the block; each site
+     * finishes its own Route when its turn comes (phase two: add_scaled in the delta form,
+     * route_merge_forward with the open block's partial in the replace form). The backward
+     * mirrors it: a merged site's share through its partial at once (route_merge_backward),
+     * the rest of the block's sites together when the walk leaves the block
+     * (route_block_backward). ----
+     * route_block_forward, for each site i < G over s_0..s_{N-1}:
+     *   results[i] [tokens, d] = Route(s; queries[i], key_norms[i], heads)  (no base)
+     *   weights[i] [N, tokens, heads], rstd[i] [N, tokens]: as route_forward saves them
+     *                            (every site gets the same rstd)
+     *   lse[i] [tokens, heads] = log sum_n exp(z[n,t,h]), what a merge needs (lse NULL:
+     *                            not written)
+     * queries, key_norms: G pointers to [d]. */
+    void (*route_block_forward)(Activation *const *results, float *const *weights,
+                                float *const *rstd, float *const *lse,
+                                const Activation *const *sources, int n_sources,
+                                const Activation *const *queries,
+                                const Activation *const *key_norms, int n_sites, int tokens,
+                                int d, int heads, float eps);
+    /* out[i] = base[i] + alpha * x[i], alpha fp32 backend memory [1]: the delta form's
+     * x_j = p + alpha_j * (a phase-one result). out may alias base. */
+    void (*add_scaled)(Activation *out, const Activation *base, const Activation *x,
+                       const float *alpha, size_t n);
+    /* route_merge_forward: the Route of a replace-form site over sources[0..N] (N =
+     * n_sources - 1 completed ones, then the open block's partial p = sources[N]) from
+     * route_block_forward's result and lse over the first N:
+     *   r_p = rsqrt(mean_d(p^2) + eps),  z_p[h] = r_p < query[h] * key_norm[h], p[h] >
+     *   l[h] = log(e^lse[h] + e^z_p[h]),  w_c = e^(lse - l),  w_p = e^(z_p - l)
+     *   out[h] = w_c[h] * result[h] + w_p[h] * p[h]
+     * weights [N + 1, tokens, heads]: rows 0..N-1 (route_block_forward's) *= w_c in place, row
+     * N = w_p; rstd [N + 1, tokens]: row N = r_p. This is route_forward over the N + 1
+     * sources up to rounding; a backend may compute it so (the cpu does, from `sources`). */
+    void (*route_merge_forward)(Activation *out, float *weights, float *rstd,
+                                const Activation *result, const float *lse,
+                                const Activation *const *sources, int n_sources,
+                                const Activation *query, const Activation *key_norm,
+                                int tokens, int d, int heads, float eps);
+    /* route_merge_backward: what of a replace-form site's route_backward cannot wait for
+     * its block, from dout [tokens, d] and the site's output `out`:
+     *   mean[t,h] = sum_n a[n,t,h] < dout[t][h], s_n[t][h] >  over all n_sources
+     *             = < dout[t][h], out[t][h] >   (the softmax backward's centre, fp32
+     *               [tokens, heads], for route_block_backward)
+     * and, when has_partial (sources[n_sources - 1] is the open block's partial), that
+     * source's share of route_backward: dpartial +=, dquery +=, dkey_norm +=. weights and
+     * rstd are the site's [n_sources, tokens(, heads)]. `scratch` holds [tokens, heads]
+     * floats (a backend with its own workspace may ignore it). */
+    void (*route_merge_backward)(Activation *dpartial, float *dquery, float *dkey_norm,
+                                 float *mean, const Activation *dout, const Activation *out,
+                                 const Activation *const *sources, int n_sources,
+                                 bool has_partial, const float *weights, const float *rstd,
+                                 const Activation *query, const Activation *key_norm,
+                                 float *scratch, int tokens, int d, int heads);
+    /* route_block_backward: route_backward of the G sites of a block through their N common
+     * sources, each source read once for all of them:
+     *   dsources[n] += sum_i ..., dqueries[i] +=, dkey_norms[i] +=, *dalphas[i] +=
+     * douts[i] [tokens, d]: d x of site i. alphas: NULL (replace form: the mix gradient is
+     * d x, dalphas is not read) or G fp32 [1] backend pointers (delta: alpha_i d x).
+     * means: NULL (each softmax's centre from these N sources, all the site read) or G
+     * [tokens, heads] arrays from route_merge_backward (the site read a partial as well).
+     * weights[i]: site i's [N_i >= N, tokens, heads] (its first N rows are these sources');
+     * rstd: the sources' [N, tokens] (any site's: they are the same). dsources[n] may be
+     * NULL (no gradient wanted) and must not alias one another. `scratch` holds
+     * [N, tokens, heads] floats (a backend with its own workspace may ignore it).
+     * Deterministic (fixed-order sums, no atomics). */
+    void (*route_block_backward)(Activation *const *dsources, float *const *dqueries,
+                                 float *const *dkey_norms, float *const *dalphas,
+                                 const Activation *const *douts,
+                                 const Activation *const *sources, int n_sources,
+                                 const float *const *weights, const float *rstd,
+                                 const Activation *const *queries,
+                                 const Activation *const *key_norms,
+                                 const float *const *alphas, const float *const *means,
+                                 int n_sites, float *scratch, int tokens, int d, int heads);
 
     /* ---- MSAR stream convolution (DESIGN 2.2): causal depthwise over the sequence,
      *   out[b,t,c] = sum_{tau < kernel_size, tau <= t} taps[tau, c] * x[b, t - tau, c]

@@ -149,16 +149,19 @@ static void host_prepare(OpCase *c, uint64_t seed)
         } else if (array->role == ROLE_INPUT || array->role == ROLE_UPDATED) {
             fill_random(array->host, array->n, array->scale, array->offset, array_seed);
         }
-        if (array->role == ROLE_UPDATED) {
-            array->start = gpu_test_host_floats(array->n);
-            memcpy(array->start, array->host, array->n * sizeof(float));
-        }
         accumulates |= array->role == ROLE_ACCUMULATED;
     }
     round_activation_inputs(c);
     if (c->prepare) {
         c->prepare(c);
         round_activation_inputs(c);
+    }
+    for (int i = 0; i < c->count; i++) {
+        OpArray *array = &c->arrays[i];
+        if (array->role == ROLE_UPDATED) {
+            array->start = gpu_test_host_floats(array->n);
+            memcpy(array->start, array->host, array->n * sizeof(float));
+        }
     }
     if (!accumulates)
         return;

@@ -9,7 +9,8 @@
  * - accumulated: a "+=" output (every backward). It starts from random values whose RMS
  *   equals that of the op's own contribution (measured by a cpu run from zero), so a missing
  *   contribution and an overwritten start both miss the reference by about 70%;
- * - updated: read and written in place (optimizer state), from random values;
+ * - updated: read and written in place (optimizer state), from random values (or from what
+ *   `prepare` writes there: the start is taken after it);
  * - cpu scratch: zeroed host memory for the cpu backend; the cuda backend gets NULL (it has
  *   its own workspace and must not touch the argument).
  * op_check runs the op through backend_cpu() on host arrays (Activation = float there) and
@@ -57,7 +58,7 @@ typedef struct OpArray {
     float *start;        /* accumulated and updated arrays: their starting values */
 } OpArray;
 
-enum { OP_MAX_ARRAYS = 12, OP_MAX_SHAPE = 6 };
+enum { OP_MAX_ARRAYS = 16, OP_MAX_SHAPE = 6 };
 
 typedef struct OpCase OpCase;
 

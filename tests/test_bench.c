@@ -7,7 +7,7 @@
 
 #include "tests/support.h"
 
-Test(bench, small_cpu_run_reports_every_case_in_the_table_and_the_json, .timeout = 60)
+Test(bench, small_cpu_run_reports_every_case_in_the_table_and_the_json, .timeout = 120)
 {
     char directory[256], json[320], arguments[512], output[16384];
     test_make_temp_dir(directory, "bench");
@@ -18,9 +18,10 @@ Test(bench, small_cpu_run_reports_every_case_in_the_table_and_the_json, .timeout
 
     static const char *const expected[][2] = {
         {"layers", "forward+backward"}, {"attention", "forward"},
-        {"attention", "forward+backward"}, {"route", "fused delta"},
-        {"msar", "conv in the read"}, {"step", "standard"}, {"step", "mhar"},
-        {"step", "msar"},
+        {"attention", "forward+backward"}, {"route", "two-phase delta"},
+        {"route", "block ops only"}, {"msar", "conv in the read"}, {"step", "standard"}, {"step", "mhar"},
+        {"step", "msar"}, {"step", "mhar-delta"}, {"step", "msar-delta"},
+        {"step8b", "standard"}, {"step8b", "mhar-delta"}, {"step8b", "msar-delta"},
     };
     const int n_expected = sizeof expected / sizeof expected[0];
     FILE *file = fopen(json, "r");
@@ -42,6 +43,20 @@ Test(bench, small_cpu_run_reports_every_case_in_the_table_and_the_json, .timeout
     cr_assert_eq(rows, n_expected);
     cr_assert_not_null(strstr(output, "peak GiB"), "no table at the end:\n%s", output);
     test_remove_tree(directory);
+}
+
+Test(bench, the_routing_comparison_cases_run_two_phase_and_a_site_at_a_time, .timeout = 60)
+{
+    char output[16384];
+    int code = test_run_fathom("bench --small --device cpu --repeat 1 --cases "
+                               "route-1b,route-sites,route-1b-sites", output, sizeof output);
+    cr_assert_eq(code, 0, "%s", output);
+    static const char *const rows[] = {
+        "route-1b   two-phase forward", "route-1b   two-phase replace",
+        "route      per site delta", "route-1b   per site forward",
+        "route-1b   per site replace"};
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
+        cr_expect_not_null(strstr(output, rows[i]), "no '%s' row:\n%s", rows[i], output);
 }
 
 Test(bench, an_unknown_case_is_a_usage_error)

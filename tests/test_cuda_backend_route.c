@@ -4,7 +4,8 @@
  *
  * As in test_cuda_backend_ops.c the point is the wiring: the pointer arrays of sources and
  * streams, the replace and delta forms, the fp32 mix bias, the "+=" of every backward, and
- * the route backward's `scratch`, which the cuda table must ignore (it is given NULL).
+ * the route backward's `scratch`, which the cuda table must ignore (it is given NULL), and the
+ * gate alpha, which both tables read from backend memory.
  * Rules and tolerances: cuda_backend_support.h. Each test SKIPs where no GPU answers.
  */
 #include "tests/cuda_backend_support.h"
@@ -49,7 +50,7 @@ static void split_rows_const(const Backend *b, const void *base, int count, size
 static const int route_shapes[][4] = {{3, 9, 48, 4}, {2, 5, 24, 1}, {5, 17, 256, 8}};
 
 enum { FORWARD_OUT, FORWARD_WEIGHTS, FORWARD_RSTD, FORWARD_SOURCES, FORWARD_QUERY,
-       FORWARD_KEY_NORM, FORWARD_BASE };
+       FORWARD_KEY_NORM, FORWARD_BASE, FORWARD_ALPHA };
 
 static void run_route_forward(const Backend *b, void *const *p, const OpCase *c)
 {
@@ -58,13 +59,13 @@ static void run_route_forward(const Backend *b, void *const *p, const OpCase *c)
     split_rows_const(b, p[FORWARD_SOURCES], N, (size_t)tokens * d, sources);
     const Activation *base = c->shape[4] ? p[FORWARD_BASE] : NULL;
     b->route_forward(p[FORWARD_OUT], p[FORWARD_WEIGHTS], p[FORWARD_RSTD], sources, N,
-                     p[FORWARD_QUERY], p[FORWARD_KEY_NORM], base, ALPHA, tokens, d, c->shape[3],
-                     EPS);
+                     p[FORWARD_QUERY], p[FORWARD_KEY_NORM], base,
+                     c->shape[4] ? p[FORWARD_ALPHA] : NULL, tokens, d, c->shape[3], EPS);
 }
 
 enum { BACKWARD_DSOURCES, BACKWARD_DQUERY, BACKWARD_DKEY_NORM, BACKWARD_DALPHA, BACKWARD_DOUT,
        BACKWARD_SOURCES, BACKWARD_WEIGHTS, BACKWARD_RSTD, BACKWARD_QUERY, BACKWARD_KEY_NORM,
-       BACKWARD_SCRATCH };
+       BACKWARD_SCRATCH, BACKWARD_ALPHA };
 
 static void run_route_backward(const Backend *b, void *const *p, const OpCase *c)
 {
@@ -75,8 +76,9 @@ static void run_route_backward(const Backend *b, void *const *p, const OpCase *c
     split_rows_const(b, p[BACKWARD_SOURCES], N, (size_t)tokens * d, sources);
     b->route_backward(dsources, p[BACKWARD_DQUERY], p[BACKWARD_DKEY_NORM], p[BACKWARD_DALPHA],
                       p[BACKWARD_DOUT], sources, N, p[BACKWARD_WEIGHTS], p[BACKWARD_RSTD],
-                      p[BACKWARD_QUERY], p[BACKWARD_KEY_NORM], c->shape[4] != 0, ALPHA,
-                      p[BACKWARD_SCRATCH], tokens, d, c->shape[3]);
+                      p[BACKWARD_QUERY], p[BACKWARD_KEY_NORM],
+                      c->shape[4] ? p[BACKWARD_ALPHA] : NULL, p[BACKWARD_SCRATCH], tokens, d,
+                      c->shape[3]);
 }
 
 /* weights and rstd of the cpu forward (they do not depend on base or alpha) */
@@ -91,7 +93,7 @@ static void prepare_route_backward(OpCase *c)
     backend_cpu()->route_forward((Activation *)out, op_host(c, BACKWARD_WEIGHTS),
                                  op_host(c, BACKWARD_RSTD), sources, N,
                                  (Activation *)op_host(c, BACKWARD_QUERY),
-                                 (Activation *)op_host(c, BACKWARD_KEY_NORM), NULL, 0.0f, tokens,
+                                 (Activation *)op_host(c, BACKWARD_KEY_NORM), NULL, NULL, tokens,
                                  d, c->shape[3], EPS);
     free(out);
 }
@@ -130,8 +132,9 @@ static void check_route(bool backward, bool delta, int i)
     op_input(&c, "key_norm", ARRAY_ACTIVATION, (size_t)d, 0.5f, 1);
     if (backward)
         op_cpu_scratch(&c, "scratch", n_weights);
-    else if (delta)
-        op_input(&c, "base", ARRAY_ACTIVATION, size, 0.3f, 0);
+    else
+        op_input(&c, "base", ARRAY_ACTIVATION, size, 0.3f, 0); /* read in the delta form only */
+    op_input(&c, "alpha", ARRAY_FLOAT, 1, 0.0f, ALPHA); /* the gate, in backend memory */
     op_check(&c, (backward ? 300 : 200) + (delta ? 50 : 0) + (uint64_t)i);
 }
 

@@ -145,7 +145,8 @@ static void check_forward(RouteShape shape, bool delta, bool misaligned, uint64_
     bf16 *out = gpu_poisoned_bf16(in.size);
     float *weights = gpu_poisoned_floats(n_weights), *rstd = gpu_poisoned_floats(n_rstd);
     cuda_route_forward(out, weights, rstd, in.device_sources, N, in.device_query,
-                       in.device_key_norm, in.device_base, alpha, shape.tokens, shape.d,
+                       in.device_key_norm, in.device_base,
+                       delta ? gpu_upload_floats(&alpha, 1) : NULL, shape.tokens, shape.d,
                        shape.heads, ROUTE_EPS, 0);
     float *out_got = gpu_download_bf16(out, in.size);
     float *weights_got = gpu_download_floats(weights, n_weights);
@@ -185,9 +186,10 @@ Test(cuda_route, delta_form_with_zero_gate_returns_the_base_bit_for_bit)
     RouteInputs in = route_inputs(shape, true, false, 77);
     bf16 *out = gpu_poisoned_bf16(in.size);
     float *weights = gpu_poisoned_floats((size_t)5 * 33 * 8), *rstd = gpu_poisoned_floats(5 * 33);
+    const float zero = 0.0f;
     cuda_route_forward(out, weights, rstd, in.device_sources, 5, in.device_query,
-                       in.device_key_norm, in.device_base, 0.0f, shape.tokens, shape.d,
-                       shape.heads, ROUTE_EPS, 0);
+                       in.device_key_norm, in.device_base, gpu_upload_floats(&zero, 1),
+                       shape.tokens, shape.d, shape.heads, ROUTE_EPS, 0);
     float *got = gpu_download_bf16(out, in.size);
     cr_assert_eq(memcmp(got, in.base, in.size * sizeof(float)), 0, "out differs from base");
     free(got);
@@ -205,9 +207,10 @@ static void check_output_over_base(RouteShape shape, uint64_t seed)
     cpu_route_forward(out_ref, weights_ref, rstd_ref, in.source_rows, N, in.query, in.key_norm,
                       in.base, 0.8f, shape.tokens, shape.d, shape.heads, ROUTE_EPS);
     float *weights = gpu_poisoned_floats(n_weights), *rstd = gpu_poisoned_floats(n_rstd);
+    const float alpha = 0.8f;
     cuda_route_forward(in.device_base, weights, rstd, in.device_sources, N, in.device_query,
-                       in.device_key_norm, in.device_base, 0.8f, shape.tokens, shape.d,
-                       shape.heads, ROUTE_EPS, 0);
+                       in.device_key_norm, in.device_base, gpu_upload_floats(&alpha, 1),
+                       shape.tokens, shape.d, shape.heads, ROUTE_EPS, 0);
     float *got = gpu_download_bf16(in.device_base, in.size);
     expect_close(got, out_ref, in.size, BF16_TOLERANCE, "out written over base", shape);
     free(got);
@@ -239,7 +242,7 @@ Test(cuda_route, zero_query_over_equal_sources_gives_weights_one_over_n_and_the_
     bf16 *out = gpu_poisoned_bf16((size_t)TOKENS * D);
     float *weights = gpu_poisoned_floats(N * TOKENS * H), *rstd = gpu_poisoned_floats(N * TOKENS);
     cuda_route_forward(out, weights, rstd, sources, N, gpu_upload_bf16(zeros, D),
-                       gpu_upload_bf16(ones, D), NULL, 0.0f, TOKENS, D, H, ROUTE_EPS, 0);
+                       gpu_upload_bf16(ones, D), NULL, NULL, TOKENS, D, H, ROUTE_EPS, 0);
     float *out_got = gpu_download_bf16(out, (size_t)TOKENS * D);
     float *weights_got = gpu_download_floats(weights, N * TOKENS * H);
     for (int i = 0; i < N * TOKENS * H; i++)
@@ -290,10 +293,11 @@ static RouteGrads gpu_route_backward(const RouteInputs *in, const float *dout,
     bf16 *device_dout = gpu_upload_bf16(dout, in->size);
     float *device_weights = gpu_upload_floats(weights, (size_t)N * shape.tokens * shape.heads);
     float *device_rstd = gpu_upload_floats(rstd, (size_t)N * shape.tokens);
+    const float *device_alpha = delta ? gpu_upload_floats(&alpha, 1) : NULL;
     for (int call = 0; call < calls; call++)
         cuda_route_backward(dsources, dquery, dkey_norm, dalpha, device_dout,
                             in->device_sources, N, device_weights, device_rstd,
-                            in->device_query, in->device_key_norm, delta, alpha, workspace,
+                            in->device_query, in->device_key_norm, device_alpha, workspace,
                             shape.tokens, shape.d, shape.heads, 0);
 
     RouteGrads grads;

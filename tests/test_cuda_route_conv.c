@@ -303,7 +303,7 @@ Test(cuda_route_conv, identity_taps_give_the_same_bits_at_every_kernel_size)
             float *weights = gpu_poisoned_floats(in.n_weights);
             float *rstd = gpu_poisoned_floats(in.n_rstd);
             cuda_route_forward(out, weights, rstd, in.device_sources, s.n_sources,
-                               in.device_query, in.device_key_norm, NULL, 0.0f, in.tokens, s.d,
+                               in.device_query, in.device_key_norm, NULL, NULL, in.tokens, s.d,
                                s.heads, CONV_EPS, 0);
             float *plain_out = gpu_download_bf16(out, in.size);
             float *plain_weights = gpu_download_floats(weights, in.n_weights);

@@ -51,6 +51,21 @@ Test(fsdp, every_dp_layout_of_msar_delta_equals_one_rank, .timeout = 300)
                                 DP_LAYOUTS, "fsdp-msar-delta");
 }
 
+Test(fsdp, blocks_of_two_layers_route_together_on_every_dp_layout, .timeout = 300)
+{
+    /* a block's sites live in one routing unit, read whole when the block starts: the
+     * decoder layers are gathered one at a time around it */
+    static const Layout layouts[] = {
+        {2, "--set parallel.dp=2 --set fsdp.reshard_after_forward=true"},
+        {4, "--set parallel.dp=4 --set train.activation_checkpointing=full"},
+        {4, "--set parallel.pp=2 --set parallel.dp=2 --set fsdp.reshard_after_forward=true"},
+    };
+    expect_layouts_equal_single("demo_mhar_delta", "--set residual.layers_per_block=2", layouts,
+                                3, "fsdp-block2");
+    expect_layouts_equal_single("demo_block_mhar", "--set residual.layers_per_block=2", layouts,
+                                3, "fsdp-block2-replace");
+}
+
 Test(fsdp, every_dp_layout_of_tied_embeddings_equals_one_rank, .timeout = 300)
 {
     /* under pp the embedding is held by stage 0 and the last stage, sharded on both */

@@ -32,28 +32,29 @@ static void expect_names(const ParamTable *table, const char *const *expected, i
         cr_assert_str_eq(table->params[p].name, expected[p], "entry %d", p);
 }
 
-Test(model_route, attnres_sites_stand_before_each_sublayer_norm_and_the_final_norm)
+Test(model_route, attnres_sites_form_a_routing_unit_per_block_and_the_final_site_the_head)
 {
     static const char *expected[] = {
         "model.embed_tokens.weight",
-        "model.layers.0.attn_route.query", "model.layers.0.attn_route.key_norm",
         "model.layers.0.input_layernorm.weight",
         "model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight",
         "model.layers.0.self_attn.v_proj.weight", "model.layers.0.self_attn.o_proj.weight",
-        "model.layers.0.mlp_route.query", "model.layers.0.mlp_route.key_norm",
         "model.layers.0.post_attention_layernorm.weight",
         "model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight",
         "model.layers.0.mlp.down_proj.weight",
-        "model.layers.1.attn_route.query", "model.layers.1.attn_route.key_norm",
         "model.layers.1.input_layernorm.weight",
         "model.layers.1.self_attn.q_proj.weight", "model.layers.1.self_attn.k_proj.weight",
         "model.layers.1.self_attn.v_proj.weight", "model.layers.1.self_attn.o_proj.weight",
-        "model.layers.1.mlp_route.query", "model.layers.1.mlp_route.key_norm",
         "model.layers.1.post_attention_layernorm.weight",
         "model.layers.1.mlp.gate_proj.weight", "model.layers.1.mlp.up_proj.weight",
         "model.layers.1.mlp.down_proj.weight",
         "model.final_route.query", "model.final_route.key_norm",
         "model.norm.weight", "lm_head.weight",
+        /* the shared unit is empty in the replace form; then a routing unit per block */
+        "model.layers.0.attn_route.query", "model.layers.0.attn_route.key_norm",
+        "model.layers.0.mlp_route.query", "model.layers.0.mlp_route.key_norm",
+        "model.layers.1.attn_route.query", "model.layers.1.attn_route.key_norm",
+        "model.layers.1.mlp_route.query", "model.layers.1.mlp_route.key_norm",
     };
     ModelConfig config = route_test_model_config();
     ResidualConfig residual = route_test_attnres(4, 1, FORM_REPLACE);
@@ -63,8 +64,24 @@ Test(model_route, attnres_sites_stand_before_each_sublayer_norm_and_the_final_no
     const ParamEntry *query = param_table_find(&table, "model.layers.1.mlp_route.query");
     cr_assert_eq(query->ndim, 1); /* [d] whatever the number of depth heads */
     cr_assert_eq(query->shape[0], 16);
-    cr_assert_eq(query->unit, 2);
-    cr_assert_eq(param_table_find(&table, "model.final_route.key_norm")->unit, 3);
+    cr_assert_eq(table.n_units, 2 + 3 + 2);
+    cr_assert_eq(query->unit, table.unit_routing_first + 1);
+    cr_assert_eq(query->unit, param_unit_of_layer_routing(&table, 1));
+    cr_assert_eq(param_table_find(&table, "model.final_route.key_norm")->unit, table.unit_head);
+    param_table_free(&table);
+}
+
+Test(model_route, a_block_of_two_layers_has_one_routing_unit_for_its_four_sites)
+{
+    ModelConfig config = route_test_model_config();
+    ResidualConfig residual = route_test_attnres(4, 2, FORM_DELTA);
+    ParamTable table;
+    param_table_build_with_residual(&table, &config, &residual);
+    cr_assert_eq(table.layers_per_routing_unit, 2);
+    const int unit = param_unit_of_layer_routing(&table, 0);
+    cr_assert_eq(unit, param_unit_of_layer_routing(&table, 1));
+    cr_assert_eq(table.units[unit].n_params, 4 * 3); /* query, key_norm, alpha a site */
+    cr_assert_eq(param_table_find(&table, "model.layers.1.mlp_route.alpha")->unit, unit);
     param_table_free(&table);
 }
 
@@ -74,18 +91,19 @@ Test(model_route, delta_form_adds_an_alpha_per_site_and_route_null_to_the_shared
     ResidualConfig residual = route_test_attnres(2, 0, FORM_DELTA);
     ParamTable table;
     param_table_build_with_residual(&table, &config, &residual);
-    const ParamEntry *null = &table.params[table.n_params - 1];
-    cr_assert_str_eq(null->name, "model.route_null");
+    const ParamEntry *null = param_table_require(&table, "model.route_null");
     cr_assert_eq(null->unit, table.unit_shared);
     cr_assert_eq(table.units[table.unit_shared].n_params, 1);
     cr_assert_eq(null->shape[0], 16);
-    cr_assert_str_eq(table.params[1].name, "model.layers.0.attn_route.query");
-    cr_assert_str_eq(table.params[3].name, "model.layers.0.attn_route.alpha");
-    cr_assert_str_eq(table.params[4].name, "model.layers.0.input_layernorm.weight");
+    const ParamEntry *query = param_table_require(&table, "model.layers.0.attn_route.query");
+    cr_assert_str_eq(query[1].name, "model.layers.0.attn_route.key_norm");
+    cr_assert_str_eq(query[2].name, "model.layers.0.attn_route.alpha");
+    cr_assert_str_eq(query[3].name, "model.layers.0.mlp_route.query");
+    cr_assert_eq(query[2].unit, param_unit_of_layer_routing(&table, 0));
     const ParamEntry *alpha = param_table_find(&table, "model.final_route.alpha");
     cr_assert_eq(alpha->ndim, 1);
     cr_assert_eq(alpha->count, 1);
-    cr_assert_eq(alpha->unit, 3);
+    cr_assert_eq(alpha->unit, table.unit_head);
     cr_assert_null(param_table_find(&table, "model.final_route.mix_bias"));
     param_table_free(&table);
 }
@@ -120,9 +138,9 @@ Test(model_route, msar_sites_have_per_stream_queries_mix_weights_and_one_conv_pe
         snprintf(name, sizeof name, "model.layers.1.attn_route.%s", site[k]);
         cr_assert_str_eq(entry->name, name);
         cr_assert(entry->shape[0] == rows[k] && entry->shape[1] == cols[k], "%s", name);
-        cr_assert_eq(entry->unit, 2);
+        cr_assert_eq(entry->unit, param_unit_of_layer_routing(&table, 1));
     }
-    cr_assert_str_eq(first[4].name, "model.layers.1.input_layernorm.weight");
+    cr_assert_str_eq(first[4].name, "model.layers.1.mlp_route.query");
     cr_assert_null(param_table_find(&table, "model.route_null"));
     param_table_free(&table);
 }

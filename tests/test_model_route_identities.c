@@ -95,7 +95,7 @@ static float *per_sublayer_logits(Model *model, bool delta)
         Activation *x = act.stream[j];
         backend->route_forward(x, weights, rstd, (const Activation *const *)sources, n,
                                AS_ACTIVATIONS(query), AS_ACTIVATIONS(key_norm),
-                               delta ? AS_ACTIVATIONS(p) : NULL, alpha, rows, d, H,
+                               delta ? AS_ACTIVATIONS(p) : NULL, delta ? &alpha : NULL, rows, d, H,
                                (float)config->norm_eps);
         if (j == 2 * L)
             break;

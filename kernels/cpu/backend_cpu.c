@@ -228,11 +228,12 @@ static void table_cross_entropy_backward(Activation *dlogits, const float *dloss
 static void table_route_forward(Activation *out, float *weights, float *rstd,
                                 const Activation *const *sources, int n_sources,
                                 const Activation *query, const Activation *key_norm,
-                                const Activation *base, float alpha, int tokens, int d,
-                                int heads, float eps)
+                                const Activation *base, const float *alpha, int tokens,
+                                int d, int heads, float eps)
 {
     cpu_route_forward(F(out), weights, rstd, (const float *const *)sources, n_sources,
-                      CF(query), CF(key_norm), CF(base), alpha, tokens, d, heads, eps);
+                      CF(query), CF(key_norm), CF(base), base ? *alpha : 0.0f, tokens, d,
+                      heads, eps);
 }
 
 static void table_route_backward(Activation *const *dsources, float *dquery, float *dkey_norm,
@@ -240,12 +241,13 @@ static void table_route_backward(Activation *const *dsources, float *dquery, flo
                                  const Activation *const *sources, int n_sources,
                                  const float *weights, const float *rstd,
                                  const Activation *query, const Activation *key_norm,
-                                 bool delta, float alpha, float *scratch, int tokens, int d,
+                                 const float *alpha, float *scratch, int tokens, int d,
                                  int heads)
 {
     cpu_route_backward((float *const *)dsources, dquery, dkey_norm, dalpha, CF(dout),
                        (const float *const *)sources, n_sources, weights, rstd, CF(query),
-                       CF(key_norm), delta, alpha, scratch, tokens, d, heads);
+                       CF(key_norm), alpha != NULL, alpha ? *alpha : 0.0f, scratch, tokens, d,
+                       heads);
 }
 
 static void table_stream_conv_forward(Activation *out, const Activation *x,
@@ -321,6 +323,69 @@ static void table_adamw_update(float *params, const float *grads, float *exp_avg
         cpu_activations_from_floats(compute_copy, params, n);
 }
 
+/* the two-phase Route (route_block_cpu.c) */
+static void table_route_block_forward(Activation *const *results, float *const *weights,
+                                      float *const *rstd, float *const *lse,
+                                      const Activation *const *sources, int n_sources,
+                                      const Activation *const *queries,
+                                      const Activation *const *key_norms, int n_sites,
+                                      int tokens, int d, int heads, float eps)
+{
+    cpu_route_block_forward((float *const *)results, weights, rstd, lse,
+                            (const float *const *)sources, n_sources,
+                            (const float *const *)queries, (const float *const *)key_norms,
+                            n_sites, tokens, d, heads, eps);
+}
+
+static void table_add_scaled(Activation *out, const Activation *base, const Activation *x,
+                             const float *alpha, size_t n)
+{
+    cpu_add_scaled(F(out), CF(base), CF(x), *alpha, n);
+}
+
+static void table_route_merge_forward(Activation *out, float *weights, float *rstd,
+                                      const Activation *result, const float *lse,
+                                      const Activation *const *sources, int n_sources,
+                                      const Activation *query, const Activation *key_norm,
+                                      int tokens, int d, int heads, float eps)
+{
+    (void)result, (void)lse; /* the cpu recomputes the whole Route (route_block_cpu.c) */
+    cpu_route_merge_forward(F(out), weights, rstd, (const float *const *)sources, n_sources,
+                            CF(query), CF(key_norm), tokens, d, heads, eps);
+}
+
+static void table_route_merge_backward(Activation *dpartial, float *dquery, float *dkey_norm,
+                                       float *mean, const Activation *dout,
+                                       const Activation *out, const Activation *const *sources,
+                                       int n_sources, bool has_partial, const float *weights,
+                                       const float *rstd, const Activation *query,
+                                       const Activation *key_norm, float *scratch, int tokens,
+                                       int d, int heads)
+{
+    (void)out; /* the centre comes from the sources themselves */
+    cpu_route_merge_backward(F(dpartial), dquery, dkey_norm, mean, CF(dout),
+                             (const float *const *)sources, n_sources, has_partial, weights,
+                             rstd, CF(query), CF(key_norm), scratch, tokens, d, heads);
+}
+
+static void table_route_block_backward(Activation *const *dsources, float *const *dqueries,
+                                       float *const *dkey_norms, float *const *dalphas,
+                                       const Activation *const *douts,
+                                       const Activation *const *sources, int n_sources,
+                                       const float *const *weights, const float *rstd,
+                                       const Activation *const *queries,
+                                       const Activation *const *key_norms,
+                                       const float *const *alphas, const float *const *means,
+                                       int n_sites, float *scratch, int tokens, int d,
+                                       int heads)
+{
+    cpu_route_block_backward((float *const *)dsources, dqueries, dkey_norms, dalphas,
+                             (const float *const *)douts, (const float *const *)sources,
+                             n_sources, weights, rstd, (const float *const *)queries,
+                             (const float *const *)key_norms, alphas, means, n_sites, scratch,
+                             tokens, d, heads);
+}
+
 #undef F
 #undef CF
 
@@ -363,6 +428,11 @@ static const Backend cpu_backend = {
     .cross_entropy_backward = table_cross_entropy_backward,
     .route_forward = table_route_forward,
     .route_backward = table_route_backward,
+    .route_block_forward = table_route_block_forward,
+    .add_scaled = table_add_scaled,
+    .route_merge_forward = table_route_merge_forward,
+    .route_merge_backward = table_route_merge_backward,
+    .route_block_backward = table_route_block_backward,
     .stream_conv_forward = table_stream_conv_forward,
     .stream_conv_backward = table_stream_conv_backward,
     .route_conv_forward = table_route_conv_forward,

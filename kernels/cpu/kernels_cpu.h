@@ -85,6 +85,42 @@ void cpu_route_backward(float *const *dsources, float *dquery, float *dkey_norm,
                         const float *weights, const float *rstd, const float *query,
                         const float *key_norm, bool delta, float alpha, float *scratch,
                         int tokens, int d, int heads);
+/* cpu_route_backward with the softmax backward's centre given, centre[t, h] in place of
+ * sum_n a[n,t,h] da[n,t,h] over these sources (NULL: that sum): the gradients through some of
+ * the sources a site read (route_block_cpu.c) */
+void cpu_route_backward_centred(float *const *dsources, float *dquery, float *dkey_norm,
+                                float *dalpha, const float *dout, const float *const *sources,
+                                int n_sources, const float *weights, const float *rstd,
+                                const float *query, const float *key_norm, bool delta,
+                                float alpha, const float *centre, float *scratch, int tokens,
+                                int d, int heads);
+/* lse[t, h] = log sum_n exp(z[n,t,h]) of cpu_route_forward's scores, from its saved rstd */
+void cpu_route_lse(float *lse, const float *const *sources, int n_sources, const float *query,
+                   const float *key_norm, const float *rstd, int tokens, int d, int heads);
+
+/* route_block_cpu.c: the two-phase ops of runtime/backend.h as loops of the per-site math
+ * above (cpu_route_forward, cpu_route_backward_centred), so the two-phase walk gives the
+ * per-site walk's results (bit for bit in the forward) */
+void cpu_route_block_forward(float *const *results, float *const *weights, float *const *rstd,
+                             float *const *lse, const float *const *sources, int n_sources,
+                             const float *const *queries, const float *const *key_norms,
+                             int n_sites, int tokens, int d, int heads, float eps);
+void cpu_add_scaled(float *out, const float *base, const float *x, float alpha, size_t n);
+void cpu_route_merge_forward(float *out, float *weights, float *rstd,
+                             const float *const *sources, int n_sources, const float *query,
+                             const float *key_norm, int tokens, int d, int heads, float eps);
+void cpu_route_merge_backward(float *dpartial, float *dquery, float *dkey_norm, float *mean,
+                              const float *dout, const float *const *sources, int n_sources,
+                              bool has_partial, const float *weights, const float *rstd,
+                              const float *query, const float *key_norm, float *scratch,
+                              int tokens, int d, int heads);
+void cpu_route_block_backward(float *const *dsources, float *const *dqueries,
+                              float *const *dkey_norms, float *const *dalphas,
+                              const float *const *douts, const float *const *sources,
+                              int n_sources, const float *const *weights, const float *rstd,
+                              const float *const *queries, const float *const *key_norms,
+                              const float *const *alphas, const float *const *means, int n_sites,
+                              float *scratch, int tokens, int d, int heads);
 
 /* stream_cpu.c; the mix backward takes at most 4096 streams (more: fatal(EXIT_CONFIG, ...)) */
 void cpu_stream_conv_forward(float *out, const float *x, const float *taps, int kernel_size,

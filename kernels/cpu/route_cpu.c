@@ -107,8 +107,8 @@ void cpu_route_forward(float *out, float *weights, float *rstd, const float *con
 static double route_backward_token(float *const *dsources, const float *dout,
                                    const float *const *sources, int n_sources,
                                    const float *weights, const float *rstd, const float *query,
-                                   const float *key_norm, float dmix_scale, float *scratch,
-                                   int t, int tokens, int d, int heads)
+                                   const float *key_norm, float dmix_scale, const float *centre,
+                                   float *scratch, int t, int tokens, int d, int heads)
 {
     int head_dim = d / heads;
     const float *dout_row = dout + (size_t)t * d;
@@ -126,13 +126,16 @@ static double route_backward_token(float *const *dsources, const float *dout,
             scratch[index] = (float)(dmix_scale * dot);
         }
     }
-    /* dz = a (da - sum_m a_m da_m) */
+    /* dz = a (da - sum_m a_m da_m); the centre is given when the site read more sources
+     * than these (a merge, route_block_cpu.c) */
     for (int h = 0; h < heads; h++) {
         double mean_da = 0;
         for (int n = 0; n < n_sources; n++) {
             size_t index = route_index(n, t, h, tokens, heads);
             mean_da += (double)weights[index] * scratch[index];
         }
+        if (centre)
+            mean_da = centre[(size_t)t * heads + h];
         for (int n = 0; n < n_sources; n++) {
             size_t index = route_index(n, t, h, tokens, heads);
             scratch[index] = (float)(weights[index] * (scratch[index] - mean_da));
@@ -169,6 +172,18 @@ void cpu_route_backward(float *const *dsources, float *dquery, float *dkey_norm,
                         const float *key_norm, bool delta, float alpha, float *scratch,
                         int tokens, int d, int heads)
 {
+    cpu_route_backward_centred(dsources, dquery, dkey_norm, dalpha, dout, sources, n_sources,
+                               weights, rstd, query, key_norm, delta, alpha, NULL, scratch,
+                               tokens, d, heads);
+}
+
+void cpu_route_backward_centred(float *const *dsources, float *dquery, float *dkey_norm,
+                                float *dalpha, const float *dout, const float *const *sources,
+                                int n_sources, const float *weights, const float *rstd,
+                                const float *query, const float *key_norm, bool delta,
+                                float alpha, const float *centre, float *scratch, int tokens,
+                                int d, int heads)
+{
     int head_dim = d / heads;
     int parallel = (size_t)n_sources * tokens * d >= CPU_PARALLEL_MIN_WORK;
     float dmix_scale = delta ? alpha : 1.0f;
@@ -181,7 +196,8 @@ void cpu_route_backward(float *const *dsources, float *dquery, float *dkey_norm,
         double sum = 0;
         for (int t = first; t < last; t++)
             sum += route_backward_token(dsources, dout, sources, n_sources, weights, rstd, query,
-                                        key_norm, dmix_scale, scratch, t, tokens, d, heads);
+                                        key_norm, dmix_scale, centre, scratch, t, tokens, d,
+                                        heads);
         dalpha_chunks[chunk] = sum;
     }
     if (delta) {
@@ -215,4 +231,32 @@ void cpu_route_backward(float *const *dsources, float *dquery, float *dkey_norm,
             dkey_norm[c] += (float)(query[c] * sums[c - first]);
         }
     }
+}
+
+void cpu_route_lse(float *lse, const float *const *sources, int n_sources, const float *query,
+                   const float *key_norm, const float *rstd, int tokens, int d, int heads)
+{
+    int head_dim = d / heads;
+    size_t work = (size_t)n_sources * tokens * d;
+
+#pragma omp parallel for schedule(static) if (work >= CPU_PARALLEL_MIN_WORK)
+    for (int t = 0; t < tokens; t++)
+        for (int h = 0; h < heads; h++) {
+            /* the scores as cpu_route_forward makes them, then its max-subtracted sum */
+            double max_z = -INFINITY, sum = 0;
+            for (int pass = 0; pass < 2; pass++)
+                for (int n = 0; n < n_sources; n++) {
+                    const float *s = sources[n] + (size_t)t * d;
+                    float r = rstd[(size_t)n * tokens + t];
+                    double z = 0;
+                    for (int c = h * head_dim; c < (h + 1) * head_dim; c++)
+                        z += (double)query[c] * (key_norm[c] * (s[c] * r));
+                    float score = (float)z;
+                    if (pass == 0)
+                        max_z = score > max_z ? score : max_z;
+                    else
+                        sum += exp((double)score - max_z);
+                }
+            lse[(size_t)t * heads + h] = (float)(max_z + log(sum));
+        }
 }

@@ -13,6 +13,7 @@
  */
 #include "kernels/cuda/backend_cuda_routing.h"
 
+#include "kernels/cuda/route_block_cuda.h"
 #include "kernels/cuda/route_cuda.h"
 
 static bf16 *as_bf16(Activation *array)
@@ -28,8 +29,8 @@ static const bf16 *as_bf16_const(const Activation *array)
 static void op_route_forward(Activation *out, float *weights, float *rstd,
                              const Activation *const *sources, int n_sources,
                              const Activation *query, const Activation *key_norm,
-                             const Activation *base, float alpha, int tokens, int d, int heads,
-                             float eps)
+                             const Activation *base, const float *alpha, int tokens, int d,
+                             int heads, float eps)
 {
     cuda_route_forward(as_bf16(out), weights, rstd, (const bf16 *const *)sources, n_sources,
                        as_bf16_const(query), as_bf16_const(key_norm), as_bf16_const(base),
@@ -40,14 +41,14 @@ static void op_route_backward(Activation *const *dsources, float *dquery, float 
                               float *dalpha, const Activation *dout,
                               const Activation *const *sources, int n_sources,
                               const float *weights, const float *rstd, const Activation *query,
-                              const Activation *key_norm, bool delta, float alpha,
-                              float *scratch, int tokens, int d, int heads)
+                              const Activation *key_norm, const float *alpha, float *scratch,
+                              int tokens, int d, int heads)
 {
     (void)scratch; /* the workspace replaces it */
     float *workspace = backend_cuda_workspace_floats(cuda_route_backward_workspace_floats(tokens, d));
     cuda_route_backward((bf16 *const *)dsources, dquery, dkey_norm, dalpha, as_bf16_const(dout),
                         (const bf16 *const *)sources, n_sources, weights, rstd,
-                        as_bf16_const(query), as_bf16_const(key_norm), delta, alpha, workspace,
+                        as_bf16_const(query), as_bf16_const(key_norm), alpha, workspace,
                         tokens, d, heads, backend_cuda_compute_stream());
 }
 
@@ -122,8 +123,87 @@ static void op_route_conv_backward(Activation *const *dsources, float *const *dt
                              workspace, backend_cuda_compute_stream());
 }
 
+/* ---- the two-phase Route (route_block_cuda.h) ---- */
+
+static void op_route_block_forward(Activation *const *results, float *const *weights,
+                                   float *const *rstd, float *const *lse,
+                                   const Activation *const *sources, int n_sources,
+                                   const Activation *const *queries,
+                                   const Activation *const *key_norms, int n_sites, int tokens,
+                                   int d, int heads, float eps)
+{
+    float *workspace = backend_cuda_workspace_floats(
+        cuda_route_block_forward_workspace_floats(n_sources, n_sites, tokens, d, heads));
+    cuda_route_block_forward((bf16 *const *)results, weights, rstd, lse,
+                             (const bf16 *const *)sources, n_sources,
+                             (const bf16 *const *)queries, (const bf16 *const *)key_norms,
+                             n_sites, tokens, d, heads, eps, workspace,
+                             backend_cuda_compute_stream());
+}
+
+static void op_add_scaled(Activation *out, const Activation *base, const Activation *x,
+                          const float *alpha, size_t n)
+{
+    cuda_add_scaled(as_bf16(out), as_bf16_const(base), as_bf16_const(x), alpha, n,
+                    backend_cuda_compute_stream());
+}
+
+static void op_route_merge_forward(Activation *out, float *weights, float *rstd,
+                                   const Activation *result, const float *lse,
+                                   const Activation *const *sources, int n_sources,
+                                   const Activation *query, const Activation *key_norm,
+                                   int tokens, int d, int heads, float eps)
+{
+    cuda_route_merge_forward(as_bf16(out), weights, rstd, as_bf16_const(result), lse,
+                             (const bf16 *const *)sources, n_sources, as_bf16_const(query),
+                             as_bf16_const(key_norm), tokens, d, heads, eps,
+                             backend_cuda_compute_stream());
+}
+
+static void op_route_merge_backward(Activation *dpartial, float *dquery, float *dkey_norm,
+                                    float *mean, const Activation *dout, const Activation *out,
+                                    const Activation *const *sources, int n_sources,
+                                    bool has_partial, const float *weights, const float *rstd,
+                                    const Activation *query, const Activation *key_norm,
+                                    float *scratch, int tokens, int d, int heads)
+{
+    (void)scratch; /* the workspace replaces it */
+    float *workspace = backend_cuda_workspace_floats(
+        cuda_route_merge_backward_workspace_floats(tokens, d, heads));
+    cuda_route_merge_backward(as_bf16(dpartial), dquery, dkey_norm, mean, as_bf16_const(dout),
+                              as_bf16_const(out), (const bf16 *const *)sources, n_sources,
+                              has_partial, weights, rstd, as_bf16_const(query),
+                              as_bf16_const(key_norm), workspace, tokens, d, heads,
+                              backend_cuda_compute_stream());
+}
+
+static void op_route_block_backward(Activation *const *dsources, float *const *dqueries,
+                                    float *const *dkey_norms, float *const *dalphas,
+                                    const Activation *const *douts,
+                                    const Activation *const *sources, int n_sources,
+                                    const float *const *weights, const float *rstd,
+                                    const Activation *const *queries,
+                                    const Activation *const *key_norms,
+                                    const float *const *alphas, const float *const *means,
+                                    int n_sites, float *scratch, int tokens, int d, int heads)
+{
+    (void)scratch; /* the workspace replaces it */
+    float *workspace = backend_cuda_workspace_floats(
+        cuda_route_block_backward_workspace_floats(n_sources, n_sites, tokens, d, heads));
+    cuda_route_block_backward((bf16 *const *)dsources, dqueries, dkey_norms, dalphas,
+                              (const bf16 *const *)douts, (const bf16 *const *)sources,
+                              n_sources, weights, rstd, (const bf16 *const *)queries,
+                              (const bf16 *const *)key_norms, alphas, means, n_sites,
+                              workspace, tokens, d, heads, backend_cuda_compute_stream());
+}
+
 extern "C" void backend_cuda_fill_routing(Backend *table)
 {
+    table->route_block_forward = op_route_block_forward;
+    table->add_scaled = op_add_scaled;
+    table->route_merge_forward = op_route_merge_forward;
+    table->route_merge_backward = op_route_merge_backward;
+    table->route_block_backward = op_route_block_backward;
     table->route_forward = op_route_forward;
     table->route_backward = op_route_backward;
     table->stream_conv_forward = op_stream_conv_forward;

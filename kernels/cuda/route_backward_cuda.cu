@@ -49,7 +49,9 @@ struct RouteBackwardArgs {
     const bf16 *dout;
     const float *weights, *rstd;
     const bf16 *query, *key_norm;
-    float mix_scale, inverse_width;
+    const float *alpha; /* [1] fp32, device: the mix scale (delta form); NULL: 1 */
+    const float *means; /* [tokens, heads] the softmax centres, or NULL: from the sources */
+    float inverse_width;
     int n_sources, tokens, heads, d;
     int vectors, head_vectors, segment_period, segments, slots;
 };
@@ -162,6 +164,7 @@ route_backward_kernel(const __grid_constant__ RouteBackwardArgs args)
             channel_sums[slot][i] = 0.0f;
         }
     }
+    const float mix_scale = args.alpha ? *args.alpha : 1.0f;
     float alpha_sum = 0.0f; /* thread 0: this block's dalpha, tokens in order */
 
     const int first = (int)((long long)tokens * blockIdx.x / gridDim.x);
@@ -242,12 +245,14 @@ route_backward_kernel(const __grid_constant__ RouteBackwardArgs args)
                 float mean = 0.0f;
                 for (int n = 0; n < N; n++) {
                     const float a = route_weights[n * H + h], dot = value_dots[n * H + h];
-                    mean += a * (args.mix_scale * dot);
+                    mean += a * (mix_scale * dot);
                     alpha_part += a * dot;
                 }
+                if (args.means) /* the site read sources that are not here (a merge) */
+                    mean = args.means[(long long)t * H + h];
                 for (int n = 0; n < N; n++) {
                     const float a = route_weights[n * H + h];
-                    score_grads[n * H + h] = a * (args.mix_scale * value_dots[n * H + h] - mean);
+                    score_grads[n * H + h] = a * (mix_scale * value_dots[n * H + h] - mean);
                 }
             }
             __syncwarp();
@@ -287,7 +292,7 @@ route_backward_kernel(const __grid_constant__ RouteBackwardArgs args)
                     channel_sums[slot][i] += key_coefficient * s[i];
                 if (!dsource)
                     continue;
-                const float value_coefficient = route_weights[index] * args.mix_scale;
+                const float value_coefficient = route_weights[index] * mix_scale;
                 float grad[VEC], dy[VEC];
                 vector_to_floats<VEC>(ring_read<VEC>(entry + stage_vectors, slot), grad);
                 vector_to_floats<VEC>(dout_row[slot], dy);
@@ -367,9 +372,10 @@ static void route_backward_launch(const RouteBackwardArgs &args, const RowShape 
 static int route_backward_block_a_token(bf16 *const *dsources, const bf16 *dout,
                                         const bf16 *const *sources, int n_sources,
                                         const float *weights, const float *rstd,
-                                        const bf16 *query, const bf16 *key_norm, bool delta,
-                                        float alpha, float *workspace, int tokens, int d,
-                                        int heads, const void *const *pointers, int count,
+                                        const bf16 *query, const bf16 *key_norm,
+                                        const float *alpha, const float *means,
+                                        float *workspace, int tokens, int d, int heads,
+                                        const void *const *pointers, int count,
                                         cudaStream_t stream)
 {
     RouteBackwardArgs args;
@@ -386,7 +392,8 @@ static int route_backward_block_a_token(bf16 *const *dsources, const bf16 *dout,
     args.rstd = rstd;
     args.query = query;
     args.key_norm = key_norm;
-    args.mix_scale = delta ? alpha : 1.0f;
+    args.alpha = alpha;
+    args.means = means;
     args.inverse_width = 1.0f / (float)d;
     args.n_sources = n_sources;
     args.tokens = tokens;
@@ -411,9 +418,22 @@ static int route_backward_block_a_token(bf16 *const *dsources, const bf16 *dout,
 extern "C" void cuda_route_backward(bf16 *const *dsources, float *dquery, float *dkey_norm,
                                     float *dalpha, const bf16 *dout, const bf16 *const *sources,
                                     int n_sources, const float *weights, const float *rstd,
-                                    const bf16 *query, const bf16 *key_norm, bool delta,
-                                    float alpha, float *workspace, int tokens, int d, int heads,
+                                    const bf16 *query, const bf16 *key_norm, const float *alpha,
+                                    float *workspace, int tokens, int d, int heads,
                                     cudaStream_t stream)
+{
+    route_backward_centred(dsources, dquery, dkey_norm, dalpha, dout, sources, n_sources,
+                           weights, rstd, query, key_norm, alpha, NULL, workspace, tokens, d,
+                           heads, stream);
+}
+
+extern "C" void route_backward_centred(bf16 *const *dsources, float *dquery, float *dkey_norm,
+                                       float *dalpha, const bf16 *dout,
+                                       const bf16 *const *sources, int n_sources,
+                                       const float *weights, const float *rstd,
+                                       const bf16 *query, const bf16 *key_norm,
+                                       const float *alpha, const float *means, float *workspace,
+                                       int tokens, int d, int heads, cudaStream_t stream)
 {
     route_check_shape(n_sources, d, heads);
     if (tokens <= 0)
@@ -431,15 +451,14 @@ extern "C" void cuda_route_backward(bf16 *const *dsources, float *dquery, float 
     const int blocks = route_narrow_fits(n_sources, d, heads, pointers, count)
                            ? route_narrow_backward(dsources, workspace, dout, sources,
                                                    n_sources, weights, rstd, query, key_norm,
-                                                   delta ? alpha : 1.0f, tokens, d, heads,
-                                                   stream)
+                                                   alpha, means, tokens, d, heads, stream)
                            : route_backward_block_a_token(dsources, dout, sources, n_sources,
-                                                          weights, rstd, query, key_norm, delta,
-                                                          alpha, workspace, tokens, d, heads,
+                                                          weights, rstd, query, key_norm, alpha,
+                                                          means, workspace, tokens, d, heads,
                                                           pointers, count, stream);
 
     const int reduce_blocks = (d + 31) / 32;
     route_backward_reduce_kernel<<<reduce_blocks, 32 * ROUTE_REDUCE_SLICES, 0, stream>>>(
-        dquery, dkey_norm, delta ? dalpha : NULL, workspace, query, key_norm, blocks, d);
+        dquery, dkey_norm, alpha ? dalpha : NULL, workspace, query, key_norm, blocks, d);
     CUDA_CHECK_LAUNCH();
 }

@@ -100,6 +100,7 @@ typedef struct {
     bf16 *query[BENCH_SITES], *key_norm[BENCH_SITES];
     float *weights[BENCH_SITES], *rstd[BENCH_SITES];
     float *dquery[BENCH_SITES], *dkey_norm[BENCH_SITES], *dalpha;
+    float *alpha; /* [1] 0.5 in device memory, as the model's master weight */
     bf16 *stream_p, *out, *dout;
     float *workspace;
 } Bench;
@@ -117,8 +118,8 @@ static void bench_forward(Bench *bench)
             sources[n] = bench->rows[n];
         cuda_route_forward(bench->out, bench->weights[site], bench->rstd[site], sources,
                            site_sources(site), bench->query[site], bench->key_norm[site],
-                           bench->stream_p, 0.5f, BENCH_TOKENS, BENCH_WIDTH, BENCH_HEADS, 1e-5f,
-                           0);
+                           bench->stream_p, bench->alpha, BENCH_TOKENS, BENCH_WIDTH, BENCH_HEADS,
+                           1e-5f, 0);
     }
 }
 
@@ -134,8 +135,8 @@ static void bench_backward(Bench *bench)
         cuda_route_backward(grads, bench->dquery[site], bench->dkey_norm[site],
                             bench->dalpha + site, bench->dout, sources, site_sources(site),
                             bench->weights[site], bench->rstd[site], bench->query[site],
-                            bench->key_norm[site], true, 0.5f, bench->workspace, BENCH_TOKENS,
-                            BENCH_WIDTH, BENCH_HEADS, 0);
+                            bench->key_norm[site], bench->alpha, bench->workspace,
+                            BENCH_TOKENS, BENCH_WIDTH, BENCH_HEADS, 0);
     }
 }
 
@@ -179,7 +180,7 @@ static void msar_forward(Bench *bench, Msar *msar)
             msar_expand(bench, msar, site, r, sources);
             cuda_route_forward(bench->out, msar->weights[site][r], msar->rstd[site][r], sources,
                                site_sources(site), bench->query[site], bench->key_norm[site],
-                               NULL, 0.0f, BENCH_TOKENS, BENCH_WIDTH, BENCH_HEADS, 1e-5f, 0);
+                               NULL, NULL, BENCH_TOKENS, BENCH_WIDTH, BENCH_HEADS, 1e-5f, 0);
         }
 }
 
@@ -211,7 +212,7 @@ static void msar_backward(Bench *bench, Msar *msar)
             cuda_route_backward(route_grads, bench->dquery[site], bench->dkey_norm[site], NULL,
                                 bench->dout, sources, N, msar->weights[site][r],
                                 msar->rstd[site][r], bench->query[site], bench->key_norm[site],
-                                false, 0.0f, msar->workspace, BENCH_TOKENS, BENCH_WIDTH,
+                                NULL, msar->workspace, BENCH_TOKENS, BENCH_WIDTH,
                                 BENCH_HEADS, 0);
             for (int n = 1; n < N; n++)
                 cuda_stream_conv_backward(bench->grads[n], msar->dtaps[r][n],
@@ -382,6 +383,9 @@ int main(int argc, char **argv)
         bench.dkey_norm[site] = bench_zero_floats(BENCH_WIDTH);
     }
     bench.dalpha = bench_zero_floats(BENCH_SITES);
+    const float alpha = 0.5f;
+    bench.alpha = bench_zero_floats(1);
+    BENCH_CHECK(cudaMemcpy(bench.alpha, &alpha, sizeof alpha, cudaMemcpyHostToDevice));
     bench.stream_p = bench_random_bf16(td, 1.0f, 500);
     bench.out = bench_random_bf16(td, 1.0f, 501);
     bench.dout = bench_random_bf16(td, 1e-3f, 502);

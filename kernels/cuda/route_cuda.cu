@@ -46,9 +46,11 @@ struct RouteForwardArgs {
     bf16 *out;
     float *weights;   /* [N, tokens, heads] */
     float *rstd;      /* [N, tokens] */
+    float *lse;       /* [tokens, heads] log sum_n e^z, or NULL */
     const bf16 *sources[CUDA_ROUTE_MAX_SOURCES];
     const bf16 *query, *key_norm, *base;
-    float alpha, eps, inverse_width;
+    const float *alpha; /* [1] fp32, device: read by the kernel (delta form) */
+    float eps, inverse_width;
     int n_sources, tokens, heads;
     int vectors, head_vectors, segment_period, slots;
     int pass_sources;    /* min(N, MAXK) */
@@ -216,6 +218,7 @@ route_forward_kernel(const __grid_constant__ RouteForwardArgs args, RouteForward
             place[slot].valid = place[slot].starts_segment = 0;
     }
 
+    const float alpha = args.base ? *args.alpha : 0.0f;
     /* thread h < H: the running max and sum of head h's softmax over the token's sources */
     float head_max = -INFINITY, head_sum = 0.0f;
     for (int t = blockIdx.x; t < tokens; t += gridDim.x) {
@@ -310,6 +313,8 @@ route_forward_kernel(const __grid_constant__ RouteForwardArgs args, RouteForward
                 if (first + count == N) {
                     final_max[h] = new_max;
                     inverse_sum[h] = __frcp_rn(sum);
+                    if (args.lse)
+                        args.lse[(long long)t * H + h] = new_max + __logf(sum);
                 }
             }
             __syncthreads();
@@ -349,7 +354,7 @@ route_forward_kernel(const __grid_constant__ RouteForwardArgs args, RouteForward
                 vector_to_floats<VEC>(base_row[slot * blockDim.x + threadIdx.x], base_values);
 #pragma unroll
                 for (int i = 0; i < VEC; i++)
-                    result[i] = base_values[i] + args.alpha * (mix[slot][i] * inverse);
+                    result[i] = base_values[i] + alpha * (mix[slot][i] * inverse);
             } else {
 #pragma unroll
                 for (int i = 0; i < VEC; i++)
@@ -396,8 +401,17 @@ static void route_forward_launch(RouteForwardArgs &args, int threads, cudaStream
 
 extern "C" void cuda_route_forward(bf16 *out, float *weights, float *rstd,
                                    const bf16 *const *sources, int n_sources, const bf16 *query,
-                                   const bf16 *key_norm, const bf16 *base, float alpha,
+                                   const bf16 *key_norm, const bf16 *base, const float *alpha,
                                    int tokens, int d, int heads, float eps, cudaStream_t stream)
+{
+    route_forward_lse(out, weights, rstd, NULL, sources, n_sources, query, key_norm, base,
+                      alpha, tokens, d, heads, eps, stream);
+}
+
+extern "C" void route_forward_lse(bf16 *out, float *weights, float *rstd, float *lse,
+                                  const bf16 *const *sources, int n_sources, const bf16 *query,
+                                  const bf16 *key_norm, const bf16 *base, const float *alpha,
+                                  int tokens, int d, int heads, float eps, cudaStream_t stream)
 {
     route_check_shape(n_sources, d, heads);
     if (tokens <= 0)
@@ -415,8 +429,8 @@ extern "C" void cuda_route_forward(bf16 *out, float *weights, float *rstd,
     pointers[count++] = query;
     pointers[count++] = key_norm;
     if (route_narrow_fits(n_sources, d, heads, pointers, count)) {
-        route_narrow_forward(out, weights, rstd, sources, n_sources, query, key_norm, base,
-                             alpha, tokens, d, heads, eps, stream);
+        route_narrow_forward(out, weights, rstd, lse, sources, n_sources, query, key_norm,
+                             base, alpha, tokens, d, heads, eps, stream);
         return;
     }
     RowShape shape = row_shape(d, heads, pointers, count);
@@ -424,6 +438,7 @@ extern "C" void cuda_route_forward(bf16 *out, float *weights, float *rstd,
     args.out = out;
     args.weights = weights;
     args.rstd = rstd;
+    args.lse = lse;
     args.query = query;
     args.key_norm = key_norm;
     args.base = base;

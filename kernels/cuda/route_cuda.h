@@ -146,23 +146,42 @@ enum {
 /* ---- Route (backend.h route_forward / route_backward) ---- */
 
 /* out [tokens, d] = Route(sources) (replace, base == NULL) or base + alpha * Route(sources)
- * (delta); weights [N, tokens, heads] and rstd [N, tokens] saved in fp32. */
+ * (delta; alpha: fp32 [1] in device memory, read by the kernel, so no host copy and no
+ * synchronisation); weights [N, tokens, heads] and rstd [N, tokens] saved in fp32. */
 void cuda_route_forward(bf16 *out, float *weights, float *rstd, const bf16 *const *sources,
                         int n_sources, const bf16 *query, const bf16 *key_norm,
-                        const bf16 *base, float alpha, int tokens, int d, int heads, float eps,
-                        cudaStream_t stream);
+                        const bf16 *base, const float *alpha, int tokens, int d, int heads,
+                        float eps, cudaStream_t stream);
+
+/* cuda_route_forward, and lse [tokens, heads] = log sum_n e^(z[n,t,h]) (NULL: not written):
+ * the softmax statistics a later merge needs (route_block_cuda.cu's fallback). */
+void route_forward_lse(bf16 *out, float *weights, float *rstd, float *lse,
+                       const bf16 *const *sources, int n_sources, const bf16 *query,
+                       const bf16 *key_norm, const bf16 *base, const float *alpha, int tokens,
+                       int d, int heads, float eps, cudaStream_t stream);
 
 /* Floats of the workspace cuda_route_backward needs (it replaces the op's `scratch`). */
 size_t cuda_route_backward_workspace_floats(int tokens, int d);
 
 /* dsources[n] += (bf16; NULL entries skipped), dquery += , dkey_norm += (fp32 [d]),
- * *dalpha += (fp32, delta form only). Two launches: the per-token kernel, then the fixed-order
- * reduction of its per-block partials. */
+ * *dalpha += (fp32, delta form only: alpha != NULL, a device pointer to fp32 [1], the mix
+ * scale; NULL: the replace form, scale 1). Two launches: the per-token kernel, then the
+ * fixed-order reduction of its per-block partials. */
 void cuda_route_backward(bf16 *const *dsources, float *dquery, float *dkey_norm, float *dalpha,
                          const bf16 *dout, const bf16 *const *sources, int n_sources,
                          const float *weights, const float *rstd, const bf16 *query,
-                         const bf16 *key_norm, bool delta, float alpha, float *workspace,
+                         const bf16 *key_norm, const float *alpha, float *workspace,
                          int tokens, int d, int heads, cudaStream_t stream);
+
+/* cuda_route_backward with the softmax centres given: means [tokens, heads] replaces
+ * sum_n a scale D over these sources (NULL: computed so), for a site that also read a source
+ * not listed here (route_block_cuda.cu's fallback; weights may have more rows than N). */
+void route_backward_centred(bf16 *const *dsources, float *dquery, float *dkey_norm,
+                            float *dalpha, const bf16 *dout, const bf16 *const *sources,
+                            int n_sources, const float *weights, const float *rstd,
+                            const bf16 *query, const bf16 *key_norm, const float *alpha,
+                            const float *means, float *workspace, int tokens, int d, int heads,
+                            cudaStream_t stream);
 
 /* ---- MSAR stream convolution (backend.h stream_conv_*) ---- */
 

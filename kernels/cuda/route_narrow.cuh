@@ -47,21 +47,25 @@ enum {
 bool route_narrow_fits(int n_sources, int d, int heads, const void *const *pointers,
                        int count);
 
-/* cuda_route_forward's contract, for a shape route_narrow_fits accepts. */
-void route_narrow_forward(bf16 *out, float *weights, float *rstd, const bf16 *const *sources,
-                          int n_sources, const bf16 *query, const bf16 *key_norm,
-                          const bf16 *base, float alpha, int tokens, int d, int heads,
-                          float eps, cudaStream_t stream);
+/* cuda_route_forward's contract, for a shape route_narrow_fits accepts; lse [tokens, heads]
+ * (NULL: not wanted) gets log sum_n e^z per head (route_cuda.h, route_forward_lse). */
+void route_narrow_forward(bf16 *out, float *weights, float *rstd, float *lse,
+                          const bf16 *const *sources, int n_sources, const bf16 *query,
+                          const bf16 *key_norm, const bf16 *base, const float *alpha,
+                          int tokens, int d, int heads, float eps, cudaStream_t stream);
 
 /* Blocks the narrow backward uses for `tokens` (a function of the shapes only): its
  * partials are [blocks, d] channel sums, then [blocks] dalpha sums. */
 int route_narrow_backward_blocks(int tokens);
 
 /* The per-token part of cuda_route_backward (dsources +=) and the per-block partials of
- * S_c and dalpha into `partials`; the caller reduces them. Returns the block count. */
+ * S_c and dalpha into `partials`; the caller reduces them. Returns the block count.
+ * alpha: the mix scale (device fp32 [1], NULL: 1); means: the softmax centres [tokens, heads]
+ * (NULL: sum_n a scale D over these sources; route_cuda.h, route_backward_centred). */
 int route_narrow_backward(bf16 *const *dsources, float *partials, const bf16 *dout,
                           const bf16 *const *sources, int n_sources, const float *weights,
                           const float *rstd, const bf16 *query, const bf16 *key_norm,
-                          float mix_scale, int tokens, int d, int heads, cudaStream_t stream);
+                          const float *alpha, const float *means, int tokens, int d,
+                          int heads, cudaStream_t stream);
 
 #endif

@@ -29,7 +29,9 @@ struct NarrowBackwardArgs {
     const bf16 *dout;
     const float *weights, *rstd;
     const bf16 *query, *key_norm;
-    float mix_scale, inverse_width;
+    const float *alpha; /* [1] fp32, device: the mix scale (delta form); NULL: 1 */
+    const float *means; /* [tokens, heads] the softmax centres, or NULL: from the sources */
+    float inverse_width;
     int n_sources, tokens, heads, lanes_per_head, d;
 };
 
@@ -70,6 +72,7 @@ route_narrow_backward_kernel(const __grid_constant__ NarrowBackwardArgs args)
 #pragma unroll
     for (int c = 0; c < C; c++)
         channel_sums[c] = 0.0f;
+    const float mix_scale = args.alpha ? *args.alpha : 1.0f;
     float alpha_part = 0.0f; /* head leaders: sum of a D over this warp's sources and tokens */
 
     const int first = (int)((long long)tokens * blockIdx.x / gridDim.x);
@@ -133,7 +136,9 @@ route_narrow_backward_kernel(const __grid_constant__ NarrowBackwardArgs args)
         /* the head's mean of a scale D, every lane over every source in order */
         float mean = 0.0f;
         for (int k = 0; k < N; k++)
-            mean += route_weights[k * H + head] * (args.mix_scale * value_dots[k * H + head]);
+            mean += route_weights[k * H + head] * (mix_scale * value_dots[k * H + head]);
+        if (args.means) /* the site read sources that are not here (a merge) */
+            mean = args.means[(long long)t * H + head];
 
         /* C. the gradients of this warp's sources; source k - W's row, used, takes the next
          * token's (in the group of this step's gradient fetch) */
@@ -146,13 +151,13 @@ route_narrow_backward_kernel(const __grid_constant__ NarrowBackwardArgs args)
                                       lane);
             const int index = k * H + head;
             const float a = route_weights[index];
-            const float score_grad = a * (args.mix_scale * value_dots[index] - mean);
+            const float score_grad = a * (mix_scale * value_dots[index] - mean);
             /* e = r^2 (r sum_h dz P) / d: the heads' terms from their first lanes */
             const float self_sum = warp_sum(head_leader ? score_grad * key_dots[index] : 0.0f);
             const float r = source_rstd[k];
             const float self_term = r * r * (r * self_sum * args.inverse_width);
             const float key_coefficient = r * score_grad;
-            const float value_coefficient = a * args.mix_scale;
+            const float value_coefficient = a * mix_scale;
             bf16 *dsource = args.dsources[k];
             copy_async_wait<NARROW_GRADIENT_RING - 1>(); /* gradient row i has landed */
             __syncwarp();
@@ -266,7 +271,8 @@ static int narrow_backward_launch(const NarrowBackwardArgs &args, size_t bytes,
 int route_narrow_backward(bf16 *const *dsources, float *partials, const bf16 *dout,
                           const bf16 *const *sources, int n_sources, const float *weights,
                           const float *rstd, const bf16 *query, const bf16 *key_norm,
-                          float mix_scale, int tokens, int d, int heads, cudaStream_t stream)
+                          const float *alpha, const float *means, int tokens, int d, int heads,
+                          cudaStream_t stream)
 {
     NarrowBackwardArgs args;
     for (int k = 0; k < ROUTE_NARROW_MAX_SOURCES; k++) {
@@ -279,7 +285,8 @@ int route_narrow_backward(bf16 *const *dsources, float *partials, const bf16 *do
     args.rstd = rstd;
     args.query = query;
     args.key_norm = key_norm;
-    args.mix_scale = mix_scale;
+    args.alpha = alpha;
+    args.means = means;
     args.inverse_width = 1.0f / (float)d;
     args.n_sources = n_sources;
     args.tokens = tokens;

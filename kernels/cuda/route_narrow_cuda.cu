@@ -37,9 +37,11 @@ struct NarrowForwardArgs {
     bf16 *out;
     float *weights; /* [N, tokens, heads] */
     float *rstd;    /* [N, tokens] */
+    float *lse;     /* [tokens, heads] or NULL */
     const bf16 *sources[ROUTE_NARROW_MAX_SOURCES];
     const bf16 *query, *key_norm, *base;
-    float alpha, eps, inverse_width;
+    const float *alpha; /* [1] fp32, device (delta form) */
+    float eps, inverse_width;
     int n_sources, tokens, heads, lanes_per_head;
 };
 
@@ -74,6 +76,7 @@ route_narrow_forward_kernel(const __grid_constant__ NarrowForwardArgs args)
     const bool head_leader = lane % args.lanes_per_head == 0;
     float key_weight[C];
     narrow_key_weight<LV>(args.query, args.key_norm, lane, key_weight);
+    const float alpha = args.base ? *args.alpha : 0.0f;
 
     long long item = 0; /* the item in use; the next NARROW_FORWARD_RING - 1 fly */
     for (int k = 0; k < NARROW_FORWARD_RING - 1; k++)
@@ -145,7 +148,7 @@ route_narrow_forward_kernel(const __grid_constant__ NarrowForwardArgs args)
                 narrow_read<LV>(base_row, lane, j, base_values);
 #pragma unroll
                 for (int i = 0; i < 8; i++)
-                    result[i] = base_values[i] + args.alpha * (mix[8 * j + i] * inverse);
+                    result[i] = base_values[i] + alpha * (mix[8 * j + i] * inverse);
             } else {
 #pragma unroll
                 for (int i = 0; i < 8; i++)
@@ -158,6 +161,8 @@ route_narrow_forward_kernel(const __grid_constant__ NarrowForwardArgs args)
             __syncwarp(); /* the base slot is read before the next fetch refills it */
         }
         /* a[k] = e^(z_k - m) / l, by the head's first lane, which wrote its scores */
+        if (head_leader && args.lse)
+            args.lse[(long long)t * H + head] = head_max + __logf(head_total);
         if (head_leader)
             for (int k = 0; k < N; k++)
                 args.weights[((long long)k * tokens + t) * H + head] =
@@ -184,15 +189,16 @@ static void narrow_forward_launch(const NarrowForwardArgs &args, size_t bytes,
     CUDA_CHECK_LAUNCH();
 }
 
-void route_narrow_forward(bf16 *out, float *weights, float *rstd, const bf16 *const *sources,
-                          int n_sources, const bf16 *query, const bf16 *key_norm,
-                          const bf16 *base, float alpha, int tokens, int d, int heads,
-                          float eps, cudaStream_t stream)
+void route_narrow_forward(bf16 *out, float *weights, float *rstd, float *lse,
+                          const bf16 *const *sources, int n_sources, const bf16 *query,
+                          const bf16 *key_norm, const bf16 *base, const float *alpha,
+                          int tokens, int d, int heads, float eps, cudaStream_t stream)
 {
     NarrowForwardArgs args;
     args.out = out;
     args.weights = weights;
     args.rstd = rstd;
+    args.lse = lse;
     for (int k = 0; k < ROUTE_NARROW_MAX_SOURCES; k++)
         args.sources[k] = k < n_sources ? sources[k] : NULL;
     args.query = query;

@@ -1,0 +1,104 @@
+/* kernels/cpu/route_block_cpu.c — the two-phase Route ops of runtime/backend.h
+ * (route_block_forward / backward, route_merge_forward / backward, add_scaled; DESIGN 2.1;
+ * docs/design-notes.md, "Two-phase routing") on the cpu, as loops of the per-site math of
+ * route_cpu.c.
+ *
+ * The cpu keeps the readable per-site reference: a block's forward is cpu_route_forward once
+ * per site, and a merge recomputes the site's Route over all its sources from scratch (the
+ * phase-one result and lse it is handed are not read). So the two-phase walk gives the
+ * per-site walk's forward bit for bit: x = p + alpha * Route is base + alpha * (float)mix in
+ * both (cpu_add_scaled is route_cpu.c's delta expression), and a merged site is
+ * cpu_route_forward over its N + 1 sources.
+ *
+ * The backward splits each site's route_backward where the walk splits it, and that split is
+ * this file's math: a merge's backward computes the softmax centre over ALL the site's
+ * sources, sum_n a_n <dout, s_n> (in double, each dot rounded as route_cpu.c rounds da), and
+ * the partial's share of the gradients with that centre; the block's backward adds the
+ * completed sources' share with the same centre (cpu_route_backward_centred). The two shares
+ * add up to cpu_route_backward's gradients up to the rounding of adding dquery and dkey_norm
+ * in two steps instead of one.
+ */
+#include "kernels/cpu/kernels_cpu.h"
+
+#include <stddef.h>
+
+void cpu_route_block_forward(float *const *results, float *const *weights, float *const *rstd,
+                             float *const *lse, const float *const *sources, int n_sources,
+                             const float *const *queries, const float *const *key_norms,
+                             int n_sites, int tokens, int d, int heads, float eps)
+{
+    for (int i = 0; i < n_sites; i++) {
+        cpu_route_forward(results[i], weights[i], rstd[i], sources, n_sources, queries[i],
+                          key_norms[i], NULL, 0.0f, tokens, d, heads, eps);
+        if (lse)
+            cpu_route_lse(lse[i], sources, n_sources, queries[i], key_norms[i], rstd[i], tokens,
+                          d, heads);
+    }
+}
+
+void cpu_add_scaled(float *out, const float *base, const float *x, float alpha, size_t n)
+{
+#pragma omp parallel for schedule(static) if (n >= CPU_PARALLEL_MIN_WORK)
+    for (size_t i = 0; i < n; i++)
+        out[i] = base[i] + alpha * x[i]; /* cpu_route_forward's delta expression */
+}
+
+void cpu_route_merge_forward(float *out, float *weights, float *rstd,
+                             const float *const *sources, int n_sources, const float *query,
+                             const float *key_norm, int tokens, int d, int heads, float eps)
+{
+    cpu_route_forward(out, weights, rstd, sources, n_sources, query, key_norm, NULL, 0.0f,
+                      tokens, d, heads, eps);
+}
+
+void cpu_route_merge_backward(float *dpartial, float *dquery, float *dkey_norm, float *mean,
+                              const float *dout, const float *const *sources, int n_sources,
+                              bool has_partial, const float *weights, const float *rstd,
+                              const float *query, const float *key_norm, float *scratch,
+                              int tokens, int d, int heads)
+{
+    const int head_dim = d / heads;
+    const size_t work = (size_t)n_sources * tokens * d;
+
+    /* the centre of every head's softmax backward, over all the site's sources */
+#pragma omp parallel for schedule(static) if (work >= CPU_PARALLEL_MIN_WORK)
+    for (int t = 0; t < tokens; t++)
+        for (int h = 0; h < heads; h++) {
+            const float *dy = dout + (size_t)t * d;
+            double centre = 0;
+            for (int n = 0; n < n_sources; n++) {
+                const float *s = sources[n] + (size_t)t * d;
+                double dot = 0;
+                for (int c = h * head_dim; c < (h + 1) * head_dim; c++)
+                    dot += (double)dy[c] * s[c];
+                centre += (double)weights[((size_t)n * tokens + t) * heads + h] * (float)dot;
+            }
+            mean[(size_t)t * heads + h] = (float)centre;
+        }
+    if (!has_partial)
+        return;
+    /* the partial's share: route_backward over that one source, about the whole centre */
+    const int last = n_sources - 1;
+    const float *partial[1] = {sources[last]};
+    float *grad[1] = {dpartial};
+    cpu_route_backward_centred(grad, dquery, dkey_norm, NULL, dout, partial, 1,
+                               weights + (size_t)last * tokens * heads,
+                               rstd + (size_t)last * tokens, query, key_norm, false, 0.0f, mean,
+                               scratch, tokens, d, heads);
+}
+
+void cpu_route_block_backward(float *const *dsources, float *const *dqueries,
+                              float *const *dkey_norms, float *const *dalphas,
+                              const float *const *douts, const float *const *sources,
+                              int n_sources, const float *const *weights, const float *rstd,
+                              const float *const *queries, const float *const *key_norms,
+                              const float *const *alphas, const float *const *means,
+                              int n_sites, float *scratch, int tokens, int d, int heads)
+{
+    for (int i = 0; i < n_sites; i++)
+        cpu_route_backward_centred(dsources, dqueries[i], dkey_norms[i],
+                                   alphas ? dalphas[i] : NULL, douts[i], sources, n_sources,
+                                   weights[i], rstd, queries[i], key_norms[i], alphas != NULL,
+                                   alphas ? *alphas[i] : 0.0f, means ? means[i] : NULL, scratch,
+                                   tokens, d, heads);
+}

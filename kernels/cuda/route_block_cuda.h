@@ -1,0 +1,106 @@
+/* kernels/cuda/route_block_cuda.h — the two-phase Route on the GPU (runtime/backend.h
+ * route_block_forward / backward, route_merge_forward / backward, add_scaled; DESIGN 2.1;
+ * docs/design-notes.md, "Two-phase routing"). Plain C header.
+ *
+ * Same arguments, order and math as the op table (kernels/cpu/route_block_cpu.c and
+ * route_cpu.c are the reference), with route_cuda.h's dtypes: activations bf16, weights
+ * bf16 compute copies, statistics and weight gradients fp32, alpha an fp32 [1] in device
+ * memory read by the kernels; pointer arrays are HOST arrays of device pointers. Nothing here
+ * allocates or synchronises; workspaces are device buffers of the floats the *_workspace_floats
+ * functions name. Deterministic: fixed partitions and orders, no atomics.
+ *
+ * Kernels (route_block_forward_cuda.cu, route_block_backward_cuda.cu):
+ *   phase one, forward   a block a token (persistent grid), a thread a 16-byte vector of the
+ *                        row: the token's N source rows come into shared memory by cp.async
+ *                        (the next token's while this one is worked on), then into registers
+ *                        once; for each site in turn its q*g (from L1) against every row,
+ *                        the per-head sums, one softmax per (site, head), and each site's mix
+ *                        from the rows in registers. Each source is read from memory once
+ *                        for all G sites.
+ *   phase one, backward  two kernels. (1) a block a token, the same layout: the dots
+ *                        D = < d x_i, s_n > and P = < q_i g_i, s_n > per (site, source, head),
+ *                        the softmax backward and the key-norm terms, written as per-token
+ *                        coefficients (value a scale_i, key r dz, self e summed over sites);
+ *                        (2) a channel walker: a block owns a slice of channels and a range
+ *                        of tokens, keeps every site's q*g and the sums S_i of its channels
+ *                        in registers, and per token adds into each source's gradient
+ *                        ds_n += sum_i (a scale_i d x_i + r dz q_i g_i) - e_n s_n. A block of
+ *                        the token layout cannot hold G x d values of q*g and S (G 8, d 4096:
+ *                        256 KB): the walker's blocks split the channels instead, at the cost
+ *                        of reading the sources and d x a second time.
+ *   merges               a block a token, a thread per vector (route_block_cuda.cu).
+ * The fast kernels take N <= CUDA_BLOCK_MAX_SOURCES, G <= CUDA_BLOCK_MAX_SITES, d <= 4096 with
+ * d / H a multiple of 8 and 16-byte aligned pointers; anything else runs the per-site kernels
+ * of route_cuda.h once a site (the same results, G reads of each source).
+ *
+ * How fast should this be: route_block_forward_cuda.cu and route_block_backward_cuda.cu
+ * count the bytes; docs/performance.md has the predictions and the measurements.
+ */
+#ifndef FATHOM_KERNELS_CUDA_ROUTE_BLOCK_CUDA_H
+#define FATHOM_KERNELS_CUDA_ROUTE_BLOCK_CUDA_H
+
+#include "kernels/cuda/cuda_common.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum {
+    CUDA_BLOCK_MAX_SOURCES = 9, /* a 32-layer graft in blocks of 4 layers: null, b_0..b_7 */
+    CUDA_BLOCK_MAX_SITES = 8,   /* blocks of 4 layers */
+};
+
+/* ---- phase one ---- */
+
+size_t cuda_route_block_forward_workspace_floats(int n_sources, int n_sites, int tokens,
+                                                 int d, int heads);
+
+void cuda_route_block_forward(bf16 *const *results, float *const *weights, float *const *rstd,
+                              float *const *lse, const bf16 *const *sources, int n_sources,
+                              const bf16 *const *queries, const bf16 *const *key_norms,
+                              int n_sites, int tokens, int d, int heads, float eps,
+                              float *workspace, cudaStream_t stream);
+
+size_t cuda_route_block_backward_workspace_floats(int n_sources, int n_sites, int tokens,
+                                                  int d, int heads);
+
+void cuda_route_block_backward(bf16 *const *dsources, float *const *dqueries,
+                               float *const *dkey_norms, float *const *dalphas,
+                               const bf16 *const *douts, const bf16 *const *sources,
+                               int n_sources, const float *const *weights, const float *rstd,
+                               const bf16 *const *queries, const bf16 *const *key_norms,
+                               const float *const *alphas, const float *const *means,
+                               int n_sites, float *workspace, int tokens, int d, int heads,
+                               cudaStream_t stream);
+
+/* ---- phase two ---- */
+
+/* out[i] = base[i] + *alpha * x[i] (fp32, rounded once); out may alias base. */
+void cuda_add_scaled(bf16 *out, const bf16 *base, const bf16 *x, const float *alpha, size_t n,
+                     cudaStream_t stream);
+
+/* partial = sources[n_sources - 1]; the completed sources are not read. */
+void cuda_route_merge_forward(bf16 *out, float *weights, float *rstd, const bf16 *result,
+                              const float *lse, const bf16 *const *sources, int n_sources,
+                              const bf16 *query, const bf16 *key_norm, int tokens, int d,
+                              int heads, float eps, cudaStream_t stream);
+
+size_t cuda_route_merge_backward_workspace_floats(int tokens, int d, int heads);
+
+/* mean = < dout, out > per head; with has_partial, the partial's (sources[n_sources - 1])
+ * share. The completed sources are not read. */
+void cuda_route_merge_backward(bf16 *dpartial, float *dquery, float *dkey_norm, float *mean,
+                               const bf16 *dout, const bf16 *out, const bf16 *const *sources,
+                               int n_sources, bool has_partial, const float *weights,
+                               const float *rstd, const bf16 *query, const bf16 *key_norm,
+                               float *workspace, int tokens, int d, int heads,
+                               cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,147 @@
+/* kernels/cuda/route_block_device.cuh — what the two-phase Route's files share
+ * (route_block_cuda.cu: the entries and the merges; route_block_forward_cuda.cu and
+ * route_block_backward_cuda.cu: the block kernels). CUDA C++ only; the contract is
+ * route_block_cuda.h's.
+ *
+ * The block kernels' layout: a block a token (persistent grid), thread t owning vector t
+ * (8 channels, 16 bytes) of the row, threads = d / 8 rounded up to a warp, at most 512. A
+ * per-head sum over the block is made as route_cuda.cu makes it: where a warp lies in one
+ * head (head_vectors % 32 == 0) warp_transpose_sum gives each warp's share of many sums at
+ * once and the parts of head h are its warps; otherwise each sum goes through
+ * warp_segment_sum and the parts are the segments of route_device.cuh. The parts of a sum
+ * are added in their order: every thread that reads a sum gets the same bits.
+ */
+#ifndef FATHOM_KERNELS_CUDA_ROUTE_BLOCK_DEVICE_CUH
+#define FATHOM_KERNELS_CUDA_ROUTE_BLOCK_DEVICE_CUH
+
+#include "kernels/cuda/route_block_cuda.h"
+#include "kernels/cuda/route_cuda.h"
+#include "kernels/cuda/route_device.cuh"
+
+enum {
+    BLOCK_MAX_THREADS = 512,      /* d <= 4096 */
+    BLOCK_SHARED_LIMIT = 227 * 1024,
+    /* the backward walker's grid, a function of the shapes only (the token ranges fix the
+     * order of the sums over tokens): about 4 blocks on each of an H200's 132 SMs */
+    BLOCK_WALK_TARGET_BLOCKS = 4 * 132,
+    BLOCK_WALK_THREADS = 128,
+    BLOCK_WALK_VEC = 4,           /* channels a walker thread owns (8-byte loads) */
+};
+
+/* The fixed-order reduction of per-block channel sums S into dq += g S, dg += q S, and of
+ * per-block dalpha sums (route_block_cuda.cu). partials [sites][blocks][d]; alpha_partials
+ * [sites][alpha_blocks]; a NULL dalpha[i] skips it. */
+struct BlockReduceArgs {
+    float *dquery[CUDA_BLOCK_MAX_SITES], *dkey_norm[CUDA_BLOCK_MAX_SITES];
+    float *dalpha[CUDA_BLOCK_MAX_SITES];
+    const bf16 *query[CUDA_BLOCK_MAX_SITES], *key_norm[CUDA_BLOCK_MAX_SITES];
+    const float *partials, *alpha_partials;
+    int blocks, alpha_blocks, d;
+};
+
+void route_block_reduce(const BlockReduceArgs &args, int n_sites, cudaStream_t stream);
+
+/* Where a token's per-head sums over the block's threads go (see the top of this file). */
+struct BlockHeads {
+    int vectors, head_vectors, segment_period, parts, warp_heads, warps_per_head;
+};
+
+static inline BlockHeads block_heads(int d, int heads)
+{
+    BlockHeads layout;
+    layout.vectors = d / 8;
+    layout.head_vectors = d / heads / 8;
+    layout.segment_period =
+        32 / greatest_common_divisor(32, layout.head_vectors) * layout.head_vectors;
+    const int threads = (layout.vectors + 31) / 32 * 32, last = layout.vectors - 1;
+    layout.warp_heads = layout.head_vectors % 32 == 0;
+    layout.warps_per_head = layout.warp_heads ? layout.head_vectors / 32 : 0;
+    layout.parts = layout.warp_heads
+                       ? threads / 32
+                       : last / 32 + last / layout.head_vectors - last / layout.segment_period + 1;
+    return layout;
+}
+
+/* The parts of head h: warps h * warps_per_head .. , or its segments. */
+__device__ __forceinline__ void block_head_parts(const BlockHeads &layout, int h, int *from,
+                                                 int *to)
+{
+    if (layout.warp_heads) {
+        *from = h * layout.warps_per_head;
+        *to = *from + layout.warps_per_head - 1;
+    } else {
+        *from = segment_index(h * layout.head_vectors, layout.head_vectors,
+                              layout.segment_period);
+        *to = segment_index((h + 1) * layout.head_vectors - 1, layout.head_vectors,
+                            layout.segment_period);
+    }
+}
+
+/* Sums the K values of every thread over each thread's head (part per warp or segment) into
+ * parts[k * stride + part], k < count (count uniform over the block). All threads call it. */
+template <int K>
+__device__ __forceinline__ void block_head_reduce(float (&values)[K], float *parts, int stride,
+                                                  int count, const BlockHeads &layout,
+                                                  const SlotPlace &place)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (layout.warp_heads) {
+        int index;
+        const float sum = warp_transpose_sum<K>(values, lane, &index);
+        if (index >= 0 && index < count)
+            parts[index * stride + warp] = sum;
+        return;
+    }
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        if (k >= count)
+            continue; /* uniform */
+        const float sum = warp_segment_sum(values[k], lane, place.reach);
+        if (place.starts_segment)
+            parts[k * stride + place.segment] = sum;
+    }
+}
+
+/* Sums K values of every thread over the whole block into parts[k * warps + warp] (the
+ * warps' shares; the reader adds them in warp order). */
+template <int K>
+__device__ __forceinline__ void block_row_reduce(float (&values)[K], float *parts, int count)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    int index;
+    const float sum = warp_transpose_sum<K>(values, lane, &index);
+    if (index >= 0 && index < count)
+        parts[index * warps + warp] = sum;
+}
+
+/* ---- the entries of the block kernels (route_block_forward_cuda.cu,
+ * route_block_backward_cuda.cu) ---- */
+
+/* Whether the block kernels take this shape (the pointers' alignment is the caller's test):
+ * N <= CUDA_BLOCK_MAX_SOURCES, G <= CUDA_BLOCK_MAX_SITES, d % 8 == 0, d <= 4096, head_dim a
+ * multiple of 8, and both kernels' shared memory within the device's. */
+bool route_block_fits(int n_sources, int n_sites, int d, int heads);
+
+void route_block_forward_fast(bf16 *const *results, float *const *weights, float *const *rstd,
+                              float *const *lse, const bf16 *const *sources, int n_sources,
+                              const bf16 *const *queries, const bf16 *const *key_norms,
+                              int n_sites, int tokens, int d, int heads, float eps,
+                              cudaStream_t stream);
+
+size_t route_block_backward_fast_workspace_floats(int n_sources, int n_sites, int tokens,
+                                                  int d, int heads);
+
+void route_block_backward_fast(bf16 *const *dsources, float *const *dqueries,
+                               float *const *dkey_norms, float *const *dalphas,
+                               const bf16 *const *douts, const bf16 *const *sources,
+                               int n_sources, const float *const *weights, const float *rstd,
+                               const bf16 *const *queries, const bf16 *const *key_norms,
+                               const float *const *alphas, const float *const *means,
+                               int n_sites, float *workspace, int tokens, int d, int heads,
+                               cudaStream_t stream);
+
+/* shared memory of the two token-layout kernels, for route_block_fits */
+size_t route_block_forward_shared_bytes(int n_sources, int n_sites, int d, int heads);
+size_t route_block_dots_shared_bytes(int n_sources, int n_sites, int d, int heads);
+
+#endif

@@ -1,0 +1,112 @@
+/* launch/bench_step.c — the step cases of `fathom bench` (launch/bench.h): one training
+ * step through pipeline/step.h on synthetic data, with AdamW and no EMA, for each residual
+ * the users run:
+ *   step    the MHAR paper's 1B model (d 1280, L 36, 16/8 heads, FFN 5120, V 128256, 32 x 1024
+ *           tokens in 4 microbatches of 8): standard, mhar and msar (replace form, blocks of
+ *           4 layers, H 8, MSAR m 4 with kernels 1 2 4 8), mhar-delta and msar-delta (the
+ *           same routing as a graft: the delta form)
+ *   step8b  the 8B width (d 4096, 32/8 heads, hd 128, FFN 14336, V 128256, 4 layers, 4 x 4096
+ *           tokens in 4 microbatches of 1, blocks of 2 layers as launch/bench/train_8b_width.sh
+ *           runs `fathom train`): standard, mhar-delta (H 8), msar-delta (m 4, H 8)
+ * Tokens a second and the most device memory held are reported per mode; the ratios of the
+ * performance table are taken between modes of one run.
+ */
+#include "launch/bench_internal.h"
+
+#include "launch/run_state.h"
+#include "model/model.h"
+#include "pipeline/step.h"
+#include "runtime/config.h"
+#include "runtime/error.h"
+#include "runtime/grid.h"
+#include "runtime/optim.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    TrainingStep *step;
+    DataSet *data;
+    uint64_t consumed;
+    int global_batch;
+} StepPass;
+
+static void step_pass(void *context)
+{
+    StepPass *p = context;
+    step_run(p->step, p->data, p->consumed, 1e-4, 1);
+    p->consumed += (uint64_t)p->global_batch;
+}
+
+bool bench_step_mode_known(const char *mode)
+{
+    static const char *const modes[] = {"standard", "mhar", "msar", "mhar-delta", "msar-delta"};
+    for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++)
+        if (!strcmp(mode, modes[i]))
+            return true;
+    return false;
+}
+
+/* The residual of `mode` at blocks of `layers_per_block` layers, H 8 (2 where d < 128). */
+static void step_residual(ResidualConfig *residual, const char *mode, const ModelConfig *model,
+                          int layers_per_block)
+{
+    residual->mode = RESIDUAL_STANDARD;
+    if (!strcmp(mode, "standard"))
+        return;
+    const bool msar = !strncmp(mode, "msar", 4);
+    residual->mode = msar ? RESIDUAL_MSAR : RESIDUAL_ATTNRES;
+    residual->heads = 8 < model->d_model / 16 ? 8 : 2;
+    residual->granularity = GRANULARITY_BLOCK;
+    residual->layers_per_block = layers_per_block;
+    residual->form = strstr(mode, "-delta") ? FORM_DELTA : FORM_REPLACE;
+    residual->streams = msar ? BENCH_STREAMS : 1;
+    residual->n_stream_kernels = msar ? BENCH_STREAMS : 0;
+    for (int i = 0; i < residual->n_stream_kernels; i++)
+        residual->stream_kernels[i] = bench_kernels[i];
+}
+
+/* wide: the 8B width (step8b), else the 1B model (step) */
+void bench_case_step(Bench *bench, bool wide, const char *mode)
+{
+    const Backend *backend = bench->backend;
+    const BenchShapes *s = &bench->shapes;
+    const ModelConfig *shape = wide ? &s->wide_model : &s->step_model;
+    const int microbatch = wide ? s->wide_microbatch : s->step_microbatch;
+    const int microbatches = wide ? s->wide_microbatches : s->step_microbatches;
+    const int T = wide ? s->wide_T : s->step_T;
+    Config config;
+    config_defaults(&config);
+    config.model = *shape;
+    config.train.microbatch_size = microbatch;
+    config.train.global_batch_size = microbatch * microbatches;
+    config.train.seq_len = T;
+    config.train.z_loss = 1e-4;
+    config.data.source = DATA_SYNTHETIC;
+    step_residual(&config.residual, mode, shape,
+                  wide ? s->wide_layers_per_block : (shape->n_layers >= 8 ? 4 : 2));
+    backend->memory_peak_reset();
+    Model *model = model_create(backend, &config.model, &config.residual, microbatch, T);
+    model_init_params(model, 1, 0.02);
+    config.optim.ema_decay = 0; /* the step of the table keeps no EMA */
+    RunState state;
+    run_state_create(&state, model, &config);
+    Optimizer optimizer = run_state_optimizer(&state, model, &config.optim);
+    RankGrid grid;
+    grid_create(&grid, 1, 1);
+    TrainingStep step;
+    step_create(&step, model, &config, &grid, &optimizer);
+    DataSet *data = data_open_train(&config);
+    StepPass pass = {&step, data, 0, config.train.global_batch_size};
+    const size_t tokens = (size_t)config.train.global_batch_size * T;
+    const int repeat = bench->repeat / 3 > 3 ? bench->repeat / 3 : 3;
+    double ms = bench_time_ms(backend, step_pass, &pass, repeat);
+    bench_add(bench, wide ? "step8b" : "step", mode, ms, (double)tokens / ms * 1e3, "tok/s",
+              bench_peak_gib(backend));
+    data_close(data);
+    step_destroy(&step);
+    grid_destroy(&grid);
+    free((void *)optimizer.ranges);
+    run_state_destroy(&state, model);
+    model_destroy(model);
+}
