@@ -12,6 +12,11 @@
  * multiple of the 64 / 128 tiles, including blocks where a whole warpgroup's rows lie past T),
  * grouped and ungrouped heads, head_dim 64, 80 (no power of two) and 128, and a sequence long
  * enough that every shared-memory ring of the kernels wraps several times.
+ * The backward tests run the fused kernel (the default) unless their name says two_pass; each
+ * selects its kernel explicitly. At the Llama-3-8B shape (more tiles than multiprocessors, so
+ * the fused kernel's ordered dq additions wait on CTAs that start later) the two kernels are
+ * held to each other and to their own bits, on the GPU forward's out and lse (the cpu
+ * reference would take minutes there).
  */
 #include "kernels/cpu/kernels_cpu.h"
 #include "kernels/cuda/attention_cuda.h"
@@ -126,7 +131,8 @@ static DeviceInputs device_inputs(const Case *c)
     d.out = gpu_upload_bf16(c->out_rounded, c->q_count);
     d.lse = gpu_upload_floats(c->lse, c->lse_count);
     d.workspace = gpu_poisoned_floats(
-        attention_backward_cuda_workspace_bytes(c->shape.B, c->shape.T, c->shape.n_heads) /
+        attention_backward_cuda_workspace_bytes(c->shape.B, c->shape.T, c->shape.n_heads,
+                                                c->shape.head_dim) /
         sizeof(float));
     return d;
 }
@@ -162,10 +168,11 @@ static void check_forward(Shape shape, uint64_t seed)
     cr_expect_leq(lse_error, LSE_TOLERANCE, "lse: relative error %.3g", lse_error);
 }
 
-/* Overwrite mode into poisoned gradients. */
-static void check_backward(Shape shape, uint64_t seed)
+/* Overwrite mode into poisoned gradients, with the given backward kernel. */
+static void check_backward_with(Shape shape, uint64_t seed, AttentionBackwardKernel kernel)
 {
     gpu_require();
+    attention_cuda_select_backward(kernel);
     Case c = case_make(shape, seed, 1);
     DeviceInputs d = device_inputs(&c);
     bf16 *dq = gpu_poisoned_bf16(c.q_count);
@@ -186,6 +193,11 @@ static void check_backward(Shape shape, uint64_t seed)
     cr_expect_leq(dq_error, BF16_TOLERANCE, "dq: relative error %.3g", dq_error);
     cr_expect_leq(dk_error, BF16_TOLERANCE, "dk: relative error %.3g", dk_error);
     cr_expect_leq(dv_error, BF16_TOLERANCE, "dv: relative error %.3g", dv_error);
+}
+
+static void check_backward(Shape shape, uint64_t seed)
+{
+    check_backward_with(shape, seed, ATTENTION_BACKWARD_FUSED);
 }
 
 static const Shape single_token = {1, 1, 1, 1, 64};
@@ -278,11 +290,37 @@ Test(cuda_attention, backward_matches_cpu_over_many_key_blocks)
     check_backward(long_64, 207);
 }
 
+Test(cuda_attention, backward_matches_cpu_with_groups_of_eight_heads)
+{
+    check_backward(groups_of_8_128, 208);
+}
+
+Test(cuda_attention, backward_matches_cpu_with_groups_of_three_heads)
+{
+    check_backward(groups_of_3_80, 209);
+}
+
+Test(cuda_attention, two_pass_backward_matches_cpu_with_grouped_heads_and_a_ragged_tail)
+{
+    check_backward_with(grouped_ragged_64, 212, ATTENTION_BACKWARD_TWO_PASS);
+}
+
+Test(cuda_attention, two_pass_backward_matches_cpu_for_head_dim_80)
+{
+    check_backward_with(grouped_ragged_80, 214, ATTENTION_BACKWARD_TWO_PASS);
+}
+
+Test(cuda_attention, two_pass_backward_matches_cpu_with_32_heads_over_8_kv_heads)
+{
+    check_backward_with(wide_128, 215, ATTENTION_BACKWARD_TWO_PASS);
+}
+
 /* dq, dk, dv start at random values of the gradients' own size: the result must be
  * start + gradient, not the gradient alone nor twice it. */
-Test(cuda_attention, backward_with_accumulate_adds_to_the_gradients)
+static void check_accumulate(AttentionBackwardKernel kernel)
 {
     gpu_require();
+    attention_cuda_select_backward(kernel);
     Shape shape = grouped_ragged_80;
     Case c = case_make(shape, 301, 1);
     DeviceInputs d = device_inputs(&c);
@@ -315,34 +353,151 @@ Test(cuda_attention, backward_with_accumulate_adds_to_the_gradients)
         cr_expect_leq(error[i], BF16_TOLERANCE, "%s: relative error %.3g", names[i], error[i]);
 }
 
-/* Two runs on the same inputs into freshly poisoned buffers give the same bits. */
-Test(cuda_attention, backward_is_bitwise_deterministic)
+Test(cuda_attention, backward_with_accumulate_adds_to_the_gradients)
 {
-    gpu_require();
-    Shape shape = {2, 300, 8, 2, 128};
-    Case c = case_make(shape, 401, 0);
-    DeviceInputs d = device_inputs(&c);
-    size_t count[3] = {c.q_count, c.kv_count, c.kv_count};
+    check_accumulate(ATTENTION_BACKWARD_FUSED);
+}
+
+Test(cuda_attention, two_pass_backward_with_accumulate_adds_to_the_gradients)
+{
+    check_accumulate(ATTENTION_BACKWARD_TWO_PASS);
+}
+
+/* Runs the backward twice into freshly poisoned buffers; true when each gradient is finite
+ * and has the same bits both times (names the first that does not). */
+static int backward_repeats_its_bits(const Case *c, const DeviceInputs *d, const char **differs)
+{
+    size_t count[3] = {c->q_count, c->kv_count, c->kv_count};
     float *first[3], *second[3];
     for (int run = 0; run < 2; run++) {
         bf16 *gradient[3];
         for (int i = 0; i < 3; i++)
             gradient[i] = gpu_poisoned_bf16(count[i]);
-        run_backward(&c, &d, gradient[0], gradient[1], gradient[2], false);
+        run_backward(c, d, gradient[0], gradient[1], gradient[2], false);
         for (int i = 0; i < 3; i++)
             (run == 0 ? first : second)[i] = gpu_download_bf16(gradient[i], count[i]);
     }
     const char *names[3] = {"dq", "dk", "dv"};
-    int same[3];
+    int same = 1;
     for (int i = 0; i < 3; i++) {
-        same[i] = test_all_finite(first[i], count[i]) &&
-                  memcmp(first[i], second[i], count[i] * sizeof(float)) == 0;
+        int this_same = test_all_finite(first[i], count[i]) &&
+                        memcmp(first[i], second[i], count[i] * sizeof(float)) == 0;
+        if (!this_same && same)
+            *differs = names[i];
+        same = same && this_same;
         free(first[i]);
         free(second[i]);
     }
+    return same;
+}
+
+static void check_deterministic(AttentionBackwardKernel kernel)
+{
+    gpu_require();
+    attention_cuda_select_backward(kernel);
+    Case c = case_make((Shape){2, 300, 8, 2, 128}, 401, 0);
+    DeviceInputs d = device_inputs(&c);
+    const char *differs = "";
+    int same = backward_repeats_its_bits(&c, &d, &differs);
     case_free(&c);
+    cr_expect(same, "%s differs between two runs (or is not finite)", differs);
+}
+
+Test(cuda_attention, backward_is_bitwise_deterministic)
+{
+    check_deterministic(ATTENTION_BACKWARD_FUSED);
+}
+
+Test(cuda_attention, two_pass_backward_is_bitwise_deterministic)
+{
+    check_deterministic(ATTENTION_BACKWARD_TWO_PASS);
+}
+
+/* A case whose out and lse come from the GPU forward (no cpu reference: the shapes below
+ * take the cpu minutes); its host arrays q .. dout only. */
+static Case large_case_make(Shape shape, uint64_t seed, DeviceInputs *d)
+{
+    Case c = {.shape = shape};
+    c.q_count = (size_t)shape.B * shape.T * shape.n_heads * shape.head_dim;
+    c.kv_count = (size_t)shape.B * shape.T * shape.n_kv_heads * shape.head_dim;
+    c.lse_count = (size_t)shape.B * shape.n_heads * shape.T;
+    c.q = random_bf16_floats(c.q_count, seed);
+    c.k = random_bf16_floats(c.kv_count, seed + 1);
+    c.v = random_bf16_floats(c.kv_count, seed + 2);
+    c.dout = random_bf16_floats(c.q_count, seed + 3);
+    d->q = gpu_upload_bf16(c.q, c.q_count);
+    d->k = gpu_upload_bf16(c.k, c.kv_count);
+    d->v = gpu_upload_bf16(c.v, c.kv_count);
+    d->dout = gpu_upload_bf16(c.dout, c.q_count);
+    d->out = gpu_poisoned_bf16(c.q_count);
+    d->lse = gpu_poisoned_floats(c.lse_count);
+    attention_forward_cuda(d->out, d->lse, d->q, d->k, d->v, shape.B, shape.T, shape.n_heads,
+                           shape.n_kv_heads, shape.head_dim, 0);
+    /* the fused kernel's workspace holds the two-pass kernels' too */
+    attention_cuda_select_backward(ATTENTION_BACKWARD_FUSED);
+    d->workspace = gpu_poisoned_floats(attention_backward_cuda_workspace_bytes(
+                                           shape.B, shape.T, shape.n_heads, shape.head_dim) /
+                                       sizeof(float));
+    CUDA_CHECK(cudaDeviceSynchronize());
+    return c;
+}
+
+/* 256 tiles (32 key blocks x 8 kv heads) on a GPU of about 132 multiprocessors: CTAs wait on
+ * key blocks whose CTAs started in an earlier wave; T is not a multiple of 64. */
+static const Shape llama_8b_ragged = {1, 4000, 32, 8, 128};
+static const Shape model_1b_ragged = {8, 1000, 16, 8, 80};
+
+Test(cuda_attention, fused_backward_repeats_its_bits_at_the_llama_8b_shape)
+{
+    gpu_require();
+    DeviceInputs d;
+    Case c = large_case_make(llama_8b_ragged, 501, &d);
+    const char *differs = "";
+    int same = backward_repeats_its_bits(&c, &d, &differs);
+    case_free(&c);
+    cr_expect(same, "%s differs between two runs (or is not finite)", differs);
+}
+
+/* The two kernels compute the same gradients in different orders: equal within bf16. */
+static void check_fused_against_two_pass(Shape shape, uint64_t seed)
+{
+    gpu_require();
+    DeviceInputs d;
+    Case c = large_case_make(shape, seed, &d);
+    size_t count[3] = {c.q_count, c.kv_count, c.kv_count};
+    float *result[2][3];
+    AttentionBackwardKernel kernels[2] = {ATTENTION_BACKWARD_FUSED, ATTENTION_BACKWARD_TWO_PASS};
+    for (int run = 0; run < 2; run++) {
+        attention_cuda_select_backward(kernels[run]);
+        bf16 *gradient[3];
+        for (int i = 0; i < 3; i++)
+            gradient[i] = gpu_poisoned_bf16(count[i]);
+        run_backward(&c, &d, gradient[0], gradient[1], gradient[2], false);
+        for (int i = 0; i < 3; i++)
+            result[run][i] = gpu_download_bf16(gradient[i], count[i]);
+    }
+    const char *names[3] = {"dq", "dk", "dv"};
+    double error[3];
+    for (int i = 0; i < 3; i++) {
+        error[i] = gradient_error(result[0][i], result[1][i], count[i]);
+        free(result[0][i]);
+        free(result[1][i]);
+    }
+    case_free(&c);
+    cr_log_info("dq %.3g, dk %.3g, dv %.3g", error[0], error[1], error[2]);
     for (int i = 0; i < 3; i++)
-        cr_expect(same[i], "%s differs between two runs (or is not finite)", names[i]);
+        cr_expect_leq(error[i], BF16_TOLERANCE, "%s: fused against two_pass %.3g", names[i],
+                      error[i]);
+}
+
+Test(cuda_attention, fused_backward_matches_two_pass_at_the_llama_8b_shape)
+{
+    check_fused_against_two_pass(llama_8b_ragged, 511);
+}
+
+Test(cuda_attention, fused_backward_matches_two_pass_at_the_1b_shape)
+{
+    check_fused_against_two_pass(model_1b_ragged, 521);
 }
 
 /* Shapes the kernels cannot run are refused before any launch (no GPU needed). */

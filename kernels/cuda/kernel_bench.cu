@@ -6,6 +6,8 @@
  * kernels, counting each input read once and each output written once, "+=" outputs read
  * and written) and the floor on an H200 (790 TFLOP/s bf16 dense, 4.3 TB/s copy, measured
  * here). Inputs are random (never zeros, which run faster than real data). GPU only.
+ * `fathom-kernel-bench attention` times the attention cases alone, with every kernel variant
+ * (the fused and two-pass backwards), at head_dim 128, 80 and 64.
  */
 #include "kernels/cuda/attention_cuda.h"
 #include "kernels/cuda/kernels_cuda.h"
@@ -14,6 +16,7 @@
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 static const double PEAK_TFLOPS = 790.0, PEAK_GBS = 4300.0;
 
@@ -153,14 +156,22 @@ static void bench_attention(int B, int T, int H, int KV, int hd)
     c.dk = (bf16 *)device_random_bf16(kv_n, 17);
     c.dv = (bf16 *)device_random_bf16(kv_n, 18);
     c.lse = device_floats((size_t)B * H * T, 0.0f);
-    CUDA_CHECK(cudaMalloc(&c.workspace, attention_backward_cuda_workspace_bytes(B, T, H)));
+    attention_cuda_select_backward(ATTENTION_BACKWARD_FUSED); /* the larger workspace */
+    CUDA_CHECK(cudaMalloc(&c.workspace, attention_backward_cuda_workspace_bytes(B, T, H, hd)));
     double forward_flops = 4.0 * B * (double)T * T * H * hd / 2; /* causal: half */
     char name[64];
     snprintf(name, sizeof name, "attention fwd B%d T%d %d/%d hd%d", B, T, H, KV, hd);
     report(name, median_ms(attention_forward_case, &c), forward_flops, 0);
     attention_forward_case(&c); /* a real lse for the backward */
-    snprintf(name, sizeof name, "attention bwd B%d T%d %d/%d hd%d", B, T, H, KV, hd);
-    report(name, median_ms(attention_backward_case, &c), 2.5 * forward_flops, 0);
+    const AttentionBackwardKernel kernels[] = {ATTENTION_BACKWARD_FUSED,
+                                               ATTENTION_BACKWARD_TWO_PASS};
+    const char *kernel_names[] = {"fused", "two_pass"};
+    for (int i = 0; i < 2; i++) {
+        attention_cuda_select_backward(kernels[i]);
+        snprintf(name, sizeof name, "attention bwd %s B%d T%d %d/%d hd%d", kernel_names[i], B, T,
+                 H, KV, hd);
+        report(name, median_ms(attention_backward_case, &c), 2.5 * forward_flops, 0);
+    }
     cudaFree(c.q), cudaFree(c.k), cudaFree(c.v), cudaFree(c.out), cudaFree(c.dout);
     cudaFree(c.dq), cudaFree(c.dk), cudaFree(c.dv), cudaFree(c.lse), cudaFree(c.workspace);
 }
@@ -243,8 +254,10 @@ static void bench_swiglu(int rows, int ffn)
     cudaFree(c.dup);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    /* `fathom-kernel-bench attention`: the attention cases alone, every kernel variant */
+    bool attention_only = argc > 1 && !strcmp(argv[1], "attention");
     char description[320];
     int devices = 0;
     if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
@@ -256,6 +269,12 @@ int main(void)
     snprintf(description, sizeof description, "%s, %d SMs", properties.name,
              properties.multiProcessorCount);
     printf("# fathom-kernel-bench on %s (Llama-3-8B layer shapes, 4096 tokens)\n", description);
+    if (attention_only) {
+        bench_attention(1, 4096, 32, 8, 128);
+        bench_attention(32, 1024, 16, 8, 80);
+        bench_attention(2, 4096, 32, 8, 64);
+        return 0;
+    }
     cuda_matmul_init();
     bench_matmul(4096, 4096, 4096);
     bench_matmul(4096, 4096, 14336);

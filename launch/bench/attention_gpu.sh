@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# launch/bench/attention_gpu.sh — on a GPU machine, from the repository root, with build/ and
+# .gpu-libs/ made by launch/bench/gpu_bundle.sh: the attention kernels' checks and timings in
+# one go, under 4 minutes, builds nothing, a short table last.
+#   1. the cuda attention tests (every kernel variant against the cpu reference, the backward's
+#      bits across runs, the fused backward against the two-pass one at the 8B and 1B shapes);
+#   2. the GPU tests that run attention inside the model (Hugging Face fixtures; 20 training
+#      steps against the cpu, two runs' bits, no allocation after the first step);
+#   3. compute-sanitizer memcheck over one fused-backward test, where the tool is present;
+#   4. fathom-kernel-bench attention: every variant at (b) B1 T4096 32/8 hd128, the 1B shape
+#      B32 T1024 16/8 hd80 and B2 T4096 32/8 hd64;
+#   5. PyTorch SDPA at the same shapes (peer.py);
+#   6. ncu on the new kernels at the (b) shape, where ncu is present (NCU=0 skips it).
+# Logs go to $OUT (or /tmp/attention-gpu).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+out=${OUT:-/tmp/attention-gpu}
+mkdir -p "$out"
+export PATH=$PWD/.gpu-libs/bin:$PATH
+export LD_LIBRARY_PATH=$PWD/.gpu-libs:$PWD/build/kernels${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 FATHOM_BINARY=$PWD/build/fathom \
+  FATHOM_SOURCE_DIR=$PWD
+shapes="1,4096,32,8,128;32,1024,16,8,80;2,4096,32,8,64"
+started=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - started )) s] $*"; }
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used,temperature.gpu \
+  --format=csv,noheader | tee "$out/gpu.txt"
+
+stamp "1. cuda attention tests"
+timeout 120 build/tests/fathom-tests --jobs=4 --filter 'cuda_attention/*' --verbose=1 \
+  >"$out/attention-tests.log" 2>&1
+echo "exit $?" >>"$out/attention-tests.log"
+grep -E "\[FAIL\]|Assertion|Synthesis|relative error|differs|fused against|^exit" \
+  "$out/attention-tests.log" | head -40
+
+stamp "2. model tests on the GPU (fixtures, training against the cpu)"
+timeout 60 build/tests/fathom-tests --jobs=4 --filter 'cuda_reference/*' --verbose=1 \
+  >"$out/reference-tests.log" 2>&1
+echo "exit $?" >>"$out/reference-tests.log"
+train='@(standard_residual_follows_the_cpu_for_20_steps|two_cuda_runs_are_bitwise_identical'
+train+='|nothing_is_allocated_after_the_first_step)'
+timeout 120 build/tests/fathom-tests --jobs=3 --filter "cuda_train/$train" --verbose=1 \
+  >"$out/train-tests.log" 2>&1
+echo "exit $?" >>"$out/train-tests.log"
+grep -hE "\[FAIL\]|Synthesis|^exit" "$out/reference-tests.log" "$out/train-tests.log"
+
+if command -v compute-sanitizer >/dev/null; then
+  stamp "3. compute-sanitizer memcheck, fused backward"
+  timeout 60 compute-sanitizer --tool memcheck --target-processes all \
+    build/tests/fathom-tests --jobs=1 \
+    --filter 'cuda_attention/backward_matches_cpu_with_grouped_heads_and_a_ragged_tail' \
+    >"$out/memcheck.log" 2>&1
+  echo "exit $?" >>"$out/memcheck.log"
+  grep -E "ERROR SUMMARY|Invalid|Synthesis|^exit" "$out/memcheck.log" | head -10
+fi
+
+stamp "4. fathom-kernel-bench attention"
+timeout 60 build/kernels/fathom-kernel-bench attention 2>&1 | tee "$out/kernel-bench.txt"
+
+stamp "5. PyTorch SDPA"
+timeout 120 python3 launch/bench/peer.py --cases attention --attention-shapes "$shapes" \
+  >"$out/peer.txt" 2>&1
+grep -v "^{" "$out/peer.txt" | tail -8
+
+if [ "${NCU:-1}" != 0 ] && command -v ncu >/dev/null; then
+  stamp "6. ncu, new kernels at B1 T4096 32/8 hd128"
+  timeout 60 ncu --clock-control none --launch-count 1 \
+    --kernel-name regex:'attention_backward_fused_kernel' \
+    --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
+    build/kernels/fathom-kernel-bench attention >"$out/ncu.txt" 2>&1
+  grep -E "attention_|Duration|Throughput|Achieved Occupancy|Registers|Stall|Issued Warp" \
+    "$out/ncu.txt" | head -30
+fi
+
+stamp "summary"
+python3 - "$out" <<'EOF'
+import json, re, sys
+out = sys.argv[1]
+def read(name):
+    try:
+        return open(f"{out}/{name}").read()
+    except OSError:
+        return ""
+for name in ("attention-tests.log", "reference-tests.log", "train-tests.log"):
+    text = read(name)
+    synthesis = re.findall(r"Synthesis: .*", text)
+    ended = re.findall(r"^exit (\d+)", text, re.M)
+    print(f"{name:<22} {synthesis[-1] if synthesis else 'no synthesis'}"
+          f"{'' if ended and ended[-1] == '0' else '  (exit ' + (ended[-1] if ended else '?') + ')'}")
+memcheck = re.findall(r"ERROR SUMMARY: .*", read("memcheck.log"))
+if memcheck:
+    print(f"{'memcheck':<22} {memcheck[-1]}")
+ours = {}
+for line in read("kernel-bench.txt").splitlines():
+    m = re.match(r"attention (fwd|bwd)(?: (\w+))? (B\d+ T\d+ \d+/\d+ hd\d+)\s+([\d.]+) ms", line)
+    if m:
+        ours[(m.group(3), m.group(1), m.group(2) or "")] = float(m.group(4))
+peer = {}
+for line in read("peer.txt").splitlines():
+    if line.startswith("{"):
+        row = json.loads(line)
+        mode = row["mode"].split(" ", 1)
+        shape = mode[1] if len(mode) > 1 else "B1 T4096 32/8 hd128"
+        peer[(shape, mode[0])] = row["ms"]
+shapes = sorted({k[0] for k in ours} | {k[0] for k in peer}, key=lambda s: -int(s.split("hd")[1]))
+print(f"\n{'shape':<22} {'fwd':>7} {'bwd fused':>9} {'bwd 2pass':>9} {'SDPA fwd':>8} "
+      f"{'SDPA f+b':>8} {'fwd ratio':>9} {'f+b ratio':>9}")
+for s in shapes:
+    fwd = ours.get((s, "fwd", ""))
+    fused, two = ours.get((s, "bwd", "fused")), ours.get((s, "bwd", "two_pass"))
+    sdpa_f, sdpa_fb = peer.get((s, "forward")), peer.get((s, "forward+backward"))
+    cell = lambda v: f"{v:.3f}" if v else "-"
+    ratio = lambda a, b: f"{a / b:.2f}x" if a and b else "-"
+    print(f"{s:<22} {cell(fwd):>7} {cell(fused):>9} {cell(two):>9} {cell(sdpa_f):>8} "
+          f"{cell(sdpa_fb):>8} {ratio(sdpa_f, fwd):>9} "
+          f"{ratio(sdpa_fb, (fwd or 0) + (fused or 0)):>9}")
+print("(ms; ratios are PyTorch time / ours, fwd+bwd with the fused backward)")
+EOF
