@@ -12,8 +12,8 @@
  * multiple of the 64 / 128 tiles, including blocks where a whole warpgroup's rows lie past T),
  * grouped and ungrouped heads, head_dim 64, 80 (no power of two) and 128, and a sequence long
  * enough that every shared-memory ring of the kernels wraps several times.
- * The backward tests run the fused kernel (the default) unless their name says two_pass; each
- * selects its kernel explicitly. At the Llama-3-8B shape (more tiles than multiprocessors, so
+ * The forward tests run the grouped kernel unless their name says specialised, the backward
+ * tests the fused kernel unless their name says two_pass; each selects its kernel explicitly. At the Llama-3-8B shape (more tiles than multiprocessors, so
  * the fused kernel's ordered dq additions wait on CTAs that start later) the two kernels are
  * held to each other and to their own bits, on the GPU forward's out and lse (the cpu
  * reference would take minutes there).
@@ -146,9 +146,10 @@ static void run_backward(const Case *c, const DeviceInputs *d, bf16 *dq, bf16 *d
     CUDA_CHECK(cudaDeviceSynchronize());
 }
 
-static void check_forward(Shape shape, uint64_t seed)
+static void check_forward_with(Shape shape, uint64_t seed, AttentionForwardKernel kernel)
 {
     gpu_require();
+    attention_cuda_select_forward(kernel);
     Case c = case_make(shape, seed, 0);
     DeviceInputs d = device_inputs(&c);
     bf16 *out = gpu_poisoned_bf16(c.q_count);
@@ -166,6 +167,11 @@ static void check_forward(Shape shape, uint64_t seed)
     cr_log_info("out %.3g, lse %.3g", out_error, lse_error);
     cr_expect_leq(out_error, BF16_TOLERANCE, "out: relative error %.3g", out_error);
     cr_expect_leq(lse_error, LSE_TOLERANCE, "lse: relative error %.3g", lse_error);
+}
+
+static void check_forward(Shape shape, uint64_t seed)
+{
+    check_forward_with(shape, seed, ATTENTION_FORWARD_GROUPED);
 }
 
 /* Overwrite mode into poisoned gradients, with the given backward kernel. */
@@ -253,6 +259,51 @@ Test(cuda_attention, forward_matches_cpu_with_groups_of_eight_heads)
 Test(cuda_attention, forward_matches_cpu_with_groups_of_three_heads)
 {
     check_forward(groups_of_3_80, 109);
+}
+
+Test(cuda_attention, specialised_forward_matches_cpu_for_a_single_token)
+{
+    check_forward_with(single_token, 111, ATTENTION_FORWARD_SPECIALISED);
+}
+
+Test(cuda_attention, specialised_forward_matches_cpu_with_grouped_heads_and_a_ragged_tail)
+{
+    check_forward_with(grouped_ragged_64, 112, ATTENTION_FORWARD_SPECIALISED);
+}
+
+Test(cuda_attention, specialised_forward_matches_cpu_for_head_dim_128_past_two_query_tiles)
+{
+    check_forward_with(grouped_ragged_128, 113, ATTENTION_FORWARD_SPECIALISED);
+}
+
+Test(cuda_attention, specialised_forward_matches_cpu_for_head_dim_80)
+{
+    check_forward_with(grouped_ragged_80, 114, ATTENTION_FORWARD_SPECIALISED);
+}
+
+Test(cuda_attention, specialised_forward_matches_cpu_with_32_heads_over_8_kv_heads)
+{
+    check_forward_with(wide_128, 115, ATTENTION_FORWARD_SPECIALISED);
+}
+
+Test(cuda_attention, specialised_forward_matches_cpu_without_grouped_heads)
+{
+    check_forward_with(ungrouped_64, 116, ATTENTION_FORWARD_SPECIALISED);
+}
+
+Test(cuda_attention, specialised_forward_matches_cpu_over_many_key_blocks)
+{
+    check_forward_with(long_64, 117, ATTENTION_FORWARD_SPECIALISED);
+}
+
+Test(cuda_attention, specialised_forward_matches_cpu_with_groups_of_eight_heads)
+{
+    check_forward_with(groups_of_8_128, 118, ATTENTION_FORWARD_SPECIALISED);
+}
+
+Test(cuda_attention, specialised_forward_matches_cpu_with_groups_of_three_heads)
+{
+    check_forward_with(groups_of_3_80, 119, ATTENTION_FORWARD_SPECIALISED);
 }
 
 Test(cuda_attention, backward_matches_cpu_for_a_single_token)
@@ -493,6 +544,53 @@ static void check_fused_against_two_pass(Shape shape, uint64_t seed)
 Test(cuda_attention, fused_backward_matches_two_pass_at_the_llama_8b_shape)
 {
     check_fused_against_two_pass(llama_8b_ragged, 511);
+}
+
+/* The two forwards at the large shapes: out within bf16, lse within 1e-3 of each other. */
+static void check_specialised_against_grouped(Shape shape, uint64_t seed)
+{
+    gpu_require();
+    size_t q_count = (size_t)shape.B * shape.T * shape.n_heads * shape.head_dim;
+    size_t kv_count = (size_t)shape.B * shape.T * shape.n_kv_heads * shape.head_dim;
+    size_t lse_count = (size_t)shape.B * shape.n_heads * shape.T;
+    float *host[3] = {random_bf16_floats(q_count, seed), random_bf16_floats(kv_count, seed + 1),
+                      random_bf16_floats(kv_count, seed + 2)};
+    bf16 *q = gpu_upload_bf16(host[0], q_count), *k = gpu_upload_bf16(host[1], kv_count);
+    bf16 *v = gpu_upload_bf16(host[2], kv_count);
+    float *out[2], *lse[2];
+    AttentionForwardKernel kernels[2] = {ATTENTION_FORWARD_SPECIALISED, ATTENTION_FORWARD_GROUPED};
+    for (int run = 0; run < 2; run++) {
+        attention_cuda_select_forward(kernels[run]);
+        bf16 *out_device = gpu_poisoned_bf16(q_count);
+        float *lse_device = gpu_poisoned_floats(lse_count);
+        attention_forward_cuda(out_device, lse_device, q, k, v, shape.B, shape.T, shape.n_heads,
+                               shape.n_kv_heads, shape.head_dim, 0);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        out[run] = gpu_download_bf16(out_device, q_count);
+        lse[run] = gpu_download_floats(lse_device, lse_count);
+    }
+    double out_error = test_relative_error(out[0], out[1], q_count);
+    double lse_error = test_relative_error(lse[0], lse[1], lse_count);
+    for (int i = 0; i < 3; i++)
+        free(host[i]);
+    for (int run = 0; run < 2; run++) {
+        free(out[run]);
+        free(lse[run]);
+    }
+    gpu_free_all();
+    cr_log_info("out %.3g, lse %.3g", out_error, lse_error);
+    cr_expect_leq(out_error, BF16_TOLERANCE, "out: specialised against grouped %.3g", out_error);
+    cr_expect_leq(lse_error, LSE_TOLERANCE, "lse: specialised against grouped %.3g", lse_error);
+}
+
+Test(cuda_attention, specialised_forward_matches_grouped_at_the_llama_8b_shape)
+{
+    check_specialised_against_grouped(llama_8b_ragged, 531);
+}
+
+Test(cuda_attention, specialised_forward_matches_grouped_at_the_1b_shape)
+{
+    check_specialised_against_grouped(model_1b_ragged, 541);
 }
 
 Test(cuda_attention, fused_backward_matches_two_pass_at_the_1b_shape)

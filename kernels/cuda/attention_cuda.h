@@ -14,7 +14,8 @@
  * sum are fp32; the tensor cores see bf16 operands (q, k, v, dout, and the probabilities
  * and score gradients rounded once to bf16) with fp32 accumulators. Hopper warpgroup MMAs
  * (wgmma, sm_90a): the file is built for sm_90a only.
- * Forward: one CTA of four warpgroups per (256 query rows of one KV group, batch) walks its
+ * Forward (grouped, the default; the specialised kernel is described below its selector):
+ * one CTA of four warpgroups per (256 query rows of one KV group, batch) walks its
  * key blocks of 64 with an online softmax in base 2 (running max and sum in fp32), so K, V
  * cross L2 once per group rather than once per query head: the rows are 64 queries of 4 heads
  * of the group (group size a multiple of 4), 128 queries of 2 heads (even) or 256 queries of
@@ -66,6 +67,8 @@
  * Resources (ptxas, sm_90a, no spills, no serialised wgmma), registers per thread for
  * head_dim 128 / 80 / 64:
  *   forward  CTAs of 512 threads: 128 / 121 / 105, shared 160 / 100 / 80 KiB: 1 CTA an SM;
+ *   specialised forward  CTAs of 384 threads (producer 24, consumers 240), shared 161 / 101 /
+ *            81 KiB: 1 CTA;
  *   dk, dv   CTAs of 256 threads: 246 / 212 / 190, dq 204 / 186 / 164, shared 161.5 / 101.5 /
  *            81.5 KiB: 1 CTA.
  *   fused    CTAs of 384 threads (a writer warpgroup at 24 registers, two consumer warpgroups
@@ -86,6 +89,26 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* The forward kernels: grouped (attention_cuda.cu, four warpgroups of 64 rows sharing K, V
+ * through a cp.async ring) and specialised (attention_forward_specialised_cuda.cu, the
+ * FlashAttention-3 manner: a TMA producer warp, two consumer warpgroups taking turns, each
+ * overlapping its softmax with its products). */
+typedef enum AttentionForwardKernel {
+    ATTENTION_FORWARD_GROUPED = 0,
+    ATTENTION_FORWARD_SPECIALISED = 1,
+} AttentionForwardKernel;
+
+/* Chooses the forward for the rest of the process (tests, benchmarks); without a call the
+ * first forward reads FATHOM_ATTENTION_FORWARD (grouped when unset; specialised; another value
+ * exits 2). */
+void attention_cuda_select_forward(AttentionForwardKernel kernel);
+AttentionForwardKernel attention_cuda_forward_kernel(void);
+
+/* The specialised forward alone (shapes already checked by attention_forward_cuda). */
+void attention_forward_specialised_launch(bf16 *out, float *lse, const bf16 *q, const bf16 *k,
+                                          const bf16 *v, int B, int T, int n_heads,
+                                          int n_kv_heads, int head_dim, cudaStream_t stream);
 
 /* out, lse from q, k, v (shapes above). Asynchronous on `stream`. */
 void attention_forward_cuda(bf16 *out, float *lse, const bf16 *q, const bf16 *k,

@@ -7,7 +7,8 @@
  * and written) and the floor on an H200 (790 TFLOP/s bf16 dense, 4.3 TB/s copy, measured
  * here). Inputs are random (never zeros, which run faster than real data). GPU only.
  * `fathom-kernel-bench attention` times the attention cases alone, with every kernel variant
- * (the fused and two-pass backwards), at head_dim 128, 80 and 64.
+ * (the grouped and specialised forwards, the fused and two-pass backwards), at head_dim 128,
+ * 80 and 64.
  */
 #include "kernels/cuda/attention_cuda.h"
 #include "kernels/cuda/kernels_cuda.h"
@@ -74,10 +75,10 @@ static void report(const char *name, double ms, double flops, double bytes)
 {
     double floor_ms = std::max(flops / (PEAK_TFLOPS * 1e9), bytes / (PEAK_GBS * 1e6));
     if (flops > 0)
-        printf("%-34s %9.3f ms %9.1f TFLOP/s   floor %8.3f ms  (%.2fx floor)\n", name, ms,
+        printf("%-48s %9.3f ms %9.1f TFLOP/s   floor %8.3f ms  (%.2fx floor)\n", name, ms,
                flops / ms / 1e9, floor_ms, ms / floor_ms);
     else
-        printf("%-34s %9.3f ms %9.1f GB/s      floor %8.3f ms  (%.2fx floor)\n", name, ms,
+        printf("%-48s %9.3f ms %9.1f GB/s      floor %8.3f ms  (%.2fx floor)\n", name, ms,
                bytes / ms / 1e6, floor_ms, ms / floor_ms);
     fflush(stdout);
 }
@@ -160,8 +161,16 @@ static void bench_attention(int B, int T, int H, int KV, int hd)
     CUDA_CHECK(cudaMalloc(&c.workspace, attention_backward_cuda_workspace_bytes(B, T, H, hd)));
     double forward_flops = 4.0 * B * (double)T * T * H * hd / 2; /* causal: half */
     char name[64];
-    snprintf(name, sizeof name, "attention fwd B%d T%d %d/%d hd%d", B, T, H, KV, hd);
-    report(name, median_ms(attention_forward_case, &c), forward_flops, 0);
+    const AttentionForwardKernel forwards[] = {ATTENTION_FORWARD_GROUPED,
+                                               ATTENTION_FORWARD_SPECIALISED};
+    const char *forward_names[] = {"grouped", "specialised"};
+    for (int i = 0; i < 2; i++) {
+        attention_cuda_select_forward(forwards[i]);
+        snprintf(name, sizeof name, "attention fwd %s B%d T%d %d/%d hd%d", forward_names[i], B,
+                 T, H, KV, hd);
+        report(name, median_ms(attention_forward_case, &c), forward_flops, 0);
+    }
+    attention_cuda_select_forward(ATTENTION_FORWARD_GROUPED);
     attention_forward_case(&c); /* a real lse for the backward */
     const AttentionBackwardKernel kernels[] = {ATTENTION_BACKWARD_FUSED,
                                                ATTENTION_BACKWARD_TWO_PASS};
