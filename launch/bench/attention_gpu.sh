@@ -6,10 +6,14 @@
 #      bits across runs, the fused backward against the two-pass one at the 8B and 1B shapes);
 #   2. the GPU tests that run attention inside the model (Hugging Face fixtures; 20 training
 #      steps against the cpu, two runs' bits, no allocation after the first step);
-#   3. compute-sanitizer memcheck over one fused-backward test, where the tool is present;
+#      The Hugging Face fixtures run again with the specialised forward
+#      (FATHOM_ATTENTION_FORWARD=specialised), which is not the default yet;
+#   3. compute-sanitizer memcheck over one test of each new kernel, where the tool is present;
 #   4. fathom-kernel-bench attention: every variant at (b) B1 T4096 32/8 hd128, the 1B shape
-#      B32 T1024 16/8 hd80 and B2 T4096 32/8 hd64;
-#   5. PyTorch SDPA at the same shapes (peer.py);
+#      B32 T1024 16/8 hd80 and B2 T4096 32/8 hd64; then (a), `fathom bench --cases layers`
+#      (4 Llama-3-8B layers) with each forward;
+#   5. PyTorch SDPA at the same shapes (peer.py); with LAYERS=1 also (a) in PyTorch (eager and
+#      torch.compile: about 2 more minutes);
 #   6. ncu on the new kernels at the (b) shape, where ncu is present (NCU=0 skips it).
 # Logs go to $OUT (or /tmp/attention-gpu).
 set -uo pipefail
@@ -43,13 +47,17 @@ train+='|nothing_is_allocated_after_the_first_step)'
 timeout 120 build/tests/fathom-tests --jobs=3 --filter "cuda_train/$train" --verbose=1 \
   >"$out/train-tests.log" 2>&1
 echo "exit $?" >>"$out/train-tests.log"
-grep -hE "\[FAIL\]|Synthesis|^exit" "$out/reference-tests.log" "$out/train-tests.log"
+FATHOM_ATTENTION_FORWARD=specialised timeout 60 build/tests/fathom-tests --jobs=4 \
+  --filter 'cuda_reference/*' --verbose=1 >"$out/reference-specialised-tests.log" 2>&1
+echo "exit $?" >>"$out/reference-specialised-tests.log"
+grep -hE "\[FAIL\]|Synthesis|^exit" "$out/reference-tests.log" "$out/train-tests.log" \
+  "$out/reference-specialised-tests.log"
 
 if command -v compute-sanitizer >/dev/null; then
-  stamp "3. compute-sanitizer memcheck, fused backward"
-  timeout 60 compute-sanitizer --tool memcheck --target-processes all \
+  stamp "3. compute-sanitizer memcheck, fused backward and specialised forward"
+  timeout 90 compute-sanitizer --tool memcheck --target-processes all \
     build/tests/fathom-tests --jobs=1 \
-    --filter 'cuda_attention/backward_matches_cpu_with_grouped_heads_and_a_ragged_tail' \
+    --filter 'cuda_attention/@(backward|specialised_forward)_matches_cpu_with_grouped_heads_and_a_ragged_tail' \
     >"$out/memcheck.log" 2>&1
   echo "exit $?" >>"$out/memcheck.log"
   grep -E "ERROR SUMMARY|Invalid|Synthesis|^exit" "$out/memcheck.log" | head -10
@@ -57,9 +65,16 @@ fi
 
 stamp "4. fathom-kernel-bench attention"
 timeout 60 build/kernels/fathom-kernel-bench attention 2>&1 | tee "$out/kernel-bench.txt"
+for forward in grouped specialised; do
+  FATHOM_ATTENTION_FORWARD=$forward timeout 60 build/fathom bench --cases layers \
+    --json "$out/layers-$forward.jsonl" >"$out/layers-$forward.txt" 2>&1
+  echo "(a) forward $forward: $(grep -h layers "$out/layers-$forward.txt" | tail -1)"
+done
 
 stamp "5. PyTorch SDPA"
-timeout 120 python3 launch/bench/peer.py --cases attention --attention-shapes "$shapes" \
+peer_cases=attention
+[ "${LAYERS:-0}" = 1 ] && peer_cases=attention,layers
+timeout 240 python3 launch/bench/peer.py --cases "$peer_cases" --attention-shapes "$shapes" \
   >"$out/peer.txt" 2>&1
 grep -v "^{" "$out/peer.txt" | tail -8
 
@@ -83,24 +98,29 @@ def read(name):
         return open(f"{out}/{name}").read()
     except OSError:
         return ""
-for name in ("attention-tests.log", "reference-tests.log", "train-tests.log"):
+for name in ("attention-tests.log", "reference-tests.log", "train-tests.log",
+             "reference-specialised-tests.log"):
     text = read(name)
     synthesis = re.findall(r"Synthesis: .*", text)
     ended = re.findall(r"^exit (\d+)", text, re.M)
-    print(f"{name:<22} {synthesis[-1] if synthesis else 'no synthesis'}"
+    print(f"{name:<32} {synthesis[-1] if synthesis else 'no synthesis'}"
           f"{'' if ended and ended[-1] == '0' else '  (exit ' + (ended[-1] if ended else '?') + ')'}")
 memcheck = re.findall(r"ERROR SUMMARY: .*", read("memcheck.log"))
 if memcheck:
-    print(f"{'memcheck':<22} {memcheck[-1]}")
+    print(f"{'memcheck':<32} {memcheck[-1]}")
 ours = {}
 for line in read("kernel-bench.txt").splitlines():
     m = re.match(r"attention (fwd|bwd) (\w+) (B\d+ T\d+ \d+/\d+ hd\d+)\s+([\d.]+) ms", line)
     if m:
         ours[(m.group(3), m.group(1), m.group(2))] = float(m.group(4))
 peer = {}
+layers_peer = {}
 for line in read("peer.txt").splitlines():
     if line.startswith("{"):
         row = json.loads(line)
+        if row["case"] == "layers":
+            layers_peer[row["mode"]] = row["ms"]
+            continue
         mode = row["mode"].split(" ", 1)
         shape = mode[1] if len(mode) > 1 else "B1 T4096 32/8 hd128"
         peer[(shape, mode[0])] = row["ms"]
@@ -119,4 +139,12 @@ for s in shapes:
           f"{cell(sdpa_f):>8} {cell(sdpa_fb):>8} {ratio(sdpa_f, fastest):>9} "
           f"{ratio(sdpa_fb, (fastest or 0) + (fused or 0)):>9}")
 print("(ms; ratios are PyTorch time / ours: the faster forward, plus the fused backward)")
+for forward in ("grouped", "specialised"):
+    for line in read(f"layers-{forward}.jsonl").splitlines():
+        row = json.loads(line)
+        if row.get("case") == "layers":
+            compiled = layers_peer.get("compile")
+            versus = f", {compiled / row['ms']:.2f}x torch.compile ({compiled:.1f} ms)" \
+                if compiled else ""
+            print(f"(a) 4 layers, {forward} forward: {row['ms']:.2f} ms{versus}")
 EOF
