@@ -111,8 +111,7 @@ static __device__ __forceinline__ void fused_dq_writer(float *dq_accum, uint32_t
                       walk.query_block(item);
         named_barrier_sync(BARRIER_DQ_FULL, FUSED_HANDOFF_THREADS);
         if (leader) {
-            while (load_acquire_gpu(semaphores + tile) != (uint32_t)key_block) {
-            }
+            wait_acquire_gpu(semaphores + tile, (uint32_t)key_block);
             fence_async_proxy_global();
             float *destination = dq_accum + tile * FUSED_QUERIES * HEAD_DIM;
             if (key_block == 0)

@@ -200,15 +200,49 @@ static __device__ __forceinline__ void mbarrier_arrive(uint64_t *barrier)
                  : "memory");
 }
 
-/* Waits for the phase of parity `parity` to complete (phases alternate 0, 1, 0, ...). */
+/* True once the phase of parity `parity` has completed (phases alternate 0, 1, 0, ...). */
+static __device__ __forceinline__ bool mbarrier_try_wait(uint64_t *barrier, uint32_t parity)
+{
+    uint32_t done;
+    asm volatile("{\n.reg .pred done;\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%1], %2;\n"
+                 "selp.u32 %0, 1, 0, done;\n}\n"
+                 : "=r"(done)
+                 : "r"(shared_address(barrier)), "r"(parity)
+                 : "memory");
+    return done != 0;
+}
+
+/* A wait that polls this many times is a hang (each poll of an mbarrier suspends the thread
+ * for a while, each global poll is an L2 round trip: far longer than any kernel here runs):
+ * the kernel traps, so the launch fails with an error instead of never returning. */
+#define HOPPER_WAIT_POLLS (1u << 30)
+
+/* Waits for the phase of parity `parity` to complete (the poll loop inside one asm: a C++ loop
+ * around mbarrier_try_wait costs the consumers of attention_forward_specialised_cuda.cu
+ * registers at head_dim 128). */
 static __device__ __forceinline__ void mbarrier_wait(uint64_t *barrier, uint32_t parity)
 {
-    asm volatile("{\n.reg .pred done;\n"
+    asm volatile("{\n.reg .pred done;\n.reg .u32 polls;\n"
+                 "mov.u32 polls, 0;\n"
                  "wait_%=:\n"
                  "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-                 "@!done bra wait_%=;\n}\n" ::"r"(shared_address(barrier)),
-                 "r"(parity)
+                 "@done bra end_%=;\n"
+                 "add.u32 polls, polls, 1;\n"
+                 "setp.ne.u32 done, polls, %2;\n"
+                 "@done bra wait_%=;\n"
+                 "trap;\n"
+                 "end_%=:\n}\n" ::"r"(shared_address(barrier)),
+                 "r"(parity), "n"(HOPPER_WAIT_POLLS)
                  : "memory");
+}
+
+/* Spins until *address (gpu scope, acquire) equals `value`, trapping as mbarrier_wait does. */
+static __device__ __forceinline__ void wait_acquire_gpu(const uint32_t *address, uint32_t value)
+{
+    for (uint32_t polls = 0; load_acquire_gpu(address) != value;)
+        if (++polls == HOPPER_WAIT_POLLS)
+            __trap();
 }
 
 /* ---- TMA: tensor tiles global -> shared, completing on an mbarrier ---- */
