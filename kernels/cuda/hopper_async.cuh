@@ -213,10 +213,12 @@ static __device__ __forceinline__ bool mbarrier_try_wait(uint64_t *barrier, uint
     return done != 0;
 }
 
-/* A wait that polls this many times is a hang (each poll of an mbarrier suspends the thread
- * for a while, each global poll is an L2 round trip: far longer than any kernel here runs):
- * the kernel traps, so the launch fails with an error instead of never returning. */
-#define HOPPER_WAIT_POLLS (1u << 30)
+/* Waits that outlast these are hangs (a whole kernel here takes milliseconds): the kernel
+ * traps, so the launch fails with an error instead of never returning. An mbarrier poll
+ * suspends the thread for up to a hardware time limit, so polls are counted (2^26: seconds
+ * to a minute); a global poll is timed (2^33 cycles: about 4 s at 2 GHz). */
+#define HOPPER_WAIT_POLLS (1u << 26)
+#define HOPPER_WAIT_CYCLES (1ll << 33)
 
 /* Waits for the phase of parity `parity` to complete (the poll loop inside one asm: a C++ loop
  * around mbarrier_try_wait costs the consumers of attention_forward_specialised_cuda.cu
@@ -237,11 +239,15 @@ static __device__ __forceinline__ void mbarrier_wait(uint64_t *barrier, uint32_t
                  : "memory");
 }
 
-/* Spins until *address (gpu scope, acquire) equals `value`, trapping as mbarrier_wait does. */
+/* Spins until *address (gpu scope, acquire) equals `value`, trapping after
+ * HOPPER_WAIT_CYCLES. */
 static __device__ __forceinline__ void wait_acquire_gpu(const uint32_t *address, uint32_t value)
 {
-    for (uint32_t polls = 0; load_acquire_gpu(address) != value;)
-        if (++polls == HOPPER_WAIT_POLLS)
+    if (load_acquire_gpu(address) == value)
+        return;
+    long long start = clock64();
+    while (load_acquire_gpu(address) != value)
+        if (clock64() - start > HOPPER_WAIT_CYCLES)
             __trap();
 }
 
