@@ -14,7 +14,9 @@
 #      (4 Llama-3-8B layers) with each forward;
 #   5. PyTorch SDPA at the same shapes (peer.py); with LAYERS=1 also (a) in PyTorch (eager and
 #      torch.compile: about 2 more minutes);
-#   6. ncu on the new kernels at the (b) shape, where ncu is present (NCU=0 skips it).
+#   6. ncu on the new kernels at the (b) shape, where ncu is present (NCU=0 skips it);
+#   7. with TRAIN=1, `fathom train` on 8 layers of the 8B width (launch/bench/train_8b_width.sh,
+#      5 steps) with each forward, and its MFU (about 2 more minutes).
 # Logs go to $OUT (or /tmp/attention-gpu).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -89,6 +91,18 @@ if [ "${NCU:-1}" != 0 ] && command -v ncu >/dev/null; then
     "$out/ncu.txt" | head -30
 fi
 
+if [ "${TRAIN:-0}" = 1 ]; then
+  stamp "7. fathom train, 8 layers of the 8B width"
+  for forward in grouped specialised; do
+    FATHOM_ATTENTION_FORWARD=$forward OUT="$out" TRAIN_TAG=$forward timeout 200 \
+      launch/bench/train_8b_width.sh 8 5 standard | tee -a "$out/train-8b.txt"
+    python3 -c "import json,statistics,sys; r=[json.loads(l) for l in open(sys.argv[1])];
+m=[x['mfu'] for x in r if x.get('mfu') is not None][2:]
+print('$forward forward: MFU', f'{100*statistics.median(m):.1f}%' if m else 'not reported')" \
+      "/tmp/train-8b-width-runs/$forward-standard-8/metrics.jsonl" 2>&1 | tee -a "$out/train-8b.txt"
+  done
+fi
+
 stamp "summary"
 python3 - "$out" <<'EOF'
 import json, re, sys
@@ -147,4 +161,6 @@ for forward in ("grouped", "specialised"):
             versus = f", {compiled / row['ms']:.2f}x torch.compile ({compiled:.1f} ms)" \
                 if compiled else ""
             print(f"(a) 4 layers, {forward} forward: {row['ms']:.2f} ms{versus}")
+for line in read("train-8b.txt").splitlines():
+    print("(train, 8 layers) " + line)
 EOF
