@@ -30,8 +30,11 @@
  * Ordering. Consumers write the staging tile with ordinary stores, fence the async proxy and
  * arrive on DQ_FULL; the writer syncs on it, acquires the semaphore (ld.acquire.gpu), fences
  * the proxies, issues the bulk operation, waits until its shared source is read (then arrives
- * on DQ_EMPTY, so the consumers may refill the tile) and until its writes are performed, fences
- * the proxies again and releases the semaphore (red.release.gpu). Consumers load q, dout, lse,
+ * on DQ_EMPTY, so the consumers may refill the tile); once the next tile's operation is issued
+ * it waits until this one's writes are performed, fences the proxies again and releases this
+ * tile's semaphore (red.release.gpu). A chain of releases therefore waits on later issues,
+ * but every issue of key block j waits only on key block j - 1, down to key block 0, which
+ * never waits. Consumers load q, dout, lse,
  * delta with cp.async into a ring of two stages and meet at a 256-thread barrier per step (a
  * stage is refilled only after both warpgroups retired the products that read it); the ds tile
  * is published by a second barrier in the step.
@@ -96,7 +99,9 @@ struct FusedWalk {
     __device__ int head(int item) const { return kv_head * heads_per_kv + item % heads_per_kv; }
 };
 
-/* The writer warp: hands every staged dq_part to dq_accum in key block order. */
+/* The writer warp: hands every staged dq_part to dq_accum in key block order. Two additions
+ * are in flight: tile s's semaphore is released once tile s + 1's addition is issued and
+ * tile s's has completed (the two are different tiles: a walk visits each once). */
 template <int HEAD_DIM>
 static __device__ __forceinline__ void fused_dq_writer(float *dq_accum, uint32_t *semaphores,
                                                        const float *dq_stage, FusedWalk walk,
@@ -105,6 +110,7 @@ static __device__ __forceinline__ void fused_dq_writer(float *dq_accum, uint32_t
 {
     constexpr uint32_t tile_bytes = FUSED_QUERIES * HEAD_DIM * sizeof(float);
     bool leader = threadIdx.x % 32 == 0;
+    size_t previous = 0;
     named_barrier_arrive(BARRIER_DQ_EMPTY, FUSED_HANDOFF_THREADS); /* the tile starts empty */
     for (int item = 0; item < items; item++) {
         size_t tile = ((size_t)batch * n_heads + walk.head(item)) * walk.query_blocks +
@@ -124,13 +130,20 @@ static __device__ __forceinline__ void fused_dq_writer(float *dq_accum, uint32_t
         __syncwarp();
         if (item + 1 < items) /* the consumers sync on it once per step */
             named_barrier_arrive(BARRIER_DQ_EMPTY, FUSED_HANDOFF_THREADS);
-        if (leader) {
-            bulk_wait<0>();
+        if (leader && item > 0) {
+            bulk_wait<1>(); /* the previous tile's addition is performed */
             fence_async_proxy_global();
-            add_release_gpu(semaphores + tile, 1u);
+            add_release_gpu(semaphores + previous, 1u);
         }
+        previous = tile;
         __syncwarp();
     }
+    if (leader) {
+        bulk_wait<0>();
+        fence_async_proxy_global();
+        add_release_gpu(semaphores + previous, 1u);
+    }
+    __syncwarp();
 }
 
 /* The two consumer warpgroups (thread = 0 .. 255 among them). */
