@@ -29,6 +29,7 @@
  */
 #include "kernels/cuda/attention_cuda.h"
 #include "kernels/cuda/attention_tiles.cuh"
+#include "kernels/cuda/attention_tma.cuh"
 
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -51,12 +52,7 @@ enum SpecBarrier {
 
 /* Shared-memory layout of one head_dim (byte offsets from a 1024-aligned base). */
 template <int HEAD_DIM>
-struct SpecTiles {
-    static constexpr int box_columns = HEAD_DIM % 64 == 0 ? 64 : 16;
-    static constexpr int row_bytes = box_columns * 2; /* the swizzle width */
-    static constexpr int boxes = HEAD_DIM / box_columns;
-    static constexpr SharedMatrixLayout layout =
-        box_columns == 64 ? SHARED_MATRIX_SWIZZLE_128B : SHARED_MATRIX_SWIZZLE_32B;
+struct SpecTiles : TmaTile<HEAD_DIM> {
     static constexpr size_t q_bytes = (size_t)WARPGROUP_ROWS * HEAD_DIM * 2;
     static constexpr size_t kv_bytes = (size_t)SPEC_KEYS * HEAD_DIM * 2;
     static constexpr size_t q = 0;
@@ -65,35 +61,12 @@ struct SpecTiles {
     static constexpr size_t barriers = v_ring + SPEC_STAGES * kv_bytes;
     /* q_full, full_k[2], full_v[2], empty[2] */
     static constexpr size_t bytes = barriers + 8 * 8 + 1024; /* + alignment of the base */
-    static_assert(HEAD_DIM % box_columns == 0 && q_bytes % 1024 == 0 && kv_bytes % 1024 == 0,
+    static_assert(q_bytes % 1024 == 0 && kv_bytes % 1024 == 0,
                   "every box starts on a 1024-byte boundary");
     static_assert((size_t)SPEC_ROWS * (HEAD_DIM + STAGE_PAD) * 4 <= 2 * SPEC_STAGES * kv_bytes,
                   "the output staging fits in the K, V rings");
     static_assert(bytes <= 227 * 1024, "shared memory of one CTA");
 };
-
-/* Operand "rows row0 .. of a TMA tile of tile_rows rows, columns k0 .. k0+15" read K-major. */
-template <int HEAD_DIM>
-static __device__ __forceinline__ uint64_t swizzled_k_major(const unsigned char *tile,
-                                                            int tile_rows, int row0, int k0)
-{
-    using Tiles = SpecTiles<HEAD_DIM>;
-    const unsigned char *start = tile +
-                                 (size_t)(k0 / Tiles::box_columns) * tile_rows * Tiles::row_bytes +
-                                 (size_t)row0 * Tiles::row_bytes + (k0 % Tiles::box_columns) * 2;
-    return shared_matrix_descriptor(start, 16, 8 * Tiles::row_bytes, Tiles::layout);
-}
-
-/* Operand "rows k0 .. k0+15 of a TMA tile of tile_rows rows, every column" read MN-major. */
-template <int HEAD_DIM>
-static __device__ __forceinline__ uint64_t swizzled_mn_major(const unsigned char *tile,
-                                                             int tile_rows, int k0)
-{
-    using Tiles = SpecTiles<HEAD_DIM>;
-    return shared_matrix_descriptor(tile + (size_t)k0 * Tiles::row_bytes,
-                                    tile_rows * Tiles::row_bytes, 8 * Tiles::row_bytes,
-                                    Tiles::layout);
-}
 
 /* Online softmax over one block of scores s [64 rows, KEYS] (a thread holds two rows of it),
  * as softmax_block of attention_cuda.cu: raises row_max, returns the factor that brings what
@@ -174,11 +147,9 @@ attention_forward_specialised_kernel(const __grid_constant__ CUtensorMap q_map,
             for (int c = 0; c < SPEC_CONSUMERS; c++) {
                 int head = first_head + c % heads_per_block;
                 int row0 = query0 + c / heads_per_block * WARPGROUP_ROWS;
-                for (int box = 0; box < Tiles::boxes; box++)
-                    tensor_load_3d(shared + Tiles::q + c * Tiles::q_bytes +
-                                       (size_t)box * WARPGROUP_ROWS * Tiles::row_bytes,
-                                   &q_map, head * HEAD_DIM + box * Tiles::box_columns, row0,
-                                   batch, q_full);
+                tma_tile_load<HEAD_DIM, WARPGROUP_ROWS>(shared + Tiles::q + c * Tiles::q_bytes,
+                                                        &q_map, head * HEAD_DIM, row0, batch,
+                                                        q_full);
             }
             for (int i = 0; i < blocks; i++) {
                 int stage = i % SPEC_STAGES, key0 = key_end - SPEC_KEYS * (i + 1);
@@ -187,15 +158,11 @@ attention_forward_specialised_kernel(const __grid_constant__ CUtensorMap q_map,
                 unsigned char *k_tile = shared + Tiles::k_ring + stage * Tiles::kv_bytes;
                 unsigned char *v_tile = shared + Tiles::v_ring + stage * Tiles::kv_bytes;
                 mbarrier_arrive_expect_bytes(full_k + stage, (uint32_t)Tiles::kv_bytes);
-                for (int box = 0; box < Tiles::boxes; box++)
-                    tensor_load_3d(k_tile + (size_t)box * SPEC_KEYS * Tiles::row_bytes, &k_map,
-                                   kv_head * HEAD_DIM + box * Tiles::box_columns, key0, batch,
-                                   full_k + stage);
+                tma_tile_load<HEAD_DIM, SPEC_KEYS>(k_tile, &k_map, kv_head * HEAD_DIM, key0,
+                                                   batch, full_k + stage);
                 mbarrier_arrive_expect_bytes(full_v + stage, (uint32_t)Tiles::kv_bytes);
-                for (int box = 0; box < Tiles::boxes; box++)
-                    tensor_load_3d(v_tile + (size_t)box * SPEC_KEYS * Tiles::row_bytes, &v_map,
-                                   kv_head * HEAD_DIM + box * Tiles::box_columns, key0, batch,
-                                   full_v + stage);
+                tma_tile_load<HEAD_DIM, SPEC_KEYS>(v_tile, &v_map, kv_head * HEAD_DIM, key0,
+                                                   batch, full_v + stage);
             }
         }
     } else {
@@ -348,51 +315,7 @@ attention_forward_specialised_kernel(const __grid_constant__ CUtensorMap q_map,
     }
 }
 
-/* ---- host: tensor maps and the launch ---- */
-
-typedef CUresult (*TensorMapEncodeTiled)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
-                                         const cuuint64_t *, const cuuint64_t *,
-                                         const cuuint32_t *, const cuuint32_t *,
-                                         CUtensorMapInterleave, CUtensorMapSwizzle,
-                                         CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-/* cuTensorMapEncodeTiled from the driver, found through the runtime (no link to libcuda). */
-static TensorMapEncodeTiled tensor_map_encoder(void)
-{
-    static TensorMapEncodeTiled encode;
-    if (!encode) {
-        void *function = NULL;
-        cudaDriverEntryPointQueryResult found;
-        CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &function, 12000,
-                                                    cudaEnableDefault, &found));
-        if (found != cudaDriverEntryPointSuccess || !function)
-            fatal(EXIT_COMM, "attention_forward_cuda: the driver has no cuTensorMapEncodeTiled");
-        encode = (TensorMapEncodeTiled)function;
-    }
-    return encode;
-}
-
-/* A map of x [B, T, heads * HEAD_DIM] bf16 whose box is [1, rows, box_columns]. */
-template <int HEAD_DIM>
-static CUtensorMap tensor_map_rows(const void *x, int B, int T, int heads, int rows)
-{
-    using Tiles = SpecTiles<HEAD_DIM>;
-    CUtensorMap map;
-    cuuint64_t dims[3] = {(cuuint64_t)heads * HEAD_DIM, (cuuint64_t)T, (cuuint64_t)B};
-    cuuint64_t strides[2] = {(cuuint64_t)heads * HEAD_DIM * 2,
-                             (cuuint64_t)T * heads * HEAD_DIM * 2};
-    cuuint32_t box[3] = {(cuuint32_t)Tiles::box_columns, (cuuint32_t)rows, 1};
-    cuuint32_t element_strides[3] = {1, 1, 1};
-    CUresult status = tensor_map_encoder()(
-        &map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void *>(x), dims, strides, box,
-        element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-        Tiles::box_columns == 64 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_32B,
-        CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (status != CUDA_SUCCESS)
-        fatal(EXIT_COMM, "attention_forward_cuda: cuTensorMapEncodeTiled failed (%d)",
-              (int)status);
-    return map;
-}
+/* ---- host ---- */
 
 template <int HEAD_DIM>
 static void specialised_launch(__nv_bfloat16 *out, float *lse, const __nv_bfloat16 *q,
@@ -409,9 +332,10 @@ static void specialised_launch(__nv_bfloat16 *out, float *lse, const __nv_bfloat
     }
     int heads_per_block = (n_heads / n_kv_heads) % 2 == 0 ? 2 : 1;
     int block_queries = SPEC_ROWS / heads_per_block;
-    CUtensorMap q_map = tensor_map_rows<HEAD_DIM>(q, B, T, n_heads, WARPGROUP_ROWS);
-    CUtensorMap k_map = tensor_map_rows<HEAD_DIM>(k, B, T, n_kv_heads, SPEC_KEYS);
-    CUtensorMap v_map = tensor_map_rows<HEAD_DIM>(v, B, T, n_kv_heads, SPEC_KEYS);
+    const char *op = "attention_forward_cuda";
+    CUtensorMap q_map = tensor_map_rows<HEAD_DIM>(op, q, B, T, n_heads, WARPGROUP_ROWS);
+    CUtensorMap k_map = tensor_map_rows<HEAD_DIM>(op, k, B, T, n_kv_heads, SPEC_KEYS);
+    CUtensorMap v_map = tensor_map_rows<HEAD_DIM>(op, v, B, T, n_kv_heads, SPEC_KEYS);
     dim3 grid(n_heads / heads_per_block, B, (T + block_queries - 1) / block_queries);
     float scale_log2 = LOG2_E / sqrtf((float)HEAD_DIM);
     attention_forward_specialised_kernel<HEAD_DIM><<<grid, SPEC_THREADS, shared_bytes, stream>>>(
