@@ -456,8 +456,11 @@ extern "C" AttentionBackwardKernel attention_cuda_backward_kernel(void)
             selected_backward = ATTENTION_BACKWARD_FUSED;
         else if (!strcmp(name, "two_pass"))
             selected_backward = ATTENTION_BACKWARD_TWO_PASS;
+        else if (!strcmp(name, "fused_tma"))
+            selected_backward = ATTENTION_BACKWARD_FUSED_TMA;
         else
-            fatal(EXIT_CONFIG, "FATHOM_ATTENTION_BACKWARD = '%s' (fused or two_pass)", name);
+            fatal(EXIT_CONFIG,
+                  "FATHOM_ATTENTION_BACKWARD = '%s' (fused, fused_tma or two_pass)", name);
     }
     return (AttentionBackwardKernel)selected_backward;
 }
@@ -465,7 +468,7 @@ extern "C" AttentionBackwardKernel attention_cuda_backward_kernel(void)
 extern "C" size_t attention_backward_cuda_workspace_bytes(int B, int T, int n_heads,
                                                          int head_dim)
 {
-    bool fused = attention_cuda_backward_kernel() == ATTENTION_BACKWARD_FUSED;
+    bool fused = attention_cuda_backward_kernel() != ATTENTION_BACKWARD_TWO_PASS;
     return attention_backward_workspace(NULL, B, T, n_heads, head_dim, fused).bytes;
 }
 
@@ -487,7 +490,8 @@ extern "C" void attention_backward_cuda(bf16 *dq, bf16 *dk, bf16 *dv, const bf16
     if (blocks > 65535 || (T + ATTENTION_FUSED_QUERIES - 1) / ATTENTION_FUSED_QUERIES > 65535)
         fatal(EXIT_CONFIG, "%s: T = %d is longer than the launch grid allows", op, T);
     attention_check_device(op);
-    bool fused = attention_cuda_backward_kernel() == ATTENTION_BACKWARD_FUSED;
+    AttentionBackwardKernel kernel = attention_cuda_backward_kernel();
+    bool fused = kernel != ATTENTION_BACKWARD_TWO_PASS;
     AttentionBackwardWorkspace parts =
         attention_backward_workspace(workspace, B, T, n_heads, head_dim, fused);
 
@@ -500,7 +504,9 @@ extern "C" void attention_backward_cuda(bf16 *dq, bf16 *dk, bf16 *dv, const bf16
     CUDA_CHECK_LAUNCH();
     if (fused) {
         attention_backward_fused_launch(dq, dk, dv, dout, q, k, v, lse, &parts, B, T, n_heads,
-                                        n_kv_heads, head_dim, accumulate, stream);
+                                        n_kv_heads, head_dim,
+                                        kernel == ATTENTION_BACKWARD_FUSED_TMA, accumulate,
+                                        stream);
         return;
     }
 

@@ -47,9 +47,11 @@
 #include "kernels/cuda/attention_backward_internal.h"
 #include "kernels/cuda/attention_cuda.h"
 #include "kernels/cuda/attention_tiles.cuh"
+#include "kernels/cuda/attention_tma.cuh"
 
 #include <cuda_runtime.h>
 #include <math.h>
+#include <string.h>
 
 #define FUSED_KEYS 128
 #define FUSED_QUERIES ATTENTION_FUSED_QUERIES
@@ -58,6 +60,8 @@
 #define FUSED_THREADS (3 * WARPGROUP_THREADS) /* warpgroup 0: the writer; 1, 2: consumers */
 #define FUSED_WRITER_REGISTERS 24
 #define FUSED_CONSUMER_REGISTERS 240 /* 128 x 24 + 256 x 240 <= 65536 */
+#define FUSED_TMA_WRITER_REGISTERS 24 /* the writer and the producer warp */
+#define FUSED_TMA_CONSUMER_REGISTERS 240
 #define FUSED_HANDOFF_THREADS (FUSED_CONSUMER_THREADS + 32)
 #define CONVERT_THREADS 256
 static_assert(FUSED_KEYS == 2 * WARPGROUP_ROWS && FUSED_QUERIES == 64,
@@ -70,8 +74,10 @@ enum FusedBarrier {
     BARRIER_DQ_EMPTY = 4, /* writer arrives, consumers sync: the staging tile may be refilled */
 };
 
-/* Byte offsets of the shared-memory parts (each a multiple of 128). */
-template <int HEAD_DIM>
+/* Byte offsets of the shared-memory parts (each a multiple of 128; with TMA the q, dout
+ * stages start on 1024-byte boundaries of a 1024-aligned base, ds has two buffers, and the
+ * ring's mbarriers follow the delta ring). */
+template <int HEAD_DIM, bool TMA>
 struct FusedLayout {
     static constexpr size_t tile_bytes = (size_t)FUSED_KEYS * HEAD_DIM * 2;
     static constexpr size_t stage_bytes = (size_t)FUSED_QUERIES * HEAD_DIM * 2;
@@ -80,11 +86,15 @@ struct FusedLayout {
     static constexpr size_t q_ring = v + tile_bytes;
     static constexpr size_t dout_ring = q_ring + FUSED_STAGES * stage_bytes;
     static constexpr size_t ds = dout_ring + FUSED_STAGES * stage_bytes;
-    static constexpr size_t dq_stage = ds + (size_t)FUSED_KEYS * FUSED_QUERIES * 2;
+    static constexpr size_t ds_bytes = (size_t)FUSED_KEYS * FUSED_QUERIES * 2;
+    static constexpr size_t dq_stage = ds + (TMA ? 2 : 1) * ds_bytes;
     static constexpr size_t lse_ring = dq_stage + (size_t)FUSED_QUERIES * HEAD_DIM * 4;
     static constexpr size_t delta_ring = lse_ring + FUSED_STAGES * FUSED_QUERIES * 4;
-    static constexpr size_t claimed = delta_ring + FUSED_STAGES * FUSED_QUERIES * 4;
-    static constexpr size_t bytes = claimed + 16;
+    static constexpr size_t barriers = delta_ring + FUSED_STAGES * FUSED_QUERIES * 4;
+    static constexpr size_t claimed = barriers + (TMA ? 2 * FUSED_STAGES * 8 : 0);
+    static constexpr size_t bytes = claimed + 16 + (TMA ? 1024 : 0); /* + base alignment */
+    static_assert(!TMA || (q_ring % 1024 == 0 && stage_bytes % 1024 == 0),
+                  "TMA stages start on 1024-byte boundaries");
     /* dk and dv leave through fp32 staging rows of HEAD_DIM + STAGE_PAD in front of dq_stage */
     static_assert((size_t)2 * FUSED_KEYS * (HEAD_DIM + STAGE_PAD) * 4 <= dq_stage,
                   "the dk, dv staging must not reach the dq staging tile");
@@ -146,8 +156,49 @@ static __device__ __forceinline__ void fused_dq_writer(float *dq_accum, uint32_t
     __syncwarp();
 }
 
-/* The two consumer warpgroups (thread = 0 .. 255 among them). */
+/* The TMA variant's producer warp: per step, q and dout through TMA and lse, delta through
+ * cp.async (their rows need not be 16-byte aligned) into ring stage item % 2, all completing
+ * on full[stage] (one arrival with the TMA bytes, then one per lane when its cp.async copies
+ * land); a stage is refilled once both consumers released it (empty[stage]). */
 template <int HEAD_DIM>
+static __device__ __forceinline__ void
+fused_producer(unsigned char *shared, const CUtensorMap *q_map, const CUtensorMap *dout_map,
+               const float *lse, const float *delta, FusedWalk walk, int items, int batch, int T,
+               int n_heads)
+{
+    using Layout = FusedLayout<HEAD_DIM, true>;
+    uint64_t *full = reinterpret_cast<uint64_t *>(shared + Layout::barriers);
+    uint64_t *empty = full + FUSED_STAGES;
+    float *lse_ring = reinterpret_cast<float *>(shared + Layout::lse_ring);
+    float *delta_ring = reinterpret_cast<float *>(shared + Layout::delta_ring);
+    int lane = threadIdx.x % 32;
+    for (int item = 0; item < items; item++) {
+        int stage = item % FUSED_STAGES, head = walk.head(item);
+        int query0 = walk.query_block(item) * FUSED_QUERIES;
+        if (item >= FUSED_STAGES) /* both consumers released item - 2 */
+            mbarrier_wait(empty + stage, (uint32_t)((item / FUSED_STAGES - 1) & 1));
+        if (lane == 0) {
+            mbarrier_arrive_expect_bytes(full + stage, (uint32_t)(2 * Layout::stage_bytes));
+            tma_tile_load<HEAD_DIM, FUSED_QUERIES>(shared + Layout::q_ring +
+                                                       stage * Layout::stage_bytes,
+                                                   q_map, head * HEAD_DIM, query0, batch,
+                                                   full + stage);
+            tma_tile_load<HEAD_DIM, FUSED_QUERIES>(shared + Layout::dout_ring +
+                                                       stage * Layout::stage_bytes,
+                                                   dout_map, head * HEAD_DIM, query0, batch,
+                                                   full + stage);
+        }
+        size_t row_offset = ((size_t)batch * n_heads + head) * T;
+        vector_load_async_by<FUSED_QUERIES>(lse_ring + stage * FUSED_QUERIES, lse + row_offset,
+                                            query0, T, lane, 32);
+        vector_load_async_by<FUSED_QUERIES>(delta_ring + stage * FUSED_QUERIES,
+                                            delta + row_offset, query0, T, lane, 32);
+        copy_async_mbarrier_arrive(full + stage);
+    }
+}
+
+/* The two consumer warpgroups (thread = 0 .. 255 among them). */
+template <int HEAD_DIM, bool TMA>
 static __device__ __forceinline__ void
 fused_consumer(unsigned char *shared, __nv_bfloat16 *dk, __nv_bfloat16 *dv,
                const __nv_bfloat16 *dout, const __nv_bfloat16 *q, const __nv_bfloat16 *k,
@@ -155,7 +206,7 @@ fused_consumer(unsigned char *shared, __nv_bfloat16 *dk, __nv_bfloat16 *dv,
                int items, int key_block, int batch, int T, int n_heads, int n_kv_heads,
                float scale, float scale_log2, bool accumulate, int thread)
 {
-    using Layout = FusedLayout<HEAD_DIM>;
+    using Layout = FusedLayout<HEAD_DIM, TMA>;
     constexpr int block_queries = FUSED_QUERIES, dq_columns = HEAD_DIM / 2;
     constexpr int stage_elements = FUSED_QUERIES * HEAD_DIM;
     __nv_bfloat16 *k_tile = reinterpret_cast<__nv_bfloat16 *>(shared + Layout::k);
@@ -166,6 +217,8 @@ fused_consumer(unsigned char *shared, __nv_bfloat16 *dk, __nv_bfloat16 *dv,
     float *dq_stage = reinterpret_cast<float *>(shared + Layout::dq_stage);
     float *lse_ring = reinterpret_cast<float *>(shared + Layout::lse_ring);
     float *delta_ring = reinterpret_cast<float *>(shared + Layout::delta_ring);
+    uint64_t *full = reinterpret_cast<uint64_t *>(shared + Layout::barriers);
+    uint64_t *empty = full + FUSED_STAGES;
 
     /* warp-uniform for the compiler (a product under a branch it cannot prove uniform would be
      * serialised) */
@@ -180,8 +233,9 @@ fused_consumer(unsigned char *shared, __nv_bfloat16 *dk, __nv_bfloat16 *dv,
     int key_row[2] = {group_key0 + warp * 16 + g, group_key0 + warp * 16 + g + 8};
     const __nv_bfloat16 *k_rows = k_tile + group * WARPGROUP_ROWS * HEAD_DIM;
     const __nv_bfloat16 *v_rows = v_tile + group * WARPGROUP_ROWS * HEAD_DIM;
-    /* this warpgroup's 64 rows of ds^T: 8 row groups of the [128 keys, 64 queries] tile */
-    uint32_t *ds_words = reinterpret_cast<uint32_t *>(ds_tile + group * WARPGROUP_ROWS * 64);
+    /* this warpgroup's 64 rows of ds^T: 8 row groups of the [128 keys, 64 queries] tile (of
+     * buffer item % 2 with TMA) */
+    uint32_t *ds_group = reinterpret_cast<uint32_t *>(ds_tile + group * WARPGROUP_ROWS * 64);
     /* its dq columns: column pieces of the packed k tile */
     const __nv_bfloat16 *k_columns = k_tile + group * (dq_columns / 8) * 64;
 
@@ -205,8 +259,14 @@ fused_consumer(unsigned char *shared, __nv_bfloat16 *dk, __nv_bfloat16 *dv,
         k_tile, k + kv_offset, kv_stride, key0, T, thread);
     packed_tile_load_async_by<FUSED_KEYS, HEAD_DIM, FUSED_CONSUMER_THREADS>(
         v_tile, v + kv_offset, kv_stride, key0, T, thread);
-    load_item(0);
+    if constexpr (!TMA)
+        load_item(0);
     copy_async_commit();
+    if constexpr (TMA) { /* k, v landed before the first product reads them */
+        copy_async_wait<0>();
+        fence_async_proxy();
+        named_barrier_sync(BARRIER_RING, FUSED_CONSUMER_THREADS);
+    }
 
     float dk_sum[HEAD_DIM / 8][4], dv_sum[HEAD_DIM / 8][4];
 #pragma unroll
@@ -221,16 +281,24 @@ fused_consumer(unsigned char *shared, __nv_bfloat16 *dk, __nv_bfloat16 *dv,
     for (int item = 0; item < items; item++) {
         int stage = item % FUSED_STAGES;
         int query0 = walk.query_block(item) * block_queries;
-        /* this item's tiles have landed; both warpgroups retired every product of item - 1,
-         * so its stage takes item + 1 */
-        copy_async_wait<0>();
-        fence_async_proxy();
-        named_barrier_sync(BARRIER_RING, FUSED_CONSUMER_THREADS);
-        if (item + 1 < items)
-            load_item(item + 1);
-        copy_async_commit();
+        if constexpr (TMA) {
+            mbarrier_wait(full + stage, (uint32_t)((item / FUSED_STAGES) & 1));
+        } else {
+            /* this item's tiles have landed; both warpgroups retired every product of
+             * item - 1, so its stage takes item + 1 */
+            copy_async_wait<0>();
+            fence_async_proxy();
+            named_barrier_sync(BARRIER_RING, FUSED_CONSUMER_THREADS);
+            if (item + 1 < items)
+                load_item(item + 1);
+            copy_async_commit();
+        }
         const __nv_bfloat16 *q_tile = q_ring + stage * stage_elements;
         const __nv_bfloat16 *dout_tile = dout_ring + stage * stage_elements;
+        const unsigned char *q_bytes = reinterpret_cast<const unsigned char *>(q_tile);
+        const unsigned char *dout_bytes = reinterpret_cast<const unsigned char *>(dout_tile);
+        uint32_t *ds_words = ds_group + (TMA ? (item % 2) * (Layout::ds_bytes / 4) : 0);
+        const __nv_bfloat16 *ds_read = ds_tile + (TMA ? (item % 2) * (Layout::ds_bytes / 2) : 0);
         const float *lse_tile = lse_ring + stage * block_queries;
         const float *delta_tile = delta_ring + stage * block_queries;
         /* the second warpgroup's keys all follow the first query block of every head */
@@ -239,8 +307,21 @@ fused_consumer(unsigned char *shared, __nv_bfloat16 *dk, __nv_bfloat16 *dv,
         if (active) {
             /* p^T = k q^T and dp^T = v dout^T for the warpgroup's 64 keys, 64 queries */
             warpgroup_fence();
-            warpgroup_rows_times_rows<HEAD_DIM>(p, k_rows, q_tile);
-            warpgroup_rows_times_rows<HEAD_DIM>(ds, v_rows, dout_tile);
+            if constexpr (TMA) {
+#pragma unroll
+                for (int k0 = 0; k0 < HEAD_DIM; k0 += 16)
+                    warpgroup_mma_shared<64, 0, 0>(
+                        p, packed_k_major<HEAD_DIM>(k_rows, k0),
+                        swizzled_k_major<HEAD_DIM>(q_bytes, FUSED_QUERIES, 0, k0), k0 > 0);
+#pragma unroll
+                for (int k0 = 0; k0 < HEAD_DIM; k0 += 16)
+                    warpgroup_mma_shared<64, 0, 0>(
+                        ds, packed_k_major<HEAD_DIM>(v_rows, k0),
+                        swizzled_k_major<HEAD_DIM>(dout_bytes, FUSED_QUERIES, 0, k0), k0 > 0);
+            } else {
+                warpgroup_rows_times_rows<HEAD_DIM>(p, k_rows, q_tile);
+                warpgroup_rows_times_rows<HEAD_DIM>(ds, v_rows, dout_tile);
+            }
             warpgroup_commit();
             warpgroup_wait<0>();
             warpgroup_fence_accumulators(p);
@@ -280,8 +361,21 @@ fused_consumer(unsigned char *shared, __nv_bfloat16 *dk, __nv_bfloat16 *dv,
                             ds_operand[j][r + 2 * h];
             /* dv += p^T dout, dk += ds^T q (the 1/sqrt(hd) of dk is applied once, at the end) */
             warpgroup_fence();
-            warpgroup_fragments_times_tile<HEAD_DIM>(dv_sum, p_operand, dout_tile);
-            warpgroup_fragments_times_tile<HEAD_DIM>(dk_sum, ds_operand, q_tile);
+            if constexpr (TMA) {
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    warpgroup_mma_registers<HEAD_DIM, 1>(
+                        dv_sum, p_operand[j],
+                        swizzled_mn_major<HEAD_DIM>(dout_bytes, FUSED_QUERIES, 16 * j), true);
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    warpgroup_mma_registers<HEAD_DIM, 1>(
+                        dk_sum, ds_operand[j],
+                        swizzled_mn_major<HEAD_DIM>(q_bytes, FUSED_QUERIES, 16 * j), true);
+            } else {
+                warpgroup_fragments_times_tile<HEAD_DIM>(dv_sum, p_operand, dout_tile);
+                warpgroup_fragments_times_tile<HEAD_DIM>(dk_sum, ds_operand, q_tile);
+            }
             warpgroup_commit();
         } else {
             /* its keys see none of these queries: its rows of ds^T are zeros */
@@ -298,7 +392,7 @@ fused_consumer(unsigned char *shared, __nv_bfloat16 *dk, __nv_bfloat16 *dv,
         warpgroup_fence();
 #pragma unroll
         for (int k0 = 0; k0 < FUSED_KEYS; k0 += 16)
-            warpgroup_mma_shared<dq_columns, 1, 1>(dq, packed_mn_major<64>(ds_tile, k0),
+            warpgroup_mma_shared<dq_columns, 1, 1>(dq, packed_mn_major<64>(ds_read, k0),
                                                    packed_mn_major<HEAD_DIM>(k_columns, k0),
                                                    k0 > 0);
         warpgroup_commit();
@@ -306,6 +400,8 @@ fused_consumer(unsigned char *shared, __nv_bfloat16 *dk, __nv_bfloat16 *dv,
         warpgroup_fence_accumulators(dq);
         warpgroup_fence_accumulators(dk_sum);
         warpgroup_fence_accumulators(dv_sum);
+        if (TMA && thread % WARPGROUP_THREADS == 0) /* q, dout, lse, delta of this stage read */
+            mbarrier_arrive(empty + stage);
 
         /* dq_part into the staging tile in register order: float4 (d[t][0..3]) number
          * ((group * 4 + warp) * dq_columns / 8 + t) * 32 + lane; dq_accum keeps this order */
@@ -336,21 +432,37 @@ fused_consumer(unsigned char *shared, __nv_bfloat16 *dk, __nv_bfloat16 *dv,
 }
 
 /* grid: one CTA per (key block, batch, kv head) tile, FUSED_THREADS threads; the tile comes
- * from *counter (zeroed by the delta pass), key block major. */
-template <int HEAD_DIM>
+ * from *counter (zeroed by the delta pass), key block major. TMA: q, dout, lse, delta come
+ * from a producer warp (the maps describe q and dout, boxes of 64 rows); otherwise the maps
+ * are not read. */
+template <int HEAD_DIM, bool TMA>
 __global__ void __launch_bounds__(FUSED_THREADS, 1)
-attention_backward_fused_kernel(__nv_bfloat16 *dk, __nv_bfloat16 *dv, float *dq_accum,
+attention_backward_fused_kernel(const __grid_constant__ CUtensorMap q_map,
+                                const __grid_constant__ CUtensorMap dout_map,
+                                __nv_bfloat16 *dk, __nv_bfloat16 *dv, float *dq_accum,
                                 uint32_t *semaphores, uint32_t *counter,
                                 const __nv_bfloat16 *dout, const __nv_bfloat16 *q,
                                 const __nv_bfloat16 *k, const __nv_bfloat16 *v, const float *lse,
                                 const float *delta, int B, int T, int n_heads, int n_kv_heads,
                                 float scale, float scale_log2, bool accumulate)
 {
-    using Layout = FusedLayout<HEAD_DIM>;
-    extern __shared__ __align__(128) unsigned char shared[];
+    using Layout = FusedLayout<HEAD_DIM, TMA>;
+    extern __shared__ __align__(128) unsigned char shared_window[];
+    unsigned char *shared = shared_window;
+    if constexpr (TMA) /* the swizzled stages start on 1024-byte boundaries */
+        shared += (1024 - shared_address(shared_window) % 1024) % 1024;
     int *claimed = reinterpret_cast<int *>(shared + Layout::claimed);
-    if (threadIdx.x == 0)
+    if (threadIdx.x == 0) {
         *claimed = (int)atomicAdd(counter, 1u);
+        if constexpr (TMA) {
+            uint64_t *full = reinterpret_cast<uint64_t *>(shared + Layout::barriers);
+            for (int stage = 0; stage < FUSED_STAGES; stage++) {
+                mbarrier_init(full + stage, 1 + 32); /* the TMA bytes, then every lane's copies */
+                mbarrier_init(full + FUSED_STAGES + stage, 2); /* empty: both consumers */
+            }
+            mbarrier_init_fence();
+        }
+    }
     __syncthreads();
     int tile = *claimed;
     int key_block = tile / (n_kv_heads * B), batch = tile / n_kv_heads % B;
@@ -363,16 +475,21 @@ attention_backward_fused_kernel(__nv_bfloat16 *dk, __nv_bfloat16 *dv, float *dq_
 
     int role = __shfl_sync(0xffffffffu, (int)threadIdx.x / WARPGROUP_THREADS, 0);
     if (role == 0) {
-        warpgroup_registers_release<FUSED_WRITER_REGISTERS>();
-        if (threadIdx.x < 32)
+        warpgroup_registers_release<TMA ? FUSED_TMA_WRITER_REGISTERS : FUSED_WRITER_REGISTERS>();
+        int warp = __shfl_sync(0xffffffffu, (int)threadIdx.x / 32, 0);
+        if (warp == 0)
             fused_dq_writer<HEAD_DIM>(dq_accum, semaphores,
                                       reinterpret_cast<const float *>(shared + Layout::dq_stage),
                                       walk, items, key_block, batch, n_heads);
+        else if (TMA && warp == 1)
+            fused_producer<HEAD_DIM>(shared, &q_map, &dout_map, lse, delta, walk, items, batch,
+                                     T, n_heads);
     } else {
-        warpgroup_registers_claim<FUSED_CONSUMER_REGISTERS>();
-        fused_consumer<HEAD_DIM>(shared, dk, dv, dout, q, k, v, lse, delta, walk, items,
-                                 key_block, batch, T, n_heads, n_kv_heads, scale, scale_log2,
-                                 accumulate, (int)threadIdx.x - WARPGROUP_THREADS);
+        warpgroup_registers_claim<TMA ? FUSED_TMA_CONSUMER_REGISTERS
+                                      : FUSED_CONSUMER_REGISTERS>();
+        fused_consumer<HEAD_DIM, TMA>(shared, dk, dv, dout, q, k, v, lse, delta, walk, items,
+                                      key_block, batch, T, n_heads, n_kv_heads, scale,
+                                      scale_log2, accumulate, (int)threadIdx.x - WARPGROUP_THREADS);
     }
 }
 
@@ -427,28 +544,37 @@ attention_backward_dq_convert_kernel(__nv_bfloat16 *dq, const float *dq_accum, i
     }
 }
 
-template <int HEAD_DIM>
+template <int HEAD_DIM, bool TMA>
 static void fused_launch(__nv_bfloat16 *dq, __nv_bfloat16 *dk, __nv_bfloat16 *dv,
                          const __nv_bfloat16 *dout, const __nv_bfloat16 *q,
                          const __nv_bfloat16 *k, const __nv_bfloat16 *v, const float *lse,
                          const AttentionBackwardWorkspace *w, int B, int T, int n_heads,
                          int n_kv_heads, bool accumulate, cudaStream_t stream)
 {
-    constexpr size_t shared_bytes = FusedLayout<HEAD_DIM>::bytes;
+    constexpr size_t shared_bytes = FusedLayout<HEAD_DIM, TMA>::bytes;
     static bool configured; /* over 48 KiB of shared memory must be asked for, once */
     if (!configured) {
-        CUDA_CHECK(cudaFuncSetAttribute(attention_backward_fused_kernel<HEAD_DIM>,
+        CUDA_CHECK(cudaFuncSetAttribute(attention_backward_fused_kernel<HEAD_DIM, TMA>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int)shared_bytes));
         configured = true;
+    }
+    CUtensorMap q_map, dout_map;
+    memset(&q_map, 0, sizeof q_map);
+    memset(&dout_map, 0, sizeof dout_map);
+    if (TMA) {
+        const char *op = "attention_backward_cuda";
+        q_map = tensor_map_rows<HEAD_DIM>(op, q, B, T, n_heads, FUSED_QUERIES);
+        dout_map = tensor_map_rows<HEAD_DIM>(op, dout, B, T, n_heads, FUSED_QUERIES);
     }
     int key_blocks = (T + FUSED_KEYS - 1) / FUSED_KEYS;
     int query_blocks = (T + FUSED_QUERIES - 1) / FUSED_QUERIES;
     float scale = 1.0f / sqrtf((float)HEAD_DIM), scale_log2 = scale * LOG2_E;
     unsigned tiles = (unsigned)key_blocks * (unsigned)(n_kv_heads * B);
-    attention_backward_fused_kernel<HEAD_DIM><<<tiles, FUSED_THREADS, shared_bytes, stream>>>(
-        dk, dv, w->dq_accum, w->semaphores, w->counter, dout, q, k, v, lse, w->delta, B, T,
-        n_heads, n_kv_heads, scale, scale_log2, accumulate);
+    attention_backward_fused_kernel<HEAD_DIM, TMA>
+        <<<tiles, FUSED_THREADS, shared_bytes, stream>>>(
+            q_map, dout_map, dk, dv, w->dq_accum, w->semaphores, w->counter, dout, q, k, v, lse,
+            w->delta, B, T, n_heads, n_kv_heads, scale, scale_log2, accumulate);
     CUDA_CHECK_LAUNCH();
     attention_backward_dq_convert_kernel<HEAD_DIM>
         <<<dim3(query_blocks, n_heads, B), CONVERT_THREADS, 0, stream>>>(
@@ -456,12 +582,28 @@ static void fused_launch(__nv_bfloat16 *dq, __nv_bfloat16 *dk, __nv_bfloat16 *dv
     CUDA_CHECK_LAUNCH();
 }
 
+template <int HEAD_DIM>
+static void fused_launch_either(bool tma, __nv_bfloat16 *dq, __nv_bfloat16 *dk,
+                                __nv_bfloat16 *dv, const __nv_bfloat16 *dout,
+                                const __nv_bfloat16 *q, const __nv_bfloat16 *k,
+                                const __nv_bfloat16 *v, const float *lse,
+                                const AttentionBackwardWorkspace *w, int B, int T, int n_heads,
+                                int n_kv_heads, bool accumulate, cudaStream_t stream)
+{
+    if (tma)
+        fused_launch<HEAD_DIM, true>(dq, dk, dv, dout, q, k, v, lse, w, B, T, n_heads,
+                                     n_kv_heads, accumulate, stream);
+    else
+        fused_launch<HEAD_DIM, false>(dq, dk, dv, dout, q, k, v, lse, w, B, T, n_heads,
+                                      n_kv_heads, accumulate, stream);
+}
+
 extern "C" void attention_backward_fused_launch(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout,
                                                 const bf16 *q, const bf16 *k, const bf16 *v,
                                                 const float *lse,
                                                 const AttentionBackwardWorkspace *w, int B,
                                                 int T, int n_heads, int n_kv_heads, int head_dim,
-                                                bool accumulate, cudaStream_t stream)
+                                                bool tma, bool accumulate, cudaStream_t stream)
 {
     __nv_bfloat16 *dq_bf16 = reinterpret_cast<__nv_bfloat16 *>(dq);
     __nv_bfloat16 *dk_bf16 = reinterpret_cast<__nv_bfloat16 *>(dk);
@@ -472,16 +614,16 @@ extern "C" void attention_backward_fused_launch(bf16 *dq, bf16 *dk, bf16 *dv, co
     const __nv_bfloat16 *v_bf16 = reinterpret_cast<const __nv_bfloat16 *>(v);
     switch (head_dim) {
     case 64:
-        fused_launch<64>(dq_bf16, dk_bf16, dv_bf16, dout_bf16, q_bf16, k_bf16, v_bf16, lse, w, B,
-                         T, n_heads, n_kv_heads, accumulate, stream);
+        fused_launch_either<64>(tma, dq_bf16, dk_bf16, dv_bf16, dout_bf16, q_bf16, k_bf16,
+                                v_bf16, lse, w, B, T, n_heads, n_kv_heads, accumulate, stream);
         break;
     case 80:
-        fused_launch<80>(dq_bf16, dk_bf16, dv_bf16, dout_bf16, q_bf16, k_bf16, v_bf16, lse, w, B,
-                         T, n_heads, n_kv_heads, accumulate, stream);
+        fused_launch_either<80>(tma, dq_bf16, dk_bf16, dv_bf16, dout_bf16, q_bf16, k_bf16,
+                                v_bf16, lse, w, B, T, n_heads, n_kv_heads, accumulate, stream);
         break;
     default:
-        fused_launch<128>(dq_bf16, dk_bf16, dv_bf16, dout_bf16, q_bf16, k_bf16, v_bf16, lse, w,
-                          B, T, n_heads, n_kv_heads, accumulate, stream);
+        fused_launch_either<128>(tma, dq_bf16, dk_bf16, dv_bf16, dout_bf16, q_bf16, k_bf16,
+                                 v_bf16, lse, w, B, T, n_heads, n_kv_heads, accumulate, stream);
         break;
     }
 }

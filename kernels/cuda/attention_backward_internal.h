@@ -61,11 +61,12 @@ extern "C" {
 #endif
 
 /* The one-pass backward after the delta pass: dk, dv (+)= their gradients, dq (+)= its
- * gradient through w->dq_accum. head_dim 64, 80 or 128; shapes already checked. */
+ * gradient through w->dq_accum; `tma`: q, dout arrive through TMA from a producer warp.
+ * head_dim 64, 80 or 128; shapes already checked. */
 void attention_backward_fused_launch(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout,
                                      const bf16 *q, const bf16 *k, const bf16 *v,
                                      const float *lse, const AttentionBackwardWorkspace *w, int B,
-                                     int T, int n_heads, int n_kv_heads, int head_dim,
+                                     int T, int n_heads, int n_kv_heads, int head_dim, bool tma,
                                      bool accumulate, cudaStream_t stream);
 
 #ifdef __cplusplus

@@ -21,8 +21,8 @@
  * of the group (group size a multiple of 4), 128 queries of 2 heads (even) or 256 queries of
  * one head (odd). K, V move through a ring of three shared-memory stages; each warpgroup runs
  * S, softmax, P V of a block in order, the four warpgroups overlapping one another.
- * Backward (deterministic), two kernels to choose from (attention_cuda_select_backward, or
- * FATHOM_ATTENTION_BACKWARD = fused | two_pass read once; fused by default). Both start with a
+ * Backward (deterministic), kernels to choose from (attention_cuda_select_backward, or
+ * FATHOM_ATTENTION_BACKWARD = fused | fused_tma | two_pass read once; fused by default). Both start with a
  * pass writing delta[b,h,t] = sum_i dout[b,t,h,i] out[b,t,h,i] into the workspace.
  *   fused: one CTA of two consumer warpgroups per (128 keys, kv head, batch) accumulates dk, dv
  *     in registers over every query head of its group and every query block at or after it,
@@ -30,6 +30,9 @@
  *     a writer warp adds the dq parts into a fp32 workspace tile per query block with bulk
  *     reductions in L2, key block after key block in a fixed order enforced by a semaphore per
  *     tile; a last kernel rounds them into dq (attention_backward_fused_cuda.cu).
+ *   fused_tma: the same, with q, dout (swizzled tiles), lse, delta brought by a producer warp
+ *     through TMA and mbarriers instead of cp.async from the consumers, ds double-buffered,
+ *     and no 256-thread barrier at the start of each step.
  *   two_pass: the same dk, dv CTAs without dq, then one CTA of two warpgroups per (128 queries,
  *     head, batch) recomputes the scores and accumulates dq over its key blocks (7 products).
  * Each gradient element is the same sum in the same order on every run: no atomics,
@@ -119,6 +122,7 @@ void attention_forward_cuda(bf16 *out, float *lse, const bf16 *q, const bf16 *k,
 typedef enum AttentionBackwardKernel {
     ATTENTION_BACKWARD_FUSED = 0,
     ATTENTION_BACKWARD_TWO_PASS = 1,
+    ATTENTION_BACKWARD_FUSED_TMA = 2, /* fused, q and dout through TMA from a producer warp */
 } AttentionBackwardKernel;
 
 /* Chooses the backward for the rest of the process (tests, benchmarks); without a call the

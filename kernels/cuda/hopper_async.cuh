@@ -67,6 +67,15 @@ static __device__ __forceinline__ void copy_async_wait(void)
     asm volatile("cp.async.wait_group %0;\n" ::"n"(pending));
 }
 
+/* One arrival on `barrier` once this thread's earlier cp.async copies have landed (counted in
+ * the barrier's expected arrivals: .noinc). */
+static __device__ __forceinline__ void copy_async_mbarrier_arrive(uint64_t *barrier)
+{
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(
+                     shared_address(barrier))
+                 : "memory");
+}
+
 /* Makes this thread's completed shared-memory writes visible to the tensor cores and bulk
  * copies (async proxy); a barrier after it publishes them to the other threads. */
 static __device__ __forceinline__ void fence_async_proxy(void)

@@ -7,7 +7,7 @@
  * and written) and the floor on an H200 (790 TFLOP/s bf16 dense, 4.3 TB/s copy, measured
  * here). Inputs are random (never zeros, which run faster than real data). GPU only.
  * `fathom-kernel-bench attention` times the attention cases alone, with every kernel variant
- * (the grouped and specialised forwards, the fused and two-pass backwards), at head_dim 128,
+ * (the grouped and specialised forwards, the fused, fused-through-TMA and two-pass backwards), at head_dim 128,
  * 80 and 64.
  */
 #include "kernels/cuda/attention_cuda.h"
@@ -173,9 +173,10 @@ static void bench_attention(int B, int T, int H, int KV, int hd)
     attention_cuda_select_forward(ATTENTION_FORWARD_GROUPED);
     attention_forward_case(&c); /* a real lse for the backward */
     const AttentionBackwardKernel kernels[] = {ATTENTION_BACKWARD_FUSED,
+                                               ATTENTION_BACKWARD_FUSED_TMA,
                                                ATTENTION_BACKWARD_TWO_PASS};
-    const char *kernel_names[] = {"fused", "two_pass"};
-    for (int i = 0; i < 2; i++) {
+    const char *kernel_names[] = {"fused", "fused_tma", "two_pass"};
+    for (int i = 0; i < 3; i++) {
         attention_cuda_select_backward(kernels[i]);
         snprintf(name, sizeof name, "attention bwd %s B%d T%d %d/%d hd%d", kernel_names[i], B, T,
                  H, KV, hd);
