@@ -5,9 +5,9 @@
 #   1. the cuda attention tests (every kernel variant against the cpu reference, the backward's
 #      bits across runs, the fused backward against the two-pass one at the 8B and 1B shapes);
 #   2. the GPU tests that run attention inside the model (Hugging Face fixtures; 20 training
-#      steps against the cpu, two runs' bits, no allocation after the first step);
-#      The Hugging Face fixtures run again with the specialised forward
-#      (FATHOM_ATTENTION_FORWARD=specialised), which is not the default yet;
+#      steps against the cpu, two runs' bits, no allocation after the first step), then the
+#      fixtures again with the variants that are not the default yet
+#      (FATHOM_ATTENTION_FORWARD=specialised, FATHOM_ATTENTION_BACKWARD=fused_tma);
 #   3. compute-sanitizer memcheck over one test of each new kernel, where the tool is present;
 #   4. fathom-kernel-bench attention: every variant (forwards grouped, specialised; backwards
 #      fused, fused_tma, two_pass) at (b) B1 T4096 32/8 hd128, the 1B shape
@@ -50,17 +50,18 @@ train+='|nothing_is_allocated_after_the_first_step)'
 timeout 120 build/tests/fathom-tests --jobs=3 --filter "cuda_train/$train" --verbose=1 \
   >"$out/train-tests.log" 2>&1
 echo "exit $?" >>"$out/train-tests.log"
-FATHOM_ATTENTION_FORWARD=specialised timeout 60 build/tests/fathom-tests --jobs=4 \
-  --filter 'cuda_reference/*' --verbose=1 >"$out/reference-specialised-tests.log" 2>&1
+FATHOM_ATTENTION_FORWARD=specialised FATHOM_ATTENTION_BACKWARD=fused_tma timeout 60 \
+  build/tests/fathom-tests --jobs=4 --filter 'cuda_reference/*' --verbose=1 \
+  >"$out/reference-specialised-tests.log" 2>&1
 echo "exit $?" >>"$out/reference-specialised-tests.log"
 grep -hE "\[FAIL\]|Synthesis|^exit" "$out/reference-tests.log" "$out/train-tests.log" \
   "$out/reference-specialised-tests.log"
 
 if command -v compute-sanitizer >/dev/null; then
-  stamp "3. compute-sanitizer memcheck, fused backward and specialised forward"
+  stamp "3. compute-sanitizer memcheck, the new kernels"
   timeout 90 compute-sanitizer --tool memcheck --target-processes all \
     build/tests/fathom-tests --jobs=1 \
-    --filter 'cuda_attention/@(backward|specialised_forward)_matches_cpu_with_grouped_heads_and_a_ragged_tail' \
+    --filter 'cuda_attention/@(backward|specialised_forward|fused_tma_backward)_matches_cpu_with_grouped_heads_and_a_ragged_tail' \
     >"$out/memcheck.log" 2>&1
   echo "exit $?" >>"$out/memcheck.log"
   grep -E "ERROR SUMMARY|Invalid|Synthesis|^exit" "$out/memcheck.log" | head -10
@@ -115,7 +116,7 @@ def read(name):
     except OSError:
         return ""
 for name in ("attention-tests.log", "reference-tests.log", "train-tests.log",
-             "reference-specialised-tests.log"):
+             "reference-specialised-tests.log"):  # the last: specialised forward, fused_tma
     text = read(name)
     synthesis = re.findall(r"Synthesis: .*", text)
     ended = re.findall(r"^exit (\d+)", text, re.M)
