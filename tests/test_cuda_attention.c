@@ -4,12 +4,15 @@
  * accumulate mode, bits across runs, and the shapes refused before any launch. The other
  * variants and the large shapes are in test_cuda_attention_variants.c.
  */
+#include "kernels/cuda/attention_backward_internal.h"
 #include "kernels/cuda/attention_cuda.h"
 #include "runtime/error.h"
 #include "tests/attention_support.h"
 
 #include <criterion/criterion.h>
 #include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
 
 Test(cuda_attention, forward_matches_cpu_for_a_single_token)
 {
@@ -136,6 +139,7 @@ Test(cuda_attention, two_pass_backward_is_bitwise_deterministic)
     attention_check_deterministic(ATTENTION_BACKWARD_TWO_PASS);
 }
 
+/* Shapes the kernels cannot run are refused before any launch (no GPU needed). */
 Test(cuda_attention, unsupported_head_dim_exits_with_the_config_code, .exit_code = EXIT_CONFIG)
 {
     attention_forward_cuda(NULL, NULL, NULL, NULL, NULL, 1, 16, 4, 2, 96, 0);
@@ -146,4 +150,60 @@ Test(cuda_attention, kv_heads_not_dividing_heads_exits_with_the_config_code,
 {
     attention_backward_cuda(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 1, 16, 6, 4,
                             64, NULL, true, 0);
+}
+
+/* The kernel selectors (no GPU needed): each test runs in a fresh process, so the variables
+ * are read anew. */
+Test(cuda_attention, kernels_default_to_the_grouped_forward_and_the_fused_backward)
+{
+    unsetenv("FATHOM_ATTENTION_FORWARD");
+    unsetenv("FATHOM_ATTENTION_BACKWARD");
+    cr_expect_eq(attention_cuda_forward_kernel(), ATTENTION_FORWARD_GROUPED);
+    cr_expect_eq(attention_cuda_backward_kernel(), ATTENTION_BACKWARD_FUSED);
+}
+
+Test(cuda_attention, environment_variables_name_the_other_kernels)
+{
+    setenv("FATHOM_ATTENTION_FORWARD", "specialised", 1);
+    setenv("FATHOM_ATTENTION_BACKWARD", "fused_tma", 1);
+    cr_expect_eq(attention_cuda_forward_kernel(), ATTENTION_FORWARD_SPECIALISED);
+    cr_expect_eq(attention_cuda_backward_kernel(), ATTENTION_BACKWARD_FUSED_TMA);
+}
+
+Test(cuda_attention, an_unknown_backward_name_exits_with_the_config_code,
+     .exit_code = EXIT_CONFIG)
+{
+    setenv("FATHOM_ATTENTION_BACKWARD", "fastest", 1);
+    attention_cuda_backward_kernel();
+}
+
+Test(cuda_attention, an_unknown_forward_name_exits_with_the_config_code,
+     .exit_code = EXIT_CONFIG)
+{
+    setenv("FATHOM_ATTENTION_FORWARD", "fastest", 1);
+    attention_cuda_forward_kernel();
+}
+
+/* delta, then the semaphores with the counter behind them, then a 64 x head_dim fp32 dq tile
+ * per (batch, head, 64-query block): disjoint, each part 256-byte aligned; the two-pass
+ * kernels need delta alone. */
+Test(cuda_attention, backward_workspace_parts_are_disjoint_aligned_and_sized)
+{
+    const int B = 2, T = 77, heads = 6, head_dim = 80, query_blocks = 2;
+    char *base = (char *)(uintptr_t)0x100000;
+    AttentionBackwardWorkspace w = attention_backward_workspace(base, B, T, heads, head_dim, 1);
+    size_t rows = (size_t)B * heads;
+    cr_expect_eq((char *)w.delta, base);
+    cr_expect_geq((char *)w.semaphores, (char *)(w.delta + rows * T));
+    cr_expect_eq(w.counter, w.semaphores + rows * query_blocks);
+    cr_expect_eq(w.zeroed_words, rows * query_blocks + 1);
+    cr_expect_geq((char *)w.dq_accum, (char *)(w.counter + 1));
+    cr_expect_eq((uintptr_t)w.semaphores % 256, 0);
+    cr_expect_eq((uintptr_t)w.dq_accum % 256, 0);
+    cr_expect_eq(base + w.bytes,
+                 (char *)(w.dq_accum + rows * query_blocks * 64 * (size_t)head_dim));
+    AttentionBackwardWorkspace two_pass =
+        attention_backward_workspace(base, B, T, heads, head_dim, 0);
+    cr_expect_null(two_pass.semaphores);
+    cr_expect_eq(two_pass.bytes, (rows * T * sizeof(float) + 255) / 256 * 256);
 }
