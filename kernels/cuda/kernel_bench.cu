@@ -6,9 +6,10 @@
  * kernels, counting each input read once and each output written once, "+=" outputs read
  * and written) and the floor on an H200 (790 TFLOP/s bf16 dense, 4.3 TB/s copy, measured
  * here). Inputs are random (never zeros, which run faster than real data). GPU only.
- * `fathom-kernel-bench attention` times the attention cases alone, with every kernel variant
- * (the grouped and specialised forwards, the fused, fused-through-TMA and two-pass backwards), at head_dim 128,
- * 80 and 64.
+ * `fathom-kernel-bench attention [VARIANT]` times the attention cases alone, at head_dim 128,
+ * 80 and 64, with every kernel variant (forwards grouped, specialised; backwards fused,
+ * fused_tma, two_pass) or only the one named, so that a variant that faults takes no other
+ * with it.
  */
 #include "kernels/cuda/attention_cuda.h"
 #include "kernels/cuda/kernels_cuda.h"
@@ -143,7 +144,26 @@ static void attention_backward_case(void *p)
                             c->B, c->T, c->H, c->KV, c->hd, c->workspace, false, 0);
 }
 
-static void bench_attention(int B, int T, int H, int KV, int hd)
+/* The attention variants by name; `only` NULL times them all. */
+static const char *const forward_names[] = {"grouped", "specialised"};
+static const AttentionForwardKernel forward_kernels[] = {ATTENTION_FORWARD_GROUPED,
+                                                         ATTENTION_FORWARD_SPECIALISED};
+static const char *const backward_names[] = {"fused", "fused_tma", "two_pass"};
+static const AttentionBackwardKernel backward_kernels[] = {
+    ATTENTION_BACKWARD_FUSED, ATTENTION_BACKWARD_FUSED_TMA, ATTENTION_BACKWARD_TWO_PASS};
+
+static bool attention_variant_known(const char *only)
+{
+    for (int i = 0; i < 2; i++)
+        if (!strcmp(only, forward_names[i]))
+            return true;
+    for (int i = 0; i < 3; i++)
+        if (!strcmp(only, backward_names[i]))
+            return true;
+    return false;
+}
+
+static void bench_attention(int B, int T, int H, int KV, int hd, const char *only)
 {
     AttentionCase c = {};
     c.B = B, c.T = T, c.H = H, c.KV = KV, c.hd = hd;
@@ -161,25 +181,22 @@ static void bench_attention(int B, int T, int H, int KV, int hd)
     CUDA_CHECK(cudaMalloc(&c.workspace, attention_backward_cuda_workspace_bytes(B, T, H, hd)));
     double forward_flops = 4.0 * B * (double)T * T * H * hd / 2; /* causal: half */
     char name[64];
-    const AttentionForwardKernel forwards[] = {ATTENTION_FORWARD_GROUPED,
-                                               ATTENTION_FORWARD_SPECIALISED};
-    const char *forward_names[] = {"grouped", "specialised"};
     for (int i = 0; i < 2; i++) {
-        attention_cuda_select_forward(forwards[i]);
+        if (only && strcmp(only, forward_names[i]))
+            continue;
+        attention_cuda_select_forward(forward_kernels[i]);
         snprintf(name, sizeof name, "attention fwd %s B%d T%d %d/%d hd%d", forward_names[i], B,
                  T, H, KV, hd);
         report(name, median_ms(attention_forward_case, &c), forward_flops, 0);
     }
     attention_cuda_select_forward(ATTENTION_FORWARD_GROUPED);
     attention_forward_case(&c); /* a real lse for the backward */
-    const AttentionBackwardKernel kernels[] = {ATTENTION_BACKWARD_FUSED,
-                                               ATTENTION_BACKWARD_FUSED_TMA,
-                                               ATTENTION_BACKWARD_TWO_PASS};
-    const char *kernel_names[] = {"fused", "fused_tma", "two_pass"};
     for (int i = 0; i < 3; i++) {
-        attention_cuda_select_backward(kernels[i]);
-        snprintf(name, sizeof name, "attention bwd %s B%d T%d %d/%d hd%d", kernel_names[i], B, T,
-                 H, KV, hd);
+        if (only && strcmp(only, backward_names[i]))
+            continue;
+        attention_cuda_select_backward(backward_kernels[i]);
+        snprintf(name, sizeof name, "attention bwd %s B%d T%d %d/%d hd%d", backward_names[i], B,
+                 T, H, KV, hd);
         report(name, median_ms(attention_backward_case, &c), 2.5 * forward_flops, 0);
     }
     cudaFree(c.q), cudaFree(c.k), cudaFree(c.v), cudaFree(c.out), cudaFree(c.dout);
@@ -266,8 +283,15 @@ static void bench_swiglu(int rows, int ffn)
 
 int main(int argc, char **argv)
 {
-    /* `fathom-kernel-bench attention`: the attention cases alone, every kernel variant */
+    /* `fathom-kernel-bench attention [VARIANT]`: the attention cases alone, every kernel
+     * variant or the one named */
     bool attention_only = argc > 1 && !strcmp(argv[1], "attention");
+    const char *variant = attention_only && argc > 2 ? argv[2] : NULL;
+    if (variant && !attention_variant_known(variant)) {
+        fprintf(stderr, "fathom-kernel-bench: unknown attention variant %s (grouped, specialised, "
+                        "fused, fused_tma, two_pass)\n", variant);
+        return 2;
+    }
     char description[320];
     int devices = 0;
     if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
@@ -280,17 +304,17 @@ int main(int argc, char **argv)
              properties.multiProcessorCount);
     printf("# fathom-kernel-bench on %s (Llama-3-8B layer shapes, 4096 tokens)\n", description);
     if (attention_only) {
-        bench_attention(1, 4096, 32, 8, 128);
-        bench_attention(32, 1024, 16, 8, 80);
-        bench_attention(2, 4096, 32, 8, 64);
+        bench_attention(1, 4096, 32, 8, 128, variant);
+        bench_attention(32, 1024, 16, 8, 80, variant);
+        bench_attention(2, 4096, 32, 8, 64, variant);
         return 0;
     }
     cuda_matmul_init();
     bench_matmul(4096, 4096, 4096);
     bench_matmul(4096, 4096, 14336);
     bench_matmul(4096, 14336, 4096);
-    bench_attention(1, 4096, 32, 8, 128);
-    bench_attention(32, 1024, 16, 8, 80);
+    bench_attention(1, 4096, 32, 8, 128, NULL);
+    bench_attention(32, 1024, 16, 8, 80, NULL);
     bench_rmsnorm(4096, 4096);
     bench_swiglu(4096, 14336);
     cuda_matmul_destroy();

@@ -68,7 +68,11 @@ if command -v compute-sanitizer >/dev/null; then
 fi
 
 stamp "4. fathom-kernel-bench attention"
-timeout 60 build/kernels/fathom-kernel-bench attention 2>&1 | tee "$out/kernel-bench.txt"
+: >"$out/kernel-bench.txt"
+for variant in grouped specialised fused fused_tma two_pass; do # one process each: a fault
+  timeout 40 build/kernels/fathom-kernel-bench attention $variant 2>&1 | grep -v "^#" \
+    | tee -a "$out/kernel-bench.txt"                           # loses one variant's numbers
+done
 for forward in grouped specialised; do
   FATHOM_ATTENTION_FORWARD=$forward timeout 60 build/fathom bench --cases layers \
     --json "$out/layers-$forward.jsonl" >"$out/layers-$forward.txt" 2>&1
@@ -85,10 +89,11 @@ grep -v "^{" "$out/peer.txt" | tail -8
 if [ "${NCU:-1}" != 0 ] && command -v ncu >/dev/null; then
   stamp "6. ncu, new kernels at B1 T4096 32/8 hd128"
   for kernel in attention_forward_specialised_kernel attention_backward_fused_kernel; do
-    # the first launch of each name: the fused backward without TMA (<128, false>)
+    variant=$([ $kernel = attention_forward_specialised_kernel ] && echo specialised || echo fused)
     timeout 45 ncu --clock-control none --launch-count 1 --kernel-name "regex:$kernel" \
       --section SpeedOfLight --section Occupancy --section WarpStateStats \
-      --section LaunchStats build/kernels/fathom-kernel-bench attention >>"$out/ncu.txt" 2>&1
+      --section LaunchStats build/kernels/fathom-kernel-bench attention $variant \
+      >>"$out/ncu.txt" 2>&1
   done
   grep -E "attention_|Duration|Throughput|Achieved Occupancy|Registers|Stall|Issued Warp" \
     "$out/ncu.txt" | head -30
