@@ -10,9 +10,12 @@
  * into a ring of two stages, K and V on their own mbarriers (full_k, full_v: the consumer may
  * start S = Q K^T before V has landed), each stage refilled once both consumers released it
  * (empty, one arrival per consumer warpgroup). Consumers (240 registers each) walk the key
- * blocks from the CTA's last key down: block i holds keys [kend - 128 (i + 1), kend - 128 i),
- * kend = min(the CTA's last query + 1, T), so the first block is the diagonal and no block is
- * wholly masked; keys below 0 (TMA fills them with zeros) are masked in the last block.
+ * blocks [128 j, 128 j + 128) from the one holding the CTA's last key (or T - 1) down to 0:
+ * every row sees a key of the first block (the CTA's queries all follow its start), keys past
+ * the CTA's last query are masked there, keys at or past T arrive from TMA as zeros (and are
+ * masked with them), and no coordinate is ever negative. With 2 heads x 64 queries a CTA
+ * whose queries start on a multiple of 128 masks half of its first block: 1.5% of the work
+ * at T 4096.
  *
  * Per block i a consumer issues S_i = Q K_i^T and O += P_{i-1} V_{i-1} together, waits for S_i
  * only, runs the online softmax of S_i (base 2, as attention_cuda.cu) while the P V product
@@ -122,8 +125,9 @@ attention_forward_specialised_kernel(const __grid_constant__ CUtensorMap q_map,
     int block_queries = SPEC_ROWS / heads_per_block;
     int query0 = (gridDim.z - 1 - blockIdx.z) * block_queries;
     int kv_head = first_head / (n_heads / n_kv_heads);
-    int key_end = min(T, query0 + block_queries); /* keys of the CTA: [0, key_end) */
-    int blocks = (key_end + SPEC_KEYS - 1) / SPEC_KEYS;
+    /* keys of the CTA: [0, key_end), in blocks [128 j, 128 j + 128) walked from the top */
+    int key_end = min(T, query0 + block_queries);
+    int top_block = (key_end - 1) / SPEC_KEYS, blocks = top_block + 1;
 
     if (threadIdx.x == 0) {
         mbarrier_init(q_full, 1);
@@ -152,7 +156,7 @@ attention_forward_specialised_kernel(const __grid_constant__ CUtensorMap q_map,
                                                         q_full);
             }
             for (int i = 0; i < blocks; i++) {
-                int stage = i % SPEC_STAGES, key0 = key_end - SPEC_KEYS * (i + 1);
+                int stage = i % SPEC_STAGES, key0 = (top_block - i) * SPEC_KEYS;
                 if (i >= SPEC_STAGES) /* both consumers released block i - 2 */
                     mbarrier_wait(empty + stage, (uint32_t)((i / SPEC_STAGES - 1) & 1));
                 unsigned char *k_tile = shared + Tiles::k_ring + stage * Tiles::kv_bytes;
@@ -203,17 +207,18 @@ attention_forward_specialised_kernel(const __grid_constant__ CUtensorMap q_map,
                 warpgroup_mma_registers<HEAD_DIM, 1>(
                     o, p[j], swizzled_mn_major<HEAD_DIM>(v_tile, SPEC_KEYS, j * 16), true);
         };
-        /* masks the scores of block i where the key follows the row or lies below 0 */
+        /* masks the scores of block i where the key follows the row (keys at or past T, zeros
+         * from TMA, are among them) */
         auto mask_scores = [&](int i) {
-            int key0 = key_end - SPEC_KEYS * (i + 1);
-            if (key0 + SPEC_KEYS - 1 <= row0 && key0 >= 0)
+            int key0 = (top_block - i) * SPEC_KEYS;
+            if (key0 + SPEC_KEYS - 1 <= row0)
                 return;
 #pragma unroll
             for (int t = 0; t < SPEC_KEYS / 8; t++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     int key = key0 + t * 8 + 2 * c + (e & 1);
-                    if (key > query_row[e >> 1] || key < 0)
+                    if (key > query_row[e >> 1])
                         s[t][e] = -INFINITY;
                 }
         };
