@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # launch/bench/attention_gpu.sh — on a GPU machine, from the repository root, with build/ and
 # .gpu-libs/ made by launch/bench/gpu_bundle.sh: the attention kernels' checks and timings in
-# one go, under 4 minutes, builds nothing, a short table last.
+# one go, about 3-4 minutes, builds nothing, a short table last.
 #   1. the cuda attention tests (every kernel variant against the cpu reference, the backward's
 #      bits across runs, the fused backward against the two-pass one at the 8B and 1B shapes);
 #   2. the GPU tests that run attention inside the model (Hugging Face fixtures; 20 training
@@ -15,7 +15,8 @@
 #      (4 Llama-3-8B layers) with each forward;
 #   5. PyTorch SDPA at the same shapes (peer.py); with LAYERS=1 also (a) in PyTorch (eager and
 #      torch.compile: about 2 more minutes);
-#   6. ncu on the new kernels at the (b) shape, where ncu is present (NCU=0 skips it);
+#   6. with NCU=1, ncu on the new kernels at the (b) shape, where ncu is present (~1 more
+#      minute);
 #   7. with TRAIN=1, `fathom train` on 8 layers of the 8B width (launch/bench/train_8b_width.sh,
 #      5 steps) with each forward, and its MFU (about 2 more minutes).
 # Logs go to $OUT (or /tmp/attention-gpu).
@@ -59,7 +60,7 @@ grep -hE "\[FAIL\]|Synthesis|^exit" "$out/reference-tests.log" "$out/train-tests
 
 if command -v compute-sanitizer >/dev/null; then
   stamp "3. compute-sanitizer memcheck, the new kernels"
-  timeout 90 compute-sanitizer --tool memcheck --target-processes all \
+  timeout 60 compute-sanitizer --tool memcheck --target-processes all \
     build/tests/fathom-tests --jobs=1 \
     --filter 'cuda_attention/@(backward|specialised_forward|fused_tma_backward)_matches_cpu_with_grouped_heads_and_a_ragged_tail' \
     >"$out/memcheck.log" 2>&1
@@ -86,7 +87,7 @@ timeout 240 python3 launch/bench/peer.py --cases "$peer_cases" --attention-shape
   >"$out/peer.txt" 2>&1
 grep -v "^{" "$out/peer.txt" | tail -8
 
-if [ "${NCU:-1}" != 0 ] && command -v ncu >/dev/null; then
+if [ "${NCU:-0}" = 1 ] && command -v ncu >/dev/null; then
   stamp "6. ncu, new kernels at B1 T4096 32/8 hd128"
   for kernel in attention_forward_specialised_kernel attention_backward_fused_kernel; do
     variant=$([ $kernel = attention_forward_specialised_kernel ] && echo specialised || echo fused)
