@@ -4,7 +4,9 @@
  * With p = exp(score - lse) recomputed from the saved lse, dp = dout . v, delta = dout . out
  * and ds = p (dp - delta) (the softmax backward), per (query t, key s):
  *   dv_s += p dout_t,   dk_s += ds q_t / sqrt(hd),   dq_t += ds k_s / sqrt(hd).
- * Three kernels, all on the caller's stream:
+ * This file holds the entry point (which picks the fused one-pass kernel of
+ * attention_backward_fused_cuda.cu or the two-pass kernels below), the delta pass both use, and
+ * the two-pass kernels, three kernels in all on the caller's stream:
  * 1. delta [B, n_heads, T] (workspace) = rowsum(dout * out), one warp a row.
  * 2. dk, dv: a CTA of two warpgroups owns 128 keys of one kv head; warpgroup w owns keys
  *    64w .. 64w+63 and works on the transposed products (scores^T = k q^T, dp^T = v dout^T)
@@ -24,11 +26,14 @@
  * a warpgroup whose rows the causal mask hides wholly from a tile skips that tile's products,
  * and the next tile's loads are issued behind the products, in their shadow.
  */
+#include "kernels/cuda/attention_backward_internal.h"
 #include "kernels/cuda/attention_cuda.h"
 #include "kernels/cuda/attention_tiles.cuh"
 
 #include <cuda_runtime.h>
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #define BACKWARD_BLOCK_ROWS 128 /* keys of a dk/dv CTA, queries of a dq CTA: two warpgroups */
 #define BACKWARD_BLOCK_WALK 64  /* queries (dk/dv) or keys (dq) of one step of the walk */
@@ -52,12 +57,16 @@ __host__ __device__ static constexpr size_t backward_shared_bytes(void)
 }
 
 /* delta[b, h, t] = sum_i dout[b,t,h,i] * out[b,t,h,i] in fp32; rows = B * T * n_heads, one
- * warp a row of head_dim (<= 128: one 16-byte piece per lane). */
+ * warp a row of head_dim (<= 128: one 16-byte piece per lane). Also zeroes zeroed[0 ..
+ * zeroed_words) (the fused kernel's semaphores and tile counter; fewer than the threads). */
 __global__ void __launch_bounds__(PREPROCESS_THREADS)
-attention_backward_delta_kernel(float *delta, const __nv_bfloat16 *dout,
-                                const __nv_bfloat16 *out, int rows, int T, int n_heads,
-                                int head_dim)
+attention_backward_delta_kernel(float *delta, uint32_t *zeroed, size_t zeroed_words,
+                                const __nv_bfloat16 *dout, const __nv_bfloat16 *out, int rows,
+                                int T, int n_heads, int head_dim)
 {
+    size_t global_thread = (size_t)blockIdx.x * PREPROCESS_THREADS + threadIdx.x;
+    if (global_thread < zeroed_words)
+        zeroed[global_thread] = 0u;
     int row = blockIdx.x * (PREPROCESS_THREADS / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= rows)
         return; /* the whole warp leaves together */
@@ -430,9 +439,37 @@ static void backward_launch(__nv_bfloat16 *dq, __nv_bfloat16 *dk, __nv_bfloat16 
     CUDA_CHECK_LAUNCH();
 }
 
-extern "C" size_t attention_backward_cuda_workspace_bytes(int B, int T, int n_heads)
+/* ---- which backward runs ---- */
+
+static int selected_backward = -1; /* -1: not chosen yet, read FATHOM_ATTENTION_BACKWARD */
+
+extern "C" void attention_cuda_select_backward(AttentionBackwardKernel kernel)
 {
-    return (size_t)B * T * n_heads * sizeof(float);
+    selected_backward = (int)kernel;
+}
+
+extern "C" AttentionBackwardKernel attention_cuda_backward_kernel(void)
+{
+    if (selected_backward < 0) {
+        const char *name = getenv("FATHOM_ATTENTION_BACKWARD");
+        if (!name || !*name || !strcmp(name, "fused"))
+            selected_backward = ATTENTION_BACKWARD_FUSED;
+        else if (!strcmp(name, "two_pass"))
+            selected_backward = ATTENTION_BACKWARD_TWO_PASS;
+        else if (!strcmp(name, "fused_tma"))
+            selected_backward = ATTENTION_BACKWARD_FUSED_TMA;
+        else
+            fatal(EXIT_CONFIG,
+                  "FATHOM_ATTENTION_BACKWARD = '%s' (fused, fused_tma or two_pass)", name);
+    }
+    return (AttentionBackwardKernel)selected_backward;
+}
+
+extern "C" size_t attention_backward_cuda_workspace_bytes(int B, int T, int n_heads,
+                                                         int head_dim)
+{
+    bool fused = attention_cuda_backward_kernel() != ATTENTION_BACKWARD_TWO_PASS;
+    return attention_backward_workspace(NULL, B, T, n_heads, head_dim, fused).bytes;
 }
 
 extern "C" void attention_backward_cuda(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout,
@@ -450,16 +487,28 @@ extern "C" void attention_backward_cuda(bf16 *dq, bf16 *dk, bf16 *dv, const bf16
     if (B == 0 || T == 0)
         return;
     int blocks = (T + BACKWARD_BLOCK_ROWS - 1) / BACKWARD_BLOCK_ROWS;
-    if (blocks > 65535)
+    if (blocks > 65535 || (T + ATTENTION_FUSED_QUERIES - 1) / ATTENTION_FUSED_QUERIES > 65535)
         fatal(EXIT_CONFIG, "%s: T = %d is longer than the launch grid allows", op, T);
     attention_check_device(op);
+    AttentionBackwardKernel kernel = attention_cuda_backward_kernel();
+    bool fused = kernel != ATTENTION_BACKWARD_TWO_PASS;
+    AttentionBackwardWorkspace parts =
+        attention_backward_workspace(workspace, B, T, n_heads, head_dim, fused);
 
     int rows = B * T * n_heads;
     int preprocess_blocks = (rows + PREPROCESS_THREADS / 32 - 1) / (PREPROCESS_THREADS / 32);
     attention_backward_delta_kernel<<<preprocess_blocks, PREPROCESS_THREADS, 0, stream>>>(
-        workspace, reinterpret_cast<const __nv_bfloat16 *>(dout),
+        parts.delta, parts.semaphores, parts.zeroed_words,
+        reinterpret_cast<const __nv_bfloat16 *>(dout),
         reinterpret_cast<const __nv_bfloat16 *>(out), rows, T, n_heads, head_dim);
     CUDA_CHECK_LAUNCH();
+    if (fused) {
+        attention_backward_fused_launch(dq, dk, dv, dout, q, k, v, lse, &parts, B, T, n_heads,
+                                        n_kv_heads, head_dim,
+                                        kernel == ATTENTION_BACKWARD_FUSED_TMA, accumulate,
+                                        stream);
+        return;
+    }
 
     __nv_bfloat16 *dq_bf16 = reinterpret_cast<__nv_bfloat16 *>(dq);
     __nv_bfloat16 *dk_bf16 = reinterpret_cast<__nv_bfloat16 *>(dk);
@@ -471,15 +520,15 @@ extern "C" void attention_backward_cuda(bf16 *dq, bf16 *dk, bf16 *dv, const bf16
     switch (head_dim) {
     case 64:
         backward_launch<64>(dq_bf16, dk_bf16, dv_bf16, dout_bf16, q_bf16, k_bf16, v_bf16, lse,
-                            workspace, B, T, n_heads, n_kv_heads, accumulate, stream);
+                            parts.delta, B, T, n_heads, n_kv_heads, accumulate, stream);
         break;
     case 80:
         backward_launch<80>(dq_bf16, dk_bf16, dv_bf16, dout_bf16, q_bf16, k_bf16, v_bf16, lse,
-                            workspace, B, T, n_heads, n_kv_heads, accumulate, stream);
+                            parts.delta, B, T, n_heads, n_kv_heads, accumulate, stream);
         break;
     default:
         backward_launch<128>(dq_bf16, dk_bf16, dv_bf16, dout_bf16, q_bf16, k_bf16, v_bf16, lse,
-                             workspace, B, T, n_heads, n_kv_heads, accumulate, stream);
+                             parts.delta, B, T, n_heads, n_kv_heads, accumulate, stream);
         break;
     }
 }

@@ -26,6 +26,8 @@
 
 #include <cuda_runtime.h>
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #define FORWARD_WARPGROUPS 4 /* 512 threads: at most 128 registers a thread */
 #define FORWARD_ROWS (FORWARD_WARPGROUPS * WARPGROUP_ROWS) /* query rows a CTA holds */
@@ -272,6 +274,29 @@ static void forward_launch(__nv_bfloat16 *out, float *lse, const __nv_bfloat16 *
     CUDA_CHECK_LAUNCH();
 }
 
+/* ---- which forward runs ---- */
+
+static int selected_forward = -1; /* -1: not chosen yet, read FATHOM_ATTENTION_FORWARD */
+
+extern "C" void attention_cuda_select_forward(AttentionForwardKernel kernel)
+{
+    selected_forward = (int)kernel;
+}
+
+extern "C" AttentionForwardKernel attention_cuda_forward_kernel(void)
+{
+    if (selected_forward < 0) {
+        const char *name = getenv("FATHOM_ATTENTION_FORWARD");
+        if (!name || !*name || !strcmp(name, "grouped"))
+            selected_forward = ATTENTION_FORWARD_GROUPED;
+        else if (!strcmp(name, "specialised"))
+            selected_forward = ATTENTION_FORWARD_SPECIALISED;
+        else
+            fatal(EXIT_CONFIG, "FATHOM_ATTENTION_FORWARD = '%s' (grouped or specialised)", name);
+    }
+    return (AttentionForwardKernel)selected_forward;
+}
+
 extern "C" void attention_forward_cuda(bf16 *out, float *lse, const bf16 *q, const bf16 *k,
                                        const bf16 *v, int B, int T, int n_heads, int n_kv_heads,
                                        int head_dim, cudaStream_t stream)
@@ -288,6 +313,11 @@ extern "C" void attention_forward_cuda(bf16 *out, float *lse, const bf16 *q, con
     if ((T + block_queries - 1) / block_queries > 65535)
         fatal(EXIT_CONFIG, "%s: T = %d is longer than the launch grid allows", op, T);
     attention_check_device(op);
+    if (attention_cuda_forward_kernel() == ATTENTION_FORWARD_SPECIALISED) {
+        attention_forward_specialised_launch(out, lse, q, k, v, B, T, n_heads, n_kv_heads,
+                                             head_dim, stream);
+        return;
+    }
     __nv_bfloat16 *out_bf16 = reinterpret_cast<__nv_bfloat16 *>(out);
     const __nv_bfloat16 *q_bf16 = reinterpret_cast<const __nv_bfloat16 *>(q);
     const __nv_bfloat16 *k_bf16 = reinterpret_cast<const __nv_bfloat16 *>(k);

@@ -14,18 +14,29 @@
  * sum are fp32; the tensor cores see bf16 operands (q, k, v, dout, and the probabilities
  * and score gradients rounded once to bf16) with fp32 accumulators. Hopper warpgroup MMAs
  * (wgmma, sm_90a): the file is built for sm_90a only.
- * Forward: one CTA of four warpgroups per (256 query rows of one KV group, batch) walks its
+ * Forward (grouped, the default; the specialised kernel is described below its selector):
+ * one CTA of four warpgroups per (256 query rows of one KV group, batch) walks its
  * key blocks of 64 with an online softmax in base 2 (running max and sum in fp32), so K, V
  * cross L2 once per group rather than once per query head: the rows are 64 queries of 4 heads
  * of the group (group size a multiple of 4), 128 queries of 2 heads (even) or 256 queries of
  * one head (odd). K, V move through a ring of three shared-memory stages; each warpgroup runs
  * S, softmax, P V of a block in order, the four warpgroups overlapping one another.
- * Backward (FA2 order, deterministic): a preprocess kernel writes delta[b,h,t] = sum_i
- * dout[b,t,h,i] out[b,t,h,i] into the workspace; one CTA of two warpgroups per (128 keys, kv
- * head, batch) accumulates dk, dv in registers over every query head of its group and every
- * query block at or after it; one CTA of two warpgroups per (128 queries, head, batch)
- * accumulates dq over its key blocks. Each gradient element is summed by one thread in a
- * fixed order: no atomics, bitwise-identical run to run.
+ * Backward (deterministic), kernels to choose from (attention_cuda_select_backward, or
+ * FATHOM_ATTENTION_BACKWARD = fused | fused_tma | two_pass read once; fused by default). Both start with a
+ * pass writing delta[b,h,t] = sum_i dout[b,t,h,i] out[b,t,h,i] into the workspace.
+ *   fused: one CTA of two consumer warpgroups per (128 keys, kv head, batch) accumulates dk, dv
+ *     in registers over every query head of its group and every query block at or after it,
+ *     and computes each step's dq part from the same scores (5 products a tile, FA2's count);
+ *     a writer warp adds the dq parts into a fp32 workspace tile per query block with bulk
+ *     reductions in L2, key block after key block in a fixed order enforced by a semaphore per
+ *     tile; a last kernel rounds them into dq (attention_backward_fused_cuda.cu).
+ *   fused_tma: the same, with q, dout (swizzled tiles), lse, delta brought by a producer warp
+ *     through TMA and mbarriers instead of cp.async from the consumers, ds double-buffered,
+ *     and no 256-thread barrier at the start of each step.
+ *   two_pass: the same dk, dv CTAs without dq, then one CTA of two warpgroups per (128 queries,
+ *     head, batch) recomputes the scores and accumulates dq over its key blocks (7 products).
+ * Each gradient element is the same sum in the same order on every run: no atomics,
+ * bitwise-identical run to run.
  *
  * Gradients: with accumulate = true the backward ADDS, as the op table says (read the bf16
  * gradient, add in fp32, round once); with accumulate = false it overwrites and skips that
@@ -37,10 +48,13 @@
  *     forward   4 B T^2 H hd / 2 = 137.4 GFLOP; q, k, v, out, lse = 84 MB (20 us).
  *               Floor 0.174 ms: compute-bound.
  *     backward  the five products of the fused form are 2.5 x forward = 343.6 GFLOP (floor
- *               0.435 ms); this implementation computes S and dP twice (once for dk, dv, once
- *               for dq: the price of a deterministic dq without atomics), 7 products,
- *               481 GFLOP, so its own floor is 0.61 ms. Bytes: q, k, v, out, dout, lse read,
- *               dq, dk, dv written = 168 MB (39 us; + 50 MB read when accumulating).
+ *               0.435 ms); two_pass computes S and dP twice (once for dk, dv, once for dq),
+ *               7 products, 481 GFLOP, so its own floor is 0.61 ms. Bytes: q, k, v, out, dout,
+ *               lse read, dq, dk, dv written = 168 MB (39 us; + 50 MB read when
+ *               accumulating). fused adds the dq parts in L2: one 64 x 128 fp32 tile (32 KiB)
+ *               per (query block, head, key block) pair, 33792 pairs = 1.1 GB of bulk
+ *               additions into a 64 MiB dq_accum that stays in L2, then 64 MiB read and
+ *               32 MiB written by the conversion (~25 us).
  *   B 32, T 1024, 16 query heads, 8 kv heads, head_dim 80:
  *     forward   85.9 GFLOP, 254 MB: floor 0.109 ms (the bytes alone 59 us).
  *     backward  214.7 GFLOP fused (0.27 ms), 300.6 GFLOP here: floor 0.38 ms; 506 MB (118 us).
@@ -56,8 +70,12 @@
  * Resources (ptxas, sm_90a, no spills, no serialised wgmma), registers per thread for
  * head_dim 128 / 80 / 64:
  *   forward  CTAs of 512 threads: 128 / 121 / 105, shared 160 / 100 / 80 KiB: 1 CTA an SM;
+ *   specialised forward  CTAs of 384 threads (producer 24, consumers 240), shared 161 / 101 /
+ *            81 KiB: 1 CTA;
  *   dk, dv   CTAs of 256 threads: 246 / 212 / 190, dq 204 / 186 / 164, shared 161.5 / 101.5 /
  *            81.5 KiB: 1 CTA.
+ *   fused    CTAs of 384 threads (a writer warpgroup at 24 registers, two consumer warpgroups
+ *            at 240 through setmaxnreg), shared 177 / 117 / 97 KiB: 1 CTA.
  * The dk/dv grid is uneven (key block 0 sees every query block of every head of its group):
  * it is launched heaviest first, as are the query blocks of the other two kernels.
  *
@@ -75,13 +93,47 @@
 extern "C" {
 #endif
 
+/* The forward kernels: grouped (attention_cuda.cu, four warpgroups of 64 rows sharing K, V
+ * through a cp.async ring) and specialised (attention_forward_specialised_cuda.cu, the
+ * FlashAttention-3 manner: a TMA producer warp, two consumer warpgroups taking turns, each
+ * overlapping its softmax with its products). */
+typedef enum AttentionForwardKernel {
+    ATTENTION_FORWARD_GROUPED = 0,
+    ATTENTION_FORWARD_SPECIALISED = 1,
+} AttentionForwardKernel;
+
+/* Chooses the forward for the rest of the process (tests, benchmarks); without a call the
+ * first forward reads FATHOM_ATTENTION_FORWARD (grouped when unset; specialised; another value
+ * exits 2). */
+void attention_cuda_select_forward(AttentionForwardKernel kernel);
+AttentionForwardKernel attention_cuda_forward_kernel(void);
+
+/* The specialised forward alone (shapes already checked by attention_forward_cuda). */
+void attention_forward_specialised_launch(bf16 *out, float *lse, const bf16 *q, const bf16 *k,
+                                          const bf16 *v, int B, int T, int n_heads,
+                                          int n_kv_heads, int head_dim, cudaStream_t stream);
+
 /* out, lse from q, k, v (shapes above). Asynchronous on `stream`. */
 void attention_forward_cuda(bf16 *out, float *lse, const bf16 *q, const bf16 *k,
                             const bf16 *v, int B, int T, int n_heads, int n_kv_heads,
                             int head_dim, cudaStream_t stream);
 
-/* Bytes of fp32 workspace attention_backward_cuda needs: delta [B, n_heads, T]. */
-size_t attention_backward_cuda_workspace_bytes(int B, int T, int n_heads);
+/* The backward kernels (see above). */
+typedef enum AttentionBackwardKernel {
+    ATTENTION_BACKWARD_FUSED = 0,
+    ATTENTION_BACKWARD_TWO_PASS = 1,
+    ATTENTION_BACKWARD_FUSED_TMA = 2, /* fused, q and dout through TMA from a producer warp */
+} AttentionBackwardKernel;
+
+/* Chooses the backward for the rest of the process (tests, benchmarks); without a call the
+ * first backward reads FATHOM_ATTENTION_BACKWARD (fused when unset; another value exits 2). */
+void attention_cuda_select_backward(AttentionBackwardKernel kernel);
+AttentionBackwardKernel attention_cuda_backward_kernel(void);
+
+/* Bytes of workspace attention_backward_cuda needs with the chosen kernel: delta
+ * [B, n_heads, T] fp32; the fused kernel adds a semaphore per (batch, head, 64-query block)
+ * and the fp32 dq sums [B, n_heads, T rounded up to 64, head_dim]. */
+size_t attention_backward_cuda_workspace_bytes(int B, int T, int n_heads, int head_dim);
 
 /* dq, dk, dv (+)= the gradients of out w.r.t. q, k, v given dout, the forward's out and
  * lse. `workspace` holds attention_backward_cuda_workspace_bytes() and is overwritten.

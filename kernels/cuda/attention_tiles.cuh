@@ -1,22 +1,11 @@
 /* kernels/cuda/attention_tiles.cuh — tile plumbing shared by the attention kernels
- * (attention_cuda.cu, attention_backward_cuda.cu) and their host-side shape checks; CUDA
- * C++ only, never included from C. sm_90a: the products are Hopper warpgroup MMAs (wgmma).
+ * (attention_cuda.cu, attention_backward_cuda.cu, attention_backward_fused_cuda.cu) and their
+ * host-side shape checks; CUDA C++ only, never included from C. sm_90a: the products are
+ * Hopper warpgroup MMAs (wgmma).
  *
- * Warpgroup products. Four consecutive warps (128 threads, the first warp's index a multiple
- * of 4) issue one wgmma.mma_async.m64nNk16: D [64, N] fp32 (+)= A [64, 16] B [16, N], bf16
- * operands. The instruction is asynchronous: it is fenced (warpgroup_fence) after the
- * registers it reads were last written, issued, committed as a group, and its results are
- * read only after warpgroup_wait. The fragment layouts (PTX ISA "Register Fragments and
- * Shared Memory Matrix Layouts", the same per warp as mma.sync.m16n8k16), with
- * warp w = 0..3 of the group, lane = 4 g + c:
- *   accumulator D, tile t = columns 8t .. 8t+7:
- *     d[t][0], d[t][1] = row 16w + g,     columns 8t + 2c, 8t + 2c + 1
- *     d[t][2], d[t][3] = row 16w + g + 8, columns 8t + 2c, 8t + 2c + 1
- *   A in registers, bf16 pairs, k = 0 .. 15:
- *     a[0] = row 16w + g, k 2c, 2c+1;      a[1] = row 16w + g + 8, k 2c, 2c+1;
- *     a[2] = row 16w + g, k 8+2c, 9+2c;    a[3] = row 16w + g + 8, k 8+2c, 9+2c
- * so accumulator tiles 2j and 2j+1 of one product pack into the A operand (k = columns 16j ..
- * 16j+15) of the next without leaving registers (accumulators_to_operand).
+ * The products and their register fragments are described in warpgroup_mma.cuh;
+ * accumulators_to_operand packs accumulator tiles 2j, 2j+1 of one product into the A operand
+ * (k = columns 16j .. 16j+15) of the next.
  *
  * Shared-memory tiles are "packed": a tile of `rows` x HEAD_DIM bf16 (rows a multiple of 8) is
  * stored as the no-swizzle core matrices of wgmma, 8 rows x 8 columns (16 bytes a row) each,
@@ -40,6 +29,8 @@
 #define FATHOM_KERNELS_CUDA_ATTENTION_TILES_CUH
 
 #include "kernels/cuda/cuda_common.h"
+#include "kernels/cuda/hopper_async.cuh"
+#include "kernels/cuda/warpgroup_mma.cuh"
 #include "runtime/error.h"
 
 #include <cuda_bf16.h>
@@ -47,115 +38,11 @@
 #include <stdint.h>
 #include <string.h>
 
-/* wgmma exists on sm_90a only. The build also embeds compute_90 PTX (for the JIT on other
- * GPUs), where these wrappers trap instead; attention_check_device refuses such GPUs before
- * any launch. */
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define WARPGROUP_MMA_MISSING 1
-#endif
-
-#define WARPGROUP_THREADS 128
-#define WARPGROUP_ROWS 64       /* M of every warpgroup product */
 #define STAGE_PAD 8             /* fp32 elements after every fp32 staging row */
 #define LOG2_E 1.4426950408889634f
 #define LN_2 0.6931471805599453f
 
-static __device__ __forceinline__ uint32_t shared_address(const void *pointer)
-{
-    return (uint32_t)__cvta_generic_to_shared(pointer);
-}
-
-/* 16 bytes global -> shared, asynchronous; zeros instead when !valid (nothing is read). */
-static __device__ __forceinline__ void copy_async_16(void *shared, const void *global,
-                                                     bool valid)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(shared)),
-                 "l"(global), "r"(valid ? 16 : 0));
-}
-
-/* 4 bytes global -> shared, asynchronous; zero instead when !valid. */
-static __device__ __forceinline__ void copy_async_4(void *shared, const void *global, bool valid)
-{
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(shared_address(shared)),
-                 "l"(global), "r"(valid ? 4 : 0));
-}
-
-static __device__ __forceinline__ void copy_async_commit(void)
-{
-    asm volatile("cp.async.commit_group;\n" ::);
-}
-
-/* Waits until at most `pending` of this thread's committed groups are still in flight. */
-template <int pending>
-static __device__ __forceinline__ void copy_async_wait(void)
-{
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(pending));
-}
-
-/* Makes this thread's completed shared-memory writes visible to the tensor cores (async
- * proxy); a barrier after it publishes them to the whole block. */
-static __device__ __forceinline__ void fence_async_proxy(void)
-{
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
-/* ---- warpgroup products (sm_90a) ---- */
-
-/* Orders this thread's earlier register writes before the next warpgroup products. */
-static __device__ __forceinline__ void warpgroup_fence(void)
-{
-#ifdef WARPGROUP_MMA_MISSING
-    __trap();
-#else
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#endif
-}
-
-/* Closes the group of products issued since the last commit. */
-static __device__ __forceinline__ void warpgroup_commit(void)
-{
-#ifdef WARPGROUP_MMA_MISSING
-    __trap();
-#else
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-#endif
-}
-
-/* Waits until at most `pending` committed groups are still running. */
-template <int pending>
-static __device__ __forceinline__ void warpgroup_wait(void)
-{
-#ifdef WARPGROUP_MMA_MISSING
-    __trap();
-#else
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(pending) : "memory");
-#endif
-}
-
-/* The compiler does not know that a product writes its accumulators at the wait: passing
- * them through an empty asm after the wait keeps every later use of them below it (and an
- * earlier write above the next product's fence). */
-template <int TILES>
-static __device__ __forceinline__ void warpgroup_fence_accumulators(float (&d)[TILES][4])
-{
-#pragma unroll
-    for (int t = 0; t < TILES; t++)
-#pragma unroll
-        for (int e = 0; e < 4; e++)
-            asm volatile("" : "+f"(d[t][e])::"memory");
-}
-
-/* The shared-memory matrix descriptor of a wgmma operand (PTX ISA "Matrix Descriptor
- * Format"), no swizzle: bits 0-13 start address / 16, 16-29 leading byte offset / 16,
- * 32-45 stride byte offset / 16, base offset 0, layout type 0. */
-static __device__ __forceinline__ uint64_t shared_matrix_descriptor(const void *start,
-                                                                    uint32_t leading_bytes,
-                                                                    uint32_t stride_bytes)
-{
-    return (uint64_t)((shared_address(start) >> 4) & 0x3FFF) |
-           (uint64_t)((leading_bytes >> 4) & 0x3FFF) << 16 |
-           (uint64_t)((stride_bytes >> 4) & 0x3FFF) << 32;
-}
+/* ---- operands in the packed layout ---- */
 
 /* Operand "the rows of a packed tile from `tile` on, columns k0 .. k0+15" read K-major
  * (contraction over the columns): an A [64, 16] or a B read as [N, 16]. `tile` starts a row
@@ -174,117 +61,6 @@ static __device__ __forceinline__ uint64_t packed_mn_major(const __nv_bfloat16 *
     return shared_matrix_descriptor(tile + k0 * HEAD_DIM, 16 * HEAD_DIM, 128);
 }
 
-/* d [64, 64] (+)= A [64, 16] B^T, both operands K-major in shared memory (descriptors);
- * accumulate = false overwrites d (scale-d = 0: the old d is not read). */
-static __device__ __forceinline__ void warpgroup_mma_64x64(float (&d)[8][4], uint64_t a_descriptor,
-                                                          uint64_t b_descriptor, bool accumulate)
-{
-#ifdef WARPGROUP_MMA_MISSING
-    __trap();
-#else
-    asm volatile("{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7,"
-                 " %8, %9, %10, %11, %12, %13, %14, %15,"
-                 " %16, %17, %18, %19, %20, %21, %22, %23,"
-                 " %24, %25, %26, %27, %28, %29, %30, %31}, "
-                 "%32, %33, accumulate, 1, 1, 0, 0;\n}\n"
-                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
-                   "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
-                   "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-                   "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
-                   "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
-                   "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-                   "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
-                   "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-                 : "l"(a_descriptor), "l"(b_descriptor), "r"((int)accumulate));
-#endif
-}
-
-/* d [64, N] += A [64, 16] B [16, N]: A bf16 in registers (layout above), B MN-major in
- * shared memory (descriptor, transposed read). N = 64, 80 or 128. */
-template <int N>
-static __device__ __forceinline__ void warpgroup_mma_registers(float (&d)[N / 8][4],
-                                                              const uint32_t (&a)[4],
-                                                              uint64_t b_descriptor)
-{
-#ifdef WARPGROUP_MMA_MISSING
-    __trap();
-#else
-    static_assert(N == 64 || N == 80 || N == 128, "head_dim 64, 80 or 128");
-    if constexpr (N == 64) {
-        asm volatile("{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %37, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-                     "{%0, %1, %2, %3, %4, %5, %6, %7,"
-                     " %8, %9, %10, %11, %12, %13, %14, %15,"
-                     " %16, %17, %18, %19, %20, %21, %22, %23,"
-                     " %24, %25, %26, %27, %28, %29, %30, %31}, "
-                     "{%32, %33, %34, %35}, %36, accumulate, 1, 1, 1;\n}\n"
-                     : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
-                       "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
-                       "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-                       "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
-                       "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
-                       "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-                       "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
-                       "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_descriptor),
-                       "r"(1));
-    } else if constexpr (N == 80) {
-        asm volatile("{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %45, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16 "
-                     "{%0, %1, %2, %3, %4, %5, %6, %7,"
-                     " %8, %9, %10, %11, %12, %13, %14, %15,"
-                     " %16, %17, %18, %19, %20, %21, %22, %23,"
-                     " %24, %25, %26, %27, %28, %29, %30, %31,"
-                     " %32, %33, %34, %35, %36, %37, %38, %39}, "
-                     "{%40, %41, %42, %43}, %44, accumulate, 1, 1, 1;\n}\n"
-                     : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
-                       "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
-                       "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-                       "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
-                       "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
-                       "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-                       "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
-                       "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
-                       "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
-                       "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_descriptor),
-                       "r"(1));
-    } else {
-        asm volatile("{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %69, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-                     "{%0, %1, %2, %3, %4, %5, %6, %7,"
-                     " %8, %9, %10, %11, %12, %13, %14, %15,"
-                     " %16, %17, %18, %19, %20, %21, %22, %23,"
-                     " %24, %25, %26, %27, %28, %29, %30, %31,"
-                     " %32, %33, %34, %35, %36, %37, %38, %39,"
-                     " %40, %41, %42, %43, %44, %45, %46, %47,"
-                     " %48, %49, %50, %51, %52, %53, %54, %55,"
-                     " %56, %57, %58, %59, %60, %61, %62, %63}, "
-                     "{%64, %65, %66, %67}, %68, accumulate, 1, 1, 1;\n}\n"
-                     : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
-                       "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
-                       "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-                       "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
-                       "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
-                       "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-                       "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
-                       "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
-                       "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
-                       "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
-                       "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
-                       "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
-                       "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
-                       "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
-                       "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
-                       "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_descriptor),
-                       "r"(1));
-    }
-#endif
-}
-
 /* s = A B^T over the HEAD_DIM columns of two packed tiles: A = the 64 rows from `a`, B = the
  * 64 rows from `b` (both K-major; scores q k^T and their kin). */
 template <int HEAD_DIM>
@@ -294,8 +70,8 @@ static __device__ __forceinline__ void warpgroup_rows_times_rows(float (&s)[8][4
 {
 #pragma unroll
     for (int k0 = 0; k0 < HEAD_DIM; k0 += 16)
-        warpgroup_mma_64x64(s, packed_k_major<HEAD_DIM>(a, k0), packed_k_major<HEAD_DIM>(b, k0),
-                            k0 > 0);
+        warpgroup_mma_shared<64, 0, 0>(s, packed_k_major<HEAD_DIM>(a, k0),
+                                       packed_k_major<HEAD_DIM>(b, k0), k0 > 0);
 }
 
 /* d += A B: A = 64 x 64 bf16 fragments (a[j]: k = 16j .. 16j+15, the rows of `b`), B = the 64
@@ -306,7 +82,8 @@ static __device__ __forceinline__ void warpgroup_fragments_times_tile(
 {
 #pragma unroll
     for (int k0 = 0; k0 < 64; k0 += 16)
-        warpgroup_mma_registers<HEAD_DIM>(d, a[k0 / 16], packed_mn_major<HEAD_DIM>(b, k0));
+        warpgroup_mma_registers<HEAD_DIM, 1>(d, a[k0 / 16], packed_mn_major<HEAD_DIM>(b, k0),
+                                             true);
 }
 
 /* ---- tiles and vectors ---- */
@@ -347,20 +124,20 @@ static __device__ __forceinline__ void accumulators_to_operand(uint32_t (&a)[4],
 
 /* Copies rows [row0, row0 + ROWS) of a [rows_total, *] global array (row r at
  * global + r * row_stride, HEAD_DIM contiguous bf16) into a packed shared tile; rows at or
- * past rows_total become zeros. One cp.async of 16 bytes per piece, spread over the THREADS
- * threads of the block: eight neighbouring lanes fill one core matrix (eight rows of one
- * 16-byte column), so a warp writes 512 contiguous bytes and reads 64 contiguous bytes from
- * each of eight rows. */
+ * past rows_total become zeros. One cp.async of 16 bytes per piece, spread over THREADS
+ * threads of which this is `thread`: eight neighbouring lanes fill one core matrix (eight rows
+ * of one 16-byte column), so a warp writes 512 contiguous bytes and reads 64 contiguous bytes
+ * from each of eight rows. */
 template <int ROWS, int HEAD_DIM, int THREADS>
-static __device__ __forceinline__ void packed_tile_load_async(__nv_bfloat16 *tile,
-                                                              const __nv_bfloat16 *global,
-                                                              size_t row_stride, int row0,
-                                                              int rows_total)
+static __device__ __forceinline__ void packed_tile_load_async_by(__nv_bfloat16 *tile,
+                                                                 const __nv_bfloat16 *global,
+                                                                 size_t row_stride, int row0,
+                                                                 int rows_total, unsigned thread)
 {
     static_assert(ROWS % 8 == 0, "whole core matrices");
     constexpr int pieces_per_row = HEAD_DIM / 8;
     /* unsigned: the divisions by constants become shifts and multiplies */
-    for (unsigned piece = threadIdx.x; piece < ROWS * pieces_per_row; piece += THREADS) {
+    for (unsigned piece = thread; piece < ROWS * pieces_per_row; piece += THREADS) {
         int row_in_group = (int)(piece % 8), column_piece = (int)(piece / 8 % pieces_per_row);
         int row = (int)(piece / (8 * pieces_per_row)) * 8 + row_in_group;
         bool valid = row0 + row < rows_total;
@@ -372,15 +149,36 @@ static __device__ __forceinline__ void packed_tile_load_async(__nv_bfloat16 *til
     }
 }
 
-/* Copies COUNT fp32 values global[first ..] into shared (zeros past `total`). */
+/* The same with every thread of the block taking part (THREADS = blockDim.x). */
+template <int ROWS, int HEAD_DIM, int THREADS>
+static __device__ __forceinline__ void packed_tile_load_async(__nv_bfloat16 *tile,
+                                                              const __nv_bfloat16 *global,
+                                                              size_t row_stride, int row0,
+                                                              int rows_total)
+{
+    packed_tile_load_async_by<ROWS, HEAD_DIM, THREADS>(tile, global, row_stride, row0,
+                                                       rows_total, threadIdx.x);
+}
+
+/* Copies COUNT fp32 values global[first ..] into shared (zeros past `total`), spread over
+ * `threads` threads of which this is `thread`. */
+template <int COUNT>
+static __device__ __forceinline__ void vector_load_async_by(float *shared, const float *global,
+                                                            int first, int total, int thread,
+                                                            int threads)
+{
+    for (int i = thread; i < COUNT; i += threads) {
+        bool valid = first + i < total;
+        copy_async_4(shared + i, valid ? global + first + i : global, valid);
+    }
+}
+
+/* The same with every thread of the block taking part. */
 template <int COUNT>
 static __device__ __forceinline__ void vector_load_async(float *shared, const float *global,
                                                          int first, int total)
 {
-    for (int i = threadIdx.x; i < COUNT; i += blockDim.x) {
-        bool valid = first + i < total;
-        copy_async_4(shared + i, valid ? global + first + i : global, valid);
-    }
+    vector_load_async_by<COUNT>(shared, global, first, total, threadIdx.x, blockDim.x);
 }
 
 /* Writes a warp's accumulators, tiles [HEAD_DIM / 8][4] for 16 rows, times `factor`, into a

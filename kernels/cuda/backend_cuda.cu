@@ -411,7 +411,7 @@ static void op_attention_backward(Activation *dq, Activation *dk, Activation *dv
                                   int n_heads, int n_kv_heads, int head_dim)
 {
     float *workspace =
-        (float *)workspace_reserve(attention_backward_cuda_workspace_bytes(B, T, n_heads));
+        (float *)workspace_reserve(attention_backward_cuda_workspace_bytes(B, T, n_heads, head_dim));
     attention_backward_cuda(as_bf16(dq), as_bf16(dk), as_bf16(dv), as_bf16_const(dout),
                             as_bf16_const(q), as_bf16_const(k), as_bf16_const(v),
                             as_bf16_const(out), lse, B, T, n_heads, n_kv_heads, head_dim,

@@ -6,6 +6,10 @@
  * kernels, counting each input read once and each output written once, "+=" outputs read
  * and written) and the floor on an H200 (790 TFLOP/s bf16 dense, 4.3 TB/s copy, measured
  * here). Inputs are random (never zeros, which run faster than real data). GPU only.
+ * `fathom-kernel-bench attention [VARIANT]` times the attention cases alone, at head_dim 128,
+ * 80 and 64, with every kernel variant (forwards grouped, specialised; backwards fused,
+ * fused_tma, two_pass) or only the one named, so that a variant that faults takes no other
+ * with it.
  */
 #include "kernels/cuda/attention_cuda.h"
 #include "kernels/cuda/kernels_cuda.h"
@@ -14,6 +18,7 @@
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 static const double PEAK_TFLOPS = 790.0, PEAK_GBS = 4300.0;
 
@@ -71,10 +76,10 @@ static void report(const char *name, double ms, double flops, double bytes)
 {
     double floor_ms = std::max(flops / (PEAK_TFLOPS * 1e9), bytes / (PEAK_GBS * 1e6));
     if (flops > 0)
-        printf("%-34s %9.3f ms %9.1f TFLOP/s   floor %8.3f ms  (%.2fx floor)\n", name, ms,
+        printf("%-48s %9.3f ms %9.1f TFLOP/s   floor %8.3f ms  (%.2fx floor)\n", name, ms,
                flops / ms / 1e9, floor_ms, ms / floor_ms);
     else
-        printf("%-34s %9.3f ms %9.1f GB/s      floor %8.3f ms  (%.2fx floor)\n", name, ms,
+        printf("%-48s %9.3f ms %9.1f GB/s      floor %8.3f ms  (%.2fx floor)\n", name, ms,
                bytes / ms / 1e6, floor_ms, ms / floor_ms);
     fflush(stdout);
 }
@@ -139,7 +144,26 @@ static void attention_backward_case(void *p)
                             c->B, c->T, c->H, c->KV, c->hd, c->workspace, false, 0);
 }
 
-static void bench_attention(int B, int T, int H, int KV, int hd)
+/* The attention variants by name; `only` NULL times them all. */
+static const char *const forward_names[] = {"grouped", "specialised"};
+static const AttentionForwardKernel forward_kernels[] = {ATTENTION_FORWARD_GROUPED,
+                                                         ATTENTION_FORWARD_SPECIALISED};
+static const char *const backward_names[] = {"fused", "fused_tma", "two_pass"};
+static const AttentionBackwardKernel backward_kernels[] = {
+    ATTENTION_BACKWARD_FUSED, ATTENTION_BACKWARD_FUSED_TMA, ATTENTION_BACKWARD_TWO_PASS};
+
+static bool attention_variant_known(const char *only)
+{
+    for (int i = 0; i < 2; i++)
+        if (!strcmp(only, forward_names[i]))
+            return true;
+    for (int i = 0; i < 3; i++)
+        if (!strcmp(only, backward_names[i]))
+            return true;
+    return false;
+}
+
+static void bench_attention(int B, int T, int H, int KV, int hd, const char *only)
 {
     AttentionCase c = {};
     c.B = B, c.T = T, c.H = H, c.KV = KV, c.hd = hd;
@@ -153,14 +177,28 @@ static void bench_attention(int B, int T, int H, int KV, int hd)
     c.dk = (bf16 *)device_random_bf16(kv_n, 17);
     c.dv = (bf16 *)device_random_bf16(kv_n, 18);
     c.lse = device_floats((size_t)B * H * T, 0.0f);
-    CUDA_CHECK(cudaMalloc(&c.workspace, attention_backward_cuda_workspace_bytes(B, T, H)));
+    attention_cuda_select_backward(ATTENTION_BACKWARD_FUSED); /* the larger workspace */
+    CUDA_CHECK(cudaMalloc(&c.workspace, attention_backward_cuda_workspace_bytes(B, T, H, hd)));
     double forward_flops = 4.0 * B * (double)T * T * H * hd / 2; /* causal: half */
     char name[64];
-    snprintf(name, sizeof name, "attention fwd B%d T%d %d/%d hd%d", B, T, H, KV, hd);
-    report(name, median_ms(attention_forward_case, &c), forward_flops, 0);
+    for (int i = 0; i < 2; i++) {
+        if (only && strcmp(only, forward_names[i]))
+            continue;
+        attention_cuda_select_forward(forward_kernels[i]);
+        snprintf(name, sizeof name, "attention fwd %s B%d T%d %d/%d hd%d", forward_names[i], B,
+                 T, H, KV, hd);
+        report(name, median_ms(attention_forward_case, &c), forward_flops, 0);
+    }
+    attention_cuda_select_forward(ATTENTION_FORWARD_GROUPED);
     attention_forward_case(&c); /* a real lse for the backward */
-    snprintf(name, sizeof name, "attention bwd B%d T%d %d/%d hd%d", B, T, H, KV, hd);
-    report(name, median_ms(attention_backward_case, &c), 2.5 * forward_flops, 0);
+    for (int i = 0; i < 3; i++) {
+        if (only && strcmp(only, backward_names[i]))
+            continue;
+        attention_cuda_select_backward(backward_kernels[i]);
+        snprintf(name, sizeof name, "attention bwd %s B%d T%d %d/%d hd%d", backward_names[i], B,
+                 T, H, KV, hd);
+        report(name, median_ms(attention_backward_case, &c), 2.5 * forward_flops, 0);
+    }
     cudaFree(c.q), cudaFree(c.k), cudaFree(c.v), cudaFree(c.out), cudaFree(c.dout);
     cudaFree(c.dq), cudaFree(c.dk), cudaFree(c.dv), cudaFree(c.lse), cudaFree(c.workspace);
 }
@@ -243,8 +281,17 @@ static void bench_swiglu(int rows, int ffn)
     cudaFree(c.dup);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    /* `fathom-kernel-bench attention [VARIANT]`: the attention cases alone, every kernel
+     * variant or the one named */
+    bool attention_only = argc > 1 && !strcmp(argv[1], "attention");
+    const char *variant = attention_only && argc > 2 ? argv[2] : NULL;
+    if (variant && !attention_variant_known(variant)) {
+        fprintf(stderr, "fathom-kernel-bench: unknown attention variant %s (grouped, specialised, "
+                        "fused, fused_tma, two_pass)\n", variant);
+        return 2;
+    }
     char description[320];
     int devices = 0;
     if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
@@ -256,12 +303,18 @@ int main(void)
     snprintf(description, sizeof description, "%s, %d SMs", properties.name,
              properties.multiProcessorCount);
     printf("# fathom-kernel-bench on %s (Llama-3-8B layer shapes, 4096 tokens)\n", description);
+    if (attention_only) {
+        bench_attention(1, 4096, 32, 8, 128, variant);
+        bench_attention(32, 1024, 16, 8, 80, variant);
+        bench_attention(2, 4096, 32, 8, 64, variant);
+        return 0;
+    }
     cuda_matmul_init();
     bench_matmul(4096, 4096, 4096);
     bench_matmul(4096, 4096, 14336);
     bench_matmul(4096, 14336, 4096);
-    bench_attention(1, 4096, 32, 8, 128);
-    bench_attention(32, 1024, 16, 8, 80);
+    bench_attention(1, 4096, 32, 8, 128, NULL);
+    bench_attention(32, 1024, 16, 8, 80, NULL);
     bench_rmsnorm(4096, 4096);
     bench_swiglu(4096, 14336);
     cuda_matmul_destroy();

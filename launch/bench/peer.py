@@ -5,7 +5,8 @@ benchmark table (docs/performance.md).
 Cases (each prints one JSON line, then a table at the end):
   layers     4 Llama-3-8B decoder layers, forward + backward (T 4096, B 1), eager and
              torch.compile; TFLOP/s by the DESIGN 6 formula
-  attention  scaled_dot_product_attention (causal, GQA 32/8, hd 128, T 4096), fwd + bwd
+  attention  scaled_dot_product_attention (causal, GQA 32/8, hd 128, T 4096), fwd + bwd;
+             --attention-shapes adds others
   route      block-MHAR delta routing at the 8B shape: d 4096, H 8, microbatch 2 x 4096,
              64 sites over N = 2..9 sources (null + b_0..b_{n-1}), fwd + bwd, torch.compile
   msar       the same sites through MSAR (m 4, kernels 1 2 4 8), torch.compile
@@ -95,8 +96,8 @@ def case_layers(repeat):
     return results
 
 
-def case_attention(repeat):
-    B, T, H, KV, hd = 1, 4096, 32, 8, 128
+def case_attention(repeat, shape=(1, 4096, 32, 8, 128)):
+    B, T, H, KV, hd = shape
     q = torch.randn(B, H, T, hd, device=DEVICE, dtype=BF16, requires_grad=True)
     k = torch.randn(B, KV, T, hd, device=DEVICE, dtype=BF16, requires_grad=True)
     v = torch.randn(B, KV, T, hd, device=DEVICE, dtype=BF16, requires_grad=True)
@@ -114,9 +115,10 @@ def case_attention(repeat):
         q.grad = k.grad = v.grad = None
         forward().backward(grad)
     ms_both = time_ms(forward_backward, repeat)
-    results.append(dict(case="attention", mode="forward", ms=ms_forward,
+    label = "" if shape == (1, 4096, 32, 8, 128) else f" B{B} T{T} {H}/{KV} hd{hd}"
+    results.append(dict(case="attention", mode="forward" + label, ms=ms_forward,
                         tflops=forward_flops / ms_forward / 1e9))
-    results.append(dict(case="attention", mode="forward+backward", ms=ms_both,
+    results.append(dict(case="attention", mode="forward+backward" + label, ms=ms_both,
                         tflops=3.5 * forward_flops / ms_both / 1e9))
     del out
     return results
@@ -252,6 +254,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default="layers,attention,route,msar,step1b")
     parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--attention-shapes", default="1,4096,32,8,128",
+                        help="B,T,heads,kv_heads,head_dim of the attention case; ';' between "
+                             "shapes")
     parser.add_argument("--step-modes", default="standard,mhar,msar",
                         help="the residuals of step1b (each runs a 1B model eager, then compiled)")
     arguments = parser.parse_args()
@@ -261,7 +266,10 @@ def main():
         if case == "layers":
             found = case_layers(arguments.repeat)
         elif case == "attention":
-            found = case_attention(arguments.repeat)
+            found = []
+            for text in arguments.attention_shapes.split(";"):
+                found += case_attention(arguments.repeat,
+                                        tuple(int(x) for x in text.split(",")))
         elif case in ("route", "msar"):
             found = case_route(arguments.repeat, case)
         elif case == "step1b":
@@ -271,13 +279,13 @@ def main():
         for row in found:
             print(json.dumps(row), flush=True)
         rows += found
-    print(f"{'case':<10} {'mode':<18} {'ms':>9} {'rate':>16} {'peak GiB':>9}")
+    print(f"{'case':<10} {'mode':<38} {'ms':>9} {'rate':>16} {'peak GiB':>9}")
     for row in rows:
         rate = (f"{row['tflops']:.0f} TFLOP/s" if "tflops" in row else
                 f"{row['gbs']:.0f} GB/s" if "gbs" in row else
                 f"{row['tokens_per_s'] / 1e3:.1f}k tok/s" if "tokens_per_s" in row else
                 row.get("note", ""))
-        print(f"{row['case']:<10} {row['mode']:<18} {row['ms']:>9.2f} {rate:>16} "
+        print(f"{row['case']:<10} {row['mode']:<38} {row['ms']:>9.3f} {rate:>16} "
               f"{row.get('peak_gib', float('nan')):>9.1f}")
 
 

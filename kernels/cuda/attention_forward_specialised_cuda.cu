@@ -1,0 +1,375 @@
+/* kernels/cuda/attention_forward_specialised_cuda.cu — causal grouped-KV flash attention,
+ * forward, in the manner of FlashAttention-3: TMA loads from a producer warp, two consumer
+ * warpgroups, softmax overlapped with the products (see attention_cuda.h for the contract,
+ * warpgroup_mma.cuh for the products and descriptors).
+ *
+ * A CTA holds 128 query rows: 64 queries of two heads of one KV group (even group sizes; the
+ * two consumer warpgroups share every K, V tile and the diagonal) or 128 queries of one head
+ * (odd group sizes). Warpgroup 0 gives its registers away (setmaxnreg 24) and one of its
+ * threads issues every TMA copy: each consumer's Q tile once, then K and V blocks of 128 keys
+ * into a ring of two stages, K and V on their own mbarriers (full_k, full_v: the consumer may
+ * start S = Q K^T before V has landed), each stage refilled once both consumers released it
+ * (empty, one arrival per consumer warpgroup). Consumers (240 registers each) walk the key
+ * blocks [128 j, 128 j + 128) from the one holding the CTA's last key (or T - 1) down to 0:
+ * every row sees a key of the first block (the CTA's queries all follow its start), keys past
+ * the CTA's last query are masked there, keys at or past T arrive from TMA as zeros (and are
+ * masked with them), and no coordinate is ever negative. With 2 heads x 64 queries a CTA
+ * whose queries start on a multiple of 128 masks half of its first block: 1.5% of the work
+ * at T 4096.
+ *
+ * Per block i a consumer issues S_i = Q K_i^T and O += P_{i-1} V_{i-1} together, waits for S_i
+ * only, runs the online softmax of S_i (base 2, as attention_cuda.cu) while the P V product
+ * runs, then waits for it, releases the stage, rescales O and packs P_i: the scores of one
+ * block, the probabilities of the previous one and O are live together (64 + 32 + 64 registers
+ * at head_dim 128). The two consumers take turns issuing their products (named barriers 1 and
+ * 2, "ping-pong"), so one's softmax runs under the other's products.
+ *
+ * Shared memory: Q [2][64, hd], K and V rings [2][128, hd], each tile stored as TMA writes it:
+ * boxes of 64 columns (head_dim 64, 128: 128-byte rows, 128-byte swizzle) or 16 columns
+ * (head_dim 80: 32-byte rows, 32-byte swizzle), box after box, every box 1024-byte aligned.
+ * head_dim 128: 160 KiB. The output leaves through fp32 staging over the K, V rings once both
+ * consumers are past their last product.
+ */
+#include "kernels/cuda/attention_cuda.h"
+#include "kernels/cuda/attention_tiles.cuh"
+#include "kernels/cuda/attention_tma.cuh"
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <math.h>
+
+#define SPEC_CONSUMERS 2
+#define SPEC_THREADS ((SPEC_CONSUMERS + 1) * WARPGROUP_THREADS)
+#define SPEC_ROWS (SPEC_CONSUMERS * WARPGROUP_ROWS) /* query rows of a CTA */
+#define SPEC_KEYS 128                              /* keys of a block */
+#define SPEC_STAGES 2
+#define SPEC_PRODUCER_REGISTERS 24
+#define SPEC_CONSUMER_REGISTERS 240 /* 128 x 24 + 256 x 240 <= 65536 */
+#define SPEC_CONSUMER_THREADS (SPEC_CONSUMERS * WARPGROUP_THREADS)
+
+enum SpecBarrier {
+    BARRIER_TURN_FIRST = 1,  /* consumer 0 may issue its products */
+    BARRIER_TURN_SECOND = 2, /* consumer 1 may issue its products */
+    BARRIER_CONSUMERS = 3,   /* both consumers are past their last product */
+};
+
+/* Shared-memory layout of one head_dim (byte offsets from a 1024-aligned base). */
+template <int HEAD_DIM>
+struct SpecTiles : TmaTile<HEAD_DIM> {
+    static constexpr size_t q_bytes = (size_t)WARPGROUP_ROWS * HEAD_DIM * 2;
+    static constexpr size_t kv_bytes = (size_t)SPEC_KEYS * HEAD_DIM * 2;
+    static constexpr size_t q = 0;
+    static constexpr size_t k_ring = q + SPEC_CONSUMERS * q_bytes;
+    static constexpr size_t v_ring = k_ring + SPEC_STAGES * kv_bytes;
+    static constexpr size_t barriers = v_ring + SPEC_STAGES * kv_bytes;
+    /* q_full, full_k[2], full_v[2], empty[2] */
+    static constexpr size_t bytes = barriers + 8 * 8 + 1024; /* + alignment of the base */
+    static_assert(q_bytes % 1024 == 0 && kv_bytes % 1024 == 0,
+                  "every box starts on a 1024-byte boundary");
+    static_assert((size_t)SPEC_ROWS * (HEAD_DIM + STAGE_PAD) * 4 <= 2 * SPEC_STAGES * kv_bytes,
+                  "the output staging fits in the K, V rings");
+    static_assert(bytes <= 227 * 1024, "shared memory of one CTA");
+};
+
+/* Online softmax over one block of scores s [64 rows, KEYS] (a thread holds two rows of it),
+ * as softmax_block of attention_cuda.cu: raises row_max, returns the factor that brings what
+ * was summed under the old max to the new one, rescales row_sum and adds the block's
+ * probabilities, which replace s. */
+template <int KEYS>
+static __device__ __forceinline__ void spec_softmax(float (&s)[KEYS / 8][4], float (&row_max)[2],
+                                                    float (&row_sum)[2], float (&correction)[2],
+                                                    float scale_log2)
+{
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float maximum = -INFINITY;
+#pragma unroll
+        for (int t = 0; t < KEYS / 8; t++)
+            maximum = fmaxf(maximum, fmaxf(s[t][2 * r], s[t][2 * r + 1]));
+        maximum = fmaxf(maximum, __shfl_xor_sync(0xffffffffu, maximum, 1));
+        maximum = fmaxf(maximum, __shfl_xor_sync(0xffffffffu, maximum, 2));
+        float new_max = fmaxf(row_max[r], maximum * scale_log2);
+        correction[r] = new_max == row_max[r] ? 1.0f : exp2f(row_max[r] - new_max);
+        row_max[r] = new_max;
+        float sum = row_sum[r] * correction[r];
+#pragma unroll
+        for (int t = 0; t < KEYS / 8; t++) {
+            s[t][2 * r] = exp2f(fmaf(s[t][2 * r], scale_log2, -new_max));
+            s[t][2 * r + 1] = exp2f(fmaf(s[t][2 * r + 1], scale_log2, -new_max));
+            sum += s[t][2 * r] + s[t][2 * r + 1];
+        }
+        row_sum[r] = sum;
+    }
+}
+
+/* grid (n_heads / heads_per_block, B, query blocks of SPEC_ROWS / heads_per_block), heaviest
+ * first; SPEC_THREADS threads. Tensor maps: [B, T, heads * HEAD_DIM] bf16 with boxes
+ * [1, rows, box_columns] (q: 64 rows, k and v: 128). */
+template <int HEAD_DIM>
+__global__ void __launch_bounds__(SPEC_THREADS, 1)
+attention_forward_specialised_kernel(const __grid_constant__ CUtensorMap q_map,
+                                     const __grid_constant__ CUtensorMap k_map,
+                                     const __grid_constant__ CUtensorMap v_map,
+                                     __nv_bfloat16 *out, float *lse, int T, int n_heads,
+                                     int n_kv_heads, int heads_per_block, float scale_log2)
+{
+    using Tiles = SpecTiles<HEAD_DIM>;
+    extern __shared__ __align__(128) unsigned char shared_window[];
+    unsigned char *shared =
+        shared_window + ((1024 - shared_address(shared_window) % 1024) % 1024);
+    uint64_t *barriers = reinterpret_cast<uint64_t *>(shared + Tiles::barriers);
+    uint64_t *q_full = barriers, *full_k = barriers + 1, *full_v = barriers + 3;
+    uint64_t *empty = barriers + 5;
+
+    int first_head = blockIdx.x * heads_per_block, batch = blockIdx.y;
+    int block_queries = SPEC_ROWS / heads_per_block;
+    int query0 = (gridDim.z - 1 - blockIdx.z) * block_queries;
+    int kv_head = first_head / (n_heads / n_kv_heads);
+    /* keys of the CTA: [0, key_end), in blocks [128 j, 128 j + 128) walked from the top */
+    int key_end = min(T, query0 + block_queries);
+    int top_block = (key_end - 1) / SPEC_KEYS, blocks = top_block + 1;
+
+    if (threadIdx.x == 0) {
+        mbarrier_init(q_full, 1);
+        for (int s = 0; s < SPEC_STAGES; s++) {
+            mbarrier_init(full_k + s, 1);
+            mbarrier_init(full_v + s, 1);
+            mbarrier_init(empty + s, SPEC_CONSUMERS);
+        }
+        mbarrier_init_fence();
+    }
+    __syncthreads();
+
+    int role = __shfl_sync(0xffffffffu, (int)threadIdx.x / WARPGROUP_THREADS, 0);
+    if (role == 0) {
+        warpgroup_registers_release<SPEC_PRODUCER_REGISTERS>();
+        if (threadIdx.x == 0) {
+            tensor_map_prefetch(&q_map);
+            tensor_map_prefetch(&k_map);
+            tensor_map_prefetch(&v_map);
+            mbarrier_arrive_expect_bytes(q_full, (uint32_t)(SPEC_CONSUMERS * Tiles::q_bytes));
+            for (int c = 0; c < SPEC_CONSUMERS; c++) {
+                int head = first_head + c % heads_per_block;
+                int row0 = query0 + c / heads_per_block * WARPGROUP_ROWS;
+                tma_tile_load<HEAD_DIM, WARPGROUP_ROWS>(shared + Tiles::q + c * Tiles::q_bytes,
+                                                        &q_map, head * HEAD_DIM, row0, batch,
+                                                        q_full);
+            }
+            for (int i = 0; i < blocks; i++) {
+                int stage = i % SPEC_STAGES, key0 = (top_block - i) * SPEC_KEYS;
+                if (i >= SPEC_STAGES) /* both consumers released block i - 2 */
+                    mbarrier_wait(empty + stage, (uint32_t)((i / SPEC_STAGES - 1) & 1));
+                unsigned char *k_tile = shared + Tiles::k_ring + stage * Tiles::kv_bytes;
+                unsigned char *v_tile = shared + Tiles::v_ring + stage * Tiles::kv_bytes;
+                mbarrier_arrive_expect_bytes(full_k + stage, (uint32_t)Tiles::kv_bytes);
+                tma_tile_load<HEAD_DIM, SPEC_KEYS>(k_tile, &k_map, kv_head * HEAD_DIM, key0,
+                                                   batch, full_k + stage);
+                mbarrier_arrive_expect_bytes(full_v + stage, (uint32_t)Tiles::kv_bytes);
+                tma_tile_load<HEAD_DIM, SPEC_KEYS>(v_tile, &v_map, kv_head * HEAD_DIM, key0,
+                                                   batch, full_v + stage);
+            }
+        }
+    } else {
+        warpgroup_registers_claim<SPEC_CONSUMER_REGISTERS>();
+        int consumer = role - 1, thread = (int)threadIdx.x - WARPGROUP_THREADS;
+        int warp = (thread / 32) % 4, lane = thread % 32, g = lane / 4, c = lane % 4;
+        int head = first_head + consumer % heads_per_block;
+        int row0 = query0 + consumer / heads_per_block * WARPGROUP_ROWS;
+        int query_row[2] = {row0 + warp * 16 + g, row0 + warp * 16 + g + 8};
+        const unsigned char *q_tile = shared + Tiles::q + consumer * Tiles::q_bytes;
+        int my_turn = consumer == 0 ? BARRIER_TURN_FIRST : BARRIER_TURN_SECOND;
+        int other_turn = consumer == 0 ? BARRIER_TURN_SECOND : BARRIER_TURN_FIRST;
+        if (consumer == 1) /* consumer 0 issues first */
+            named_barrier_arrive(BARRIER_TURN_FIRST, SPEC_CONSUMER_THREADS);
+
+        float o[HEAD_DIM / 8][4];
+#pragma unroll
+        for (int t = 0; t < HEAD_DIM / 8; t++)
+            o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
+        float s[SPEC_KEYS / 8][4];
+        uint32_t p[SPEC_KEYS / 16][4];
+        float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+
+        auto issue_scores = [&](int i) {
+            const unsigned char *k_tile =
+                shared + Tiles::k_ring + (i % SPEC_STAGES) * Tiles::kv_bytes;
+#pragma unroll
+            for (int k0 = 0; k0 < HEAD_DIM; k0 += 16)
+                warpgroup_mma_shared<SPEC_KEYS, 0, 0>(
+                    s, swizzled_k_major<HEAD_DIM>(q_tile, WARPGROUP_ROWS, 0, k0),
+                    swizzled_k_major<HEAD_DIM>(k_tile, SPEC_KEYS, 0, k0), k0 > 0);
+        };
+        auto issue_values = [&](int i) {
+            const unsigned char *v_tile =
+                shared + Tiles::v_ring + (i % SPEC_STAGES) * Tiles::kv_bytes;
+#pragma unroll
+            for (int j = 0; j < SPEC_KEYS / 16; j++)
+                warpgroup_mma_registers<HEAD_DIM, 1>(
+                    o, p[j], swizzled_mn_major<HEAD_DIM>(v_tile, SPEC_KEYS, j * 16), true);
+        };
+        /* masks the scores of block i where the key follows the row (keys at or past T, zeros
+         * from TMA, are among them) */
+        auto mask_scores = [&](int i) {
+            int key0 = (top_block - i) * SPEC_KEYS;
+            if (key0 + SPEC_KEYS - 1 <= row0)
+                return;
+#pragma unroll
+            for (int t = 0; t < SPEC_KEYS / 8; t++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int key = key0 + t * 8 + 2 * c + (e & 1);
+                    if (key > query_row[e >> 1])
+                        s[t][e] = -INFINITY;
+                }
+        };
+        auto pack_probabilities = [&]() {
+#pragma unroll
+            for (int j = 0; j < SPEC_KEYS / 16; j++)
+                accumulators_to_operand(p[j], s[2 * j], s[2 * j + 1]);
+        };
+        auto release = [&](int i) {
+            if (thread % WARPGROUP_THREADS == 0)
+                mbarrier_arrive(empty + i % SPEC_STAGES);
+        };
+
+        mbarrier_wait(q_full, 0);
+        /* block 0: the diagonal */
+        mbarrier_wait(full_k, 0);
+        named_barrier_sync(my_turn, SPEC_CONSUMER_THREADS);
+        warpgroup_fence();
+        issue_scores(0);
+        warpgroup_commit();
+        named_barrier_arrive(other_turn, SPEC_CONSUMER_THREADS);
+        warpgroup_wait<0>();
+        warpgroup_fence_accumulators(s);
+        float correction[2];
+        mask_scores(0);
+        spec_softmax<SPEC_KEYS>(s, row_max, row_sum, correction, scale_log2);
+        pack_probabilities();
+
+        for (int i = 1; i < blocks; i++) {
+            int stage = i % SPEC_STAGES, previous = (i - 1) % SPEC_STAGES;
+            mbarrier_wait(full_k + stage, (uint32_t)((i / SPEC_STAGES) & 1));
+            mbarrier_wait(full_v + previous, (uint32_t)(((i - 1) / SPEC_STAGES) & 1));
+            named_barrier_sync(my_turn, SPEC_CONSUMER_THREADS);
+            warpgroup_fence();
+            issue_scores(i);
+            warpgroup_commit();
+            issue_values(i - 1);
+            warpgroup_commit();
+            named_barrier_arrive(other_turn, SPEC_CONSUMER_THREADS);
+            warpgroup_wait<1>(); /* the scores of block i, while P V of block i - 1 runs */
+            warpgroup_fence_accumulators(s);
+            mask_scores(i);
+            spec_softmax<SPEC_KEYS>(s, row_max, row_sum, correction, scale_log2);
+            warpgroup_wait<0>();
+            warpgroup_fence_accumulators(o);
+            release(i - 1);
+            if (__any_sync(0xffffffffu, correction[0] != 1.0f || correction[1] != 1.0f)) {
+#pragma unroll
+                for (int t = 0; t < HEAD_DIM / 8; t++) {
+                    o[t][0] *= correction[0];
+                    o[t][1] *= correction[0];
+                    o[t][2] *= correction[1];
+                    o[t][3] *= correction[1];
+                }
+            }
+            pack_probabilities();
+        }
+        /* the last block's P V; consumer 1 owes consumer 0 no further turn */
+        int last = blocks - 1;
+        mbarrier_wait(full_v + last % SPEC_STAGES, (uint32_t)((last / SPEC_STAGES) & 1));
+        named_barrier_sync(my_turn, SPEC_CONSUMER_THREADS);
+        warpgroup_fence();
+        issue_values(last);
+        warpgroup_commit();
+        if (consumer == 0)
+            named_barrier_arrive(other_turn, SPEC_CONSUMER_THREADS);
+        warpgroup_wait<0>();
+        warpgroup_fence_accumulators(o);
+
+        /* normalise, save lse = ln(sum exp(scaled score)) = ln 2 * (max + log2(sum)) */
+        float *lse_base = lse + ((size_t)batch * n_heads + head) * T;
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float sum = row_sum[r];
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            float inverse = sum > 0.0f ? 1.0f / sum : 0.0f;
+#pragma unroll
+            for (int t = 0; t < HEAD_DIM / 8; t++) {
+                o[t][2 * r] *= inverse;
+                o[t][2 * r + 1] *= inverse;
+            }
+            if (c == 0 && query_row[r] < T)
+                lse_base[query_row[r]] = (row_max[r] + log2f(sum)) * LN_2;
+        }
+
+        /* out through fp32 staging over the K, V rings: every copy has landed (each block was
+         * waited for) and both consumers are past their last product */
+        named_barrier_sync(BARRIER_CONSUMERS, SPEC_CONSUMER_THREADS);
+        int warp_row0 = consumer * WARPGROUP_ROWS + warp * 16;
+        float *stage = reinterpret_cast<float *>(shared + Tiles::k_ring) +
+                       warp_row0 * (HEAD_DIM + STAGE_PAD);
+        warp_stage_accumulators<HEAD_DIM>(stage, o, 1.0f, lane);
+        __syncwarp();
+        size_t q_stride = (size_t)n_heads * HEAD_DIM;
+        __nv_bfloat16 *out_base = out + (size_t)batch * T * q_stride + (size_t)head * HEAD_DIM;
+        warp_store_staged<HEAD_DIM>(out_base, q_stride, stage, row0 + warp * 16, T, false,
+                                    lane);
+    }
+}
+
+/* ---- host ---- */
+
+template <int HEAD_DIM>
+static void specialised_launch(__nv_bfloat16 *out, float *lse, const __nv_bfloat16 *q,
+                               const __nv_bfloat16 *k, const __nv_bfloat16 *v, int B, int T,
+                               int n_heads, int n_kv_heads, cudaStream_t stream)
+{
+    constexpr size_t shared_bytes = SpecTiles<HEAD_DIM>::bytes;
+    static bool configured; /* over 48 KiB of shared memory must be asked for, once */
+    if (!configured) {
+        CUDA_CHECK(cudaFuncSetAttribute(attention_forward_specialised_kernel<HEAD_DIM>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)shared_bytes));
+        configured = true;
+    }
+    int heads_per_block = (n_heads / n_kv_heads) % 2 == 0 ? 2 : 1;
+    int block_queries = SPEC_ROWS / heads_per_block;
+    const char *op = "attention_forward_cuda";
+    CUtensorMap q_map = tensor_map_rows<HEAD_DIM>(op, q, B, T, n_heads, WARPGROUP_ROWS);
+    CUtensorMap k_map = tensor_map_rows<HEAD_DIM>(op, k, B, T, n_kv_heads, SPEC_KEYS);
+    CUtensorMap v_map = tensor_map_rows<HEAD_DIM>(op, v, B, T, n_kv_heads, SPEC_KEYS);
+    dim3 grid(n_heads / heads_per_block, B, (T + block_queries - 1) / block_queries);
+    float scale_log2 = LOG2_E / sqrtf((float)HEAD_DIM);
+    attention_forward_specialised_kernel<HEAD_DIM><<<grid, SPEC_THREADS, shared_bytes, stream>>>(
+        q_map, k_map, v_map, out, lse, T, n_heads, n_kv_heads, heads_per_block, scale_log2);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* Shapes checked by attention_forward_cuda; T / 64 blocks fit the grid. */
+extern "C" void attention_forward_specialised_launch(bf16 *out, float *lse, const bf16 *q,
+                                                     const bf16 *k, const bf16 *v, int B, int T,
+                                                     int n_heads, int n_kv_heads, int head_dim,
+                                                     cudaStream_t stream)
+{
+    __nv_bfloat16 *out_bf16 = reinterpret_cast<__nv_bfloat16 *>(out);
+    const __nv_bfloat16 *q_bf16 = reinterpret_cast<const __nv_bfloat16 *>(q);
+    const __nv_bfloat16 *k_bf16 = reinterpret_cast<const __nv_bfloat16 *>(k);
+    const __nv_bfloat16 *v_bf16 = reinterpret_cast<const __nv_bfloat16 *>(v);
+    switch (head_dim) {
+    case 64:
+        specialised_launch<64>(out_bf16, lse, q_bf16, k_bf16, v_bf16, B, T, n_heads, n_kv_heads,
+                               stream);
+        break;
+    case 80:
+        specialised_launch<80>(out_bf16, lse, q_bf16, k_bf16, v_bf16, B, T, n_heads, n_kv_heads,
+                               stream);
+        break;
+    default:
+        specialised_launch<128>(out_bf16, lse, q_bf16, k_bf16, v_bf16, B, T, n_heads,
+                                n_kv_heads, stream);
+        break;
+    }
+}

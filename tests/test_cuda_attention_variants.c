@@ -1,0 +1,154 @@
+/* tests/test_cuda_attention_variants.c — the attention kernels that are not the default yet
+ * (the specialised forward, the fused backward through TMA) against the cpu reference on the
+ * shapes of tests/attention_support.h, and every new kernel at the Llama-3-8B and 1B shapes
+ * against the earlier kernels and against its own bits.
+ */
+#include "kernels/cuda/attention_cuda.h"
+#include "tests/attention_support.h"
+#include "tests/gpu_support.h"
+
+#include <criterion/criterion.h>
+#include <stddef.h>
+
+Test(cuda_attention, specialised_forward_matches_cpu_for_a_single_token)
+{
+    attention_check_forward(single_token, 111, ATTENTION_FORWARD_SPECIALISED);
+}
+
+Test(cuda_attention, specialised_forward_matches_cpu_with_grouped_heads_and_a_ragged_tail)
+{
+    attention_check_forward(grouped_ragged_64, 112, ATTENTION_FORWARD_SPECIALISED);
+}
+
+Test(cuda_attention, specialised_forward_matches_cpu_for_head_dim_128_past_two_query_tiles)
+{
+    attention_check_forward(grouped_ragged_128, 113, ATTENTION_FORWARD_SPECIALISED);
+}
+
+Test(cuda_attention, specialised_forward_matches_cpu_for_head_dim_80)
+{
+    attention_check_forward(grouped_ragged_80, 114, ATTENTION_FORWARD_SPECIALISED);
+}
+
+Test(cuda_attention, specialised_forward_matches_cpu_with_32_heads_over_8_kv_heads)
+{
+    attention_check_forward(wide_128, 115, ATTENTION_FORWARD_SPECIALISED);
+}
+
+Test(cuda_attention, specialised_forward_matches_cpu_without_grouped_heads)
+{
+    attention_check_forward(ungrouped_64, 116, ATTENTION_FORWARD_SPECIALISED);
+}
+
+Test(cuda_attention, specialised_forward_matches_cpu_over_many_key_blocks)
+{
+    attention_check_forward(long_64, 117, ATTENTION_FORWARD_SPECIALISED);
+}
+
+Test(cuda_attention, specialised_forward_matches_cpu_with_groups_of_eight_heads)
+{
+    attention_check_forward(groups_of_8_128, 118, ATTENTION_FORWARD_SPECIALISED);
+}
+
+Test(cuda_attention, specialised_forward_matches_cpu_with_groups_of_three_heads)
+{
+    attention_check_forward(groups_of_3_80, 119, ATTENTION_FORWARD_SPECIALISED);
+}
+
+Test(cuda_attention, fused_backward_repeats_its_bits_at_the_llama_8b_shape)
+{
+    gpu_require();
+    DeviceInputs d;
+    Case c = attention_large_case_make(llama_8b_ragged, 501, &d);
+    const char *differs = "";
+    int same = attention_backward_repeats_its_bits(&c, &d, &differs);
+    attention_case_free(&c);
+    cr_expect(same, "%s differs between two runs (or is not finite)", differs);
+}
+
+Test(cuda_attention, fused_backward_matches_two_pass_at_the_llama_8b_shape)
+{
+    attention_check_backward_against(llama_8b_ragged, 511, ATTENTION_BACKWARD_FUSED);
+}
+
+Test(cuda_attention, specialised_forward_matches_grouped_at_the_llama_8b_shape)
+{
+    attention_check_forward_against(llama_8b_ragged, 531);
+}
+
+Test(cuda_attention, specialised_forward_matches_grouped_at_the_1b_shape)
+{
+    attention_check_forward_against(model_1b_ragged, 541);
+}
+
+Test(cuda_attention, fused_backward_matches_two_pass_at_the_1b_shape)
+{
+    attention_check_backward_against(model_1b_ragged, 521, ATTENTION_BACKWARD_FUSED);
+}
+
+Test(cuda_attention, fused_tma_backward_matches_cpu_for_a_single_token)
+{
+    attention_check_backward(single_token, 601, ATTENTION_BACKWARD_FUSED_TMA);
+}
+
+Test(cuda_attention, fused_tma_backward_matches_cpu_with_grouped_heads_and_a_ragged_tail)
+{
+    attention_check_backward(grouped_ragged_64, 602, ATTENTION_BACKWARD_FUSED_TMA);
+}
+
+Test(cuda_attention, fused_tma_backward_matches_cpu_for_head_dim_128_past_two_query_tiles)
+{
+    attention_check_backward(grouped_ragged_128, 603, ATTENTION_BACKWARD_FUSED_TMA);
+}
+
+Test(cuda_attention, fused_tma_backward_matches_cpu_for_head_dim_80)
+{
+    attention_check_backward(grouped_ragged_80, 604, ATTENTION_BACKWARD_FUSED_TMA);
+}
+
+Test(cuda_attention, fused_tma_backward_matches_cpu_with_32_heads_over_8_kv_heads)
+{
+    attention_check_backward(wide_128, 605, ATTENTION_BACKWARD_FUSED_TMA);
+}
+
+Test(cuda_attention, fused_tma_backward_matches_cpu_over_many_key_blocks)
+{
+    attention_check_backward(long_64, 607, ATTENTION_BACKWARD_FUSED_TMA);
+}
+
+Test(cuda_attention, fused_tma_backward_matches_cpu_with_groups_of_three_heads)
+{
+    attention_check_backward(groups_of_3_80, 609, ATTENTION_BACKWARD_FUSED_TMA);
+}
+
+Test(cuda_attention, fused_tma_backward_with_accumulate_adds_to_the_gradients)
+{
+    attention_check_accumulate(ATTENTION_BACKWARD_FUSED_TMA);
+}
+
+Test(cuda_attention, fused_tma_backward_is_bitwise_deterministic)
+{
+    attention_check_deterministic(ATTENTION_BACKWARD_FUSED_TMA);
+}
+
+Test(cuda_attention, fused_tma_backward_repeats_its_bits_at_the_llama_8b_shape)
+{
+    gpu_require();
+    DeviceInputs d;
+    Case c = attention_large_case_make(llama_8b_ragged, 611, &d);
+    attention_cuda_select_backward(ATTENTION_BACKWARD_FUSED_TMA);
+    const char *differs = "";
+    int same = attention_backward_repeats_its_bits(&c, &d, &differs);
+    attention_case_free(&c);
+    cr_expect(same, "%s differs between two runs (or is not finite)", differs);
+}
+
+Test(cuda_attention, fused_tma_backward_matches_two_pass_at_the_llama_8b_shape)
+{
+    attention_check_backward_against(llama_8b_ragged, 612, ATTENTION_BACKWARD_FUSED_TMA);
+}
+
+Test(cuda_attention, fused_tma_backward_matches_two_pass_at_the_1b_shape)
+{
+    attention_check_backward_against(model_1b_ragged, 613, ATTENTION_BACKWARD_FUSED_TMA);
+}
