@@ -41,7 +41,10 @@ void route_walk_begin(RouteWalk *walk, Model *model, Stash *stash, SummaryStore 
         .store = store,
         .rows = rows,
         .d = model->config.d_model,
-        .two_phase = plan->mode == RESIDUAL_ATTNRES,
+        /* the delta form only: measured on an H200, two-phase replace (its per-site merges
+         * with the partial) ran at half the per-site path's speed at the 1B shape, 27.8 ms
+         * against 14.6 ms a microbatch (docs/performance.md, 2026-12-02) */
+        .two_phase = plan->mode == RESIDUAL_ATTNRES && plan->form == FORM_DELTA,
         .replace = plan->form == FORM_REPLACE,
         .open_block = -1,
     };

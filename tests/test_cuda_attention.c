@@ -154,20 +154,20 @@ Test(cuda_attention, kv_heads_not_dividing_heads_exits_with_the_config_code,
 
 /* The kernel selectors (no GPU needed): each test runs in a fresh process, so the variables
  * are read anew. */
-Test(cuda_attention, kernels_default_to_the_grouped_forward_and_the_fused_backward)
+Test(cuda_attention, kernels_default_to_the_specialised_forward_and_the_tma_backward)
 {
     unsetenv("FATHOM_ATTENTION_FORWARD");
     unsetenv("FATHOM_ATTENTION_BACKWARD");
-    cr_expect_eq(attention_cuda_forward_kernel(), ATTENTION_FORWARD_GROUPED);
-    cr_expect_eq(attention_cuda_backward_kernel(), ATTENTION_BACKWARD_FUSED);
+    cr_expect_eq(attention_cuda_forward_kernel(), ATTENTION_FORWARD_SPECIALISED);
+    cr_expect_eq(attention_cuda_backward_kernel(), ATTENTION_BACKWARD_FUSED_TMA);
 }
 
 Test(cuda_attention, environment_variables_name_the_other_kernels)
 {
-    setenv("FATHOM_ATTENTION_FORWARD", "specialised", 1);
-    setenv("FATHOM_ATTENTION_BACKWARD", "fused_tma", 1);
-    cr_expect_eq(attention_cuda_forward_kernel(), ATTENTION_FORWARD_SPECIALISED);
-    cr_expect_eq(attention_cuda_backward_kernel(), ATTENTION_BACKWARD_FUSED_TMA);
+    setenv("FATHOM_ATTENTION_FORWARD", "grouped", 1);
+    setenv("FATHOM_ATTENTION_BACKWARD", "fused", 1);
+    cr_expect_eq(attention_cuda_forward_kernel(), ATTENTION_FORWARD_GROUPED);
+    cr_expect_eq(attention_cuda_backward_kernel(), ATTENTION_BACKWARD_FUSED);
 }
 
 Test(cuda_attention, an_unknown_backward_name_exits_with_the_config_code,

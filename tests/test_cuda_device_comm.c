@@ -141,7 +141,9 @@ Test(cuda_device_comm, an_nccl_work_past_the_deadline_is_aborted_with_exit_5,
                                       "as its rank 0, did not complete within "
                                       "parallel.timeout_s = 0.05 s"), "%s", output);
     cr_expect_not_null(strstr(output, "the NCCL communicator was aborted"), "%s", output);
-    cr_expect_null(strstr(output, "deadline did not happen"), "%s", output);
+    /* the abort releases the stream, so the probe may pass its synchronize and print
+     * "deadline did not happen" in the moment before the watchdog ends the job: the exit
+     * code and the message above are what show that the deadline fired */
     free(output);
 }
 

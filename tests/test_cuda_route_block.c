@@ -347,9 +347,11 @@ static void check_merge_backward(BlockShape s, bool partial, uint64_t seed)
     set_shape(&c, s, partial);
     c.prepare = prepare_merge_backward;
     op_accumulated(&c, "dpartial", ARRAY_ACTIVATION, rows_of(s), BF16_OUT);
-    op_accumulated(&c, "dquery", ARRAY_FLOAT, (size_t)s.d, STATISTIC);
-    op_accumulated(&c, "dkey_norm", ARRAY_FLOAT, (size_t)s.d, STATISTIC);
-    /* the cuda centre is < dout, out > with out in bf16: bf16's tolerance */
+    /* the cuda centre is < dout, out > with out in bf16: bf16's tolerance, for it and for
+     * the query and key-norm gradients made from it (measured on an H200: 1.4e-3 to 2.4e-3
+     * against the cpu's, whose out is fp32) */
+    op_accumulated(&c, "dquery", ARRAY_FLOAT, (size_t)s.d, BF16_OUT);
+    op_accumulated(&c, "dkey_norm", ARRAY_FLOAT, (size_t)s.d, BF16_OUT);
     op_output(&c, "mean", ARRAY_FLOAT, (size_t)s.tokens * s.heads, BF16_OUT);
     op_input(&c, "dout", ARRAY_ACTIVATION, rows_of(s), 1, 0);
     op_input(&c, "out", ARRAY_ACTIVATION, rows_of(s), 0, 0);

@@ -452,12 +452,13 @@ extern "C" AttentionBackwardKernel attention_cuda_backward_kernel(void)
 {
     if (selected_backward < 0) {
         const char *name = getenv("FATHOM_ATTENTION_BACKWARD");
-        if (!name || !*name || !strcmp(name, "fused"))
-            selected_backward = ATTENTION_BACKWARD_FUSED;
+        /* fused_tma by default: measured fastest on an H200 (docs/performance.md) */
+        if (!name || !*name || !strcmp(name, "fused_tma"))
+            selected_backward = ATTENTION_BACKWARD_FUSED_TMA;
         else if (!strcmp(name, "two_pass"))
             selected_backward = ATTENTION_BACKWARD_TWO_PASS;
-        else if (!strcmp(name, "fused_tma"))
-            selected_backward = ATTENTION_BACKWARD_FUSED_TMA;
+        else if (!strcmp(name, "fused"))
+            selected_backward = ATTENTION_BACKWARD_FUSED;
         else
             fatal(EXIT_CONFIG,
                   "FATHOM_ATTENTION_BACKWARD = '%s' (fused, fused_tma or two_pass)", name);

@@ -22,7 +22,7 @@
  * one head (odd). K, V move through a ring of three shared-memory stages; each warpgroup runs
  * S, softmax, P V of a block in order, the four warpgroups overlapping one another.
  * Backward (deterministic), kernels to choose from (attention_cuda_select_backward, or
- * FATHOM_ATTENTION_BACKWARD = fused | fused_tma | two_pass read once; fused by default). Both start with a
+ * FATHOM_ATTENTION_BACKWARD = fused | fused_tma | two_pass read once; fused_tma by default). Both start with a
  * pass writing delta[b,h,t] = sum_i dout[b,t,h,i] out[b,t,h,i] into the workspace.
  *   fused: one CTA of two consumer warpgroups per (128 keys, kv head, batch) accumulates dk, dv
  *     in registers over every query head of its group and every query block at or after it,
@@ -103,7 +103,7 @@ typedef enum AttentionForwardKernel {
 } AttentionForwardKernel;
 
 /* Chooses the forward for the rest of the process (tests, benchmarks); without a call the
- * first forward reads FATHOM_ATTENTION_FORWARD (grouped when unset; specialised; another value
+ * first forward reads FATHOM_ATTENTION_FORWARD (specialised when unset; grouped; another value
  * exits 2). */
 void attention_cuda_select_forward(AttentionForwardKernel kernel);
 AttentionForwardKernel attention_cuda_forward_kernel(void);
@@ -126,7 +126,8 @@ typedef enum AttentionBackwardKernel {
 } AttentionBackwardKernel;
 
 /* Chooses the backward for the rest of the process (tests, benchmarks); without a call the
- * first backward reads FATHOM_ATTENTION_BACKWARD (fused when unset; another value exits 2). */
+ * first backward reads FATHOM_ATTENTION_BACKWARD (fused_tma when unset; another value exits
+ * 2). */
 void attention_cuda_select_backward(AttentionBackwardKernel kernel);
 AttentionBackwardKernel attention_cuda_backward_kernel(void);
 
