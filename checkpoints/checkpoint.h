@@ -79,6 +79,52 @@ void checkpoint_save(const char *run_dir, const CheckpointMeta *meta,
                      const CheckpointTensor *tensors, int n_tensors,
                      const float *const data[CKPT_GROUPS]);
 
+/* Produces tensor `index` of the list, whole, as row-major fp32 into values[elements]. */
+typedef void (*CheckpointTensorFill)(void *context, int index, float *values);
+
+/* checkpoint_save for the model group alone, one tensor in host memory at a time: each
+ * tensor's values come from fill(), are written to the shard and digested, then the buffer
+ * (the size of the largest tensor) is reused. The CheckpointTensor offsets are not read.
+ * Same files and commit as checkpoint_save with only data[CKPT_GROUP_MODEL]; a step-0
+ * import uses it (DESIGN 5). */
+void checkpoint_save_model_streamed(const char *run_dir, const CheckpointMeta *meta,
+                                    const CheckpointTensor *tensors, int n_tensors,
+                                    CheckpointTensorFill fill, void *context);
+
+/* Whether the committed checkpoint in step_dir (a step, run or checkpoints/ directory, as
+ * checkpoint_read_meta resolves it) holds `group`: a step-0 import holds only the model. */
+bool checkpoint_has_group(const char *step_dir, int group);
+
+/* ---- looking inside a checkpoint (checkpoint_inspect.c; `fathom inspect DIR`) ---- */
+
+typedef struct {
+    char *name;                          /* the dataset name: the tensor's DESIGN 2.3 name */
+    int ndim;
+    int64_t shape[CHECKPOINT_RANK_MAX];
+    char dtype[16];                      /* "float32", "bfloat16", "float16", "float64" */
+    double norm;                         /* L2 norm over every element, in double */
+} CheckpointTensorInfo;
+
+/* Every tensor of `group` in the committed checkpoint at step_dir (resolved as
+ * checkpoint_read_meta does), in natural name order (layer 2 before layer 10), each read
+ * whole through index.h5 for its norm. Returns the count (0 when the group is absent);
+ * *infos is malloc'd, free it with checkpoint_tensor_infos_free. */
+int checkpoint_tensor_infos(const char *step_dir, int group, CheckpointTensorInfo **infos);
+void checkpoint_tensor_infos_free(CheckpointTensorInfo *infos, int count);
+
+typedef struct {
+    char *shard;       /* file name, relative to the step directory */
+    char *dataset;     /* "/model/<name>" */
+    char problem[160]; /* why it fails: "CRC32C recorded 1234abcd, read 5678ef00", ... */
+} CheckpointCorruption;
+
+/* Checks every record of /integrity, every group: the shard exists, holds the dataset with
+ * the recorded rows, and its bytes have the recorded CRC32C. Unlike a load it does not stop
+ * at the first failure and never exits for one: returns the number of records checked and
+ * fills *bad (malloc'd, *n_bad entries; free with checkpoint_corruptions_free). */
+int checkpoint_verify_all(const char *step_dir, CheckpointCorruption **bad, int *n_bad);
+void checkpoint_corruptions_free(CheckpointCorruption *bad, int n_bad);
+
 /* The newest committed step directory of run_dir: the one `latest` names if it has
  * COMMITTED, else the highest step_* with COMMITTED. Writes its path into step_dir and
  * returns true; returns false when there is none. */
