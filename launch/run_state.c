@@ -230,16 +230,24 @@ void run_state_restore(RunState *state, Model *model, const Config *config,
 
     const ParamTable *table = model_param_table(model);
     CheckpointTensor *tensors = checkpoint_tensors_of(table);
-    float *const arrays[CKPT_GROUPS] = {
+    /* A step-0 import (fathom convert) holds only /model (DESIGN 5): the moments stay at
+     * the zeros run_state_create gave them and the EMA starts at the weights. */
+    float *arrays[CKPT_GROUPS] = {
         [CKPT_GROUP_MODEL] = model_params(model),
         [CKPT_GROUP_EMA] = state->ema,
         [CKPT_GROUP_EXP_AVG] = state->exp_avg,
         [CKPT_GROUP_EXP_AVG_SQ] = state->exp_avg_sq,
     };
+    for (int g = CKPT_GROUP_EMA; g < CKPT_GROUPS; g++)
+        if (arrays[g] && !checkpoint_has_group(resolved_dir, g))
+            arrays[g] = NULL;
     HostStage stage;
     stage_begin(&stage, model_backend(model), table->total, arrays, false);
     checkpoint_load(resolved_dir, tensors, table->n_params, stage.staged);
     stage_end(&stage, true);
+    if (state->ema && !arrays[CKPT_GROUP_EMA])
+        model_backend(model)->copy(state->ema, model_params(model),
+                                   table->total * sizeof(float));
     model_refresh_compute_copy(model);
     state->step = meta.step;
     state->consumed_samples = meta.consumed_samples;
