@@ -1,7 +1,6 @@
 /* checkpoints/hf_config.c — see hf_config.h. */
 #include "checkpoints/hf_config.h"
 
-#include <errno.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -141,39 +140,13 @@ static void check_rope(const Where *where, const JsonValue *root, const ModelCon
                    model->rope_scaling.original_max_position);
 }
 
-static char *read_config_text(const char *path, size_t *length)
-{
-    FILE *file = fopen(path, "rb");
-    if (!file)
-        fatal(EXIT_DATA, "cannot open %s: %s", path, strerror(errno));
-    size_t capacity = 1 << 14, used = 0;
-    char *text = xmalloc(capacity);
-    for (size_t n; (n = fread(text + used, 1, capacity - used, file)) > 0;) {
-        used += n;
-        if (used == capacity) {
-            if (capacity >= ((size_t)1 << 24))
-                fatal(EXIT_DATA, "%s is larger than 16 MiB", path);
-            capacity *= 2;
-            text = xrealloc(text, capacity);
-        }
-    }
-    fclose(file);
-    *length = used;
-    return text;
-}
-
 void hf_config_check(const char *hf_dir, const ModelConfig *model, const char *config_name)
 {
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", hf_dir);
     Where where = {.path = path, .config_name = config_name};
-    size_t length;
-    char *text = read_config_text(path, &length);
     JsonDocument document;
-    char error[256];
-    if (!json_parse(text, length, &document, error, sizeof error))
-        fatal(EXIT_DATA, "%s is not valid JSON: %s", path, error);
-    free(text);
+    json_parse_file(path, &document);
     const JsonValue *root = &document.root;
     if (root->type != JSON_OBJECT)
         fatal(EXIT_DATA, "%s is a JSON %s, not an object", path, json_type_name(root->type));

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "checkpoints/checkpoint.h"
+#include "checkpoints/checkpoint_layout.h"
 #include "checkpoints/hf_config.h"
 #include "checkpoints/safetensors.h"
 #include "model/init.h"
@@ -29,16 +29,6 @@ static bool ends_with(const char *name, const char *suffix)
     return length >= suffix_length && !strcmp(name + length - suffix_length, suffix);
 }
 
-static void shape_text(int ndim, const int64_t *shape, char *text, size_t capacity)
-{
-    size_t used = (size_t)snprintf(text, capacity, "[");
-    for (int axis = 0; axis < ndim && used < capacity; axis++)
-        used += (size_t)snprintf(text + used, capacity - used, "%s%lld", axis ? ", " : "",
-                                 (long long)shape[axis]);
-    if (used < capacity)
-        snprintf(text + used, capacity - used, "]");
-}
-
 /* Matches every base weight of the table to a safetensors tensor of the same name and shape,
  * and accounts for every safetensors tensor (DESIGN 2.3: the names are the same). */
 static void match_tensors(ImportState *state, const char *hf_dir)
@@ -50,8 +40,8 @@ static void match_tensors(ImportState *state, const char *hf_dir)
             continue;
         const SafetensorsTensor *tensor = safetensors_find(state->source, entry->name);
         int64_t expected[3] = {entry->shape[0], entry->shape[1], entry->shape[2]};
-        char expected_text[64], found_text[96];
-        shape_text(entry->ndim, expected, expected_text, sizeof expected_text);
+        char expected_text[CHECKPOINT_SHAPE_TEXT_MAX], found_text[CHECKPOINT_SHAPE_TEXT_MAX];
+        checkpoint_shape_format(entry->ndim, expected, expected_text, sizeof expected_text);
         if (!tensor)
             fatal(EXIT_DATA, "%s: tensor %s %s is missing from the safetensors", hf_dir,
                   entry->name, expected_text);
@@ -59,7 +49,7 @@ static void match_tensors(ImportState *state, const char *hf_dir)
         for (int axis = 0; same && axis < entry->ndim; axis++)
             same = tensor->shape[axis] == expected[axis];
         if (!same) {
-            shape_text(tensor->ndim, tensor->shape, found_text, sizeof found_text);
+            checkpoint_shape_format(tensor->ndim, tensor->shape, found_text, sizeof found_text);
             fatal(EXIT_DATA, "%s: tensor %s has shape %s in %s, the config makes it %s", hf_dir,
                   entry->name, found_text, state->source->paths[tensor->file], expected_text);
         }

@@ -388,6 +388,32 @@ void json_free(JsonDocument *document)
     value_free(&document->root);
 }
 
+void json_parse_file(const char *path, JsonDocument *document)
+{
+    FILE *file = fopen(path, "rb");
+    if (!file)
+        fatal(EXIT_DATA, "cannot open %s: %s", path, strerror(errno));
+    size_t capacity = 1 << 16, used = 0;
+    char *text = xmalloc(capacity);
+    for (size_t n; (n = fread(text + used, 1, capacity - used, file)) > 0;) {
+        used += n;
+        if (used == capacity) {
+            if (capacity >= JSON_FILE_MAX)
+                fatal(EXIT_DATA, "%s is larger than %zu bytes", path, JSON_FILE_MAX);
+            capacity *= 2;
+            text = xrealloc(text, capacity);
+        }
+    }
+    bool failed = ferror(file);
+    fclose(file);
+    if (failed)
+        fatal(EXIT_DATA, "cannot read %s", path);
+    char error[256];
+    if (!json_parse(text, used, document, error, sizeof error))
+        fatal(EXIT_DATA, "%s is not valid JSON: %s", path, error);
+    free(text);
+}
+
 const JsonValue *json_object_get(const JsonValue *object, const char *key)
 {
     if (!object || object->type != JSON_OBJECT)

@@ -7,7 +7,8 @@
  * refused); an object may not repeat a key. Limits: nesting depth JSON_DEPTH_MAX; a number is
  * a double, and an integer literal (no fraction or exponent) that fits int64 is also kept
  * exactly in `integer`. On a malformed text it returns false and writes a message with the
- * byte offset into `error` (the document is then empty); it never exits.
+ * byte offset into `error` (the document is then empty); it never exits. json_parse_file
+ * reads and parses a file and exits 3 naming it when it is missing or malformed.
  */
 #ifndef FATHOM_CHECKPOINTS_JSON_H
 #define FATHOM_CHECKPOINTS_JSON_H
@@ -41,6 +42,10 @@ typedef struct {
 bool json_parse(const char *text, size_t length, JsonDocument *document, char *error,
                 size_t error_capacity);
 void json_free(JsonDocument *document);
+/* A whole file of at most JSON_FILE_MAX bytes; exit 3 naming it when missing, larger or
+ * malformed. */
+#define JSON_FILE_MAX ((size_t)100 << 20)
+void json_parse_file(const char *path, JsonDocument *document);
 
 /* The member `key` of an object; NULL when absent or when `object` is not an object. */
 const JsonValue *json_object_get(const JsonValue *object, const char *key);

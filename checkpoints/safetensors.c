@@ -199,41 +199,12 @@ void safetensors_open_file(SafetensorsModel *model, const char *path)
     tensors_sort(model, path);
 }
 
-static char *read_text_file(const char *path, size_t *length)
-{
-    FILE *file = fopen(path, "rb");
-    if (!file)
-        fatal(EXIT_DATA, "cannot open %s: %s", path, strerror(errno));
-    size_t capacity = 1 << 16, used = 0;
-    char *text = xmalloc(capacity);
-    for (size_t n; (n = fread(text + used, 1, capacity - used, file)) > 0;) {
-        used += n;
-        if (used == capacity) {
-            if (capacity >= SAFETENSORS_HEADER_MAX)
-                fatal(EXIT_DATA, "%s is larger than %llu bytes", path,
-                      (unsigned long long)SAFETENSORS_HEADER_MAX);
-            capacity *= 2;
-            text = xrealloc(text, capacity);
-        }
-    }
-    if (ferror(file))
-        fatal(EXIT_DATA, "cannot read %s", path);
-    fclose(file);
-    *length = used;
-    return text;
-}
-
 /* The sharded form: every file the weight_map names, then only the tensors it maps, each
  * from the file it names. */
 static void open_index(SafetensorsModel *model, const char *dir, const char *index_path)
 {
-    size_t length;
-    char *text = read_text_file(index_path, &length);
     JsonDocument document;
-    char error[256];
-    if (!json_parse(text, length, &document, error, sizeof error))
-        fatal(EXIT_DATA, "%s is not valid JSON: %s", index_path, error);
-    free(text);
+    json_parse_file(index_path, &document);
     const JsonValue *map = json_object_get(&document.root, "weight_map");
     if (!map || map->type != JSON_OBJECT || map->count == 0)
         fatal(EXIT_DATA, "%s has no weight_map object", index_path);

@@ -7,32 +7,12 @@
 #include "runtime/error.h"
 
 #include <errno.h>
-#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 static const char convert_usage[] =
     "usage: fathom convert --from-hf DIR --config CONFIG.yaml --to RUN_DIR";
-
-/* mkdir -p */
-static void make_directories(const char *path)
-{
-    char partial[CONFIG_PATH_MAX];
-    snprintf(partial, sizeof partial, "%s", path);
-    for (char *slash = partial + 1;; slash++) {
-        bool end = *slash == '\0';
-        if (*slash != '/' && !end)
-            continue;
-        *slash = '\0';
-        if (mkdir(partial, 0755) && errno != EEXIST)
-            fatal(EXIT_DATA, "cannot create directory %s: %s", partial, strerror(errno));
-        if (end)
-            break;
-        *slash = '/';
-    }
-}
 
 /* RUN_DIR/config.yaml, as `fathom train` writes it (temporary name, then rename). */
 static void write_run_config(const Config *config)
@@ -81,7 +61,6 @@ int convert_main(int argc, char **argv)
               "of a new run: choose another --to", run_dir, existing);
 
     HfImportSummary summary;
-    make_directories(run_dir);
     hf_import(hf_dir, &config, config_path, &summary);
     write_run_config(&config);
     printf("convert: %d tensors written (%d imported, %d routing weights fresh, %d skipped) "
