@@ -107,16 +107,20 @@ typedef struct {
 
 /* Every tensor of `group` in the committed checkpoint at step_dir (resolved as
  * checkpoint_read_meta does), in natural name order (layer 2 before layer 10), each read
- * whole through index.h5 for its norm. Returns the count (0 when the group is absent);
- * *infos is malloc'd, free it with checkpoint_tensor_infos_free. */
-int checkpoint_tensor_infos(const char *step_dir, int group, CheckpointTensorInfo **infos);
+ * whole through index.h5 for its norm, except those with a shard dataset among skip[0..
+ * n_skip-1] (checkpoint_verify_all's findings: a corrupt file may not even read), whose norm
+ * is NaN. Returns the count (0 when the group is absent); *infos is malloc'd, free it with
+ * checkpoint_tensor_infos_free. */
+typedef struct CheckpointCorruption CheckpointCorruption;
+int checkpoint_tensor_infos(const char *step_dir, int group, CheckpointTensorInfo **infos,
+                            const CheckpointCorruption *skip, int n_skip);
 void checkpoint_tensor_infos_free(CheckpointTensorInfo *infos, int count);
 
-typedef struct {
+struct CheckpointCorruption {
     char *shard;       /* file name, relative to the step directory */
     char *dataset;     /* "/model/<name>" */
     char problem[160]; /* why it fails: "CRC32C recorded 1234abcd, read 5678ef00", ... */
-} CheckpointCorruption;
+};
 
 /* Checks every record of /integrity, every group: the shard exists, holds the dataset with
  * the recorded rows, and its bytes have the recorded CRC32C. Unlike a load it does not stop

@@ -80,7 +80,8 @@ static void dtype_describe(hid_t type, char *text, size_t capacity)
     }
 }
 
-int checkpoint_tensor_infos(const char *step_dir, int group, CheckpointTensorInfo **infos)
+int checkpoint_tensor_infos(const char *step_dir, int group, CheckpointTensorInfo **infos,
+                            const CheckpointCorruption *skip, int n_skip)
 {
     char resolved[CHECKPOINT_PATH_MAX], index_path[CHECKPOINT_PATH_MAX];
     checkpoint_resolve_step_dir(step_dir, resolved, sizeof resolved);
@@ -109,6 +110,16 @@ int checkpoint_tensor_infos(const char *step_dir, int group, CheckpointTensorInf
         hid_t type = H5_CHECK(H5Dget_type(dataset));
         dtype_describe(type, info->dtype, sizeof info->dtype);
         H5_CHECK(H5Tclose(type));
+        char path[CHECKPOINT_PATH_MAX];
+        checkpoint_dataset_path(group, info->name, path, sizeof path);
+        bool corrupt = false;
+        for (int k = 0; k < n_skip && !corrupt; k++)
+            corrupt = !strcmp(skip[k].dataset, path);
+        if (corrupt) {
+            info->norm = NAN;
+            H5_CHECK(H5Dclose(dataset));
+            continue;
+        }
         size_t elements = (size_t)(shape[0] * shape[1] * shape[2]);
         if (elements > capacity) {
             values = xrealloc(values, elements * sizeof *values);

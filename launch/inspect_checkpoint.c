@@ -38,11 +38,13 @@ static void inspection_read(Inspection *inspection, const char *dir)
     for (int p = 0; p < table.n_params; p++)
         inspection->parameters += table.params[p].count;
     param_table_free(&table);
-    for (int g = 0; g < CKPT_GROUPS; g++)
-        inspection->n_infos[g] = checkpoint_tensor_infos(inspection->step_dir, g,
-                                                         &inspection->infos[g]);
+    /* the digests first: a tensor with a corrupt shard dataset is not read for its norm */
     inspection->n_checked = checkpoint_verify_all(inspection->step_dir, &inspection->bad,
                                                   &inspection->n_bad);
+    for (int g = 0; g < CKPT_GROUPS; g++)
+        inspection->n_infos[g] = checkpoint_tensor_infos(inspection->step_dir, g,
+                                                         &inspection->infos[g],
+                                                         inspection->bad, inspection->n_bad);
 }
 
 static void inspection_free(Inspection *inspection)
@@ -113,9 +115,12 @@ static void text_print(const Inspection *inspection)
         for (int i = 0; i < inspection->n_infos[g]; i++) {
             const CheckpointTensorInfo *info = &inspection->infos[g][i];
             char shape[96];
-            printf("  %-48s %-18s %-8s norm %.6e\n", info->name,
-                   shape_text(info->ndim, info->shape, shape, sizeof shape), info->dtype,
-                   info->norm);
+            printf("  %-48s %-18s %-8s ", info->name,
+                   shape_text(info->ndim, info->shape, shape, sizeof shape), info->dtype);
+            if (isnan(info->norm))
+                printf("norm not read (corrupt)\n");
+            else
+                printf("norm %.6e\n", info->norm);
         }
     }
     if (!inspection->n_bad) {

@@ -7,7 +7,7 @@
  * /optim/exp_avg_sq) with its shape, dtype and L2 norm, and the integrity verdict: every
  * shard dataset of /integrity is read and its CRC32C compared. --json prints the same as one
  * JSON object instead. A corrupt, missing or unreadable shard dataset is named (file and
- * tensor) and the exit code is 3; otherwise 0.
+ * tensor), its tensor's norm is not read (null in JSON), and the exit code is 3; otherwise 0.
  */
 #ifndef FATHOM_LAUNCH_INSPECT_CHECKPOINT_H
 #define FATHOM_LAUNCH_INSPECT_CHECKPOINT_H

@@ -151,6 +151,11 @@ Test(inspect, a_flipped_byte_in_a_shard_is_exit_3_naming_the_file_and_tensor)
     cr_assert(strstr(output, "integrity: CORRUPT (1 of 84"), "%s", output);
     cr_assert(strstr(output, "shard_p0_d0.h5") && strstr(output, dataset), "%s", output);
     cr_assert(strstr(output, "CRC32C recorded"), "%s", output);
+    /* the corrupt tensor, and only it, is not read for its norm */
+    const char *unread = strstr(output, "norm not read (corrupt)");
+    cr_assert(unread && !strstr(unread + 1, "norm not read"), "%s", output);
+    cr_assert(strstr(strstr(output, "/ema:"), "model.layers.0.self_attn.k_proj.weight") <
+              unread, "%s", output);
     /* the JSON says the same, and still parses */
     snprintf(arguments, sizeof arguments, "--json '%s/run' 2>/dev/null | python3 -c \"import "
              "json, sys; d = json.load(sys.stdin); c = d['integrity']['corrupt']; "
