@@ -166,9 +166,8 @@ static bool dataset_check(const char *step_dir, const CheckpointDigest *digest, 
         return false;
     }
     bool ok = false;
-    hid_t dataset = h5_path_exists(file, digest->dataset) > 0
-                        ? H5Dopen2(file, digest->dataset, H5P_DEFAULT)
-                        : -1;
+    /* H5Dopen2 itself, not h5_path_exists: a missing or damaged link is a finding here */
+    hid_t dataset = H5Dopen2(file, digest->dataset, H5P_DEFAULT);
     hid_t space = dataset >= 0 ? H5Dget_space(dataset) : -1;
     hssize_t elements = space >= 0 ? H5Sget_simple_extent_npoints(space) : -1;
     hsize_t dims[H5S_MAX_RANK] = {0};
