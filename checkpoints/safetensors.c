@@ -297,7 +297,8 @@ const SafetensorsTensor *safetensors_find(const SafetensorsModel *model, const c
                    compare_names);
 }
 
-float safetensors_bf16_to_float(uint16_t bf16)
+/* inline in the conversion loops below; the exported names are for the tests */
+static inline float bf16_to_float(uint16_t bf16)
 {
     uint32_t bits = (uint32_t)bf16 << 16; /* bf16 is the top half of an fp32 */
     float value;
@@ -305,7 +306,7 @@ float safetensors_bf16_to_float(uint16_t bf16)
     return value;
 }
 
-float safetensors_half_to_float(uint16_t half)
+static inline float half_to_float(uint16_t half)
 {
     uint32_t sign = (uint32_t)(half >> 15) << 31;
     uint32_t exponent = (half >> 10) & 0x1F, mantissa = half & 0x3FF, bits;
@@ -327,6 +328,16 @@ float safetensors_half_to_float(uint16_t half)
     float value;
     memcpy(&value, &bits, sizeof value);
     return value;
+}
+
+float safetensors_bf16_to_float(uint16_t bf16)
+{
+    return bf16_to_float(bf16);
+}
+
+float safetensors_half_to_float(uint16_t half)
+{
+    return half_to_float(half);
 }
 
 void safetensors_read(const SafetensorsModel *model, const SafetensorsTensor *tensor,
@@ -355,10 +366,10 @@ void safetensors_read(const SafetensorsModel *model, const SafetensorsTensor *te
         size_t n = bytes / 2;
         if (tensor->dtype == SAFETENSORS_BF16)
             for (size_t i = 0; i < n; i++)
-                out[i] = safetensors_bf16_to_float(raw[i]);
+                out[i] = bf16_to_float(raw[i]);
         else
             for (size_t i = 0; i < n; i++)
-                out[i] = safetensors_half_to_float(raw[i]);
+                out[i] = half_to_float(raw[i]);
     }
     free(raw);
 }
