@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "runtime/crc32c.h"
 #include "runtime/error.h"
 
 static const char *const group_paths[CKPT_GROUPS] = {
@@ -293,4 +294,65 @@ void checkpoint_resolve_step_dir(const char *dir, char *step_dir, size_t capacit
                      : checkpoint_find_latest_in(dir, step_dir, capacity);
     if (!found)
         fatal(EXIT_DATA, "no committed checkpoint in %s", dir);
+}
+
+/* ---- the digest of index.h5 in COMMITTED ---- */
+
+/* Size and CRC32C of a whole file, read in blocks; false when it cannot be read. */
+static bool file_digest(const char *path, uint64_t *size, uint32_t *crc)
+{
+    FILE *file = fopen(path, "rb");
+    if (!file)
+        return false;
+    enum { BLOCK = 1 << 20 };
+    char *buffer = xmalloc(BLOCK);
+    *size = 0;
+    *crc = 0;
+    for (size_t got; (got = fread(buffer, 1, BLOCK, file)) > 0;) {
+        *crc = crc32c_extend(*crc, buffer, got);
+        *size += got;
+    }
+    const bool ok = !ferror(file);
+    fclose(file);
+    free(buffer);
+    return ok;
+}
+
+void checkpoint_commit_text(const char *step_dir, const char *step_name, char *text,
+                            size_t capacity)
+{
+    char index_path[CHECKPOINT_PATH_MAX];
+    checkpoint_path_join(index_path, sizeof index_path, step_dir, CHECKPOINT_INDEX_FILE);
+    uint64_t size;
+    uint32_t crc;
+    if (!file_digest(index_path, &size, &crc))
+        fatal(EXIT_DATA, "cannot read %s back to digest it: %s", index_path, strerror(errno));
+    snprintf(text, capacity, "%s\n" CHECKPOINT_INDEX_FILE " %llu %08x\n", step_name,
+             (unsigned long long)size, (unsigned)crc);
+}
+
+void checkpoint_index_verify(const char *step_dir, const char *index_path)
+{
+    char commit_path[CHECKPOINT_PATH_MAX], text[512] = "";
+    checkpoint_path_join(commit_path, sizeof commit_path, step_dir, CHECKPOINT_COMMIT_FILE);
+    FILE *file = fopen(commit_path, "r");
+    if (!file)
+        return; /* uncommitted: the caller refuses it (checkpoint_resolve_step_dir) */
+    const size_t got = fread(text, 1, sizeof text - 1, file);
+    fclose(file);
+    text[got] = '\0';
+    const char *line = strchr(text, '\n');
+    unsigned long long recorded_size;
+    unsigned recorded_crc;
+    if (!line || sscanf(line + 1, CHECKPOINT_INDEX_FILE " %llu %x", &recorded_size,
+                        &recorded_crc) != 2)
+        return; /* a COMMITTED of an older save names the step only */
+    uint64_t size;
+    uint32_t crc;
+    if (!file_digest(index_path, &size, &crc))
+        fatal(EXIT_DATA, "cannot read checkpoint index %s: %s", index_path, strerror(errno));
+    if (size != recorded_size || crc != recorded_crc)
+        fatal(EXIT_DATA, "checkpoint index %s is corrupt: %llu bytes with CRC32C %08x, "
+              "COMMITTED recorded %llu bytes with %08x", index_path, (unsigned long long)size,
+              (unsigned)crc, recorded_size, recorded_crc);
 }

@@ -37,6 +37,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "runtime/comm.h"
 #include "runtime/config.h"
 
 /* The highest rank: [m, k_max, d], the MSAR stream convolutions (DESIGN 2.3). */
@@ -61,6 +62,11 @@ enum { CKPT_GROUP_MODEL, CKPT_GROUP_EMA, CKPT_GROUP_EXP_AVG, CKPT_GROUP_EXP_AVG_
 /* "/model", "/ema", "/optim/exp_avg", "/optim/exp_avg_sq" */
 const char *checkpoint_group_path(int group);
 
+/* Rows [row_begin, row_end) of a tensor (along its first dim); empty: none. */
+typedef struct {
+    int64_t row_begin, row_end;
+} CheckpointRows;
+
 typedef struct {
     int64_t step, consumed_samples, tokens_seen;
     int64_t optimizer_steps, skipped_steps;
@@ -78,22 +84,6 @@ typedef struct {
 void checkpoint_save(const char *run_dir, const CheckpointMeta *meta,
                      const CheckpointTensor *tensors, int n_tensors,
                      const float *const data[CKPT_GROUPS]);
-
-/* Produces tensor `index` of the list, whole, as row-major fp32 into values[elements]. */
-typedef void (*CheckpointTensorFill)(void *context, int index, float *values);
-
-/* checkpoint_save for the model group alone, one tensor in host memory at a time: each
- * tensor's values come from fill(), are written to the shard and digested, then the buffer
- * (the size of the largest tensor) is reused. The CheckpointTensor offsets are not read.
- * Same files and commit as checkpoint_save with only data[CKPT_GROUP_MODEL]; a step-0
- * import uses it (DESIGN 5). */
-void checkpoint_save_model_streamed(const char *run_dir, const CheckpointMeta *meta,
-                                    const CheckpointTensor *tensors, int n_tensors,
-                                    CheckpointTensorFill fill, void *context);
-
-/* Whether the committed checkpoint in step_dir (a step, run or checkpoints/ directory, as
- * checkpoint_read_meta resolves it) holds `group`: a step-0 import holds only the model. */
-bool checkpoint_has_group(const char *step_dir, int group);
 
 /* ---- looking inside a checkpoint (checkpoint_inspect.c; `fathom inspect DIR`) ---- */
 
@@ -149,6 +139,50 @@ void checkpoint_read_meta(const char *dir, CheckpointMeta *meta, char **config_y
  * for are ignored. */
 void checkpoint_load(const char *dir, const CheckpointTensor *tensors, int n_tensors,
                      float *const data[CKPT_GROUPS]);
+
+/* ---- several ranks: each writes and reads only the rows it holds (DESIGN 5) ---- */
+
+/* Moves one tensor's held rows between a rank's own buffers (backend memory, its layout)
+ * and host memory, so that a save or load stages one tensor at a time: host memory stays
+ * at one tensor's worth. count = held rows x row elements. */
+typedef struct {
+    void *context;
+    /* host[0 .. count) = the rows of tensor i in group g (a save) */
+    void (*read)(void *context, int group, int tensor, float *host, size_t count);
+    /* the rows of tensor i in group g = host[0 .. count) (a load) */
+    void (*write)(void *context, int group, int tensor, const float *host, size_t count);
+} CheckpointIo;
+
+/* Collective over `comm` (NULL: this process alone). tensors lists every tensor of the
+ * model (the same list on every rank; offsets unused); rows[i] the rows of tensor i this
+ * rank writes (empty: none; ranks' rows of one tensor must not overlap and must cover it).
+ * Every rank with rows writes shard_p{stage}_d{dp_rank}.h5 into step_X.tmp; the row ranges
+ * and digests gather to rank 0, which writes index.h5 and commits (checkpoint_commit).
+ * Groups in group_mask are saved. A failure on any rank ends the job (exit 3 through
+ * fatal) before anything is published. Returns, on every rank, the bytes all ranks wrote
+ * and the seconds the save took (for the GB/s a run prints). */
+typedef struct {
+    uint64_t bytes;
+    double seconds;
+    int shards;
+} CheckpointStats;
+CheckpointStats checkpoint_save_sharded(Comm *comm, int stage, int dp_rank, const char *run_dir,
+                             const CheckpointMeta *meta, const CheckpointTensor *tensors,
+                             int n_tensors, const CheckpointRows *rows, unsigned group_mask,
+                             const CheckpointIo *io);
+
+/* Collective over `comm` (NULL: alone). Reads, for every tensor with rows[i] non-empty and
+ * every group in group_mask, those rows through index.h5 (hyperslabs of the virtual
+ * datasets), after checking the tensor's shape and the CRC32C of every shard dataset the
+ * rows come from. `dir` is resolved as in checkpoint_read_meta. Any failure exits 3 naming
+ * the file and the tensor. Returns the bytes all ranks read and the seconds it took. */
+CheckpointStats checkpoint_load_sharded(Comm *comm, const char *dir, const CheckpointTensor *tensors,
+                             int n_tensors, const CheckpointRows *rows, unsigned group_mask,
+                             const CheckpointIo *io);
+
+/* The groups a committed checkpoint holds, as bits 1 << CKPT_GROUP_* (a step-0 checkpoint
+ * made by `fathom convert` holds the model only). */
+unsigned checkpoint_saved_groups(const char *dir);
 
 /* Retention (DESIGN 5): keeps the keep_last highest committed steps (0: all), every step that
  * is a multiple of keep_every (0: none), and the one `latest` names; deletes the other step

@@ -147,6 +147,7 @@ void checkpoint_index_write(const char *step_dir, const CheckpointMeta *meta,
 hid_t checkpoint_index_open(const char *step_dir, char *index_path, size_t capacity)
 {
     checkpoint_path_join(index_path, capacity, step_dir, CHECKPOINT_INDEX_FILE);
+    checkpoint_index_verify(step_dir, index_path);
     hid_t file = h5_file_open_readonly(index_path);
     if (!h5_attribute_exists(file, "format"))
         fatal(EXIT_DATA, "%s is not a fathom checkpoint (no `format` attribute)", index_path);

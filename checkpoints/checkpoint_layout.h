@@ -68,10 +68,6 @@ void checkpoint_resolve_step_dir(const char *dir, char *step_dir, size_t capacit
 
 /* ---- shards (checkpoint_save.c) ---- */
 
-typedef struct {
-    int64_t row_begin, row_end; /* rows [row_begin, row_end) of a tensor; empty: not held */
-} CheckpointRows;
-
 /* Writes a shard file: for each group with data[g] and each tensor with rows[i] non-empty,
  * dataset /<group>/<name> of shape [row_end - row_begin, shape[1].., shape[ndim-1]] (the
  * tensor's rank and trailing dims) from data[g] + tensors[i].offset (the first held row).
@@ -80,6 +76,21 @@ typedef struct {
 void checkpoint_shard_write(const char *path, const CheckpointTensor *tensors, int n_tensors,
                             const CheckpointRows *rows, const float *const data[CKPT_GROUPS],
                             uint32_t *digests);
+
+/* The same through io (checkpoint.h), one tensor at a time, for the groups in group_mask;
+ * returns the bytes written. */
+uint64_t checkpoint_shard_write_io(const char *path, const CheckpointTensor *tensors,
+                                   int n_tensors, const CheckpointRows *rows,
+                                   unsigned group_mask, const CheckpointIo *io,
+                                   uint32_t *digests);
+
+/* A CheckpointIo over flat host buffers data[g], the held rows of tensor i at
+ * data[g] + tensors[i].offset (the single-process save and load). */
+typedef struct {
+    const CheckpointTensor *tensors;
+    float *const *data;
+} CheckpointFlatBuffers;
+CheckpointIo checkpoint_flat_io(CheckpointFlatBuffers *buffers);
 
 /* ---- index.h5 (checkpoint_index.c) ---- */
 
@@ -95,7 +106,16 @@ void checkpoint_index_write(const char *step_dir, const CheckpointMeta *meta,
                             const CheckpointTensor *tensors, int n_tensors,
                             unsigned group_mask, const CheckpointShard *shards, int n_shards);
 
-/* Opens <step_dir>/index.h5 read-only and checks format and version; exits 3 otherwise. */
+/* COMMITTED holds the step's name, then the size and CRC32C of index.h5 ("index.h5 SIZE
+ * CRC\n"), so that a damaged index is refused before HDF5 parses it (HDF5 does not
+ * survive every damaged file). These write and check that line; a COMMITTED without it
+ * (an older save) is accepted unchecked. */
+void checkpoint_commit_text(const char *step_dir, const char *step_name, char *text,
+                            size_t capacity);
+void checkpoint_index_verify(const char *step_dir, const char *index_path);
+
+/* Opens <step_dir>/index.h5 read-only, after checkpoint_index_verify, and checks format and
+ * version; exits 3 otherwise. */
 hid_t checkpoint_index_open(const char *step_dir, char *index_path, size_t capacity);
 
 typedef struct {

@@ -17,6 +17,7 @@
 #include "checkpoints/h5_tensor.h"
 #include "runtime/crc32c.h"
 #include "runtime/error.h"
+#include "runtime/timer.h"
 
 /* Digest verification reads a dataset this many floats at a time (16 MiB). */
 #define VERIFY_BLOCK_FLOATS ((size_t)1 << 22)
@@ -103,8 +104,26 @@ static uint32_t dataset_digest(hid_t dataset, int64_t rows, int64_t row_elements
     return crc;
 }
 
+/* Whether the load reads from shard dataset `digest`: a wanted group, and rows of a tensor
+ * this rank wants that overlap the rows the dataset holds. */
+static bool digest_wanted(const CheckpointDigest *digest, unsigned wanted_mask,
+                          const CheckpointTensor *tensors, int n_tensors,
+                          const CheckpointRows *rows)
+{
+    const int group = dataset_group(digest->dataset);
+    if (group < 0 || !(wanted_mask & (1u << group)))
+        return false;
+    const char *name = digest->dataset + strlen(checkpoint_group_path(group)) + 1;
+    for (int i = 0; i < n_tensors; i++)
+        if (!strcmp(tensors[i].name, name))
+            return rows[i].row_begin < digest->row_end && digest->row_begin < rows[i].row_end;
+    return false;
+}
+
 static void shard_datasets_verify(const char *step_dir, const CheckpointDigest *digests,
-                                  int n_digests, unsigned wanted_mask)
+                                  int n_digests, unsigned wanted_mask,
+                                  const CheckpointTensor *tensors, int n_tensors,
+                                  const CheckpointRows *rows)
 {
     char path[CHECKPOINT_PATH_MAX] = "";
     hid_t shard = -1;
@@ -112,8 +131,7 @@ static void shard_datasets_verify(const char *step_dir, const CheckpointDigest *
     size_t buffer_floats = 0;
     for (int d = 0; d < n_digests; d++) {
         const CheckpointDigest *digest = &digests[d];
-        int group = dataset_group(digest->dataset);
-        if (group < 0 || !(wanted_mask & (1u << group)))
+        if (!digest_wanted(digest, wanted_mask, tensors, n_tensors, rows))
             continue;
         /* records come shard by shard: open each file once */
         char wanted_path[CHECKPOINT_PATH_MAX];
@@ -158,50 +176,111 @@ static void shard_datasets_verify(const char *step_dir, const CheckpointDigest *
     free(buffer);
 }
 
-void checkpoint_load(const char *dir, const CheckpointTensor *tensors, int n_tensors,
-                     float *const data[CKPT_GROUPS])
+CheckpointStats checkpoint_load_sharded(Comm *comm, const char *dir,
+                                        const CheckpointTensor *tensors, int n_tensors,
+                                        const CheckpointRows *rows, unsigned group_mask,
+                                        const CheckpointIo *io)
 {
+    const double started = timer_seconds();
     char step_dir[CHECKPOINT_PATH_MAX], index_path[CHECKPOINT_PATH_MAX];
     checkpoint_tensors_validate(tensors, n_tensors);
     checkpoint_resolve_step_dir(dir, step_dir, sizeof step_dir);
     hid_t index = checkpoint_index_open(step_dir, index_path, sizeof index_path);
 
-    unsigned wanted_mask = 0;
-    for (int group = 0; group < CKPT_GROUPS; group++) {
-        if (!data[group])
+    size_t largest = 1;
+    for (int i = 0; i < n_tensors; i++) {
+        const int64_t wanted = rows[i].row_end - rows[i].row_begin;
+        if (wanted <= 0)
             continue;
-        wanted_mask |= 1u << group;
+        if (rows[i].row_begin < 0 || rows[i].row_end > tensors[i].shape[0])
+            fatal(EXIT_DATA, "rows %lld..%lld of %s asked for, which has %lld",
+                  (long long)rows[i].row_begin, (long long)rows[i].row_end, tensors[i].name,
+                  (long long)tensors[i].shape[0]);
+        const size_t elements = (size_t)wanted * (size_t)checkpoint_tensor_row_elements(&tensors[i]);
+        largest = elements > largest ? elements : largest;
+    }
+    for (int group = 0; group < CKPT_GROUPS; group++) {
+        if (!(group_mask & (1u << group)))
+            continue;
         if (!h5_path_exists(index, checkpoint_group_path(group)))
             fatal(EXIT_DATA, "checkpoint %s has no %s group (it was saved without it)",
                   index_path, checkpoint_group_path(group));
         for (int i = 0; i < n_tensors; i++)
-            tensor_shape_check(index, index_path, group, &tensors[i]);
+            if (rows[i].row_end > rows[i].row_begin)
+                tensor_shape_check(index, index_path, group, &tensors[i]);
     }
 
     CheckpointDigest *digests;
     int n_digests = checkpoint_digests_read(index, index_path, &digests);
     for (int group = 0; group < CKPT_GROUPS; group++)
-        if (wanted_mask & (1u << group))
+        if (group_mask & (1u << group))
             for (int i = 0; i < n_tensors; i++)
-                tensor_rows_check(index_path, group, &tensors[i], digests, n_digests);
-    shard_datasets_verify(step_dir, digests, n_digests, wanted_mask);
+                if (rows[i].row_end > rows[i].row_begin)
+                    tensor_rows_check(index_path, group, &tensors[i], digests, n_digests);
+    shard_datasets_verify(step_dir, digests, n_digests, group_mask, tensors, n_tensors, rows);
     checkpoint_digests_free(digests, n_digests);
 
     /* the shards are named relative to index.h5; say where that is, whatever the cwd */
     hid_t access_plist = H5_CHECK(H5Pcreate(H5P_DATASET_ACCESS));
     H5_CHECK(H5Pset_virtual_prefix(access_plist, step_dir));
+    float *values = xmalloc(largest * sizeof *values);
     char path[CHECKPOINT_PATH_MAX];
+    int64_t bytes = 0;
     for (int group = 0; group < CKPT_GROUPS; group++) {
-        if (!data[group])
+        if (!(group_mask & (1u << group)))
             continue;
         for (int i = 0; i < n_tensors; i++) {
+            const int64_t wanted = rows[i].row_end - rows[i].row_begin;
+            if (wanted <= 0)
+                continue;
+            const size_t elements =
+                (size_t)wanted * (size_t)checkpoint_tensor_row_elements(&tensors[i]);
             checkpoint_dataset_path(group, tensors[i].name, path, sizeof path);
             hid_t dataset = H5_CHECK(H5Dopen2(index, path, access_plist));
-            H5_CHECK(H5Dread(dataset, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT,
-                             data[group] + tensors[i].offset));
+            h5_tensor_read_rows(dataset, rows[i].row_begin, rows[i].row_end, values);
             H5_CHECK(H5Dclose(dataset));
+            io->write(io->context, group, i, values, elements);
+            bytes += (int64_t)(elements * sizeof(float));
         }
     }
+    free(values);
     H5_CHECK(H5Pclose(access_plist));
     H5_CHECK(H5Fclose(index));
+    CheckpointStats stats = {.bytes = (uint64_t)bytes, .shards = 0};
+    if (comm) {
+        int64_t total = 0;
+        comm_allreduce_sum(comm, &bytes, &total, 1, COMM_INT64, COMM_KIND_OTHER);
+        stats.bytes = (uint64_t)total;
+    }
+    stats.seconds = timer_seconds() - started;
+    return stats;
+}
+
+void checkpoint_load(const char *dir, const CheckpointTensor *tensors, int n_tensors,
+                     float *const data[CKPT_GROUPS])
+{
+    CheckpointRows *rows = xmalloc(sizeof *rows * (size_t)(n_tensors > 0 ? n_tensors : 1));
+    for (int i = 0; i < n_tensors; i++)
+        rows[i] = (CheckpointRows){0, tensors[i].shape[0]};
+    unsigned group_mask = 0;
+    for (int group = 0; group < CKPT_GROUPS; group++)
+        if (data[group])
+            group_mask |= 1u << group;
+    CheckpointFlatBuffers buffers = {tensors, data};
+    const CheckpointIo io = checkpoint_flat_io(&buffers);
+    checkpoint_load_sharded(NULL, dir, tensors, n_tensors, rows, group_mask, &io);
+    free(rows);
+}
+
+unsigned checkpoint_saved_groups(const char *dir)
+{
+    char step_dir[CHECKPOINT_PATH_MAX], index_path[CHECKPOINT_PATH_MAX];
+    checkpoint_resolve_step_dir(dir, step_dir, sizeof step_dir);
+    hid_t index = checkpoint_index_open(step_dir, index_path, sizeof index_path);
+    unsigned mask = 0;
+    for (int group = 0; group < CKPT_GROUPS; group++)
+        if (h5_path_exists(index, checkpoint_group_path(group)))
+            mask |= 1u << group;
+    H5_CHECK(H5Fclose(index));
+    return mask;
 }

@@ -27,7 +27,13 @@ hid_t h5_bf16_type_create(void)
 hid_t h5_file_create(const char *path)
 {
     h5_quiet();
-    return H5_CHECK(H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT));
+    /* the HDF5 1.8 file format and later: its superblock, object headers and indexes carry
+     * checksums, so damaged metadata fails a read instead of being believed */
+    hid_t access_plist = H5_CHECK(H5Pcreate(H5P_FILE_ACCESS));
+    H5_CHECK(H5Pset_libver_bounds(access_plist, H5F_LIBVER_V18, H5F_LIBVER_LATEST));
+    hid_t file = H5_CHECK(H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, access_plist));
+    H5_CHECK(H5Pclose(access_plist));
+    return file;
 }
 
 hid_t h5_file_open_readonly(const char *path)

@@ -83,9 +83,12 @@ static void report_progress(ImportState *state, int index, int n_tensors)
     fflush(stdout);
 }
 
-static void fill_tensor(void *context, int index, float *values)
+/* CheckpointIo.read: the whole tensor `index` (the model group is the only one saved) */
+static void fill_tensor(void *context, int group, int index, float *values, size_t count)
 {
     ImportState *state = context;
+    (void)group;
+    (void)count;
     const ParamEntry *entry = &state->table->params[index];
     const SafetensorsTensor *source = state->sources[index];
     if (source) {
@@ -132,8 +135,14 @@ void hf_import(const char *hf_dir, const Config *config, const char *config_name
     /* the layout of what is written: one process, one shard of whole tensors */
     CheckpointMeta meta = {.step = 0, .rng_seed = config->seed, .config_yaml = config_yaml,
                            .pp = 1, .dp = 1, .virtual_stages = 1};
-    checkpoint_save_model_streamed(config->run_dir, &meta, tensors, table.n_params,
-                                   fill_tensor, &state);
+    /* one process writing every row: checkpoint_save_sharded stages one tensor at a time */
+    CheckpointRows *rows = xcalloc((size_t)table.n_params, sizeof *rows);
+    for (int p = 0; p < table.n_params; p++)
+        rows[p] = (CheckpointRows){0, tensors[p].shape[0]};
+    const CheckpointIo io = {.context = &state, .read = fill_tensor};
+    checkpoint_save_sharded(NULL, 0, 0, config->run_dir, &meta, tensors, table.n_params, rows,
+                            1u << CKPT_GROUP_MODEL, &io);
+    free(rows);
     summary->n_tensors = table.n_params;
     summary->seconds = timer_seconds() - state.started;
     free(config_yaml);

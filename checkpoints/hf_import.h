@@ -12,8 +12,8 @@
  * skipped and counted; any other exits 3 naming it.
  *
  * hf_config_check (hf_config.h) runs first. The checkpoint is written under config->run_dir
- * with checkpoint_save_model_streamed: /model only, step 0, the config saved is `config`
- * resolved, one tensor in host memory at a time. Progress goes to stdout.
+ * with checkpoint_save_sharded as one process (no comm): /model only, step 0, the config
+ * saved is `config` resolved, one tensor in host memory at a time. Progress goes to stdout.
  */
 #ifndef FATHOM_CHECKPOINTS_HF_IMPORT_H
 #define FATHOM_CHECKPOINTS_HF_IMPORT_H

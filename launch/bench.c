@@ -272,7 +272,7 @@ typedef struct {
 static void step_pass(void *context)
 {
     StepPass *p = context;
-    step_run(p->step, p->data, p->consumed, 1e-4);
+    step_run(p->step, p->data, p->consumed, 1e-4, 1);
     p->consumed += (uint64_t)p->global_batch;
 }
 

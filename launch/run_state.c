@@ -6,6 +6,7 @@
 #include "runtime/metrics.h"
 #include "runtime/config_keys.h"
 #include "runtime/error.h"
+#include "runtime/fault.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,7 +15,7 @@
 void run_state_create(RunState *state, Model *model, const Config *config)
 {
     const Backend *backend = model_backend(model);
-    size_t bytes = model_param_table(model)->total * sizeof(float);
+    size_t bytes = fsdp_local_count(model_fsdp(model)) * sizeof(float);
     memset(state, 0, sizeof *state);
     state->exp_avg = backend->alloc(bytes);
     state->exp_avg_sq = backend->alloc(bytes);
@@ -32,52 +33,8 @@ void run_state_destroy(RunState *state, Model *model)
     memset(state, 0, sizeof *state);
 }
 
-/* checkpoints/ reads and writes host memory. On a backend whose memory is elsewhere the
- * groups go through host copies of `count` floats each: staged[g] is the array the
- * checkpoint code sees (the backend array itself on cpu). */
-typedef struct {
-    const Backend *backend;
-    size_t count;
-    float *backend_arrays[CKPT_GROUPS];
-    float *staged[CKPT_GROUPS];
-} HostStage;
-
-static bool backend_memory_is_host(const Backend *backend)
-{
-    return backend == backend_cpu();
-}
-
-static void stage_begin(HostStage *stage, const Backend *backend, size_t count,
-                        float *const backend_arrays[CKPT_GROUPS], bool download)
-{
-    stage->backend = backend;
-    stage->count = count;
-    for (int g = 0; g < CKPT_GROUPS; g++) {
-        float *array = backend_arrays[g];
-        stage->backend_arrays[g] = array;
-        stage->staged[g] = array;
-        if (!array || backend_memory_is_host(backend))
-            continue;
-        stage->staged[g] = xmalloc(count * sizeof(float));
-        if (download)
-            backend->download(stage->staged[g], array, count * sizeof(float));
-    }
-}
-
-/* upload: the staged values go back to the backend arrays (after a load) */
-static void stage_end(HostStage *stage, bool upload)
-{
-    for (int g = 0; g < CKPT_GROUPS; g++) {
-        if (stage->staged[g] == stage->backend_arrays[g])
-            continue;
-        if (upload)
-            stage->backend->upload(stage->backend_arrays[g], stage->staged[g],
-                                   stage->count * sizeof(float));
-        free(stage->staged[g]);
-    }
-}
-
-/* The checkpoint's view of the parameter table: names, shapes and flat offsets. */
+/* The checkpoint's view of the parameter table: names and shapes (offsets: the flat
+ * layout, used by the single-process loads of run_state_load_weights). */
 static CheckpointTensor *checkpoint_tensors_of(const ParamTable *table)
 {
     CheckpointTensor *tensors = xcalloc((size_t)table->n_params, sizeof *tensors);
@@ -93,7 +50,66 @@ static CheckpointTensor *checkpoint_tensors_of(const ParamTable *table)
     return tensors;
 }
 
-void run_state_save(const RunState *state, Model *model, const Config *config)
+/* Moves a tensor's held rows between host memory and this rank's shards (backend memory,
+ * runtime/fsdp.h's local layout), one tensor at a time (checkpoints/checkpoint.h). */
+typedef struct {
+    const Backend *backend;
+    const Fsdp *fsdp;
+    float *arrays[CKPT_GROUPS];
+    int step, reads, total_reads; /* for the fault switch (runtime/fault.h) */
+} ShardIo;
+
+/* The io of the model's shards and, with a state, of its moments and EMA. */
+static ShardIo shard_io(Model *model, const RunState *state)
+{
+    ShardIo io = {.backend = model_backend(model), .fsdp = model_fsdp(model)};
+    if (state) {
+        io.arrays[CKPT_GROUP_MODEL] = model_params(model);
+        io.arrays[CKPT_GROUP_EMA] = state->ema;
+        io.arrays[CKPT_GROUP_EXP_AVG] = state->exp_avg;
+        io.arrays[CKPT_GROUP_EXP_AVG_SQ] = state->exp_avg_sq;
+    }
+    return io;
+}
+
+static void shard_read(void *context, int group, int tensor, float *host, size_t count)
+{
+    ShardIo *io = context;
+    const size_t offset = fsdp_place(io->fsdp, tensor)->local_offset;
+    io->backend->download(host, io->arrays[group] + offset, count * sizeof(float));
+    fault_save_progress(io->step, ++io->reads, io->total_reads);
+}
+
+static void shard_write(void *context, int group, int tensor, const float *host, size_t count)
+{
+    const ShardIo *io = context;
+    const size_t offset = fsdp_place(io->fsdp, tensor)->local_offset;
+    io->backend->upload(io->arrays[group] + offset, host, count * sizeof(float));
+}
+
+/* The rows of each tensor this rank holds; with `writers`, only tensors whose unit this
+ * stage writes (a unit several stages hold is written by the lowest). */
+static CheckpointRows *held_rows(Model *model, const bool *writers)
+{
+    const ParamTable *table = model_param_table(model);
+    CheckpointRows *rows = xcalloc((size_t)table->n_params + 1, sizeof *rows);
+    for (int p = 0; p < table->n_params; p++) {
+        const FsdpTensorPlace *place = fsdp_place(model_fsdp(model), p);
+        if (place->local_offset == SIZE_MAX || (writers && !writers[table->params[p].unit]))
+            continue;
+        rows[p] = (CheckpointRows){(int64_t)place->row_begin,
+                                   (int64_t)(place->row_begin + place->held_rows)};
+    }
+    return rows;
+}
+
+static double gigabytes_per_second(const CheckpointStats *stats)
+{
+    return stats->seconds > 0 ? (double)stats->bytes / 1e9 / stats->seconds : 0.0;
+}
+
+void run_state_save(const RunState *state, Model *model, const Config *config,
+                    const RunLayout *layout)
 {
     const ParamTable *table = model_param_table(model);
     CheckpointTensor *tensors = checkpoint_tensors_of(table);
@@ -112,21 +128,30 @@ void run_state_save(const RunState *state, Model *model, const Config *config)
         .n_layer_split = config->parallel.n_layer_split,
     };
     memcpy(meta.layer_split, config->parallel.layer_split, sizeof meta.layer_split);
-    float *const arrays[CKPT_GROUPS] = {
-        [CKPT_GROUP_MODEL] = model_params(model),
-        [CKPT_GROUP_EMA] = state->ema,
-        [CKPT_GROUP_EXP_AVG] = state->exp_avg,
-        [CKPT_GROUP_EXP_AVG_SQ] = state->exp_avg_sq,
-    };
-    HostStage stage;
-    stage_begin(&stage, model_backend(model), table->total, arrays, true);
-    const float *data[CKPT_GROUPS];
+    ShardIo io = shard_io(model, state);
+    unsigned groups = 0;
     for (int g = 0; g < CKPT_GROUPS; g++)
-        data[g] = stage.staged[g];
-    checkpoint_save(config->run_dir, &meta, tensors, table->n_params, data);
-    stage_end(&stage, false);
-    checkpoint_apply_retention(config->run_dir, config->checkpoint.keep_last,
-                               config->checkpoint.keep_every);
+        groups |= io.arrays[g] ? 1u << g : 0;
+    CheckpointRows *rows = held_rows(model, layout ? layout->writes_unit : NULL);
+    io.step = (int)state->step;
+    for (int p = 0; p < table->n_params; p++)
+        io.total_reads += rows[p].row_end > rows[p].row_begin;
+    io.total_reads *= __builtin_popcount(groups);
+    const CheckpointIo checkpoint_io = {&io, shard_read, shard_write};
+    const CheckpointStats stats = checkpoint_save_sharded(
+        layout ? layout->world : NULL, layout ? layout->stage : 0,
+        layout ? layout->dp_rank : 0, config->run_dir, &meta, tensors, table->n_params, rows,
+        groups, &checkpoint_io);
+    const bool leader = !layout || comm_rank(layout->world) == 0;
+    if (leader) {
+        checkpoint_apply_retention(config->run_dir, config->checkpoint.keep_last,
+                                   config->checkpoint.keep_every);
+        printf("fathom: saved step %lld: %.2f GB in %d shard%s, %.2f s (%.2f GB/s)\n",
+               (long long)state->step, (double)stats.bytes / 1e9, stats.shards,
+               stats.shards == 1 ? "" : "s", stats.seconds, gigabytes_per_second(&stats));
+        fflush(stdout);
+    }
+    free(rows);
     free(config_yaml);
     free(tensors);
 }
@@ -219,41 +244,53 @@ static void print_changed_keys(const char *saved_yaml, const Config *config,
 }
 
 void run_state_restore(RunState *state, Model *model, const Config *config,
-                       const char *step_dir)
+                       const char *step_dir, const RunLayout *layout)
 {
     CheckpointMeta meta;
     char *saved_yaml = NULL;
     char resolved_dir[CONFIG_PATH_MAX];
+    const bool leader = !layout || comm_rank(layout->world) == 0;
     checkpoint_read_meta(step_dir, &meta, &saved_yaml, resolved_dir, sizeof resolved_dir);
     check_same_network(saved_yaml, config, resolved_dir);
-    print_changed_keys(saved_yaml, config, resolved_dir);
+    if (leader) {
+        print_changed_keys(saved_yaml, config, resolved_dir);
+        if (meta.pp != config->parallel.pp || meta.dp != config->parallel.dp ||
+            meta.virtual_stages != config->parallel.virtual_stages)
+            printf("fathom: resharding a checkpoint of pp %d x dp %d (virtual_stages %d) "
+                   "onto pp %d x dp %d (virtual_stages %d)\n", meta.pp, meta.dp,
+                   meta.virtual_stages, config->parallel.pp, config->parallel.dp,
+                   config->parallel.virtual_stages);
+    }
 
     const ParamTable *table = model_param_table(model);
     CheckpointTensor *tensors = checkpoint_tensors_of(table);
-    /* A step-0 import (fathom convert) holds only /model (DESIGN 5): the moments stay at
-     * the zeros run_state_create gave them and the EMA starts at the weights. */
-    float *arrays[CKPT_GROUPS] = {
-        [CKPT_GROUP_MODEL] = model_params(model),
-        [CKPT_GROUP_EMA] = state->ema,
-        [CKPT_GROUP_EXP_AVG] = state->exp_avg,
-        [CKPT_GROUP_EXP_AVG_SQ] = state->exp_avg_sq,
-    };
-    for (int g = CKPT_GROUP_EMA; g < CKPT_GROUPS; g++)
-        if (arrays[g] && !checkpoint_has_group(resolved_dir, g))
-            arrays[g] = NULL;
-    HostStage stage;
-    stage_begin(&stage, model_backend(model), table->total, arrays, false);
-    checkpoint_load(resolved_dir, tensors, table->n_params, stage.staged);
-    stage_end(&stage, true);
-    if (state->ema && !arrays[CKPT_GROUP_EMA])
+    ShardIo io = shard_io(model, state);
+    /* a step-0 checkpoint of `fathom convert` holds the model only: the moments then start
+     * at zero (as allocated) and the EMA at the weights (DESIGN 5) */
+    const unsigned saved = checkpoint_saved_groups(resolved_dir);
+    unsigned groups = 0;
+    for (int g = 0; g < CKPT_GROUPS; g++)
+        groups |= io.arrays[g] && (saved & (1u << g)) ? 1u << g : 0;
+    CheckpointRows *rows = held_rows(model, NULL);
+    const CheckpointIo checkpoint_io = {&io, shard_read, shard_write};
+    const CheckpointStats stats = checkpoint_load_sharded(
+        layout ? layout->world : NULL, resolved_dir, tensors, table->n_params, rows, groups,
+        &checkpoint_io);
+    if (state->ema && !(groups & (1u << CKPT_GROUP_EMA)))
         model_backend(model)->copy(state->ema, model_params(model),
-                                   table->total * sizeof(float));
+                                   fsdp_local_count(model_fsdp(model)) * sizeof(float));
     model_refresh_compute_copy(model);
+    if (leader) {
+        printf("fathom: loaded %s: %.2f GB, %.2f s (%.2f GB/s)\n", resolved_dir,
+               (double)stats.bytes / 1e9, stats.seconds, gigabytes_per_second(&stats));
+        fflush(stdout);
+    }
     state->step = meta.step;
     state->consumed_samples = meta.consumed_samples;
     state->tokens_seen = meta.tokens_seen;
     state->optimizer_steps = meta.optimizer_steps;
     state->skipped_steps = meta.skipped_steps;
+    free(rows);
     free(tensors);
     free(saved_yaml);
 }
@@ -262,25 +299,32 @@ void run_state_load_weights(Model *model, const char *step_dir, bool use_ema)
 {
     const ParamTable *table = model_param_table(model);
     CheckpointTensor *tensors = checkpoint_tensors_of(table);
-    float *arrays[CKPT_GROUPS] = {0};
-    arrays[use_ema ? CKPT_GROUP_EMA : CKPT_GROUP_MODEL] = model_params(model);
-    HostStage stage;
-    stage_begin(&stage, model_backend(model), table->total, arrays, false);
-    checkpoint_load(step_dir, tensors, table->n_params, stage.staged);
-    stage_end(&stage, true);
+    ShardIo io = shard_io(model, NULL);
+    io.arrays[use_ema ? CKPT_GROUP_EMA : CKPT_GROUP_MODEL] = model_params(model);
+    CheckpointRows *rows = held_rows(model, NULL);
+    const CheckpointIo checkpoint_io = {&io, shard_read, shard_write};
+    checkpoint_load_sharded(NULL, step_dir, tensors, table->n_params, rows,
+                            1u << (use_ema ? CKPT_GROUP_EMA : CKPT_GROUP_MODEL),
+                            &checkpoint_io);
     model_refresh_compute_copy(model);
+    free(rows);
     free(tensors);
 }
 
-OptimRange *run_state_optimizer_ranges(const ParamTable *table, const OptimConfig *optim)
+OptimRange *run_state_optimizer_ranges(Model *model, const OptimConfig *optim, int *n_ranges)
 {
-    OptimRange *ranges = xcalloc((size_t)table->n_params, sizeof *ranges);
+    const ParamTable *table = model_param_table(model);
+    OptimRange *ranges = xcalloc((size_t)table->n_params + 1, sizeof *ranges);
+    *n_ranges = 0;
     for (int i = 0; i < table->n_params; i++) {
         const ParamEntry *entry = &table->params[i];
+        const FsdpTensorPlace *place = fsdp_place(model_fsdp(model), i);
+        if (place->local_offset == SIZE_MAX)
+            continue; /* another stage holds it */
         unsigned kind_bit = param_kind_no_decay_bit(entry->kind);
-        ranges[i] = (OptimRange){
-            .offset = entry->offset,
-            .count = entry->count,
+        ranges[(*n_ranges)++] = (OptimRange){
+            .offset = place->local_offset,
+            .count = place->shard_rows * (entry->count / (size_t)entry->shape[0]),
             .lr_mult = optim_range_lr_mult(optim, kind_bit == NO_DECAY_ROUTING),
             .weight_decay = optim_range_weight_decay(optim, kind_bit),
         };
@@ -290,7 +334,8 @@ OptimRange *run_state_optimizer_ranges(const ParamTable *table, const OptimConfi
 
 Optimizer run_state_optimizer(const RunState *state, Model *model, const OptimConfig *optim)
 {
-    const ParamTable *table = model_param_table(model);
+    int n_ranges;
+    OptimRange *ranges = run_state_optimizer_ranges(model, optim, &n_ranges);
     return (Optimizer){
         .backend = model_backend(model),
         .config = optim,
@@ -300,9 +345,9 @@ Optimizer run_state_optimizer(const RunState *state, Model *model, const OptimCo
         .exp_avg = state->exp_avg,
         .exp_avg_sq = state->exp_avg_sq,
         .ema = state->ema,
-        .count = table->total,
-        .ranges = run_state_optimizer_ranges(table, optim),
-        .n_ranges = table->n_params,
+        .count = fsdp_local_count(model_fsdp(model)),
+        .ranges = ranges,
+        .n_ranges = n_ranges,
         .step = (int)state->optimizer_steps,
         .skipped = (int)state->skipped_steps,
     };
@@ -311,7 +356,7 @@ Optimizer run_state_optimizer(const RunState *state, Model *model, const OptimCo
 double run_state_peak_memory_gib(const Backend *backend)
 {
     size_t in_use = 0, peak = 0;
-    if (backend->memory_usage)
+    if (backend->memory_usage && backend != backend_cpu())
         backend->memory_usage(&in_use, &peak);
     return peak > 0 ? (double)peak / (1 << 30) : metrics_peak_rss_gib();
 }

@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential pkg-config meson ninja-build libyaml-dev libhdf5-dev hdf5-tools
-          libcriterion-dev python3 python3-pip openmpi-bin libopenmpi-dev)
+          libcriterion-dev python3 python3-pip openmpi-bin libopenmpi-dev libhwloc-dev)
 missing=()
 for package in "${packages[@]}"; do
   dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")

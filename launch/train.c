@@ -13,13 +13,18 @@
 #include "runtime/grid.h"
 #include "runtime/config.h"
 #include "runtime/data.h"
+#include "runtime/device_comm.h"
 #include "runtime/error.h"
+#include "runtime/fault.h"
 #include "runtime/lr_schedule.h"
 #include "runtime/metrics.h"
 #include "runtime/optim.h"
 #include "runtime/timer.h"
+#include "runtime/topo.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -121,21 +126,28 @@ static void print_banner(const Config *config, const Backend *backend, Model *mo
                config->parallel.schedule == SCHEDULE_GPIPE  ? "gpipe"
                : config->parallel.schedule == SCHEDULE_1F1B ? "1f1b"
                                                             : "interleaved");
-    size_t parameter_bytes, unused;
-    model_memory_bytes(model, &parameter_bytes, &unused);
-    const size_t optimizer_bytes = (state->ema ? 3 : 2) * table->total * sizeof(float);
+    size_t shard_bytes, full_bytes;
+    fsdp_memory_bytes(model_fsdp(model), &shard_bytes, &full_bytes);
+    const size_t local = fsdp_local_count(model_fsdp(model));
+    const size_t optimizer_bytes = (state->ema ? 3 : 2) * local * sizeof(float);
     const bool checkpointing = model_activation_checkpointing(model);
     const size_t scratch = scratch_bytes(backend, model_config(model), model_plan(model),
                                          config->train.microbatch_size, config->train.seq_len,
                                          checkpointing);
     const size_t kept = executor_plan_bytes(step->executor, checkpointing);
     const size_t other = executor_plan_bytes(step->executor, !checkpointing);
-    char parameters[32], optimizer[32], activations[32], alternative[32];
-    printf("fathom: memory plan (stage 0): parameters %s (master, gradients%s), optimizer %s, "
-           "activations %s in %d stash%s (activation_checkpointing %s; %s: %s); allocated "
-           "once, before the first step\n",
-           format_bytes(parameters, sizeof parameters, parameter_bytes),
-           model_compute_copy(model) ? ", compute copy" : "",
+    char parameters[32], gathered[32], optimizer[32], activations[32], alternative[32];
+    const int dp = config->parallel.dp;
+    char share[64] = "";
+    if (dp > 1)
+        snprintf(share, sizeof share, ", 1/%d of %.2fM in shards", dp,
+                 (double)table->total / 1e6);
+    printf("fathom: memory plan (rank 0): parameters %s (master, gradients%s%s) + gathered "
+           "units %s, optimizer %s, activations %s in %d stash%s (activation_checkpointing "
+           "%s; %s: %s); allocated once, before the first step\n",
+           format_bytes(parameters, sizeof parameters, shard_bytes),
+           model_compute_copy(model) ? ", compute copy" : "", share,
+           format_bytes(gathered, sizeof gathered, full_bytes),
            format_bytes(optimizer, sizeof optimizer, optimizer_bytes),
            format_bytes(activations, sizeof activations, kept + scratch),
            executor_stash_count(step->executor),
@@ -144,6 +156,13 @@ static void print_banner(const Config *config, const Backend *backend, Model *mo
            format_bytes(alternative, sizeof alternative, other + scratch_bytes(
                backend, model_config(model), model_plan(model), config->train.microbatch_size,
                config->train.seq_len, !checkpointing)));
+    size_t in_use = 0, peak = 0;
+    backend->memory_usage(&in_use, &peak);
+    char held[32];
+    printf("fathom: measured after set-up: %s held by the %s backend (%zu bytes: parameter "
+           "shards %zu, gathered units %zu, optimizer %zu; the rest: activations, scratch, tables)\n",
+           format_bytes(held, sizeof held, in_use), backend->name, in_use, shard_bytes,
+           full_bytes, optimizer_bytes);
     if (resumed)
         printf("fathom: resumed at step %lld (%lld samples consumed)\n",
                (long long)state->step, (long long)state->consumed_samples);
@@ -164,6 +183,30 @@ static double evaluate_during_training(Model *model, DataSet *val, const Config 
                                       config->train.seq_len, (float)config->train.z_loss,
                                       NULL, NULL);
     return result.loss;
+}
+
+/* One training a run directory: rank 0 holds an exclusive lock on <run_dir>/.lock for the
+ * whole run (the kernel drops it when the process ends, however it ends). A second
+ * training on the same directory stops before it changes anything there. */
+static void lock_run_dir(const char *run_dir)
+{
+    char path[CONFIG_PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/.lock", run_dir);
+    const int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0)
+        fatal(EXIT_DATA, "cannot open %s: %s", path, strerror(errno));
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        char holder[32] = "";
+        const ssize_t got = pread(fd, holder, sizeof holder - 1, 0);
+        holder[got > 0 ? got : 0] = '\0';
+        fatal(EXIT_CONFIG, "run_dir %s is in use by another training (process %s); wait for "
+              "it or choose another run_dir", run_dir, got > 0 ? holder : "unknown");
+    }
+    char pid[32];
+    const int length = snprintf(pid, sizeof pid, "%ld", (long)getpid());
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, pid, (size_t)length, 0) != length)
+        fatal(EXIT_DATA, "cannot write %s: %s", path, strerror(errno));
+    /* fd stays open (and locked) until the process ends */
 }
 
 /* <run_dir>/config.yaml: the resolved config with the device the run took, which `fathom
@@ -240,15 +283,13 @@ static bool stop_agreed(const RankGrid *grid)
     return any != 0;
 }
 
-/* Rank 0 saves the whole state; under pp the other stages' tensors come to it first. */
+/* Every rank saves the rows it holds (run_state.h). */
 static void save_checkpoint(TrainingStep *step, RunState *state, Model *model,
                             const Config *config)
 {
-    float *arrays[4] = {model_params(model), state->exp_avg, state->exp_avg_sq, state->ema};
-    pipeline_gather_state(step, arrays);
-    if (step->grid->rank == 0)
-        run_state_save(state, model, config);
-    comm_barrier(step->grid->world); /* nobody runs ahead of a checkpoint being written */
+    const RunLayout layout = {step->grid->world, step->grid->stage, step->grid->dp_rank,
+                              step->writes_unit};
+    run_state_save(state, model, config, &layout);
 }
 
 int train_main(int argc, char **argv)
@@ -270,28 +311,39 @@ int train_main(int argc, char **argv)
         fatal(EXIT_CONFIG, "eval.every = %d: evaluation during training runs on one pipeline "
               "stage only for now; set eval.every: 0 with parallel.pp = %d and evaluate the "
               "checkpoints with fathom eval", config.eval.every, config.parallel.pp);
+    TopoPlacement placement;
+    topo_place(&grid, &config, &placement); /* the rank's GPU and cores, before any CUDA */
     const Backend *backend = backend_select(config.device, &config);
+    topo_print_map(&grid, &placement);
     if (leader) {
         make_directories(config.run_dir);
+        lock_run_dir(config.run_dir); /* before anything in it is touched */
         write_run_config(&config, backend);
         print_config_summary(&config, config_path, n_overrides);
     }
     comm_barrier(grid.world);
 
-    Model *model = model_create(backend, &config.model, &config.residual,
-                                config.train.microbatch_size, config.train.seq_len);
+    fault_init(grid.rank);
+    /* FSDP inside each stage (DESIGN 3): the dp group's gathers and reduce-scatters */
+    DeviceComm *data_parallel = device_comm_create(grid.data_parallel, backend);
+    if (leader && grid.dp > 1)
+        printf("fathom: fsdp over dp groups of %d ranks: %s (%s)\n", grid.dp,
+               device_comm_method(data_parallel), device_comm_reason(data_parallel));
+    Model *model = step_create_model(&config, &grid, backend, data_parallel);
     const ParamTable *table = model_param_table(model);
     RunState state;
     run_state_create(&state, model, &config);
+    const RunLayout layout = {grid.world, grid.stage, grid.dp_rank, NULL};
 
     char step_dir[CONFIG_PATH_MAX];
     bool resumed = checkpoint_find_latest(config.run_dir, step_dir, sizeof step_dir);
     if (resumed) {
-        run_state_restore(&state, model, &config, step_dir);
+        run_state_restore(&state, model, &config, step_dir, &layout);
     } else {
         model_init_params(model, config.seed, config.model.init_std);
         if (state.ema)
-            backend->copy(state.ema, model_params(model), table->total * sizeof(float));
+            backend->copy(state.ema, model_params(model),
+                          fsdp_local_count(model_fsdp(model)) * sizeof(float));
     }
     Optimizer optimizer = run_state_optimizer(&state, model, &config.optim);
     TrainingStep step;
@@ -312,6 +364,11 @@ int train_main(int argc, char **argv)
         config.model.head_dim);
     int64_t tokens_per_step = (int64_t)config.train.global_batch_size * config.train.seq_len;
     LogWindow window = {0};
+    /* FSDP's share of the steps, from events around its groups (printed at the end) */
+    FsdpTimes fsdp_total = {0};
+    double step_seconds = 0;
+    int timed_steps = 0;
+    fsdp_set_timing(model_fsdp(model), grid.dp > 1);
     MetricsComm *comm = xcalloc((size_t)grid.pp, sizeof *comm);
     bool saved_last = false, stopping = false;
     comm_counters_reset();
@@ -325,7 +382,8 @@ int train_main(int argc, char **argv)
         double started = timer_seconds();
         double lr = lr_at_step(&config.optim, step_number, config.train.steps);
 
-        StepResult result = step_run(&step, train_data, (uint64_t)state.consumed_samples, lr);
+        StepResult result = step_run(&step, train_data, (uint64_t)state.consumed_samples, lr,
+                                     step_number);
         if (!result.applied) {
             window.skipped++;
             if (leader)
@@ -348,6 +406,15 @@ int train_main(int argc, char **argv)
         window.zloss_sum += result.zloss;
         window.seconds += timer_seconds() - started;
         window.steps++;
+        if (grid.dp > 1 && step_number > 1) { /* the first step pays for warm-up */
+            const FsdpTimes times = fsdp_step_times(model_fsdp(model));
+            fsdp_total.gather_ms += times.gather_ms;
+            fsdp_total.reduce_ms += times.reduce_ms;
+            fsdp_total.gathers += times.gathers;
+            fsdp_total.reduces += times.reduces;
+            step_seconds += timer_seconds() - started;
+            timed_steps++;
+        }
 
         bool last = step_number == config.train.steps;
         if (step_number % config.log.every == 0 || last || stopping) {
@@ -404,6 +471,12 @@ int train_main(int argc, char **argv)
         save_checkpoint(&step, &state, model, &config);
     }
 
+    if (leader && timed_steps > 0)
+        printf("fathom: fsdp on rank 0, per step (mean of %d): gathers %.2f ms in %d groups, "
+               "reduce-scatters %.2f ms in %d groups, of a %.2f ms step\n", timed_steps,
+               fsdp_total.gather_ms / timed_steps, fsdp_total.gathers / timed_steps,
+               fsdp_total.reduce_ms / timed_steps, fsdp_total.reduces / timed_steps,
+               1e3 * step_seconds / timed_steps);
     free(comm);
     step_destroy(&step);
     free((void *)optimizer.ranges);
@@ -414,6 +487,7 @@ int train_main(int argc, char **argv)
     data_close(train_data);
     run_state_destroy(&state, model);
     model_destroy(model);
+    device_comm_destroy(data_parallel);
     grid_destroy(&grid);
     return EXIT_DONE;
 }

@@ -139,10 +139,20 @@ static void walk_end(Walk *walk)
     free(walk->grad_sources);
 }
 
+/* The Route op takes the delta gate by value: a host copy of alpha from the site's fp32
+ * view, read while its unit is acquired. */
+static void site_read_alpha(Walk *walk, int j)
+{
+    if (walk->delta)
+        walk->backend->download(&walk->model->site_alpha[j], walk->model->site_params[j].alpha,
+                                sizeof(float));
+}
+
 /* Site j's forward into x (base: p in the delta form). */
 static void site_forward(Walk *walk, int j, const Activation *base, Activation *x)
 {
     Model *model = walk->model;
+    site_read_alpha(walk, j);
     site_sources(model, walk->store, j, walk->sources);
     route_site_forward(&walk->route, &walk->plan->sites[j], &model->site_params[j],
                        model->site_alpha[j], &walk->stash->sites[j], walk->sources, base, x);
@@ -151,6 +161,7 @@ static void site_forward(Walk *walk, int j, const Activation *base, Activation *
 static void site_backward(Walk *walk, int j, const Activation *grad_x)
 {
     Model *model = walk->model;
+    site_read_alpha(walk, j);
     site_sources(model, walk->store, j, walk->sources);
     site_grad_sources(model, walk->store, j, walk->grad_sources);
     route_site_backward(&walk->route, &walk->plan->sites[j], &model->site_params[j],
@@ -245,6 +256,50 @@ static void upload_tokens(Model *model, uint32_t *dst, const uint32_t *tokens, s
     model->backend->upload(dst, tokens, n * sizeof *tokens);
 }
 
+/* ---- the units a walk reads (model/params.h), acquired around each use ---- */
+
+/* The shared routing unit when the walk reads it (route_null, stream convs), else -1. */
+static int walk_shared_unit(const Walk *walk)
+{
+    const ParamTable *table = &walk->model->table;
+    return table->units[table->unit_shared].n_params > 0 ? table->unit_shared : -1;
+}
+
+/* The unit the walk reads after `unit` (forward) or before it (backward), to prefetch; -1
+ * past the span. Forward: embedding, layers, head; the backward runs it in reverse. */
+static int walk_next_unit(const ChunkSpan *span, const ParamTable *table, int unit,
+                          bool forward)
+{
+    const int first = 1 + span->first_layer, last = span->first_layer + span->n_layers;
+    if (forward) {
+        if (unit == 0)
+            return first;
+        if (unit < last)
+            return unit + 1;
+        return span->has_head ? table->unit_head : -1;
+    }
+    if (unit == table->unit_head)
+        return last;
+    if (unit > first)
+        return unit - 1;
+    return span->has_embedding ? 0 : -1;
+}
+
+/* The head reads the final site, norm and head weight; tied, the weight is unit 0's. */
+static void head_acquire(Model *model, bool for_backward)
+{
+    model_unit_acquire(model, model->table.unit_head, for_backward);
+    if (model->config.tie_embeddings)
+        model_unit_acquire(model, 0, for_backward);
+}
+
+static void head_release(Model *model, bool gradients)
+{
+    if (model->config.tie_embeddings)
+        model_unit_release(model, 0, gradients);
+    model_unit_release(model, model->table.unit_head, gradients);
+}
+
 /* The chunk's input from the embedding: e into the stream (standard) or b_0 (and p). */
 static void embedding_forward(Walk *walk, size_t rows)
 {
@@ -280,32 +335,41 @@ ModelLoss chunk_forward(Model *model, const ChunkSpan *span, Stash *stash,
     const Backend *backend = model->backend;
     const int L2 = model->plan.n_sublayers;
 
+    const ParamTable *table = &model->table;
+    const int shared = walk_shared_unit(&walk);
+    if (shared >= 0)
+        model_unit_acquire(model, shared, false);
     if (span->has_embedding) {
+        model_unit_acquire(model, 0, false);
+        model_unit_prefetch(model, walk_next_unit(span, table, 0, true));
         upload_tokens(model, stash->inputs, inputs, rows, "input");
         embedding_forward(&walk, rows);
+        model_unit_release(model, 0, false);
     }
     if (span->has_head)
         upload_tokens(model, stash->targets, targets, rows, "target");
-    if (walk.delta) {
-        /* the null source on every token: a lookup in a table of one row */
+    if (walk.delta) /* the null source on every token: a lookup in a table of one row */
         backend->embedding_forward(model->scratch.null_rows, model->scratch.zero_tokens,
                                    model->route_null, (int)rows, model->config.d_model);
-        for (int j = span->first_sublayer; j <= L2; j++) /* the Route op takes alpha by value */
-            if (j < span->end_sublayer || (j == L2 && span->has_head))
-                backend->download(&model->site_alpha[j], model->site_params[j].alpha,
-                                  sizeof(float));
-    }
-    for (int i = span->first_layer; i < span->first_layer + span->n_layers; i++)
+    for (int i = span->first_layer; i < span->first_layer + span->n_layers; i++) {
+        model_unit_acquire(model, 1 + i, false);
+        model_unit_prefetch(model, walk_next_unit(span, table, 1 + i, true));
         layer_forward(&walk, i);
+        model_unit_release(model, 1 + i, false);
+    }
 
     ModelLoss loss = {0};
     if (span->has_head) {
+        head_acquire(model, false);
         Activation *final_input = stash->stream[walk.routed ? L2 : span->end_sublayer];
         if (walk.routed)
             site_forward(&walk, L2, walk.delta ? store->stream : NULL, final_input);
         loss = loss_forward(&walk.layer, &model->head_params, &model->scratch, &stash->head,
                             stash->targets, final_input, z_loss);
+        head_release(model, false);
     }
+    if (shared >= 0)
+        model_unit_release(model, shared, false);
     stash->batch = B;
     stash->z_loss = z_loss;
     walk_end(&walk);
@@ -391,23 +455,39 @@ void chunk_backward(Model *model, const ChunkSpan *span, Stash *stash, SummarySt
     ModelScratch *scratch = &model->scratch;
     Activation *grad_stream = scratch->layer.grad_stream;
 
+    const ParamTable *table = &model->table;
+    const int shared = walk_shared_unit(&walk);
+    if (shared >= 0)
+        model_unit_acquire(model, shared, true);
     if (walk.delta)
         backend->zero(scratch->grad_null_rows, walk.bytes);
-    if (span->has_head)
+    if (span->has_head) {
+        head_acquire(model, true);
+        model_unit_prefetch(model, walk_next_unit(span, table, table->unit_head, false));
         head_backward(&walk, loss_scale);
-    for (int i = span->first_layer + span->n_layers - 1; i >= span->first_layer; i--)
+        head_release(model, true);
+    }
+    for (int i = span->first_layer + span->n_layers - 1; i >= span->first_layer; i--) {
+        model_unit_acquire(model, 1 + i, true);
+        model_unit_prefetch(model, walk_next_unit(span, table, 1 + i, false));
         layer_backward(&walk, i);
+        model_unit_release(model, 1 + i, true);
+    }
 
     if (span->has_embedding) {
+        model_unit_acquire(model, 0, true);
         const Activation *grad_e = grad_stream;
         if (walk.delta)
             backend->add_inplace(grad_stream, store->grad_blocks[0], walk.count);
         else if (walk.routed)
             grad_e = store->grad_blocks[0];
         backend->embedding_backward(model->grad_embedding, grad_e, stash->inputs, (int)rows, d);
+        model_unit_release(model, 0, true);
     }
     if (walk.delta) /* d route_null: the sum over tokens of the null source's gradient */
         backend->sum_rows(model->grad_route_null, scratch->grad_null_rows, (int)rows, d);
+    if (shared >= 0)
+        model_unit_release(model, shared, true);
     walk_end(&walk);
 }
 

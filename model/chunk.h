@@ -39,14 +39,14 @@
 #include "model/model.h"
 #include "model/residual.h"
 
-typedef struct {
+struct ChunkSpan {
     int index;                        /* c, of n_chunks */
     int first_layer, n_layers;
     int first_sublayer, end_sublayer; /* 2 * first_layer, 2 * (first_layer + n_layers) */
     bool has_embedding;               /* c == 0 */
     bool has_head;                    /* c == n_chunks - 1 */
     int first_block, end_block;       /* blocks completed here; 0, 0 for mode standard */
-} ChunkSpan;
+};
 
 /* Splits model.n_layers into n_chunks spans: `layer_split` layers each when n_split > 0
  * (parallel.layer_split), else evenly (the first n_layers % n_chunks chunks get one more).
@@ -71,6 +71,16 @@ ModelLoss chunk_forward(Model *model, const ChunkSpan *span, Stash *stash,
  * one forward; each adds again. */
 void chunk_backward(Model *model, const ChunkSpan *span, Stash *stash, SummaryStore *store,
                     float loss_scale);
+
+/* Sets units[u] (n_units of model_param_table) for every unit the chunk reads (never
+ * clears): its layers, the embedding (chunk 0, and the last chunk when tied), the head unit
+ * (last chunk), the shared routing unit (when the model has one). */
+void chunk_units(const Model *model, const ChunkSpan *span, bool *units);
+
+/* Adds to releases[u] (n_units of model_param_table) how many times one backward of the
+ * chunk hands unit u's gradients to FSDP (fsdp_step_begin's counts): once for each unit it
+ * reads, twice for a tied embedding read by both ends of a one-chunk network. */
+void chunk_unit_releases(const Model *model, const ChunkSpan *span, int *releases);
 
 /* The stream a hop carries into / out of the chunk (h or p), NULL in the replace form. */
 Activation *chunk_input_stream(const Model *model, const ChunkSpan *span, Stash *stash,

@@ -5,28 +5,52 @@
 #include <stdint.h>
 #include <stdio.h>
 
-/* The offsets of one layer's tensors in LayerWeights / LayerGrads field order (DESIGN 2.3
- * names); SIZE_MAX for q_norm and k_norm without qk_norm. */
+/* A layer's tensors in LayerWeights / LayerGrads field order (DESIGN 2.3 names). */
 enum { LAYER_TENSORS = 11 };
 
+static const char *const LAYER_SUFFIXES[LAYER_TENSORS] = {
+    "input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
+    "self_attn.v_proj.weight", "self_attn.o_proj.weight", "self_attn.q_norm.weight",
+    "self_attn.k_norm.weight", "post_attention_layernorm.weight", "mlp.gate_proj.weight",
+    "mlp.up_proj.weight", "mlp.down_proj.weight",
+};
+
+/* Their offsets; SIZE_MAX for q_norm and k_norm without qk_norm. */
 static void layer_offsets(size_t offsets[LAYER_TENSORS], const ParamTable *table, int layer,
                           const ModelConfig *config)
 {
-    static const char *const suffixes[LAYER_TENSORS] = {
-        "input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
-        "self_attn.v_proj.weight", "self_attn.o_proj.weight", "self_attn.q_norm.weight",
-        "self_attn.k_norm.weight", "post_attention_layernorm.weight", "mlp.gate_proj.weight",
-        "mlp.up_proj.weight", "mlp.down_proj.weight",
-    };
     char prefix[32];
     snprintf(prefix, sizeof prefix, "model.layers.%d", layer);
     for (int i = 0; i < LAYER_TENSORS; i++) {
         const bool qk_norm_tensor = i == 5 || i == 6;
         char name[PARAM_NAME_MAX];
-        snprintf(name, sizeof name, "%s.%s", prefix, suffixes[i]);
+        snprintf(name, sizeof name, "%s.%s", prefix, LAYER_SUFFIXES[i]);
         offsets[i] = qk_norm_tensor && !config->qk_norm
                          ? SIZE_MAX
                          : param_table_require(table, name)->offset;
+    }
+}
+
+void layer_views_add(UnitViews *views, LayerWeights *weights, LayerGrads *grads,
+                     const ParamTable *table, int layer, const ModelConfig *config)
+{
+    Activation **weight_fields[LAYER_TENSORS] = {
+        &weights->input_layernorm, &weights->q_proj, &weights->k_proj, &weights->v_proj,
+        &weights->o_proj, &weights->q_norm, &weights->k_norm,
+        &weights->post_attention_layernorm, &weights->gate_proj, &weights->up_proj,
+        &weights->down_proj,
+    };
+    float **grad_fields[LAYER_TENSORS] = {
+        &grads->input_layernorm, &grads->q_proj, &grads->k_proj, &grads->v_proj,
+        &grads->o_proj, &grads->q_norm, &grads->k_norm, &grads->post_attention_layernorm,
+        &grads->gate_proj, &grads->up_proj, &grads->down_proj,
+    };
+    for (int i = 0; i < LAYER_TENSORS; i++) {
+        const bool required = !(i == 5 || i == 6) || config->qk_norm;
+        char name[PARAM_NAME_MAX];
+        snprintf(name, sizeof name, "model.layers.%d.%s", layer, LAYER_SUFFIXES[i]);
+        unit_views_add(views, table, weight_fields[i], name, VIEW_COMPUTE, required);
+        unit_views_add(views, table, grad_fields[i], name, VIEW_GRADS, required);
     }
 }
 
@@ -44,20 +68,6 @@ void layer_weights_resolve(LayerWeights *weights, const Backend *backend,
     };
     for (int i = 0; i < LAYER_TENSORS; i++)
         *fields[i] = offsets[i] == SIZE_MAX ? NULL : activation_at(backend, flat, offsets[i]);
-}
-
-void layer_grads_resolve(LayerGrads *grads, const ParamTable *table, float *flat, int layer,
-                         const ModelConfig *config)
-{
-    size_t offsets[LAYER_TENSORS];
-    layer_offsets(offsets, table, layer, config);
-    float **fields[LAYER_TENSORS] = {
-        &grads->input_layernorm, &grads->q_proj, &grads->k_proj, &grads->v_proj,
-        &grads->o_proj, &grads->q_norm, &grads->k_norm, &grads->post_attention_layernorm,
-        &grads->gate_proj, &grads->up_proj, &grads->down_proj,
-    };
-    for (int i = 0; i < LAYER_TENSORS; i++)
-        *fields[i] = offsets[i] == SIZE_MAX ? NULL : flat + offsets[i];
 }
 
 void attention_sublayer_forward(const LayerContext *context, const LayerWeights *weights,

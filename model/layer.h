@@ -22,6 +22,7 @@
 
 #include "model/activations.h"
 #include "model/params.h"
+#include "model/unit_views.h"
 #include "runtime/backend.h"
 #include "runtime/config.h"
 
@@ -57,13 +58,16 @@ typedef struct {
     ActivationScratch *scratch;
 } LayerContext;
 
-/* Resolve layer `layer`'s tensors by their DESIGN 2.3 names in the flat compute copy
- * (elements of backend->activation_bytes) or in the flat fp32 gradients. */
+/* Resolve layer `layer`'s tensors by their DESIGN 2.3 names in a flat compute copy laid out
+ * as the table (elements of backend->activation_bytes). */
 void layer_weights_resolve(LayerWeights *weights, const Backend *backend,
                            const ParamTable *table, Activation *flat, int layer,
                            const ModelConfig *config);
-void layer_grads_resolve(LayerGrads *grads, const ParamTable *table, float *flat, int layer,
-                         const ModelConfig *config);
+
+/* Registers layer `layer`'s weight and gradient views in its unit's views (model/unit_views.h),
+ * by the same names. */
+void layer_views_add(UnitViews *views, LayerWeights *weights, LayerGrads *grads,
+                     const ParamTable *table, int layer, const ModelConfig *config);
 
 void attention_sublayer_forward(const LayerContext *context, const LayerWeights *weights,
                                 LayerActivations *saved, const Activation *x,

@@ -22,6 +22,13 @@ static void model_check_config(const ModelConfig *config)
 Model *model_create(const Backend *backend, const ModelConfig *config,
                     const ResidualConfig *residual, int max_batch, int seq_len)
 {
+    return model_create_sharded(backend, config, residual, max_batch, seq_len, NULL);
+}
+
+Model *model_create_sharded(const Backend *backend, const ModelConfig *config,
+                            const ResidualConfig *residual, int max_batch, int seq_len,
+                            const ModelSharding *sharding)
+{
     model_check_config(config);
     Model *model = xcalloc(1, sizeof *model);
     model->backend = backend;
@@ -33,41 +40,9 @@ Model *model_create(const Backend *backend, const ModelConfig *config,
     residual_plan_build(&model->plan, config, residual);
     param_table_build_with_residual(&model->table, config, residual);
 
-    const size_t total = model->table.total, bytes = total * sizeof(float);
-    model->params = backend->alloc(bytes);
-    model->grads = backend->alloc(bytes);
-    if (!model->params || !model->grads)
-        fatal(EXIT_CONFIG, "cannot allocate 2 x %.2f GiB of parameters and gradients on the "
-              "%s backend", (double)bytes / (1 << 30), backend->name);
-    /* DESIGN 3: the ops read a compute copy in the activation dtype; fp32 needs none */
-    if (backend->activation_bytes == sizeof(float)) {
-        model->compute = (Activation *)model->params;
-    } else {
-        model->compute = backend->alloc(total * backend->activation_bytes);
-        if (!model->compute)
-            fatal(EXIT_CONFIG, "cannot allocate %.2f GiB for the compute copy of the "
-                  "parameters on the %s backend",
-                  (double)(total * backend->activation_bytes) / (1 << 30), backend->name);
-    }
-
-    const int L = config->n_layers;
-    model->layer_params = xcalloc((size_t)L, sizeof *model->layer_params);
-    model->layer_grads = xcalloc((size_t)L, sizeof *model->layer_grads);
-    for (int i = 0; i < L; i++) {
-        layer_weights_resolve(&model->layer_params[i], backend, &model->table, model->compute,
-                              i, config);
-        layer_grads_resolve(&model->layer_grads[i], &model->table, model->grads, i, config);
-    }
-    const ParamEntry *embedding = param_table_require(&model->table, "model.embed_tokens.weight");
-    const ParamEntry *norm = param_table_require(&model->table, "model.norm.weight");
-    const ParamEntry *head = config->tie_embeddings
-                                 ? embedding
-                                 : param_table_require(&model->table, "lm_head.weight");
-    model->embedding = activation_at(backend, model->compute, embedding->offset);
-    model->grad_embedding = model->grads + embedding->offset;
-    model->head_params = (HeadWeights){activation_at(backend, model->compute, norm->offset),
-                                       activation_at(backend, model->compute, head->offset)};
-    model->head_grads = (HeadGrads){model->grads + norm->offset, model->grads + head->offset};
+    /* DESIGN 3: the ops read a compute copy in the activation dtype (fp32 needs none), of
+     * this rank's shards, gathered unit by unit (runtime/fsdp.h) */
+    model_units_create(model, sharding);
 
     const size_t table_count = (size_t)seq_len * (config->head_dim / 2);
     const size_t table_bytes = (table_count ? table_count : 1) * sizeof(float);
@@ -76,6 +51,7 @@ Model *model_create(const Backend *backend, const ModelConfig *config,
     chunk_spans_build(&model->whole, 1, config, &model->plan, NULL, 0);
     if (model->plan.mode != RESIDUAL_STANDARD)
         model_routing_resolve(model);
+    model_units_bind_fixed(model);
     rope_table_build(cos_host, sin_host, seq_len, config);
     model->rope_cos = backend->alloc(table_bytes);
     model->rope_sin = backend->alloc(table_bytes);
@@ -98,13 +74,8 @@ void model_destroy(Model *model)
     scratch_destroy(&model->scratch, backend);
     backend->release(model->rope_cos);
     backend->release(model->rope_sin);
-    if (model->compute != (Activation *)model->params)
-        backend->release(model->compute);
-    backend->release(model->params);
-    backend->release(model->grads);
-    free(model->layer_params);
-    free(model->layer_grads);
     model_routing_free(model);
+    model_units_destroy(model);
     residual_plan_free(&model->plan);
     param_table_free(&model->table);
     free(model);
@@ -114,27 +85,17 @@ const ParamTable *model_param_table(const Model *model) { return &model->table; 
 const ModelConfig *model_config(const Model *model) { return &model->config; }
 const ResidualConfig *model_residual(const Model *model) { return &model->residual; }
 const Backend *model_backend(const Model *model) { return model->backend; }
-float *model_params(Model *model) { return model->params; }
-float *model_grads(Model *model) { return model->grads; }
-
-Activation *model_compute_copy(Model *model)
-{
-    return model->compute == (Activation *)model->params ? NULL : model->compute;
-}
-
-void model_refresh_compute_copy(Model *model)
-{
-    if (model->compute != (Activation *)model->params)
-        model->backend->activations_from_floats(model->compute, model->params,
-                                                model->table.total);
-}
+float *model_params(Model *model) { return fsdp_local_params(model->fsdp); }
+float *model_grads(Model *model) { return fsdp_local_grads(model->fsdp); }
+Activation *model_compute_copy(Model *model) { return fsdp_local_compute(model->fsdp); }
+void model_refresh_compute_copy(Model *model) { fsdp_refresh_compute(model->fsdp); }
+Fsdp *model_fsdp(Model *model) { return model->fsdp; }
 
 void model_memory_bytes(const Model *model, size_t *parameter_bytes, size_t *activation_bytes)
 {
-    const size_t total = model->table.total;
-    *parameter_bytes = 2 * total * sizeof(float);
-    if (model->compute != (Activation *)model->params)
-        *parameter_bytes += total * model->backend->activation_bytes;
+    size_t shards, full;
+    fsdp_memory_bytes(model->fsdp, &shards, &full);
+    *parameter_bytes = shards + full;
     *activation_bytes = model->scratch.bytes;
     if (model->whole_ready)
         *activation_bytes += model->whole_stash.bytes + model->whole_store.bytes;
@@ -211,29 +172,6 @@ void model_read_logits(const Model *model, float *host_out)
                                          scratch->all_logits ? scratch->all_logits
                                                              : scratch->logits,
                                          rows * model->config.vocab_size);
-}
-
-void model_init_params(Model *model, uint64_t seed, double init_std)
-{
-    /* one tensor at a time through a host buffer the size of the largest tensor */
-    size_t largest = 0;
-    for (int p = 0; p < model->table.n_params; p++)
-        if (model->table.params[p].count > largest)
-            largest = model->table.params[p].count;
-    float *host = xmalloc(largest * sizeof *host);
-    for (int p = 0; p < model->table.n_params; p++) {
-        const ParamEntry *entry = &model->table.params[p];
-        init_fill_param(host, entry, seed, init_std);
-        model->backend->upload(model->params + entry->offset, host,
-                               entry->count * sizeof *host);
-    }
-    free(host);
-    model_refresh_compute_copy(model);
-}
-
-void model_zero_grads(Model *model)
-{
-    model->backend->zero(model->grads, model->table.total * sizeof(float));
 }
 
 /* The whole network's stash and store, made at the first forward of the one-chunk case. */

@@ -36,8 +36,20 @@
 #include "model/params.h"
 #include "runtime/backend.h"
 #include "runtime/config.h"
+#include "runtime/device_comm.h"
+#include "runtime/fsdp.h"
 
 typedef struct Model Model;
+typedef struct ChunkSpan ChunkSpan;
+
+/* How a rank holds the parameters (DESIGN 3): sharded over its stage's data-parallel group
+ * (runtime/fsdp.h), and only the units its chunks read. */
+typedef struct {
+    DeviceComm *data_parallel;  /* the stage's dp group; NULL: one rank */
+    const ChunkSpan *spans;     /* the chunks this rank runs (model/chunk.h); NULL: all */
+    int n_spans;
+    bool reshard_after_forward; /* fsdp.reshard_after_forward: pool the decoder layers */
+} ModelSharding;
 
 /* Allocates parameters, gradients (backend memory, zeroed) and activations for up to
  * max_batch sequences of seq_len tokens, with the residual of `residual` (NULL: standard);
@@ -45,16 +57,25 @@ typedef struct Model Model;
  * combination the model cannot build is EXIT_CONFIG (model/residual.h). */
 Model *model_create(const Backend *backend, const ModelConfig *config,
                     const ResidualConfig *residual, int max_batch, int seq_len);
+/* The same, with the parameters sharded as `sharding` says (NULL: one rank, every unit). */
+Model *model_create_sharded(const Backend *backend, const ModelConfig *config,
+                            const ResidualConfig *residual, int max_batch, int seq_len,
+                            const ModelSharding *sharding);
 void model_destroy(Model *model);
 
 const ParamTable *model_param_table(const Model *model);
 const ModelConfig *model_config(const Model *model);
 const ResidualConfig *model_residual(const Model *model); /* mode standard when none given */
 const Backend *model_backend(const Model *model);
-float *model_params(Model *model); /* flat fp32 [total] in backend memory */
-float *model_grads(Model *model);  /* flat fp32 [total], same layout */
+/* This rank's parameter shards and gradient accumulators: fp32 backend memory in the local
+ * layout of runtime/fsdp.h (fsdp_local_count elements; fsdp_place gives each tensor's
+ * place). With one rank and every unit held it is the table's flat [total] layout. */
+float *model_params(Model *model);
+float *model_grads(Model *model);
+/* The shards, their places and the gathers (pipeline/step.h drives a step through it). */
+Fsdp *model_fsdp(Model *model);
 
-/* The compute copy, flat [total] in the activation dtype, when it is a separate array (the
+/* The compute copy of the shards, in the activation dtype, when it is a separate array (the
  * optimizer refreshes it: runtime/optim.h); NULL when it is model_params itself (cpu). */
 Activation *model_compute_copy(Model *model);
 /* Makes the compute copy equal the parameters again; call it after writing model_params
@@ -66,8 +87,8 @@ void model_refresh_compute_copy(Model *model);
  * stash and store (made or, before the first forward, to be made; model/activations.h). */
 void model_memory_bytes(const Model *model, size_t *parameter_bytes, size_t *activation_bytes);
 
-/* DESIGN 2 init (model/init.h): element i of tensor `name` depends only on (seed, name, i).
- * Refreshes the compute copy. */
+/* DESIGN 2 init (model/init.h): element i of tensor `name` depends only on (seed, name, i),
+ * so each rank fills only the rows it holds. Refreshes the compute copy. */
 void model_init_params(Model *model, uint64_t seed, double init_std);
 
 /* train.activation_checkpointing (DESIGN 3): with it, a stash keeps each layer's input only
@@ -95,6 +116,7 @@ ModelLoss model_forward(Model *model, const uint32_t *inputs, const uint32_t *ta
  * forward). May be called more than once per forward; each call adds again. */
 void model_backward(Model *model, float loss_scale);
 
+/* Zeroes every gradient accumulator (fsdp_step_begin without release counts). */
 void model_zero_grads(Model *model);
 
 /* The logits of the last forward, [B, T, V], converted to fp32 into host_out. Needs the

@@ -15,16 +15,19 @@
 #include "model/model.h"
 #include "model/residual.h"
 #include "model/route_site.h"
+#include "model/unit_views.h"
+#include "runtime/fsdp.h"
 
 struct Model {
     const Backend *backend;
     ModelConfig config;
     ParamTable table;
-    float *params, *grads;          /* flat fp32 [table.total]: master weights, gradients */
-    Activation *compute;            /* flat [table.total]: what the ops read (DESIGN 3); the
-                                       params themselves when activations are fp32 */
-    LayerWeights *layer_params;     /* [L] views into compute */
-    LayerGrads *layer_grads;        /* [L] views into grads */
+    /* The parameters: this rank's shards and the gathered units (runtime/fsdp.h). With one
+     * rank and every unit held, the local buffers are the flat [table.total] layout. */
+    Fsdp *fsdp;
+    UnitViews *unit_views;          /* [table.n_units]: the views below, by unit */
+    LayerWeights *layer_params;     /* [L] views into their unit's compute copy */
+    LayerGrads *layer_grads;        /* [L] views into its fp32 gradients */
     Activation *embedding;
     float *grad_embedding;
     HeadWeights head_params;
@@ -33,8 +36,8 @@ struct Model {
     /* attention over depth (DESIGN 2.1, 2.2); all empty when plan.mode is standard */
     ResidualConfig residual;
     ResidualPlan plan;
-    SiteWeights *site_params;       /* [n_sites] views into compute (and params) */
-    SiteGrads *site_grads;          /* [n_sites] views into grads */
+    SiteWeights *site_params;       /* [n_sites] views (alpha, mix_bias: fp32 views) */
+    SiteGrads *site_grads;          /* [n_sites] */
     float *site_alpha;              /* [n_sites] host copies of alpha for the Route op (delta) */
     Activation **conv_params;       /* [n_slots] model.route_streams.{n}.conv (msar) */
     float **conv_grads;
@@ -51,9 +54,22 @@ struct Model {
     SummaryStore *lent_store;
 };
 
-/* model_sites.c: the routing weights' views (after the parameters are allocated) and
- * their release. */
+/* model_sites.c: the routing weights' views, registered in their units' views, and their
+ * release. */
 void model_routing_resolve(Model *model);
 void model_routing_free(Model *model);
+
+/* model_units.c: the parameters' FSDP units (sharding NULL: one rank, every unit), the
+ * views aimed at them once where they never move, and their release. */
+void model_units_create(Model *model, const ModelSharding *sharding);
+void model_units_bind_fixed(Model *model);
+void model_units_destroy(Model *model);
+
+/* model_units.c: the unit's full buffers from runtime/fsdp, and the views aimed at them. The
+ * chunk walk brackets every use of a unit's weights (or gradients: for_backward) with
+ * these; release after a backward hands the gradients to FSDP. */
+void model_unit_acquire(Model *model, int unit, bool for_backward);
+void model_unit_release(Model *model, int unit, bool gradients);
+void model_unit_prefetch(Model *model, int unit);
 
 #endif

@@ -8,7 +8,8 @@
 #include "model/model_internal.h"
 #include "runtime/error.h"
 
-/* The routing weights' views; the routed forward and backward read nothing else. */
+/* The routing weights' views, registered in their units; the routed forward and backward
+ * read nothing else. */
 void model_routing_resolve(Model *model)
 {
     const ResidualPlan *plan = &model->plan;
@@ -16,24 +17,26 @@ void model_routing_resolve(Model *model)
     model->site_params = xcalloc((size_t)plan->n_sites, sizeof *model->site_params);
     model->site_grads = xcalloc((size_t)plan->n_sites, sizeof *model->site_grads);
     model->site_alpha = xcalloc((size_t)plan->n_sites, sizeof *model->site_alpha);
+    /* site 2i and 2i + 1 stand in layer i's unit, site 2L in the head's (params.h) */
     for (int j = 0; j < plan->n_sites; j++) {
-        site_weights_resolve(&model->site_params[j], model->backend, table, model->compute,
-                             model->params, plan, j);
-        site_grads_resolve(&model->site_grads[j], table, model->grads, plan, j);
+        const int unit = j < 2 * model->config.n_layers ? 1 + j / 2 : table->unit_head;
+        site_views_add(&model->unit_views[unit], &model->site_params[j], &model->site_grads[j],
+                       table, plan, j);
     }
+    UnitViews *shared = &model->unit_views[table->unit_shared];
     model->conv_params = xcalloc((size_t)plan->n_slots + 1, sizeof *model->conv_params);
     model->conv_grads = xcalloc((size_t)plan->n_slots + 1, sizeof *model->conv_grads);
     for (int slot = 0; slot < plan->n_slots; slot++) {
         char name[PARAM_NAME_MAX];
         snprintf(name, sizeof name, "model.route_streams.%d.conv", slot);
-        const size_t offset = param_table_require(table, name)->offset;
-        model->conv_params[slot] = activation_at(model->backend, model->compute, offset);
-        model->conv_grads[slot] = model->grads + offset;
+        unit_views_add(shared, table, &model->conv_params[slot], name, VIEW_COMPUTE, true);
+        unit_views_add(shared, table, &model->conv_grads[slot], name, VIEW_GRADS, true);
     }
     if (plan->form == FORM_DELTA) {
-        const size_t offset = param_table_require(table, "model.route_null")->offset;
-        model->route_null = activation_at(model->backend, model->compute, offset);
-        model->grad_route_null = model->grads + offset;
+        unit_views_add(shared, table, &model->route_null, "model.route_null", VIEW_COMPUTE,
+                       true);
+        unit_views_add(shared, table, &model->grad_route_null, "model.route_null", VIEW_GRADS,
+                       true);
     }
 }
 

@@ -110,7 +110,9 @@ void param_table_build_with_residual(ParamTable *table, const ModelConfig *confi
 
     memset(table, 0, sizeof *table);
     table->params = xcalloc((size_t)per_layer * layers + 3 + routing_max, sizeof *table->params);
-    table->n_units = layers + 2;
+    table->n_units = layers + 3;
+    table->unit_head = layers + 1;
+    table->unit_shared = layers + 2;
     table->units = xcalloc((size_t)table->n_units, sizeof *table->units);
 
     for (int unit = 0; unit < table->n_units; unit++) {
@@ -121,6 +123,7 @@ void param_table_build_with_residual(ParamTable *table, const ModelConfig *confi
         if (unit == 0) {
             table_append(table, unit, PARAM_EMBEDDING, config->vocab_size, d,
                          "model.embed_tokens.weight");
+        } else if (unit == table->unit_shared) {
             if (routed && plan.form == FORM_DELTA)
                 table_append(table, unit, PARAM_ROUTING, d, 0, "model.route_null");
             for (int slot = 0; slot < plan.n_slots; slot++) {
@@ -151,7 +154,7 @@ void param_table_build_with_residual(ParamTable *table, const ModelConfig *confi
             table_append(table, unit, PARAM_MATRIX, ffn, d, "%s.mlp.gate_proj.weight", layer);
             table_append(table, unit, PARAM_MATRIX, ffn, d, "%s.mlp.up_proj.weight", layer);
             table_append(table, unit, PARAM_MATRIX, d, ffn, "%s.mlp.down_proj.weight", layer);
-        } else {
+        } else if (unit == table->unit_head) {
             if (routed)
                 append_site(table, unit, &plan, d, 2 * layers, layers);
             table_append(table, unit, PARAM_NORM, d, 0, "model.norm.weight");

@@ -6,14 +6,16 @@
  * convolution), its offset and count in elements, its FSDP unit and its kind.
  *
  * FSDP units (DESIGN 3), each contiguous in the flat buffer, in this order:
- *   unit 0        model.embed_tokens.weight, then model.route_null (delta form) and
- *                 model.route_streams.{n}.conv for n = 0..n_blocks (msar): they are read
- *                 at every site
+ *   unit 0        model.embed_tokens.weight
  *   unit 1 + i    decoder layer i: attn_route.*, input_layernorm, self_attn.{q,k,v,o}_proj,
  *                 self_attn.{q,k}_norm (qk_norm only), mlp_route.*,
  *                 post_attention_layernorm, mlp.{gate,up,down}_proj
  *   unit L + 1    model.final_route.*, model.norm.weight, lm_head.weight (absent when
  *                 tie_embeddings)
+ *   unit L + 2    the shared routing tensors, read at every site: model.route_null (delta
+ *                 form) and model.route_streams.{n}.conv for n = 0..n_blocks (msar); empty
+ *                 otherwise. A unit of their own, so that a chunk that routes gathers a few
+ *                 [d] rows, not the embedding (docs/design-notes.md)
  * A site's routing weights (DESIGN 2.3; mode standard has none) come in the order query,
  * key_norm ([d]; msar [m, d]), alpha [1] (delta form), mix_bias [m] and mix_proj [m, d]
  * (msar with m > 1), just before the norm of the sublayer they stand before
@@ -66,7 +68,8 @@ typedef struct {
     ParamEntry *params;
     int n_params;
     ParamUnit *units;
-    int n_units;              /* n_layers + 2 */
+    int n_units;              /* n_layers + 3 */
+    int unit_head, unit_shared; /* n_layers + 1, n_layers + 2 */
     size_t total;             /* elements in the flat buffer, padding included */
     size_t layer_matrix_count; /* q,k,v,o,gate,up,down elements over all layers (MFU, DESIGN 6) */
 } ParamTable;

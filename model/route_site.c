@@ -5,56 +5,24 @@
 #include <stdint.h>
 #include <stdio.h>
 
-/* The offset of tensor `prefix.suffix`, or SIZE_MAX when the site has none. */
-static size_t site_tensor_offset(const ParamTable *table, const char *prefix,
-                                 const char *suffix)
-{
-    char name[PARAM_NAME_MAX];
-    snprintf(name, sizeof name, "%s.%s", prefix, suffix);
-    const ParamEntry *entry = param_table_find(table, name);
-    return entry ? entry->offset : SIZE_MAX;
-}
-
-static size_t site_tensor_require(const ParamTable *table, const char *prefix,
-                                  const char *suffix)
-{
-    char name[PARAM_NAME_MAX];
-    snprintf(name, sizeof name, "%s.%s", prefix, suffix);
-    return param_table_require(table, name)->offset;
-}
-
-static Activation *compute_tensor(const Backend *backend, Activation *compute, size_t offset)
-{
-    return offset == SIZE_MAX ? NULL : activation_at(backend, compute, offset);
-}
-
-void site_weights_resolve(SiteWeights *weights, const Backend *backend,
-                          const ParamTable *table, Activation *compute, const float *params,
-                          const ResidualPlan *plan, int site)
+void site_views_add(UnitViews *views, SiteWeights *weights, SiteGrads *grads,
+                    const ParamTable *table, const ResidualPlan *plan, int site)
 {
     const char *prefix = plan->sites[site].name;
-    const size_t alpha = site_tensor_offset(table, prefix, "alpha");
-    const size_t mix_bias = site_tensor_offset(table, prefix, "mix_bias");
-    weights->query = compute_tensor(backend, compute, site_tensor_require(table, prefix, "query"));
-    weights->key_norm =
-        compute_tensor(backend, compute, site_tensor_require(table, prefix, "key_norm"));
-    weights->alpha = alpha == SIZE_MAX ? NULL : params + alpha;
-    weights->mix_bias = mix_bias == SIZE_MAX ? NULL : params + mix_bias;
-    weights->mix_proj =
-        compute_tensor(backend, compute, site_tensor_offset(table, prefix, "mix_proj"));
-}
-
-void site_grads_resolve(SiteGrads *grads, const ParamTable *table, float *flat,
-                        const ResidualPlan *plan, int site)
-{
-    const char *prefix = plan->sites[site].name;
-    float **fields[] = {&grads->query, &grads->key_norm, &grads->alpha, &grads->mix_bias,
-                        &grads->mix_proj};
+    char name[PARAM_NAME_MAX];
+    void *weight_fields[] = {&weights->query, &weights->key_norm, &weights->alpha,
+                             &weights->mix_bias, &weights->mix_proj};
+    float **grad_fields[] = {&grads->query, &grads->key_norm, &grads->alpha, &grads->mix_bias,
+                             &grads->mix_proj};
     static const char *const suffixes[] = {"query", "key_norm", "alpha", "mix_bias",
                                            "mix_proj"};
-    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
-        const size_t offset = site_tensor_offset(table, prefix, suffixes[i]);
-        *fields[i] = offset == SIZE_MAX ? NULL : flat + offset;
+    /* alpha and mix_bias are taken as fp32 (route_site.h); query and key_norm always exist */
+    static const ViewKind kinds[] = {VIEW_COMPUTE, VIEW_COMPUTE, VIEW_FP32, VIEW_FP32,
+                                     VIEW_COMPUTE};
+    for (size_t i = 0; i < sizeof suffixes / sizeof suffixes[0]; i++) {
+        snprintf(name, sizeof name, "%s.%s", prefix, suffixes[i]);
+        unit_views_add(views, table, weight_fields[i], name, kinds[i], i < 2);
+        unit_views_add(views, table, grad_fields[i], name, VIEW_GRADS, i < 2);
     }
 }
 

@@ -30,6 +30,7 @@
 #include "model/activations.h"
 #include "model/params.h"
 #include "model/residual.h"
+#include "model/unit_views.h"
 #include "runtime/backend.h"
 
 /* Pointers to one site's tensors: what the ops read (the compute copy, except alpha and
@@ -59,13 +60,9 @@ typedef struct {
     RouteScratch *scratch;
 } RouteContext;
 
-/* Resolve site `site`'s tensors by their DESIGN 2.3 names: in the compute copy `compute`
- * and the fp32 master `params` (SiteWeights), or in the fp32 gradients (SiteGrads). */
-void site_weights_resolve(SiteWeights *weights, const Backend *backend,
-                          const ParamTable *table, Activation *compute, const float *params,
-                          const ResidualPlan *plan, int site);
-void site_grads_resolve(SiteGrads *grads, const ParamTable *table, float *flat,
-                        const ResidualPlan *plan, int site);
+/* Registers site `site`'s weight and gradient views in its unit's views (unit_views.h). */
+void site_views_add(UnitViews *views, SiteWeights *weights, SiteGrads *grads,
+                    const ParamTable *table, const ResidualPlan *plan, int site);
 
 /* out [rows, d] = x of the site; sources [N] as listed by `site`; base = the stream p in
  * the delta form, NULL in the replace form; alpha = the value of weights->alpha (a host

@@ -1,32 +1,48 @@
 /* pipeline/step.c — see step.h. */
 #include "pipeline/step.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/chunk.h"
 #include "runtime/error.h"
+#include "runtime/fault.h"
 
-enum { SHARED_TENSOR = -1 };
-
-/* The stage whose chunks read tensor `entry`, or SHARED_TENSOR (step.h). Its FSDP unit
- * says where it lives (model/params.h): unit 1 + i is decoder layer i with its sites, unit
- * L + 1 the final site, norm and head, unit 0 the embedding and the shared routing tensors. */
-static int tensor_stage(const ParamEntry *entry, const ChunkSpan *spans, int n_chunks, int P,
-                        int n_layers, bool tied)
+/* Every chunk's span (chunk c runs on stage c mod P). */
+static ChunkSpan *all_spans(const Config *config, int *n_chunks)
 {
-    const int last = (n_chunks - 1) % P;
-    if (entry->unit == n_layers + 1)
-        return last;
-    if (entry->unit > 0) {
-        const int layer = entry->unit - 1;
-        for (int c = 0; c < n_chunks; c++)
-            if (layer >= spans[c].first_layer && layer < spans[c].first_layer + spans[c].n_layers)
-                return c % P;
-        fatal(EXIT_CONFIG, "tensor %s belongs to no chunk", entry->name);
-    }
-    if (!strcmp(entry->name, "model.embed_tokens.weight"))
-        return tied && last != 0 ? SHARED_TENSOR : 0;
-    return P == 1 ? 0 : SHARED_TENSOR; /* model.route_null, model.route_streams.{n}.conv */
+    *n_chunks = config->parallel.pp * config->parallel.virtual_stages;
+    ChunkSpan *spans = xcalloc((size_t)*n_chunks, sizeof *spans);
+    ResidualPlan plan;
+    residual_plan_build(&plan, &config->model, &config->residual);
+    chunk_spans_build(spans, *n_chunks, &config->model, &plan, config->parallel.layer_split,
+                      config->parallel.n_layer_split);
+    residual_plan_free(&plan);
+    return spans;
+}
+
+Model *step_create_model(const Config *config, const RankGrid *grid, const Backend *backend,
+                         DeviceComm *data_parallel)
+{
+    int n_chunks;
+    ChunkSpan *spans = all_spans(config, &n_chunks);
+    ChunkSpan *mine = xcalloc((size_t)n_chunks, sizeof *mine);
+    int n_mine = 0;
+    for (int c = grid->stage; c < n_chunks; c += grid->pp)
+        mine[n_mine++] = spans[c];
+    const ModelSharding sharding = {
+        .data_parallel = grid->dp > 1 ? data_parallel : NULL,
+        .spans = mine,
+        .n_spans = n_mine,
+        .reshard_after_forward = config->fsdp.reshard_after_forward,
+    };
+    Model *model = model_create_sharded(backend, &config->model, &config->residual,
+                                        config->train.microbatch_size, config->train.seq_len,
+                                        &sharding);
+    free(mine);
+    free(spans);
+    return model;
 }
 
 static OptimRange *ranges_push(OptimRange *ranges, int *n, OptimRange range)
@@ -46,133 +62,152 @@ void step_create(TrainingStep *step, Model *model, const Config *config, const R
     step->optimizer = optimizer;
     step->executor = executor_create(model, config, grid->pp > 1 ? grid->pipeline : NULL,
                                      grid->stage);
+    const ParamTable *table = model_param_table(model);
+    const Fsdp *fsdp = model_fsdp(model);
+    const int P = grid->pp, n_units = table->n_units;
+
+    /* which stages hold each unit: the lowest counts it in the norm; several sum it */
     int n_chunks;
     const ChunkSpan *spans = executor_spans(step->executor, &n_chunks);
-    const ParamTable *table = model_param_table(model);
-    step->owner = xcalloc((size_t)table->n_params, sizeof *step->owner);
+    int *first_stage = xmalloc((size_t)n_units * sizeof *first_stage);
+    int *holders = xcalloc((size_t)n_units, sizeof *holders);
+    bool *held = xcalloc((size_t)n_units, sizeof *held);
+    for (int u = 0; u < n_units; u++)
+        first_stage[u] = P;
+    for (int s = 0; s < P; s++) {
+        memset(held, 0, (size_t)n_units * sizeof *held);
+        for (int c = s; c < n_chunks; c += P)
+            chunk_units(model, &spans[c], held);
+        for (int u = 0; u < n_units; u++)
+            if (held[u]) {
+                holders[u]++;
+                if (s < first_stage[u])
+                    first_stage[u] = s;
+            }
+    }
+    step->shared_units = xcalloc((size_t)n_units, sizeof *step->shared_units);
     size_t largest = 1;
+    for (int u = 0; u < n_units; u++) {
+        size_t offset, count;
+        fsdp_unit_range(fsdp, u, &offset, &count);
+        if (holders[u] > 1) {
+            step->shared_units[step->n_shared_units++] = u;
+            largest = count > largest ? count : largest;
+        }
+    }
+    step->writes_unit = xcalloc((size_t)n_units, sizeof *step->writes_unit);
+    for (int u = 0; u < n_units; u++)
+        step->writes_unit[u] = first_stage[u] == grid->stage;
     for (int p = 0; p < table->n_params; p++) {
         const ParamEntry *entry = &table->params[p];
-        const int owner = tensor_stage(entry, spans, n_chunks, grid->pp,
-                                       model_config(model)->n_layers,
-                                       model_config(model)->tie_embeddings);
-        step->owner[p] = owner;
-        const OptimRange range = optimizer->ranges[p];
-        if (entry->count > largest)
-            largest = entry->count;
-        if (owner == SHARED_TENSOR)
-            step->shared = ranges_push(step->shared, &step->n_shared, range);
-        if (owner != grid->stage && owner != SHARED_TENSOR)
+        const FsdpTensorPlace *place = fsdp_place(fsdp, p);
+        if (place->local_offset == SIZE_MAX || !step->writes_unit[entry->unit])
             continue;
-        step->ranges = ranges_push(step->ranges, &step->n_ranges, range);
-        if (owner == grid->stage || grid->stage == 0)
-            step->norm_ranges = ranges_push(step->norm_ranges, &step->n_norm_ranges, range);
+        const size_t count = place->shard_rows * (entry->count / (size_t)entry->shape[0]);
+        step->norm_ranges = ranges_push(step->norm_ranges, &step->n_norm_ranges,
+                                        (OptimRange){place->local_offset, count, 1, 0});
     }
+    /* one backward of each local chunk per microbatch: that many releases per unit */
+    step->releases = xcalloc((size_t)n_units, sizeof *step->releases);
+    const int M = config_microbatches_per_rank(config);
+    for (int c = grid->stage; c < n_chunks; c += P)
+        for (int mb = 0; mb < M; mb++)
+            chunk_unit_releases(model, &spans[c], step->releases);
     step->host = xmalloc(largest * sizeof(float));
-    optimizer->ranges = step->ranges;
-    optimizer->n_ranges = step->n_ranges;
     if (grid->world_size > 1) {
         optimizer->norm_ranges = step->norm_ranges;
         optimizer->n_norm_ranges = step->n_norm_ranges;
     }
+    free(first_stage);
+    free(holders);
+    free(held);
 }
 
 void step_destroy(TrainingStep *step)
 {
     executor_destroy(step->executor);
-    free(step->owner);
     free(step->norm_ranges);
-    free(step->shared);
+    free(step->shared_units);
+    free(step->releases);
+    free(step->writes_unit);
     free(step->host);
-    /* step->ranges is the optimizer's now; the caller frees optimizer.ranges */
     memset(step, 0, sizeof *step);
 }
 
-/* grads[range] = the sum over `group` of every rank's grads[range], in rank order. */
-static void sum_gradients(TrainingStep *step, Comm *group, const OptimRange *ranges, int n)
+/* A unit several stages hold: its gradient shards summed over them (the pipeline of this dp
+ * rank, rank order); a stage without it adds zeros and keeps nothing. */
+static void sum_shared_units(TrainingStep *step)
 {
     const Backend *backend = model_backend(step->model);
+    Fsdp *fsdp = model_fsdp(step->model);
     float *grads = model_grads(step->model);
-    for (int r = 0; r < n; r++) {
-        const size_t bytes = ranges[r].count * sizeof(float);
-        float *range = grads + ranges[r].offset;
-        backend->download(step->host, range, bytes);
-        comm_allreduce_sum(group, step->host, step->host, ranges[r].count, COMM_FLOAT32,
+    for (int i = 0; i < step->n_shared_units; i++) {
+        const int unit = step->shared_units[i];
+        size_t offset, count;
+        fsdp_unit_range(fsdp, unit, &offset, &count);
+        const bool held = fsdp_unit_local(fsdp, unit);
+        if (held)
+            backend->download(step->host, grads + offset, count * sizeof(float));
+        else
+            memset(step->host, 0, count * sizeof(float));
+        comm_allreduce_sum(step->grid->pipeline, step->host, step->host, count, COMM_FLOAT32,
                            COMM_KIND_ALLREDUCE);
-        backend->upload(range, step->host, bytes);
+        if (held)
+            backend->upload(grads + offset, step->host, count * sizeof(float));
     }
 }
 
-/* The optimizer's norm: each stage's share, summed over the pipeline (dp ranks hold the
- * same gradients after their sum, so they are counted once). */
-static double sum_over_pipeline(double local, void *context)
+/* The optimizer's norm: every rank's share (its shards), summed over the world. */
+static double sum_over_world(double local, void *context)
 {
     const RankGrid *grid = context;
     double total = 0;
-    comm_allreduce_sum(grid->pipeline, &local, &total, 1, COMM_FLOAT64, COMM_KIND_ALLREDUCE);
+    comm_allreduce_sum(grid->world, &local, &total, 1, COMM_FLOAT64, COMM_KIND_ALLREDUCE);
     return total;
 }
 
-StepResult step_run(TrainingStep *step, DataSet *data, uint64_t consumed_samples, double lr)
+/* The fault switch's nan (runtime/fault.h): this rank's gradients are poisoned. */
+static void poison_gradients(TrainingStep *step)
+{
+    const float nan = NAN;
+    model_backend(step->model)->upload(model_grads(step->model), &nan, sizeof nan);
+}
+
+StepResult step_run(TrainingStep *step, DataSet *data, uint64_t consumed_samples, double lr,
+                    int step_number)
 {
     const RankGrid *grid = step->grid;
     const Config *config = step->config;
     const int M = config_microbatches_per_rank(config);
+    Fsdp *fsdp = model_fsdp(step->model);
     StepResult result = {0};
 
-    model_zero_grads(step->model);
+    fsdp_step_begin(fsdp, step->releases);
     const StepLoss loss = executor_run_step(step->executor, data, consumed_samples,
                                             grid->dp_rank, grid->dp,
                                             1.0f / (float)(M * grid->dp));
-    if (grid->dp > 1)
-        sum_gradients(step, grid->data_parallel, step->ranges, step->n_ranges);
+    fsdp_step_finish(fsdp);
+    if (fault_at(step_number) == FAULT_NAN)
+        poison_gradients(step);
     if (grid->pp > 1)
-        sum_gradients(step, grid->pipeline, step->shared, step->n_shared);
-    if (grid->world_size > 1) {
-        step->optimizer->reduce_sum = sum_over_pipeline;
-        step->optimizer->reduce_context = (void *)grid;
-    }
-    result.applied = optim_step(step->optimizer, lr, &result.grad_norm);
+        sum_shared_units(step);
 
-    /* the step's loss: the last stage's sums, over every rank, divided by M x D */
+    /* the step's loss: the last stage's sums, over every rank, divided by M x D; decided
+     * before the update, so that a non-finite loss skips the step on every rank */
     double sums[3] = {loss.loss, loss.ce, loss.zloss}, total[3];
     comm_allreduce_sum(grid->world, sums, total, 3, COMM_FLOAT64, COMM_KIND_OTHER);
     const double microbatches = (double)M * grid->dp;
     result.loss = total[0] / microbatches;
     result.ce = total[1] / microbatches;
     result.zloss = total[2] / microbatches;
-    return result;
-}
 
-void pipeline_gather_state(TrainingStep *step, float *const arrays[4])
-{
-    const RankGrid *grid = step->grid;
-    if (grid->pp == 1 || grid->dp_rank != 0)
-        return;
-    const Backend *backend = model_backend(step->model);
-    const ParamTable *table = model_param_table(step->model);
-    for (int p = 0; p < table->n_params; p++) {
-        const int owner = step->owner[p];
-        if (owner == SHARED_TENSOR || owner == 0)
-            continue; /* rank 0 holds it already */
-        if (grid->stage != 0 && grid->stage != owner)
-            continue;
-        const ParamEntry *entry = &table->params[p];
-        const size_t bytes = entry->count * sizeof(float);
-        for (int a = 0; a < 4; a++) {
-            if (!arrays[a])
-                continue;
-            float *range = arrays[a] + entry->offset;
-            const int tag = (4 * p + a) % (COMM_TAG_MAX + 1);
-            if (grid->stage == owner) {
-                backend->download(step->host, range, bytes);
-                comm_wait(comm_send_start(grid->pipeline, step->host, bytes, 0, tag,
-                                          COMM_KIND_OTHER));
-            } else {
-                comm_wait(comm_recv_start(grid->pipeline, step->host, bytes, owner, tag,
-                                          COMM_KIND_OTHER));
-                backend->upload(range, step->host, bytes);
-            }
-        }
+    if (grid->world_size > 1) {
+        step->optimizer->reduce_sum = sum_over_world;
+        step->optimizer->reduce_context = (void *)grid;
     }
+    result.applied = optim_step_checked(step->optimizer, lr, isfinite(result.loss),
+                                        &result.grad_norm);
+    if (result.applied)
+        fsdp_params_changed(fsdp);
+    return result;
 }

@@ -1,20 +1,22 @@
 /* pipeline/step.h — the one training step (DESIGN 3) that `fathom train`, `fathom bench`
  * and the tests all run:
  *
- *   zero the gradients; run the stage's schedule (pipeline/executor.h), each microbatch's
- *   backward scaled by 1 / (M x D); sum the gradients over the data-parallel group; sum the
- *   shared tensors' gradients over the stages that hold them; the global gradient norm;
- *   clip; AdamW and the EMA (runtime/optim.h); the step's loss, the mean over all M x D
- *   microbatches, on every rank.
+ *   zero the gradient accumulators; run the stage's schedule (pipeline/executor.h), each
+ *   microbatch's backward scaled by 1 / (M x D), the units gathered and their gradients
+ *   reduce-scattered by runtime/fsdp.h; sum the shared tensors' gradient shards over the
+ *   stages that hold them; the step's loss, the mean over all M x D microbatches; a
+ *   non-finite loss or global gradient norm skips the step on every rank; clip; AdamW and
+ *   the EMA on this rank's shards (runtime/optim.h).
  *
- * Which rank updates what: a stage holds every parameter (no sharding yet), but only the
- * tensors its chunks read get gradients, and only those are updated there (the others are
- * never read on that stage; pipeline_gather_state brings them to rank 0 for a checkpoint).
- * A tensor read on several stages (model.route_null, MSAR's model.route_streams.{n}.conv,
- * and model.embed_tokens.weight when tied under pp > 1: DESIGN 3 "shared tensors") is
- * updated on every stage with the summed gradient, so every copy takes the same step; the
- * norm counts each element once, on stage 0. All sums run in rank order (runtime/comm.h), so
- * a layout repeats itself bit for bit; the one-rank step is exactly today's single process.
+ * Who holds what (DESIGN 3). A rank holds the shards (over its stage's dp group) of the
+ * units its stage's chunks read, and updates exactly those. A unit read on several stages
+ * (the shared routing unit: model.route_null and MSAR's stream convolutions; the embedding
+ * when tied under pp > 1) is held by each of them; after the backward the copies' gradient
+ * shards are summed over the stages (same dp rank) in rank order, so every copy takes the
+ * same update. The global gradient norm counts each element once: a rank counts its
+ * shards, and a unit several stages hold only on the lowest of them; the sum runs over the
+ * whole world. All sums run in a fixed order (runtime/comm.h), so a layout repeats itself
+ * bit for bit.
  */
 #ifndef FATHOM_PIPELINE_STEP_H
 #define FATHOM_PIPELINE_STEP_H
@@ -26,6 +28,7 @@
 #include "pipeline/executor.h"
 #include "runtime/config.h"
 #include "runtime/data.h"
+#include "runtime/device_comm.h"
 #include "runtime/grid.h"
 #include "runtime/optim.h"
 
@@ -40,26 +43,30 @@ typedef struct {
     Model *model;
     const RankGrid *grid;
     Executor *executor;
-    Optimizer *optimizer;     /* its ranges cut down to this stage's tensors */
-    OptimRange *ranges;       /* [n_ranges] what this stage updates */
-    OptimRange *norm_ranges;  /* what its norm counts */
-    OptimRange *shared;       /* the shared tensors' ranges */
-    int n_ranges, n_norm_ranges, n_shared;
-    int *owner;               /* [n_params] the stage that updates tensor p, -1 shared */
-    float *host;              /* staging for sums of backend gradients (largest tensor) */
+    Optimizer *optimizer;
+    OptimRange *norm_ranges;  /* the shards this rank's norm counts */
+    int n_norm_ranges;
+    int *shared_units;        /* units held by more than one stage */
+    int n_shared_units;
+    int *releases;            /* [n_units]: FSDP releases of one step (fsdp_step_begin) */
+    bool *writes_unit;        /* [n_units]: units this stage saves in a checkpoint (the
+                                 lowest of the stages that hold one) */
+    float *host;              /* staging for the shared units' sums */
 } TrainingStep;
 
-/* Builds the executor for the grid's stage and cuts the optimizer (from run_state_optimizer)
- * down to the stage's tensors; optimizer must outlive the step. */
+/* The model of this rank: its stage's units, sharded over `data_parallel` (the stage's dp
+ * group on the model's backend; NULL with one dp rank), with config's reshard policy. */
+Model *step_create_model(const Config *config, const RankGrid *grid, const Backend *backend,
+                         DeviceComm *data_parallel);
+
+/* Builds the executor for the grid's stage and sets the optimizer's norm ranges and
+ * reduction; optimizer (from run_state_optimizer) must outlive the step. */
 void step_create(TrainingStep *step, Model *model, const Config *config, const RankGrid *grid,
                  Optimizer *optimizer);
 void step_destroy(TrainingStep *step);
 
-StepResult step_run(TrainingStep *step, DataSet *data, uint64_t consumed_samples, double lr);
-
-/* Before a checkpoint: every tensor's parameters, moments and EMA from the stage that
- * updates it to rank 0 (dp rank 0 of each stage sends). arrays: the four flat buffers in
- * that order (ema may be NULL). */
-void pipeline_gather_state(TrainingStep *step, float *const arrays[4]);
+/* Step number `step_number` (counted from 1: the fault switch of runtime/fault.h names it). */
+StepResult step_run(TrainingStep *step, DataSet *data, uint64_t consumed_samples, double lr,
+                    int step_number);
 
 #endif

@@ -59,6 +59,11 @@ typedef struct Backend {
     void (*event_record)(BackendEvent *event); /* marks the point the stream has reached */
     /* milliseconds between two recorded events; waits for `end` */
     float (*event_elapsed_ms)(const BackendEvent *start, const BackendEvent *end);
+    /* Ops queued on the compute stream after this call start once `event` has passed. The
+     * event may have been recorded on another stream of the backend's device (the end of an
+     * NCCL work, runtime/nccl_table.h). Returns at once; the host does not wait. cpu: nothing
+     * to do (every op has finished when it returns). */
+    void (*event_wait)(const BackendEvent *event);
 
     /* ---- conversions between fp32 and the activation dtype (round to nearest even) ---- */
     /* dst[i] = src[i]: fp32 backend array -> activations (the compute copy of the weights) */
@@ -230,6 +235,8 @@ typedef struct Backend {
     double (*sum_squares)(const float *x, size_t n);
     /* x[i] *= factor */
     void (*scale)(float *x, float factor, size_t n);
+    /* y[i] += x[i], fp32 (FSDP adds a reduce-scattered gradient into its accumulator) */
+    void (*add_floats)(float *y, const float *x, size_t n);
     /* AdamW (decoupled decay), `step` counts from 1:
      *   p -= lr * wd * p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
      *   p -= lr / (1 - b1^step) * m / (sqrt(v) / sqrt(1 - b2^step) + eps)
@@ -259,8 +266,9 @@ static inline const Activation *activation_at_const(const Backend *backend,
 const Backend *backend_cpu(void);
 
 /* The cuda backend, exported by the CUDA module (kernels/cuda/backend_cuda.c) under the name
- * "backend_cuda"; runtime/cuda_module.h finds it. It runs on device 0 (the launcher binds
- * each rank's device first) with one compute stream of its own. */
+ * "backend_cuda"; runtime/cuda_module.h finds it. It runs on the device runtime/topo chose
+ * for the rank (cuda_module_device_use; device 0 when nothing chose) with one compute stream
+ * of its own. */
 typedef const Backend *(*BackendGetter)(void);
 
 #endif

@@ -30,11 +30,13 @@
  * sum x_0 + x_1. The same layout therefore gives the same bits whatever the timing; the
  * 1-rank result is the input itself. Max takes the same path (a NaN anywhere gives NaN).
  *
- * Deadline: every wait (collectives included: they run as non-blocking MPI calls whose
- * request is polled) has the deadline set by comm_set_timeout (parallel.timeout_s, default
+ * Deadline: every wait (collectives included: they exchange point-to-point messages with
+ * every peer, polled) has the deadline set by comm_set_timeout (parallel.timeout_s, default
  * 600 s). Past it the job ends with exit 5 (EXIT_COMM) and a message that names this rank,
- * the peer, the operation, the tag and the timeout. Any failed MPI call also ends the job
- * with exit 5, naming the call, file:line and MPI's message.
+ * the operation, the peers whose messages did not arrive, the timeout, and the ranks that
+ * do not answer a roll call of the whole world (dead, stopped or hung: comm_rollcall.c).
+ * Any failed MPI call also ends the job with exit 5, naming the call, file:line and MPI's
+ * message.
  *
  * A job of several ranks: comm_init sets the error prefix ("fathom: error: rank N: ...",
  * runtime/error.h) and an abort hook, so fatal() on any rank calls
@@ -84,7 +86,7 @@ typedef enum {
 } CommKind;
 
 /* Tags of send/recv: 0 .. COMM_TAG_MAX (the MPI standard guarantees 32767). Collectives
- * never use tags, so the whole range belongs to the caller. */
+ * run on a duplicate of the communicator, so the whole range belongs to the caller. */
 #define COMM_TAG_MAX 32767
 /* comm_split's color for "not in any group": that rank gets NULL. */
 #define COMM_NO_GROUP (-1)

@@ -29,6 +29,8 @@ typedef struct LocalMessage {
 
 struct Comm {
     MPI_Comm handle;            /* MPI_COMM_NULL for a communicator MPI never sees */
+    MPI_Comm collectives;       /* a duplicate of handle: the collectives' messages, apart
+                                   from the caller's tags */
     int rank, size;
     LocalMessage *messages;     /* size 1 only: sends not yet received, oldest first */
     CommRequest *waiting_recvs; /* size 1 only: recvs not yet matched, oldest first */
@@ -53,6 +55,19 @@ typedef void (*CommDescribe)(const void *context, char *text, size_t capacity);
  * "<operation> did not complete within parallel.timeout_s = ..."). */
 void comm_poll(MPI_Request *request, MPI_Status *status, CommDescribe describe,
                const void *context);
+/* The monotonic clock in seconds, and a pause between polls that leaves the CPU to the
+ * rank that must progress (spin, then yield, then 50 us sleeps; polls counted from 0 at a
+ * wait's start, started = its start time). */
+double comm_now_seconds(void);
+void comm_poll_pause(long polls, double started, double now);
+
+/* The roll call (comm_rollcall.c): set up with the world, answered from every poll loop,
+ * and asked past a deadline: text names the world ranks that did not answer. */
+void comm_rollcall_init(void);
+void comm_rollcall_free(void);
+void comm_rollcall_answer(void);
+void comm_rollcall_silent(char *text, size_t capacity);
+
 /* The world rank of a communicator's rank: what messages name. */
 int comm_world_rank_of(const Comm *comm, int rank);
 /* bytes as an MPI int count, or exit 5 naming the operation. */

@@ -58,6 +58,7 @@ void config_defaults(Config *config)
     config->parallel.schedule = SCHEDULE_1F1B;
     config->parallel.n_layer_split = 0;
     config->parallel.timeout_s = 600;
+    config->parallel.gpus_per_node = 0;
 
     config->fsdp.reshard_after_forward = true;
 

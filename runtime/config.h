@@ -65,6 +65,7 @@ typedef struct {
     int layer_split[CONFIG_SPLIT_MAX]; /* layers per chunk; n_layer_split = 0: even split */
     int n_layer_split;
     double timeout_s; /* every communication wait's deadline (runtime/comm.h), default 600 */
+    int gpus_per_node; /* GPUs a node's ranks use (runtime/topo.h); 0: all the node has */
 } ParallelConfig;
 
 typedef struct {

@@ -96,6 +96,7 @@ const ConfigKey config_key_table[] = {
     INT_LIST("parallel.layer_split", parallel.layer_split, parallel.n_layer_split, AT_LEAST(1),
              NO_MAX),
     FLOAT("parallel.timeout_s", parallel.timeout_s, ABOVE(0), NO_MAX),
+    INT("parallel.gpus_per_node", parallel.gpus_per_node, AT_LEAST(0), NO_MAX),
 
     BOOL("fsdp.reshard_after_forward", fsdp.reshard_after_forward),
 

@@ -106,3 +106,64 @@ const Backend *cuda_module_backend(void)
               "device: cpu", info->path);
     return getter();
 }
+
+/* A loaded module with a device, its error handling shared; else NULL. */
+static void *module_with_device(void)
+{
+    const CudaModuleInfo *info = cuda_module_probe();
+    if (!info->loaded || info->devices == 0)
+        return NULL;
+    share_error_handling(module_handle);
+    return module_handle;
+}
+
+/* A symbol the module must export once it is loaded. */
+static void *required_symbol(void *handle, const char *name)
+{
+    void *symbol = dlsym(handle, name);
+    if (!symbol)
+        fatal(EXIT_CONFIG, "%s does not export %s; rebuild the CUDA module or use device: cpu",
+              cuda_module_probe()->path, name);
+    return symbol;
+}
+
+const NcclTable *cuda_module_nccl(char *why, size_t capacity)
+{
+    void *handle = module_with_device();
+    if (!handle) {
+        if (why)
+            snprintf(why, capacity, "%s", cuda_module_probe()->description);
+        return NULL;
+    }
+    NcclTableGetter getter = (NcclTableGetter)(uintptr_t)dlsym(handle, "nccl_cuda");
+    if (!getter) {
+        if (why)
+            snprintf(why, capacity, "the CUDA module was built without NCCL");
+        return NULL;
+    }
+    return getter();
+}
+
+bool cuda_module_device_bus_id(int ordinal, char *bus_id, size_t capacity)
+{
+    void *handle = module_with_device();
+    if (!handle) {
+        snprintf(bus_id, capacity, "%s", cuda_module_probe()->description);
+        return false;
+    }
+    typedef int (*BusIdFunction)(int, char *, size_t);
+    BusIdFunction bus_id_of =
+        (BusIdFunction)(uintptr_t)required_symbol(handle, "cuda_device_bus_id");
+    return bus_id_of(ordinal, bus_id, capacity) == 0;
+}
+
+void cuda_module_device_use(int ordinal)
+{
+    void *handle = module_with_device();
+    if (!handle)
+        fatal(EXIT_CONFIG, "CUDA device %d chosen, but %s", ordinal,
+              cuda_module_probe()->description);
+    typedef void (*UseFunction)(int);
+    UseFunction use = (UseFunction)(uintptr_t)required_symbol(handle, "cuda_device_use");
+    use(ordinal);
+}

@@ -4,12 +4,14 @@
  * (<dir>/libfathom_cuda.so, <dir>/kernels/libfathom_cuda.so). A build without nvcc has no
  * module; a machine without a GPU has the module but no device. Both are ordinary answers,
  * not errors: the caller decides (device: auto falls back to cpu, device: cuda exits 2).
- * With a device, the module's op table (kernels/cuda/backend_cuda.h) is the cuda backend.
+ * With a device, the module's op table (kernels/cuda/backend_cuda.h) is the cuda backend and
+ * its NCCL table (kernels/cuda/nccl_cuda.h) moves device memory between ranks.
  */
 #ifndef FATHOM_RUNTIME_CUDA_MODULE_H
 #define FATHOM_RUNTIME_CUDA_MODULE_H
 
 #include "runtime/backend.h"
+#include "runtime/nccl_table.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -29,5 +31,16 @@ const CudaModuleInfo *cuda_module_probe(void);
  * cuda_module_probe()->description); otherwise the module's backend_cuda(). A module
  * without that symbol is an install error: fatal, EXIT_CONFIG, naming its path. */
 const Backend *cuda_module_backend(void);
+
+/* The module's NCCL table (runtime/nccl_table.h): NULL when the module is not loaded, sees
+ * no device, or was built without NCCL (the reason in `why`, when not NULL). */
+const NcclTable *cuda_module_nccl(char *why, size_t capacity);
+
+/* The rank's device (runtime/topo): the PCI bus id of CUDA device `ordinal` (< 0: the device
+ * in use) into bus_id, false (with the reason in bus_id) when there is none; and the device
+ * the backend and NCCL are to use, before the backend starts (kernels/cuda/cuda_module.h).
+ * Both need a loaded module with a device. */
+bool cuda_module_device_bus_id(int ordinal, char *bus_id, size_t capacity);
+void cuda_module_device_use(int ordinal);
 
 #endif

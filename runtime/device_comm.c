@@ -1,13 +1,26 @@
-/* runtime/device_comm.c — see device_comm.h: the "mpi" and "host-staged" methods. Both are
- * synchronous: the queued operations run, in order, inside device_comm_group_end. */
+/* runtime/device_comm.c — see device_comm.h. The operations of a group are queued here and
+ * run at device_comm_group_end by the method chosen at create:
+ *   local        a group of one (not forced through NCCL): backend copies on the compute
+ *                stream;
+ *   mpi          comm.h on the backend's host memory, in order, before group_end returns;
+ *   host-staged  download, comm.h, upload, in order, before group_end returns;
+ *   nccl         one start() of the CUDA module's NCCL table (runtime/nccl_table.h); the
+ *                work is waited for on the compute stream by device_comm_work_wait.
+ * Byte counters: comm.h books the mpi and host-staged bytes itself; nccl's are booked here
+ * when the group starts, by the same rule ((n-1) * count_per_rank * element size for both
+ * collectives); a group of one moves nothing.
+ */
 #include "runtime/device_comm.h"
 
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "runtime/cuda_module.h"
 #include "runtime/error.h"
+#include "runtime/nccl_table.h"
 
 typedef enum { OPERATION_ALLGATHER, OPERATION_REDUCE_SCATTER } OperationKind;
 
@@ -23,34 +36,84 @@ typedef struct {
 struct DeviceComm {
     Comm *group;
     const Backend *backend;
-    bool staged;               /* host-staged: buffers are device memory */
-    char reason[160];
+    DeviceCommMethod method;
+    bool local;                  /* one rank, not through NCCL: operations are copies */
+    char reason[256];
+    const NcclTable *nccl;       /* nccl only */
+    NcclCommunicator *communicator;
     Operation *queued;
     int n_queued, capacity;
-    int depth;                 /* group_begin nesting */
-    void *host_send, *host_recv; /* staging, grown to the largest operation */
+    int depth;                   /* group_begin nesting */
+    NcclOperation *started;      /* nccl: the queue as NCCL operations, same capacity */
+    DeviceCommWork *spare_works; /* nccl: waited-for works, reused */
+    void *host_send, *host_recv; /* host-staged: staging, grown to the largest operation */
     size_t host_send_bytes, host_recv_bytes;
 };
 
-/* Synchronous work is complete when group_end returns: one shared, never freed marker. */
+/* Synchronous work is complete when group_end returns: one shared, never freed marker. An
+ * nccl work holds the module's work and comes back to its DeviceComm when waited for. */
 struct DeviceCommWork {
-    int unused;
+    DeviceComm *comm;
+    NcclWork *nccl;
+    DeviceCommWork *next_spare;
 };
 static DeviceCommWork completed_work;
+
+/* What this rank reports to the choice (device_comm_choose). */
+static DeviceCommRank rank_report(void)
+{
+    DeviceCommRank mine;
+    memset(&mine, 0, sizeof mine);
+    mine.world_rank = comm_rank(comm_world());
+    if (gethostname(mine.host, sizeof mine.host - 1) != 0)
+        snprintf(mine.host, sizeof mine.host, "unknown");
+    char bus_id[sizeof mine.bus_id + 64]; /* room for the reason when there is none */
+    if (cuda_module_device_bus_id(-1, bus_id, sizeof bus_id) &&
+        strlen(bus_id) < sizeof mine.bus_id)
+        memcpy(mine.bus_id, bus_id, strlen(bus_id) + 1);
+    return mine;
+}
+
+/* nccl: rank 0 of the group makes the id, the group's MPI communicator carries it. */
+static void create_communicator(DeviceComm *comm, const DeviceCommRank *ranks, int n)
+{
+    char name[160];
+    device_comm_describe_group(ranks, n, name, sizeof name);
+    unsigned char id[NCCL_TABLE_ID_BYTES];
+    memset(id, 0, sizeof id);
+    if (comm_rank(comm->group) == 0)
+        comm->nccl->unique_id(id);
+    comm_broadcast(comm->group, id, sizeof id, COMM_BYTE, 0, COMM_KIND_OTHER);
+    comm->communicator =
+        comm->nccl->create(id, n, comm_rank(comm->group), comm_timeout(), name);
+}
 
 DeviceComm *device_comm_create(Comm *group, const Backend *backend)
 {
     DeviceComm *comm = xcalloc(1, sizeof *comm);
     comm->group = group;
     comm->backend = backend;
-    comm->staged = backend != backend_cpu();
-    if (comm->staged)
-        snprintf(comm->reason, sizeof comm->reason,
-                 "%d rank%s: device memory staged through host memory", comm_size(group),
-                 comm_size(group) == 1 ? "" : "s");
-    else
-        snprintf(comm->reason, sizeof comm->reason, "%d rank%s on host memory",
-                 comm_size(group), comm_size(group) == 1 ? "" : "s");
+    const int n = comm_size(group);
+    const bool device_memory = backend != backend_cpu();
+    DeviceCommRank *ranks = xcalloc((size_t)n, sizeof *ranks);
+    char nccl_missing[256] = "";
+    if (device_memory) {
+        DeviceCommRank mine = rank_report();
+        comm_allgather(group, &mine, ranks, sizeof mine, COMM_BYTE, COMM_KIND_OTHER);
+        comm->nccl = cuda_module_nccl(nccl_missing, sizeof nccl_missing);
+    } else {
+        ranks[0].world_rank = comm_rank(comm_world());
+    }
+    comm->method = device_comm_choose(ranks, n, device_memory,
+                                      comm->nccl ? NULL : nccl_missing,
+                                      getenv("FATHOM_DEVICE_COMM"), comm->reason,
+                                      sizeof comm->reason);
+    const char *forced = getenv("FATHOM_DEVICE_COMM");
+    const bool forced_nccl = device_memory && forced && !strcmp(forced, "nccl");
+    comm->local = n == 1 && !forced_nccl;
+    if (comm->method == DEVICE_COMM_NCCL && !comm->local)
+        create_communicator(comm, ranks, n);
+    free(ranks);
     return comm;
 }
 
@@ -58,7 +121,15 @@ void device_comm_destroy(DeviceComm *comm)
 {
     if (!comm)
         return;
+    if (comm->communicator)
+        comm->nccl->destroy(comm->communicator);
+    while (comm->spare_works) {
+        DeviceCommWork *next = comm->spare_works->next_spare;
+        free(comm->spare_works);
+        comm->spare_works = next;
+    }
     free(comm->queued);
+    free(comm->started);
     free(comm->host_send);
     free(comm->host_recv);
     free(comm);
@@ -66,10 +137,17 @@ void device_comm_destroy(DeviceComm *comm)
 
 const char *device_comm_method(const DeviceComm *comm)
 {
-    return comm->staged ? "host-staged" : "mpi";
+    switch (comm->method) {
+    case DEVICE_COMM_MPI: return "mpi";
+    case DEVICE_COMM_NCCL: return "nccl";
+    case DEVICE_COMM_HOST_STAGED: return "host-staged";
+    }
+    return "unknown";
 }
 
 const char *device_comm_reason(const DeviceComm *comm) { return comm->reason; }
+
+Comm *device_comm_group(const DeviceComm *comm) { return comm->group; }
 
 void device_comm_group_begin(DeviceComm *comm) { comm->depth++; }
 
@@ -80,6 +158,7 @@ static void queue(DeviceComm *comm, Operation operation)
     if (comm->n_queued == comm->capacity) {
         comm->capacity = comm->capacity ? 2 * comm->capacity : 16;
         comm->queued = xrealloc(comm->queued, (size_t)comm->capacity * sizeof *comm->queued);
+        comm->started = xrealloc(comm->started, (size_t)comm->capacity * sizeof *comm->started);
     }
     comm->queued[comm->n_queued++] = operation;
 }
@@ -93,6 +172,8 @@ void device_comm_allgather(DeviceComm *comm, const void *send, void *recv,
 void device_comm_reduce_scatter_sum(DeviceComm *comm, const void *send, void *recv,
                                     size_t count_per_rank, CommType type, CommKind kind)
 {
+    if (type == COMM_BYTE)
+        fatal(EXIT_COMM, "device_comm_reduce_scatter_sum of bytes: bytes are not summable");
     queue(comm, (Operation){OPERATION_REDUCE_SCATTER, send, recv, count_per_rank, type, kind});
 }
 
@@ -106,14 +187,17 @@ static void *grow(void **buffer, size_t *capacity, size_t bytes)
     return *buffer;
 }
 
+/* One operation of a synchronous method (local, mpi, host-staged). */
 static void run(DeviceComm *comm, const Operation *operation)
 {
     const size_t n = (size_t)comm_size(comm->group);
     const size_t block = operation->count_per_rank * comm_type_size(operation->type);
     const bool gather = operation->kind == OPERATION_ALLGATHER;
-    const size_t send_bytes = gather ? block : n * block;
-    const size_t recv_bytes = gather ? n * block : block;
-    if (!comm->staged) {
+    if (comm->local) { /* one rank: its block is the whole result */
+        comm->backend->copy(operation->recv, operation->send, block);
+        return;
+    }
+    if (comm->method == DEVICE_COMM_MPI) {
         if (gather)
             comm_allgather(comm->group, operation->send, operation->recv,
                            operation->count_per_rank, operation->type, operation->counter);
@@ -123,6 +207,8 @@ static void run(DeviceComm *comm, const Operation *operation)
                                     operation->counter);
         return;
     }
+    const size_t send_bytes = gather ? block : n * block;
+    const size_t recv_bytes = gather ? n * block : block;
     void *send = grow(&comm->host_send, &comm->host_send_bytes, send_bytes);
     void *recv = grow(&comm->host_recv, &comm->host_recv_bytes, recv_bytes);
     comm->backend->download(send, operation->send, send_bytes);
@@ -135,19 +221,59 @@ static void run(DeviceComm *comm, const Operation *operation)
     comm->backend->upload(operation->recv, recv, recv_bytes);
 }
 
+/* nccl: the queue as one start() of the module; bytes booked by comm.h's rule. */
+static DeviceCommWork *start_nccl(DeviceComm *comm)
+{
+    const uint64_t others = (uint64_t)comm_size(comm->group) - 1;
+    for (int i = 0; i < comm->n_queued; i++) {
+        const Operation *operation = &comm->queued[i];
+        comm->started[i] = (NcclOperation){
+            .kind = operation->kind == OPERATION_ALLGATHER ? NCCL_OPERATION_ALLGATHER
+                                                           : NCCL_OPERATION_REDUCE_SCATTER_SUM,
+            .send = operation->send,
+            .recv = operation->recv,
+            .count = operation->count_per_rank,
+            .type = operation->type,
+            .peer = -1,
+        };
+        comm_count(operation->counter,
+                   others * operation->count_per_rank * comm_type_size(operation->type));
+    }
+    DeviceCommWork *work = comm->spare_works;
+    if (work)
+        comm->spare_works = work->next_spare;
+    else
+        work = xcalloc(1, sizeof *work);
+    work->comm = comm;
+    work->nccl = comm->nccl->start(comm->communicator, comm->started, comm->n_queued,
+                                   comm_timeout());
+    return work;
+}
+
 DeviceCommWork *device_comm_group_end(DeviceComm *comm)
 {
     if (comm->depth == 0)
         fatal(EXIT_COMM, "device_comm_group_end without device_comm_group_begin");
-    if (--comm->depth > 0)
+    if (--comm->depth > 0 || comm->n_queued == 0)
         return &completed_work;
-    for (int i = 0; i < comm->n_queued; i++)
-        run(comm, &comm->queued[i]);
+    DeviceCommWork *work = &completed_work;
+    if (comm->communicator)
+        work = start_nccl(comm);
+    else
+        for (int i = 0; i < comm->n_queued; i++)
+            run(comm, &comm->queued[i]);
     comm->n_queued = 0;
-    return &completed_work;
+    return work;
 }
 
 void device_comm_work_wait(DeviceCommWork *work)
 {
-    (void)work; /* synchronous methods: complete at group_end */
+    if (work == &completed_work)
+        return; /* synchronous methods: complete at group_end */
+    DeviceComm *comm = work->comm;
+    comm->backend->event_wait(comm->nccl->work_event(work->nccl));
+    comm->nccl->work_release(work->nccl);
+    work->nccl = NULL;
+    work->next_spare = comm->spare_works;
+    comm->spare_works = work;
 }

@@ -11,18 +11,30 @@
  *                  communicator (the unique id is broadcast from rank 0), non-blocking,
  *                  its operations on a communication stream of their own.
  *   "host-staged"  cuda, and some ranks of the group share a GPU (NCCL refuses them:
- *                  "Duplicate GPU detected"): download to host memory, comm.h over MPI,
- *                  upload. Correct and slow; what lets one GPU run every distributed path.
- * A group of one rank never communicates, whatever the method.
+ *                  "Duplicate GPU detected"), or the CUDA module has no NCCL: download to
+ *                  host memory, comm.h over MPI, upload. Correct and slow; what lets one GPU
+ *                  run every distributed path.
+ * The choice (device_comm_choose below) compares the (host, PCI bus id) of every rank's GPU,
+ * gathered over the group. A group of one rank never communicates, whatever the method: its
+ * operations are copies on the compute stream.
+ *
+ * FATHOM_DEVICE_COMM (environment, for tests and diagnosis) forces the cuda method:
+ * "host-staged" stages even where NCCL could run; "nccl" takes NCCL even where it should not
+ * (ranks sharing a GPU then fail in NCCL's init, exit 5) and runs a group of one through a
+ * one-rank NCCL communicator, which is how one GPU tests the NCCL path. Any other value is
+ * exit 2. The cpu backend ignores it.
  *
  * Operations are queued between device_comm_group_begin and device_comm_group_end and
- * started together at the end (one NCCL group; on MPI, one after the other). They read
- * their send buffers as the backend's compute stream leaves them at group_end (every op
- * queued on the compute stream before group_end has written them), and their results are
- * visible to the compute ops queued after device_comm_work_wait. Between group_end and
- * work_wait the caller must not write a send buffer or touch a recv buffer. On "mpi" and
- * "host-staged" the work is complete when group_end returns; on "nccl" it runs beside the
- * compute stream, which is how the next unit's gather hides behind this unit's compute.
+ * started together at the end (one NCCL group; on MPI, one after the other). They run
+ * after every op queued on the backend's compute stream before group_end (so they read the
+ * send buffers those ops wrote, and overwrite recv buffers only once those ops are done
+ * with them), and their results are visible to the compute ops queued after
+ * device_comm_work_wait. Groups on one DeviceComm run in the order they were started.
+ * Between group_end and work_wait the caller must not write a send buffer or touch a recv
+ * buffer. On "mpi" and "host-staged" the work is complete when group_end returns; on
+ * "nccl" it runs beside the compute stream (on one communication stream per DeviceComm,
+ * which keeps the order of its groups), which is how the next unit's gather hides behind
+ * this unit's compute.
  *
  * Sums are the fixed-order sums of comm.h on "mpi" and "host-staged" (bitwise repeatable
  * for a layout). NCCL's ring reductions are repeatable for a fixed group and NCCL version.
@@ -38,6 +50,7 @@
 #ifndef FATHOM_RUNTIME_DEVICE_COMM_H
 #define FATHOM_RUNTIME_DEVICE_COMM_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "runtime/backend.h"
@@ -49,7 +62,12 @@ typedef struct DeviceCommWork DeviceCommWork; /* a started group of operations *
 /* Collective over `group` (every rank calls it, in the same order for every group). The
  * group must outlive the DeviceComm. */
 DeviceComm *device_comm_create(Comm *group, const Backend *backend);
+/* Collective as create (an NCCL communicator is finalized with its peers); every work must
+ * have been waited for. */
 void device_comm_destroy(DeviceComm *comm);
+
+/* The communicator it wraps. */
+Comm *device_comm_group(const DeviceComm *comm);
 
 /* "mpi", "nccl" or "host-staged" (above). */
 const char *device_comm_method(const DeviceComm *comm);
@@ -69,8 +87,31 @@ void device_comm_reduce_scatter_sum(DeviceComm *comm, const void *send, void *re
 DeviceCommWork *device_comm_group_end(DeviceComm *comm);
 /* The compute stream waits for the work (ops queued after this see its results); frees
  * it. On mpi and host-staged the work is already complete. On nccl the host does not wait
- * for the communication itself; the deadline is kept by polling the communicator (how, a
- * watchdog or the next host wait, is the implementation's). */
+ * for the communication itself (the op table's event_wait); the CUDA module's watchdog
+ * keeps the deadline until the work has ended (runtime/nccl_table.h). */
 void device_comm_work_wait(DeviceCommWork *work);
+
+/* ---- the choice of method, a pure function of what the ranks report (tested alone) ---- */
+
+typedef enum { DEVICE_COMM_MPI, DEVICE_COMM_NCCL, DEVICE_COMM_HOST_STAGED } DeviceCommMethod;
+
+/* What each rank of a group reports at device_comm_create. */
+typedef struct {
+    int world_rank;
+    char host[64];
+    char bus_id[32]; /* its GPU's PCI bus id ("0000:19:00.0"); "" when it could not tell */
+} DeviceCommRank;
+
+/* The method for the group whose rank i reported ranks[i]. device_memory: the backend's
+ * memory is device memory (cuda); nccl_missing: why the module has no NCCL, or NULL when it
+ * has; forced: FATHOM_DEVICE_COMM (NULL or "" when unset). The reason, for the run's one
+ * line, goes into `reason`: "4 ranks on 4 GPUs", "ranks 0 and 1 share GPU 0000:19:00.0",
+ * naming world ranks. */
+DeviceCommMethod device_comm_choose(const DeviceCommRank *ranks, int n, bool device_memory,
+                                    const char *nccl_missing, const char *forced,
+                                    char *reason, size_t capacity);
+/* "the group of world ranks 0-3" (ranges and lists: "0, 2, 4-5"), for messages. */
+void device_comm_describe_group(const DeviceCommRank *ranks, int n, char *text,
+                                size_t capacity);
 
 #endif

@@ -37,6 +37,11 @@ static double optim_global_grad_norm(const Optimizer *opt)
 
 bool optim_step(Optimizer *opt, double lr, double *grad_norm)
 {
+    return optim_step_checked(opt, lr, true, grad_norm);
+}
+
+bool optim_step_checked(Optimizer *opt, double lr, bool loss_finite, double *grad_norm)
+{
     const Backend *backend = opt->backend;
     const OptimConfig *config = opt->config;
     optim_check_ranges(opt);
@@ -44,7 +49,7 @@ bool optim_step(Optimizer *opt, double lr, double *grad_norm)
     double norm = optim_global_grad_norm(opt);
     if (grad_norm)
         *grad_norm = norm;
-    if (!isfinite(norm)) {
+    if (!isfinite(norm) || !loss_finite) {
         opt->skipped++;
         return false;
     }

@@ -71,6 +71,9 @@ typedef struct {
 
 /* One optimizer step as described above. Returns false when the step was skipped. */
 bool optim_step(Optimizer *opt, double lr, double *grad_norm);
+/* The same, skipping it also when loss_finite is false (a non-finite loss, decided on every
+ * rank alike: DESIGN 3); the norm is still computed and reported. */
+bool optim_step_checked(Optimizer *opt, double lr, bool loss_finite, double *grad_norm);
 
 /* The EMA decay of update number t (step 5 above). */
 double optim_ema_decay_at(double ema_decay, int update_number);

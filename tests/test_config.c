@@ -145,6 +145,7 @@ static const char full_yaml[] =
     "  schedule: interleaved\n"
     "  layer_split: [1, 1, 1, 1, 1, 1]\n"
     "  timeout_s: 42.5\n"
+    "  gpus_per_node: 2\n"
     "fsdp:\n"
     "  reshard_after_forward: false\n"
     "train:\n"

@@ -75,6 +75,7 @@ Test(cuda_backend, fills_every_entry_with_two_byte_activations)
     EXPECT_ENTRY(b, memory_peak_reset);
     EXPECT_ENTRY(b, event_create); EXPECT_ENTRY(b, event_destroy);
     EXPECT_ENTRY(b, event_record); EXPECT_ENTRY(b, event_elapsed_ms);
+    EXPECT_ENTRY(b, event_wait);
     EXPECT_ENTRY(b, activations_from_floats); EXPECT_ENTRY(b, activations_upload);
     EXPECT_ENTRY(b, activations_download); EXPECT_ENTRY(b, add_inplace); EXPECT_ENTRY(b, add);
     EXPECT_ENTRY(b, embedding_forward); EXPECT_ENTRY(b, embedding_backward);

@@ -1,13 +1,14 @@
-/* tests/test_cuda_pipeline.c — pipeline stages on the cuda backend with two ranks sharing
- * one GPU (DESIGN 3: the hops go through host copies, which is what lets one GPU run every
- * pipeline path). pp2 and pp2 v2 follow the one-rank cuda run within bf16 tolerance over
- * 5 steps. SKIP where no GPU answers.
+/* tests/test_cuda_pipeline.c — pipeline stages and FSDP on the cuda backend with ranks
+ * sharing one GPU (DESIGN 3: hops and gathers go through host copies, which is what lets
+ * one GPU run every distributed path). pp2, pp2 v2, dp2 and pp2 x dp2 follow the one-rank
+ * cuda run within bf16 tolerance over 5 steps. SKIP where no GPU answers.
  */
 #include <criterion/criterion.h>
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "tests/gpu_support.h"
 #include "tests/pipeline_support.h"
@@ -24,8 +25,17 @@ static const char *const COMMON =
     "--set train.seq_len=64 --set train.microbatch_size=2 --set train.global_batch_size=8 "
     "--set train.steps=5 --set log.every=1 --set eval.every=0";
 
-static void expect_cuda_layout_follows_one_rank(const char *config, const char *layout,
-                                                const char *tag)
+/* the 1B shape of the performance table (d 1280, 16/8 heads of 80, FFN 5120) cut to 4
+ * layers, with a 32k vocabulary, 2 x 512 tokens a microbatch */
+static const char *const SHAPE_1B =
+    "--set device=cuda --set model.d_model=1280 --set model.n_heads=16 "
+    "--set model.n_kv_heads=8 --set model.head_dim=80 --set model.ffn_dim=5120 "
+    "--set model.n_layers=4 --set model.vocab_size=32000 --set train.seq_len=512 "
+    "--set train.microbatch_size=2 --set train.global_batch_size=8 --set train.steps=5 "
+    "--set log.every=1 --set eval.every=0 --set optim.lr=3.0e-4";
+
+static void expect_layout_follows_one_rank(const char *config, const char *common,
+                                           int ranks, const char *layout, const char *tag)
 {
     gpu_require();
     char root[256], single[300], multi[300];
@@ -33,10 +43,13 @@ static void expect_cuda_layout_follows_one_rank(const char *config, const char *
     snprintf(single, sizeof single, "%s/single", root);
     snprintf(multi, sizeof multi, "%s/layout", root);
     char *output = malloc(OUTPUT_CAPACITY);
-    cr_assert_eq(pipeline_train(1, config, COMMON, "", single, output, OUTPUT_CAPACITY), 0,
+    cr_assert_eq(pipeline_train(1, config, common, "", single, output, OUTPUT_CAPACITY), 0,
                  "%s", output);
-    cr_assert_eq(pipeline_train(2, config, COMMON, layout, multi, output, OUTPUT_CAPACITY), 0,
-                 "%s", output);
+    cr_assert_eq(pipeline_train(ranks, config, common, layout, multi, output,
+                                OUTPUT_CAPACITY), 0, "%s", output);
+    const char *fsdp = strstr(output, "fathom: fsdp on rank 0");
+    if (fsdp) /* the GPU log keeps what the gathers and reduce-scatters cost */
+        printf("cuda %s %s: %.*s\n", config, layout, (int)strcspn(fsdp, "\n"), fsdp);
     double one[STEPS], two[STEPS];
     int steps[STEPS];
     cr_assert_eq(metrics_read_losses(single, one, steps, STEPS), STEPS);
@@ -50,6 +63,12 @@ static void expect_cuda_layout_follows_one_rank(const char *config, const char *
     }
     free(output);
     test_remove_tree(root);
+}
+
+static void expect_cuda_layout_follows_one_rank(const char *config, const char *layout,
+                                                const char *tag)
+{
+    expect_layout_follows_one_rank(config, COMMON, 2, layout, tag);
 }
 
 Test(cuda_pipeline, pp2_on_one_gpu_follows_one_rank_standard)
@@ -71,4 +90,22 @@ Test(cuda_pipeline, pp2_with_checkpointing_on_one_gpu_follows_one_rank_block_mha
                                         "--set parallel.pp=2 "
                                         "--set train.activation_checkpointing=full",
                                         "cuda-pp2ac");
+}
+
+Test(cuda_pipeline, dp2_fsdp_on_one_gpu_follows_one_rank_at_the_1b_shape, .timeout = 600)
+{
+    expect_layout_follows_one_rank("demo", SHAPE_1B, 2, "--set parallel.dp=2", "cuda-dp2");
+}
+
+Test(cuda_pipeline, dp2_fsdp_keeping_the_layers_follows_one_rank_mhar_delta, .timeout = 600)
+{
+    expect_layout_follows_one_rank("demo_mhar_delta", SHAPE_1B, 2,
+                                   "--set parallel.dp=2 --set fsdp.reshard_after_forward=false",
+                                   "cuda-dp2-delta");
+}
+
+Test(cuda_pipeline, pp2_dp2_fsdp_on_one_gpu_follows_one_rank_at_the_1b_shape, .timeout = 600)
+{
+    expect_layout_follows_one_rank("demo_block_mhar", SHAPE_1B, 4,
+                                   "--set parallel.pp=2 --set parallel.dp=2", "cuda-pp2dp2");
 }

@@ -57,7 +57,8 @@ Test(kernels_cpu, backend_table_fills_every_op)
     EXPECT_OP(route_backward); EXPECT_OP(stream_conv_forward); EXPECT_OP(stream_conv_backward);
     EXPECT_OP(stream_mix_forward); EXPECT_OP(stream_mix_backward); EXPECT_OP(memory_usage);
     EXPECT_OP(memory_peak_reset); EXPECT_OP(event_create); EXPECT_OP(event_destroy);
-    EXPECT_OP(event_record); EXPECT_OP(event_elapsed_ms); EXPECT_OP(activations_from_floats);
+    EXPECT_OP(event_record); EXPECT_OP(event_elapsed_ms); EXPECT_OP(event_wait);
+    EXPECT_OP(activations_from_floats);
     EXPECT_OP(activations_upload); EXPECT_OP(activations_download);
     cr_assert_eq(backend->activation_bytes, sizeof(float), "cpu activations are fp32");
 #undef EXPECT_OP

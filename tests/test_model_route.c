@@ -68,18 +68,20 @@ Test(model_route, attnres_sites_stand_before_each_sublayer_norm_and_the_final_no
     param_table_free(&table);
 }
 
-Test(model_route, delta_form_adds_an_alpha_per_site_and_route_null_to_unit_zero)
+Test(model_route, delta_form_adds_an_alpha_per_site_and_route_null_to_the_shared_unit)
 {
     ModelConfig config = route_test_model_config();
     ResidualConfig residual = route_test_attnres(2, 0, FORM_DELTA);
     ParamTable table;
     param_table_build_with_residual(&table, &config, &residual);
-    cr_assert_str_eq(table.params[1].name, "model.route_null");
-    cr_assert_eq(table.params[1].unit, 0);
-    cr_assert_eq(table.params[1].shape[0], 16);
-    cr_assert_str_eq(table.params[2].name, "model.layers.0.attn_route.query");
-    cr_assert_str_eq(table.params[4].name, "model.layers.0.attn_route.alpha");
-    cr_assert_str_eq(table.params[5].name, "model.layers.0.input_layernorm.weight");
+    const ParamEntry *null = &table.params[table.n_params - 1];
+    cr_assert_str_eq(null->name, "model.route_null");
+    cr_assert_eq(null->unit, table.unit_shared);
+    cr_assert_eq(table.units[table.unit_shared].n_params, 1);
+    cr_assert_eq(null->shape[0], 16);
+    cr_assert_str_eq(table.params[1].name, "model.layers.0.attn_route.query");
+    cr_assert_str_eq(table.params[3].name, "model.layers.0.attn_route.alpha");
+    cr_assert_str_eq(table.params[4].name, "model.layers.0.input_layernorm.weight");
     const ParamEntry *alpha = param_table_find(&table, "model.final_route.alpha");
     cr_assert_eq(alpha->ndim, 1);
     cr_assert_eq(alpha->count, 1);
@@ -95,15 +97,17 @@ Test(model_route, msar_sites_have_per_stream_queries_mix_weights_and_one_conv_pe
     ParamTable table;
     param_table_build_with_residual(&table, &config, &residual);
     /* layers_per_block 1: S = 2, n_blocks = 2, slots b_0..b_2 */
+    const ParamUnit *shared = &table.units[table.unit_shared];
+    cr_assert_eq(shared->n_params, 3);
     for (int slot = 0; slot < 3; slot++) {
-        const ParamEntry *conv = &table.params[1 + slot];
+        const ParamEntry *conv = &table.params[shared->first_param + slot];
         char name[64];
         snprintf(name, sizeof name, "model.route_streams.%d.conv", slot);
         cr_assert_str_eq(conv->name, name);
         cr_assert_eq(conv->ndim, 3);
         cr_assert(conv->shape[0] == 4 && conv->shape[1] == 8 && conv->shape[2] == 16);
         cr_assert_eq(conv->count, 4 * 8 * 16);
-        cr_assert_eq(conv->unit, 0);
+        cr_assert_eq(conv->unit, table.unit_shared);
         cr_assert_eq(conv->kind, PARAM_ROUTING);
     }
     cr_assert_null(param_table_find(&table, "model.route_streams.3.conv"));

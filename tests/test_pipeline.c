@@ -16,116 +16,10 @@
 #include "model/chunk.h"
 #include "pipeline/payload.h"
 #include "runtime/config.h"
+#include "tests/layout_support.h"
 #include "tests/pipeline_support.h"
 #include "tests/support.h"
 #include "tests/train_support.h"
-
-#define OUTPUT_CAPACITY (1 << 16)
-#define STEPS 5
-#define DEMO_LR 3e-3 /* optim.lr of launch/configs/demo*.yaml */
-
-/* the demo configs at a smaller width: 4 microbatches of 2 x 32 tokens a step */
-static const char *const COMMON =
-    "--set model.d_model=32 --set model.n_heads=2 --set model.n_kv_heads=1 "
-    "--set model.head_dim=16 --set model.ffn_dim=64 --set train.seq_len=32 "
-    "--set train.microbatch_size=2 --set train.global_batch_size=8 --set train.steps=5 "
-    "--set log.every=1 --set eval.every=0 --set checkpoint.every=5";
-
-static int train_layout(int ranks, const char *config, const char *extra, const char *run_dir,
-                        char *output)
-{
-    return pipeline_train(ranks, config, COMMON, extra, run_dir, output, OUTPUT_CAPACITY);
-}
-
-typedef struct {
-    char root[256];
-    char single[300], layout[300];
-    char a[400], b[400];
-    char *output;
-} Runs;
-
-static void runs_begin(Runs *runs, const char *tag)
-{
-    test_make_temp_dir(runs->root, tag);
-    snprintf(runs->single, sizeof runs->single, "%s/single", runs->root);
-    snprintf(runs->layout, sizeof runs->layout, "%s/layout", runs->root);
-    runs->output = malloc(OUTPUT_CAPACITY);
-}
-
-static void runs_end(Runs *runs)
-{
-    test_remove_tree(runs->root);
-    free(runs->output);
-}
-
-/* Every /model tensor of the two runs' step-5 checkpoints agrees to relative 1e-5: the
- * largest difference against the tensor's largest value, or against the learning rate for
- * a tensor smaller than it. Layouts sum gradients in other orders (a summary's gradient
- * meets its readers stage by stage), and the tensors that start at zero (alpha, queries,
- * null) sit where AdamW's step of about lr turns such last-bit differences into relative
- * ones of their own tiny size: alpha at 3e-5 after 5 steps differs by 1e-9. */
-static int weights_agree(const char *run_a, const char *run_b, char *output)
-{
-    char command[2048];
-    snprintf(command, sizeof command,
-             "python3 -c \"import h5py, numpy, sys\n"
-             "a = h5py.File('%s/checkpoints/step_00000005/index.h5', 'r')['model']\n"
-             "b = h5py.File('%s/checkpoints/step_00000005/index.h5', 'r')['model']\n"
-             "assert sorted(a) == sorted(b)\n"
-             "worst = max(float(numpy.abs(a[k][()] - b[k][()]).max() / "
-             "max(numpy.abs(b[k][()]).max(), %g)) for k in a)\n"
-             "print('worst relative difference', worst)\n"
-             "sys.exit(0 if worst <= 1e-5 else 1)\"",
-             run_a, run_b, DEMO_LR);
-    return test_run_command(command, output, OUTPUT_CAPACITY);
-}
-
-/* Trains `config` + `network` on one rank, then on each layout (ranks, overrides), and
- * holds every layout's losses and step-5 weights to the one-rank run's. */
-typedef struct {
-    int ranks;
-    const char *overrides;
-} Layout;
-
-static void expect_layouts_equal_single(const char *config, const char *network,
-                                        const Layout *layouts, int n, const char *tag)
-{
-    Runs runs;
-    runs_begin(&runs, tag);
-    cr_assert_eq(train_layout(1, config, network, runs.single, runs.output), 0, "%s",
-                 runs.output);
-    double single[STEPS], losses[STEPS];
-    int steps[STEPS];
-    cr_assert_eq(metrics_read_losses(runs.single, single, steps, STEPS), STEPS);
-    for (int l = 0; l < n; l++) {
-        char extra[1024];
-        snprintf(extra, sizeof extra, "%s %s", network, layouts[l].overrides);
-        test_remove_tree(runs.layout);
-        cr_assert_eq(train_layout(layouts[l].ranks, config, extra, runs.layout, runs.output), 0,
-                     "%s %s\n%s", config, extra, runs.output);
-        cr_assert_eq(metrics_read_losses(runs.layout, losses, steps, STEPS), STEPS);
-        for (int s = 0; s < STEPS; s++)
-            cr_expect(fabs(losses[s] - single[s]) <= 1e-5 * fabs(single[s]),
-                      "%s %s: step %d loss %.9g, one rank %.9g", config, extra, s + 1,
-                      losses[s], single[s]);
-        cr_expect_eq(weights_agree(runs.layout, runs.single, runs.output), 0, "%s %s: %s",
-                     config, extra, runs.output);
-    }
-    runs_end(&runs);
-}
-
-static void expect_network_layout_equals_single(const char *config, const char *network,
-                                                int ranks, const char *layout, const char *tag)
-{
-    const Layout one = {ranks, layout};
-    expect_layouts_equal_single(config, network, &one, 1, tag);
-}
-
-static void expect_layout_equals_single(const char *config, int ranks, const char *extra,
-                                        const char *tag)
-{
-    expect_network_layout_equals_single(config, "", ranks, extra, tag);
-}
 
 /* Every layout of the issue on 8 layers (so pp4 v2 has a layer a chunk), each schedule that
  * applies, checkpointing off and on. */
@@ -195,18 +89,18 @@ static void expect_checkpointing_changes_nothing(const char *config, const char 
     char with[1024];
     snprintf(with, sizeof with, "%s --set train.activation_checkpointing=full", extra);
     const int ranks = strstr(extra, "parallel.pp=2") ? 2 : 1;
-    cr_assert_eq(train_layout(ranks, config, extra, runs.single, runs.output), 0, "%s",
+    cr_assert_eq(layout_train(ranks, config, extra, runs.single, runs.output), 0, "%s",
                  runs.output);
-    cr_assert_eq(train_layout(ranks, config, with, runs.layout, runs.output), 0, "%s",
+    cr_assert_eq(layout_train(ranks, config, with, runs.layout, runs.output), 0, "%s",
                  runs.output);
     snprintf(runs.a, sizeof runs.a, "%s/checkpoints/step_00000005", runs.single);
     snprintf(runs.b, sizeof runs.b, "%s/checkpoints/step_00000005", runs.layout);
     cr_expect(checkpoints_bitwise_equal(runs.a, runs.b), "%s %s: checkpointing changed the weights",
               config, extra);
-    double off[STEPS], on[STEPS];
-    int steps[STEPS];
-    metrics_read_losses(runs.single, off, steps, STEPS);
-    metrics_read_losses(runs.layout, on, steps, STEPS);
+    double off[LAYOUT_STEPS], on[LAYOUT_STEPS];
+    int steps[LAYOUT_STEPS];
+    metrics_read_losses(runs.single, off, steps, LAYOUT_STEPS);
+    metrics_read_losses(runs.layout, on, steps, LAYOUT_STEPS);
     cr_expect(memcmp(off, on, sizeof off) == 0, "%s: the losses moved", config);
     runs_end(&runs);
 }
@@ -289,7 +183,7 @@ static void expect_bytes_as_predicted(const char *config, const char *const *ove
         strcat(extra, " --set ");
         strcat(extra, overrides[i]);
     }
-    cr_assert_eq(train_layout(ranks, config, extra, runs.layout, runs.output), 0, "%s",
+    cr_assert_eq(layout_train(ranks, config, extra, runs.layout, runs.output), 0, "%s",
                  runs.output);
     const char *all[16] = {"model.d_model=32", "model.n_heads=2", "model.n_kv_heads=1",
                            "model.head_dim=16", "model.ffn_dim=64", "train.seq_len=32",
@@ -376,7 +270,7 @@ static void expect_layout_error(int ranks, const char *config, const char *extra
 {
     Runs runs;
     runs_begin(&runs, "layout-error");
-    const int status = train_layout(ranks, config, extra, runs.layout, runs.output);
+    const int status = layout_train(ranks, config, extra, runs.layout, runs.output);
     cr_expect_eq(status, 2, "%s: exit %d\n%s", extra, status, runs.output);
     cr_expect(strstr(runs.output, key), "%s: the message names no %s:\n%s", extra, key,
               runs.output);
@@ -426,14 +320,14 @@ Test(pipeline, inspect_comm_shows_measured_bytes_equal_to_the_prediction)
 {
     Runs runs;
     runs_begin(&runs, "inspect");
-    cr_assert_eq(train_layout(2, "demo_mhar_delta",
+    cr_assert_eq(layout_train(2, "demo_mhar_delta",
                               "--set parallel.pp=2 --set parallel.virtual_stages=2 "
                               "--set parallel.schedule=interleaved",
                               runs.layout, runs.output),
                  0, "%s", runs.output);
     char arguments[512];
     snprintf(arguments, sizeof arguments, "inspect --comm '%s'", runs.layout);
-    cr_expect_eq(test_run_fathom(arguments, runs.output, OUTPUT_CAPACITY), 0, "%s",
+    cr_expect_eq(test_run_fathom(arguments, runs.output, LAYOUT_OUTPUT_CAPACITY), 0, "%s",
                  runs.output);
     cr_expect(strstr(runs.output, "every measured value equals the prediction"), "%s",
               runs.output);
@@ -442,8 +336,8 @@ Test(pipeline, inspect_comm_shows_measured_bytes_equal_to_the_prediction)
     snprintf(command, sizeof command,
              "sed -i '$ s/\"pp_send_bytes\":\\([0-9]*\\)/\"pp_send_bytes\":1\\1/' '%s/metrics.jsonl'",
              runs.layout);
-    cr_assert_eq(test_run_command(command, runs.output, OUTPUT_CAPACITY), 0, "%s", runs.output);
-    cr_expect_eq(test_run_fathom(arguments, runs.output, OUTPUT_CAPACITY), 3, "%s",
+    cr_assert_eq(test_run_command(command, runs.output, LAYOUT_OUTPUT_CAPACITY), 0, "%s", runs.output);
+    cr_expect_eq(test_run_fathom(arguments, runs.output, LAYOUT_OUTPUT_CAPACITY), 3, "%s",
                  runs.output);
     cr_expect(strstr(runs.output, "differ from the prediction"), "%s", runs.output);
     runs_end(&runs);
@@ -453,14 +347,14 @@ Test(pipeline, inspect_of_a_pp2_checkpoint_shows_the_layout_that_saved_it)
 {
     Runs runs;
     runs_begin(&runs, "inspect-layout");
-    cr_assert_eq(train_layout(2, "demo_block_mhar",
+    cr_assert_eq(layout_train(2, "demo_block_mhar",
                               "--set parallel.pp=2 --set parallel.virtual_stages=2 "
                               "--set parallel.schedule=interleaved --set train.steps=1",
                               runs.layout, runs.output),
                  0, "%s", runs.output);
     char arguments[512];
     snprintf(arguments, sizeof arguments, "inspect '%s'", runs.layout);
-    cr_expect_eq(test_run_fathom(arguments, runs.output, OUTPUT_CAPACITY), 0, "%s",
+    cr_expect_eq(test_run_fathom(arguments, runs.output, LAYOUT_OUTPUT_CAPACITY), 0, "%s",
                  runs.output);
     cr_expect(strstr(runs.output, "layout: pp 2, dp 1, virtual_stages 2, layer split even"),
               "%s", runs.output);
@@ -479,11 +373,11 @@ Test(pipeline, a_pp2_run_resumed_from_its_checkpoint_equals_the_straight_run_bit
     char first_part[512];
     snprintf(first_part, sizeof first_part, "%s --set train.steps=3 --set checkpoint.every=3",
              layout);
-    cr_assert_eq(train_layout(2, "demo_block_mhar", layout, runs.single, runs.output), 0,
+    cr_assert_eq(layout_train(2, "demo_block_mhar", layout, runs.single, runs.output), 0,
                  "%s", runs.output);
-    cr_assert_eq(train_layout(2, "demo_block_mhar", first_part, runs.layout, runs.output), 0,
+    cr_assert_eq(layout_train(2, "demo_block_mhar", first_part, runs.layout, runs.output), 0,
                  "%s", runs.output);
-    cr_assert_eq(train_layout(2, "demo_block_mhar", layout, runs.layout, runs.output), 0,
+    cr_assert_eq(layout_train(2, "demo_block_mhar", layout, runs.layout, runs.output), 0,
                  "%s", runs.output);
     cr_expect(strstr(runs.output, "resumed at step 3"), "%s", runs.output);
     snprintf(runs.a, sizeof runs.a, "%s/checkpoints/step_00000005", runs.single);

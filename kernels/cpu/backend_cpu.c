@@ -13,14 +13,31 @@
 #include <string.h>
 #include <time.h>
 
+/* Every allocation carries its size in a header of CPU_HEADER bytes (a multiple of 64, so
+ * the memory handed out keeps malloc's alignment and more), so that memory_usage can count
+ * what the backend holds: the same question a device backend answers, asked of the host. */
+enum { CPU_HEADER = 64 };
+static size_t cpu_in_use, cpu_peak;
+
 static void *cpu_alloc(size_t bytes)
 {
-    return xcalloc(1, bytes);
+    char *block = xcalloc(1, bytes + CPU_HEADER);
+    memcpy(block, &bytes, sizeof bytes);
+    cpu_in_use += bytes;
+    if (cpu_in_use > cpu_peak)
+        cpu_peak = cpu_in_use;
+    return block + CPU_HEADER;
 }
 
 static void cpu_release(void *pointer)
 {
-    free(pointer);
+    if (!pointer)
+        return;
+    char *block = (char *)pointer - CPU_HEADER;
+    size_t bytes;
+    memcpy(&bytes, block, sizeof bytes);
+    cpu_in_use -= bytes;
+    free(block);
 }
 
 static void cpu_zero(void *pointer, size_t bytes)
@@ -40,15 +57,16 @@ static void cpu_synchronize(void)
 {
 }
 
-/* memory_usage: the cpu backend does not account its host memory */
+/* what alloc() handed out and release() has not taken back (single-threaded callers) */
 static void cpu_memory_usage(size_t *in_use, size_t *peak)
 {
-    *in_use = 0;
-    *peak = 0;
+    *in_use = cpu_in_use;
+    *peak = cpu_peak;
 }
 
 static void cpu_memory_peak_reset(void)
 {
+    cpu_peak = cpu_in_use;
 }
 
 /* ---- events: a monotonic clock reading (every op has finished when it returns) ---- */
@@ -75,6 +93,12 @@ static float cpu_event_elapsed_ms(const BackendEvent *start, const BackendEvent 
 {
     return (float)((double)(end->time.tv_sec - start->time.tv_sec) * 1e3 +
                    (double)(end->time.tv_nsec - start->time.tv_nsec) * 1e-6);
+}
+
+/* every op has finished when it returns: nothing to wait for */
+static void cpu_event_wait(const BackendEvent *event)
+{
+    (void)event;
 }
 
 /* ---- the op table's Activation arrays are fp32 here: the wrappers only cast ---- */
@@ -316,6 +340,7 @@ static const Backend cpu_backend = {
     .event_destroy = cpu_event_destroy,
     .event_record = cpu_event_record,
     .event_elapsed_ms = cpu_event_elapsed_ms,
+    .event_wait = cpu_event_wait,
     .activations_from_floats = cpu_activations_from_floats,
     .activations_upload = cpu_activations_from_floats,
     .activations_download = cpu_activations_download,
@@ -346,6 +371,7 @@ static const Backend cpu_backend = {
     .stream_mix_backward = table_stream_mix_backward,
     .sum_squares = cpu_sum_squares,
     .scale = cpu_scale,
+    .add_floats = cpu_add_floats,
     .adamw_update = table_adamw_update,
     .ema_update = cpu_ema_update,
 };

@@ -118,6 +118,7 @@ void cpu_scale(float *x, float factor, size_t n);
 void cpu_adamw_update(float *params, const float *grads, float *exp_avg, float *exp_avg_sq,
                       size_t n, float lr, float beta1, float beta2, float eps,
                       float weight_decay, int step);
+void cpu_add_floats(float *y, const float *x, size_t n);
 void cpu_ema_update(float *ema, const float *params, size_t n, float decay);
 
 #endif

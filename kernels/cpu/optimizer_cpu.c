@@ -78,6 +78,13 @@ void cpu_adamw_update(float *params, const float *grads, float *exp_avg, float *
     }
 }
 
+void cpu_add_floats(float *y, const float *x, size_t n)
+{
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++)
+        y[i] += x[i];
+}
+
 void cpu_ema_update(float *ema, const float *params, size_t n, float decay)
 {
 #pragma omp parallel for schedule(static) if (n >= CPU_PARALLEL_MIN_WORK)

@@ -10,9 +10,11 @@
  * table's backwards ADD), and the cross-entropy backward is called with dlogits != logits
  * (the model keeps them apart), so it adds too.
  *
- * Stream. One compute stream, cudaStreamNonBlocking, made on device 0 by the first call of
- * any entry (the launcher has bound the rank's GPU as device 0); cuBLASLt's handle and
- * workspace are made at the same moment. Every op, zero, copy, upload, download and event
+ * Stream. One compute stream, cudaStreamNonBlocking, made by the first call of any entry on
+ * the device chosen for the rank (cuda_device_use, kernels/cuda/cuda_module.h: runtime/topo
+ * picks it before the backend starts; device 0 when nothing chose); cuBLASLt's handle and
+ * workspace are made at the same moment. event_wait makes the stream wait for an event
+ * recorded on another stream (the end of an NCCL work, nccl_cuda.cu). Every op, zero, copy, upload, download and event
  * record is ordered on that stream; nothing uses the legacy default stream. alloc,
  * release, download, activations_download, sum_squares and event_elapsed_ms wait for the
  * stream; every other entry returns at once. Host arrays handed to upload are pageable (malloc):
@@ -46,6 +48,7 @@
 #include "kernels/cuda/backend_cuda.h"
 
 #include "kernels/cuda/attention_cuda.h"
+#include "kernels/cuda/backend_cuda_event.h"
 #include "kernels/cuda/backend_cuda_routing.h"
 #include "kernels/cuda/kernels_cuda.h"
 #include "runtime/error.h"
@@ -59,11 +62,6 @@ enum {
     MATMUL_WORKSPACE_BYTES = 32 << 20,
     /* workspace sizes are rounded up to this; sum_squares' partials start this far in */
     WORKSPACE_ALIGNMENT = 256,
-};
-
-/* A point on the compute stream (runtime/backend.h leaves the type to the backend). */
-struct BackendEvent {
-    cudaEvent_t event;
 };
 
 typedef struct DeviceAllocation {
@@ -101,7 +99,7 @@ static void note_peak(void)
 static cudaStream_t compute_stream(void)
 {
     if (!state.stream) {
-        CUDA_CHECK(cudaSetDevice(0));
+        CUDA_CHECK(cudaSetDevice(cuda_device_ordinal()));
         CUDA_CHECK(cudaStreamCreateWithFlags(&state.stream, cudaStreamNonBlocking));
         cuda_matmul_init();
         state.matmul_bytes = MATMUL_WORKSPACE_BYTES;
@@ -283,6 +281,11 @@ static float event_elapsed_ms(const BackendEvent *start, const BackendEvent *end
     CUDA_CHECK(cudaEventSynchronize(end->event));
     CUDA_CHECK(cudaEventElapsedTime(&milliseconds, start->event, end->event));
     return milliseconds;
+}
+
+static void event_wait(const BackendEvent *event)
+{
+    CUDA_CHECK(cudaStreamWaitEvent(compute_stream(), event->event, 0));
 }
 
 /* ---- conversions ---- */
@@ -476,6 +479,11 @@ static void op_scale(float *x, float factor, size_t n)
     cuda_scale(x, factor, n, compute_stream());
 }
 
+static void op_add_floats(float *y, const float *x, size_t n)
+{
+    cuda_add_floats(y, x, n, compute_stream());
+}
+
 static void op_adamw_update(float *params, const float *grads, float *exp_avg,
                             float *exp_avg_sq, size_t n, float lr, float beta1, float beta2,
                             float eps, float weight_decay, int step, Activation *compute_copy)
@@ -514,6 +522,7 @@ extern "C" const Backend *backend_cuda(void)
     table->event_destroy = event_destroy;
     table->event_record = event_record;
     table->event_elapsed_ms = event_elapsed_ms;
+    table->event_wait = event_wait;
 
     table->activations_from_floats = op_activations_from_floats;
     table->activations_upload = op_activations_upload;
@@ -540,6 +549,7 @@ extern "C" const Backend *backend_cuda(void)
 
     table->sum_squares = op_sum_squares;
     table->scale = op_scale;
+    table->add_floats = op_add_floats;
     table->adamw_update = op_adamw_update;
     table->ema_update = op_ema_update;
 

@@ -7,7 +7,8 @@
  * statically; the driver (libcuda) is loaded by it on first use.
  *
  * Every symbol is plain C. Strings are written into caller buffers. The module also exports
- * backend_cuda() (backend_cuda.h), the cuda op table.
+ * backend_cuda() (backend_cuda.h), the cuda op table, and, when built with NCCL,
+ * nccl_cuda() (nccl_cuda.h), the NCCL table of runtime/nccl_table.h.
  */
 #ifndef FATHOM_KERNELS_CUDA_CUDA_MODULE_H
 #define FATHOM_KERNELS_CUDA_CUDA_MODULE_H
@@ -24,6 +25,16 @@ int cuda_probe(char *description, size_t capacity);
 
 /* 10 * major + minor of device 0 (90 for Hopper), 0 when there is none. */
 int cuda_compute_capability(void);
+
+/* The PCI bus id of device `ordinal` (a CUDA ordinal; < 0: the device the backend uses),
+ * "0000:19:00.0" in lower case, into bus_id. Creates no context. 0 on success, -1 (with
+ * CUDA's message in bus_id) when the device does not answer. */
+int cuda_device_bus_id(int ordinal, char *bus_id, size_t capacity);
+
+/* The device the backend and NCCL run on from now on (runtime/topo's choice for the rank).
+ * Call it before the backend's first entry: once the backend has started on a device, a
+ * call naming another one is fatal (exit 5). Without a call the device is 0. */
+void cuda_device_use(int ordinal);
 
 #ifdef __cplusplus
 }

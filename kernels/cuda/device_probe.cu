@@ -1,8 +1,57 @@
-/* kernels/cuda/device_probe.cu — cuda_probe() (see cuda_module.h). */
+/* kernels/cuda/device_probe.cu — cuda_probe() and the device of the rank (see cuda_module.h).
+ */
 #include "kernels/cuda/cuda_module.h"
 
+#include "kernels/cuda/cuda_common.h"
+#include "runtime/error.h"
+
+#include <ctype.h>
 #include <cuda_runtime.h>
+#include <stdbool.h>
 #include <stdio.h>
+#include <string.h>
+
+/* The device of the backend and NCCL; fixed by the first cuda_device_ordinal(). */
+static struct {
+    int ordinal;
+    bool fixed;
+} device_choice;
+
+extern "C" int cuda_device_ordinal(void)
+{
+    device_choice.fixed = true;
+    return device_choice.ordinal;
+}
+
+extern "C" void cuda_device_use(int ordinal)
+{
+    if (device_choice.fixed && ordinal != device_choice.ordinal)
+        fatal(EXIT_COMM, "CUDA device %d chosen after the backend started on device %d",
+              ordinal, device_choice.ordinal);
+    device_choice.ordinal = ordinal;
+}
+
+extern "C" int cuda_device_bus_id(int ordinal, char *bus_id, size_t capacity)
+{
+    const int device = ordinal < 0 ? device_choice.ordinal : ordinal;
+    char text[64];
+    cudaError_t status = cudaDeviceGetPCIBusId(text, (int)sizeof text, device);
+    if (status != cudaSuccess) {
+        snprintf(bus_id, capacity, "CUDA device %d has no PCI bus id (%s)", device,
+                 cudaGetErrorString(status));
+        cudaGetLastError(); /* not sticky: the caller decides */
+        return -1;
+    }
+    /* CUDA writes "00000000:19:00.0" or "0000:19:00.0": keep a 4-digit domain, as
+     * /sys/bus/pci and NCCL's messages write it */
+    const char *start = text;
+    while (start[0] == '0' && strlen(start) > 12)
+        start++;
+    snprintf(bus_id, capacity, "%s", start);
+    for (char *c = bus_id; *c; c++)
+        *c = (char)tolower((unsigned char)*c);
+    return 0;
+}
 
 extern "C" int cuda_compute_capability(void)
 {

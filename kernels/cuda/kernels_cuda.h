@@ -149,6 +149,7 @@ void cuda_ema_update(float *ema, const float *params, size_t n, float decay,
                      cudaStream_t stream);
 /* x *= factor */
 void cuda_scale(float *x, float factor, size_t n, cudaStream_t stream);
+void cuda_add_floats(float *y, const float *x, size_t n, cudaStream_t stream);
 /* *result += sum of x[i]^2, in double, on the device (so the squared norms of many ranges
  * add up without a host round trip; zero *result first). Two passes: a fixed grid of
  * CUDA_SUM_SQUARES_PARTIALS blocks writes one double each into `workspace`, one block adds

@@ -83,6 +83,22 @@ __global__ void __launch_bounds__(OPTIMIZER_THREADS)
     }
 }
 
+template <bool VECTOR>
+__global__ void __launch_bounds__(OPTIMIZER_THREADS)
+    add_floats_kernel(float *y, const float *x, size_t n)
+{
+    size_t stride = (size_t)gridDim.x * blockDim.x * 8;
+    for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8; i < n; i += stride) {
+        float a[8], b[8];
+        load8_float<VECTOR>(a, y, i, n);
+        load8_float<VECTOR>(b, x, i, n);
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            a[k] += b[k];
+        store8_float<VECTOR>(y, i, n, a);
+    }
+}
+
 /* Adds the THREADS doubles of `values` (shared memory) in a fixed tree; thread 0 gets the
  * total. Every thread of the block calls it. */
 template <int THREADS>
@@ -178,6 +194,18 @@ extern "C" void cuda_scale(float *x, float factor, size_t n, cudaStream_t stream
         scale_kernel<true><<<blocks, OPTIMIZER_THREADS, 0, stream>>>(x, factor, n);
     else
         scale_kernel<false><<<blocks, OPTIMIZER_THREADS, 0, stream>>>(x, factor, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void cuda_add_floats(float *y, const float *x, size_t n, cudaStream_t stream)
+{
+    if (n == 0)
+        return;
+    unsigned blocks = grid_stride_blocks((n + 7) / 8, OPTIMIZER_THREADS);
+    if (is_aligned_16(y) && is_aligned_16(x))
+        add_floats_kernel<true><<<blocks, OPTIMIZER_THREADS, 0, stream>>>(y, x, n);
+    else
+        add_floats_kernel<false><<<blocks, OPTIMIZER_THREADS, 0, stream>>>(y, x, n);
     CUDA_CHECK_LAUNCH();
 }
 

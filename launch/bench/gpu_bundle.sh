@@ -17,7 +17,8 @@ fi
 ninja -C build
 rm -rf .gpu-libs
 bundle=${FATHOM_BUNDLE_LIBS:-../shared/tools/bundle-libs}
-binaries=(build/fathom build/tests/fathom-tests build/kernels/libfathom_cuda.so)
+binaries=(build/fathom build/tests/fathom-tests build/kernels/libfathom_cuda.so
+          build/tests/fathom-device-comm-probe)
 for extra in build/kernels/fathom-route-bench build/kernels/fathom-kernel-bench; do
   [ -x "$extra" ] && binaries+=("$extra")
 done
@@ -29,4 +30,5 @@ cp "$(command -v h5diff)" .gpu-libs/bin/
 # the module travels in build/kernels (where fathom looks for it), not twice
 rm -f .gpu-libs/libfathom_cuda.so
 echo "carry: build/fathom build/tests/fathom-tests build/kernels/libfathom_cuda.so" \
-     "build/kernels/fathom-route-bench build/kernels/fathom-kernel-bench .gpu-libs"
+     "build/kernels/fathom-route-bench build/kernels/fathom-kernel-bench" \
+     "build/tests/fathom-device-comm-probe .gpu-libs"

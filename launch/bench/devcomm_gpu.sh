@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# launch/bench/devcomm_gpu.sh — on a GPU machine, from the repository root, with build/ and
+# .gpu-libs/ made on the build machine by launch/bench/gpu_bundle.sh: the checks of device
+# communication and rank placement that need a GPU, then a short table.
+#   - tests/test_cuda_device_comm.c: NCCL in the CUDA module on a one-rank communicator (init,
+#     all-gather, reduce-scatter, the communication stream after the compute stream, the
+#     deadline that aborts a work), two ranks sharing the GPU (host-staged, exact; and forced
+#     onto NCCL: exit 5 from its init);
+#   - tests/test_cuda_topo.c: `fathom train` under mpirun: bound near the GPU, ranks sharing
+#     it, a launcher's binding kept;
+#   - the cuda op table has every entry (event_wait included).
+# About a minute on one H200. Logs in $OUT (or /tmp/devcomm-gpu).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+out=${OUT:-/tmp/devcomm-gpu}
+mkdir -p "$out"
+export PATH=$PWD/.gpu-libs/bin:$PATH
+export LD_LIBRARY_PATH=$PWD/.gpu-libs:$PWD/build/kernels${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export FATHOM_BINARY=$PWD/build/fathom FATHOM_SOURCE_DIR=$PWD \
+  FATHOM_CUDA_MODULE=$PWD/build/kernels/libfathom_cuda.so \
+  FATHOM_DEVICE_COMM_PROBE=$PWD/build/tests/fathom-device-comm-probe
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu.txt"
+for library in $(ldd build/kernels/libfathom_cuda.so | awk '/libnccl/ {print $3}'); do
+  echo "NCCL: $library" | tee -a "$out/gpu.txt"
+done
+: >"$out/tests.log"
+for filter in 'cuda_device_comm/*' 'cuda_topo/*' 'cuda_backend/fills_every_entry*'; do
+  timeout 150 build/tests/fathom-tests --jobs=1 --verbose=1 --filter "$filter" \
+    >>"$out/tests.log" 2>&1
+  echo "fathom-tests --filter '$filter': exit $?" >>"$out/tests.log"
+done
+echo
+echo "=== details (full log: $out/tests.log)"
+grep -E "^cuda_topo: |Assertion|\[FAIL\]|exit [1-9]" "$out/tests.log" | head -40
+echo
+echo "=== devcomm GPU checks"
+printf '%-6s %-9s %s\n' result seconds test
+grep -E "^\[(PASS|FAIL|SKIP|ERR )\]" "$out/tests.log" | grep -v "is disabled" \
+  | sed -E 's/^\[(....?)\] ([^:]+::[^:]+)(: \(([0-9.]+)s\))?.*/\1|\4|\2/' \
+  | awk -F'|' '{printf "%-6s %-9s %s\n", $1, ($2 == "" ? "-" : $2), $3}'

@@ -1,0 +1,223 @@
+/* tests/test_fsdp.c — FSDP inside each pipeline stage, under mpirun on the cpu (DESIGN 3, 7):
+ * every dp layout, with and without pipeline stages, both reshard policies, checkpointing
+ * on and off, trains the losses and weights of the one-rank run; the shards shrink as 1/D;
+ * a stopped or killed rank ends the job naming it; a NaN on one rank skips the step on
+ * every rank; and the layout errors are exit 2 naming their key.
+ */
+#include <criterion/criterion.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tests/layout_support.h"
+#include "tests/pipeline_support.h"
+#include "tests/support.h"
+#include "runtime/timer.h"
+#include "tests/train_support.h"
+
+/* Both reshard policies, checkpointing off and on, dp 2 and 4, with and without stages
+ * (interleaved, v 2: the cross-stage cache beside the gathers). */
+static const Layout dp_layouts[] = {
+    {2, "--set parallel.dp=2"},
+    {2, "--set parallel.dp=2 --set fsdp.reshard_after_forward=true"},
+    {4, "--set parallel.dp=4 --set fsdp.reshard_after_forward=true "
+        "--set train.activation_checkpointing=full"},
+    {4, "--set parallel.pp=2 --set parallel.dp=2 --set train.activation_checkpointing=full"},
+    {4, "--set parallel.pp=2 --set parallel.dp=2 --set parallel.virtual_stages=2 "
+        "--set parallel.schedule=interleaved --set fsdp.reshard_after_forward=true"},
+};
+#define DP_LAYOUTS (int)(sizeof dp_layouts / sizeof dp_layouts[0])
+
+Test(fsdp, every_dp_layout_of_the_standard_residual_equals_one_rank, .timeout = 300)
+{
+    expect_layouts_equal_single("demo", "", dp_layouts, DP_LAYOUTS, "fsdp-std");
+}
+
+Test(fsdp, every_dp_layout_of_block_mhar_replace_equals_one_rank, .timeout = 300)
+{
+    expect_layouts_equal_single("demo_block_mhar", "", dp_layouts, DP_LAYOUTS, "fsdp-mhar");
+}
+
+Test(fsdp, every_dp_layout_of_mhar_delta_equals_one_rank, .timeout = 300)
+{
+    expect_layouts_equal_single("demo_mhar_delta", "", dp_layouts, DP_LAYOUTS, "fsdp-delta");
+}
+
+Test(fsdp, every_dp_layout_of_msar_delta_equals_one_rank, .timeout = 300)
+{
+    expect_layouts_equal_single("demo_msar", "--set residual.form=delta", dp_layouts,
+                                DP_LAYOUTS, "fsdp-msar-delta");
+}
+
+Test(fsdp, every_dp_layout_of_tied_embeddings_equals_one_rank, .timeout = 300)
+{
+    /* under pp the embedding is held by stage 0 and the last stage, sharded on both */
+    expect_layouts_equal_single("demo", "--set model.tie_embeddings=true", dp_layouts,
+                                DP_LAYOUTS, "fsdp-tied");
+}
+
+/* ---- memory ---- */
+
+typedef struct {
+    long long held, shards, gathered, optimizer;
+} Measured;
+
+/* The numbers of the "measured after set-up" line of `fathom train` on `ranks` dp ranks. */
+static Measured measure(int ranks, const char *run_dir, char *output)
+{
+    char extra[256];
+    snprintf(extra, sizeof extra, "--set parallel.dp=%d --set train.steps=1 "
+             "--set train.global_batch_size=8 --set model.d_model=256 --set model.n_heads=4 "
+             "--set model.head_dim=64 --set model.ffn_dim=512 --set model.vocab_size=1000",
+             ranks);
+    cr_assert_eq(layout_train(ranks, "demo_mhar_delta", extra, run_dir, output), 0, "%s",
+                 output);
+    const char *line = strstr(output, "measured after set-up");
+    cr_assert(line, "no measured line in\n%s", output);
+    Measured m;
+    cr_assert_eq(sscanf(strchr(line, '(') + 1,
+                        "%lld bytes: parameter shards %lld, gathered units %lld, optimizer %lld",
+                        &m.held, &m.shards, &m.gathered, &m.optimizer),
+                 4, "%s", line);
+    return m;
+}
+
+Test(fsdp, parameter_and_optimizer_bytes_fall_as_one_over_d, .timeout = 120)
+{
+    Runs runs;
+    runs_begin(&runs, "fsdp-memory");
+    Measured at[5];
+    const int sizes[] = {1, 2, 4};
+    for (int i = 0; i < 3; i++) {
+        char run_dir[400];
+        snprintf(run_dir, sizeof run_dir, "%s/dp%d", runs.root, sizes[i]);
+        at[sizes[i]] = measure(sizes[i], run_dir, runs.output);
+    }
+    for (int i = 1; i < 3; i++) {
+        const int D = sizes[i];
+        const Measured *one = &at[1], *m = &at[D];
+        /* within the padding: rows up to a multiple of D and each shard to 64 elements;
+         * the delta model has about 70 tensors, so at most 70 * 64 * 4 bytes * 5 buffers */
+        const double slack = 70.0 * 64 * 4 * 5;
+        cr_expect(fabs((double)m->shards * D - (double)one->shards) <= D * slack,
+                  "dp %d: shards %lld bytes, one rank %lld", D, m->shards, one->shards);
+        cr_expect(fabs((double)m->optimizer * D - (double)one->optimizer) <= D * slack,
+                  "dp %d: optimizer %lld bytes, one rank %lld", D, m->optimizer, one->optimizer);
+        /* measured: what the backend holds moves by exactly what the plan says moved */
+        const long long rest = m->held - m->shards - m->gathered - m->optimizer;
+        const long long rest_one = one->held - one->shards - one->gathered - one->optimizer;
+        cr_expect_eq(rest, rest_one, "dp %d: %lld bytes held besides the parameters, one rank "
+                     "%lld", D, rest, rest_one);
+    }
+    runs_end(&runs);
+}
+
+/* ---- faults ---- */
+
+/* `fathom train` of demo on dp ranks with FATHOM_FAULT set; the exit code, output and time. */
+static int train_with_fault(int ranks, const char *fault, const char *launcher_options,
+                            const char *run_dir, char *output, double *seconds)
+{
+    char command[4096];
+    snprintf(command, sizeof command,
+             "FATHOM_FAULT=%s OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 "
+             "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe %s -x FATHOM_FAULT "
+             "-np %d '%s' train '%s/launch/configs/demo.yaml' %s --set parallel.dp=%d "
+             "--set parallel.timeout_s=2 --set run_dir='%s' </dev/null",
+             fault, launcher_options, ranks, test_fathom_binary(), test_source_dir(),
+             LAYOUT_COMMON, ranks, run_dir);
+    const double started = timer_seconds();
+    const int code = test_run_command(command, output, LAYOUT_OUTPUT_CAPACITY);
+    *seconds = timer_seconds() - started;
+    return code;
+}
+
+Test(fsdp, a_stopped_rank_ends_the_job_with_exit_5_naming_it, .timeout = 120)
+{
+    Runs runs;
+    runs_begin(&runs, "fsdp-stop");
+    double seconds;
+    const int code = train_with_fault(2, "rank=1,step=2,kind=stop", "", runs.layout,
+                                      runs.output, &seconds);
+    cr_expect_eq(code, 5, "exit %d:\n%s", code, runs.output);
+    cr_expect(strstr(runs.output, "rank 1 does not answer a roll call"), "%s", runs.output);
+    /* the deadline (2 s) and the roll call (2 s), with room for a loaded machine */
+    cr_expect(seconds < 30, "took %.1f s", seconds);
+    runs_end(&runs);
+}
+
+Test(fsdp, a_killed_rank_ends_the_job_naming_it, .timeout = 120)
+{
+    Runs runs;
+    runs_begin(&runs, "fsdp-kill");
+    double seconds;
+    /* mpirun notices the death at once, ends the others and names the rank */
+    int code = train_with_fault(2, "rank=1,step=2,kind=exit", "", runs.layout, runs.output,
+                                &seconds);
+    cr_expect_neq(code, 0, "%s", runs.output);
+    cr_expect(strstr(runs.output, "rank 1"), "%s", runs.output);
+    cr_expect(seconds < 30, "took %.1f s", seconds);
+    /* with --enable-recovery mpirun lets the others run into their deadline: they exit 5
+     * and name the dead rank themselves */
+    test_remove_tree(runs.layout);
+    code = train_with_fault(2, "rank=1,step=2,kind=exit", "--enable-recovery", runs.layout,
+                            runs.output, &seconds);
+    cr_expect(strstr(runs.output, "rank 1 does not answer a roll call"), "%s", runs.output);
+    cr_expect(strstr(runs.output, "fathom: error: rank 0"), "%s", runs.output);
+    cr_expect(seconds < 30, "took %.1f s", seconds);
+    runs_end(&runs);
+}
+
+Test(fsdp, a_nan_on_one_rank_skips_the_step_on_every_rank, .timeout = 120)
+{
+    Runs runs;
+    runs_begin(&runs, "fsdp-nan");
+    double seconds;
+    const int code = train_with_fault(2, "rank=1,step=3,kind=nan", "", runs.layout,
+                                      runs.output, &seconds);
+    cr_assert_eq(code, 0, "%s", runs.output);
+    cr_expect(strstr(runs.output, "step 3: non-finite"), "%s", runs.output);
+    double losses[LAYOUT_STEPS];
+    int steps[LAYOUT_STEPS];
+    cr_assert_eq(metrics_read_losses(runs.layout, losses, steps, LAYOUT_STEPS), LAYOUT_STEPS);
+    for (int s = 0; s < LAYOUT_STEPS; s++)
+        cr_expect(isfinite(losses[s]), "step %d loss %g", s + 1, losses[s]);
+    /* every rank skipped it: the shards agree on 4 updates, and the run resumes from them */
+    char command[1024];
+    snprintf(command, sizeof command,
+             "python3 -c \"import h5py\n"
+             "f = h5py.File('%s/checkpoints/step_00000005/index.h5', 'r')\n"
+             "assert f.attrs['optimizer_steps'] == 4, f.attrs['optimizer_steps']\n"
+             "assert f.attrs['skipped_steps'] == 1, f.attrs['skipped_steps']\"",
+             runs.layout);
+    cr_expect_eq(test_run_command(command, runs.output, LAYOUT_OUTPUT_CAPACITY), 0, "%s",
+                 runs.output);
+    runs_end(&runs);
+}
+
+/* ---- bad input ---- */
+
+static void expect_config_error(int ranks, const char *extra, const char *key)
+{
+    Runs runs;
+    runs_begin(&runs, "fsdp-bad");
+    const int code = layout_train(ranks, "demo", extra, runs.layout, runs.output);
+    cr_expect_eq(code, 2, "%s: exit %d\n%s", extra, code, runs.output);
+    cr_expect(strstr(runs.output, key), "%s: the message does not name %s:\n%s", extra, key,
+              runs.output);
+    runs_end(&runs);
+}
+
+Test(fsdp, a_timeout_that_is_not_positive_is_exit_2)
+{
+    expect_config_error(1, "--set parallel.timeout_s=0", "parallel.timeout_s");
+    expect_config_error(1, "--set parallel.timeout_s=-5", "parallel.timeout_s");
+}
+
+Test(fsdp, a_dp_that_does_not_divide_the_batch_into_whole_microbatches_is_exit_2)
+{
+    /* 8 sequences in microbatches of 2 over 3 ranks */
+    expect_config_error(3, "--set parallel.dp=3", "train.global_batch_size");
+}
