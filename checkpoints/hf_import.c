@@ -87,9 +87,10 @@ static void report_progress(ImportState *state, int index, int n_tensors)
 static void fill_tensor(void *context, int group, int index, float *values, size_t count)
 {
     ImportState *state = context;
-    (void)group;
-    (void)count;
     const ParamEntry *entry = &state->table->params[index];
+    if (group != CKPT_GROUP_MODEL || count != entry->count)
+        fatal(EXIT_DATA, "convert: the save asked for %zu elements of %s in group %d; it has "
+              "%zu in /model", count, entry->name, group, entry->count);
     const SafetensorsTensor *source = state->sources[index];
     if (source) {
         safetensors_read(state->source, source, values);
