@@ -294,6 +294,7 @@ static void save_checkpoint(TrainingStep *step, RunState *state, Model *model,
 
 int train_main(int argc, char **argv)
 {
+    const double process_started = timer_seconds();
     const char *config_path, *overrides[MAX_OVERRIDES];
     int n_overrides;
     parse_arguments(argc, argv, &config_path, overrides, &n_overrides);
@@ -377,6 +378,11 @@ int train_main(int argc, char **argv)
         printf("fathom: %s is at step %lld already and train.steps = %d: nothing to train "
                "(raise train.steps to continue)\n", config.run_dir, (long long)state.step,
                config.train.steps);
+    if (leader && state.step < config.train.steps) {
+        printf("fathom: ready to train after %.2f s of set-up (config, placement, parameters%s)\n",
+               timer_seconds() - process_started, resumed ? ", checkpoint" : ", initialisation");
+        fflush(stdout);
+    }
     while (state.step < config.train.steps && !stopping) {
         int step_number = (int)state.step + 1;
         double started = timer_seconds();

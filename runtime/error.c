@@ -31,23 +31,29 @@ void error_set_rank(int rank)
     error_rank = rank;
 }
 
-static void error_print_prefix(const char *severity)
+/* "fathom: <severity>: [rank N: ]<message>\n" in ONE write: stderr is unbuffered, and under
+ * mpirun the pieces of a line written apart interleave with other ranks' and mpirun's own. */
+static void error_emit(const char *severity, const char *format, va_list args)
 {
-    fprintf(stderr, "fathom: %s: ", severity);
+    char line[4096];
+    int length = snprintf(line, sizeof line, "fathom: %s: ", severity);
     if (error_rank >= 0)
-        fprintf(stderr, "rank %d: ", error_rank);
+        length += snprintf(line + length, sizeof line - (size_t)length, "rank %d: ", error_rank);
+    length += vsnprintf(line + length, sizeof line - (size_t)length, format, args);
+    if (length > (int)sizeof line - 2)
+        length = (int)sizeof line - 2; /* a longer message is cut, never lost entirely */
+    line[length++] = '\n';
+    fwrite(line, 1, (size_t)length, stderr);
+    fflush(stderr);
 }
 
 void fatal(int exit_code, const char *format, ...)
 {
     va_list args;
     fflush(stdout);
-    error_print_prefix("error");
     va_start(args, format);
-    vfprintf(stderr, format, args);
+    error_emit("error", format, args);
     va_end(args);
-    fputc('\n', stderr);
-    fflush(stderr);
     /* a failure inside the hook (a second fatal from MPI_Abort's path) must not recurse */
     void (*abort_job)(int) = error_abort_job;
     error_abort_job = NULL;
@@ -60,11 +66,9 @@ void warn(const char *format, ...)
 {
     va_list args;
     fflush(stdout);
-    error_print_prefix("warning");
     va_start(args, format);
-    vfprintf(stderr, format, args);
+    error_emit("warning", format, args);
     va_end(args);
-    fputc('\n', stderr);
 }
 
 void *xmalloc(size_t bytes)
