@@ -85,6 +85,40 @@ void checkpoint_save(const char *run_dir, const CheckpointMeta *meta,
                      const CheckpointTensor *tensors, int n_tensors,
                      const float *const data[CKPT_GROUPS]);
 
+/* ---- looking inside a checkpoint (checkpoint_inspect.c; `fathom inspect DIR`) ---- */
+
+typedef struct {
+    char *name;                          /* the dataset name: the tensor's DESIGN 2.3 name */
+    int ndim;
+    int64_t shape[CHECKPOINT_RANK_MAX];
+    char dtype[16];                      /* "float32", "bfloat16", "float16", "float64" */
+    double norm;                         /* L2 norm over every element, in double */
+} CheckpointTensorInfo;
+
+/* Every tensor of `group` in the committed checkpoint at step_dir (resolved as
+ * checkpoint_read_meta does), in natural name order (layer 2 before layer 10), each read
+ * whole through index.h5 for its norm, except those with a shard dataset among skip[0..
+ * n_skip-1] (checkpoint_verify_all's findings: a corrupt file may not even read), whose norm
+ * is NaN. Returns the count (0 when the group is absent); *infos is malloc'd, free it with
+ * checkpoint_tensor_infos_free. */
+typedef struct CheckpointCorruption CheckpointCorruption;
+int checkpoint_tensor_infos(const char *step_dir, int group, CheckpointTensorInfo **infos,
+                            const CheckpointCorruption *skip, int n_skip);
+void checkpoint_tensor_infos_free(CheckpointTensorInfo *infos, int count);
+
+struct CheckpointCorruption {
+    char *shard;       /* file name, relative to the step directory */
+    char *dataset;     /* "/model/<name>" */
+    char problem[160]; /* why it fails: "CRC32C recorded 1234abcd, read 5678ef00", ... */
+};
+
+/* Checks every record of /integrity, every group: the shard exists, holds the dataset with
+ * the recorded rows, and its bytes have the recorded CRC32C. Unlike a load it does not stop
+ * at the first failure and never exits for one: returns the number of records checked and
+ * fills *bad (malloc'd, *n_bad entries; free with checkpoint_corruptions_free). */
+int checkpoint_verify_all(const char *step_dir, CheckpointCorruption **bad, int *n_bad);
+void checkpoint_corruptions_free(CheckpointCorruption *bad, int n_bad);
+
 /* The newest committed step directory of run_dir: the one `latest` names if it has
  * COMMITTED, else the highest step_* with COMMITTED. Writes its path into step_dir and
  * returns true; returns false when there is none. */

@@ -2,6 +2,7 @@
 #include "launch/cli.h"
 
 #include "launch/bench.h"
+#include "launch/convert.h"
 #include "launch/eval.h"
 #include "launch/help.h"
 #include "launch/inspect.h"
@@ -42,8 +43,7 @@ int cli_main(int argc, char **argv)
     if (!strcmp(command, "inspect"))
         return inspect_main(argc, argv);
     if (!strcmp(command, "convert"))
-        fatal(EXIT_CONFIG, "fathom convert is not built yet (it will import Hugging Face "
-              "safetensors as step 0 of a run; see fathom convert --help)");
+        return convert_main(argc, argv);
     help_print_overview(stderr);
     fatal(EXIT_CONFIG, "unknown command '%s' (fathom --help lists the commands)", command);
 }

@@ -54,14 +54,29 @@ static const CommandHelp commands[] = {
      "  --json OUT.jsonl    also write one JSON object a case\n"
      "example: fathom bench --cases step --small\n"},
     {"inspect",
-     "usage: fathom inspect --comm RUN_DIR\n"
+     "usage: fathom inspect DIR [--json] | fathom inspect --comm RUN_DIR\n"
+     "  DIR (a run_dir, its checkpoints/ or one step directory): the step and counters, the\n"
+     "  layout that saved it (pp, dp, virtual_stages, split), the config's network, every\n"
+     "  tensor of every group (/model, /ema, /optim/*) with shape, dtype and norm, and the\n"
+     "  integrity verdict: every shard dataset's CRC32C is checked; a corrupt one is named\n"
+     "  (file and tensor) and the exit code is 3.\n"
+     "  --json              the same as one JSON object\n"
      "  --comm RUN_DIR      per pipeline stage: the pp bytes of the run's last logged step\n"
      "                      beside the prediction, with and without the cross-stage cache\n"
-     "  (fathom inspect DIR, a checkpoint's tensors, layout and integrity, is not built yet)\n"
-     "example: fathom inspect --comm runs/demo\n"},
+     "example: fathom inspect runs/demo --json\n"},
     {"convert",
      "usage: fathom convert --from-hf DIR --config CONFIG.yaml --to RUN_DIR\n"
-     "  Not built yet: it will import a Hugging Face safetensors model as step 0 of a run.\n"},
+     "  Imports a Hugging Face Llama-3 or Qwen3 model (DIR: config.json and model.safetensors,\n"
+     "  or model.safetensors.index.json and its files; bf16, fp16 or fp32) as step 0 of a new\n"
+     "  run for the network of CONFIG.yaml, its residual section included: base weights are\n"
+     "  copied by name, routing weights start fresh (delta form: the base model exactly).\n"
+     "  config.json must agree with the config's model section (exit 2 names the key); a\n"
+     "  missing or malformed file or tensor is exit 3. Then train with\n"
+     "  fathom train CONFIG.yaml --set run_dir=RUN_DIR (moments from zero, EMA at the weights).\n"
+     "  --from-hf DIR       the Hugging Face model directory\n"
+     "  --config FILE       the fathom config of the network to train\n"
+     "  --to RUN_DIR        a new run directory (one that holds a checkpoint is refused)\n"
+     "example: fathom convert --from-hf Llama-3.2-1B --config graft.yaml --to runs/graft\n"},
 };
 
 void help_print_overview(FILE *out)

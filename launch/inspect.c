@@ -1,10 +1,12 @@
-/* launch/inspect.c — `fathom inspect --comm RUN_DIR` (see inspect.h). */
+/* launch/inspect.c — `fathom inspect --comm RUN_DIR` and the dispatch of `fathom inspect DIR`
+ * (see inspect.h). */
 #include "launch/inspect.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "launch/inspect_checkpoint.h"
 #include "model/chunk.h"
 #include "pipeline/payload.h"
 #include "runtime/config.h"
@@ -15,7 +17,7 @@ typedef struct {
     long long send, recv, summary, summary_uncached;
 } StageBytes;
 
-static const char usage[] = "usage: fathom inspect --comm RUN_DIR";
+static const char usage[] = "usage: fathom inspect DIR [--json] | fathom inspect --comm RUN_DIR";
 
 /* The number after "key": inside [object, end), or fatal naming the file. */
 static long long field_in(const char *object, const char *end, const char *key,
@@ -78,9 +80,23 @@ static void print_bytes(long long bytes)
 
 int inspect_main(int argc, char **argv)
 {
-    if (argc != 4 || strcmp(argv[2], "--comm"))
-        fatal(EXIT_CONFIG, "%s (fathom inspect DIR, the tensors, layout and integrity of a "
-              "checkpoint, is not built yet)", usage);
+    if (argc >= 3 && strcmp(argv[2], "--comm")) {
+        const char *dir = NULL;
+        bool json = false;
+        for (int i = 2; i < argc; i++) {
+            if (!strcmp(argv[i], "--json"))
+                json = true;
+            else if (argv[i][0] == '-' || dir)
+                fatal(EXIT_CONFIG, "inspect: unexpected argument '%s'\n%s", argv[i], usage);
+            else
+                dir = argv[i];
+        }
+        if (!dir)
+            fatal(EXIT_CONFIG, "inspect: which directory?\n%s", usage);
+        return inspect_checkpoint_main(dir, json);
+    }
+    if (argc != 4)
+        fatal(EXIT_CONFIG, "%s", usage);
     const char *run_dir = argv[3];
     char path[CONFIG_PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/config.yaml", run_dir);

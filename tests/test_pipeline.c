@@ -343,11 +343,25 @@ Test(pipeline, inspect_comm_shows_measured_bytes_equal_to_the_prediction)
     runs_end(&runs);
 }
 
-Test(pipeline, inspect_of_a_checkpoint_says_it_is_not_built_yet)
+Test(pipeline, inspect_of_a_pp2_checkpoint_shows_the_layout_that_saved_it)
 {
-    char output[4096];
-    cr_expect_eq(test_run_fathom("inspect runs/x", output, sizeof output), 2);
-    cr_expect(strstr(output, "not built yet"), "%s", output);
+    Runs runs;
+    runs_begin(&runs, "inspect-layout");
+    cr_assert_eq(layout_train(2, "demo_block_mhar",
+                              "--set parallel.pp=2 --set parallel.virtual_stages=2 "
+                              "--set parallel.schedule=interleaved --set train.steps=1",
+                              runs.layout, runs.output),
+                 0, "%s", runs.output);
+    char arguments[512];
+    snprintf(arguments, sizeof arguments, "inspect '%s'", runs.layout);
+    cr_expect_eq(test_run_fathom(arguments, runs.output, LAYOUT_OUTPUT_CAPACITY), 0, "%s",
+                 runs.output);
+    cr_expect(strstr(runs.output, "layout: pp 2, dp 1, virtual_stages 2, layer split even"),
+              "%s", runs.output);
+    cr_expect(strstr(runs.output, "residual: mode attnres, heads 4, granularity block"), "%s",
+              runs.output);
+    cr_expect(strstr(runs.output, "integrity: OK"), "%s", runs.output);
+    runs_end(&runs);
 }
 
 Test(pipeline, a_pp2_run_resumed_from_its_checkpoint_equals_the_straight_run_bit_for_bit)
