@@ -8,13 +8,14 @@
 
 #include "launch/inspect_checkpoint.h"
 #include "model/chunk.h"
+#include "pipeline/fsdp_bytes.h"
 #include "pipeline/payload.h"
 #include "runtime/config.h"
 #include "runtime/error.h"
 
 /* Measured bytes per step of one stage, from its object in metrics.jsonl's comm array. */
 typedef struct {
-    long long send, recv, summary, summary_uncached;
+    long long send, recv, summary, summary_uncached, allgather, reducescatter, allreduce;
 } StageBytes;
 
 static const char usage[] = "usage: fathom inspect DIR [--json] | fathom inspect --comm RUN_DIR";
@@ -61,6 +62,9 @@ static int read_measured(const char *run_dir, StageBytes *stages, int capacity, 
             field_in(object, end, "pp_recv_bytes", path),
             field_in(object, end, "pp_summary_bytes", path),
             field_in(object, end, "pp_summary_bytes_uncached", path),
+            field_in(object, end, "fsdp_allgather_bytes", path),
+            field_in(object, end, "fsdp_reducescatter_bytes", path),
+            field_in(object, end, "allreduce_bytes", path),
         };
         if (end[1] == ']')
             break;
@@ -140,6 +144,23 @@ int inspect_main(int argc, char **argv)
             print_bytes(expected[k]);
             mismatches += got[k] != expected[k];
         }
+        printf("\n");
+    }
+    printf("\nfsdp bytes per step (each stage's dp ranks together; allreduce: measured only)\n");
+    printf("%5s %14s %14s %14s %14s %14s\n", "stage", "all-gather", "predicted",
+           "reduce-scat.", "predicted", "allreduce");
+    for (int stage = 0; stage < P; stage++) {
+        const FsdpBytes predicted = fsdp_predict_step_bytes(&config, stage, (size_t)element);
+        const long long expected[2] = {(long long)predicted.allgather * dp,
+                                       (long long)predicted.reducescatter * dp};
+        const long long got[2] = {measured[stage].allgather, measured[stage].reducescatter};
+        printf("%5d", stage);
+        for (int k = 0; k < 2; k++) {
+            print_bytes(got[k]);
+            print_bytes(expected[k]);
+            mismatches += got[k] != expected[k];
+        }
+        print_bytes(measured[stage].allreduce);
         printf("\n");
     }
     printf(mismatches ? "%d measured values differ from the prediction\n"

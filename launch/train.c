@@ -176,12 +176,18 @@ typedef struct {
 
 static double evaluate_during_training(Model *model, DataSet *val, const Config *config)
 {
+    /* the evaluation's gathers are not a step's: the metrics' comm counts stay the steps',
+     * and the next step gathers afresh, as `fathom inspect --comm` predicts */
+    uint64_t counters[COMM_KIND_COUNT];
+    comm_counters_save(counters);
     int64_t windows = config->eval.samples;
     if ((uint64_t)windows > data_window_count(val))
         windows = (int64_t)data_window_count(val);
     EvalResult result = evaluate_loss(model, val, windows, config->train.microbatch_size,
                                       config->train.seq_len, (float)config->train.z_loss,
                                       NULL, NULL);
+    comm_counters_restore(counters);
+    fsdp_params_changed(model_fsdp(model));
     return result.loss;
 }
 

@@ -76,6 +76,9 @@ void chunk_backward(Model *model, const ChunkSpan *span, Stash *stash, SummarySt
  * clears): its layers, the embedding (chunk 0, and the last chunk when tied), the head unit
  * (last chunk), the shared routing unit (when the model has one). */
 void chunk_units(const Model *model, const ChunkSpan *span, bool *units);
+/* The same from a parameter table alone (no model: byte predictions). */
+void chunk_units_of_table(const ParamTable *table, bool tie_embeddings, const ChunkSpan *span,
+                          bool *units);
 
 /* Adds to releases[u] (n_units of model_param_table) how many times one backward of the
  * chunk hands unit u's gradients to FSDP (fsdp_step_begin's counts): once for each unit it

@@ -19,16 +19,9 @@ static bool ends_with(const char *name, const char *suffix)
     return length >= suffix_length && !strcmp(name + length - suffix_length, suffix);
 }
 
-/* Whether a chunk of this model reads the shared routing unit (route_null, stream convs). */
-static bool reads_shared_unit(const Model *model)
+void chunk_units_of_table(const ParamTable *table, bool tie_embeddings, const ChunkSpan *span,
+                          bool *units)
 {
-    const ParamUnit *shared = &model->table.units[model->table.unit_shared];
-    return shared->n_params > 0;
-}
-
-void chunk_units(const Model *model, const ChunkSpan *span, bool *units)
-{
-    const ParamTable *table = &model->table;
     if (span->has_embedding)
         units[0] = true;
     for (int i = span->first_layer; i < span->first_layer + span->n_layers; i++) {
@@ -38,11 +31,16 @@ void chunk_units(const Model *model, const ChunkSpan *span, bool *units)
     }
     if (span->has_head) {
         units[table->unit_head] = true;
-        if (model->config.tie_embeddings)
+        if (tie_embeddings)
             units[0] = true;
     }
-    if (reads_shared_unit(model))
+    if (table->units[table->unit_shared].n_params > 0) /* route_null, stream convs */
         units[table->unit_shared] = true;
+}
+
+void chunk_units(const Model *model, const ChunkSpan *span, bool *units)
+{
+    chunk_units_of_table(&model->table, model->config.tie_embeddings, span, units);
 }
 
 void chunk_unit_releases(const Model *model, const ChunkSpan *span, int *releases)

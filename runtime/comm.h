@@ -161,6 +161,10 @@ void comm_group_end(Comm *comm);
 /* Byte counters (rule above), since the last reset. */
 void comm_counters_reset(void);
 uint64_t comm_counter(CommKind kind);
+/* All counters into counts[COMM_KIND_COUNT], and back: work that is not a step's (an
+ * evaluation between steps) can leave the step's counts as they were. */
+void comm_counters_save(uint64_t *counts);
+void comm_counters_restore(const uint64_t *counts);
 /* Books bytes a caller accounts for itself (e.g. the uncached summary bytes it did not send). */
 void comm_count(CommKind kind, uint64_t bytes);
 /* The metrics field of a kind (DESIGN 6, `comm`): "pp_send_bytes", .., "allreduce_bytes";

@@ -182,6 +182,18 @@ void comm_counters_reset(void)
         atomic_store_explicit(&comm_state.counters[kind], 0, memory_order_relaxed);
 }
 
+void comm_counters_save(uint64_t *counts)
+{
+    for (int kind = 0; kind < COMM_KIND_COUNT; kind++)
+        counts[kind] = atomic_load_explicit(&comm_state.counters[kind], memory_order_relaxed);
+}
+
+void comm_counters_restore(const uint64_t *counts)
+{
+    for (int kind = 0; kind < COMM_KIND_COUNT; kind++)
+        atomic_store_explicit(&comm_state.counters[kind], counts[kind], memory_order_relaxed);
+}
+
 uint64_t comm_counter(CommKind kind)
 {
     return atomic_load_explicit(&comm_state.counters[kind], memory_order_relaxed);

@@ -236,3 +236,32 @@ Test(fsdp, a_dp_that_does_not_divide_the_batch_into_whole_microbatches_is_exit_2
     /* 8 sequences in microbatches of 2 over 3 ranks */
     expect_config_error(3, "--set parallel.dp=3", "train.global_batch_size");
 }
+
+/* ---- bytes ---- */
+
+Test(fsdp, inspect_comm_shows_fsdp_bytes_equal_to_the_prediction_with_evaluations_between,
+     .timeout = 120)
+{
+    Runs runs;
+    runs_begin(&runs, "fsdp-bytes");
+    /* dp 2 with evaluation every step (persistent units), and pp2 x dp2 v2 (pooled) */
+    static const Layout layouts[] = {
+        {2, "--set parallel.dp=2 --set fsdp.reshard_after_forward=false --set eval.every=1 "
+            "--set eval.samples=4"},
+        {4, "--set parallel.pp=2 --set parallel.dp=2 --set parallel.virtual_stages=2 "
+            "--set parallel.schedule=interleaved"},
+    };
+    for (int l = 0; l < 2; l++) {
+        test_remove_tree(runs.layout);
+        cr_assert_eq(layout_train(layouts[l].ranks, "demo_mhar_delta", layouts[l].overrides,
+                                  runs.layout, runs.output), 0, "%s", runs.output);
+        char arguments[512];
+        snprintf(arguments, sizeof arguments, "inspect --comm '%s'", runs.layout);
+        cr_expect_eq(test_run_fathom(arguments, runs.output, LAYOUT_OUTPUT_CAPACITY), 0, "%s",
+                     runs.output);
+        cr_expect(strstr(runs.output, "every measured value equals the prediction"), "%s",
+                  runs.output);
+        cr_expect(!strstr(runs.output, "all-gather           0  B"), "%s", runs.output);
+    }
+    runs_end(&runs);
+}
