@@ -265,3 +265,48 @@ Test(fsdp, inspect_comm_shows_fsdp_bytes_equal_to_the_prediction_with_evaluation
     }
     runs_end(&runs);
 }
+
+/* ---- the 8B job's layout, rehearsed ---- */
+
+/* launch/configs/marin8b_block_mhar.yaml as it is (32 layers, blocks of 4, delta MHAR with 8
+ * depth heads, pp 2 x dp 4, interleaved with 2 chunks a rank, checkpointing) at a tiny width,
+ * on 8 ranks: the losses and weights of one rank, and every byte as predicted */
+static const char *const MARIN_TINY =
+    "--set model.vocab_size=256 --set model.d_model=32 --set model.n_heads=4 "
+    "--set model.n_kv_heads=2 --set model.head_dim=8 --set model.ffn_dim=64 "
+    "--set train.seq_len=16 --set train.microbatch_size=1 --set train.global_batch_size=16 "
+    "--set data.source=synthetic --set device=cpu";
+
+Test(fsdp, the_8b_jobs_layout_at_a_tiny_width_on_8_ranks_equals_one_rank, .timeout = 600)
+{
+    static const Layout eight = {8, ""};
+    char network[1024];
+    snprintf(network, sizeof network, "%s", MARIN_TINY);
+    /* the one-rank run needs the layout keys of one rank */
+    Runs runs;
+    runs_begin(&runs, "marin-tiny");
+    char single[1400];
+    snprintf(single, sizeof single, "%s --set parallel.pp=1 --set parallel.dp=1 "
+             "--set parallel.virtual_stages=1 --set parallel.schedule=1f1b", network);
+    cr_assert_eq(layout_train(1, "marin8b_block_mhar", single, runs.single, runs.output), 0,
+                 "%s", runs.output);
+    cr_assert_eq(layout_train(eight.ranks, "marin8b_block_mhar", network, runs.layout,
+                              runs.output), 0, "%s", runs.output);
+    double one[LAYOUT_STEPS], many[LAYOUT_STEPS];
+    int steps[LAYOUT_STEPS];
+    cr_assert_eq(metrics_read_losses(runs.single, one, steps, LAYOUT_STEPS), LAYOUT_STEPS);
+    cr_assert_eq(metrics_read_losses(runs.layout, many, steps, LAYOUT_STEPS), LAYOUT_STEPS);
+    for (int s = 0; s < LAYOUT_STEPS; s++)
+        cr_expect(fabs(many[s] - one[s]) <= 1e-5 * fabs(one[s]),
+                  "step %d: 8 ranks %.9g, one rank %.9g", s + 1, many[s], one[s]);
+    cr_expect_eq(layout_weights_agree(runs.layout, runs.single, runs.output), 0, "%s",
+                 runs.output);
+    char arguments[512];
+    snprintf(arguments, sizeof arguments, "inspect --comm '%s'", runs.layout);
+    cr_expect_eq(test_run_fathom(arguments, runs.output, LAYOUT_OUTPUT_CAPACITY), 0, "%s",
+                 runs.output);
+    cr_expect(strstr(runs.output, "every measured value equals the prediction"), "%s",
+              runs.output);
+    printf("%s", runs.output); /* the rehearsal's comm table, for the record */
+    runs_end(&runs);
+}
