@@ -22,10 +22,15 @@ void inference_open(Inference *inference, const char *checkpoint, const char *we
     inference->step = meta.step;
 
     const Config *config = &inference->config;
-    bool use_ema = weights ? !strcmp(weights, "ema") : config->optim.ema_decay > 0;
-    if (use_ema && config->optim.ema_decay <= 0)
-        fatal(EXIT_DATA, "%s holds no EMA weights (optim.ema_decay was 0); use --weights raw",
-              inference->step_dir);
+    /* the EMA by default where the checkpoint has one: a step-0 import holds /model only */
+    const bool has_ema = config->optim.ema_decay > 0 &&
+                         (checkpoint_saved_groups(inference->step_dir) & (1u << CKPT_GROUP_EMA));
+    bool use_ema = weights ? !strcmp(weights, "ema") : has_ema;
+    if (use_ema && !has_ema)
+        fatal(EXIT_DATA, "%s holds no EMA weights (%s); use --weights raw",
+              inference->step_dir, config->optim.ema_decay > 0
+                                       ? "a step-0 import holds the model only"
+                                       : "optim.ema_decay was 0");
     inference->weights = use_ema ? "ema" : "raw";
 
     inference->model = model_create(backend_select(config->device, config), &config->model,

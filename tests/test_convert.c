@@ -478,3 +478,25 @@ Test(convert, training_continues_from_step_0_with_zero_moments_and_the_ema_at_th
     param_table_free(&table);
     test_remove_tree(dir);
 }
+
+Test(convert, eval_of_an_import_reads_its_raw_weights_without_being_told)
+{
+    /* a step-0 import holds the model only: eval's default (the EMA) falls back to it */
+    char dir[256], run[300], hf_dir[1024], config[1024], windows[1024], arguments[4096];
+    char output[OUTPUT_CAPACITY];
+    test_make_temp_dir(dir, "convert-eval-default");
+    snprintf(run, sizeof run, "%s/run", dir);
+    fixture_path(hf_dir, sizeof hf_dir, "llama3_f32", NULL);
+    fixture_path(config, sizeof config, "llama3_f32", "fathom.yaml");
+    fixture_path(windows, sizeof windows, "llama3_f32", "windows.h5");
+    cr_assert_eq(convert(hf_dir, config, run, output), 0, "%s", output);
+    snprintf(arguments, sizeof arguments, "eval --checkpoint '%s' --data '%s' --samples 1", run,
+             windows);
+    cr_assert_eq(test_run_fathom(arguments, output, sizeof output), 0, "%s", output);
+    cr_expect(strstr(output, "raw"), "eval does not say it read the raw weights:\n%s", output);
+    snprintf(arguments, sizeof arguments,
+             "eval --checkpoint '%s' --data '%s' --samples 1 --weights ema", run, windows);
+    cr_expect_eq(test_run_fathom(arguments, output, sizeof output), 3, "%s", output);
+    cr_expect(strstr(output, "step-0 import holds the model only"), "%s", output);
+    test_remove_tree(dir);
+}
