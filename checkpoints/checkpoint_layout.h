@@ -91,6 +91,10 @@ typedef struct {
     float *const *data;
 } CheckpointFlatBuffers;
 CheckpointIo checkpoint_flat_io(CheckpointFlatBuffers *buffers);
+/* The groups with a buffer (bit g: data[g] != NULL), and every row of every tensor
+ * (malloc'd): what a single process saves or loads. */
+unsigned checkpoint_groups_of(const float *const data[CKPT_GROUPS]);
+CheckpointRows *checkpoint_whole_rows(const CheckpointTensor *tensors, int n_tensors);
 
 /* ---- index.h5 (checkpoint_index.c) ---- */
 

@@ -259,13 +259,8 @@ CheckpointStats checkpoint_load_sharded(Comm *comm, const char *dir,
 void checkpoint_load(const char *dir, const CheckpointTensor *tensors, int n_tensors,
                      float *const data[CKPT_GROUPS])
 {
-    CheckpointRows *rows = xmalloc(sizeof *rows * (size_t)(n_tensors > 0 ? n_tensors : 1));
-    for (int i = 0; i < n_tensors; i++)
-        rows[i] = (CheckpointRows){0, tensors[i].shape[0]};
-    unsigned group_mask = 0;
-    for (int group = 0; group < CKPT_GROUPS; group++)
-        if (data[group])
-            group_mask |= 1u << group;
+    CheckpointRows *rows = checkpoint_whole_rows(tensors, n_tensors);
+    const unsigned group_mask = checkpoint_groups_of((const float *const *)data);
     CheckpointFlatBuffers buffers = {tensors, data};
     const CheckpointIo io = checkpoint_flat_io(&buffers);
     checkpoint_load_sharded(NULL, dir, tensors, n_tensors, rows, group_mask, &io);

@@ -42,6 +42,23 @@ CheckpointIo checkpoint_flat_io(CheckpointFlatBuffers *buffers)
     return (CheckpointIo){buffers, flat_read, flat_write};
 }
 
+unsigned checkpoint_groups_of(const float *const data[CKPT_GROUPS])
+{
+    unsigned mask = 0;
+    for (int group = 0; group < CKPT_GROUPS; group++)
+        if (data[group])
+            mask |= 1u << group;
+    return mask;
+}
+
+CheckpointRows *checkpoint_whole_rows(const CheckpointTensor *tensors, int n_tensors)
+{
+    CheckpointRows *rows = xmalloc(sizeof *rows * (size_t)(n_tensors > 0 ? n_tensors : 1));
+    for (int i = 0; i < n_tensors; i++)
+        rows[i] = (CheckpointRows){0, tensors[i].shape[0]};
+    return rows;
+}
+
 uint64_t checkpoint_shard_write_io(const char *path, const CheckpointTensor *tensors,
                                    int n_tensors, const CheckpointRows *rows,
                                    unsigned group_mask, const CheckpointIo *io,
@@ -89,10 +106,7 @@ void checkpoint_shard_write(const char *path, const CheckpointTensor *tensors, i
                             const CheckpointRows *rows, const float *const data[CKPT_GROUPS],
                             uint32_t *digests)
 {
-    unsigned group_mask = 0;
-    for (int group = 0; group < CKPT_GROUPS; group++)
-        if (data[group])
-            group_mask |= 1u << group;
+    const unsigned group_mask = checkpoint_groups_of((const float *const *)data);
     CheckpointFlatBuffers buffers = {tensors, (float *const *)data};
     const CheckpointIo io = checkpoint_flat_io(&buffers);
     checkpoint_shard_write_io(path, tensors, n_tensors, rows, group_mask, &io, digests);
@@ -158,13 +172,8 @@ void checkpoint_save(const char *run_dir, const CheckpointMeta *meta,
                      const float *const data[CKPT_GROUPS])
 {
     /* one process: one shard holding every row of every tensor */
-    CheckpointRows *rows = xmalloc(sizeof *rows * (size_t)(n_tensors > 0 ? n_tensors : 1));
-    for (int i = 0; i < n_tensors; i++)
-        rows[i] = (CheckpointRows){0, tensors[i].shape[0]};
-    unsigned group_mask = 0;
-    for (int group = 0; group < CKPT_GROUPS; group++)
-        if (data[group])
-            group_mask |= 1u << group;
+    CheckpointRows *rows = checkpoint_whole_rows(tensors, n_tensors);
+    const unsigned group_mask = checkpoint_groups_of((const float *const *)data);
     CheckpointFlatBuffers buffers = {tensors, (float *const *)data};
     const CheckpointIo io = checkpoint_flat_io(&buffers);
     checkpoint_save_sharded(NULL, 0, 0, run_dir, meta, tensors, n_tensors, rows, group_mask,
