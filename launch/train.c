@@ -3,6 +3,8 @@
 
 #include "checkpoints/checkpoint.h"
 #include "launch/backend_select.h"
+#include "launch/memory_plan.h"
+#include "launch/step_budget.h"
 #include "launch/run_state.h"
 #include "model/model.h"
 #include "model/params.h"
@@ -271,6 +273,8 @@ int train_main(int argc, char **argv)
               "stage only for now; set eval.every: 0 with parallel.pp = %d and evaluate the "
               "checkpoints with fathom eval", config.eval.every, config.parallel.pp);
     const Backend *backend = backend_select(config.device, &config);
+    memory_plan_check(&config, backend, &grid); /* before anything is allocated */
+    step_budget_check(&config, backend, grid.world_size);
     if (leader) {
         make_directories(config.run_dir);
         write_run_config(&config, backend);

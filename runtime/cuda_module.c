@@ -106,3 +106,13 @@ const Backend *cuda_module_backend(void)
               "device: cpu", info->path);
     return getter();
 }
+
+bool cuda_module_memory(size_t *free_bytes, size_t *total_bytes)
+{
+    const CudaModuleInfo *info = cuda_module_probe();
+    if (!info->loaded || info->devices == 0)
+        return false;
+    typedef int (*MemoryFunction)(size_t *, size_t *);
+    MemoryFunction memory = (MemoryFunction)(uintptr_t)dlsym(module_handle, "cuda_memory_info");
+    return memory && memory(free_bytes, total_bytes);
+}

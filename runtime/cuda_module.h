@@ -30,4 +30,8 @@ const CudaModuleInfo *cuda_module_probe(void);
  * without that symbol is an install error: fatal, EXIT_CONFIG, naming its path. */
 const Backend *cuda_module_backend(void);
 
+/* Free and total bytes of the GPU the cuda backend uses; false when the module is not
+ * loaded, sees no device, or cannot say. */
+bool cuda_module_memory(size_t *free_bytes, size_t *total_bytes);
+
 #endif

@@ -25,6 +25,10 @@ int cuda_probe(char *description, size_t capacity);
 /* 10 * major + minor of device 0 (90 for Hopper), 0 when there is none. */
 int cuda_compute_capability(void);
 
+/* cudaMemGetInfo of the current device (device 0 unless the backend chose another): 1 with
+ * the free and total bytes, 0 when there is no device or the call fails. */
+int cuda_memory_info(size_t *free_bytes, size_t *total_bytes);
+
 #ifdef __cplusplus
 }
 #endif
