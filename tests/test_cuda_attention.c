@@ -346,14 +346,27 @@ Test(cuda_attention, backward_is_bitwise_deterministic)
 }
 
 /* Shapes the kernels cannot run are refused before any launch (no GPU needed). */
-Test(cuda_attention, unsupported_head_dim_exits_with_the_config_code, .exit_code = EXIT_CONFIG)
+static void attention_with_head_dim_96(void *unused)
 {
+    (void)unused;
     attention_forward_cuda(NULL, NULL, NULL, NULL, NULL, 1, 16, 4, 2, 96, 0);
 }
 
-Test(cuda_attention, kv_heads_not_dividing_heads_exits_with_the_config_code,
-     .exit_code = EXIT_CONFIG)
+Test(cuda_attention, unsupported_head_dim_exits_with_the_config_code)
 {
+    test_expect_fatal(attention_with_head_dim_96, NULL, EXIT_CONFIG,
+                      "model.head_dim = 96 is not supported on cuda");
+}
+
+static void attention_backward_with_4_kv_heads_for_6(void *unused)
+{
+    (void)unused;
     attention_backward_cuda(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 1, 16, 6, 4,
                             64, NULL, true, 0);
+}
+
+Test(cuda_attention, kv_heads_not_dividing_heads_exits_with_the_config_code)
+{
+    test_expect_fatal(attention_backward_with_4_kv_heads_for_6, NULL, EXIT_CONFIG,
+                      "model.n_kv_heads = 4 must divide model.n_heads = 6");
 }
