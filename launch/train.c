@@ -264,6 +264,7 @@ int train_main(int argc, char **argv)
 
     Config config;
     config_load(&config, config_path, overrides, n_overrides, comm_size(comm_world()));
+    data_resolve_vocab_size(&config); /* model.vocab_size: auto */
     comm_set_timeout(config.parallel.timeout_s);
     RankGrid grid;
     grid_create(&grid, config.parallel.pp, config.parallel.dp);

@@ -657,6 +657,29 @@ Test(config, an_integer_too_large_for_a_key_is_out_of_range_not_a_wrong_type)
                         "expected an integer");
 }
 
+Test(config, vocab_size_auto_reads_back_as_auto_until_resolved)
+{
+    Config config = load_text("model:\n  vocab_size: auto\n", NULL, 0, 1);
+    cr_assert_eq(config.model.vocab_size, CONFIG_AUTO);
+    char *yaml = config_to_yaml(&config);
+    cr_assert(strstr(yaml, "vocab_size: auto\n"), "%s", yaml);
+    Config again = load_text(yaml, NULL, 0, 1);
+    cr_assert(memcmp(&config, &again, sizeof config) == 0);
+    free(yaml);
+}
+
+Test(config, vocab_size_takes_auto_only_unquoted_and_numbers_from_1)
+{
+    assert_config_error(load_text_in_child("model:\n  vocab_size: \"auto\"\n"),
+                        "model.vocab_size", "expected an integer or auto");
+    assert_config_error(set_in_child("model.vocab_size=0"), "model.vocab_size = 0",
+                        "must be >= 1, or auto");
+    assert_config_error(set_in_child("model.vocab_size=-2147483648"), "model.vocab_size",
+                        "must be >= 1, or auto");
+    assert_config_error(set_in_child("model.d_model=auto"), "model.d_model",
+                        "expected an integer, got 'auto'");
+}
+
 /* docs/config.md is the users' reference: every key of the table has a row, and the row
  * states the key's default as config_to_yaml writes it. */
 Test(config, every_key_is_in_the_config_reference_with_its_default)

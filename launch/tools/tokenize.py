@@ -255,8 +255,9 @@ def main(argv):
     print(f"tokenize.py: wrote {writer.tokens_written} tokens from {document_count} documents "
           f"into {writer.shards_written} shard(s) in {arguments.output} "
           f"(vocab_size {vocab_size}, eot_id {eot_id})", file=sys.stderr)
-    print(f"tokenize.py: train on them with --set model.vocab_size={vocab_size} "
-          f"--set data.source=shards --set data.train={arguments.output}", file=sys.stderr)
+    print(f"tokenize.py: train on them with --set model.vocab_size=auto (reads {vocab_size} "
+          f"from the shards) --set data.source=shards --set data.train={arguments.output}",
+          file=sys.stderr)
     return 0
 
 
