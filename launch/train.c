@@ -63,7 +63,7 @@ static void parse_arguments(int argc, char **argv, const char **config_path,
                             const char **overrides, int *n_overrides)
 {
     *config_path = NULL;
-    *n_overrides = 0;
+    *n_overrides = config_environment_overrides(overrides, MAX_OVERRIDES); /* FATHOM_SET */
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--set")) {
             if (i + 1 >= argc)

@@ -141,6 +141,12 @@ void config_load(Config *config, const char *path, const char *const *overrides,
 void config_load_text(Config *config, const char *yaml_text, const char *origin,
                       const char *const *overrides, int n_overrides, int world_size);
 
+/* FATHOM_SET, in the environment: whitespace-separated key=value overrides that `fathom
+ * train` applies after the config file and before the command line's --set (which so win).
+ * Puts them in overrides[0..n) (pointers into a copy kept for the life of the process),
+ * returns n, and says on stdout which they are (once, from rank 0 or a lone process). */
+int config_environment_overrides(const char **overrides, int capacity);
+
 /* The resolved config as YAML, every key present. Returns a malloc'd string. */
 char *config_to_yaml(const Config *config);
 
