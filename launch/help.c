@@ -3,6 +3,7 @@
 
 #include <string.h>
 
+#include "launch/cpu_threads.h"
 #include "launch/version.h"
 #include "runtime/cuda_module.h"
 
@@ -110,6 +111,9 @@ void help_print_version(FILE *out)
         fprintf(out, ", cuda (bf16; %s: %s)\n", cuda->path, cuda->description);
     else
         fprintf(out, "; cuda not available (%s)\n", cuda->description);
+    char threads[256];
+    cpu_threads_describe(threads, sizeof threads);
+    fprintf(out, "cpu: %s\n", threads);
 }
 
 bool help_requested(int argc, char **argv)

@@ -3,6 +3,8 @@
 
 #include "checkpoints/checkpoint.h"
 #include "launch/backend_select.h"
+#include "launch/memory_plan.h"
+#include "launch/step_budget.h"
 #include "launch/run_state.h"
 #include "model/model.h"
 #include "model/params.h"
@@ -66,7 +68,7 @@ static void parse_arguments(int argc, char **argv, const char **config_path,
                             const char **overrides, int *n_overrides)
 {
     *config_path = NULL;
-    *n_overrides = 0;
+    *n_overrides = config_environment_overrides(overrides, MAX_OVERRIDES); /* FATHOM_SET */
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--set")) {
             if (i + 1 >= argc)
@@ -310,6 +312,7 @@ int train_main(int argc, char **argv)
 
     Config config;
     config_load(&config, config_path, overrides, n_overrides, comm_size(comm_world()));
+    data_resolve_vocab_size(&config); /* model.vocab_size: auto */
     comm_set_timeout(config.parallel.timeout_s);
     RankGrid grid;
     grid_create(&grid, config.parallel.pp, config.parallel.dp);
@@ -322,6 +325,8 @@ int train_main(int argc, char **argv)
     topo_place(&grid, &config, &placement); /* the rank's GPU and cores, before any CUDA */
     const Backend *backend = backend_select(config.device, &config);
     topo_print_map(&grid, &placement);
+    memory_plan_check(&config, backend, &grid); /* before anything is allocated */
+    step_budget_check(&config, backend, grid.world_size);
     if (leader) {
         make_directories(config.run_dir);
         lock_run_dir(config.run_dir); /* before anything in it is touched */

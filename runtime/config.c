@@ -272,6 +272,28 @@ void config_load(Config *config, const char *path, const char *const *overrides,
     free(text);
 }
 
+int config_environment_overrides(const char **overrides, int capacity)
+{
+    const char *text = getenv("FATHOM_SET");
+    if (!text || !text[strspn(text, " \t\n")])
+        return 0;
+    char *copy = xstrdup(text); /* the overrides point into it until the process ends */
+    int n = 0;
+    for (char *item = strtok(copy, " \t\n"); item; item = strtok(NULL, " \t\n")) {
+        if (n == capacity)
+            fatal(EXIT_CONFIG, "FATHOM_SET holds more than %d overrides", capacity);
+        overrides[n++] = item;
+    }
+    if (error_rank_prefix() <= 0) { /* one process, or rank 0 of a job */
+        printf("fathom: FATHOM_SET adds %d override%s before the command line's:", n,
+               n == 1 ? "" : "s");
+        for (int i = 0; i < n; i++)
+            printf(" %s", overrides[i]);
+        printf("\n");
+    }
+    return n;
+}
+
 int config_microbatches_per_rank(const Config *config)
 {
     return config->train.global_batch_size /

@@ -11,10 +11,14 @@
 #ifndef FATHOM_RUNTIME_CONFIG_H
 #define FATHOM_RUNTIME_CONFIG_H
 
+#include <limits.h>
 #include <stdbool.h>
 #include <stddef.h>
 
 #define CONFIG_PATH_MAX 1024
+/* An int key that takes the word `auto` (model.vocab_size) holds this until it is resolved
+ * (data_resolve_vocab_size, runtime/data.h); a resolved config holds the number. */
+#define CONFIG_AUTO INT_MIN
 #define CONFIG_LIST_MAX 16
 #define CONFIG_SPLIT_MAX 256
 
@@ -36,7 +40,8 @@ enum {
 };
 
 typedef struct {
-    int vocab_size, d_model, n_layers, n_heads, n_kv_heads, head_dim, ffn_dim;
+    int vocab_size;             /* CONFIG_AUTO: `auto`, from the data */
+    int d_model, n_layers, n_heads, n_kv_heads, head_dim, ffn_dim;
     double rope_theta;
     struct {
         bool llama3;            /* rope_scaling.type: none | llama3 */
@@ -136,6 +141,12 @@ void config_load(Config *config, const char *path, const char *const *overrides,
  * the text in messages. */
 void config_load_text(Config *config, const char *yaml_text, const char *origin,
                       const char *const *overrides, int n_overrides, int world_size);
+
+/* FATHOM_SET, in the environment: whitespace-separated key=value overrides that `fathom
+ * train` applies after the config file and before the command line's --set (which so win).
+ * Puts them in overrides[0..n) (pointers into a copy kept for the life of the process),
+ * returns n, and says on stdout which they are (once, from rank 0 or a lone process). */
+int config_environment_overrides(const char **overrides, int capacity);
 
 /* The resolved config as YAML, every key present. Returns a malloc'd string. */
 char *config_to_yaml(const Config *config);

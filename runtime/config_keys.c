@@ -26,6 +26,8 @@
 
 #define INT(path_, member, min_, max_) \
     { .path = path_, .type = KEY_INT, FIELD(member, int), min_, max_ }
+#define INT_OR_AUTO(path_, member, min_, max_) \
+    { .path = path_, .type = KEY_INT, FIELD(member, int), min_, max_, .takes_auto = true }
 #define FLOAT(path_, member, min_, max_) \
     { .path = path_, .type = KEY_FLOAT, FIELD(member, double), min_, max_ }
 #define BOOL(path_, member) \
@@ -59,7 +61,7 @@ static const char *const device_names[] = {"auto", "cpu", "cuda", NULL};
 static const char *const no_decay_names[] = {"embeddings", "norms", "biases", "routing", NULL};
 
 const ConfigKey config_key_table[] = {
-    INT("model.vocab_size", model.vocab_size, AT_LEAST(1), NO_MAX),
+    INT_OR_AUTO("model.vocab_size", model.vocab_size, AT_LEAST(1), NO_MAX),
     INT("model.d_model", model.d_model, AT_LEAST(1), NO_MAX),
     INT("model.n_layers", model.n_layers, AT_LEAST(1), NO_MAX),
     INT("model.n_heads", model.n_heads, AT_LEAST(1), NO_MAX),
@@ -207,7 +209,7 @@ static _Noreturn void fail_type(const ConfigKey *key, const char *text, bool quo
         join_names(key->names, names, sizeof names);
     const char *expected = "";
     switch (key->type) {
-    case KEY_INT: expected = "an integer"; break;
+    case KEY_INT: expected = key->takes_auto ? "an integer or auto" : "an integer"; break;
     case KEY_SEED: expected = "a non-negative integer"; break;
     case KEY_FLOAT: expected = "a number"; break;
     case KEY_BOOL: expected = "true or false"; break;
@@ -298,11 +300,17 @@ void config_key_store_scalar(Config *config, const ConfigKey *key, const char *t
     int index;
     switch (key->type) {
     case KEY_INT:
+        if (key->takes_auto && !quoted && !strcmp(text, "auto")) {
+            *(int *)value_at(config, key) = CONFIG_AUTO;
+            return;
+        }
         if (quoted || !looks_like_int(text))
             fail_type(key, text, quoted, where);
         if (!parse_int(text, &integer) || integer < INT_MIN || integer > INT_MAX)
             fatal(EXIT_CONFIG, "%s: %s = %s is out of range (at most %d)", where, key->path,
                   text, INT_MAX);
+        if (key->takes_auto && integer == CONFIG_AUTO) /* the number that means auto */
+            fatal(EXIT_CONFIG, "%s: %s = %s must be >= 1, or auto", where, key->path, text);
         *(int *)value_at(config, key) = (int)integer;
         return;
     case KEY_SEED:
@@ -454,8 +462,11 @@ void config_key_check_range(const Config *config, const ConfigKey *key, const ch
     describe_range(key, range, sizeof range);
     if (key->type == KEY_INT) {
         int value = *(const int *)value_in(config, key);
+        if (key->takes_auto && value == CONFIG_AUTO)
+            return;
         if (!in_range(key, value))
-            fatal(EXIT_CONFIG, "%s: %s = %d must be %s", origin, key->path, value, range);
+            fatal(EXIT_CONFIG, "%s: %s = %d must be %s%s", origin, key->path, value, range,
+                  key->takes_auto ? ", or auto" : "");
     } else if (key->type == KEY_FLOAT) {
         double value = *(const double *)value_in(config, key);
         format_double(value, text, sizeof text);
@@ -510,7 +521,10 @@ void config_key_write_value(const Config *config, const ConfigKey *key, FILE *ou
     char number[32];
     switch (key->type) {
     case KEY_INT:
-        fprintf(out, "%d", *(const int *)value_in(config, key));
+        if (key->takes_auto && *(const int *)value_in(config, key) == CONFIG_AUTO)
+            fputs("auto", out);
+        else
+            fprintf(out, "%d", *(const int *)value_in(config, key));
         return;
     case KEY_SEED:
         fprintf(out, "%llu", *(const unsigned long long *)value_in(config, key));

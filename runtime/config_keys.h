@@ -41,6 +41,7 @@ typedef struct {
     const char *const *names;   /* KEY_ENUM, KEY_NAME_LIST: NULL-terminated, in value order */
     double min, max;            /* allowed range of the value (of every entry, for lists) */
     bool min_open, max_open;    /* the bound itself excluded */
+    bool takes_auto;            /* KEY_INT: the word `auto` stores CONFIG_AUTO */
 } ConfigKey;
 
 /* The table, in the order config_to_yaml prints it (sections as DESIGN 6 lists them). */

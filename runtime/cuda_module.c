@@ -167,3 +167,13 @@ void cuda_module_device_use(int ordinal)
     UseFunction use = (UseFunction)(uintptr_t)required_symbol(handle, "cuda_device_use");
     use(ordinal);
 }
+
+bool cuda_module_memory(size_t *free_bytes, size_t *total_bytes)
+{
+    const CudaModuleInfo *info = cuda_module_probe();
+    if (!info->loaded || info->devices == 0)
+        return false;
+    typedef int (*MemoryFunction)(size_t *, size_t *);
+    MemoryFunction memory = (MemoryFunction)(uintptr_t)dlsym(module_handle, "cuda_memory_info");
+    return memory && memory(free_bytes, total_bytes);
+}

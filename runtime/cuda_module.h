@@ -43,4 +43,8 @@ const NcclTable *cuda_module_nccl(char *why, size_t capacity);
 bool cuda_module_device_bus_id(int ordinal, char *bus_id, size_t capacity);
 void cuda_module_device_use(int ordinal);
 
+/* Free and total bytes of the GPU the cuda backend uses; false when the module is not
+ * loaded, sees no device, or cannot say. */
+bool cuda_module_memory(size_t *free_bytes, size_t *total_bytes);
+
 #endif

@@ -9,6 +9,7 @@
 #include "runtime/rng.h"
 #include "runtime/synthetic.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -93,6 +94,37 @@ static DataSet *data_open_shards(const Config *config, const char *spec, const c
     set->shards = shards;
     set->eot_id = shards_eot_id(shards);
     return set;
+}
+
+/* The largest vocab_size attribute of the shards of `spec`. */
+static int64_t shards_spec_vocab_size(const char *spec, const char *key)
+{
+    ShardStream *shards = shards_open(spec, key, INT_MAX); /* INT_MAX: no vocab mismatch */
+    const int64_t vocab_size = shards_vocab_size(shards);
+    shards_close(shards);
+    return vocab_size;
+}
+
+void data_resolve_vocab_size(Config *config)
+{
+    if (config->model.vocab_size != CONFIG_AUTO)
+        return;
+    if (config->data.source == DATA_SYNTHETIC) {
+        config->model.vocab_size = SYNTHETIC_VOCAB_SIZE;
+        return;
+    }
+    if (!config->data.train[0])
+        fatal(EXIT_CONFIG, "model.vocab_size: auto reads the vocab_size of the shards of "
+              "data.train, which is empty");
+    int64_t vocab_size = shards_spec_vocab_size(config->data.train, "data.train");
+    if (config->data.val[0]) {
+        const int64_t val = shards_spec_vocab_size(config->data.val, "data.val");
+        vocab_size = val > vocab_size ? val : vocab_size;
+    }
+    if (vocab_size < 1 || vocab_size > INT_MAX)
+        fatal(EXIT_DATA, "model.vocab_size: auto found vocab_size %lld in the shards of %s, "
+              "outside [1, %d]", (long long)vocab_size, config->data.train, INT_MAX);
+    config->model.vocab_size = (int)vocab_size;
 }
 
 DataSet *data_open_train(const Config *config)

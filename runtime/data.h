@@ -31,6 +31,12 @@
 
 typedef struct DataSet DataSet;
 
+/* `model.vocab_size: auto` (CONFIG_AUTO) becomes a number: with data.source shards the
+ * largest vocab_size attribute of the shards of data.train and data.val (each file is
+ * checked as shards_open checks it), with synthetic data 256 (the bytes). Any other value is
+ * left as it is. Call it once after config_load, before the config is used or saved. */
+void data_resolve_vocab_size(Config *config);
+
 /* Opens the training set of `config`: data.source (synthetic or shards), data.train (file,
  * directory of *.h5, or glob), model.vocab_size, train.seq_len, seed. */
 DataSet *data_open_train(const Config *config);
@@ -71,6 +77,8 @@ ShardStream *shards_open(const char *spec, const char *key, int model_vocab_size
 void shards_close(ShardStream *stream);
 uint64_t shards_token_count(const ShardStream *stream);
 uint32_t shards_eot_id(const ShardStream *stream);
+/* The largest vocab_size attribute of the stream's files. */
+int64_t shards_vocab_size(const ShardStream *stream);
 int shards_file_count(const ShardStream *stream);
 const char *shards_file_path(const ShardStream *stream, int file);
 /* Writes tokens [first, first + count) of the concatenated stream, reading by hyperslab.

@@ -32,6 +32,7 @@ struct ShardStream {
     int file_count;
     uint64_t token_count;
     uint32_t eot_id;
+    int64_t vocab_size;   /* the largest vocab_size attribute of the files */
     int model_vocab_size;
     hid_t access;     /* file access properties: read-only shards need no file locks */
     int open_index;   /* the file kept open between reads, -1 if none */
@@ -193,7 +194,7 @@ static uint64_t shard_token_length(hid_t dataset, const char *path)
 }
 
 /* Checks one shard against DESIGN 4 and the model; returns its token count. */
-static uint64_t shard_inspect(const ShardStream *stream, const char *path, int64_t *eot_id)
+static uint64_t shard_inspect(ShardStream *stream, const char *path, int64_t *eot_id)
 {
     hid_t file = shard_open_file(stream, path);
     hid_t dataset = shard_open_tokens(file, path);
@@ -208,6 +209,8 @@ static uint64_t shard_inspect(const ShardStream *stream, const char *path, int64
     if (*eot_id < 0 || *eot_id >= vocab_size)
         fatal(EXIT_DATA, "shard %s has eot_id %lld outside its vocab_size %lld", path,
               (long long)*eot_id, (long long)vocab_size);
+    if (vocab_size > stream->vocab_size)
+        stream->vocab_size = vocab_size;
     H5_CHECK(H5Dclose(dataset));
     H5_CHECK(H5Fclose(file));
     return length;
@@ -283,6 +286,7 @@ void shards_close(ShardStream *stream)
 
 uint64_t shards_token_count(const ShardStream *stream) { return stream->token_count; }
 uint32_t shards_eot_id(const ShardStream *stream) { return stream->eot_id; }
+int64_t shards_vocab_size(const ShardStream *stream) { return stream->vocab_size; }
 int shards_file_count(const ShardStream *stream) { return stream->file_count; }
 const char *shards_file_path(const ShardStream *stream, int file)
 {

@@ -184,6 +184,46 @@ int test_run_in_child(void (*body)(void *), void *argument, char *errors, size_t
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+void test_capture_begin(TestCapture *capture, int fd)
+{
+    char path[] = "/tmp/fathom-test-capture-XXXXXX";
+    fflush(stdout);
+    fflush(stderr);
+    capture->fd = fd;
+    capture->file = mkstemp(path);
+    cr_assert(capture->file >= 0, "mkstemp failed for %s", path);
+    unlink(path);
+    capture->saved = dup(fd);
+    cr_assert(capture->saved >= 0 && dup2(capture->file, fd) == fd, "cannot redirect fd %d", fd);
+}
+
+const char *test_capture_end(TestCapture *capture, char *out, size_t capacity)
+{
+    fflush(stdout);
+    fflush(stderr);
+    cr_assert(dup2(capture->saved, capture->fd) == capture->fd, "cannot restore fd %d",
+              capture->fd);
+    close(capture->saved);
+    ssize_t got = pread(capture->file, out, capacity - 1, 0);
+    out[got > 0 ? got : 0] = '\0';
+    close(capture->file);
+    return out;
+}
+
+void test_expect_fatal(void (*body)(void *), void *argument, int exit_code,
+                       const char *fragment)
+{
+    char errors[4096];
+    const int code = test_run_in_child(body, argument, errors, sizeof errors);
+    cr_assert_eq(code, exit_code, "exit code %d, expected %d; stderr: %s", code, exit_code,
+                 errors);
+    cr_assert(!strncmp(errors, "fathom: error: ", 15), "not an error line: %s", errors);
+    cr_assert(strstr(errors, fragment), "the message does not hold '%s': %s", fragment,
+              errors);
+    const char *newline = strchr(errors, '\n');
+    cr_assert(newline && newline[1] == '\0', "more than one line: %s", errors);
+}
+
 int test_logits_bitwise_equal(const Model *a, const Model *b)
 {
     const size_t n = (size_t)model_last_tokens(a) * model_config(a)->vocab_size;

@@ -54,6 +54,22 @@ const char *test_fathom_binary(void);
 int test_run_fathom(const char *arguments, char *output, size_t capacity);
 /* Same, for any shell command. */
 int test_run_command(const char *command, char *output, size_t capacity);
+/* Everything this process writes to `fd` (STDOUT_FILENO or STDERR_FILENO) between
+ * test_capture_begin and test_capture_end goes to a temporary file instead; _end restores
+ * the descriptor and returns what was written (NUL-terminated, truncated to `capacity`).
+ * For calls that print expected messages, so that the test asserts on them and a passing
+ * suite prints nothing. */
+typedef struct {
+    int fd, saved, file;
+} TestCapture;
+void test_capture_begin(TestCapture *capture, int fd);
+const char *test_capture_end(TestCapture *capture, char *out, size_t capacity);
+
+/* Runs body(argument) in a forked child and asserts that it exits with `exit_code` after
+ * writing to stderr one "fathom: error: " line that holds `fragment`. */
+void test_expect_fatal(void (*body)(void *), void *argument, int exit_code,
+                       const char *fragment);
+
 /* Runs body(argument) in a forked child (fatal() there exits the child only); returns its
  * exit code (0 when body returns; -1 if it did not exit) and captures its stderr into
  * `errors` (NUL-terminated, truncated to `capacity`). */

@@ -92,12 +92,38 @@ static void assert_config_error(ChildResult result, const char *fragment, const 
 
 /* --- in-process loading ------------------------------------------------------------------ */
 
+/* Loads in this process; what the load writes to stderr (its warnings) lands in `printed`. */
+static Config load_text_printing(const char *yaml, const char *const *overrides,
+                                 int n_overrides, int world_size, char *printed,
+                                 size_t capacity)
+{
+    Config config;
+    TestCapture capture;
+    test_capture_begin(&capture, STDERR_FILENO);
+    config_load_text(&config, yaml, "test.yaml", overrides, n_overrides, world_size);
+    test_capture_end(&capture, printed, capacity);
+    return config;
+}
+
+/* Loads in this process a config that warns about nothing. */
 static Config load_text(const char *yaml, const char *const *overrides, int n_overrides,
                         int world_size)
 {
-    Config config;
-    config_load_text(&config, yaml, "test.yaml", overrides, n_overrides, world_size);
+    char printed[2048];
+    Config config = load_text_printing(yaml, overrides, n_overrides, world_size, printed,
+                                       sizeof printed);
+    cr_assert_str_empty(printed, "the load printed: %s", printed);
     return config;
+}
+
+/* Exactly one warning line, holding `fragment`. */
+static void assert_one_warning(const char *printed, const char *fragment)
+{
+    cr_assert(!strncmp(printed, "fathom: warning: ", 17), "not a warning: %s", printed);
+    cr_assert(strstr(printed, fragment), "the warning does not say '%s': %s", fragment,
+              printed);
+    const char *newline = strchr(printed, '\n');
+    cr_assert(newline && newline[1] == '\0', "more than one line: %s", printed);
 }
 
 static Config load_with_set(const char *override)
@@ -210,9 +236,19 @@ Test(config, defaults_are_the_small_synthetic_baseline)
     cr_assert_str_eq(config.run_dir, "runs/demo");
 }
 
+/* The full file sets residual.layers_per_block with full granularity, which warns. */
+static Config load_full_file(const char *yaml)
+{
+    char printed[2048];
+    Config full = load_text_printing(yaml, NULL, 0, 4, printed, sizeof printed);
+    assert_one_warning(printed, "test.yaml: residual.layers_per_block is set but does "
+                                "nothing: residual.granularity is full");
+    return full;
+}
+
 Test(config, full_file_sets_every_key_away_from_its_default)
 {
-    Config defaults, full = load_text(full_yaml, NULL, 0, 4);
+    Config defaults, full = load_full_file(full_yaml);
     config_defaults(&defaults);
     for (int i = 0; i < config_key_count; i++) {
         const ConfigKey *key = &config_key_table[i];
@@ -224,9 +260,9 @@ Test(config, full_file_sets_every_key_away_from_its_default)
 
 Test(config, full_file_round_trips_through_config_to_yaml)
 {
-    Config full = load_text(full_yaml, NULL, 0, 4);
+    Config full = load_full_file(full_yaml);
     char *yaml = config_to_yaml(&full);
-    Config again = load_text(yaml, NULL, 0, 4);
+    Config again = load_full_file(yaml);
     cr_assert(memcmp(&full, &again, sizeof full) == 0, "round trip differs; YAML:\n%s", yaml);
     free(yaml);
 }
@@ -295,8 +331,13 @@ Test(config, float_keys_accept_exponents_and_integers)
 
 Test(config, lists_read_as_flow_or_block_sequences)
 {
-    Config flow = load_text("residual:\n  stream_kernels: [3, 5]\n", NULL, 0, 1);
-    Config block = load_text("residual:\n  stream_kernels:\n    - 3\n    - 5\n", NULL, 0, 1);
+    char printed[2048];
+    Config flow = load_text_printing("residual:\n  stream_kernels: [3, 5]\n", NULL, 0, 1,
+                                     printed, sizeof printed);
+    assert_one_warning(printed, "residual.stream_kernels is set but does nothing");
+    Config block = load_text_printing("residual:\n  stream_kernels:\n    - 3\n    - 5\n",
+                                      NULL, 0, 1, printed, sizeof printed);
+    assert_one_warning(printed, "residual.stream_kernels is set but does nothing");
     cr_assert_eq(flow.residual.n_stream_kernels, 2);
     cr_assert(memcmp(&flow, &block, sizeof flow) == 0);
 }
@@ -338,7 +379,11 @@ Test(config, set_overrides_an_enum)
 
 Test(config, set_overrides_a_list)
 {
-    Config config = load_with_set("residual.stream_kernels=[3, 5]");
+    const char *overrides[] = {"residual.stream_kernels=[3, 5]"};
+    char printed[2048];
+    Config config = load_text_printing("", overrides, 1, 1, printed, sizeof printed);
+    assert_one_warning(printed, "test.yaml with --set: residual.stream_kernels is set but "
+                                "does nothing: residual.mode is not msar");
     cr_assert_eq(config.residual.n_stream_kernels, 2);
     cr_assert_eq(config.residual.stream_kernels[0], 3);
     cr_assert_eq(config.residual.stream_kernels[1], 5);
@@ -611,6 +656,29 @@ Test(config, an_integer_too_large_for_a_key_is_out_of_range_not_a_wrong_type)
                         "model.vocab_size", "out of range");
     assert_config_error(set_in_child("model.vocab_size=4e9"), "model.vocab_size",
                         "expected an integer");
+}
+
+Test(config, vocab_size_auto_reads_back_as_auto_until_resolved)
+{
+    Config config = load_text("model:\n  vocab_size: auto\n", NULL, 0, 1);
+    cr_assert_eq(config.model.vocab_size, CONFIG_AUTO);
+    char *yaml = config_to_yaml(&config);
+    cr_assert(strstr(yaml, "vocab_size: auto\n"), "%s", yaml);
+    Config again = load_text(yaml, NULL, 0, 1);
+    cr_assert(memcmp(&config, &again, sizeof config) == 0);
+    free(yaml);
+}
+
+Test(config, vocab_size_takes_auto_only_unquoted_and_numbers_from_1)
+{
+    assert_config_error(load_text_in_child("model:\n  vocab_size: \"auto\"\n"),
+                        "model.vocab_size", "expected an integer or auto");
+    assert_config_error(set_in_child("model.vocab_size=0"), "model.vocab_size = 0",
+                        "must be >= 1, or auto");
+    assert_config_error(set_in_child("model.vocab_size=-2147483648"), "model.vocab_size",
+                        "must be >= 1, or auto");
+    assert_config_error(set_in_child("model.d_model=auto"), "model.d_model",
+                        "expected an integer, got 'auto'");
 }
 
 /* docs/config.md is the users' reference: every key of the table has a row, and the row

@@ -8,6 +8,7 @@
 #include "kernels/cuda/attention_cuda.h"
 #include "runtime/error.h"
 #include "tests/attention_support.h"
+#include "tests/support.h"
 
 #include <criterion/criterion.h>
 #include <stddef.h>
@@ -140,16 +141,29 @@ Test(cuda_attention, two_pass_backward_is_bitwise_deterministic)
 }
 
 /* Shapes the kernels cannot run are refused before any launch (no GPU needed). */
-Test(cuda_attention, unsupported_head_dim_exits_with_the_config_code, .exit_code = EXIT_CONFIG)
+static void attention_with_head_dim_96(void *unused)
 {
+    (void)unused;
     attention_forward_cuda(NULL, NULL, NULL, NULL, NULL, 1, 16, 4, 2, 96, 0);
 }
 
-Test(cuda_attention, kv_heads_not_dividing_heads_exits_with_the_config_code,
-     .exit_code = EXIT_CONFIG)
+Test(cuda_attention, unsupported_head_dim_exits_with_the_config_code)
 {
+    test_expect_fatal(attention_with_head_dim_96, NULL, EXIT_CONFIG,
+                      "model.head_dim = 96 is not supported on cuda");
+}
+
+static void attention_backward_with_4_kv_heads_for_6(void *unused)
+{
+    (void)unused;
     attention_backward_cuda(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 1, 16, 6, 4,
                             64, NULL, true, 0);
+}
+
+Test(cuda_attention, kv_heads_not_dividing_heads_exits_with_the_config_code)
+{
+    test_expect_fatal(attention_backward_with_4_kv_heads_for_6, NULL, EXIT_CONFIG,
+                      "model.n_kv_heads = 4 must divide model.n_heads = 6");
 }
 
 /* The kernel selectors (no GPU needed): each test runs in a fresh process, so the variables
@@ -170,18 +184,30 @@ Test(cuda_attention, environment_variables_name_the_other_kernels)
     cr_expect_eq(attention_cuda_backward_kernel(), ATTENTION_BACKWARD_FUSED);
 }
 
-Test(cuda_attention, an_unknown_backward_name_exits_with_the_config_code,
-     .exit_code = EXIT_CONFIG)
+static void select_backward_named_fastest(void *unused)
 {
+    (void)unused;
     setenv("FATHOM_ATTENTION_BACKWARD", "fastest", 1);
     attention_cuda_backward_kernel();
 }
 
-Test(cuda_attention, an_unknown_forward_name_exits_with_the_config_code,
-     .exit_code = EXIT_CONFIG)
+Test(cuda_attention, an_unknown_backward_name_exits_with_the_config_code)
 {
+    test_expect_fatal(select_backward_named_fastest, NULL, EXIT_CONFIG,
+                      "FATHOM_ATTENTION_BACKWARD = 'fastest'");
+}
+
+static void select_forward_named_fastest(void *unused)
+{
+    (void)unused;
     setenv("FATHOM_ATTENTION_FORWARD", "fastest", 1);
     attention_cuda_forward_kernel();
+}
+
+Test(cuda_attention, an_unknown_forward_name_exits_with_the_config_code)
+{
+    test_expect_fatal(select_forward_named_fastest, NULL, EXIT_CONFIG,
+                      "FATHOM_ATTENTION_FORWARD = 'fastest'");
 }
 
 /* delta, then the semaphores with the counter behind them, then a 64 x head_dim fp32 dq tile

@@ -570,3 +570,35 @@ Test(data, synthetic_source_with_vocab_below_256_exits_2_naming_the_key)
     config.data.source = DATA_SYNTHETIC;
     assert_fails(&config, 2, "model.vocab_size = 200", NULL, NULL);
 }
+
+/* ---- model.vocab_size: auto ---- */
+
+Test(data, vocab_size_auto_takes_the_largest_vocab_size_of_the_train_and_val_shards)
+{
+    char directory[256], train[300], val[300];
+    test_make_temp_dir(directory, "data-auto");
+    sprintf(train, "%s/train.h5", directory);
+    sprintf(val, "%s/val.h5", directory);
+    uint32_t tokens[8] = {1, 2, 0, 3, 4, 0, 5, 0};
+    write_shard_with(train, tokens, 8, (ShardLayout){.vocab_size = 300});
+    write_shard_with(val, tokens, 8, (ShardLayout){.vocab_size = 301});
+    Config config = config_for_shards(train, CONFIG_AUTO, 3, 1);
+    data_resolve_vocab_size(&config);
+    cr_assert_eq(config.model.vocab_size, 300);
+    config = config_for_shards(train, CONFIG_AUTO, 3, 1);
+    snprintf(config.data.val, sizeof config.data.val, "%s", val);
+    data_resolve_vocab_size(&config);
+    cr_assert_eq(config.model.vocab_size, 301);
+    test_remove_tree(directory);
+}
+
+Test(data, vocab_size_auto_is_256_on_the_synthetic_corpus_and_a_number_stays)
+{
+    Config config = config_for_shards("", CONFIG_AUTO, 3, 1);
+    config.data.source = DATA_SYNTHETIC;
+    data_resolve_vocab_size(&config);
+    cr_assert_eq(config.model.vocab_size, 256);
+    config = config_for_shards("/nonexistent/shards", 1000, 3, 1);
+    data_resolve_vocab_size(&config); /* a number reads no shard */
+    cr_assert_eq(config.model.vocab_size, 1000);
+}

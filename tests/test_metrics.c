@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "runtime/metrics.h"
 #include "runtime/timer.h"
@@ -139,7 +140,12 @@ Test(metrics, opening_appends_unless_asked_to_start_fresh)
     metrics_close(log);
     cr_assert_eq(check_metrics_file(dir, 0, "assert len(lines) == 2", output, sizeof output),
                  0, "%s", output);
+    TestCapture capture;
+    test_capture_begin(&capture, STDOUT_FILENO);
     log = metrics_open(dir, true);
+    char notice[1024];
+    test_capture_end(&capture, notice, sizeof notice);
+    cr_assert(strstr(notice, "held an earlier run's metrics; kept as"), "%s", notice);
     metrics_write_step(log, &step);
     metrics_close(log);
     cr_assert_eq(check_metrics_file(dir, 0, "assert len(lines) == 1", output, sizeof output),
@@ -153,7 +159,17 @@ Test(metrics, a_fresh_run_keeps_an_earlier_log_instead_of_wiping_it)
     test_make_temp_dir(dir, "metrics-kept");
     MetricsStep step = step_example(NULL, 0);
     for (int run = 0; run < 3; run++) { /* three fresh starts in one run_dir */
+        TestCapture capture;
+        char notice[1024], expected[700];
+        test_capture_begin(&capture, STDOUT_FILENO);
         MetricsLog *log = metrics_open(dir, true);
+        test_capture_end(&capture, notice, sizeof notice);
+        snprintf(expected, sizeof expected, "fathom: %s/metrics.jsonl held an earlier run's "
+                 "metrics; kept as %s/metrics.jsonl.%d\n", dir, dir, run);
+        if (run == 0)
+            cr_assert_str_empty(notice, "the first run keeps nothing");
+        else
+            cr_assert_str_eq(notice, expected);
         for (int line = 0; line <= run; line++)
             metrics_write_step(log, &step);
         metrics_close(log);
@@ -198,9 +214,16 @@ Test(metrics, resuming_drops_the_lines_logged_after_the_checkpoint)
     test_remove_tree(dir);
 }
 
-Test(metrics, opening_in_a_missing_directory_exits_with_code_3, .exit_code = 3)
+static void open_in_a_missing_directory(void *unused)
 {
+    (void)unused;
     metrics_open("/nonexistent-fathom-run-dir/sub", false);
+}
+
+Test(metrics, opening_in_a_missing_directory_exits_with_code_3)
+{
+    test_expect_fatal(open_in_a_missing_directory, NULL, 3,
+                      "cannot open /nonexistent-fathom-run-dir/sub/metrics.jsonl for writing");
 }
 
 Test(metrics, console_line_matches_the_design_example)

@@ -472,9 +472,9 @@ Test(model, the_loss_in_chunks_of_rows_equals_the_loss_in_one_chunk)
 
 /* Without model_keep_all_logits the chunk buffer holds only the last chunk: reading the
  * whole batch's logits is refused, not answered with stale rows. */
-Test(model, reading_the_logits_of_a_batch_made_in_chunks_is_a_config_error,
-     .exit_code = EXIT_CONFIG)
+static void read_logits_made_in_chunks(void *unused)
 {
+    (void)unused;
     ModelConfig config = small_config(false, false);
     Model *model = model_create(backend_cpu(), &config, NULL, 2, 5);
     model_init_params(model, 1, 0.2);
@@ -488,19 +488,40 @@ Test(model, reading_the_logits_of_a_batch_made_in_chunks_is_a_config_error,
     model_read_logits(model, logits);
 }
 
-Test(model, a_token_outside_the_vocabulary_is_a_data_error, .exit_code = EXIT_DATA)
+Test(model, reading_the_logits_of_a_batch_made_in_chunks_is_a_config_error)
 {
+    test_expect_fatal(read_logits_made_in_chunks, NULL, EXIT_CONFIG,
+                      "the logits of 10 tokens were made in chunks of 4 and not kept");
+}
+
+static void forward_a_token_outside_the_vocabulary(void *unused)
+{
+    (void)unused;
     ModelConfig config = small_config(false, false);
     Model *model = model_create(backend_cpu(), &config, NULL, 1, 2);
     uint32_t inputs[2] = {0, 11}, targets[2] = {1, 2};
     model_forward(model, inputs, targets, 1, 0.0f);
 }
 
-Test(model, kv_heads_that_do_not_divide_the_heads_are_a_config_error, .exit_code = EXIT_CONFIG)
+Test(model, a_token_outside_the_vocabulary_is_a_data_error)
 {
+    test_expect_fatal(forward_a_token_outside_the_vocabulary, NULL, EXIT_DATA,
+                      "input token 11 at position 1 is outside the vocabulary "
+                      "(model.vocab_size = 11)");
+}
+
+static void create_with_three_kv_heads(void *unused)
+{
+    (void)unused;
     ModelConfig config = small_config(false, false);
     config.n_kv_heads = 3;
     model_create(backend_cpu(), &config, NULL, 1, 2);
+}
+
+Test(model, kv_heads_that_do_not_divide_the_heads_are_a_config_error)
+{
+    test_expect_fatal(create_with_three_kv_heads, NULL, EXIT_CONFIG,
+                      "model.n_kv_heads = 3 must divide model.n_heads = 4");
 }
 
 /* ---- RoPE tables ----

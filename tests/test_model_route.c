@@ -441,37 +441,62 @@ Test(model_route, the_first_site_reads_the_embedding)
     model_destroy(model);
 }
 
-Test(model_route, a_site_out_of_range_is_a_config_error, .exit_code = EXIT_CONFIG)
+static void name_site_five(void *unused)
 {
+    (void)unused;
     ResidualConfig residual = route_test_attnres(1, 1, FORM_REPLACE);
     Model *model = route_test_model(&residual, 4);
     model_site_name(model, 5);
 }
 
-Test(model_route, reading_site_weights_before_a_forward_is_a_config_error,
-     .exit_code = EXIT_CONFIG)
+Test(model_route, a_site_out_of_range_is_a_config_error)
 {
+    test_expect_fatal(name_site_five, NULL, EXIT_CONFIG, "routing site 5 does not exist");
+}
+
+static void read_site_weights_before_a_forward(void *unused)
+{
+    (void)unused;
     ResidualConfig residual = route_test_attnres(1, 1, FORM_REPLACE);
     Model *model = route_test_model(&residual, 4);
     float weights[64];
     model_site_weights(model, 0, 0, weights);
 }
 
+Test(model_route, reading_site_weights_before_a_forward_is_a_config_error)
+{
+    test_expect_fatal(read_site_weights_before_a_forward, NULL, EXIT_CONFIG,
+                      "model_site_weights needs a model_forward first");
+}
+
 /* ---- combinations the model refuses ---- */
 
-Test(model_route, depth_heads_that_do_not_divide_the_width_are_a_config_error,
-     .exit_code = EXIT_CONFIG)
+static void create_with_three_depth_heads(void *unused)
 {
+    (void)unused;
     ResidualConfig residual = route_test_attnres(3, 1, FORM_REPLACE);
     route_test_model(&residual, 1);
 }
 
-Test(model_route, msar_with_a_kernel_list_not_one_per_stream_is_a_config_error,
-     .exit_code = EXIT_CONFIG)
+Test(model_route, depth_heads_that_do_not_divide_the_width_are_a_config_error)
 {
+    test_expect_fatal(create_with_three_depth_heads, NULL, EXIT_CONFIG,
+                      "residual.heads = 3 must divide model.d_model = 16");
+}
+
+static void create_msar_with_four_kernels_for_two_streams(void *unused)
+{
+    (void)unused;
     ResidualConfig residual = route_test_msar(2, 2, kernels_1_2_4_8, FORM_REPLACE);
     residual.n_stream_kernels = 4;
     route_test_model(&residual, 1);
+}
+
+Test(model_route, msar_with_a_kernel_list_not_one_per_stream_is_a_config_error)
+{
+    test_expect_fatal(create_msar_with_four_kernels_for_two_streams, NULL, EXIT_CONFIG,
+                      "residual.stream_kernels has 4 entries; residual.streams = 2 needs one "
+                      "kernel size per stream");
 }
 
 /* Every combination of mode x granularity x form x heads x streams that the config accepts

@@ -219,6 +219,40 @@ Test(tokenize, the_summary_names_the_vocab_size_to_train_with)
     int code = run_tokenize(&corpus, "--tokenizer tokenizer.json --output shards docs.jsonl",
                             output, sizeof output);
     cr_assert_eq(code, 0, "exit code %d: %s", code, output);
-    cr_expect(strstr(output, "--set model.vocab_size="), "%s", output);
+    cr_expect(strstr(output, "--set model.vocab_size=auto (reads 11 from the shards)"), "%s",
+              output);
+    test_remove_tree(corpus.directory);
+}
+
+/* launch/tools/bytes_tokenizer.json, the one README tokenizes with: a .md file is one
+ * document, its ids are the bytes of its UTF-8 text, then EOT 256; vocab_size 257. */
+Test(tokenize, the_byte_tokenizer_gives_the_utf8_bytes_of_a_markdown_file)
+{
+    require_python_modules();
+    Corpus corpus = {0};
+    test_make_temp_dir(corpus.directory, "tokenize-bytes");
+    snprintf(corpus.shards, sizeof corpus.shards, "%s/shards", corpus.directory);
+    static const char text[] = "# Tiefe\n\nh\xc3\xa9llo \xe2\x86\x92 depth\n";
+    char path[400], arguments[600], output[4096];
+    snprintf(path, sizeof path, "%s/notes.md", corpus.directory);
+    test_write_file(path, text);
+    snprintf(arguments, sizeof arguments, "--tokenizer '%s/launch/tools/bytes_tokenizer.json' "
+             "--output shards notes.md", FATHOM_SOURCE_DIR);
+    cr_assert_eq(run_tokenize(&corpus, arguments, output, sizeof output), 0, "%s", output);
+    cr_expect(strstr(output, "vocab_size 257, eot_id 256"), "%s", output);
+    const size_t length = strlen(text);
+    Config config;
+    memset(&config, 0, sizeof config);
+    config.model.vocab_size = 257;
+    config.train.seq_len = (int)length;
+    config.data.source = DATA_SHARDS;
+    DataSet *set = data_open_eval(&config, corpus.shards);
+    cr_assert_eq(data_window_count(set), 1);
+    uint32_t window[MAX_TOKENS];
+    data_read_window(set, 0, window);
+    for (size_t i = 0; i < length; i++)
+        cr_assert_eq(window[i], (unsigned char)text[i], "byte %zu", i);
+    cr_assert_eq(window[length], 256);
+    data_close(set);
     test_remove_tree(corpus.directory);
 }

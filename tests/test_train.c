@@ -274,3 +274,45 @@ Test(train, the_resolved_config_goes_to_run_dir_not_the_console, .timeout = 60)
     cr_expect_eq(config.train.steps, 1);
     test_remove_tree(dir);
 }
+
+/* model.vocab_size: auto is a number wherever the run writes its config: run_dir/config.yaml
+ * and the checkpoint (which fathom eval reads back), and a resume with auto matches it. */
+Test(train, vocab_size_auto_is_saved_as_the_number_it_resolved_to, .timeout = 90)
+{
+    char dir[256], path[400], arguments[600];
+    test_make_temp_dir(dir, "train-vocab-auto");
+    tiny_config_write(dir, "");
+    cr_assert_eq(tiny_train(dir, "--set train.steps=2 --set model.vocab_size=auto", output,
+                            sizeof output), 0, "%s", output);
+    snprintf(path, sizeof path, "%s/run/config.yaml", dir);
+    Config config;
+    config_load(&config, path, NULL, 0, 1);
+    cr_expect_eq(config.model.vocab_size, 256);
+    snprintf(arguments, sizeof arguments, "eval --checkpoint %s/run --samples 2", dir);
+    cr_assert_eq(test_run_fathom(arguments, output, sizeof output), 0, "%s", output);
+    cr_assert_eq(tiny_train(dir, "--set train.steps=3 --set model.vocab_size=auto", output,
+                            sizeof output), 0, "%s", output);
+    cr_expect(strstr(output, "resumed at step 2"), "%s", output);
+    cr_expect_not(strstr(output, "vocab_size"), "the resume saw a changed vocab: %s", output);
+    test_remove_tree(dir);
+}
+
+/* FATHOM_SET overrides the config file, the command line's --set overrides both, and the
+ * run says which overrides came from the environment. */
+Test(train, fathom_set_applies_before_the_command_line, .timeout = 90)
+{
+    char dir[256], command[1024], path[400];
+    test_make_temp_dir(dir, "train-fathom-set");
+    tiny_config_write(dir, "");
+    snprintf(command, sizeof command, "FATHOM_SET='train.steps=2  log.every=2' '%s' train "
+             "%s/config.yaml --set log.every=1", test_fathom_binary(), dir);
+    cr_assert_eq(test_run_command(command, output, sizeof output), 0, "%s", output);
+    cr_expect(strstr(output, "FATHOM_SET adds 2 overrides before the command line's: "
+                             "train.steps=2 log.every=2"), "%s", output);
+    snprintf(path, sizeof path, "%s/run/config.yaml", dir);
+    Config config;
+    config_load(&config, path, NULL, 0, 1);
+    cr_expect_eq(config.train.steps, 2, "the file's 6 steps stayed");
+    cr_expect_eq(config.log.every, 1, "FATHOM_SET overrode the command line");
+    test_remove_tree(dir);
+}

@@ -36,6 +36,10 @@ int cuda_device_bus_id(int ordinal, char *bus_id, size_t capacity);
  * call naming another one is fatal (exit 5). Without a call the device is 0. */
 void cuda_device_use(int ordinal);
 
+/* cudaMemGetInfo of the current device (device 0 unless the backend chose another): 1 with
+ * the free and total bytes, 0 when there is no device or the call fails. */
+int cuda_memory_info(size_t *free_bytes, size_t *total_bytes);
+
 #ifdef __cplusplus
 }
 #endif

@@ -63,6 +63,16 @@ extern "C" int cuda_compute_capability(void)
     return 10 * properties.major + properties.minor;
 }
 
+extern "C" int cuda_memory_info(size_t *free_bytes, size_t *total_bytes)
+{
+    size_t free_memory = 0, total_memory = 0;
+    if (cudaMemGetInfo(&free_memory, &total_memory) != cudaSuccess)
+        return 0;
+    *free_bytes = free_memory;
+    *total_bytes = total_memory;
+    return 1;
+}
+
 extern "C" int cuda_probe(char *description, size_t capacity)
 {
     int count = 0;

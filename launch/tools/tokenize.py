@@ -1,18 +1,21 @@
 #!/usr/bin/env python3
 """Turn text into fathom token shards (DESIGN 4).
 
-Reads .txt, .jsonl and .parquet inputs, encodes every document with a Hugging Face
+Reads .txt, .md, .jsonl and .parquet inputs, encodes every document with a Hugging Face
 tokenizer.json, appends the end-of-text (EOT) id after each document, and writes
 DIR/shard_00000.h5, DIR/shard_00001.h5, ...: each an HDF5 file with a 1-D uint32 dataset
 /tokens and root attributes vocab_size, eot_id and tokenizer (the tokenizer file's name).
 
 Documents:
-  .txt      the whole file is one document
+  .txt .md  the whole file is one document
   .jsonl    one JSON object per line; the document is its --text-field (default "text")
   .parquet  one row per document, column --text-field (needs pyarrow)
 Empty documents are skipped. Inputs are read in the order given; shards hold exactly
 --shard-tokens tokens except the last, and a document may continue into the next shard
 (fathom packs windows across shard boundaries).
+
+launch/tools/bytes_tokenizer.json is a byte-level tokenizer (ids 0..255 are the bytes of
+the UTF-8 text, 256 is <|endoftext|>) to try the shards path without downloading one.
 
 Exit codes: 0 done, 2 bad arguments or unreadable inputs, 3 malformed input content.
 """
@@ -72,7 +75,7 @@ def parse_arguments(argv):
     parser.add_argument("--overwrite", action="store_true",
                         help="replace shard_*.h5 files already in the output directory")
     parser.add_argument("inputs", nargs="+", metavar="INPUT",
-                        help=".txt, .jsonl or .parquet files")
+                        help=".txt, .md, .jsonl or .parquet files")
     arguments = parser.parse_args(argv)
     if arguments.shard_tokens < 1:
         fail(2, f"--shard-tokens must be at least 1, got {arguments.shard_tokens}")
@@ -82,12 +85,13 @@ def parse_arguments(argv):
         if not os.path.isfile(path):
             fail(2, f"input file {path} does not exist")
         if input_kind(path) is None:
-            fail(2, f"input {path}: unknown extension (expected .txt, .jsonl or .parquet)")
+            fail(2, f"input {path}: unknown extension (expected .txt, .md, .jsonl or "
+                 ".parquet)")
     return arguments
 
 
 def input_kind(path):
-    for kind in ("txt", "jsonl", "parquet"):
+    for kind in ("txt", "md", "jsonl", "parquet"):
         if path.endswith("." + kind):
             return kind
     return None
@@ -129,7 +133,7 @@ def read_parquet(path, field):
             yield text
 
 
-READERS = {"txt": read_txt, "jsonl": read_jsonl, "parquet": read_parquet}
+READERS = {"txt": read_txt, "md": read_txt, "jsonl": read_jsonl, "parquet": read_parquet}
 
 
 def documents(inputs, field):
@@ -255,8 +259,9 @@ def main(argv):
     print(f"tokenize.py: wrote {writer.tokens_written} tokens from {document_count} documents "
           f"into {writer.shards_written} shard(s) in {arguments.output} "
           f"(vocab_size {vocab_size}, eot_id {eot_id})", file=sys.stderr)
-    print(f"tokenize.py: train on them with --set model.vocab_size={vocab_size} "
-          f"--set data.source=shards --set data.train={arguments.output}", file=sys.stderr)
+    print(f"tokenize.py: train on them with --set model.vocab_size=auto (reads {vocab_size} "
+          f"from the shards) --set data.source=shards --set data.train={arguments.output}",
+          file=sys.stderr)
     return 0
 
 

@@ -1,0 +1,135 @@
+/* tests/test_readme.c — README.md's commands run as written, in order, on a fresh clone.
+ *
+ * The commands come from README.md itself, so the two cannot drift: every command of the
+ * "## Two commands" block except the one that runs this suite (launch/test.sh), then every
+ * command of the "## Using it" block, each line as one bash command (comments after `#`
+ * are bash's). They run one after another in a fresh tree: a temporary directory with a link
+ * to every top-level entry the repository tracks (git ls-files) and `build` linked to the
+ * build under test; no runs/, no shards/. The environment holds FATHOM_SET (README says so),
+ * which shortens the sequences and batches so that the walk takes about a minute on 2 cores.
+ *
+ * A line must exit 0 and print no "fathom: error"; a line whose comment says "resumes at N"
+ * must print "resumed at step N".
+ */
+#include "tests/support.h"
+
+#include <criterion/criterion.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { README_MAX_COMMANDS = 64, README_LINE_MAX = 1024 };
+
+/* What the walk sets in the environment of every command. */
+static const char readme_fathom_set[] =
+    "train.seq_len=16 train.microbatch_size=2 train.global_batch_size=2";
+
+typedef struct {
+    char lines[README_MAX_COMMANDS][README_LINE_MAX];
+    int count;
+} Commands;
+
+/* Appends the command lines of the first ```sh block after the line `heading`, skipping
+ * blank lines, comment lines and lines that hold `skip`. */
+static void read_block(const char *readme, const char *heading, const char *skip,
+                       Commands *commands)
+{
+    const char *at = strstr(readme, heading);
+    cr_assert(at, "README.md has no '%s'", heading);
+    at = strstr(at, "\n```sh\n");
+    cr_assert(at, "README.md has no ```sh block after '%s'", heading);
+    at += strlen("\n```sh\n");
+    const char *end = strstr(at, "\n```");
+    cr_assert(end, "the block after '%s' does not end", heading);
+    while (at < end) {
+        const char *newline = memchr(at, '\n', (size_t)(end - at));
+        const size_t length = (size_t)((newline ? newline : end) - at);
+        char line[README_LINE_MAX];
+        cr_assert_lt(length, sizeof line, "a README line longer than %zu", sizeof line);
+        memcpy(line, at, length);
+        line[length] = '\0';
+        at += length + 1;
+        const char *text = line + strspn(line, " \t");
+        if (!*text || *text == '#' || (skip && strstr(text, skip)))
+            continue;
+        cr_assert_lt(commands->count, README_MAX_COMMANDS);
+        snprintf(commands->lines[commands->count++], README_LINE_MAX, "%s", text);
+    }
+}
+
+static void read_readme_commands(Commands *commands)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/README.md", test_source_dir());
+    FILE *file = fopen(path, "r");
+    cr_assert(file, "cannot open %s", path);
+    static char readme[1 << 17];
+    const size_t length = fread(readme, 1, sizeof readme - 1, file);
+    readme[length] = '\0';
+    fclose(file);
+    commands->count = 0;
+    read_block(readme, "\n## Two commands\n", "launch/test.sh", commands);
+    read_block(readme, "\n## Using it\n", NULL, commands);
+    cr_assert_gt(commands->count, 2, "README.md lists only %d commands", commands->count);
+}
+
+/* A fresh tree in `tree`: links to the repository's tracked top-level entries, and build. */
+static void make_fresh_tree(char *tree)
+{
+    test_make_temp_dir(tree, "readme");
+    char binary[512], command[2048], output[4096];
+    snprintf(binary, sizeof binary, "%s", test_fathom_binary());
+    snprintf(command, sizeof command,
+             "cd '%s' && for entry in $(git ls-files | cut -d/ -f1 | sort -u); do "
+             "ln -s \"$PWD/$entry\" '%s/'\"$entry\" || exit 1; done && ln -s '%s' '%s/build'",
+             test_source_dir(), tree, dirname(binary), tree);
+    cr_assert_eq(test_run_command(command, output, sizeof output), 0, "%s", output);
+}
+
+/* "... # resumes at 400": the step the line says it resumes at; 0 when it says none. */
+static long resumes_at(const char *line)
+{
+    const char *comment = strchr(line, '#');
+    const char *claim = comment ? strstr(comment, "resumes at ") : NULL;
+    return claim ? strtol(claim + strlen("resumes at "), NULL, 10) : 0;
+}
+
+Test(readme, every_command_runs_as_written_on_a_fresh_clone, .timeout = 900)
+{
+    if (getenv("FATHOM_BINARY"))
+        cr_skip_test("the build has moved from its sources (FATHOM_BINARY): launch/setup.sh "
+                     "cannot rebuild it there");
+    Commands commands;
+    read_readme_commands(&commands);
+    char tree[256];
+    make_fresh_tree(tree);
+    static char output[1 << 16];
+    for (int i = 0; i < commands.count; i++) {
+        const char *line = commands.lines[i];
+        char script[400], command[1024];
+        snprintf(script, sizeof script, "%s/.readme_command_%02d.sh", tree, i);
+        char text[README_LINE_MAX + 2];
+        snprintf(text, sizeof text, "%s\n", line);
+        test_write_file(script, text);
+        snprintf(command, sizeof command,
+                 "cd '%s' && FATHOM_SET='%s' OMPI_ALLOW_RUN_AS_ROOT=1 "
+                 "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout -k 10 600 bash '%s'", tree,
+                 readme_fathom_set, script);
+        const int code = test_run_command(command, output, sizeof output);
+        const size_t length = strlen(output);
+        const char *tail = output + (length > 3000 ? length - 3000 : 0);
+        cr_assert_eq(code, 0, "README command %d exited %d: %s\n...%s", i + 1, code, line,
+                     tail);
+        cr_assert_not(strstr(output, "fathom: error"), "README command %d: %s\n...%s", i + 1,
+                      line, tail);
+        const long step = resumes_at(line);
+        if (step > 0) {
+            char resumed[64];
+            snprintf(resumed, sizeof resumed, "resumed at step %ld", step);
+            cr_assert(strstr(output, resumed), "README command %d says it resumes at %ld: "
+                      "%s\n...%s", i + 1, step, line, tail);
+        }
+    }
+    test_remove_tree(tree);
+}
