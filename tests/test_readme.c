@@ -23,7 +23,7 @@ enum { README_MAX_COMMANDS = 64, README_LINE_MAX = 1024 };
 
 /* What the walk sets in the environment of every command. */
 static const char readme_fathom_set[] =
-    "train.seq_len=16 train.microbatch_size=2 train.global_batch_size=2";
+    "train.seq_len=16 train.microbatch_size=1 train.global_batch_size=4";
 
 typedef struct {
     char lines[README_MAX_COMMANDS][README_LINE_MAX];
