@@ -4,8 +4,9 @@
 # each OpenMP waiting choice (docs/performance.md, "The cpu backend on a shared machine").
 # Each case trains the demo for $STEPS steps (default 60) and reports the tok/s of the last
 # log window (the first steps warm up); the cases alternate, $REPEATS times each (default
-# 3); LOADS=alone (or busy) runs one half. Prints a markdown table last: the median and the best of the repeats (on a machine
-# that others use too, the best is the closest to what the case gives on its own).
+# 3); LOADS=alone (or busy) runs one half. Prints a markdown table last: the median and the
+# best of the repeats (on a machine that others use too, the best is the closest to what
+# the case gives on its own). docs/performance.md ran STEPS=45.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 steps=${STEPS:-60}
