@@ -20,6 +20,9 @@ static const CommandHelp commands[] = {
      "  ranks train one job (parallel.*). SIGTERM, SIGUSR1 or a first Ctrl-C finish the\n"
      "  step, save and exit 0; a second Ctrl-C stops at once (exit 130).\n"
      "  --set key=value   overrides one config key (any number of times; dotted names)\n"
+     "  FATHOM_SET='key=value ...' in the environment adds overrides before the --set ones.\n"
+     "  Before it allocates, the run checks its memory plan against this machine (exit 2\n"
+     "  naming the keys that shrink it).\n"
      "example: fathom train launch/configs/demo.yaml --set train.steps=400 --set run_dir=runs/mine\n"},
     {"eval",
      "usage: fathom eval --checkpoint DIR [--weights ema|raw] [--data SPEC] [--samples N] "

@@ -5,8 +5,9 @@
  * command of the "## Using it" block, each line as one bash command (comments after `#`
  * are bash's). They run one after another in a fresh tree: a temporary directory with a link
  * to every top-level entry the repository tracks (git ls-files) and `build` linked to the
- * build under test; no runs/, no shards/. The environment holds FATHOM_SET (README says so),
- * which shortens the sequences and batches so that the walk takes about a minute on 2 cores.
+ * build under test; no runs/, no shards/. The environment holds the FATHOM_SET='...' that
+ * README.md's "Using it" section names (read from there too), which shortens the sequences
+ * and batches so that the walk takes about a minute on 2 cores.
  *
  * A line must exit 0 and print no "fathom: error"; a line whose comment says "resumes at N"
  * must print "resumed at step N".
@@ -21,13 +22,10 @@
 
 enum { README_MAX_COMMANDS = 64, README_LINE_MAX = 1024 };
 
-/* What the walk sets in the environment of every command. */
-static const char readme_fathom_set[] =
-    "train.seq_len=16 train.microbatch_size=1 train.global_batch_size=4";
-
 typedef struct {
     char lines[README_MAX_COMMANDS][README_LINE_MAX];
     int count;
+    char fathom_set[256]; /* what the walk puts in FATHOM_SET */
 } Commands;
 
 /* Appends the command lines of the first ```sh block after the line `heading`, skipping
@@ -72,6 +70,12 @@ static void read_readme_commands(Commands *commands)
     read_block(readme, "\n## Two commands\n", "launch/test.sh", commands);
     read_block(readme, "\n## Using it\n", NULL, commands);
     cr_assert_gt(commands->count, 2, "README.md lists only %d commands", commands->count);
+    const char *set = strstr(strstr(readme, "\n## Using it\n"), "FATHOM_SET='");
+    cr_assert(set, "README.md's Using it section names no FATHOM_SET='...'");
+    set += strlen("FATHOM_SET='");
+    const size_t quoted = strcspn(set, "'");
+    cr_assert(set[quoted] == '\'' && quoted < sizeof commands->fathom_set);
+    snprintf(commands->fathom_set, sizeof commands->fathom_set, "%.*s", (int)quoted, set);
 }
 
 /* A fresh tree in `tree`: links to the repository's tracked top-level entries, and build. */
@@ -115,7 +119,7 @@ Test(readme, every_command_runs_as_written_on_a_fresh_clone, .timeout = 900)
         snprintf(command, sizeof command,
                  "cd '%s' && FATHOM_SET='%s' OMPI_ALLOW_RUN_AS_ROOT=1 "
                  "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout -k 10 600 bash '%s'", tree,
-                 readme_fathom_set, script);
+                 commands.fathom_set, script);
         const int code = test_run_command(command, output, sizeof output);
         const size_t length = strlen(output);
         const char *tail = output + (length > 3000 ? length - 3000 : 0);
