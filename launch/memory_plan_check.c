@@ -86,6 +86,10 @@ static void name_weight_keys(char *message, size_t capacity, const Config *confi
            model->vocab_size);
     if (config->optim.ema_decay > 0)
         append(message, capacity, ", or optim.ema_decay: 0 (no EMA)");
+    /* FSDP divides a rank's shards by the dp ranks, pipeline stages its units by stages */
+    append(message, capacity, ", or more ranks: parallel.dp = %d (shards 1/dp of a stage's "
+           "weights and optimizer state) or parallel.pp = %d", config->parallel.dp,
+           config->parallel.pp);
 }
 
 static void name_activation_keys(char *message, size_t capacity, const Config *config,
