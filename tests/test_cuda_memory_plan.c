@@ -2,7 +2,9 @@
  * CUDA module reports the device's free memory, and `fathom train` refuses, before it
  * allocates, a model whose device part exceeds it. SKIP without a GPU. */
 #include <criterion/criterion.h>
+#include <libgen.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "runtime/cuda_module.h"
@@ -13,8 +15,14 @@
 Test(cuda_memory_plan, the_module_reports_the_free_memory_of_the_gpu)
 {
     gpu_require();
+    /* the module beside the fathom binary, found by its path as fathom finds it */
+    char binary[1024], module[1100];
+    snprintf(binary, sizeof binary, "%s", test_fathom_binary());
+    snprintf(module, sizeof module, "%s/kernels/libfathom_cuda.so", dirname(binary));
+    setenv("FATHOM_CUDA_MODULE", module, 1);
     size_t free_bytes = 0, total_bytes = 0;
-    cr_assert(cuda_module_memory(&free_bytes, &total_bytes));
+    cr_assert(cuda_module_memory(&free_bytes, &total_bytes), "%s: %s", module,
+              cuda_module_probe()->description);
     cr_assert(free_bytes > 0 && free_bytes <= total_bytes, "free %zu of %zu", free_bytes,
               total_bytes);
 }
