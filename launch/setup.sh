@@ -21,11 +21,11 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 # Python side: the tokenizer front end, launch/tools/plot.py (matplotlib; PyYAML reads the
-# config saved in a checkpoint) and the tests that read files with h5py.
-if ! python3 -c 'import h5py, numpy, tokenizers, matplotlib, yaml' 2>/dev/null; then
-  echo "setup: installing python packages h5py numpy tokenizers matplotlib pyyaml"
-  python3 -m pip install -q h5py numpy tokenizers matplotlib pyyaml 2>/dev/null ||
-    python3 -m pip install -q --break-system-packages h5py numpy tokenizers matplotlib pyyaml
+# config saved in a checkpoint) and the tests that read files with h5py and ruamel.yaml.
+if ! python3 -c 'import h5py, numpy, tokenizers, matplotlib, yaml, ruamel.yaml' 2>/dev/null; then
+  echo "setup: installing python packages h5py numpy tokenizers matplotlib pyyaml ruamel.yaml"
+  python3 -m pip install -q h5py numpy tokenizers matplotlib pyyaml ruamel.yaml 2>/dev/null ||
+    python3 -m pip install -q --break-system-packages h5py numpy tokenizers matplotlib pyyaml ruamel.yaml
 fi
 
 if [ ! -f build/build.ninja ]; then

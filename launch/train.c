@@ -321,9 +321,15 @@ int train_main(int argc, char **argv)
         fatal(EXIT_CONFIG, "eval.every = %d: evaluation during training runs on one pipeline "
               "stage only for now; set eval.every: 0 with parallel.pp = %d and evaluate the "
               "checkpoints with fathom eval", config.eval.every, config.parallel.pp);
+    /* set-up's phases, timed for the line before step 1 (start-up is a cost users pay at
+     * every launch and resume) */
+    double phase_started = timer_seconds(), placing, starting_backend, allocating, filling;
     TopoPlacement placement;
     topo_place(&grid, &config, &placement); /* the rank's GPU and cores, before any CUDA */
+    placing = timer_seconds() - phase_started;
+    phase_started = timer_seconds();
     const Backend *backend = backend_select(config.device, &config);
+    starting_backend = timer_seconds() - phase_started;
     topo_print_map(&grid, &placement);
     memory_plan_check(&config, backend, &grid); /* before anything is allocated */
     step_budget_check(&config, backend, grid.world_size);
@@ -341,11 +347,15 @@ int train_main(int argc, char **argv)
     if (leader && grid.dp > 1)
         printf("fathom: fsdp over dp groups of %d ranks: %s (%s)\n", grid.dp,
                device_comm_method(data_parallel), device_comm_reason(data_parallel));
+    phase_started = timer_seconds();
     Model *model = step_create_model(&config, &grid, backend, data_parallel);
     const ParamTable *table = model_param_table(model);
     RunState state;
     run_state_create(&state, model, &config);
     const RunLayout layout = {grid.world, grid.stage, grid.dp_rank, NULL};
+    backend->synchronize();
+    allocating = timer_seconds() - phase_started;
+    phase_started = timer_seconds();
 
     char step_dir[CONFIG_PATH_MAX];
     bool resumed = checkpoint_find_latest(config.run_dir, step_dir, sizeof step_dir);
@@ -357,6 +367,8 @@ int train_main(int argc, char **argv)
             backend->copy(state.ema, model_params(model),
                           fsdp_local_count(model_fsdp(model)) * sizeof(float));
     }
+    backend->synchronize();
+    filling = timer_seconds() - phase_started;
     Optimizer optimizer = run_state_optimizer(&state, model, &config.optim);
     TrainingStep step;
     step_create(&step, model, &config, &grid, &optimizer);
@@ -390,8 +402,11 @@ int train_main(int argc, char **argv)
                "(raise train.steps to continue)\n", config.run_dir, (long long)state.step,
                config.train.steps);
     if (leader && state.step < config.train.steps) {
-        printf("fathom: ready to train after %.2f s of set-up (config, placement, parameters%s)\n",
-               timer_seconds() - process_started, resumed ? ", checkpoint" : ", initialisation");
+        const double total = timer_seconds() - process_started;
+        printf("fathom: ready to train after %.2f s of set-up: placement %.2f, backend %.2f, "
+               "allocation %.2f, %s %.2f, the rest %.2f\n", total, placing, starting_backend,
+               allocating, resumed ? "checkpoint" : "initialisation", filling,
+               total - placing - starting_backend - allocating - filling);
         fflush(stdout);
     }
     while (state.step < config.train.steps && !stopping) {

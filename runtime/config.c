@@ -137,8 +137,9 @@ static void validate_combinations(const Config *config, const char *origin, int 
 
     long long grid = (long long)parallel->pp * parallel->dp;
     if (world_size != CONFIG_ANY_WORLD && grid != world_size)
-        fatal(EXIT_CONFIG, "%s: parallel.pp = %d times parallel.dp = %d is %lld, but %d ranks "
-              "were launched", origin, parallel->pp, parallel->dp, grid, world_size);
+        fatal(EXIT_CONFIG, "%s: parallel.pp = %d times parallel.dp = %d is %lld, but %d %s "
+              "launched (mpirun -np %lld)", origin, parallel->pp, parallel->dp, grid, world_size,
+              world_size == 1 ? "rank was" : "ranks were", grid);
     long long chunks = (long long)parallel->pp * parallel->virtual_stages;
     if (model->n_layers < chunks)
         fatal(EXIT_CONFIG, "%s: model.n_layers = %d is fewer than parallel.pp * "

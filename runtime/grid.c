@@ -12,8 +12,9 @@ void grid_create(RankGrid *grid, int pp, int dp)
     grid->rank = comm_rank(grid->world);
     grid->world_size = comm_size(grid->world);
     if ((long long)pp * dp != grid->world_size)
-        fatal(EXIT_CONFIG, "parallel.pp = %d times parallel.dp = %d is %lld, but %d ranks "
-              "were launched", pp, dp, (long long)pp * dp, grid->world_size);
+        fatal(EXIT_CONFIG, "parallel.pp = %d times parallel.dp = %d is %lld, but %d %s "
+              "launched", pp, dp, (long long)pp * dp, grid->world_size,
+              grid->world_size == 1 ? "rank was" : "ranks were");
     grid->pp = pp;
     grid->dp = dp;
     grid->stage = grid->rank / dp;

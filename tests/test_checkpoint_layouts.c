@@ -142,7 +142,7 @@ Test(checkpoint_layout, h5py_reads_a_sharded_checkpoint_as_whole_tensors, .timeo
     runs_end(&runs);
 }
 
-Test(checkpoint_layout, pyyaml_reads_the_saved_config_with_the_types_of_the_config_file,
+Test(checkpoint_layout, pyyaml_and_ruamel_read_the_saved_config_with_the_config_files_types,
      .timeout = 120)
 {
     Runs runs;
@@ -150,7 +150,7 @@ Test(checkpoint_layout, pyyaml_reads_the_saved_config_with_the_types_of_the_conf
     cr_assert_eq(train_steps(1, "", 3, runs.single, runs.output), 0, "%s", runs.output);
     char command[4096];
     snprintf(command, sizeof command,
-             "python3 -c \"import h5py, yaml\n"
+             "python3 -c \"import h5py, yaml, ruamel.yaml\n"
              "def flat(d, prefix=''):\n"
              "    out = {}\n"
              "    for k, v in d.items():\n"
@@ -162,12 +162,14 @@ Test(checkpoint_layout, pyyaml_reads_the_saved_config_with_the_types_of_the_conf
              "text = index.attrs['config']\n"
              "saved = flat(yaml.safe_load(text if isinstance(text, str) else text.decode()))\n"
              "run = flat(yaml.safe_load(open('%s/config.yaml')))\n"
-             "for name, values in (('checkpoint', saved), ('run_dir/config.yaml', run)):\n"
+             "ruamel = flat(ruamel.yaml.YAML(typ='safe', pure=True).load(open('%s/config.yaml')))\n"
+             "for name, values in (('checkpoint', saved), ('run_dir/config.yaml', run),\n"
+             "                     ('ruamel.yaml', ruamel)):\n"
              "    assert set(values) == set(config), (name, set(values) ^ set(config))\n"
              "    for key, value in config.items():\n"
              "        assert type(values[key]) is type(value), (name, key, value, values[key])\n"
              "print('ok')\"",
-             test_source_dir(), runs.single, runs.single);
+             test_source_dir(), runs.single, runs.single, runs.single);
     cr_expect_eq(test_run_command(command, runs.output, LAYOUT_OUTPUT_CAPACITY), 0, "%s",
                  runs.output);
     runs_end(&runs);
