@@ -45,7 +45,9 @@ typedef struct {
 typedef struct Executor Executor;
 
 /* The executor of `stage` of the pipeline `pp` (a communicator of parallel.pp ranks whose
- * rank is the stage; NULL when pp is 1), for config's schedule, virtual_stages,
+ * rank is the stage; a group of one when pp is 1: with virtual_stages > 1 the stage hands
+ * payloads to itself through it; NULL only when the network is one chunk), for config's
+ * schedule, virtual_stages,
  * layer_split, activation checkpointing and microbatches per rank. A layout the schedule
  * cannot run is EXIT_CONFIG naming the keys. */
 Executor *executor_create(Model *model, const Config *config, Comm *pp, int stage);

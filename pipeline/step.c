@@ -60,8 +60,9 @@ void step_create(TrainingStep *step, Model *model, const Config *config, const R
     step->model = model;
     step->grid = grid;
     step->optimizer = optimizer;
-    step->executor = executor_create(model, config, grid->pp > 1 ? grid->pipeline : NULL,
-                                     grid->stage);
+    /* the pipeline communicator even with one stage: with virtual_stages > 1 its chunks
+     * hand their payloads to themselves */
+    step->executor = executor_create(model, config, grid->pipeline, grid->stage);
     const ParamTable *table = model_param_table(model);
     const Fsdp *fsdp = model_fsdp(model);
     const int P = grid->pp, n_units = table->n_units;

@@ -67,6 +67,13 @@ Test(pipeline, every_layout_of_msar_delta_equals_one_rank, .timeout = 300)
                                 every_layout, EVERY_LAYOUT, "every-msar-delta");
 }
 
+Test(pipeline, one_stage_with_two_chunks_equals_one_rank)
+{
+    /* interleaved on one stage: the hop between its chunks goes to itself */
+    expect_layout_equals_single("demo_mhar_delta", 1, "--set parallel.virtual_stages=2 "
+                                "--set parallel.schedule=interleaved", "one-stage-v2");
+}
+
 Test(pipeline, pp2_with_tied_embeddings_equals_one_rank)
 {
     /* the embedding is read by chunk 0 and by the head: a tensor two stages share */

@@ -32,6 +32,7 @@ for residual in "${residuals[@]}"; do
   log=$out/$tag-$residual-$layers.log
   "$binary" train launch/configs/marin8b_block_mhar.yaml \
     --set run_dir="$dir" --set device=cuda --set parallel.dp=1 --set parallel.pp=1 \
+    --set parallel.virtual_stages=1 --set parallel.schedule=1f1b \
     --set model.n_layers="$layers" --set residual.granularity=block \
     --set residual.layers_per_block=2 "${routing[@]}" \
     --set train.steps="$steps" --set train.seq_len=4096 --set train.microbatch_size=1 \
