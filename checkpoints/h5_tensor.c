@@ -41,7 +41,16 @@ hid_t h5_file_open_readonly(const char *path)
     h5_quiet();
     if (access(path, R_OK) != 0)
         fatal(EXIT_DATA, "cannot read %s: %s", path, strerror(errno));
-    return H5_CHECK(H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT));
+    hid_t file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (file < 0) {
+        /* a truncated shard, an empty file or one that is not HDF5 at all: name the file,
+         * since the user has many and the HDF5 call alone does not say which */
+        char message[256];
+        h5_error_message(message);
+        fatal(EXIT_DATA, "checkpoint file %s is damaged, truncated or not HDF5: %s", path,
+              message);
+    }
+    return file;
 }
 
 int h5_path_exists(hid_t location, const char *path)

@@ -126,11 +126,17 @@ void h5_quiet(void)
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
 }
 
+void h5_error_message(char message[256])
+{
+    snprintf(message, 256, "unknown HDF5 error");
+    H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, h5_innermost_message, message);
+}
+
 int64_t h5_check(int64_t result, const char *expression, const char *file, int line)
 {
     if (result >= 0)
         return result;
-    char message[256] = "unknown HDF5 error";
-    H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, h5_innermost_message, message);
+    char message[256];
+    h5_error_message(message);
     fatal(EXIT_DATA, "%s:%d: HDF5 call %s failed: %s", file, line, expression, message);
 }

@@ -58,6 +58,9 @@ char *xstrdup(const char *text);
  * failure, reported with the expression, file:line and HDF5's innermost message, exit 3. */
 #define H5_CHECK(call) h5_check((int64_t)(call), #call, __FILE__, __LINE__)
 int64_t h5_check(int64_t result, const char *expression, const char *file, int line);
+/* The innermost (root-cause) message of HDF5's current error stack, for a caller that names
+ * the file itself rather than the call. */
+void h5_error_message(char message[256]);
 /* Turns HDF5's own stack printing off once; h5_check prints instead. */
 void h5_quiet(void);
 

@@ -320,6 +320,64 @@ Test(checkpoint, missing_shard_fails_load_with_exit_3_naming_it)
     test_remove_tree(run_dir);
 }
 
+/* Replaces a file of the step directory by `size` bytes of `bytes` (NULL: its own first
+ * `size` bytes: cut short), then expects the load to exit 3 naming `named`. */
+static void expect_damaged_file_exits_3(const char *file, const char *bytes, long size,
+                                        const char *named, uint64_t seed)
+{
+    char run_dir[256], path[512], errors[4096];
+    Fixture fixture;
+    saved_run_make(run_dir, &fixture, seed, 100);
+    snprintf(path, sizeof path, "%s/checkpoints/step_00000100/%s", run_dir, file);
+    if (bytes) {
+        FILE *out = fopen(path, "wb");
+        cr_assert(out);
+        cr_assert_eq(fwrite(bytes, 1, (size_t)size, out), (size_t)size);
+        fclose(out);
+    } else {
+        cr_assert_eq(truncate(path, size), 0);
+    }
+    expect_load_exits_3(run_dir, &fixture, errors, sizeof errors);
+    cr_assert(strstr(errors, named), "%s: the message does not name %s:\n%s", file, named,
+              errors);
+    fixture_free(&fixture);
+    test_remove_tree(run_dir);
+}
+
+Test(checkpoint, a_truncated_empty_or_foreign_file_fails_load_with_exit_3_naming_it)
+{
+    /* the shard cut short, and emptied */
+    expect_damaged_file_exits_3("shard_p0_d0.h5", NULL, 2000, "shard_p0_d0.h5", 21);
+    expect_damaged_file_exits_3("shard_p0_d0.h5", NULL, 0, "shard_p0_d0.h5", 22);
+    /* the index cut short, emptied, or another file in its place: its digest in COMMITTED
+     * refuses it before HDF5 reads it */
+    expect_damaged_file_exits_3("index.h5", NULL, 1000, "index.h5", 23);
+    expect_damaged_file_exits_3("index.h5", NULL, 0, "index.h5", 24);
+    static const char text[] = "a text file where the index should be\n";
+    expect_damaged_file_exits_3("index.h5", text, (long)sizeof text - 1, "index.h5", 25);
+}
+
+Test(checkpoint, an_hdf5_file_of_another_program_is_not_taken_for_an_index)
+{
+    /* a valid HDF5 file, without the format attribute, under a COMMITTED of an older save
+     * (no digest line): the format check names it */
+    char run_dir[256], path[512], errors[4096];
+    Fixture fixture;
+    saved_run_make(run_dir, &fixture, 26, 100);
+    snprintf(path, sizeof path, "%s/checkpoints/step_00000100/index.h5", run_dir);
+    hid_t file = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    cr_assert(file >= 0);
+    H5Fclose(file);
+    snprintf(path, sizeof path, "%s/checkpoints/step_00000100/COMMITTED", run_dir);
+    FILE *out = fopen(path, "w");
+    fputs("step_00000100\n", out);
+    fclose(out);
+    expect_load_exits_3(run_dir, &fixture, errors, sizeof errors);
+    cr_assert(strstr(errors, "is not a fathom checkpoint"), "%s", errors);
+    fixture_free(&fixture);
+    test_remove_tree(run_dir);
+}
+
 Test(checkpoint, shape_mismatch_exits_3_naming_the_tensor_and_both_shapes)
 {
     char run_dir[256], errors[4096];
