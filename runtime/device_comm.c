@@ -19,36 +19,9 @@
 #include <unistd.h>
 
 #include "runtime/cuda_module.h"
+#include "runtime/device_comm_internal.h"
 #include "runtime/error.h"
 #include "runtime/nccl_table.h"
-
-typedef enum { OPERATION_ALLGATHER, OPERATION_REDUCE_SCATTER } OperationKind;
-
-typedef struct {
-    OperationKind kind;
-    const void *send;
-    void *recv;
-    size_t count_per_rank;
-    CommType type;
-    CommKind counter;
-} Operation;
-
-struct DeviceComm {
-    Comm *group;
-    const Backend *backend;
-    DeviceCommMethod method;
-    bool local;                  /* one rank, not through NCCL: operations are copies */
-    char reason[256];
-    const NcclTable *nccl;       /* nccl only */
-    NcclCommunicator *communicator;
-    Operation *queued;
-    int n_queued, capacity;
-    int depth;                   /* group_begin nesting */
-    NcclOperation *started;      /* nccl: the queue as NCCL operations, same capacity */
-    DeviceCommWork *spare_works; /* nccl: waited-for works, reused */
-    void *host_send, *host_recv; /* host-staged: staging, grown to the largest operation */
-    size_t host_send_bytes, host_recv_bytes;
-};
 
 /* Synchronous work is complete when group_end returns: one shared, never freed marker. An
  * nccl work holds the module's work and comes back to its DeviceComm when waited for. */
@@ -121,6 +94,7 @@ void device_comm_destroy(DeviceComm *comm)
 {
     if (!comm)
         return;
+    device_comm_hops_destroy(comm);
     if (comm->communicator)
         comm->nccl->destroy(comm->communicator);
     while (comm->spare_works) {

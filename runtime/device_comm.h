@@ -44,8 +44,12 @@
  * is polled for its asynchronous errors and aborted at the deadline, never left to hang.
  * Bytes are booked in comm.h's counters under the kind the caller passes, by comm.h's rule.
  *
+ * Point to point (device_comm_send / device_comm_recv below) carries the pipeline's hops by
+ * the same method: NCCL's ncclSend / ncclRecv, or MPI messages from host memory.
+ *
  * Memory: every buffer is the caller's, in the backend's memory. A DeviceComm holds the
- * host staging buffers it needs (grown to the largest operation, then kept).
+ * host staging buffers it needs (grown to the largest operation, then kept) and the buffers
+ * of its sends in flight (below).
  */
 #ifndef FATHOM_RUNTIME_DEVICE_COMM_H
 #define FATHOM_RUNTIME_DEVICE_COMM_H
@@ -90,6 +94,37 @@ DeviceCommWork *device_comm_group_end(DeviceComm *comm);
  * for the communication itself (the op table's event_wait); the CUDA module's watchdog
  * keeps the deadline until the work has ended (runtime/nccl_table.h). */
 void device_comm_work_wait(DeviceCommWork *work);
+
+/* ---- point to point: the pipeline's hops (runtime/device_comm_hops.c) ----
+ *
+ * Messages from one rank to another are matched in the order they were sent, as NCCL
+ * matches them (there are no tags): the k-th receive from a peer gets the k-th message that
+ * peer sent on this DeviceComm, and must name the same size (else exit 5). On mpi and
+ * host-staged the tag of the MPI message is that sequence number, so a caller whose two
+ * sides disagree on the order fails the same way on every method, cpu included.
+ *
+ * device_comm_send never waits for the receiver. It copies `send`, at its place in the
+ * compute stream's order, into a buffer the DeviceComm holds until the message has left
+ * it (device memory on nccl and for a group of one; host memory on mpi and host-staged), so
+ * the caller may write `send` right after the call and the compute stream never waits for
+ * the peer. Held buffers are reused once their message has left; their number reaches the
+ * most sends in flight during the first step, then stays (device_comm_held_bytes).
+ * device_comm_recv: `recv` holds the message for the compute ops queued after the call. On
+ * nccl the host does not wait (the watchdog keeps the deadline); on mpi and host-staged it
+ * waits, with the deadline.
+ * A group of one rank sends to itself: the message waits in the DeviceComm for its receive,
+ * a copy on the compute stream; forced onto NCCL (FATHOM_DEVICE_COMM=nccl), the send and
+ * the receive start together as one NCCL group at the receive, which is how one GPU runs
+ * NCCL's point-to-point.
+ * Bytes are booked under `kind`: a send's when sent, a receive's when received.
+ * Neither may be called inside device_comm_group_begin / end. */
+void device_comm_send(DeviceComm *comm, const void *send, size_t bytes, int peer,
+                      CommKind kind);
+void device_comm_recv(DeviceComm *comm, void *recv, size_t bytes, int peer, CommKind kind);
+/* Waits, with the deadline, until every send has left its held buffer. */
+void device_comm_flush(DeviceComm *comm);
+/* The bytes of the held buffers, and whether they are backend (device) memory. */
+size_t device_comm_held_bytes(const DeviceComm *comm, bool *backend_memory);
 
 /* ---- the choice of method, a pure function of what the ranks report (tested alone) ---- */
 

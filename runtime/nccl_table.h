@@ -24,8 +24,8 @@
  *   operation, this rank in the group and the group (group_name). Nothing hangs silently.
  * - Errors of NCCL and CUDA calls: exit 5 with file:line, the call and NCCL's message.
  *
- * Operations are a list so that point-to-point hops (ncclSend / ncclRecv, with `peer`) can
- * join the same start() later; today the table takes the two collectives FSDP needs.
+ * Operations are a list: the two collectives FSDP needs and the point-to-point hops of the
+ * pipeline (ncclSend / ncclRecv to a peer, matched by NCCL in the order they are issued).
  * Memory: every buffer is the caller's device memory and must stay untouched (send) or
  * unread (recv) until the compute stream has waited for the work's event. A work belongs
  * to the module; the caller hands it back with work_release once the compute stream waits
@@ -44,6 +44,8 @@ enum { NCCL_TABLE_ID_BYTES = 128 }; /* sizeof(ncclUniqueId) */
 typedef enum {
     NCCL_OPERATION_ALLGATHER,          /* recv [nranks * count] = every rank's send [count] */
     NCCL_OPERATION_REDUCE_SCATTER_SUM, /* recv [count] = sum over ranks of send block `rank` */
+    NCCL_OPERATION_SEND,               /* send [count] to `peer` (recv unused) */
+    NCCL_OPERATION_RECV,               /* recv [count] from `peer` (send unused) */
 } NcclOperationKind;
 
 typedef struct {
@@ -52,7 +54,7 @@ typedef struct {
     void *recv;
     size_t count;  /* elements per rank */
     CommType type; /* COMM_BYTE is not summable */
-    int peer;      /* for send / recv, later; ignored by the collectives */
+    int peer;      /* the group rank of the other side of a send or recv; collectives: -1 */
 } NcclOperation;
 
 typedef struct NcclCommunicator NcclCommunicator;
@@ -75,7 +77,11 @@ typedef struct NcclTable {
                        int count, double timeout_s);
     /* The point on the communication stream where the work ends. */
     const BackendEvent *(*work_event)(const NcclWork *work);
-    /* The caller is done with the work (its compute stream waits for the event). */
+    /* Whether the work has ended (its event has passed); never waits. A send's buffer may
+     * be written again once it has. */
+    int (*work_done)(const NcclWork *work);
+    /* The caller is done with the work: its compute stream waits for the event, or (a send)
+     * it has seen work_done. */
     void (*work_release)(NcclWork *work);
 } NcclTable;
 

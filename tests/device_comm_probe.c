@@ -13,6 +13,14 @@
  *   deadline     cuda, parallel.timeout_s = 0.05 s after create: the same busy stream, one
  *                all-gather, then a synchronize; the work cannot end in time, so the job
  *                must end with exit 5 (reaching the end prints "deadline did not happen").
+ *   hops         point to point as the pipeline uses it: rank r sends HOP_MESSAGES messages
+ *                of different sizes to r+1 (mod N) over a DeviceComm of the pair, r
+ *                receives as many from r-1 (one rank: itself, through its group of one).
+ *                Each send buffer is overwritten right after its send (on cuda behind a
+ *                busy compute stream): every message must hold the values at its send.
+ *                Prints the wrong values, the pp byte counters and the held bytes.
+ *   hops-short   the same, but the first receive asks for one element less than was sent:
+ *                the job must end with exit 5.
  * parallel.timeout_s is 30 s unless a scenario says otherwise. Every line starts with
  * "rank R " (world rank); tests/test_device_comm.c and tests/test_cuda_device_comm.c read
  * them. The CUDA module is found as fathom finds it (runtime/cuda_module.h; the tests set
@@ -265,6 +273,83 @@ static void scenario_ordering(const Backend *backend)
     device_comm_destroy(comm);
 }
 
+enum { HOP_MESSAGES = 5 };
+static const size_t hop_counts[HOP_MESSAGES] = {1000, 257, 1 << 16, 1000, 3};
+
+/* The DeviceComm over which `sender` sends to sender + 1 (mod n): made by every rank in the
+ * same order, as the executor makes its hop links; NULL where this rank is not in it. */
+static DeviceComm *hop_link(const Backend *backend, int sender, Comm **group)
+{
+    Comm *world = comm_world();
+    const int n = comm_size(world), me = comm_rank(world);
+    const bool member = me == sender || me == (sender + 1) % n;
+    *group = comm_split(world, member ? 0 : COMM_NO_GROUP, me == sender ? 0 : 1);
+    return *group ? device_comm_create(*group, backend) : NULL;
+}
+
+static void scenario_hops(const Backend *backend, bool short_receive)
+{
+    Comm *world = comm_world();
+    const int n = comm_size(world), me = comm_rank(world), previous = (me - 1 + n) % n;
+    Comm **groups = xcalloc((size_t)n, sizeof *groups);
+    DeviceComm **links = xcalloc((size_t)n, sizeof *links);
+    for (int sender = 0; sender < n; sender++)
+        links[sender] = hop_link(backend, sender, &groups[sender]);
+    DeviceComm *out = links[me], *in = links[previous];
+    SAY("method %s", device_comm_method(out));
+    size_t largest = 0;
+    for (int k = 0; k < HOP_MESSAGES; k++)
+        largest = hop_counts[k] > largest ? hop_counts[k] : largest;
+    void *send = backend->alloc(largest * sizeof(float));
+    void *recv = backend->alloc(largest * sizeof(float));
+    comm_counters_reset();
+    uint64_t sent_bytes = 0;
+    for (int k = 0; k < HOP_MESSAGES; k++) {
+        const size_t bytes = hop_counts[k] * sizeof(float);
+        float *values = probe_values(me, hop_counts[k], 40 + (uint64_t)k, COMM_FLOAT32);
+        float *later = probe_values(me, hop_counts[k], 90 + (uint64_t)k, COMM_FLOAT32);
+        if (backend != backend_cpu())
+            keep_compute_busy(backend, 2);
+        backend->upload(send, values, bytes);
+        device_comm_send(out, send, bytes, comm_size(device_comm_group(out)) - 1,
+                         COMM_KIND_PP_SEND);
+        backend->upload(send, later, bytes); /* the message must not see this */
+        sent_bytes += bytes;
+        free(values);
+        free(later);
+    }
+    size_t wrong = 0;
+    float *got = xmalloc(largest * sizeof(float));
+    for (int k = 0; k < HOP_MESSAGES; k++) {
+        const size_t count = hop_counts[k] - (short_receive && k == 0);
+        device_comm_recv(in, recv, count * sizeof(float), 0, COMM_KIND_PP_RECV);
+        backend->download(got, recv, count * sizeof(float));
+        float *want = probe_values(previous, hop_counts[k], 40 + (uint64_t)k, COMM_FLOAT32);
+        for (size_t i = 0; i < count; i++)
+            wrong += memcmp(&got[i], &want[i], sizeof(float)) != 0;
+        free(want);
+    }
+    for (int sender = 0; sender < n; sender++)
+        if (links[sender])
+            device_comm_flush(links[sender]);
+    bool device_memory = false;
+    const size_t held = device_comm_held_bytes(out, &device_memory);
+    SAY("hops wrong %zu", wrong);
+    SAY("counter pp_send_bytes %llu", (unsigned long long)comm_counter(COMM_KIND_PP_SEND));
+    SAY("counter pp_recv_bytes %llu", (unsigned long long)comm_counter(COMM_KIND_PP_RECV));
+    SAY("sent bytes %llu", (unsigned long long)sent_bytes);
+    SAY("held %zu in %s memory", held, device_memory ? "backend" : "host");
+    for (int sender = 0; sender < n; sender++) {
+        device_comm_destroy(links[sender]);
+        comm_free(groups[sender]);
+    }
+    free(links);
+    free(groups);
+    free(got);
+    backend->release(send);
+    backend->release(recv);
+}
+
 static void scenario_deadline(const Backend *backend)
 {
     Comm *world = comm_world();
@@ -296,9 +381,11 @@ int main(int argc, char **argv)
         scenario_ordering(backend);
     else if (!strcmp(scenario, "deadline"))
         scenario_deadline(backend);
+    else if (!strcmp(scenario, "hops") || !strcmp(scenario, "hops-short"))
+        scenario_hops(backend, !strcmp(scenario, "hops-short"));
     else
-        fatal(EXIT_CONFIG, "usage: fathom-device-comm-probe collectives|ordering|deadline "
-              "cpu|cuda [PP DP]");
+        fatal(EXIT_CONFIG, "usage: fathom-device-comm-probe "
+              "collectives|ordering|deadline|hops|hops-short cpu|cuda [PP DP]");
     comm_finalize();
     return 0;
 }

@@ -176,3 +176,48 @@ Test(cuda_device_comm, two_ranks_forced_onto_nccl_on_one_gpu_end_with_exit_5_fro
                        "%s", output);
     free(output);
 }
+
+/* ---- point to point: the pipeline's hops ------------------------------------------- */
+
+/* Every message intact and in order although the compute stream was busy at each send and
+ * the send buffer was overwritten right after it; bytes booked; where held buffers live. */
+static void expect_cuda_hops(int ranks, const char *environment, const char *method,
+                             const char *held_in)
+{
+    char *output = device_probe_output(), value[256];
+    const int status = device_probe_run(ranks, environment, "hops cuda", output);
+    cr_assert_eq(status, 0, "exit %d: %s", status, output);
+    const unsigned long long bytes = (1000 + 257 + (1 << 16) + 1000 + 3) * 4ull;
+    for (int rank = 0; rank < (ranks ? ranks : 1); rank++) {
+        cr_assert_not_null(device_probe_line(output, rank, "method", value, sizeof value),
+                           "%s", output);
+        cr_expect_str_eq(value, method, "rank %d", rank);
+        cr_assert_not_null(device_probe_line(output, rank, "hops wrong", value, sizeof value),
+                           "%s", output);
+        cr_expect_str_eq(value, "0", "rank %d: %s", rank, output);
+        cr_expect_eq(counter(output, rank, "pp_send_bytes"), bytes, "rank %d", rank);
+        cr_expect_eq(counter(output, rank, "pp_recv_bytes"), bytes, "rank %d", rank);
+        cr_assert_not_null(device_probe_line(output, rank, "held", value, sizeof value));
+        cr_expect(strstr(value, held_in) != NULL, "rank %d holds %s", rank, value);
+    }
+    free(output);
+}
+
+Test(cuda_device_comm, hops_to_itself_are_copies_on_the_compute_stream, .timeout = 90)
+{
+    gpu_require();
+    expect_cuda_hops(0, "", "nccl", "backend memory");
+}
+
+Test(cuda_device_comm, hops_through_a_one_rank_nccl_communicator_are_exact, .timeout = 90)
+{
+    gpu_require();
+    expect_cuda_hops(0, "FATHOM_DEVICE_COMM=nccl", "nccl", "backend memory");
+}
+
+Test(cuda_device_comm, hops_between_two_ranks_on_one_gpu_stage_through_host_memory,
+     .timeout = 90)
+{
+    gpu_require();
+    expect_cuda_hops(2, "", "host-staged", "host memory");
+}

@@ -81,6 +81,62 @@ Test(device_comm, a_group_of_one_copies_and_books_nothing)
     expect_mpi_collectives(0, 1, "collectives cpu");
 }
 
+/* ---- point to point: the pipeline's hops ------------------------------------------- */
+
+/* Every rank of a world of `ranks` (0: one, without mpirun) gets every message of its
+ * neighbour intact, in order, whatever the sender wrote after each send; bytes booked on
+ * both sides. */
+static void expect_hops(int ranks)
+{
+    char *output = device_probe_output(), value[256];
+    const int status = device_probe_run(ranks, "", "hops cpu", output);
+    cr_assert_eq(status, 0, "exit %d: %s", status, output);
+    const unsigned long long bytes = (1000 + 257 + (1 << 16) + 1000 + 3) * 4ull;
+    for (int rank = 0; rank < (ranks ? ranks : 1); rank++) {
+        cr_assert_not_null(device_probe_line(output, rank, "hops wrong", value, sizeof value),
+                           "%s", output);
+        cr_expect_str_eq(value, "0", "rank %d", rank);
+        cr_assert_not_null(device_probe_line(output, rank, "counter pp_send_bytes", value,
+                                             sizeof value));
+        cr_expect_eq(strtoull(value, NULL, 10), bytes, "rank %d sent %s", rank, value);
+        cr_assert_not_null(device_probe_line(output, rank, "counter pp_recv_bytes", value,
+                                             sizeof value));
+        cr_expect_eq(strtoull(value, NULL, 10), bytes, "rank %d received %s", rank, value);
+    }
+    free(output);
+}
+
+Test(device_comm, hops_to_itself_arrive_in_order_as_they_were_at_the_send)
+{
+    expect_hops(0);
+}
+
+Test(device_comm, hops_around_a_ring_of_three_arrive_in_order_as_they_were_at_the_send)
+{
+    expect_hops(3);
+}
+
+Test(device_comm, hops_both_ways_between_two_ranks_do_not_wait_on_each_other)
+{
+    expect_hops(2);
+}
+
+static void expect_short_receive_fails(int ranks)
+{
+    char *output = device_probe_output();
+    const int status = device_probe_run(ranks, "", "hops-short cpu", output);
+    cr_expect_eq(status, 5, "exit %d: %s", status, output);
+    cr_expect(strstr(output, "got a 4000-byte message") || strstr(output, "truncated"), "%s",
+              output);
+    free(output);
+}
+
+Test(device_comm, a_receive_that_disagrees_with_its_message_is_exit_5)
+{
+    expect_short_receive_fails(0);
+    expect_short_receive_fails(2);
+}
+
 /* ---- the choice of method ----------------------------------------------------------- */
 
 static DeviceCommRank gpu_rank(int world_rank, const char *host, const char *bus_id)

@@ -6,7 +6,8 @@
  * event it records on the compute stream at every start.
  *
  * start(). Record the event on the compute stream, make the communication stream wait for
- * it, then ncclGroupStart, one ncclAllGather / ncclReduceScatter per operation, ncclGroupEnd.
+ * it, then ncclGroupStart, one ncclAllGather / ncclReduceScatter / ncclSend / ncclRecv per
+ * operation, ncclGroupEnd.
  * In non-blocking mode ncclGroupEnd may answer ncclInProgress while NCCL is still launching;
  * the calling thread polls until ncclSuccess (the kernels are then queued on the stream),
  * with the deadline, before any other NCCL call on the communicator. Then the work's end
@@ -350,27 +351,40 @@ static size_t element_bytes(CommType type)
     fatal(EXIT_COMM, "NCCL: unknown CommType %d", (int)type);
 }
 
-/* "all-gather of 4.0 MiB", "2 all-gathers and 1 reduce-scatter of 12.0 MiB" */
+/* "all-gather of 4.0 MiB", "group of 2 all-gathers and 1 reduce-scatter of 12.0 MiB",
+ * "send of 2.0 MiB to rank 1": bytes over the whole group for collectives, the message for
+ * point-to-point. */
 static void describe(char *what, size_t capacity, const NcclOperation *operations, int count,
                      int nranks)
 {
-    int gathers = 0, scatters = 0;
+    static const char *const names[] = {"all-gather", "reduce-scatter", "send", "recv"};
+    int of_kind[4] = {0};
     double bytes = 0;
     for (int i = 0; i < count; i++) {
+        const NcclOperationKind kind = operations[i].kind;
         const double block = (double)operations[i].count * element_bytes(operations[i].type);
-        if (operations[i].kind == NCCL_OPERATION_ALLGATHER)
-            gathers++;
-        else
-            scatters++;
-        bytes += block * nranks;
+        of_kind[kind]++;
+        bytes += kind == NCCL_OPERATION_SEND || kind == NCCL_OPERATION_RECV ? block
+                                                                            : block * nranks;
     }
     const double mib = bytes / (1 << 20);
-    if (count == 1)
-        snprintf(what, capacity, "%s of %.1f MiB", gathers ? "all-gather" : "reduce-scatter",
-                 mib);
-    else
-        snprintf(what, capacity, "group of %d all-gather%s and %d reduce-scatter%s of %.1f MiB",
-                 gathers, gathers == 1 ? "" : "s", scatters, scatters == 1 ? "" : "s", mib);
+    if (count == 1) {
+        const NcclOperationKind kind = operations[0].kind;
+        if (kind == NCCL_OPERATION_SEND || kind == NCCL_OPERATION_RECV)
+            snprintf(what, capacity, "%s of %.1f MiB %s rank %d", names[kind], mib,
+                     kind == NCCL_OPERATION_SEND ? "to" : "from", operations[0].peer);
+        else
+            snprintf(what, capacity, "%s of %.1f MiB", names[kind], mib);
+        return;
+    }
+    size_t used = (size_t)snprintf(what, capacity, "group of");
+    for (int kind = 0, listed = 0; kind < 4 && used < capacity; kind++)
+        if (of_kind[kind])
+            used += (size_t)snprintf(what + used, capacity - used, "%s %d %s%s",
+                                     listed++ ? " and" : "", of_kind[kind], names[kind],
+                                     of_kind[kind] == 1 ? "" : "s");
+    if (used < capacity)
+        snprintf(what + used, capacity - used, " of %.1f MiB", mib);
 }
 
 static NcclWork *take_work(void)
@@ -406,6 +420,14 @@ static NcclWork *nccl_start(NcclCommunicator *communicator, const NcclOperation 
             NCCL_CHECK(communicator,
                        ncclAllGather(operation->send, operation->recv, operation->count, type,
                                      communicator->handle, communicator->stream));
+        } else if (operation->kind == NCCL_OPERATION_SEND) {
+            NCCL_CHECK(communicator, ncclSend(operation->send, operation->count, type,
+                                              operation->peer, communicator->handle,
+                                              communicator->stream));
+        } else if (operation->kind == NCCL_OPERATION_RECV) {
+            NCCL_CHECK(communicator, ncclRecv(operation->recv, operation->count, type,
+                                              operation->peer, communicator->handle,
+                                              communicator->stream));
         } else {
             if (operation->type == COMM_BYTE)
                 fatal(EXIT_COMM, "NCCL reduce-scatter of bytes: bytes are not summable");
@@ -436,6 +458,20 @@ static NcclWork *nccl_start(NcclCommunicator *communicator, const NcclOperation 
 static const BackendEvent *nccl_work_event(const NcclWork *work)
 {
     return &work->end;
+}
+
+static int nccl_work_done(const NcclWork *work)
+{
+    const cudaError_t status = cudaEventQuery(work->end.event);
+    if (status == cudaErrorNotReady) {
+        /* not an error, but the runtime may keep it as this thread's last error, where the
+         * next launch check would take it for one; every launch is checked when made, so
+         * nothing else is pending here */
+        (void)cudaGetLastError();
+        return 0;
+    }
+    CUDA_CHECK(status);
+    return 1;
 }
 
 static void nccl_work_release(NcclWork *work)
@@ -490,6 +526,7 @@ extern "C" const NcclTable *nccl_cuda(void)
     table->destroy = nccl_destroy;
     table->start = nccl_start;
     table->work_event = nccl_work_event;
+    table->work_done = nccl_work_done;
     table->work_release = nccl_work_release;
     table->unique_id = nccl_unique_id; /* last: a table with it is a filled one */
     return table;
