@@ -5,6 +5,7 @@
 #include "model/chunk.h"
 #include "model/params.h"
 #include "model/residual.h"
+#include "pipeline/payload.h"
 #include "pipeline/schedule.h"
 #include "runtime/error.h"
 
@@ -298,6 +299,30 @@ static ActivationSizes size_activations(const Backend *backend, const Config *co
     return sizes;
 }
 
+/* Hop tensors this stage's links hold at once (runtime/device_comm.h: a sent tensor is held
+ * until its receiver takes it). A forward hop from (mb, c) is taken by the receiver's
+ * forward of (mb, c+1), which comes before this stage's backward of (mb, c): at most this
+ * stage's stash bound of them are out. A backward hop into (mb, c-1) is taken by the
+ * receiver's backward of it, while the receiver still keeps that stash: at most the
+ * receiving stage's bound. Each at the largest hop of the network. */
+static double hop_held_tensors(const Config *config, RankLayout layout,
+                               const ResidualPlan *residual, const ChunkSpan *spans, int M)
+{
+    const int P = layout.pp, v = config->parallel.virtual_stages, C = P * v;
+    if (C == 1)
+        return 0;
+    int largest = 0;
+    for (int c = 0; c < C - 1; c++) {
+        const HopPayload hop = payload_hop(residual, spans, C, P, c, true);
+        const int tensors = (hop.stream ? 1 : 0) + hop.end_block - hop.first_block;
+        largest = tensors > largest ? tensors : largest;
+    }
+    const PipelineSchedule kind = config->parallel.schedule;
+    const int previous = (layout.stage - 1 + P) % P;
+    return (double)largest * (schedule_stash_bound(kind, P, v, M, layout.stage) +
+                              schedule_stash_bound(kind, P, v, M, previous));
+}
+
 static void plan_activations(MemoryPlan *plan, const Config *config, const Backend *backend,
                              RankLayout layout)
 {
@@ -343,11 +368,14 @@ static void plan_activations(MemoryPlan *plan, const Config *config, const Backe
     plan->store_bytes = sizes.stores;
     plan->scratch_bytes = sizes.scratch;
     /* model.c: cos and sin tables [T, head_dim / 2] fp32; executor.c: one [rows, d]
-     * activation tensor where a received gradient lands, under pp */
+     * activation tensor where a received gradient lands, under pp; the hop links' held
+     * sends (an upper bound; host memory where the link stages through MPI) */
     plan->rope_bytes = 2.0 * fmax((double)T * (model->head_dim / 2), 1) * sizeof(float);
     plan->staging_bytes = P > 1 ? rows * model->d_model * backend->activation_bytes : 0;
+    plan->held_bytes = hop_held_tensors(config, layout, &residual, spans, M) * rows *
+                       model->d_model * backend->activation_bytes;
     plan->activations = plan->stash_bytes + plan->store_bytes + plan->scratch_bytes +
-                        plan->rope_bytes + plan->staging_bytes;
+                        plan->rope_bytes + plan->staging_bytes + plan->held_bytes;
     plan->activations_sized = true;
     free(needed);
     free(slots);

@@ -16,7 +16,10 @@
  *                 optim.ema_decay > 0
  *   activations   the stashes and summary stores the schedule keeps in flight, the scratch,
  *                 the RoPE tables and, under pp, the gradient staging of a hop: the byte
- *                 functions of model/activations.h, counted as pipeline/executor.c allocates
+ *                 functions of model/activations.h, counted as pipeline/executor.c allocates;
+ *                 with several chunks, the hop tensors the links hold until their receiver
+ *                 takes them (a bound from the stash bounds; in host memory where a link
+ *                 stages through MPI, counted here all the same)
  *   host          host memory besides: the token corpus (the synthetic one is generated
  *                 whole), batch buffers, the staging of the largest tensor, and the
  *                 bookkeeping of the parameter table, residual plan and action list
@@ -72,6 +75,7 @@ typedef struct {
     double activations, host;                               /* bytes */
     /* the activations' parts */
     double stash_bytes, store_bytes, scratch_bytes, rope_bytes, staging_bytes;
+    double held_bytes;       /* hop tensors held by the links until received (a bound) */
     int stashes, stores;     /* kept at once, over the rank's chunks */
     bool activations_sized;  /* false: the weights alone are past any machine */
     bool activations_exact;  /* false: estimated per token (past 2^50 bytes) */

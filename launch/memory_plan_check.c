@@ -50,11 +50,12 @@ void memory_plan_print(FILE *out, const MemoryPlan *plan, const Config *config,
         snprintf(stores, sizeof stores, ", %d summary store%s", plan->stores,
                  plan->stores == 1 ? "" : "s");
     if (plan->activations_sized)
-        fprintf(out, "fathom:   activations  %12s  %s%d stash%s%s, scratch, RoPE tables "
+        fprintf(out, "fathom:   activations  %12s  %s%d stash%s%s, scratch, RoPE tables%s "
                 "(train.activation_checkpointing %s)\n",
                 format_bytes(b, sizeof b, plan->activations),
                 plan->activations_exact ? "" : "about, ", plan->stashes,
-                plan->stashes == 1 ? "" : "es", stores, checkpointed ? "full" : "none");
+                plan->stashes == 1 ? "" : "es", stores,
+                plan->held_bytes > 0 ? ", hops in flight" : "", checkpointed ? "full" : "none");
     else
         fprintf(out, "fathom:   activations  %12s  not sized: the weights alone are past any "
                 "machine\n", "?");

@@ -106,6 +106,23 @@ static const char *format_bytes(char *buffer, size_t capacity, size_t bytes)
     return buffer;
 }
 
+/* After the first step of the process: what the hop links hold against the plan's bound. */
+static void report_held_hops(const Config *config, const Backend *backend,
+                             const RankGrid *grid, const TrainingStep *step)
+{
+    const size_t held = executor_held_bytes(step->executor);
+    if (held == 0)
+        return;
+    MemoryPlan plan;
+    memory_plan_build(&plan, config, backend,
+                      (RankLayout){grid->pp, grid->dp, grid->stage, grid->dp_rank});
+    char measured[32], bound[32];
+    printf("fathom: hop sends held after the first step: %s (%zu bytes; memory plan bound "
+           "%s, %.0f bytes)\n", format_bytes(measured, sizeof measured, held), held,
+           format_bytes(bound, sizeof bound, (size_t)plan.held_bytes), plan.held_bytes);
+    fflush(stdout);
+}
+
 static void print_banner(const Config *config, const Backend *backend, Model *model,
                          const ParamTable *table, const RunState *state, bool resumed,
                          const TrainingStep *step)
@@ -128,6 +145,10 @@ static void print_banner(const Config *config, const Backend *backend, Model *mo
                config->parallel.schedule == SCHEDULE_GPIPE  ? "gpipe"
                : config->parallel.schedule == SCHEDULE_1F1B ? "1f1b"
                                                             : "interleaved");
+    const char *hop_reason = NULL;
+    const char *hop_method = executor_hop_method(step->executor, &hop_reason);
+    if (hop_method && config->parallel.pp > 1)
+        printf("fathom: pipeline hops: %s (%s)\n", hop_method, hop_reason);
     size_t shard_bytes, full_bytes;
     fsdp_memory_bytes(model_fsdp(model), &shard_bytes, &full_bytes);
     const size_t local = fsdp_local_count(model_fsdp(model));
@@ -388,6 +409,7 @@ int train_main(int argc, char **argv)
         config.model.head_dim);
     int64_t tokens_per_step = (int64_t)config.train.global_batch_size * config.train.seq_len;
     LogWindow window = {0};
+    bool hops_reported = false;
     /* FSDP's share of the steps, from events around its groups (printed at the end) */
     FsdpTimes fsdp_total = {0};
     double step_seconds = 0;
@@ -425,6 +447,10 @@ int train_main(int argc, char **argv)
             optim_check_skipped(&optimizer, config.train.max_skipped);
         }
         backend->synchronize();
+        if (leader && !hops_reported) {
+            report_held_hops(&config, backend, &grid, &step);
+            hops_reported = true;
+        }
         state.step = step_number;
         state.consumed_samples += config.train.global_batch_size;
         state.tokens_seen += tokens_per_step;

@@ -4,12 +4,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "runtime/device_comm.h"
 #include "runtime/error.h"
 
+/* The hops of one direction between two stages: a group of the sending stage (group rank 0)
+ * and the receiving one (group rank 1; the same rank with one stage). */
 typedef struct {
-    CommRequest *request;
-    void *buffer;
-} PendingSend;
+    Comm *group;
+    DeviceComm *comm;
+} HopLink;
+
+enum { DIRECTION_FORWARD = 0, DIRECTION_BACKWARD = 1 };
 
 struct Executor {
     Model *model;
@@ -31,20 +36,11 @@ struct Executor {
     bool *needed;             /* the summary buffers this stage touches (NULL: standard) */
     Activation *grad_staging; /* [rows, d] where a received gradient lands before the add */
     uint32_t *inputs, *targets;
-    PendingSend *pending;
-    int n_pending, pending_capacity;
     size_t tensor_bytes;      /* one [rows, d] activation tensor of a full microbatch */
+    /* links[direction][s]: the hops stage s sends in that direction (forward to s+1,
+     * backward to s-1, mod P); only those this stage sends or receives are made */
+    HopLink *links[2];
 };
-
-enum { DIRECTION_FORWARD = 0, DIRECTION_BACKWARD = 1 };
-
-/* Unique while 2 * C * M <= COMM_TAG_MAX + 1; past that, equal tags between the same two
- * ranks still match in the order they were sent, which is the order both sides use. */
-static int hop_tag(const Executor *executor, int direction, int microbatch, int chunk)
-{
-    const long tag = direction + 2L * (chunk + (long)executor->n_chunks * microbatch);
-    return (int)(tag % (COMM_TAG_MAX + 1));
-}
 
 /* The most stashes each local chunk and the most stores the action list holds at once. */
 static void count_in_flight(Executor *executor)
@@ -68,6 +64,60 @@ static void count_in_flight(Executor *executor)
     }
     free(live);
     free(first_seen);
+}
+
+/* Whether stage s sends hops in `direction`: forward from every chunk but the last, backward
+ * from every chunk but the first. */
+static bool stage_sends(const Executor *executor, int direction, int s)
+{
+    return executor->v > 1 ||
+           (direction == DIRECTION_FORWARD ? s < executor->P - 1 : s > 0);
+}
+
+static int hop_receiver(const Executor *executor, int direction, int s)
+{
+    const int P = executor->P;
+    return direction == DIRECTION_FORWARD ? (s + 1) % P : (s - 1 + P) % P;
+}
+
+/* Collective over the pipeline: every stage walks the same (direction, sender) list, so the
+ * pairwise creations happen in one global order and cannot wait on each other in a cycle. */
+static void links_create(Executor *executor)
+{
+    const int P = executor->P, stage = executor->stage;
+    for (int direction = 0; direction < 2; direction++) {
+        executor->links[direction] = xcalloc((size_t)P, sizeof(HopLink));
+        for (int s = 0; s < P; s++) {
+            if (!stage_sends(executor, direction, s))
+                continue;
+            const bool sender = stage == s;
+            const bool member = sender || stage == hop_receiver(executor, direction, s);
+            HopLink *link = &executor->links[direction][s];
+            link->group = comm_split(executor->pp, member ? 0 : COMM_NO_GROUP, sender ? 0 : 1);
+            if (link->group)
+                link->comm = device_comm_create(link->group, executor->backend);
+        }
+    }
+}
+
+static void links_destroy(Executor *executor)
+{
+    for (int direction = 0; direction < 2; direction++) {
+        if (!executor->links[direction])
+            continue;
+        for (int s = 0; s < executor->P; s++) {
+            device_comm_destroy(executor->links[direction][s].comm);
+            comm_free(executor->links[direction][s].group);
+        }
+        free(executor->links[direction]);
+    }
+}
+
+static void links_flush(Executor *executor)
+{
+    for (int direction = 0; direction < 2; direction++)
+        if (executor->links[direction] && executor->links[direction][executor->stage].comm)
+            device_comm_flush(executor->links[direction][executor->stage].comm);
 }
 
 static void executor_allocate(Executor *executor)
@@ -141,39 +191,18 @@ Executor *executor_create(Model *model, const Config *config, Comm *pp, int stag
     free(mine);
     model_set_activation_checkpointing(model, executor->checkpointing);
     executor_allocate(executor);
+    if (executor->n_chunks > 1 && pp)
+        links_create(executor);
     if (executor->n_chunks == 1) /* evaluation between steps reuses the one stash */
         model_lend_stash(model, &executor->stashes[0][0], &executor->stores[0]);
     return executor;
-}
-
-static void pending_wait_all(Executor *executor)
-{
-    for (int i = 0; i < executor->n_pending; i++) {
-        comm_wait(executor->pending[i].request);
-        free(executor->pending[i].buffer);
-    }
-    executor->n_pending = 0;
-}
-
-/* Frees the sends that have completed, keeping the others in order. */
-static void pending_collect(Executor *executor)
-{
-    int kept = 0;
-    for (int i = 0; i < executor->n_pending; i++) {
-        PendingSend send = executor->pending[i];
-        if (comm_test(send.request))
-            free(send.buffer);
-        else
-            executor->pending[kept++] = send;
-    }
-    executor->n_pending = kept;
 }
 
 void executor_destroy(Executor *executor)
 {
     if (!executor)
         return;
-    pending_wait_all(executor);
+    links_destroy(executor);
     const Backend *backend = executor->backend;
     for (int k = 0; k < executor->v; k++) {
         for (int s = 0; s < executor->slots[k]; s++)
@@ -195,7 +224,6 @@ void executor_destroy(Executor *executor)
     free(executor->actions);
     free(executor->inputs);
     free(executor->targets);
-    free(executor->pending);
     free(executor);
 }
 
@@ -240,6 +268,27 @@ size_t executor_plan_bytes(const Executor *executor, bool checkpointed)
     bytes += (size_t)executor->n_stores * store_bytes(executor->backend, model_config(model),
                                                       model_plan(model), max_batch, T,
                                                       executor->needed);
+    return bytes;
+}
+
+const char *executor_hop_method(const Executor *executor, const char **reason)
+{
+    const DeviceComm *link = executor->links[DIRECTION_FORWARD]
+                                 ? executor->links[DIRECTION_FORWARD][executor->stage].comm
+                                 : NULL;
+    if (!link)
+        return NULL;
+    *reason = device_comm_reason(link);
+    return device_comm_method(link);
+}
+
+size_t executor_held_bytes(const Executor *executor)
+{
+    size_t bytes = 0;
+    for (int direction = 0; direction < 2; direction++)
+        if (executor->links[direction] && executor->links[direction][executor->stage].comm)
+            bytes += device_comm_held_bytes(executor->links[direction][executor->stage].comm,
+                                            NULL);
     return bytes;
 }
 
@@ -321,44 +370,37 @@ static int hop_tensors(Executor *executor, HopPayload hop, Stash *stash, Summary
     return n;
 }
 
-static void send_tensors(Executor *executor, Activation **tensors, int n, size_t bytes,
-                         int peer, int tag, uint64_t summary_bytes, uint64_t uncached_bytes)
+/* Sends n tensors to the next stage in `direction`, one message each. */
+static void send_tensors(Executor *executor, int direction, Activation **tensors, int n,
+                         size_t bytes, uint64_t summary_bytes, uint64_t uncached_bytes)
 {
-    char *buffer = xmalloc((size_t)n * bytes + 1);
+    DeviceComm *comm = executor->links[direction][executor->stage].comm;
+    const int receiver = comm_size(device_comm_group(comm)) - 1; /* itself with one stage */
     for (int t = 0; t < n; t++)
-        executor->backend->download(buffer + (size_t)t * bytes, tensors[t], bytes);
-    if (executor->n_pending == executor->pending_capacity) {
-        executor->pending_capacity = executor->pending_capacity ? 2 * executor->pending_capacity
-                                                                : 16;
-        executor->pending = xrealloc(executor->pending,
-                                     (size_t)executor->pending_capacity * sizeof(PendingSend));
-    }
-    CommRequest *request = comm_send_start(executor->pp, buffer, (size_t)n * bytes, peer, tag,
-                                           COMM_KIND_PP_SEND);
-    executor->pending[executor->n_pending++] = (PendingSend){request, buffer};
+        device_comm_send(comm, tensors[t], bytes, receiver, COMM_KIND_PP_SEND);
     comm_count(COMM_KIND_PP_SUMMARY, summary_bytes);
     comm_count(COMM_KIND_PP_SUMMARY_UNCACHED, uncached_bytes);
 }
 
-/* Receives n tensors; each goes to its place, or with `add` is added into it. */
-static void recv_tensors(Executor *executor, Activation **tensors, int n, size_t bytes,
-                         int peer, int tag, bool add, int first_added)
+/* Receives n tensors from the stage before in `direction`; each goes to its place, or from
+ * first_added on is added into it (through the staging tensor). */
+static void recv_tensors(Executor *executor, int direction, Activation **tensors, int n,
+                         size_t bytes, int first_added)
 {
     const Backend *backend = executor->backend;
-    char *buffer = xmalloc((size_t)n * bytes + 1);
-    comm_wait(comm_recv_start(executor->pp, buffer, (size_t)n * bytes, peer, tag,
-                              COMM_KIND_PP_RECV));
-    const size_t count = bytes / backend->activation_bytes;
+    const int P = executor->P;
+    const int sender = direction == DIRECTION_FORWARD ? (executor->stage - 1 + P) % P
+                                                      : (executor->stage + 1) % P;
+    DeviceComm *comm = executor->links[direction][sender].comm;
     for (int t = 0; t < n; t++) {
-        const char *part = buffer + (size_t)t * bytes;
-        if (add && t >= first_added) {
-            backend->upload(executor->grad_staging, part, bytes);
-            backend->add_inplace(tensors[t], executor->grad_staging, count);
+        if (t < first_added) {
+            device_comm_recv(comm, tensors[t], bytes, 0, COMM_KIND_PP_RECV);
         } else {
-            backend->upload(tensors[t], part, bytes);
+            device_comm_recv(comm, executor->grad_staging, bytes, 0, COMM_KIND_PP_RECV);
+            backend->add_inplace(tensors[t], executor->grad_staging,
+                                 bytes / backend->activation_bytes);
         }
     }
-    free(buffer);
 }
 
 static uint64_t hop_summary_bytes(HopPayload hop, size_t bytes)
@@ -383,8 +425,7 @@ static void run_forward(Executor *executor, const Action *action, DataSet *data,
         const HopPayload hop = payload_hop(plan, executor->spans, executor->n_chunks, P, c - 1,
                                            true);
         const int n = hop_tensors(executor, hop, stash, store, span, false, false, tensors);
-        recv_tensors(executor, tensors, n, bytes, (c - 1) % P,
-                     hop_tag(executor, DIRECTION_FORWARD, mb, c - 1), false, n);
+        recv_tensors(executor, DIRECTION_FORWARD, tensors, n, bytes, n);
     }
     if (span->has_embedding || span->has_head)
         data_read_microbatch(data, consumed_samples, config->train.global_batch_size, dp_rank,
@@ -401,9 +442,8 @@ static void run_forward(Executor *executor, const Action *action, DataSet *data,
         const HopPayload plain = payload_hop(plan, executor->spans, executor->n_chunks, P, c,
                                              false);
         const int n = hop_tensors(executor, hop, stash, store, span, true, false, tensors);
-        send_tensors(executor, tensors, n, bytes, (c + 1) % P,
-                     hop_tag(executor, DIRECTION_FORWARD, mb, c), hop_summary_bytes(hop, bytes),
-                     hop_summary_bytes(plain, bytes));
+        send_tensors(executor, DIRECTION_FORWARD, tensors, n, bytes,
+                     hop_summary_bytes(hop, bytes), hop_summary_bytes(plain, bytes));
     }
     free(tensors);
 }
@@ -422,8 +462,7 @@ static void run_backward(Executor *executor, const Action *action, float loss_sc
         /* d(output stream) replaces the gradient stream; the summaries' gradients add */
         const HopPayload hop = payload_hop(plan, executor->spans, executor->n_chunks, P, c, true);
         const int n = hop_tensors(executor, hop, stash, store, span, true, true, tensors);
-        recv_tensors(executor, tensors, n, bytes, (c + 1) % P,
-                     hop_tag(executor, DIRECTION_BACKWARD, mb, c + 1), true, hop.stream ? 1 : 0);
+        recv_tensors(executor, DIRECTION_BACKWARD, tensors, n, bytes, hop.stream ? 1 : 0);
     }
     chunk_backward(model, span, stash, store, loss_scale);
     if (c > 0) {
@@ -432,9 +471,8 @@ static void run_backward(Executor *executor, const Action *action, float loss_sc
         const HopPayload plain = payload_hop(plan, executor->spans, executor->n_chunks, P,
                                              c - 1, false);
         const int n = hop_tensors(executor, hop, stash, store, span, false, true, tensors);
-        send_tensors(executor, tensors, n, bytes, (c - 1) % P,
-                     hop_tag(executor, DIRECTION_BACKWARD, mb, c), hop_summary_bytes(hop, bytes),
-                     hop_summary_bytes(plain, bytes));
+        send_tensors(executor, DIRECTION_BACKWARD, tensors, n, bytes,
+                     hop_summary_bytes(hop, bytes), hop_summary_bytes(plain, bytes));
     }
     free(tensors);
     stash_find(executor, c / P, mb, true);
@@ -445,6 +483,9 @@ static void run_backward(Executor *executor, const Action *action, float loss_sc
 StepLoss executor_run_step(Executor *executor, DataSet *data, uint64_t consumed_samples,
                            int dp_rank, int dp_size, float loss_scale)
 {
+    if (executor->n_chunks > 1 && !executor->links[0])
+        fatal(EXIT_CONFIG, "executor of %d chunks without a pipeline communicator runs no step",
+              executor->n_chunks);
     StepLoss loss = {0};
     for (int a = 0; a < executor->n_actions; a++) {
         const Action *action = &executor->actions[a];
@@ -452,9 +493,7 @@ StepLoss executor_run_step(Executor *executor, DataSet *data, uint64_t consumed_
             run_forward(executor, action, data, consumed_samples, dp_rank, dp_size, &loss);
         else
             run_backward(executor, action, loss_scale);
-        if (executor->n_pending)
-            pending_collect(executor);
     }
-    pending_wait_all(executor);
+    links_flush(executor); /* the step's messages have all left, its counts are complete */
     return loss;
 }

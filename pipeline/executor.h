@@ -9,10 +9,17 @@
  *                     gradient, and the summaries' gradients ADDED into the store); run the
  *                     chunk's backward; c > 0: start the send of the gradients of what the
  *                     forward hop into c carried, to (c-1) % P.
- * Sends start at once and complete in the background (each from its own host buffer, so
- * nothing the stage writes later can change a message in flight); a receive waits, with
- * the deadline of parallel.timeout_s, at its action, which is the simulator's execution
- * model: every schedule there is deadlock free. cuda payloads go through host copies.
+ * Hops travel over runtime/device_comm.h, one DeviceComm ("link") per direction and
+ * sending stage, of the two stages of the hop (one with one stage): NCCL between ranks with
+ * GPUs of their own, MPI from host copies where ranks share a GPU or on the cpu. Each hop
+ * is one message per tensor. A send starts at once and completes in the background from a
+ * buffer of the link's own, so nothing the stage writes later can change a message in
+ * flight; a receive is waited for at its action (by the host on MPI, by the compute stream
+ * on NCCL), with the deadline of parallel.timeout_s, which is the simulator's execution
+ * model: every schedule there is deadlock free. Messages carry no tags: NCCL matches them in
+ * order, so every stage sends its hops to a neighbour in the order that neighbour receives
+ * them (a property of every schedule, tests/test_schedule.c), and one link per direction
+ * keeps a send waiting for its receive from blocking a receive behind it.
  *
  * Memory, allocated once in executor_create (before step 1): per local chunk as many
  * stashes as its most forwards in flight in the schedule (the schedule's stash bound, over
@@ -46,10 +53,11 @@ typedef struct Executor Executor;
 
 /* The executor of `stage` of the pipeline `pp` (a communicator of parallel.pp ranks whose
  * rank is the stage; a group of one when pp is 1: with virtual_stages > 1 the stage hands
- * payloads to itself through it; NULL only when the network is one chunk), for config's
- * schedule, virtual_stages,
+ * payloads to itself through it; NULL when the network is one chunk, or for an executor
+ * that only sizes memory and runs no step), for config's schedule, virtual_stages,
  * layer_split, activation checkpointing and microbatches per rank. A layout the schedule
- * cannot run is EXIT_CONFIG naming the keys. */
+ * cannot run is EXIT_CONFIG naming the keys. Collective over `pp`: it makes the hop links
+ * (below). */
 Executor *executor_create(Model *model, const Config *config, Comm *pp, int stage);
 void executor_destroy(Executor *executor);
 
@@ -65,6 +73,13 @@ size_t executor_plan_bytes(const Executor *executor, bool checkpointed);
  * parallel rank dp_rank of dp_size. */
 StepLoss executor_run_step(Executor *executor, DataSet *data, uint64_t consumed_samples,
                            int dp_rank, int dp_size, float loss_scale);
+
+/* How this stage's forward hops travel ("nccl", "host-staged" or "mpi") and why
+ * (runtime/device_comm.h); NULL with one chunk or no links. */
+const char *executor_hop_method(const Executor *executor, const char **reason);
+/* The bytes this stage's links hold for its sends in flight: the most they held at once so
+ * far (launch/memory_plan.h bounds it). */
+size_t executor_held_bytes(const Executor *executor);
 
 /* The bytes this stage's hops of one step carry (pipeline/payload.h). */
 PayloadBytes executor_predicted_bytes(const Executor *executor);

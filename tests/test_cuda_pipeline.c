@@ -109,3 +109,32 @@ Test(cuda_pipeline, pp2_dp2_fsdp_on_one_gpu_follows_one_rank_at_the_1b_shape, .t
     expect_layout_follows_one_rank("demo_block_mhar", SHAPE_1B, 4,
                                    "--set parallel.pp=2 --set parallel.dp=2", "cuda-pp2dp2");
 }
+
+/* One stage of two chunks hands its hops to itself; forced onto NCCL (a one-rank
+ * communicator: every hop one group of ncclSend and ncclRecv, and FSDP's gathers through
+ * NCCL too) the run must equal the plain one bit for bit, since every transfer is a copy. */
+Test(cuda_pipeline, hops_through_nccl_on_one_stage_equal_copies_bit_for_bit, .timeout = 300)
+{
+    gpu_require();
+    char root[256], plain[300], nccl[300];
+    test_make_temp_dir(root, "cuda-hops-nccl");
+    snprintf(plain, sizeof plain, "%s/plain", root);
+    snprintf(nccl, sizeof nccl, "%s/nccl", root);
+    const char *layout = "--set parallel.virtual_stages=2 --set parallel.schedule=interleaved";
+    char *output = malloc(OUTPUT_CAPACITY);
+    cr_assert_eq(pipeline_train(1, "demo_mhar_delta", COMMON, layout, plain, output,
+                                OUTPUT_CAPACITY), 0, "%s", output);
+    setenv("FATHOM_DEVICE_COMM", "nccl", 1);
+    const int status = pipeline_train(1, "demo_mhar_delta", COMMON, layout, nccl, output,
+                                      OUTPUT_CAPACITY);
+    unsetenv("FATHOM_DEVICE_COMM");
+    cr_assert_eq(status, 0, "%s", output);
+    double a[STEPS], b[STEPS];
+    int steps[STEPS];
+    cr_assert_eq(metrics_read_losses(plain, a, steps, STEPS), STEPS);
+    cr_assert_eq(metrics_read_losses(nccl, b, steps, STEPS), STEPS);
+    for (int s = 0; s < STEPS; s++)
+        cr_expect(a[s] == b[s], "step %d: %.9g through NCCL, %.9g as copies", s + 1, b[s], a[s]);
+    free(output);
+    test_remove_tree(root);
+}

@@ -180,6 +180,21 @@ static PayloadBytes predicted(const char *config_name, const char *const *overri
     return bytes;
 }
 
+/* The leader's report of its hop links after the first step: something held, and no more
+ * than the memory plan's bound. */
+static void expect_held_within_the_plan(const char *output)
+{
+    const char *line = strstr(output, "hop sends held after the first step: ");
+    cr_assert_not_null(line, "%s", output);
+    unsigned long long held = 0;
+    double bound = 0;
+    const char *open = strchr(line, '(');
+    const char *plan = strstr(line, "memory plan bound ");
+    cr_assert(open && plan && sscanf(open, "(%llu bytes", &held) == 1 &&
+              sscanf(strchr(plan, ',') + 1, "%lf bytes", &bound) == 1, "%s", line);
+    cr_expect(held > 0 && held <= bound, "held %llu, bound %.0f", held, bound);
+}
+
 static void expect_bytes_as_predicted(const char *config, const char *const *overrides, int n,
                                       int ranks, const char *tag)
 {
@@ -192,6 +207,7 @@ static void expect_bytes_as_predicted(const char *config, const char *const *ove
     }
     cr_assert_eq(layout_train(ranks, config, extra, runs.layout, runs.output), 0, "%s",
                  runs.output);
+    expect_held_within_the_plan(runs.output);
     const char *all[16] = {"model.d_model=32", "model.n_heads=2", "model.n_kv_heads=1",
                            "model.head_dim=16", "model.ffn_dim=64", "train.seq_len=32",
                            "train.microbatch_size=2", "train.global_batch_size=8"};
@@ -227,6 +243,17 @@ Test(pipeline, pp_bytes_of_a_replace_pp4_run_equal_the_prediction)
 {
     const char *overrides[] = {"parallel.pp=4"};
     expect_bytes_as_predicted("demo_block_mhar", overrides, 1, 4, "bytes-replace");
+}
+
+Test(pipeline, one_stage_with_two_chunks_holds_its_hops_within_the_plan)
+{
+    Runs runs;
+    runs_begin(&runs, "one-stage-held");
+    cr_assert_eq(layout_train(1, "demo_mhar_delta", "--set parallel.virtual_stages=2 "
+                              "--set parallel.schedule=interleaved", runs.layout, runs.output),
+                 0, "%s", runs.output);
+    expect_held_within_the_plan(runs.output);
+    runs_end(&runs);
 }
 
 /* The closed forms of payload.h, for even splits of N_p blocks per chunk. */

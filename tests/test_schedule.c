@@ -91,6 +91,65 @@ Test(schedule, every_forward_finishes_before_its_backward_starts)
     cr_assert_eq(sweep_accepted_layouts(check_forward_before_backward), ACCEPTED_LAYOUTS);
 }
 
+/* The hops one stage sends to another in one direction, as (microbatch, sending chunk)
+ * codes in the order of the sender's list, or as the receiver consumes them in its list. */
+static int hop_sequence(Layout layout, int direction, int sender, bool as_sent, int *codes)
+{
+    const int P = layout.P, C = P * layout.v;
+    const int receiver = direction == 0 ? (sender + 1) % P : (sender - 1 + P) % P;
+    int count, n = 0;
+    Action *actions = actions_of_stage(layout, as_sent ? sender : receiver, &count);
+    for (int i = 0; i < count; i++) {
+        const Action a = actions[i];
+        const bool forward = a.kind == ACTION_FORWARD;
+        if ((direction == 0) != forward)
+            continue;
+        /* the chunk that sends this hop, if any: the action's own (a send) or its
+         * neighbour's (a receive) */
+        int from;
+        if (as_sent)
+            from = forward ? (a.chunk < C - 1 ? a.chunk : -1) : (a.chunk > 0 ? a.chunk : -1);
+        else
+            from = forward ? a.chunk - 1 : (a.chunk < C - 1 ? a.chunk + 1 : -1);
+        if (from >= 0 && from % P == sender)
+            codes[n++] = a.microbatch * C + from;
+    }
+    free(actions);
+    return n;
+}
+
+/* NCCL matches the messages between two ranks in the order they are issued (the hops carry
+ * no tags; runtime/device_comm.h), so each stage must send its hops to a neighbour in the
+ * order the neighbour receives them, per direction. */
+static void check_hops_in_receive_order(Layout layout)
+{
+    const int capacity = 2 * layout.M * layout.v;
+    int *sent = malloc((size_t)capacity * sizeof *sent);
+    int *received = malloc((size_t)capacity * sizeof *received);
+    for (int direction = 0; direction < 2; direction++)
+        for (int sender = 0; sender < layout.P; sender++) {
+            const int n_sent = hop_sequence(layout, direction, sender, true, sent);
+            const int n_received = hop_sequence(layout, direction, sender, false, received);
+            cr_assert_eq(n_sent, n_received, LAYOUT_FORMAT " %s hops of stage %d: %d sent, "
+                         "%d received", LAYOUT_ARGS(layout), direction ? "backward" : "forward",
+                         sender, n_sent, n_received);
+            for (int i = 0; i < n_sent; i++)
+                cr_assert_eq(sent[i], received[i], LAYOUT_FORMAT " %s hop %d of stage %d: "
+                             "sent (mb %d, chunk %d), received as (mb %d, chunk %d)",
+                             LAYOUT_ARGS(layout), direction ? "backward" : "forward", i, sender,
+                             sent[i] / (layout.P * layout.v), sent[i] % (layout.P * layout.v),
+                             received[i] / (layout.P * layout.v),
+                             received[i] % (layout.P * layout.v));
+        }
+    free(sent);
+    free(received);
+}
+
+Test(schedule, every_stage_sends_its_hops_in_the_order_its_neighbour_receives_them)
+{
+    cr_assert_eq(sweep_accepted_layouts(check_hops_in_receive_order), ACCEPTED_LAYOUTS);
+}
+
 /* Counted here from the lists themselves, not from the simulator. */
 static void check_each_action_once_on_its_stage(Layout layout)
 {
