@@ -5,13 +5,28 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 # meson 1.0 does not ask nvcc for dependency files, so ninja misses edits to CUDA headers:
-# recompile every .cu when a header under kernels/cuda, or one the .cu files include from
-# runtime/ (the op table they fill), is newer than the OLDEST cuda object. The library's
-# own date is not enough: one rebuilt .cu makes it new while the others stay stale.
+# recompile every .cu when a header the CUDA sources include (those under kernels/cuda, and
+# the runtime/ headers they name, followed to a fixed point) is newer than the OLDEST cuda
+# object. The library's own date is not enough: one rebuilt .cu makes it new while the
+# others stay stale.
 objects=build/kernels/libfathom_cuda.so.p
 oldest=$(ls -tr "$objects"/*.o 2>/dev/null | head -1)
-if [ -n "$oldest" ] && [ -n "$(find kernels/cuda runtime -name '*.h' -newer "$oldest" -o \
-                                  -name '*.cuh' -newer "$oldest")" ]; then
+cuda_headers() {
+  local seen=" " next
+  local files=(kernels/cuda/*.cu kernels/cuda/*.h kernels/cuda/*.cuh)
+  while [ ${#files[@]} -gt 0 ]; do
+    next=()
+    for header in $(grep -ho '#include "runtime/[a-z_]*\.h"' "${files[@]}" 2>/dev/null |
+                    sed 's/#include "\(.*\)"/\1/' | sort -u); do
+      case "$seen" in *" $header "*) continue ;; esac
+      seen="$seen$header "
+      next+=("$header")
+    done
+    files=("${next[@]}")
+  done
+  echo kernels/cuda/*.h kernels/cuda/*.cuh $seen
+}
+if [ -n "$oldest" ] && [ -n "$(find $(cuda_headers) -newer "$oldest" 2>/dev/null)" ]; then
   touch kernels/cuda/*.cu
 fi
 ninja -C build
