@@ -18,7 +18,12 @@
  *   walker   a block owns a slice of 512 channels (128 threads x 4) and a range of tokens,
  *            with every site's q*g and S of its channels in registers (G x 8 floats a
  *            thread), and per token reads the slice of the N sources, their gradients and
- *            the G rows of d x: ds_n as above, S += ; per-block S at the end;
+ *            the G rows of d x: ds_n as above, S += ; per-block S at the end. A token's
+ *            coefficients and e_n are staged in shared memory by the whole block (cp.async,
+ *            one token ahead): read from global memory one by one they put up to N round
+ *            trips to L2 between a token's loads and its stores (measured: the walker at
+ *            0.9-1.0 TB/s, stalled on them; staged, 1.7-2.4 TB/s). Held to 128 registers
+ *            (4 blocks a multiprocessor, the grid's all), a few bytes spilled at MAXN 9;
  *   reduce   route_block_cuda.cu's: S in range order, dalpha in token order.
  * The token layout cannot hold every site's q*g and S for the whole row (G x d each), hence
  * two passes over the sources and d x.
@@ -133,6 +138,19 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
         for (int n = 0; n < MAXN; n++)
             x[n] = n < N && valid ? rows[half * half_vectors + n * blockDim.x + v]
                                   : vector_zero<8>();
+        /* the saved weights and r of this thread's first (site, head) pair, loaded now so that
+         * their latency passes under the dots, not in the serial phase after the barrier */
+        float early_a[MAXN], early_r[MAXN];
+        const int early_pair = threadIdx.x < G * H ? threadIdx.x : -1;
+#pragma unroll
+        for (int n = 0; n < MAXN; n++) {
+            early_a[n] = early_r[n] = 0.0f;
+            if (n < N && early_pair >= 0) {
+                const int i = early_pair / H, h = early_pair - i * H;
+                early_a[n] = __ldg(args.weights[i] + ((long long)n * tokens + t) * H + h);
+                early_r[n] = __ldg(args.rstd + (long long)n * tokens + t);
+            }
+        }
 
         /* D and P of each site against every row, reduced over heads into parts */
         for (int i = 0; i < G; i++) {
@@ -185,7 +203,8 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
                     value[n] += site_parts[n * stride + p];
                     key[n] += site_parts[(MAXN + n) * stride + p];
                 }
-                a[n] = args.weights[i][((long long)n * tokens + t) * H + h];
+                a[n] = pair == early_pair ? early_a[n]
+                                          : args.weights[i][((long long)n * tokens + t) * H + h];
                 mean += a[n] * (scale * value[n]);
                 alpha_term += a[n] * value[n];
             }
@@ -195,7 +214,8 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
             for (int n = 0; n < MAXN; n++) {
                 if (n >= N)
                     continue;
-                const float r = args.rstd[(long long)n * tokens + t];
+                const float r = pair == early_pair ? early_r[n]
+                                                   : args.rstd[(long long)n * tokens + t];
                 const float score_grad = a[n] * (scale * value[n] - mean);
                 float *coefficient =
                     args.coefficients + ((t * N + n) * H + h) * (long long)(2 * G);
@@ -243,22 +263,43 @@ struct BlockWalkArgs {
     int n_sources, n_sites, tokens, heads, head_dim, d, ranges;
 };
 
+/* Starts the copies of token t's coefficients [N][H][2G] and self terms [N] into `stage`
+ * (every thread a share, 4 bytes each) and commits; an empty group past the range. */
+__device__ __forceinline__ void block_walk_fetch(float *stage, const BlockWalkArgs &args,
+                                                 long long t, int last, int count)
+{
+    if (t < last) {
+        const float *coefficients = args.coefficients + t * (count - args.n_sources);
+        const float *self_terms = args.self_terms + t * args.n_sources;
+        for (int j = threadIdx.x; j < count; j += blockDim.x) {
+            const float *from = j < count - args.n_sources
+                                    ? coefficients + j
+                                    : self_terms + (j - (count - args.n_sources));
+            const unsigned to = (unsigned)__cvta_generic_to_shared(stage + j);
+            asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(to), "l"(from)
+                         : "memory");
+        }
+    }
+    copy_async_commit();
+}
+
 template <int MAXN>
-__global__ void __launch_bounds__(BLOCK_WALK_THREADS)
+__global__ void __launch_bounds__(BLOCK_WALK_THREADS, 4)
     route_block_walk_kernel(const __grid_constant__ BlockWalkArgs args)
 {
     constexpr int G_MAX = CUDA_BLOCK_MAX_SITES, VEC = BLOCK_WALK_VEC;
+    extern __shared__ float staged[]; /* [2][count]: a token's coefficients, then e_n */
     const int N = args.n_sources, G = args.n_sites, H = args.heads, d = args.d;
+    const int count = N * H * 2 * G + N;
     const int u = blockIdx.x * blockDim.x + threadIdx.x; /* this thread's vector */
     const int range = blockIdx.y;
-    if (u * VEC >= d)
-        return; /* no barrier in this kernel: idle threads may leave */
-    const int h = u * VEC / args.head_dim;
+    const bool valid = u * VEC < d; /* idle threads still stage and meet the barriers */
+    const int h = valid ? u * VEC / args.head_dim : 0;
     float key_weight[G_MAX][VEC], channel_sums[G_MAX][VEC];
 #pragma unroll
     for (int i = 0; i < G_MAX; i++) {
         float q[VEC] = {0}, g[VEC] = {0};
-        if (i < G) {
+        if (i < G && valid) {
             vector_to_floats<VEC>(vector_load<VEC>(args.query[i], u), q);
             vector_to_floats<VEC>(vector_load<VEC>(args.key_norm[i], u), g);
         }
@@ -271,24 +312,36 @@ __global__ void __launch_bounds__(BLOCK_WALK_THREADS)
     const long long vectors = d / VEC;
     const int first = (int)((long long)args.tokens * range / args.ranges);
     const int last = (int)((long long)args.tokens * (range + 1) / args.ranges);
+    block_walk_fetch(staged, args, first, last, count);
     for (long long t = first; t < last; t++) {
+        const int half = (int)((t - first) & 1);
+        /* every thread is done with the other half (token t - 1) before it is refilled */
+        __syncthreads();
+        block_walk_fetch(staged + (half ^ 1) * count, args, t + 1, last, count);
         const long long at = t * vectors + u;
-        BfVector<VEC> dy[G_MAX], s[MAXN], ds[MAXN];
+        BfVector<VEC> s[MAXN], ds[MAXN];
+        float dy[G_MAX][VEC]; /* converted once: every source reads every site's d x */
 #pragma unroll
         for (int i = 0; i < G_MAX; i++)
-            dy[i] = i < G ? vector_load<VEC>(args.douts[i], at) : vector_zero<VEC>();
+            vector_to_floats<VEC>(i < G && valid ? vector_load<VEC>(args.douts[i], at)
+                                                 : vector_zero<VEC>(),
+                                  dy[i]);
 #pragma unroll
         for (int n = 0; n < MAXN; n++) {
-            s[n] = n < N ? vector_load<VEC>(args.sources[n], at) : vector_zero<VEC>();
-            ds[n] = n < N && args.dsources[n] ? vector_load_mutable<VEC>(args.dsources[n], at)
-                                              : vector_zero<VEC>();
+            s[n] = n < N && valid ? vector_load<VEC>(args.sources[n], at) : vector_zero<VEC>();
+            ds[n] = n < N && valid && args.dsources[n]
+                        ? vector_load_mutable<VEC>(args.dsources[n], at)
+                        : vector_zero<VEC>();
         }
+        copy_async_wait<1>(); /* this thread's share of token t has landed */
+        __syncthreads();      /* and everyone's */
+        const float *stage = staged + half * count;
 #pragma unroll
         for (int n = 0; n < MAXN; n++) {
-            if (n >= N)
+            if (n >= N || !valid)
                 continue;
-            const float *coefficient = args.coefficients + ((t * N + n) * H + h) * (2 * G);
-            const float self = args.self_terms[t * N + n];
+            const float *coefficient = stage + (n * H + h) * (2 * G);
+            const float self = stage[count - N + n];
             float x[VEC], grad[VEC];
             vector_to_floats<VEC>(s[n], x);
             vector_to_floats<VEC>(ds[n], grad);
@@ -296,12 +349,10 @@ __global__ void __launch_bounds__(BLOCK_WALK_THREADS)
             for (int i = 0; i < G_MAX; i++) {
                 if (i >= G)
                     continue;
-                const float value = __ldg(coefficient + i), key = __ldg(coefficient + G + i);
-                float y[VEC];
-                vector_to_floats<VEC>(dy[i], y);
+                const float value = coefficient[i], key = coefficient[G + i];
 #pragma unroll
                 for (int k = 0; k < VEC; k++) {
-                    grad[k] += value * y[k] + key * key_weight[i][k];
+                    grad[k] += value * dy[i][k] + key * key_weight[i][k];
                     channel_sums[i][k] += key * x[k];
                 }
             }
@@ -312,6 +363,9 @@ __global__ void __launch_bounds__(BLOCK_WALK_THREADS)
                 vector_store<VEC>(args.dsources[n], at, vector_from_floats<VEC>(grad));
         }
     }
+    copy_async_wait<0>(); /* the empty group past the range */
+    if (!valid)
+        return;
 #pragma unroll
     for (int i = 0; i < G_MAX; i++) {
         if (i >= G)
@@ -331,6 +385,7 @@ static int block_walk_chunks(int d)
     return (d + per_block - 1) / per_block;
 }
 
+/* Token ranges: about BLOCK_WALK_TARGET_BLOCKS blocks in all, whatever d. */
 static int block_walk_ranges(int tokens, int d)
 {
     int ranges = (BLOCK_WALK_TARGET_BLOCKS + block_walk_chunks(d) - 1) / block_walk_chunks(d);
@@ -385,7 +440,8 @@ static void block_backward_launch(const BlockDotsArgs &dots, const BlockWalkArgs
     route_block_dots_kernel<MAXN><<<blocks, threads, layout.total, stream>>>(dots, layout);
     CUDA_CHECK_LAUNCH();
     const dim3 grid((unsigned)block_walk_chunks(d), (unsigned)walk.ranges);
-    route_block_walk_kernel<MAXN><<<grid, BLOCK_WALK_THREADS, 0, stream>>>(walk);
+    const size_t staged = (size_t)2 * (n_sources * heads * 2 * n_sites + n_sources) * 4;
+    route_block_walk_kernel<MAXN><<<grid, BLOCK_WALK_THREADS, staged, stream>>>(walk);
     CUDA_CHECK_LAUNCH();
 }
 
