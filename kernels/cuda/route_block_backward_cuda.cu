@@ -133,11 +133,13 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
     for (long long t = blockIdx.x; t < tokens; t += gridDim.x, half ^= 1) {
         block_dots_fetch_rows(rows + (half ^ 1) * half_vectors, args, t + gridDim.x, valid);
         copy_async_wait<1>(); /* this token's rows and d x have landed */
-        BfVector<8> x[MAXN];
+        /* the rows as floats, converted once: every site reads every row */
+        float x[MAXN][8];
 #pragma unroll
         for (int n = 0; n < MAXN; n++)
-            x[n] = n < N && valid ? rows[half * half_vectors + n * blockDim.x + v]
-                                  : vector_zero<8>();
+            vector_to_floats<8>(n < N && valid ? rows[half * half_vectors + n * blockDim.x + v]
+                                               : vector_zero<8>(),
+                                x[n]);
         /* the saved weights and r of this thread's first (site, head) pair, loaded now so that
          * their latency passes under the dots, not in the serial phase after the barrier */
         float early_a[MAXN], early_r[MAXN];
@@ -167,13 +169,11 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
             float value_dots[MAXN], key_dots[MAXN];
 #pragma unroll
             for (int n = 0; n < MAXN; n++) {
-                float s[8];
-                vector_to_floats<8>(x[n], s);
                 value_dots[n] = key_dots[n] = 0.0f;
 #pragma unroll
                 for (int k = 0; k < 8; k++) {
-                    value_dots[n] += dy[k] * s[k];
-                    key_dots[n] += key_weight[k] * s[k];
+                    value_dots[n] += dy[k] * x[n][k];
+                    key_dots[n] += key_weight[k] * x[n][k];
                 }
             }
             float *site_parts = parts + (size_t)i * 2 * MAXN * stride;

@@ -105,22 +105,22 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
     for (long long t = blockIdx.x; t < tokens; t += gridDim.x, half ^= 1) {
         block_forward_fetch(rows + (half ^ 1) * half_vectors, args, t + gridDim.x, valid);
         copy_async_wait<1>(); /* this token's rows have landed */
-        BfVector<8> x[MAXN];
+        /* the rows as floats, converted once: every site reads every row twice */
+        float x[MAXN][8];
 #pragma unroll
         for (int n = 0; n < MAXN; n++)
-            x[n] = n < N && valid ? rows[half * half_vectors + n * blockDim.x + v]
-                                  : vector_zero<8>();
+            vector_to_floats<8>(n < N && valid ? rows[half * half_vectors + n * blockDim.x + v]
+                                               : vector_zero<8>(),
+                                x[n]);
 
         /* 1. squares, then each site's dots, reduced over heads into parts */
         float sums[MAXN];
 #pragma unroll
         for (int n = 0; n < MAXN; n++) {
-            float s[8];
-            vector_to_floats<8>(x[n], s);
             sums[n] = 0.0f;
 #pragma unroll
             for (int k = 0; k < 8; k++)
-                sums[n] += s[k] * s[k];
+                sums[n] += x[n][k] * x[n][k];
         }
         block_row_reduce<MAXN>(sums, square_parts, N);
         for (int i = 0; i < G; i++) {
@@ -135,12 +135,10 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
             }
 #pragma unroll
             for (int n = 0; n < MAXN; n++) {
-                float s[8];
-                vector_to_floats<8>(x[n], s);
                 sums[n] = 0.0f;
 #pragma unroll
                 for (int k = 0; k < 8; k++)
-                    sums[n] += key_weight[k] * s[k];
+                    sums[n] += key_weight[k] * x[n][k];
             }
             block_head_reduce<MAXN>(sums, dot_parts + (size_t)i * N * parts, parts, N, layout,
                                     place);
@@ -207,12 +205,10 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
                 for (int n = 0; n < MAXN; n++) {
                     if (n >= N)
                         continue;
-                    float s[8];
-                    vector_to_floats<8>(x[n], s);
                     const float weight = a[n * H];
 #pragma unroll
                     for (int k = 0; k < 8; k++)
-                        mix[k] += weight * s[k];
+                        mix[k] += weight * x[n][k];
                 }
                 vector_store<8>(args.results[i], t * V + v, vector_from_floats<8>(mix));
             }
