@@ -24,10 +24,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/attention-gpu}
 mkdir -p "$out"
-export PATH=$PWD/.gpu-libs/bin:$PATH
-export LD_LIBRARY_PATH=$PWD/.gpu-libs:$PWD/build/kernels${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 FATHOM_BINARY=$PWD/build/fathom \
-  FATHOM_SOURCE_DIR=$PWD
+. launch/bench/gpu_env.sh
 shapes="1,4096,32,8,128;32,1024,16,8,80;2,4096,32,8,64"
 started=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - started )) s] $*"; }

@@ -11,10 +11,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/gpu-check}
 mkdir -p "$out"
-export PATH=$PWD/.gpu-libs/bin:$PATH
-export LD_LIBRARY_PATH=$PWD/.gpu-libs:$PWD/build/kernels${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 FATHOM_BINARY=$PWD/build/fathom \
-  FATHOM_SOURCE_DIR=$PWD
+. launch/bench/gpu_env.sh
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used,temperature.gpu \
   --format=csv | tee "$out/gpu.txt"
 parts=("$@")

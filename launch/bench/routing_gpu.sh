@@ -21,10 +21,7 @@ cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/routing-gpu}
 rm -rf "$out"
 mkdir -p "$out"
-export PATH=$PWD/.gpu-libs/bin:$PATH
-export LD_LIBRARY_PATH=$PWD/.gpu-libs:$PWD/build/kernels${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 FATHOM_BINARY=$PWD/build/fathom \
-  FATHOM_SOURCE_DIR=$PWD OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+. launch/bench/gpu_env.sh
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader \
   | tee "$out/gpu.txt"
 start=$SECONDS
