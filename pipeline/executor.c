@@ -6,6 +6,7 @@
 
 #include "runtime/device_comm.h"
 #include "runtime/error.h"
+#include "runtime/fault.h"
 
 /* The hops of one direction between two stages: a group of the sending stage (group rank 0)
  * and the receiving one (group rank 1; the same rank with one stage). */
@@ -376,6 +377,7 @@ static void send_tensors(Executor *executor, int direction, Activation **tensors
 {
     DeviceComm *comm = executor->links[direction][executor->stage].comm;
     const int receiver = comm_size(device_comm_group(comm)) - 1; /* itself with one stage */
+    fault_hop_send(); /* the tests' switch, runtime/fault.h */
     for (int t = 0; t < n; t++)
         device_comm_send(comm, tensors[t], bytes, receiver, COMM_KIND_PP_SEND);
     comm_count(COMM_KIND_PP_SUMMARY, summary_bytes);

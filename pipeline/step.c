@@ -184,6 +184,7 @@ StepResult step_run(TrainingStep *step, DataSet *data, uint64_t consumed_samples
     StepResult result = {0};
 
     fsdp_step_begin(fsdp, step->releases);
+    fault_step_begin(step_number);
     const StepLoss loss = executor_run_step(step->executor, data, consumed_samples,
                                             grid->dp_rank, grid->dp,
                                             1.0f / (float)(M * grid->dp));

@@ -12,6 +12,8 @@
 static FaultKind fault_kind = FAULT_NONE;
 static int fault_step = -1;
 static bool fault_in_save; /* during=save */
+static bool fault_in_hop;  /* during=hop */
+static int fault_current_step = -1;
 
 static void fault_malformed(const char *text, const char *why)
 {
@@ -44,9 +46,12 @@ void fault_init(int world_rank)
                 fault_malformed(text, "rank and step take non-negative and positive integers");
             *(*item == 'r' ? &rank : &step) = (int)number;
         } else if (!strcmp(item, "during")) {
-            if (strcmp(value, "save"))
-                fault_malformed(text, "during takes save");
-            fault_in_save = true;
+            if (!strcmp(value, "save"))
+                fault_in_save = true;
+            else if (!strcmp(value, "hop"))
+                fault_in_hop = true;
+            else
+                fault_malformed(text, "during takes save or hop");
         } else if (!strcmp(item, "kind")) {
             kind = !strcmp(value, "nan") ? FAULT_NAN : !strcmp(value, "exit") ? FAULT_EXIT
                    : !strcmp(value, "stop") ? FAULT_STOP : FAULT_NONE;
@@ -58,8 +63,8 @@ void fault_init(int world_rank)
     }
     if (rank < 0 || step < 1 || kind == FAULT_NONE)
         fault_malformed(text, "rank, step and kind are all required");
-    if (fault_in_save && kind == FAULT_NAN)
-        fault_malformed(text, "during=save takes kind exit or stop");
+    if ((fault_in_save || fault_in_hop) && kind == FAULT_NAN)
+        fault_malformed(text, "during=save and during=hop take kind exit or stop");
     if (rank == world_rank) {
         fault_kind = kind;
         fault_step = step;
@@ -84,9 +89,22 @@ void fault_save_progress(int step, int done, int total)
     }
 }
 
+void fault_step_begin(int step)
+{
+    fault_current_step = step;
+}
+
+void fault_hop_send(void)
+{
+    if (fault_in_hop && fault_kind != FAULT_NONE && fault_current_step == fault_step) {
+        fault_act();
+        fault_kind = FAULT_NONE; /* once */
+    }
+}
+
 FaultKind fault_at(int step)
 {
-    if (fault_kind == FAULT_NONE || step != fault_step || fault_in_save)
+    if (fault_kind == FAULT_NONE || step != fault_step || fault_in_save || fault_in_hop)
         return FAULT_NONE;
     fault_act();
     return fault_kind == FAULT_NAN ? FAULT_NAN : FAULT_NONE;

@@ -10,6 +10,8 @@
  *                     answers, as a hung node would
  *   during=save exit and stop happen instead halfway through the rank's writing of the
  *               checkpoint of step S (the save's fault, not the step's)
+ *   during=hop  exit and stop happen instead at the rank's first pipeline hop send of step
+ *               S, so that its neighbour waits for a hop, mid-step
  * e.g. FATHOM_FAULT=rank=1,step=3,kind=stop. A malformed value is a usage error (exit 2)
  * naming the variable. Documented for users in docs/reference.md.
  */
@@ -27,5 +29,9 @@ void fault_init(int world_rank);
 FaultKind fault_at(int step);
 /* Called by a save as it writes: done of total tensors of the step's checkpoint written. */
 void fault_save_progress(int step, int done, int total);
+/* The step that starts now (for during=hop), and the pipeline executor's hook before each
+ * hop send. */
+void fault_step_begin(int step);
+void fault_hop_send(void);
 
 #endif

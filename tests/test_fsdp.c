@@ -131,22 +131,36 @@ Test(fsdp, parameter_and_optimizer_bytes_fall_as_one_over_d, .timeout = 120)
 
 /* ---- faults ---- */
 
-/* `fathom train` of demo on dp ranks with FATHOM_FAULT set; the exit code, output and time. */
-static int train_with_fault(int ranks, const char *fault, const char *launcher_options,
-                            const char *run_dir, char *output, double *seconds)
+/* `fathom train` of demo on `ranks` ranks with FATHOM_FAULT set, in the layout `parallel`
+ * (NULL: dp over every rank); the exit code, output and time. */
+static int train_with_fault_in(int ranks, const char *parallel, const char *fault,
+                               const char *launcher_options, const char *run_dir,
+                               char *output, double *seconds)
 {
+    char layout[128];
+    if (!parallel) {
+        snprintf(layout, sizeof layout, "--set parallel.dp=%d", ranks);
+        parallel = layout;
+    }
     char command[4096];
     snprintf(command, sizeof command,
              "FATHOM_FAULT=%s OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 "
              "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe %s -x FATHOM_FAULT "
-             "-np %d '%s' train '%s/launch/configs/demo.yaml' %s --set parallel.dp=%d "
+             "-np %d '%s' train '%s/launch/configs/demo.yaml' %s %s "
              "--set parallel.timeout_s=2 --set run_dir='%s' </dev/null",
              fault, launcher_options, ranks, test_fathom_binary(), test_source_dir(),
-             LAYOUT_COMMON, ranks, run_dir);
+             LAYOUT_COMMON, parallel, run_dir);
     const double started = timer_seconds();
     const int code = test_run_command(command, output, LAYOUT_OUTPUT_CAPACITY);
     *seconds = timer_seconds() - started;
     return code;
+}
+
+static int train_with_fault(int ranks, const char *fault, const char *launcher_options,
+                            const char *run_dir, char *output, double *seconds)
+{
+    return train_with_fault_in(ranks, NULL, fault, launcher_options, run_dir, output,
+                               seconds);
 }
 
 Test(fsdp, a_stopped_rank_ends_the_job_with_exit_5_naming_it, .timeout = 120)
@@ -181,6 +195,33 @@ Test(fsdp, a_killed_rank_ends_the_job_naming_it, .timeout = 120)
                             runs.output, &seconds);
     cr_expect(strstr(runs.output, "rank 1 does not answer a roll call"), "%s", runs.output);
     cr_expect(strstr(runs.output, "fathom: error: rank 0"), "%s", runs.output);
+    cr_expect(seconds < 30, "took %.1f s", seconds);
+    runs_end(&runs);
+}
+
+/* Stage 1's second dp rank (world rank 3) stops, or dies, at its first hop send of step 2:
+ * its neighbour of stage 0 (world rank 1) waits for a hop, mid-step, and names world rank
+ * 3, not its rank on the link between them. */
+Test(fsdp, a_rank_that_stops_in_a_pipeline_hop_ends_the_job_with_exit_5_naming_it,
+     .timeout = 120)
+{
+    static const char *const pp2_dp2 = "--set parallel.pp=2 --set parallel.dp=2";
+    Runs runs;
+    runs_begin(&runs, "fsdp-hop-stop");
+    double seconds;
+    const int code = train_with_fault_in(4, pp2_dp2, "rank=3,step=2,kind=stop,during=hop",
+                                         "", runs.layout, runs.output, &seconds);
+    cr_expect_eq(code, 5, "exit %d:\n%s", code, runs.output);
+    cr_expect(strstr(runs.output, "rank 1: recv of"), "%s", runs.output);
+    cr_expect(strstr(runs.output, "from rank 3"), "%s", runs.output);
+    cr_expect(strstr(runs.output, "rank 3 does not answer a roll call"), "%s", runs.output);
+    cr_expect(seconds < 30, "took %.1f s", seconds);
+    test_remove_tree(runs.layout);
+    train_with_fault_in(4, pp2_dp2, "rank=3,step=2,kind=exit,during=hop",
+                               "--enable-recovery", runs.layout, runs.output, &seconds);
+    /* (mpirun --enable-recovery answers 0 whatever its ranks did: the message is the test) */
+    cr_expect(strstr(runs.output, "rank 1: recv of"), "%s", runs.output);
+    cr_expect(strstr(runs.output, "rank 3 does not answer a roll call"), "%s", runs.output);
     cr_expect(seconds < 30, "took %.1f s", seconds);
     runs_end(&runs);
 }
