@@ -61,17 +61,24 @@ static void msar_taps(RoutePass *r, int n, int stream)
     }
 }
 
-static void msar_streams_forward(RoutePass *r, int n)
+/* The streams and their mix; `recompute`: as the backward remakes them, from the saved
+ * depth weights (route_conv_mix). */
+static void msar_streams_forward(RoutePass *r, int n, bool recompute)
 {
     for (int s = 0; s < BENCH_STREAMS; s++) {
         msar_taps(r, n, s);
-        r->backend->route_conv_forward(r->streams[s],
-                                       r->weights + (size_t)s * n * r->tokens * r->heads,
-                                       r->rstd + (size_t)s * n * r->tokens,
+        float *weights = r->weights + (size_t)s * n * r->tokens * r->heads;
+        if (recompute)
+            r->backend->route_conv_mix(r->streams[s], weights,
                                        (const Activation *const *)r->sources, r->taps_of_source,
-                                       n, bench_kernels[s], row_of(r, r->query, s),
-                                       row_of(r, r->key_norm, s), 1, r->tokens, r->d, r->heads,
-                                       1e-5f);
+                                       n, bench_kernels[s], 1, r->tokens, r->d, r->heads);
+        else
+            r->backend->route_conv_forward(r->streams[s], weights,
+                                           r->rstd + (size_t)s * n * r->tokens,
+                                           (const Activation *const *)r->sources,
+                                           r->taps_of_source, n, bench_kernels[s],
+                                           row_of(r, r->query, s), row_of(r, r->key_norm, s),
+                                           1, r->tokens, r->d, r->heads, 1e-5f);
     }
     r->backend->stream_mix_forward(r->mixed, r->mix_gates, r->mix_rstd,
                                    (const Activation *const *)r->streams, BENCH_STREAMS,
@@ -87,11 +94,11 @@ static void msar_site(RoutePass *r, int n)
     const Activation *one_source[1] = {r->mixed};
     Activation *one_grad[1] = {r->grad_mixed};
 
-    msar_streams_forward(r, n);
+    msar_streams_forward(r, n, false);
     backend->route_forward(r->out, r->gate_weights, r->gate_rstd, one_source, 1, r->zero_query,
                            r->zero_query, r->base, r->alpha, r->tokens, r->d, r->heads, 1e-5f);
     /* backward: the streams and the mix again, then the gate, the mix, each stream */
-    msar_streams_forward(r, n);
+    msar_streams_forward(r, n, true);
     backend->zero(r->grad_mixed, bytes);
     backend->route_backward(one_grad, r->grad_query, r->grad_key_norm, r->grad_alpha, r->dout,
                             one_source, 1, r->gate_weights, r->gate_rstd, r->zero_query,

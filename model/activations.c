@@ -164,8 +164,6 @@ static void route_scratch_layout(ModelScratch *scratch, Carver *carver,
     }
     route->mixed = carve_activations(carver, N * d);
     route->grad_mixed = carve_activations(carver, N * d);
-    route->weights = carve_floats(carver, M * N * H);
-    route->rstd = carve_floats(carver, M * N);
     route->mix_gates = carve_floats(carver, N * m);
     route->mix_rstd = carve_floats(carver, N * m);
     route->gate_query = carve_activations(carver, d); /* zero from alloc(), never written */

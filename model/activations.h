@@ -128,7 +128,6 @@ typedef struct {
     Activation **grad_streams;    /* [m] */
     Activation *mixed;            /* [N, d] msar delta: the mix before alpha */
     Activation *grad_mixed;       /* [N, d] */
-    float *weights, *rstd;    /* [M, N, H], [M, N]: weights recomputed in the backward */
     float *mix_gates, *mix_rstd; /* [N, m] recomputed in the backward */
     float *route_backward;    /* [M, N, H] route_backward's scratch */
     /* two-phase routing (attnres; model/route_block.h), S = sublayers_per_block: */

@@ -133,15 +133,19 @@ void route_site_forward(const RouteContext *context, const SitePlan *site,
     }
 }
 
-/* o_r for every stream into scratch->streams, as the forward made them (every op is
- * deterministic); the depth weights land in scratch, the saved ones stay untouched. */
+/* o_r for every stream into scratch->streams, bit for bit as the forward made them: the
+ * mix of the convolved sources by the depth weights the forward saved (route_conv_mix; the
+ * dots and softmax that made those weights are not formed again). */
 static void recompute_streams(const RouteContext *context, const SitePlan *site,
-                              const SiteWeights *weights, const Activation *const *sources)
+                              const SiteActivations *saved, const Activation *const *sources)
 {
     RouteScratch *scratch = context->scratch;
     for (int r = 0; r < context->plan->streams; r++)
-        stream_route_forward(context, site, weights, sources, r, scratch->streams[r],
-                             scratch->weights, scratch->rstd);
+        context->backend->route_conv_mix(
+            scratch->streams[r], saved->weights + stream_weights_offset(context, site, r),
+            sources, stream_taps(context, site, r), site->n_sources,
+            context->plan->kernel_sizes[r], context->B, context->T, context->d,
+            context->plan->heads);
 }
 
 /* The delta gate: d mix = alpha * dout into scratch->grad_mixed, d alpha += sum <dout, mix>.
@@ -213,7 +217,7 @@ void route_site_backward(const RouteContext *context, const SitePlan *site,
     RouteScratch *scratch = context->scratch;
     const int m = plan->streams;
     if (m > 1 || delta) /* the mix backward and the gate need the routed streams */
-        recompute_streams(context, site, weights, sources);
+        recompute_streams(context, site, saved, sources);
     const Activation *grad_mix =
         delta ? gate_backward(context, weights, grads, saved, dout) : dout;
     if (m > 1) {

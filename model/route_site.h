@@ -17,7 +17,8 @@
  *
  * Saved (SiteActivations): the depth weights and key rstd of every stream, the mix gates
  * and rstd (m > 1), the gate route's state (msar delta). The routed streams o_r and the mix
- * are not kept: the backward recomputes them in the RouteScratch.
+ * are not kept: the backward recomputes them in the RouteScratch, from the saved depth
+ * weights (route_conv_mix).
  *
  * Backward, ADDS into: grad_sources[k] += d s_k (the caller zeroes them once per backward;
  * a source read by several sites accumulates), the site's weight gradients, the stream

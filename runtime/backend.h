@@ -281,6 +281,12 @@ typedef struct Backend {
                                const Activation *const *taps, int n_sources, int kernel_size,
                                const Activation *query, const Activation *key_norm, int B,
                                int T, int d, int heads, float eps);
+    /* out = sum_k weights[k] E_k from the weights route_conv_forward saved, without forming
+     * its dots and softmax again: bit for bit route_conv_forward's out (the backward's
+     * recompute of a stream). */
+    void (*route_conv_mix)(Activation *out, const float *weights,
+                           const Activation *const *sources, const Activation *const *taps,
+                           int n_sources, int kernel_size, int B, int T, int d, int heads);
     /* dsources[k] += d s_k (the conv transposed of d E_k), dtaps[k] += d taps[k] (fp32
      * [kernel_size, d]; NULL where taps[k] is NULL), dquery += , dkey_norm += .
      * dsources[k] and dtaps[k] may be NULL (no gradient wanted); the dsources must not alias

@@ -254,6 +254,29 @@ Test(cuda_route_conv, backward_matches_cpu)
     }
 }
 
+/* The backward's recompute of a stream: the mix by the weights the forward saved is the
+ * forward's out bit for bit, into a poisoned output, at every shape. */
+Test(cuda_route_conv, mix_by_the_saved_weights_is_the_forwards_out_bit_for_bit)
+{
+    gpu_require();
+    for (int i = 0; i < CONV_SHAPE_COUNT; i++) {
+        const ConvShape s = conv_shapes[i];
+        ConvInputs in = conv_inputs(s, 90 + (uint64_t)i);
+        ForwardResult forward = gpu_forward(&in);
+        bf16 *out = gpu_poisoned_bf16(in.size);
+        cuda_route_conv_mix(out, gpu_upload_floats(forward.weights, in.n_weights),
+                            in.device_sources, in.device_taps, s.n_sources, s.kernel_size, s.B,
+                            s.T, s.d, s.heads, 0);
+        float *mixed = gpu_download_bf16(out, in.size);
+        cr_expect_eq(memcmp(mixed, forward.out, in.size * sizeof(float)), 0,
+                     "mix differs from the forward's out (B %d, T %d, d %d, H %d, N %d, "
+                     "kernel %d)", s.B, s.T, s.d, s.heads, s.n_sources, s.kernel_size);
+        free(mixed);
+        forward_result_free(&forward);
+        conv_inputs_free(&in);
+    }
+}
+
 Test(cuda_route_conv, forward_and_backward_are_bitwise_deterministic)
 {
     gpu_require();
@@ -456,6 +479,7 @@ Test(cuda_route_conv, table_entries_are_filled)
 {
     gpu_require();
     cr_expect_not_null(backend_cuda()->route_conv_forward);
+    cr_expect_not_null(backend_cuda()->route_conv_mix);
     cr_expect_not_null(backend_cuda()->route_conv_backward);
 }
 

@@ -230,6 +230,31 @@ Test(route_conv_cpu, forward_equals_stream_conv_then_route)
     }
 }
 
+/* The backward's recompute of a stream: the mix by the saved weights is the forward's out bit
+ * for bit, through the kernel and through the op table, into a poisoned output. */
+Test(route_conv_cpu, mix_by_the_saved_weights_is_the_forwards_out_bit_for_bit)
+{
+    for (size_t k = 0; k < CASE_COUNT; k++) {
+        ConvRouteProblem p = case_problem(k, 20 + 100 * k);
+        RouteOutputs forward = outputs_poisoned(&p), mixed = outputs_poisoned(&p),
+                     table = outputs_poisoned(&p);
+        fused_forward(&p, &forward);
+        cpu_route_conv_mix(mixed.out, forward.weights, (const float *const *)p.source_rows,
+                           (const float *const *)p.tap_rows, p.n_sources, p.kernel_size, p.B,
+                           p.T, p.d, p.heads);
+        backend_cpu()->route_conv_mix(AS_ACTIVATIONS(table.out), forward.weights,
+                                      (const Activation *const *)p.source_rows,
+                                      (const Activation *const *)p.tap_rows, p.n_sources,
+                                      p.kernel_size, p.B, p.T, p.d, p.heads);
+        expect_bitwise_equal(mixed.out, forward.out, p.size, "mix");
+        expect_bitwise_equal(table.out, forward.out, p.size, "table mix");
+        outputs_free(&forward);
+        outputs_free(&mixed);
+        outputs_free(&table);
+        conv_route_problem_free(&p);
+    }
+}
+
 Test(route_conv_cpu, backward_equals_route_backward_then_stream_conv_backward)
 {
     for (size_t k = 0; k < CASE_COUNT; k++) {

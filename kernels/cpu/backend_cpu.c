@@ -276,6 +276,15 @@ static void table_route_conv_forward(Activation *out, float *weights, float *rst
                            CF(key_norm), B, T, d, heads, eps);
 }
 
+static void table_route_conv_mix(Activation *out, const float *weights,
+                                 const Activation *const *sources,
+                                 const Activation *const *taps, int n_sources,
+                                 int kernel_size, int B, int T, int d, int heads)
+{
+    cpu_route_conv_mix(F(out), weights, (const float *const *)sources,
+                       (const float *const *)taps, n_sources, kernel_size, B, T, d, heads);
+}
+
 static void table_route_conv_backward(Activation *const *dsources, float *const *dtaps,
                                       float *dquery, float *dkey_norm, const Activation *dout,
                                       const Activation *const *sources,
@@ -436,6 +445,7 @@ static const Backend cpu_backend = {
     .stream_conv_forward = table_stream_conv_forward,
     .stream_conv_backward = table_stream_conv_backward,
     .route_conv_forward = table_route_conv_forward,
+    .route_conv_mix = table_route_conv_mix,
     .route_conv_backward = table_route_conv_backward,
     .stream_mix_forward = table_stream_mix_forward,
     .stream_mix_backward = table_stream_mix_backward,

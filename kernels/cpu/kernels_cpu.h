@@ -141,6 +141,11 @@ void cpu_route_conv_forward(float *out, float *weights, float *rstd,
                             const float *const *sources, const float *const *taps,
                             int n_sources, int kernel_size, const float *query,
                             const float *key_norm, int B, int T, int d, int heads, float eps);
+/* out = sum_k weights[k] E_k, weights as cpu_route_conv_forward saved them (its out, bit for
+ * bit: the same sum in double, in source order, rounded once) */
+void cpu_route_conv_mix(float *out, const float *weights, const float *const *sources,
+                        const float *const *taps, int n_sources, int kernel_size, int B, int T,
+                        int d, int heads);
 void cpu_route_conv_backward(float *const *dsources, float *const *dtaps, float *dquery,
                              float *dkey_norm, const float *dout, const float *const *sources,
                              const float *const *taps, int n_sources, int kernel_size,

@@ -127,6 +127,37 @@ void cpu_route_conv_forward(float *out, float *weights, float *rstd,
     }
 }
 
+void cpu_route_conv_mix(float *out, const float *weights, const float *const *sources,
+                        const float *const *taps, int n_sources, int kernel_size, int B, int T,
+                        int d, int heads)
+{
+    check_kernel_size(kernel_size);
+    const int tokens = B * T, N = n_sources, head_dim = d / heads;
+    const size_t work = (size_t)N * tokens * d * kernel_size;
+
+#pragma omp parallel if (work >= CPU_PARALLEL_MIN_WORK)
+    {
+        float *E = host_array((size_t)N * d, sizeof(float));
+        const float **rows = host_array((size_t)N, sizeof(float *));
+#pragma omp for schedule(static)
+        for (int t = 0; t < tokens; t++) {
+            expand_token(rows, E, sources, taps, N, kernel_size, t, T, d);
+            /* cpu_route_forward's mix, term by term */
+            float *out_row = out + (size_t)t * d;
+            for (int h = 0; h < heads; h++)
+                for (int c = h * head_dim; c < (h + 1) * head_dim; c++) {
+                    double mix = 0;
+                    for (int n = 0; n < N; n++)
+                        mix += (double)weights[conv_route_index(n, t, h, tokens, heads)] *
+                               rows[n][c];
+                    out_row[c] = (float)mix;
+                }
+        }
+        free(E);
+        free((void *)rows);
+    }
+}
+
 /* whether pass B must form dE of source n (a source or tap gradient is wanted) */
 static int wants_expanded_gradient(float *const *dsources, float *const *dtaps,
                                    const float *const *taps, int n)

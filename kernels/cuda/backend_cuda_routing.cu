@@ -105,6 +105,15 @@ static void op_route_conv_forward(Activation *out, float *weights, float *rstd,
                             workspace, backend_cuda_compute_stream());
 }
 
+static void op_route_conv_mix(Activation *out, const float *weights,
+                              const Activation *const *sources, const Activation *const *taps,
+                              int n_sources, int kernel_size, int B, int T, int d, int heads)
+{
+    cuda_route_conv_mix(as_bf16(out), weights, (const bf16 *const *)sources,
+                        (const bf16 *const *)taps, n_sources, kernel_size, B, T, d, heads,
+                        backend_cuda_compute_stream());
+}
+
 static void op_route_conv_backward(Activation *const *dsources, float *const *dtaps,
                                    float *dquery, float *dkey_norm, const Activation *dout,
                                    const Activation *const *sources,
@@ -209,6 +218,7 @@ extern "C" void backend_cuda_fill_routing(Backend *table)
     table->stream_conv_forward = op_stream_conv_forward;
     table->stream_conv_backward = op_stream_conv_backward;
     table->route_conv_forward = op_route_conv_forward;
+    table->route_conv_mix = op_route_conv_mix;
     table->route_conv_backward = op_route_conv_backward;
     table->stream_mix_forward = op_stream_mix_forward;
     table->stream_mix_backward = op_stream_mix_backward;

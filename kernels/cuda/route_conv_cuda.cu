@@ -359,3 +359,25 @@ extern "C" void cuda_route_conv_forward(bf16 *out, float *weights, float *rstd,
     ROUTE_CONV_DISPATCH(shape, LAUNCH);
 #undef LAUNCH
 }
+
+extern "C" void cuda_route_conv_mix(bf16 *out, const float *weights,
+                                    const bf16 *const *sources, const bf16 *const *taps,
+                                    int n_sources, int kernel_size, int B, int T, int d,
+                                    int heads, cudaStream_t stream)
+{
+    route_conv_check(n_sources, kernel_size, B, T, d, heads);
+    if (B * T <= 0)
+        return;
+    RouteConvArgs args;
+    memset(&args, 0, sizeof args);
+    /* the vector width from the pointers the mix reads (query and key_norm it does not:
+     * NULL suits every width); each channel's sum is the same whatever the width */
+    const void *extra[] = {out};
+    const RouteConvShape shape = route_conv_prepare(args, sources, taps, n_sources, kernel_size,
+                                                    NULL, NULL, B, T, d, heads, extra, 1);
+    args.out = out;
+    args.weights = const_cast<float *>(weights); /* the mix only reads them */
+#define LAUNCH(K, VEC) route_conv_mix_launch<K, VEC>(args, shape, stream)
+    ROUTE_CONV_DISPATCH(shape, LAUNCH);
+#undef LAUNCH
+}

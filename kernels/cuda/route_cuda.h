@@ -229,6 +229,12 @@ void cuda_route_conv_forward(bf16 *out, float *weights, float *rstd,
                              int T, int d, int heads, float eps, float *workspace,
                              cudaStream_t stream);
 
+/* out = sum_k weights[k] E_k from the weights cuda_route_conv_forward saved: its mix launch
+ * alone, so bit for bit its out. */
+void cuda_route_conv_mix(bf16 *out, const float *weights, const bf16 *const *sources,
+                         const bf16 *const *taps, int n_sources, int kernel_size, int B, int T,
+                         int d, int heads, cudaStream_t stream);
+
 /* Floats of the workspace cuda_route_conv_backward needs (it replaces the op's `scratch`). */
 size_t cuda_route_conv_backward_workspace_floats(int n_sources, int kernel_size, int tokens,
                                                  int d, int heads);
