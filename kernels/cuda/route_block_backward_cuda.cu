@@ -143,7 +143,7 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
         /* the saved weights and r of this thread's first (site, head) pair, loaded now so that
          * their latency passes under the dots, not in the serial phase after the barrier */
         float early_a[MAXN], early_r[MAXN];
-        const int early_pair = threadIdx.x < G * H ? threadIdx.x : -1;
+        const int early_pair = (int)threadIdx.x < G * H ? (int)threadIdx.x : -1;
 #pragma unroll
         for (int n = 0; n < MAXN; n++) {
             early_a[n] = early_r[n] = 0.0f;
@@ -490,8 +490,14 @@ void route_block_backward_fast(bf16 *const *dsources, float *const *dqueries,
     walk.ranges = block_walk_ranges(tokens, d);
     walk.partials = workspace + w.partials;
     const int threads = (dots.layout.vectors + 31) / 32 * 32;
-    if (n_sources <= 4)
+    /* the unrolled source loops sized near N: fewer predicated-off iterations, and at 6 the
+     * walker keeps within its 128 registers without spilling */
+    if (n_sources <= 2)
+        block_backward_launch<2>(dots, walk, threads, n_sources, n_sites, d, heads, stream);
+    else if (n_sources <= 4)
         block_backward_launch<4>(dots, walk, threads, n_sources, n_sites, d, heads, stream);
+    else if (n_sources <= 6)
+        block_backward_launch<6>(dots, walk, threads, n_sources, n_sites, d, heads, stream);
     else
         block_backward_launch<CUDA_BLOCK_MAX_SOURCES>(dots, walk, threads, n_sources, n_sites,
                                                       d, heads, stream);

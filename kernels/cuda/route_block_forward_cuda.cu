@@ -272,8 +272,12 @@ void route_block_forward_fast(bf16 *const *results, float *const *weights, float
     args.heads = heads;
     const int threads = (args.layout.vectors + 31) / 32 * 32;
     const BlockForwardLayout layout = block_forward_layout(n_sources, n_sites, d, heads);
-    if (n_sources <= 4)
+    if (n_sources <= 2)
+        block_forward_launch<2>(args, threads, layout, stream);
+    else if (n_sources <= 4)
         block_forward_launch<4>(args, threads, layout, stream);
+    else if (n_sources <= 6)
+        block_forward_launch<6>(args, threads, layout, stream);
     else
         block_forward_launch<CUDA_BLOCK_MAX_SOURCES>(args, threads, layout, stream);
 }
