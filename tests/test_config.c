@@ -1,9 +1,7 @@
-/* tests/test_config.c — the YAML config (DESIGN 6): defaults, types, --set, validation, the
- * round trip through config_to_yaml.
- *
- * A bad config ends the process through fatal(EXIT_CONFIG, ...), so each bad input is loaded
- * in a forked child whose stderr comes back through a pipe: the test checks the exit code
- * and that the message names the key or the file.
+/* tests/test_config.c — the YAML config (DESIGN 6): defaults, types, --set, malformed files,
+ * the round trip through config_to_yaml, the users' reference. Impossible values and keys
+ * that do nothing: tests/test_config_validation.c. Bad input loads in a forked child
+ * (config_support.h).
  */
 #include "runtime/config.h"
 #include "runtime/config_keys.h"
@@ -13,82 +11,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-/* --- loading in a child ------------------------------------------------------------------ */
-
-typedef struct {
-    const char *yaml;                /* text to load as "test.yaml", or NULL ... */
-    const char *path;                /* ... a file to load, or NULL: the defaults alone */
-    const char *const *overrides;
-    int n_overrides;
-    int world_size;
-} LoadRequest;
-
-typedef struct {
-    int exit_code;                   /* -1: killed by a signal */
-    char message[8192];              /* everything the child wrote to stderr */
-} ChildResult;
-
-static ChildResult load_in_child(LoadRequest request)
-{
-    ChildResult result = {0};
-    int fds[2];
-    cr_assert_eq(pipe(fds), 0, "pipe failed");
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    cr_assert_neq(pid, -1, "fork failed");
-    if (pid == 0) {
-        close(fds[0]);
-        dup2(fds[1], STDERR_FILENO);
-        close(fds[1]);
-        Config config;
-        if (!request.yaml)
-            config_load(&config, request.path, request.overrides, request.n_overrides,
-                        request.world_size);
-        else
-            config_load_text(&config, request.yaml, "test.yaml", request.overrides,
-                             request.n_overrides, request.world_size);
-        _exit(0);
-    }
-    close(fds[1]);
-    size_t used = 0;
-    ssize_t got;
-    while ((got = read(fds[0], result.message + used, sizeof result.message - 1 - used)) > 0)
-        used += (size_t)got;
-    result.message[used] = '\0';
-    close(fds[0]);
-    int status;
-    cr_assert_eq(waitpid(pid, &status, 0), pid, "waitpid failed");
-    result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    return result;
-}
-
-static ChildResult load_text_in_child(const char *yaml)
-{
-    return load_in_child((LoadRequest){.yaml = yaml, .world_size = 1});
-}
-
-static ChildResult set_in_child(const char *override)
-{
-    const char *overrides[] = {override};
-    return load_in_child(
-        (LoadRequest){.yaml = "", .overrides = overrides, .n_overrides = 1, .world_size = 1});
-}
-
-/* Exit code 2 and a message holding each of the (one or two) fragments. */
-static void assert_config_error(ChildResult result, const char *fragment, const char *other)
-{
-    cr_assert_eq(result.exit_code, 2, "exit code %d, expected 2; stderr: %s", result.exit_code,
-                 result.message);
-    cr_assert(strstr(result.message, fragment), "message does not name '%s': %s", fragment,
-              result.message);
-    if (other)
-        cr_assert(strstr(result.message, other), "message does not name '%s': %s", other,
-                  result.message);
-}
+#include "tests/config_support.h"
 
 /* --- in-process loading ------------------------------------------------------------------ */
 
@@ -480,102 +405,6 @@ Test(config, missing_file_is_an_error_naming_the_path)
     assert_config_error(result, "/nonexistent/fathom.yaml", NULL);
 }
 
-/* --- impossible values and combinations ------------------------------------------------- */
-
-Test(config, n_kv_heads_must_divide_n_heads)
-{
-    assert_config_error(load_text_in_child("model:\n  n_heads: 4\n  n_kv_heads: 3\n"),
-                        "model.n_kv_heads", "model.n_heads");
-}
-
-Test(config, head_dim_must_be_even)
-{
-    assert_config_error(load_text_in_child("model:\n  head_dim: 33\n"), "model.head_dim", NULL);
-}
-
-Test(config, d_model_zero_is_an_error)
-{
-    assert_config_error(load_text_in_child("model:\n  d_model: 0\n"), "model.d_model", NULL);
-}
-
-Test(config, negative_n_layers_is_an_error)
-{
-    assert_config_error(load_text_in_child("model:\n  n_layers: -1\n"), "model.n_layers", NULL);
-}
-
-Test(config, residual_heads_must_divide_d_model)
-{
-    assert_config_error(load_text_in_child("residual:\n  heads: 3\n"), "residual.heads",
-                        "model.d_model");
-}
-
-Test(config, layers_per_block_zero_is_an_error)
-{
-    assert_config_error(load_text_in_child("residual:\n  layers_per_block: 0\n"),
-                        "residual.layers_per_block", NULL);
-}
-
-Test(config, layers_per_block_above_n_layers_is_an_error)
-{
-    assert_config_error(load_text_in_child("residual:\n  layers_per_block: 5\n"),
-                        "residual.layers_per_block", "model.n_layers");
-}
-
-Test(config, msar_with_zero_streams_is_an_error)
-{
-    assert_config_error(load_text_in_child("residual:\n  mode: msar\n  streams: 0\n"),
-                        "residual.streams", NULL);
-}
-
-Test(config, stream_kernel_zero_is_an_error)
-{
-    assert_config_error(
-        load_text_in_child("residual:\n  mode: msar\n  streams: 4\n  stream_kernels: [1, 0, 4, 8]\n"),
-        "residual.stream_kernels", NULL);
-}
-
-Test(config, msar_needs_one_stream_kernel_per_stream)
-{
-    assert_config_error(load_text_in_child("residual:\n  mode: msar\n  streams: 2\n"),
-                        "residual.stream_kernels", "residual.streams");
-}
-
-Test(config, global_batch_must_divide_into_microbatches)
-{
-    assert_config_error(
-        load_text_in_child("train:\n  microbatch_size: 8\n  global_batch_size: 20\n"),
-        "train.global_batch_size", "train.microbatch_size");
-}
-
-Test(config, pp_times_dp_must_equal_the_world_size)
-{
-    assert_config_error(load_text_in_child("parallel:\n  dp: 2\n"), "parallel.dp", NULL);
-}
-
-Test(config, layer_split_must_sum_to_n_layers)
-{
-    ChildResult result = load_in_child((LoadRequest){
-        .yaml = "parallel:\n  pp: 2\n  layer_split: [1, 2]\n", .world_size = 2});
-    assert_config_error(result, "parallel.layer_split", "model.n_layers");
-}
-
-Test(config, shards_need_data_train)
-{
-    assert_config_error(load_text_in_child("data:\n  source: shards\n"), "data.train", NULL);
-}
-
-Test(config, llama3_high_freq_factor_must_exceed_low)
-{
-    assert_config_error(
-        load_text_in_child("model:\n  rope_scaling: {type: llama3, high_freq_factor: 1}\n"),
-        "model.rope_scaling.high_freq_factor", NULL);
-}
-
-Test(config, beta_of_one_is_an_error)
-{
-    assert_config_error(load_text_in_child("optim:\n  beta2: 1\n"), "optim.beta2", NULL);
-}
-
 /* DESIGN 5: the saved config is YAML that a YAML 1.1 reader (PyYAML, which reads 1e-05 as a
  * string and 10000 as an int) types as fathom does: every float key a float, every int key
  * an int, for the defaults and for values that print with an exponent. */
@@ -615,49 +444,6 @@ Test(config, saved_yaml_types_every_number_as_pyyaml_reads_it)
     test_remove_tree(dir);
 }
 
-/* DESIGN 6: a key that does nothing is one warning line naming it, or an error. */
-static void expect_warning(const char *yaml, const char *key)
-{
-    ChildResult result = load_text_in_child(yaml);
-    cr_expect_eq(result.exit_code, 0, "%s", result.message);
-    cr_expect(strstr(result.message, "warning") && strstr(result.message, key) &&
-                  strstr(result.message, "does nothing"),
-              "no warning naming %s: '%s'", key, result.message);
-}
-
-Test(config, residual_keys_of_another_mode_are_a_warning_naming_the_key)
-{
-    expect_warning("residual:\n  mode: standard\n  heads: 4\n", "residual.heads");
-    expect_warning("residual:\n  mode: standard\n  form: delta\n", "residual.form");
-    expect_warning("residual:\n  mode: attnres\n  streams: 2\n", "residual.streams");
-    expect_warning("residual:\n  mode: attnres\n  granularity: full\n  layers_per_block: 2\n",
-                   "residual.layers_per_block");
-}
-
-Test(config, the_defaults_warn_of_nothing)
-{
-    ChildResult result = load_text_in_child("");
-    cr_expect_eq(result.exit_code, 0);
-    cr_expect(!strstr(result.message, "warning"), "'%s'", result.message);
-}
-
-Test(config, an_msar_kernel_longer_than_the_sequence_is_refused)
-{
-    assert_config_error(load_text_in_child("train:\n  seq_len: 64\nresidual:\n  mode: msar\n"
-                                           "  streams: 2\n  stream_kernels: [1, 1000]\n"),
-                        "residual.stream_kernels", "train.seq_len");
-}
-
-Test(config, an_integer_too_large_for_a_key_is_out_of_range_not_a_wrong_type)
-{
-    assert_config_error(set_in_child("model.vocab_size=4000000000"), "model.vocab_size",
-                        "out of range");
-    assert_config_error(set_in_child("model.vocab_size=99999999999999999999999"),
-                        "model.vocab_size", "out of range");
-    assert_config_error(set_in_child("model.vocab_size=4e9"), "model.vocab_size",
-                        "expected an integer");
-}
-
 Test(config, vocab_size_auto_reads_back_as_auto_until_resolved)
 {
     Config config = load_text("model:\n  vocab_size: auto\n", NULL, 0, 1);
@@ -667,18 +453,6 @@ Test(config, vocab_size_auto_reads_back_as_auto_until_resolved)
     Config again = load_text(yaml, NULL, 0, 1);
     cr_assert(memcmp(&config, &again, sizeof config) == 0);
     free(yaml);
-}
-
-Test(config, vocab_size_takes_auto_only_unquoted_and_numbers_from_1)
-{
-    assert_config_error(load_text_in_child("model:\n  vocab_size: \"auto\"\n"),
-                        "model.vocab_size", "expected an integer or auto");
-    assert_config_error(set_in_child("model.vocab_size=0"), "model.vocab_size = 0",
-                        "must be >= 1, or auto");
-    assert_config_error(set_in_child("model.vocab_size=-2147483648"), "model.vocab_size",
-                        "must be >= 1, or auto");
-    assert_config_error(set_in_child("model.d_model=auto"), "model.d_model",
-                        "expected an integer, got 'auto'");
 }
 
 /* docs/config.md is the users' reference: every key of the table has a row, and the row
