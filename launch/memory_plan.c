@@ -216,8 +216,8 @@ static double rank_gathered_elements(const ParameterCount *count, const Config *
 
 /* ---- the activations, as pipeline/executor.c allocates them ---- */
 
-/* The stashes each local chunk keeps and the stores the stage keeps (executor.c's
- * count_in_flight), from the schedule's action list; its bound where the list is long. */
+/* The stashes each local chunk keeps and the stores the stage keeps, counted as the executor
+ * counts them (schedule_count_in_flight); the schedule's bound where the list is long. */
 static void count_in_flight(const Config *config, RankLayout layout, int M, int *slots,
                             int *stores)
 {
@@ -233,29 +233,8 @@ static void count_in_flight(const Config *config, RankLayout layout, int M, int 
     const int n_actions = schedule_actions(kind, P, v, M, layout.stage, NULL, 0);
     Action *actions = xcalloc((size_t)n_actions, sizeof *actions);
     schedule_actions(kind, P, v, M, layout.stage, actions, n_actions);
-    int *live = xcalloc((size_t)v, sizeof *live);
-    bool *seen = xcalloc((size_t)M, sizeof *seen);
-    int open = 0;
-    *stores = 0;
-    for (int a = 0; a < n_actions; a++) {
-        const int local = actions[a].chunk / P;
-        if (actions[a].kind == ACTION_FORWARD) {
-            if (++live[local] > slots[local])
-                slots[local] = live[local];
-            if (!seen[actions[a].microbatch]) {
-                seen[actions[a].microbatch] = true;
-                if (++open > *stores)
-                    *stores = open;
-            }
-        } else {
-            live[local]--;
-            if (local == 0) /* the backward of the stage's first chunk ends the microbatch */
-                open--;
-        }
-    }
+    schedule_count_in_flight(actions, n_actions, P, v, M, slots, stores);
     free(actions);
-    free(live);
-    free(seen);
 }
 
 /* The summary buffers the stage's chunks touch (model/chunk_span.c's store_needed_buffers,

@@ -43,30 +43,6 @@ struct Executor {
     HopLink *links[2];
 };
 
-/* The most stashes each local chunk and the most stores the action list holds at once. */
-static void count_in_flight(Executor *executor)
-{
-    int *live = xcalloc((size_t)executor->v, sizeof *live);
-    int *first_seen = xcalloc((size_t)executor->M, sizeof *first_seen);
-    int stores = 0;
-    for (int a = 0; a < executor->n_actions; a++) {
-        const Action *action = &executor->actions[a];
-        const int local = action->chunk / executor->P;
-        if (action->kind == ACTION_FORWARD) {
-            if (++live[local] > executor->slots[local])
-                executor->slots[local] = live[local];
-            if (!first_seen[action->microbatch]++ && ++stores > executor->n_stores)
-                executor->n_stores = stores;
-        } else {
-            live[local]--;
-            if (local == 0) /* the backward of the stage's first chunk ends the microbatch */
-                stores--;
-        }
-    }
-    free(live);
-    free(first_seen);
-}
-
 /* Whether stage s sends hops in `direction`: forward from every chunk but the last, backward
  * from every chunk but the first. */
 static bool stage_sends(const Executor *executor, int direction, int s)
@@ -183,7 +159,8 @@ Executor *executor_create(Model *model, const Config *config, Comm *pp, int stag
     schedule_actions(schedule, executor->P, executor->v, executor->M, stage,
                      executor->actions, executor->n_actions);
     executor->slots = xcalloc((size_t)executor->v, sizeof *executor->slots);
-    count_in_flight(executor);
+    schedule_count_in_flight(executor->actions, executor->n_actions, executor->P, executor->v,
+                             executor->M, executor->slots, &executor->n_stores);
 
     ChunkSpan *mine = xcalloc((size_t)executor->v, sizeof *mine);
     for (int k = 0; k < executor->v; k++)

@@ -7,7 +7,11 @@
  */
 #include "pipeline/schedule.h"
 
+#include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
+
+#include "runtime/error.h"
 
 static const char *schedule_name(PipelineSchedule kind)
 {
@@ -155,4 +159,33 @@ long schedule_bubble_formula(PipelineSchedule kind, int P, int v, int M, long tf
     if (schedule_check(kind, P, v, M))
         return -1;
     return (long)(P - 1) * (tf + tb);
+}
+
+void schedule_count_in_flight(const Action *actions, int n_actions, int P, int v, int M,
+                              int *slots, int *open)
+{
+    int *live = xcalloc((size_t)v, sizeof *live);
+    bool *seen = xcalloc((size_t)M, sizeof *seen);
+    int now_open = 0;
+    for (int k = 0; k < v; k++)
+        slots[k] = 0;
+    *open = 0;
+    for (int a = 0; a < n_actions; a++) {
+        const int local = actions[a].chunk / P;
+        if (actions[a].kind == ACTION_FORWARD) {
+            if (++live[local] > slots[local])
+                slots[local] = live[local];
+            if (!seen[actions[a].microbatch]) {
+                seen[actions[a].microbatch] = true;
+                if (++now_open > *open)
+                    *open = now_open;
+            }
+        } else {
+            live[local]--;
+            if (local == 0) /* the backward of the stage's first chunk ends the microbatch */
+                now_open--;
+        }
+    }
+    free(live);
+    free(seen);
 }

@@ -72,6 +72,14 @@ const char *schedule_check(PipelineSchedule kind, int P, int v, int M);
  * slots the executor allocates before step 1. -1 when schedule_check refuses. */
 int schedule_stash_bound(PipelineSchedule kind, int P, int v, int M, int stage);
 
+/* Walks one stage's action list (schedule_actions of P stages, v chunks a stage, M
+ * microbatches): slots[k] = the most forwards of local chunk k (global chunk k*P + stage)
+ * whose backward has not run, at once; *open = the most microbatches open at once, from
+ * their first forward to the backward of the stage's first chunk. What the executor
+ * allocates (stashes per chunk, summary stores) and the memory plan counts. Pure. */
+void schedule_count_in_flight(const Action *actions, int n_actions, int P, int v, int M,
+                              int *slots, int *open);
+
 /* The warmup length of `stage`: how many forwards it runs before its first backward is
  * due (1f1b, interleaved; gpipe: M). -1 when schedule_check refuses. */
 int schedule_warmup_forwards(PipelineSchedule kind, int P, int v, int M, int stage);
