@@ -207,6 +207,41 @@ Test(schedule, peak_stash_of_every_stage_equals_its_bound)
     cr_assert_eq(sweep_accepted_layouts(check_stash_bound_is_tight), ACCEPTED_LAYOUTS);
 }
 
+/* What the executor allocates and the memory plan counts: with one chunk a stage the stashes
+ * and the open microbatches are both the stage's stash bound; gpipe holds every microbatch;
+ * no chunk holds more than M or than the bound. */
+static void check_count_in_flight(Layout layout)
+{
+    for (int stage = 0; stage < layout.P; stage++) {
+        int count, slots[MAX_V], open = -1;
+        Action *actions = actions_of_stage(layout, stage, &count);
+        schedule_count_in_flight(actions, count, layout.P, layout.v, layout.M, slots, &open);
+        free(actions);
+        const int bound = schedule_stash_bound(layout.kind, layout.P, layout.v, layout.M,
+                                               stage);
+        for (int k = 0; k < layout.v; k++) {
+            cr_assert(slots[k] >= 1 && slots[k] <= layout.M && slots[k] <= bound,
+                      LAYOUT_FORMAT " stage %d chunk %d: %d stashes (bound %d)",
+                      LAYOUT_ARGS(layout), stage, k, slots[k], bound);
+            if (layout.kind == SCHEDULE_GPIPE)
+                cr_assert_eq(slots[k], layout.M, LAYOUT_FORMAT, LAYOUT_ARGS(layout));
+        }
+        cr_assert(open >= 1 && open <= layout.M, LAYOUT_FORMAT " stage %d: %d open",
+                  LAYOUT_ARGS(layout), stage, open);
+        if (layout.v == 1) {
+            cr_assert_eq(slots[0], bound, LAYOUT_FORMAT " stage %d", LAYOUT_ARGS(layout), stage);
+            cr_assert_eq(open, bound, LAYOUT_FORMAT " stage %d", LAYOUT_ARGS(layout), stage);
+        }
+        if (layout.kind == SCHEDULE_GPIPE)
+            cr_assert_eq(open, layout.M, LAYOUT_FORMAT, LAYOUT_ARGS(layout));
+    }
+}
+
+Test(schedule, stashes_and_open_microbatches_in_flight_stay_within_the_bound)
+{
+    cr_assert_eq(sweep_accepted_layouts(check_count_in_flight), ACCEPTED_LAYOUTS);
+}
+
 static void check_bubble(Layout layout, long tf, long tb)
 {
     SimulationResult result =
