@@ -9,19 +9,23 @@
  * allocates or synchronises; workspaces are device buffers of the floats the *_workspace_floats
  * functions name. Deterministic: fixed partitions and orders, no atomics.
  *
- * Kernels (route_block_forward_cuda.cu, route_block_backward_cuda.cu):
+ * Kernels (route_block_forward_cuda.cu, route_block_dots_cuda.cu,
+ * route_block_backward_cuda.cu):
  *   phase one, forward   a block a token (persistent grid), a thread a 16-byte vector of the
  *                        row: the token's N source rows come into shared memory by cp.async
  *                        (the next token's while this one is worked on), then into registers
- *                        once; for each site in turn its q*g (from L1) against every row,
- *                        the per-head sums, one softmax per (site, head), and each site's mix
- *                        from the rows in registers. Each source is read from memory once
- *                        for all G sites.
- *   phase one, backward  two kernels. (1) a block a token, the same layout: the dots
- *                        D = < d x_i, s_n > and P = < q_i g_i, s_n > per (site, source, head),
+ *                        once; for each site in turn its q*g (staged in shared memory where
+ *                        it fits) against every row, the per-head sums into parts; one
+ *                        barrier; then each warp the
+ *                        softmax of the (site, head) pairs its vectors touch, and each
+ *                        site's mix from the rows in registers. Each source is read from
+ *                        memory once for all G sites.
+ *   phase one, backward  three kernels. (1) a block a token, the same layout, no barrier:
+ *                        the dots D = < d x_i, s_n > and P = < q_i g_i, s_n > per (site,
+ *                        source, head), each warp's share written out; (2) a warp a token:
  *                        the softmax backward and the key-norm terms, written as per-token
  *                        coefficients (value a scale_i, key r dz, self e summed over sites);
- *                        (2) a channel walker: a block owns a slice of channels and a range
+ *                        (3) a channel walker: a block owns a slice of channels and a range
  *                        of tokens, keeps every site's q*g and the sums S_i of its channels
  *                        in registers, and per token adds into each source's gradient
  *                        ds_n += sum_i (a scale_i d x_i + r dz q_i g_i) - e_n s_n. A block of

@@ -1,7 +1,7 @@
 /* kernels/cuda/route_block_device.cuh — what the two-phase Route's files share
- * (route_block_cuda.cu: the entries and the merges; route_block_forward_cuda.cu and
- * route_block_backward_cuda.cu: the block kernels). CUDA C++ only; the contract is
- * route_block_cuda.h's.
+ * (route_block_cuda.cu: the entries and the merges; route_block_forward_cuda.cu,
+ * route_block_dots_cuda.cu and route_block_backward_cuda.cu: the block kernels). CUDA C++
+ * only; the contract is route_block_cuda.h's.
  *
  * The block kernels' layout: a block a token (persistent grid), thread t owning vector t
  * (8 channels, 16 bytes) of the row, threads = d / 8 rounded up to a warp, at most 512. A
@@ -78,10 +78,12 @@ __device__ __forceinline__ void block_head_parts(const BlockHeads &layout, int h
 }
 
 /* Sums the K values of every thread over each thread's head (part per warp or segment) into
- * parts[k * stride + part], k < count (count uniform over the block). All threads call it. */
+ * parts[k * stride + part * part_stride], k < count (count uniform over the block). All
+ * threads call it. */
 template <int K>
 __device__ __forceinline__ void block_head_reduce(float (&values)[K], float *parts, int stride,
-                                                  int count, const BlockHeads &layout,
+                                                  int part_stride, int count,
+                                                  const BlockHeads &layout,
                                                   const SlotPlace &place)
 {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -89,7 +91,7 @@ __device__ __forceinline__ void block_head_reduce(float (&values)[K], float *par
         int index;
         const float sum = warp_transpose_sum<K>(values, lane, &index);
         if (index >= 0 && index < count)
-            parts[index * stride + warp] = sum;
+            parts[index * stride + warp * part_stride] = sum;
         return;
     }
 #pragma unroll
@@ -98,7 +100,7 @@ __device__ __forceinline__ void block_head_reduce(float (&values)[K], float *par
             continue; /* uniform */
         const float sum = warp_segment_sum(values[k], lane, place.reach);
         if (place.starts_segment)
-            parts[k * stride + place.segment] = sum;
+            parts[k * stride + place.segment * part_stride] = sum;
     }
 }
 
@@ -112,6 +114,84 @@ __device__ __forceinline__ void block_row_reduce(float (&values)[K], float *part
     const float sum = warp_transpose_sum<K>(values, lane, &index);
     if (index >= 0 && index < count)
         parts[index * warps + warp] = sum;
+}
+
+/* The backward's first two launches (route_block_dots_cuda.cu): the dots of every site
+ * against every source, then each token's coefficients for the walker. */
+struct BlockDotsArgs {
+    const bf16 *sources[CUDA_BLOCK_MAX_SOURCES];
+    const bf16 *douts[CUDA_BLOCK_MAX_SITES];
+    const float *weights[CUDA_BLOCK_MAX_SITES]; /* site i's [N_i, tokens, H] */
+    const float *rstd;                          /* [N, tokens] */
+    const bf16 *query[CUDA_BLOCK_MAX_SITES], *key_norm[CUDA_BLOCK_MAX_SITES];
+    const float *alpha[CUDA_BLOCK_MAX_SITES];   /* device [1] each, or all NULL */
+    const float *means[CUDA_BLOCK_MAX_SITES];   /* [tokens, H] each, or all NULL */
+    float *parts;        /* [tokens][parts][G][2][N]: the warps' or segments' shares of D, P */
+    float *coefficients; /* [tokens][N][H][2G]: a scale_i at i, r dz at G + i */
+    float *self_terms;   /* [tokens][N] e_n */
+    float *alpha_terms;  /* [G][tokens] sum_{n,h} a D */
+    BlockHeads layout;
+    float inverse_width;
+    int n_sources, n_sites, tokens, heads;
+};
+
+/* The floats of BlockDotsArgs.parts. */
+size_t route_block_parts_floats(int n_sources, int n_sites, int tokens, int d, int heads);
+
+void route_block_dots(const BlockDotsArgs &args, cudaStream_t stream);
+
+/* q_i * g_i of this thread's 8 channels (vector v): fp32 products of the bf16 weights, zeros
+ * for a thread past the row. The token-layout kernels read them for every site of every
+ * token; where their shared memory has room they stage them once a block in `staged`
+ * ([G][threads][2] float4, a thread reading only its own), otherwise each read is two
+ * 16-byte loads that miss L1 (the rows take it) and wait on L2. */
+__device__ __forceinline__ void block_key_weight_load(const bf16 *query, const bf16 *key_norm,
+                                                      int v, bool valid, float (&out)[8])
+{
+    float q[8] = {0}, g[8] = {0};
+    if (valid) {
+        vector_to_floats<8>(vector_load<8>(query, v), q);
+        vector_to_floats<8>(vector_load<8>(key_norm, v), g);
+    }
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+        out[k] = q[k] * g[k];
+}
+
+__device__ __forceinline__ void block_key_weights_stage(float4 *staged,
+                                                        const bf16 *const *query,
+                                                        const bf16 *const *key_norm, int n_sites,
+                                                        int v, bool valid)
+{
+    if (!staged)
+        return;
+    for (int i = 0; i < n_sites; i++) {
+        float w[8];
+        block_key_weight_load(query[i], key_norm[i], v, valid, w);
+        float4 *to = staged + ((size_t)i * blockDim.x + threadIdx.x) * 2;
+        to[0] = make_float4(w[0], w[1], w[2], w[3]);
+        to[1] = make_float4(w[4], w[5], w[6], w[7]);
+    }
+}
+
+__device__ __forceinline__ void block_key_weight(const float4 *staged, const bf16 *query,
+                                                 const bf16 *key_norm, int i, int v, bool valid,
+                                                 float (&out)[8])
+{
+    if (!staged) {
+        block_key_weight_load(query, key_norm, v, valid, out);
+        return;
+    }
+    const float4 *from = staged + ((size_t)i * blockDim.x + threadIdx.x) * 2;
+    const float4 low = from[0], high = from[1];
+    out[0] = low.x, out[1] = low.y, out[2] = low.z, out[3] = low.w;
+    out[4] = high.x, out[5] = high.y, out[6] = high.z, out[7] = high.w;
+}
+
+/* The bytes of the staged key weights. */
+static inline size_t block_key_weights_bytes(int n_sites, int threads)
+{
+    return (size_t)n_sites * threads * 32;
 }
 
 /* ---- the entries of the block kernels (route_block_forward_cuda.cu,

@@ -8,15 +8,16 @@
  *      other half of a double buffer; a thread reads back only its own copies, so no barrier
  *      guards them) and are read into registers once: N x 16 bytes a thread;
  *   1. sum s^2 of every source (warp_transpose_sum, parts per warp), then for each site i
- *      in turn: its q*g (two 16-byte loads from L1) against the N rows in registers, the
- *      per-head sums of the N dots into parts; barrier;
- *   2. a thread per source: r from the warps' squares in warp order (saved in every site's
- *      rstd); barrier;
- *   3. a thread per (site, head): z = r * dot from the head's parts in order, the softmax
- *      over the N sources, weights and lse saved, a into shared memory; barrier;
- *   4. for each site: result = sum_n a s_n from the rows in registers, rounded once.
- * Three barriers a token, whatever N and G.
- *
+ *      in turn (two at a time): its q*g (staged in shared memory once a block where it fits,
+ *      else two 16-byte loads from L2) against the N rows in registers, the per-head sums
+ *      of the N dots into parts; barrier;
+ *   2. each warp on its own, for the heads its vectors touch: r of every source from the
+ *      warps' squares in warp order, then a lane per (site, head) the softmax over the N
+ *      sources into the warp's shared weights (the warps of a head compute the same bits);
+ *   3. for each site: result = sum_n a s_n from the rows in registers, rounded once.
+ * One barrier a token: the parts are double-buffered by token parity, so the next token's
+ * dots do not wait for the slowest warp's softmax (the first version had three barriers a
+ * token, with steps 2 and 3 as block-wide serial phases: 0.85 ms at N 9, issue active 66%).
  * How fast should this be (H200: 4.3 TB/s copy, ~67 TFLOP/s fp32). Per token it reads N rows
  * and writes G: (N + G) * 2d bytes. At the 8B graft (d 4096, H 8, 8192 tokens a microbatch,
  * 8 blocks of G = 8 over N = 2..9, sum N = 44) that is (44 + 64) rows of 67 MB = 7.2 GB, a
@@ -42,25 +43,58 @@ struct BlockForwardArgs {
     BlockHeads layout;
     float eps, inverse_width;
     int n_sources, n_sites, tokens, heads;
+    int warp_heads_max; /* the most heads one warp's vectors touch */
 };
 
 /* Shared memory, in floats after the rows [2][N][threads] x 16 bytes: square parts
- * [MAXN][warps], dot parts [G][N][parts], r [N], a [G][N][H]. */
+ * [2][MAXN][warps] and dot parts [2][G][N][parts], both double-buffered by token parity, then
+ * each warp's softmax weights [warps][G][N][warp_heads_max]. */
 struct BlockForwardLayout {
-    size_t square_parts, dot_parts, rstd, coefficients, total;
+    size_t square_parts, dot_parts, coefficients, total;
+    size_t key_weights, launch_bytes; /* key_weights 0: not staged (launch_bytes = total) */
+    size_t square_half, dot_half, warp_coefficients; /* floats */
 };
+
+/* The heads that warp w's vectors touch: first .. last. */
+__host__ __device__ __forceinline__ void block_warp_heads(const BlockHeads &layout, int warp,
+                                                          int *first, int *last)
+{
+    const int from = warp * 32;
+    const int to = warp * 32 + 31 < layout.vectors ? warp * 32 + 31 : layout.vectors - 1;
+    *first = from / layout.head_vectors;
+    *last = to / layout.head_vectors;
+}
+
+static int block_warp_heads_max(const BlockHeads &layout)
+{
+    int most = 1;
+    for (int w = 0; w * 32 < layout.vectors; w++) {
+        int first, last;
+        block_warp_heads(layout, w, &first, &last);
+        most = last - first + 1 > most ? last - first + 1 : most;
+    }
+    return most;
+}
 
 static BlockForwardLayout block_forward_layout(int n_sources, int n_sites, int d, int heads)
 {
     const BlockHeads heads_layout = block_heads(d, heads);
     const int threads = (heads_layout.vectors + 31) / 32 * 32, warps = threads / 32;
     BlockForwardLayout layout;
+    layout.square_half = (size_t)CUDA_BLOCK_MAX_SOURCES * warps;
+    layout.dot_half = (size_t)n_sites * n_sources * heads_layout.parts;
+    layout.warp_coefficients =
+        (size_t)n_sites * n_sources * block_warp_heads_max(heads_layout);
     layout.square_parts = (size_t)2 * n_sources * threads * 16;
-    layout.dot_parts = layout.square_parts + round_up_16((size_t)CUDA_BLOCK_MAX_SOURCES * warps * 4);
-    layout.rstd = layout.dot_parts +
-                  round_up_16((size_t)n_sites * n_sources * heads_layout.parts * 4);
-    layout.coefficients = layout.rstd + round_up_16((size_t)n_sources * 4);
-    layout.total = layout.coefficients + round_up_16((size_t)n_sites * n_sources * heads * 4);
+    layout.dot_parts = layout.square_parts + round_up_16(2 * layout.square_half * 4);
+    layout.coefficients = layout.dot_parts + round_up_16(2 * layout.dot_half * 4);
+    layout.total = layout.coefficients + round_up_16(warps * layout.warp_coefficients * 4);
+    layout.key_weights = layout.total;
+    layout.launch_bytes = layout.total + block_key_weights_bytes(n_sites, threads);
+    if (layout.launch_bytes > BLOCK_SHARED_LIMIT) {
+        layout.key_weights = 0;
+        layout.launch_bytes = layout.total;
+    }
     return layout;
 }
 
@@ -81,6 +115,79 @@ __device__ __forceinline__ void block_forward_fetch(BfVector<8> *half, const Blo
     copy_async_commit();
 }
 
+/* Step 2 of the forward, by one warp for the heads its vectors touch: r of every source from
+ * the warps' squares in warp order, then a lane per (site, head) the softmax over the N
+ * sources into the warp's own weights. Every warp that reads a (site, head) computes it from
+ * the same parts in the same order: the same bits. The warp holding a head's first vector
+ * writes its weights and lse, warp 0 every site's r. */
+template <int MAXN>
+__device__ __forceinline__ void block_forward_softmax(const BlockForwardArgs &args,
+                                                      const float *square_parts,
+                                                      const float *dot_parts,
+                                                      float *warp_coefficients, long long t)
+{
+    const BlockHeads &layout = args.layout;
+    const int N = args.n_sources, G = args.n_sites, H = args.heads, tokens = args.tokens;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const int parts = layout.parts, stride = args.warp_heads_max;
+    float r = 0.0f;
+    if (lane < N) {
+        float total = 0.0f;
+        for (int w = 0; w < warps; w++)
+            total += square_parts[lane * warps + w];
+        r = rsqrtf(total * args.inverse_width + args.eps);
+        if (warp == 0)
+            for (int i = 0; i < G; i++)
+                args.rstd[i][(long long)lane * tokens + t] = r;
+    }
+    float source_rstd[MAXN];
+#pragma unroll
+    for (int n = 0; n < MAXN; n++)
+        source_rstd[n] = __shfl_sync(0xffffffffu, r, n);
+
+    int first, last;
+    block_warp_heads(layout, warp, &first, &last);
+    const int span = last - first + 1;
+    for (int pair = lane; pair < G * span; pair += 32) {
+        const int i = pair / span, h = first + pair - i * span;
+        const bool writer = (h * layout.head_vectors) >> 5 == warp;
+        int from, to;
+        block_head_parts(layout, h, &from, &to);
+        float z[MAXN], top = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < MAXN; n++) {
+            z[n] = -INFINITY;
+            if (n >= N)
+                continue;
+            const float *dots = dot_parts + ((size_t)i * N + n) * parts;
+            float dot = 0.0f;
+            for (int p = from; p <= to; p++)
+                dot += dots[p];
+            z[n] = source_rstd[n] * dot;
+            top = fmaxf(top, z[n]);
+        }
+        float total = 0.0f;
+#pragma unroll
+        for (int n = 0; n < MAXN; n++) {
+            z[n] = n < N ? __expf(z[n] - top) : 0.0f;
+            total += z[n];
+        }
+        const float inverse = __frcp_rn(total); /* exact for N a power of two at equal scores */
+#pragma unroll
+        for (int n = 0; n < MAXN; n++) {
+            if (n >= N)
+                continue;
+            const float a = z[n] * inverse;
+            warp_coefficients[((size_t)i * N + n) * stride + (h - first)] = a;
+            if (writer)
+                args.weights[i][((long long)n * tokens + t) * H + h] = a;
+        }
+        if (writer && args.lse[i])
+            args.lse[i][t * H + h] = top + __logf(total);
+    }
+    __syncwarp();
+}
+
 template <int MAXN>
 __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
     route_block_forward_kernel(const __grid_constant__ BlockForwardArgs args,
@@ -90,21 +197,33 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
     BfVector<8> *rows = reinterpret_cast<BfVector<8> *>(shared_bytes);
     float *square_parts = reinterpret_cast<float *>(shared_bytes + shared.square_parts);
     float *dot_parts = reinterpret_cast<float *>(shared_bytes + shared.dot_parts);
-    float *source_rstd = reinterpret_cast<float *>(shared_bytes + shared.rstd);
-    float *coefficients = reinterpret_cast<float *>(shared_bytes + shared.coefficients);
     const BlockHeads &layout = args.layout;
-    const int N = args.n_sources, G = args.n_sites, H = args.heads, tokens = args.tokens;
+    const int N = args.n_sources, G = args.n_sites, tokens = args.tokens;
     const int V = layout.vectors, v = threadIdx.x, parts = layout.parts;
     const bool valid = v < V;
     const SlotPlace place = slot_place_at(v, V, layout.head_vectors, layout.segment_period);
     const int head = valid ? place.head : 0;
     const int half_vectors = N * blockDim.x;
+    int first_head, last_head;
+    block_warp_heads(layout, threadIdx.x >> 5, &first_head, &last_head);
+    float *warp_coefficients = reinterpret_cast<float *>(shared_bytes + shared.coefficients) +
+                               (threadIdx.x >> 5) * shared.warp_coefficients;
+    const float *coefficient_of_head =
+        warp_coefficients + (valid ? head - first_head : 0); /* [G][N] at stride */
+    const int stride = args.warp_heads_max;
+
+    float4 *key_weights =
+        shared.key_weights ? reinterpret_cast<float4 *>(shared_bytes + shared.key_weights)
+                           : NULL;
+    block_key_weights_stage(key_weights, args.query, args.key_norm, G, v, valid);
 
     int half = 0;
     block_forward_fetch(rows, args, blockIdx.x, valid);
     for (long long t = blockIdx.x; t < tokens; t += gridDim.x, half ^= 1) {
         block_forward_fetch(rows + (half ^ 1) * half_vectors, args, t + gridDim.x, valid);
         copy_async_wait<1>(); /* this token's rows have landed */
+        float *squares = square_parts + half * shared.square_half;
+        float *dots = dot_parts + half * shared.dot_half;
         /* the rows as floats, converted once: every site reads every row twice */
         float x[MAXN][8];
 #pragma unroll
@@ -122,98 +241,66 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
             for (int k = 0; k < 8; k++)
                 sums[n] += x[n][k] * x[n][k];
         }
-        block_row_reduce<MAXN>(sums, square_parts, N);
-        for (int i = 0; i < G; i++) {
-            float key_weight[8] = {0};
-            if (valid) {
-                float q[8], g[8];
-                vector_to_floats<8>(vector_load<8>(args.query[i], v), q);
-                vector_to_floats<8>(vector_load<8>(args.key_norm[i], v), g);
-#pragma unroll
-                for (int k = 0; k < 8; k++)
-                    key_weight[k] = q[k] * g[k];
-            }
+        block_row_reduce<MAXN>(sums, squares, N);
+        /* two sites at a time: each row element, converted from bf16 where it is used,
+         * serves two products (a site at a time, the conversions were as many as the
+         * multiply-adds: 60% of the kernel's instructions went to them and to the dots) */
+        for (int i = 0; i < G; i += 2) {
+            const bool second = i + 1 < G; /* uniform */
+            const int other = second ? i + 1 : i;
+            float key_weight[2][8];
+            block_key_weight(key_weights, args.query[i], args.key_norm[i], i, v, valid,
+                             key_weight[0]);
+            block_key_weight(key_weights, args.query[other], args.key_norm[other], other, v,
+                             valid, key_weight[1]);
+            float pair_sums[2][MAXN];
 #pragma unroll
             for (int n = 0; n < MAXN; n++) {
-                sums[n] = 0.0f;
+                pair_sums[0][n] = pair_sums[1][n] = 0.0f;
 #pragma unroll
-                for (int k = 0; k < 8; k++)
-                    sums[n] += key_weight[k] * x[n][k];
+                for (int k = 0; k < 8; k++) {
+                    pair_sums[0][n] += key_weight[0][k] * x[n][k];
+                    pair_sums[1][n] += key_weight[1][k] * x[n][k];
+                }
             }
-            block_head_reduce<MAXN>(sums, dot_parts + (size_t)i * N * parts, parts, N, layout,
-                                    place);
+            block_head_reduce<MAXN>(pair_sums[0], dots + (size_t)i * N * parts, parts, 1, N,
+                                    layout, place);
+            if (second)
+                block_head_reduce<MAXN>(pair_sums[1], dots + (size_t)(i + 1) * N * parts, parts,
+                                        1, N, layout, place);
         }
+        /* the only barrier of a token: the parts are complete. This half of the parts is
+         * rewritten two tokens on, after the next token's barrier, which every warp reaches
+         * after its reads below; the warps' weights are rewritten after it too. */
         __syncthreads();
 
-        /* 2. r of each source, the warps' squares in warp order */
-        const int warps = blockDim.x >> 5;
-        for (int n = threadIdx.x; n < N; n += blockDim.x) {
-            float total = 0.0f;
-            for (int w = 0; w < warps; w++)
-                total += square_parts[n * warps + w];
-            const float r = rsqrtf(total * args.inverse_width + args.eps);
-            source_rstd[n] = r;
-            for (int i = 0; i < G; i++)
-                args.rstd[i][(long long)n * tokens + t] = r;
-        }
-        __syncthreads();
+        /* 2. each warp's softmax for its heads */
+        block_forward_softmax<MAXN>(args, squares, dots, warp_coefficients, t);
 
-        /* 3. the softmax of each (site, head) over the N sources */
-        for (int pair = threadIdx.x; pair < G * H; pair += blockDim.x) {
-            const int i = pair / H, h = pair - i * H;
-            int from, to;
-            block_head_parts(layout, h, &from, &to);
-            float z[MAXN], top = -INFINITY;
-#pragma unroll
-            for (int n = 0; n < MAXN; n++) {
-                z[n] = -INFINITY;
-                if (n >= N)
-                    continue;
-                const float *dots = dot_parts + ((size_t)i * N + n) * parts;
-                float dot = 0.0f;
-                for (int p = from; p <= to; p++)
-                    dot += dots[p];
-                z[n] = source_rstd[n] * dot;
-                top = fmaxf(top, z[n]);
-            }
-            float total = 0.0f;
-#pragma unroll
-            for (int n = 0; n < MAXN; n++) {
-                z[n] = n < N ? __expf(z[n] - top) : 0.0f;
-                total += z[n];
-            }
-            const float inverse = __frcp_rn(total); /* exact for N a power of two at equal scores */
-#pragma unroll
-            for (int n = 0; n < MAXN; n++) {
-                if (n >= N)
-                    continue;
-                const float a = z[n] * inverse;
-                coefficients[((size_t)i * N + n) * H + h] = a;
-                args.weights[i][((long long)n * tokens + t) * H + h] = a;
-            }
-            if (args.lse[i])
-                args.lse[i][t * H + h] = top + __logf(total);
-        }
-        __syncthreads();
-
-        /* 4. each site's mix of the raw rows, fp32, rounded once */
+        /* 3. each site's mix of the raw rows, fp32, rounded once; two sites at a time as
+         * the dots */
         if (valid)
-            for (int i = 0; i < G; i++) {
-                const float *a = coefficients + (size_t)i * N * H + head;
-                float mix[8] = {0};
+            for (int i = 0; i < G; i += 2) {
+                const bool second = i + 1 < G;
+                const float *a0 = coefficient_of_head + (size_t)i * N * stride;
+                const float *a1 = second ? a0 + (size_t)N * stride : a0;
+                float mix[2][8] = {};
 #pragma unroll
                 for (int n = 0; n < MAXN; n++) {
                     if (n >= N)
                         continue;
-                    const float weight = a[n * H];
+                    const float weight0 = a0[n * stride], weight1 = a1[n * stride];
 #pragma unroll
-                    for (int k = 0; k < 8; k++)
-                        mix[k] += weight * x[n][k];
+                    for (int k = 0; k < 8; k++) {
+                        mix[0][k] += weight0 * x[n][k];
+                        mix[1][k] += weight1 * x[n][k];
+                    }
                 }
-                vector_store<8>(args.results[i], t * V + v, vector_from_floats<8>(mix));
+                vector_store<8>(args.results[i], t * V + v, vector_from_floats<8>(mix[0]));
+                if (second)
+                    vector_store<8>(args.results[i + 1], t * V + v,
+                                    vector_from_floats<8>(mix[1]));
             }
-        /* the parts, r and coefficients are rewritten only after the next token's first
-         * barrier, which every thread reaches after these reads */
     }
     copy_async_wait<0>(); /* the empty groups past the last token */
 }
@@ -239,10 +326,11 @@ static void block_forward_launch(const BlockForwardArgs &args, int threads,
                                         cudaSharedmemCarveoutMaxShared));
         carveout_set = true;
     }
-    int blocks = resident_blocks(route_block_forward_kernel<MAXN>, threads, layout.total,
+    int blocks = resident_blocks(route_block_forward_kernel<MAXN>, threads, layout.launch_bytes,
                                  "the cuda block route forward");
     blocks = blocks < args.tokens ? blocks : args.tokens;
-    route_block_forward_kernel<MAXN><<<blocks, threads, layout.total, stream>>>(args, layout);
+    route_block_forward_kernel<MAXN>
+        <<<blocks, threads, layout.launch_bytes, stream>>>(args, layout);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -270,6 +358,7 @@ void route_block_forward_fast(bf16 *const *results, float *const *weights, float
     args.n_sites = n_sites;
     args.tokens = tokens;
     args.heads = heads;
+    args.warp_heads_max = block_warp_heads_max(args.layout);
     const int threads = (args.layout.vectors + 31) / 32 * 32;
     const BlockForwardLayout layout = block_forward_layout(n_sources, n_sites, d, heads);
     if (n_sources <= 2)

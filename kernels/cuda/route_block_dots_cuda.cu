@@ -1,0 +1,272 @@
+/* kernels/cuda/route_block_dots_cuda.cu — the first two launches of the two-phase Route's
+ * backward (route_block_backward_cuda.cu has the math, the walker and the entry; contract:
+ * route_block_cuda.h).
+ *
+ *   dots          a block a token (route_block_device.cuh's layout; the N rows
+ *                 double-buffered in shared memory as in the forward, the G rows of d x
+ *                 single-buffered and refetched for the next token as soon as this token's
+ *                 dots are done; a thread reads back only its own copies): for each site
+ *                 D = < d x_i, s_n > and P = < q_i g_i, s_n > per head, each warp's or
+ *                 segment's share written to the workspace as it stands. No barrier: the
+ *                 warps of a block run apart, each a token ahead in its loads.
+ *   coefficients  a warp a token, a lane per (site, head): D and P from the parts in part
+ *                 order, the softmax backward, the token's coefficients a scale and r dz
+ *                 [tokens][N][H][2G]; then a lane per source e_n [tokens][N] and a lane per
+ *                 site the dalpha term [G][tokens], in the warp's shared memory.
+ * The first version did the second launch's work inside the dots kernel, behind two barriers
+ * a token and with a thread per (site, head) while the rest of the block waited: 0.85-1.05 ms
+ * a launch at the 8B graft, 0.9 TB/s, stalled on the barriers (docs/performance.md).
+ *
+ * How fast should this be. The dots read N + G rows a token and write 2 G N parts floats
+ * (1.3 rows' worth at N 9, G 8, H 8, d 4096: 16 warps a token); the coefficients kernel reads
+ * them back with the saved weights and writes 2 G N H + N + G floats. Each sum is added in
+ * one fixed order: the same bits as the first version, and deterministic.
+ */
+#include "kernels/cuda/route_block_device.cuh"
+
+#include <math.h>
+
+/* Offset of token t's parts: [parts][G][2][N] floats a token (value D at 0, key P at N). */
+__device__ __forceinline__ long long block_parts_at(const BlockDotsArgs &args, long long t)
+{
+    return t * args.layout.parts * args.n_sites * 2 * args.n_sources;
+}
+
+/* ---- dots ---- */
+
+/* Shared memory: rows [2][N][threads], then d x [G][threads] (16-byte vectors), then the
+ * key weights where they fit. */
+static size_t block_dots_douts_offset(int n_sources, int threads)
+{
+    return (size_t)2 * n_sources * threads * 16;
+}
+
+static size_t block_dots_shared(int n_sources, int n_sites, int threads)
+{
+    return block_dots_douts_offset(n_sources, threads) + (size_t)n_sites * threads * 16;
+}
+
+size_t route_block_dots_shared_bytes(int n_sources, int n_sites, int d, int heads)
+{
+    const BlockHeads layout = block_heads(d, heads);
+    return block_dots_shared(n_sources, n_sites, (layout.vectors + 31) / 32 * 32);
+}
+
+__device__ __forceinline__ void block_dots_fetch_rows(BfVector<8> *half, const BlockDotsArgs &args,
+                                                      long long t, bool valid)
+{
+    if (t < args.tokens && valid)
+        for (int n = 0; n < args.n_sources; n++)
+            copy_vector_async<8>(half + n * blockDim.x + threadIdx.x, args.sources[n],
+                                 t * args.layout.vectors + threadIdx.x);
+    copy_async_commit();
+}
+
+__device__ __forceinline__ void block_dots_fetch_douts(BfVector<8> *douts,
+                                                       const BlockDotsArgs &args, long long t,
+                                                       bool valid)
+{
+    if (t < args.tokens && valid)
+        for (int i = 0; i < args.n_sites; i++)
+            copy_vector_async<8>(douts + i * blockDim.x + threadIdx.x, args.douts[i],
+                                 t * args.layout.vectors + threadIdx.x);
+    copy_async_commit();
+}
+
+template <int MAXN>
+__global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
+    route_block_dots_kernel(const __grid_constant__ BlockDotsArgs args, size_t douts_offset,
+                            size_t key_weights_offset)
+{
+    extern __shared__ __align__(16) unsigned char shared_bytes[];
+    BfVector<8> *rows = reinterpret_cast<BfVector<8> *>(shared_bytes);
+    BfVector<8> *douts = reinterpret_cast<BfVector<8> *>(shared_bytes + douts_offset);
+    float4 *key_weights =
+        key_weights_offset ? reinterpret_cast<float4 *>(shared_bytes + key_weights_offset)
+                           : NULL;
+    const BlockHeads &layout = args.layout;
+    const int N = args.n_sources, G = args.n_sites, tokens = args.tokens;
+    const int V = layout.vectors, v = threadIdx.x;
+    const int part_stride = G * 2 * N; /* from one part of a sum to the next */
+    const bool valid = v < V;
+    const SlotPlace place = slot_place_at(v, V, layout.head_vectors, layout.segment_period);
+    const int half_vectors = N * blockDim.x;
+    block_key_weights_stage(key_weights, args.query, args.key_norm, G, v, valid);
+
+    int half = 0;
+    block_dots_fetch_rows(rows, args, blockIdx.x, valid);
+    block_dots_fetch_douts(douts, args, blockIdx.x, valid);
+    for (long long t = blockIdx.x; t < tokens; t += gridDim.x, half ^= 1) {
+        block_dots_fetch_rows(rows + (half ^ 1) * half_vectors, args, t + gridDim.x, valid);
+        copy_async_wait<1>(); /* this token's rows and d x have landed */
+        /* the rows as floats, converted once: every site reads every row */
+        float x[MAXN][8];
+#pragma unroll
+        for (int n = 0; n < MAXN; n++)
+            vector_to_floats<8>(n < N && valid ? rows[half * half_vectors + n * blockDim.x + v]
+                                               : vector_zero<8>(),
+                                x[n]);
+        float *token_parts = args.parts + block_parts_at(args, t);
+        for (int i = 0; i < G; i++) {
+            float key_weight[8], dy[8] = {0};
+            block_key_weight(key_weights, args.query[i], args.key_norm[i], i, v, valid,
+                             key_weight);
+            if (valid)
+                vector_to_floats<8>(douts[i * blockDim.x + v], dy);
+            float value_dots[MAXN], key_dots[MAXN];
+#pragma unroll
+            for (int n = 0; n < MAXN; n++) {
+                value_dots[n] = key_dots[n] = 0.0f;
+#pragma unroll
+                for (int k = 0; k < 8; k++) {
+                    value_dots[n] += dy[k] * x[n][k];
+                    key_dots[n] += key_weight[k] * x[n][k];
+                }
+            }
+            float *site_parts = token_parts + (size_t)i * 2 * N;
+            block_head_reduce<MAXN>(value_dots, site_parts, 1, part_stride, N, layout, place);
+            block_head_reduce<MAXN>(key_dots, site_parts + N, 1, part_stride, N, layout, place);
+        }
+        /* this thread's d x slots are read: the next token's may come */
+        block_dots_fetch_douts(douts, args, t + gridDim.x, valid);
+    }
+    copy_async_wait<0>();
+}
+
+/* ---- coefficients ---- */
+
+enum { BLOCK_COEFFICIENT_WARPS = 4 };
+
+/* Shared memory a warp: dz P [G][N][H], then each (site, head)'s dalpha term [G][H]. */
+__host__ __device__ static size_t block_coefficient_warp_floats(int n_sources, int n_sites,
+                                                           int heads)
+{
+    return (size_t)n_sites * (n_sources + 1) * heads;
+}
+
+template <int MAXN>
+__global__ void __launch_bounds__(BLOCK_COEFFICIENT_WARPS * 32)
+    route_block_coefficients_kernel(const __grid_constant__ BlockDotsArgs args)
+{
+    extern __shared__ float products_of_warps[];
+    const BlockHeads &layout = args.layout;
+    const int N = args.n_sources, G = args.n_sites, H = args.heads, tokens = args.tokens;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const long long t = (long long)blockIdx.x * BLOCK_COEFFICIENT_WARPS + warp;
+    if (t >= tokens)
+        return; /* a whole warp: nothing below waits for the block */
+    float *products = products_of_warps + warp * block_coefficient_warp_floats(N, G, H);
+    const float *token_parts = args.parts + block_parts_at(args, t);
+    const int part_stride = G * 2 * N;
+
+    for (int pair = lane; pair < G * H; pair += 32) {
+        const int i = pair / H, h = pair - i * H;
+        int from, to;
+        block_head_parts(layout, h, &from, &to);
+        const float *site_parts = token_parts + (size_t)i * 2 * N;
+        const float scale = args.alpha[i] ? *args.alpha[i] : 1.0f;
+        float value[MAXN], key[MAXN], a[MAXN];
+        float mean = 0.0f, alpha_term = 0.0f;
+#pragma unroll
+        for (int n = 0; n < MAXN; n++) {
+            value[n] = key[n] = a[n] = 0.0f;
+            if (n >= N)
+                continue;
+            for (int p = from; p <= to; p++) {
+                value[n] += site_parts[(size_t)p * part_stride + n];
+                key[n] += site_parts[(size_t)p * part_stride + N + n];
+            }
+            a[n] = args.weights[i][((long long)n * tokens + t) * H + h];
+            mean += a[n] * (scale * value[n]);
+            alpha_term += a[n] * value[n];
+        }
+        if (args.means[i])
+            mean = args.means[i][t * H + h];
+#pragma unroll
+        for (int n = 0; n < MAXN; n++) {
+            if (n >= N)
+                continue;
+            const float r = args.rstd[(long long)n * tokens + t];
+            const float score_grad = a[n] * (scale * value[n] - mean);
+            float *coefficient = args.coefficients + ((t * N + n) * H + h) * (long long)(2 * G);
+            coefficient[i] = a[n] * scale;
+            coefficient[G + i] = r * score_grad;
+            products[((size_t)i * N + n) * H + h] = score_grad * key[n];
+        }
+        products[(size_t)G * N * H + pair] = alpha_term; /* summed over heads below */
+    }
+    __syncwarp();
+
+    /* a lane per source: e_n over the sites; a lane per site: its dalpha term */
+    for (int n = lane; n < N; n += 32) {
+        const float r = args.rstd[(long long)n * tokens + t];
+        float total = 0.0f;
+        for (int i = 0; i < G; i++) {
+            float sum = 0.0f;
+            for (int h = 0; h < H; h++)
+                sum += products[((size_t)i * N + n) * H + h];
+            total += r * r * (r * sum * args.inverse_width);
+        }
+        args.self_terms[t * N + n] = total;
+    }
+    for (int i = lane; i < G; i += 32) {
+        float total = 0.0f;
+        for (int h = 0; h < H; h++)
+            total += products[(size_t)G * N * H + i * H + h];
+        args.alpha_terms[(long long)i * tokens + t] = total;
+    }
+}
+
+/* ---- the launches ---- */
+
+size_t route_block_parts_floats(int n_sources, int n_sites, int tokens, int d, int heads)
+{
+    return (size_t)tokens * block_heads(d, heads).parts * n_sites * 2 * n_sources;
+}
+
+template <int MAXN>
+static void block_dots_launch(const BlockDotsArgs &args, cudaStream_t stream)
+{
+    static bool carveout_set;
+    if (!carveout_set) {
+        CUDA_CHECK(cudaFuncSetAttribute(route_block_dots_kernel<MAXN>,
+                                        cudaFuncAttributePreferredSharedMemoryCarveout,
+                                        cudaSharedmemCarveoutMaxShared));
+        carveout_set = true;
+    }
+    const int threads = (args.layout.vectors + 31) / 32 * 32;
+    size_t shared = block_dots_shared(args.n_sources, args.n_sites, threads);
+    size_t key_weights = 0; /* staged where they fit (route_block_device.cuh) */
+    if (shared + block_key_weights_bytes(args.n_sites, threads) <= BLOCK_SHARED_LIMIT) {
+        key_weights = shared;
+        shared += block_key_weights_bytes(args.n_sites, threads);
+    }
+    int blocks = resident_blocks(route_block_dots_kernel<MAXN>, threads, shared,
+                                 "the cuda block route backward");
+    blocks = blocks < args.tokens ? blocks : args.tokens;
+    route_block_dots_kernel<MAXN><<<blocks, threads, shared, stream>>>(
+        args, block_dots_douts_offset(args.n_sources, threads), key_weights);
+    CUDA_CHECK_LAUNCH();
+
+    const size_t products = (size_t)BLOCK_COEFFICIENT_WARPS *
+                            block_coefficient_warp_floats(args.n_sources, args.n_sites,
+                                                          args.heads) * sizeof(float);
+    const int coefficient_blocks =
+        (args.tokens + BLOCK_COEFFICIENT_WARPS - 1) / BLOCK_COEFFICIENT_WARPS;
+    route_block_coefficients_kernel<MAXN>
+        <<<coefficient_blocks, BLOCK_COEFFICIENT_WARPS * 32, products, stream>>>(args);
+    CUDA_CHECK_LAUNCH();
+}
+
+void route_block_dots(const BlockDotsArgs &args, cudaStream_t stream)
+{
+    /* the unrolled source loops sized near N: fewer predicated-off iterations */
+    if (args.n_sources <= 2)
+        block_dots_launch<2>(args, stream);
+    else if (args.n_sources <= 4)
+        block_dots_launch<4>(args, stream);
+    else if (args.n_sources <= 6)
+        block_dots_launch<6>(args, stream);
+    else
+        block_dots_launch<CUDA_BLOCK_MAX_SOURCES>(args, stream);
+}
