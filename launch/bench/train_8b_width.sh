@@ -56,4 +56,6 @@ rate = statistics.median(l["tokens_per_s"] for l in steps)
 print(f"{tag} {residual} {layers} {rate / 1e3:.1f}k {4 * 4096 / rate * 1e3:.1f} "
       f"{steps[-1]['mem_gib']:.1f}")
 PY
+  # the run's final checkpoint holds tens of GB at this width: gone before the next run
+  rm -rf "$dir"
 done

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# launch/bench/ab_module.sh — two builds of the CUDA module on the same GPU in the same run:
+# the routing bench (route) and `fathom train` at the 8B width (launch/bench/train_8b_width.sh)
+# with each module in turn, ROUNDS times (default 2), so that clock and thermal drift fall on
+# both alike. From the repository root on a GPU machine, with build/ and .gpu-libs/ made by
+# launch/bench/gpu_bundle.sh.
+#   launch/bench/ab_module.sh OLD_MODULE [LAYERS] [RESIDUAL ...]
+# OLD_MODULE: a libfathom_cuda.so (or .so.xz) built from another commit; the new one is
+# build/kernels/libfathom_cuda.so. LAYERS default 8; RESIDUAL default mhar_delta, and standard
+# is timed with the new module each round as the reference. Prints "tag residual layers tok/s
+# step_ms mem_gib" lines and the (c) rows; logs in $OUT (or /tmp/ab-module).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+old=${1:?old module}
+layers=${2:-8}
+shift $(($# < 2 ? $# : 2))
+residuals=("$@")
+[ ${#residuals[@]} -eq 0 ] && residuals=(mhar_delta)
+out=${OUT:-/tmp/ab-module}
+mkdir -p "$out"
+. launch/bench/gpu_env.sh
+if [[ $old == *.xz ]]; then
+  xz -dc "$old" >"$out/old-module.so" || exit 1
+  old=$out/old-module.so
+fi
+new=$PWD/build/kernels/libfathom_cuda.so
+for round in $(seq "${ROUNDS:-2}"); do
+  for side in new old; do
+    module=$new
+    [ $side = old ] && module=$old
+    FATHOM_CUDA_MODULE=$module build/fathom bench --device cuda --cases route --repeat 10 \
+      --json "$out/route-$side-$round.jsonl" >"$out/route-$side-$round.txt" 2>&1
+    python3 -c "
+import json, sys
+for line in open(sys.argv[1]):
+    if line.startswith('{'):
+        r = json.loads(line)
+        print(f\"$side-$round route {r['mode']:<18} {r['ms']:.2f} ms\")" "$out/route-$side-$round.jsonl"
+    list=("${residuals[@]}")
+    [ $side = new ] && list=(standard "${residuals[@]}")
+    FATHOM_CUDA_MODULE=$module OUT=$out TRAIN_TAG=$side-$round \
+      launch/bench/train_8b_width.sh "$layers" 5 "${list[@]}"
+  done
+done
