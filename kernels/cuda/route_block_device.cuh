@@ -140,6 +140,20 @@ size_t route_block_parts_floats(int n_sources, int n_sites, int tokens, int d, i
 
 void route_block_dots(const BlockDotsArgs &args, cudaStream_t stream);
 
+/* Starts the copies of this thread's vector of token t of each of `count` rows into `to`
+ * ([count][threads] 16-byte vectors, the thread's own slots) and commits; an empty group
+ * past the tokens or for a thread past the row, so that every wait counts the same groups. */
+__device__ __forceinline__ void block_fetch_rows(BfVector<8> *to, const bf16 *const *rows,
+                                                 int count, long long t, int tokens,
+                                                 int vectors, bool valid)
+{
+    if (t < tokens && valid)
+        for (int n = 0; n < count; n++)
+            copy_vector_async<8>(to + n * blockDim.x + threadIdx.x, rows[n],
+                                 t * vectors + threadIdx.x);
+    copy_async_commit();
+}
+
 /* q_i * g_i of this thread's 8 channels (vector v): fp32 products of the bf16 weights, zeros
  * for a thread past the row. The token-layout kernels read them for every site of every
  * token; where their shared memory has room they stage them once a block in `staged`

@@ -52,27 +52,6 @@ size_t route_block_dots_shared_bytes(int n_sources, int n_sites, int d, int head
     return block_dots_shared(n_sources, n_sites, (layout.vectors + 31) / 32 * 32);
 }
 
-__device__ __forceinline__ void block_dots_fetch_rows(BfVector<8> *half, const BlockDotsArgs &args,
-                                                      long long t, bool valid)
-{
-    if (t < args.tokens && valid)
-        for (int n = 0; n < args.n_sources; n++)
-            copy_vector_async<8>(half + n * blockDim.x + threadIdx.x, args.sources[n],
-                                 t * args.layout.vectors + threadIdx.x);
-    copy_async_commit();
-}
-
-__device__ __forceinline__ void block_dots_fetch_douts(BfVector<8> *douts,
-                                                       const BlockDotsArgs &args, long long t,
-                                                       bool valid)
-{
-    if (t < args.tokens && valid)
-        for (int i = 0; i < args.n_sites; i++)
-            copy_vector_async<8>(douts + i * blockDim.x + threadIdx.x, args.douts[i],
-                                 t * args.layout.vectors + threadIdx.x);
-    copy_async_commit();
-}
-
 template <int MAXN>
 __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
     route_block_dots_kernel(const __grid_constant__ BlockDotsArgs args, size_t douts_offset,
@@ -94,10 +73,11 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
     block_key_weights_stage(key_weights, args.query, args.key_norm, G, v, valid);
 
     int half = 0;
-    block_dots_fetch_rows(rows, args, blockIdx.x, valid);
-    block_dots_fetch_douts(douts, args, blockIdx.x, valid);
+    block_fetch_rows(rows, args.sources, N, blockIdx.x, tokens, V, valid);
+    block_fetch_rows(douts, args.douts, G, blockIdx.x, tokens, V, valid);
     for (long long t = blockIdx.x; t < tokens; t += gridDim.x, half ^= 1) {
-        block_dots_fetch_rows(rows + (half ^ 1) * half_vectors, args, t + gridDim.x, valid);
+        block_fetch_rows(rows + (half ^ 1) * half_vectors, args.sources, N, t + gridDim.x,
+                         tokens, V, valid);
         copy_async_wait<1>(); /* this token's rows and d x have landed */
         /* the rows as floats, converted once: every site reads every row */
         float x[MAXN][8];
@@ -128,7 +108,7 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
             block_head_reduce<MAXN>(key_dots, site_parts + N, 1, part_stride, N, layout, place);
         }
         /* this thread's d x slots are read: the next token's may come */
-        block_dots_fetch_douts(douts, args, t + gridDim.x, valid);
+        block_fetch_rows(douts, args.douts, G, t + gridDim.x, tokens, V, valid);
     }
     copy_async_wait<0>();
 }

@@ -103,18 +103,6 @@ size_t route_block_forward_shared_bytes(int n_sources, int n_sites, int d, int h
     return block_forward_layout(n_sources, n_sites, d, heads).total;
 }
 
-/* Starts the copies of this thread's vector of token t's N rows into one half of the buffer
- * and commits (an empty group past the tokens, so that every wait counts the same groups). */
-__device__ __forceinline__ void block_forward_fetch(BfVector<8> *half, const BlockForwardArgs &args,
-                                                    long long t, bool valid)
-{
-    if (t < args.tokens && valid)
-        for (int n = 0; n < args.n_sources; n++)
-            copy_vector_async<8>(half + n * blockDim.x + threadIdx.x, args.sources[n],
-                                 t * args.layout.vectors + threadIdx.x);
-    copy_async_commit();
-}
-
 /* Step 2 of the forward, by one warp for the heads its vectors touch: r of every source from
  * the warps' squares in warp order, then a lane per (site, head) the softmax over the N
  * sources into the warp's own weights. Every warp that reads a (site, head) computes it from
@@ -218,9 +206,10 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
     block_key_weights_stage(key_weights, args.query, args.key_norm, G, v, valid);
 
     int half = 0;
-    block_forward_fetch(rows, args, blockIdx.x, valid);
+    block_fetch_rows(rows, args.sources, N, blockIdx.x, tokens, V, valid);
     for (long long t = blockIdx.x; t < tokens; t += gridDim.x, half ^= 1) {
-        block_forward_fetch(rows + (half ^ 1) * half_vectors, args, t + gridDim.x, valid);
+        block_fetch_rows(rows + (half ^ 1) * half_vectors, args.sources, N, t + gridDim.x,
+                         tokens, V, valid);
         copy_async_wait<1>(); /* this token's rows have landed */
         float *squares = square_parts + half * shared.square_half;
         float *dots = dot_parts + half * shared.dot_half;
