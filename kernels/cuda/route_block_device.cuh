@@ -154,6 +154,19 @@ __device__ __forceinline__ void block_fetch_rows(BfVector<8> *to, const bf16 *co
     copy_async_commit();
 }
 
+/* This thread's vector of each of the token's N staged rows ([N][threads] from `rows`) as
+ * floats, converted once; zeros past N and for a thread past the row. */
+template <int MAXN>
+__device__ __forceinline__ void block_rows_to_floats(const BfVector<8> *rows, int N, bool valid,
+                                                     float (&x)[MAXN][8])
+{
+#pragma unroll
+    for (int n = 0; n < MAXN; n++)
+        vector_to_floats<8>(n < N && valid ? rows[n * blockDim.x + threadIdx.x]
+                                           : vector_zero<8>(),
+                            x[n]);
+}
+
 /* q_i * g_i of this thread's 8 channels (vector v): fp32 products of the bf16 weights, zeros
  * for a thread past the row. The token-layout kernels read them for every site of every
  * token; where their shared memory has room they stage them once a block in `staged`

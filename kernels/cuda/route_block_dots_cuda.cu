@@ -81,11 +81,7 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
         copy_async_wait<1>(); /* this token's rows and d x have landed */
         /* the rows as floats, converted once: every site reads every row */
         float x[MAXN][8];
-#pragma unroll
-        for (int n = 0; n < MAXN; n++)
-            vector_to_floats<8>(n < N && valid ? rows[half * half_vectors + n * blockDim.x + v]
-                                               : vector_zero<8>(),
-                                x[n]);
+        block_rows_to_floats<MAXN>(rows + half * half_vectors, N, valid, x);
         float *token_parts = args.parts + block_parts_at(args, t);
         for (int i = 0; i < G; i++) {
             float key_weight[8], dy[8] = {0};

@@ -215,11 +215,7 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
         float *dots = dot_parts + half * shared.dot_half;
         /* the rows as floats, converted once: every site reads every row twice */
         float x[MAXN][8];
-#pragma unroll
-        for (int n = 0; n < MAXN; n++)
-            vector_to_floats<8>(n < N && valid ? rows[half * half_vectors + n * blockDim.x + v]
-                                               : vector_zero<8>(),
-                                x[n]);
+        block_rows_to_floats<MAXN>(rows + half * half_vectors, N, valid, x);
 
         /* 1. squares, then each site's dots, reduced over heads into parts */
         float sums[MAXN];
