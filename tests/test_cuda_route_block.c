@@ -16,8 +16,11 @@
  * one token and tokens that are multiples of nothing; and the per-site kernels past the
  * limits (N 10, G 9, head_dim 4, d 8192). Each test SKIPs where no GPU answers.
  */
+#include "kernels/cuda/route_block_cuda.h"
+#include "runtime/error.h"
 #include "tests/cuda_backend_support.h"
 #include "tests/gpu_support.h"
+#include "tests/support.h"
 
 #include <criterion/criterion.h>
 #include <math.h>
@@ -398,4 +401,56 @@ Test(cuda_route_block, add_scaled_is_base_plus_alpha_x_and_alpha_zero_returns_ba
     check_add_scaled(4096 * 3 + 5, 0.75f, BF16_OUT, 1200);
     check_add_scaled(77, -1.5f, BF16_OUT, 1201);
     check_add_scaled(4096 * 3 + 5, 0.0f, 0.0, 1202); /* exactly the cpu's base */
+}
+
+/* ---- the tensor-core kernels (FATHOM_ROUTE_BLOCK=mma, kernels/cuda/route_block_mma.cuh):
+ * heads of whole warps (head_dim a multiple of 256), N up to 9 (the zero row pads the
+ * sources to 16), G up to 8 (sites past G are zero columns), one token or many. Each test
+ * runs in a process of its own: the variable is read anew. ---- */
+
+static const BlockShape tensor_core_shapes[] = {
+    {9, 8, 33, 4096, 8}, {3, 4, 100, 4096, 1}, {6, 7, 20, 2048, 8}, {2, 1, 1, 512, 2},
+};
+
+Test(cuda_route_block, block_forward_on_tensor_cores_is_each_sites_route)
+{
+    gpu_require();
+    setenv("FATHOM_ROUTE_BLOCK", "mma", 1);
+    for (int i = 0; i < COUNT(tensor_core_shapes); i++)
+        check_block_forward(tensor_core_shapes[i], i % 2 == 0, 1000 + (uint64_t)i);
+}
+
+Test(cuda_route_block, block_backward_on_tensor_cores_is_each_sites_route_backward)
+{
+    gpu_require();
+    setenv("FATHOM_ROUTE_BLOCK", "mma", 1);
+    for (int form = 0; form < 3; form++)
+        for (int i = 0; i < COUNT(tensor_core_shapes); i++)
+            check_block_backward(tensor_core_shapes[i], form, 1100 + 10 * (uint64_t)form + i);
+}
+
+/* The selector (no GPU needed). */
+Test(cuda_route_block, the_per_thread_kernels_are_the_default)
+{
+    unsetenv("FATHOM_ROUTE_BLOCK");
+    cr_expect_not(cuda_route_block_tensor_cores());
+}
+
+Test(cuda_route_block, mma_names_the_tensor_core_kernels)
+{
+    setenv("FATHOM_ROUTE_BLOCK", "mma", 1);
+    cr_expect(cuda_route_block_tensor_cores());
+}
+
+static void select_kernels_named_fastest(void *unused)
+{
+    (void)unused;
+    setenv("FATHOM_ROUTE_BLOCK", "fastest", 1);
+    cuda_route_block_tensor_cores();
+}
+
+Test(cuda_route_block, an_unknown_kernel_name_exits_with_the_config_code)
+{
+    test_expect_fatal(select_kernels_named_fastest, NULL, EXIT_CONFIG,
+                      "FATHOM_ROUTE_BLOCK = 'fastest'");
 }

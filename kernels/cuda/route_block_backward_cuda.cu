@@ -28,8 +28,8 @@
  *
  * How fast should this be. Per token: dots read N + G rows (and write 2 G N floats a warp);
  * the walker reads N + G and reads and writes N (the gradients): (4N + 2G) rows, against
- * (3N + G) for a single pass and G (3N + 1) for the per-site kernels. At the 8B graft (8 blocks, G 8, sum N 44, 67 MB rows)
- * 304 rows = 20.4 GB: 4.7 ms at 4.3 TB/s (the per-site backward moved 98.8 GB in 25.2 ms).
+ * (3N + G) for a single pass and G (3N + 1) for the per-site kernels. At the 8B graft
+ * (8 blocks, G 8, sum N 44, 67 MB rows) 304 rows = 20.4 GB: 4.7 ms at 4.3 TB/s (the per-site backward moved 98.8 GB in 25.2 ms).
  * The coefficients add 2 G N H floats a token (38 MB a block at N 9), read back through L2,
  * each walker block staging only its heads' share.
  * Deterministic: the token partition of the walker and the reduction orders depend on the

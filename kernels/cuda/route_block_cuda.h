@@ -57,6 +57,11 @@ enum {
     CUDA_BLOCK_MAX_SITES = 8,   /* blocks of 4 layers */
 };
 
+/* Whether the block kernels run on tensor cores (route_block_mma.cuh) where a head is whole
+ * warps (head_dim a multiple of 256): FATHOM_ROUTE_BLOCK = simt (unset: the per-thread
+ * kernels) or mma. Read once; any other value exits 2. */
+bool cuda_route_block_tensor_cores(void);
+
 /* ---- phase one ---- */
 
 size_t cuda_route_block_forward_workspace_floats(int n_sources, int n_sites, int tokens,

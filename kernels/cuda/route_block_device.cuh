@@ -135,6 +135,10 @@ struct BlockDotsArgs {
     int n_sources, n_sites, tokens, heads;
 };
 
+/* Whether the tensor-core kernels run for this layout (FATHOM_ROUTE_BLOCK=mma, heads of whole
+ * warps; route_block_forward_cuda.cu). */
+bool route_block_mma_selected(const BlockHeads &layout);
+
 /* The floats of BlockDotsArgs.parts. */
 size_t route_block_parts_floats(int n_sources, int n_sites, int tokens, int d, int heads);
 

@@ -23,6 +23,7 @@
  * one fixed order: the same bits as the first version, and deterministic.
  */
 #include "kernels/cuda/route_block_device.cuh"
+#include "kernels/cuda/route_block_mma.cuh"
 
 #include <math.h>
 
@@ -105,6 +106,65 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
         }
         /* this thread's d x slots are read: the next token's may come */
         block_fetch_rows(douts, args.douts, G, t + gridDim.x, tokens, V, valid);
+    }
+    copy_async_wait<0>();
+}
+
+/* On tensor cores (FATHOM_ROUTE_BLOCK=mma, route_block_mma.cuh): per k-step of a warp's 256
+ * channels, A = the sources, B = the sites' d x (staged, swizzled) for D and q*g in two halves
+ * for P. The same parts, in the same places. */
+template <int MAXN>
+__global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
+    route_block_dots_mma_kernel(const __grid_constant__ BlockDotsArgs args, size_t douts_offset,
+                                size_t zero_offset)
+{
+    extern __shared__ __align__(16) unsigned char shared_bytes[];
+    BfVector<8> *rows = reinterpret_cast<BfVector<8> *>(shared_bytes);
+    BfVector<8> *douts = reinterpret_cast<BfVector<8> *>(shared_bytes + douts_offset);
+    BfVector<8> *zero = reinterpret_cast<BfVector<8> *>(shared_bytes + zero_offset);
+    const int N = args.n_sources, G = args.n_sites, tokens = args.tokens;
+    const int V = args.layout.vectors, part_stride = G * 2 * N;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, c = lane & 3, first_vector = warp * 32;
+    const int half_vectors = N * blockDim.x;
+    if (threadIdx.x == 0)
+        *zero = vector_zero<8>();
+    uint32_t key_weights[16][4];
+    block_mma_key_weights(key_weights, args.query, args.key_norm, G);
+    __syncthreads(); /* the zero row */
+
+    int half = 0;
+    block_mma_fetch_rows(rows, args.sources, N, blockIdx.x, tokens, V);
+    block_mma_fetch_rows(douts, args.douts, G, blockIdx.x, tokens, V);
+    for (long long t = blockIdx.x; t < tokens; t += gridDim.x, half ^= 1) {
+        block_mma_fetch_rows(rows + (half ^ 1) * half_vectors, args.sources, N, t + gridDim.x,
+                             tokens, V);
+        copy_async_wait<1>(); /* this token's rows and d x have landed */
+        __syncwarp();         /* every lane's */
+        const BfVector<8> *token_rows = rows + half * half_vectors;
+        float value[4] = {0, 0, 0, 0}, key[4] = {0, 0, 0, 0};
+#pragma unroll
+        for (int s = 0; s < 16; s++) {
+            uint32_t a[4], b[4]; /* b[0], b[2]: sites 0-7 at the k-step's two vectors */
+            block_ldmatrix_x4(a, block_mma_row_address(token_rows, zero, N, first_vector + 2 * s,
+                                                       lane));
+            block_ldmatrix_x4(b, block_mma_row_address(douts, zero, G, first_vector + 2 * s,
+                                                       lane));
+            block_mma(value, a, b[0], b[2]);
+            block_mma(key, a, key_weights[s][0], key_weights[s][1]);
+            block_mma(key, a, key_weights[s][2], key_weights[s][3]);
+        }
+        __syncwarp(); /* the warp's d x slots are read: the next token's may come */
+        block_mma_fetch_rows(douts, args.douts, G, t + gridDim.x, tokens, V);
+        float *token_parts = args.parts + block_parts_at(args, t) + (size_t)warp * part_stride;
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int n = g + 8 * (e >> 1), i = 2 * c + (e & 1);
+            if (n < N && i < G) {
+                token_parts[(size_t)i * 2 * N + n] = value[e];
+                token_parts[(size_t)i * 2 * N + N + n] = key[e];
+            }
+        }
     }
     copy_async_wait<0>();
 }
@@ -208,21 +268,34 @@ static void block_dots_launch(const BlockDotsArgs &args, cudaStream_t stream)
         CUDA_CHECK(cudaFuncSetAttribute(route_block_dots_kernel<MAXN>,
                                         cudaFuncAttributePreferredSharedMemoryCarveout,
                                         cudaSharedmemCarveoutMaxShared));
+        CUDA_CHECK(cudaFuncSetAttribute(route_block_dots_mma_kernel<MAXN>,
+                                        cudaFuncAttributePreferredSharedMemoryCarveout,
+                                        cudaSharedmemCarveoutMaxShared));
         carveout_set = true;
     }
     const int threads = (args.layout.vectors + 31) / 32 * 32;
     size_t shared = block_dots_shared(args.n_sources, args.n_sites, threads);
-    size_t key_weights = 0; /* staged where they fit (route_block_device.cuh) */
-    if (shared + block_key_weights_bytes(args.n_sites, threads) <= BLOCK_SHARED_LIMIT) {
-        key_weights = shared;
-        shared += block_key_weights_bytes(args.n_sites, threads);
+    if (route_block_mma_selected(args.layout)) {
+        const size_t bytes = shared + 16; /* and the zero row */
+        int blocks = resident_blocks(route_block_dots_mma_kernel<MAXN>, threads, bytes,
+                                     "the cuda block route backward");
+        blocks = blocks < args.tokens ? blocks : args.tokens;
+        route_block_dots_mma_kernel<MAXN><<<blocks, threads, bytes, stream>>>(
+            args, block_dots_douts_offset(args.n_sources, threads), shared);
+        CUDA_CHECK_LAUNCH();
+    } else {
+        size_t key_weights = 0; /* staged where they fit (route_block_device.cuh) */
+        if (shared + block_key_weights_bytes(args.n_sites, threads) <= BLOCK_SHARED_LIMIT) {
+            key_weights = shared;
+            shared += block_key_weights_bytes(args.n_sites, threads);
+        }
+        int blocks = resident_blocks(route_block_dots_kernel<MAXN>, threads, shared,
+                                     "the cuda block route backward");
+        blocks = blocks < args.tokens ? blocks : args.tokens;
+        route_block_dots_kernel<MAXN><<<blocks, threads, shared, stream>>>(
+            args, block_dots_douts_offset(args.n_sources, threads), key_weights);
+        CUDA_CHECK_LAUNCH();
     }
-    int blocks = resident_blocks(route_block_dots_kernel<MAXN>, threads, shared,
-                                 "the cuda block route backward");
-    blocks = blocks < args.tokens ? blocks : args.tokens;
-    route_block_dots_kernel<MAXN><<<blocks, threads, shared, stream>>>(
-        args, block_dots_douts_offset(args.n_sources, threads), key_weights);
-    CUDA_CHECK_LAUNCH();
 
     const size_t products = (size_t)BLOCK_COEFFICIENT_WARPS *
                             block_coefficient_warp_floats(args.n_sources, args.n_sites,

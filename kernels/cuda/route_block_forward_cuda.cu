@@ -30,8 +30,12 @@
  * a multiprocessor, the next token's 72 KB in flight); registers about 100 at MAXN 9.
  */
 #include "kernels/cuda/route_block_device.cuh"
+#include "kernels/cuda/route_block_mma.cuh"
+#include "runtime/error.h"
 
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 struct BlockForwardArgs {
     bf16 *results[CUDA_BLOCK_MAX_SITES];
@@ -290,6 +294,132 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
     copy_async_wait<0>(); /* the empty groups past the last token */
 }
 
+/* ---- on tensor cores (FATHOM_ROUTE_BLOCK=mma): the same steps, a warp's 256 channels at a
+ * time (route_block_mma.cuh). Heads of whole warps only; N <= 16, G <= 8. Per token and warp:
+ * 16 ldmatrix and 48-64 mma for the dots and the squares (the diagonal of the rows' Gram
+ * product), 16 ldmatrix and 64 mma for the mix, against some 3,400 instructions a thread on
+ * the kernel above. ---- */
+
+template <int MAXN>
+__global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
+    route_block_forward_mma_kernel(const __grid_constant__ BlockForwardArgs args,
+                                   BlockForwardLayout shared)
+{
+    extern __shared__ __align__(16) unsigned char shared_bytes[];
+    BfVector<8> *rows = reinterpret_cast<BfVector<8> *>(shared_bytes);
+    BfVector<8> *zero = reinterpret_cast<BfVector<8> *>(shared_bytes + shared.total);
+    float *square_parts = reinterpret_cast<float *>(shared_bytes + shared.square_parts);
+    float *dot_parts = reinterpret_cast<float *>(shared_bytes + shared.dot_parts);
+    const int N = args.n_sources, G = args.n_sites, tokens = args.tokens;
+    const int V = args.layout.vectors, parts = args.layout.parts, stride = args.warp_heads_max;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const int g = lane >> 2, c = lane & 3, first_vector = warp * 32;
+    float *warp_coefficients = reinterpret_cast<float *>(shared_bytes + shared.coefficients) +
+                               warp * shared.warp_coefficients;
+    const int half_vectors = N * blockDim.x;
+    if (threadIdx.x == 0)
+        *zero = vector_zero<8>();
+    uint32_t key_weights[16][4];
+    block_mma_key_weights(key_weights, args.query, args.key_norm, G);
+    __syncthreads(); /* the zero row */
+
+    int half = 0;
+    block_mma_fetch_rows(rows, args.sources, N, blockIdx.x, tokens, V);
+    for (long long t = blockIdx.x; t < tokens; t += gridDim.x, half ^= 1) {
+        block_mma_fetch_rows(rows + (half ^ 1) * half_vectors, args.sources, N, t + gridDim.x,
+                             tokens, V);
+        copy_async_wait<1>();
+        __syncwarp(); /* the warp's slots, each copied by one of its lanes, have landed */
+        const BfVector<8> *token_rows = rows + half * half_vectors;
+
+        /* 1. D[n][i]: the warp's part of < s_n, q_i g_i >; the Gram product's diagonal:
+         * its part of sum s_n^2 */
+        float dots[4] = {0, 0, 0, 0}, gram_low[4] = {0, 0, 0, 0}, gram_high[4] = {0, 0, 0, 0};
+#pragma unroll
+        for (int s = 0; s < 16; s++) {
+            uint32_t a[4];
+            block_ldmatrix_x4(a, block_mma_row_address(token_rows, zero, N, first_vector + 2 * s,
+                                                       lane));
+            block_mma(dots, a, key_weights[s][0], key_weights[s][1]);
+            block_mma(dots, a, key_weights[s][2], key_weights[s][3]);
+            block_mma(gram_low, a, a[0], a[2]); /* B = the rows themselves, sources 0-7 */
+            if (MAXN > 8)
+                block_mma(gram_high, a, a[1], a[3]); /* sources 8-15 */
+        }
+        float *squares = square_parts + half * shared.square_half;
+        float *dot = dot_parts + half * shared.dot_half;
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int n = g + 8 * (e >> 1), i = 2 * c + (e & 1);
+            if (n < N && i < G)
+                dot[((size_t)i * N + n) * parts + warp] = dots[e];
+        }
+        const int diagonal = g - 2 * c; /* 0 or 1 where this lane holds (n, n) */
+        if (diagonal == 0 || diagonal == 1) {
+            if (g < N)
+                squares[g * warps + warp] = gram_low[diagonal];
+            if (MAXN > 8 && g + 8 < N)
+                squares[(g + 8) * warps + warp] = gram_high[2 + diagonal];
+        }
+        __syncthreads(); /* the parts are complete (double-buffered, as above) */
+
+        /* 2. the warp's softmax, as above */
+        block_forward_softmax<MAXN>(args, squares, dot, warp_coefficients, t);
+
+        /* 3. the mix: A = the weights of site g over sources 2c, 2c+1 (+8), in two halves */
+        uint32_t weights_high[4] = {0, 0, 0, 0}, weights_low[4] = {0, 0, 0, 0};
+        {
+            float w[4];
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int n = 2 * c + (e & 1) + 8 * (e >> 1);
+                w[e] = g < G && n < N ? warp_coefficients[((size_t)g * N + n) * stride] : 0.0f;
+            }
+            block_mma_split(w[0], w[1], &weights_high[0], &weights_low[0]);
+            block_mma_split(w[2], w[3], &weights_high[2], &weights_low[2]);
+        }
+        bf16 *result = g < G ? args.results[g] + t * V * 8 + 2 * c : NULL;
+#pragma unroll 4
+        for (int j = 0; j < 32; j += 2) {
+            uint32_t b[4]; /* tile j: b[0], b[1] (sources 0-7, 8-15); tile j + 1: b[2], b[3] */
+            block_ldmatrix_x4_trans(b, block_mma_row_address(token_rows, zero, N,
+                                                             first_vector + j, lane));
+            float low[4] = {0, 0, 0, 0}, high[4] = {0, 0, 0, 0};
+            block_mma(low, weights_high, b[0], b[1]);
+            block_mma(low, weights_low, b[0], b[1]);
+            block_mma(high, weights_high, b[2], b[3]);
+            block_mma(high, weights_low, b[2], b[3]);
+            if (result) {
+                uint32_t *to = reinterpret_cast<uint32_t *>(result + (first_vector + j) * 8);
+                to[0] = block_mma_pack(low[0], low[1]);
+                to[4] = block_mma_pack(high[0], high[1]); /* 8 channels on */
+            }
+        }
+        __syncwarp(); /* this half's slots are read before the next token refills them */
+    }
+    copy_async_wait<0>();
+}
+
+extern "C" bool cuda_route_block_tensor_cores(void)
+{
+    static int selected = -1; /* read once */
+    if (selected < 0) {
+        const char *name = getenv("FATHOM_ROUTE_BLOCK");
+        if (!name || !*name || !strcmp(name, "simt"))
+            selected = 0;
+        else if (!strcmp(name, "mma"))
+            selected = 1;
+        else
+            fatal(EXIT_CONFIG, "FATHOM_ROUTE_BLOCK = '%s' (simt or mma)", name);
+    }
+    return selected == 1;
+}
+
+bool route_block_mma_selected(const BlockHeads &layout)
+{
+    return cuda_route_block_tensor_cores() && layout.warp_heads && layout.vectors % 32 == 0;
+}
+
 bool route_block_fits(int n_sources, int n_sites, int d, int heads)
 {
     if (n_sources < 1 || n_sources > CUDA_BLOCK_MAX_SOURCES || n_sites < 1 ||
@@ -309,7 +439,19 @@ static void block_forward_launch(const BlockForwardArgs &args, int threads,
         CUDA_CHECK(cudaFuncSetAttribute(route_block_forward_kernel<MAXN>,
                                         cudaFuncAttributePreferredSharedMemoryCarveout,
                                         cudaSharedmemCarveoutMaxShared));
+        CUDA_CHECK(cudaFuncSetAttribute(route_block_forward_mma_kernel<MAXN>,
+                                        cudaFuncAttributePreferredSharedMemoryCarveout,
+                                        cudaSharedmemCarveoutMaxShared));
         carveout_set = true;
+    }
+    if (route_block_mma_selected(args.layout)) {
+        const size_t bytes = layout.total + 16; /* and the zero row */
+        int blocks = resident_blocks(route_block_forward_mma_kernel<MAXN>, threads, bytes,
+                                     "the cuda block route forward");
+        blocks = blocks < args.tokens ? blocks : args.tokens;
+        route_block_forward_mma_kernel<MAXN><<<blocks, threads, bytes, stream>>>(args, layout);
+        CUDA_CHECK_LAUNCH();
+        return;
     }
     int blocks = resident_blocks(route_block_forward_kernel<MAXN>, threads, layout.launch_bytes,
                                  "the cuda block route forward");

@@ -1,0 +1,130 @@
+/* kernels/cuda/route_block_mma.cuh — the tensor-core pieces of the block route kernels
+ * (route_block_forward_cuda.cu, route_block_dots_cuda.cu; chosen by FATHOM_ROUTE_BLOCK=mma,
+ * route_block_device.cuh). CUDA C++ only.
+ *
+ * One warp owns 32 consecutive 16-byte vectors of a row: 256 channels, inside one head
+ * (the layouts where head_dim is a multiple of 256). Its dots against every source are one
+ * mma.m16n8k16 product over 16 k-steps of 16 channels: A = the sources (M 16: N padded with
+ * a zero row), B = 8 sites. Its mix is, per 8-channel tile, A = the softmax weights (M 16:
+ * G padded), K = the sources, B = the rows' tile. Fragments as the PTX ISA gives them for
+ * m16n8k16 (g = lane / 4, c = lane % 4):
+ *   A: a0 (row g, cols 2c, 2c+1), a1 (row g+8), a2 (row g, cols +8), a3 (row g+8, cols +8)
+ *   B: b0 (rows k = 2c, 2c+1, col g), b1 (rows k + 8)
+ *   D: d0, d1 (row g, cols 2c, 2c+1), d2, d3 (row g+8)
+ * fp32 operands (q*g, the weights) go in as two bf16 halves, hi + lo, which carry them to
+ * about 2^-17: the products of bf16 values are exact and the tensor core adds in fp32, so
+ * the dots and mixes differ from fp32 multiply-adds in the last bits of fp32 only.
+ *
+ * Staged rows are swizzled: vector v of row r sits in slot r * threads + (v ^ (r & 7)), so
+ * that the 8 rows one ldmatrix reads at one vector fall on 8 different 16-byte bank groups
+ * (unswizzled, rows 8 KB apart share their banks: 8-way conflicts). The swizzle stays inside
+ * an aligned group of 8 vectors, so a warp's slots are its own.
+ */
+#ifndef FATHOM_KERNELS_CUDA_ROUTE_BLOCK_MMA_CUH
+#define FATHOM_KERNELS_CUDA_ROUTE_BLOCK_MMA_CUH
+
+#include "kernels/cuda/route_block_device.cuh"
+
+#include <cuda_bf16.h>
+#include <stdint.h>
+#include <string.h>
+
+/* The staged slot of vector v of row r (see the top of this file). */
+__device__ __forceinline__ int block_mma_slot(int r, int v, int threads)
+{
+    return r * threads + (v ^ (r & 7));
+}
+
+/* Starts the copies of this thread's vector of token t of each of `count` rows into their
+ * swizzled slots of `to` and commits (an empty group past the tokens). */
+__device__ __forceinline__ void block_mma_fetch_rows(BfVector<8> *to, const bf16 *const *rows,
+                                                     int count, long long t, int tokens,
+                                                     int vectors)
+{
+    if (t < tokens)
+        for (int r = 0; r < count; r++)
+            copy_vector_async<8>(to + block_mma_slot(r, threadIdx.x, blockDim.x), rows[r],
+                                 t * vectors + threadIdx.x);
+    copy_async_commit();
+}
+
+__device__ __forceinline__ uint32_t block_mma_pack(float low, float high)
+{
+    const __nv_bfloat162 pair = __floats2bfloat162_rn(low, high);
+    uint32_t bits;
+    memcpy(&bits, &pair, sizeof bits);
+    return bits;
+}
+
+/* low + high as two bf16 pairs: hi the rounded values, lo the rounded remainders. */
+__device__ __forceinline__ void block_mma_split(float low, float high, uint32_t *hi,
+                                                uint32_t *lo)
+{
+    const __nv_bfloat162 rounded = __floats2bfloat162_rn(low, high);
+    const float2 back = __bfloat1622float2(rounded);
+    memcpy(hi, &rounded, sizeof *hi);
+    *lo = block_mma_pack(low - back.x, high - back.y);
+}
+
+__device__ __forceinline__ void block_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                          uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void block_ldmatrix_x4(uint32_t (&r)[4], const void *row)
+{
+    const unsigned address = (unsigned)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(address));
+}
+
+__device__ __forceinline__ void block_ldmatrix_x4_trans(uint32_t (&r)[4], const void *row)
+{
+    const unsigned address = (unsigned)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(address));
+}
+
+/* The row address lane `lane` gives an x4 ldmatrix whose four 8 x 8 matrices are rows
+ * 0-7 and 8-15 (matrices 0 and 1 of each pair) at vectors `vector` and `vector + 1`
+ * (matrices 0, 1 and 2, 3): for the dots' A (k-step at 2 s) and the mix's B (tiles j,
+ * j + 1). Rows at or past `count` read the zero vector. */
+__device__ __forceinline__ const BfVector<8> *block_mma_row_address(const BfVector<8> *rows,
+                                                                    const BfVector<8> *zero,
+                                                                    int count, int vector,
+                                                                    int lane)
+{
+    const int matrix = lane >> 3, r = (lane & 7) + 8 * (matrix & 1);
+    return r < count ? rows + block_mma_slot(r, vector + (matrix >> 1), blockDim.x) : zero;
+}
+
+/* B fragments of q*g for the warp's 16 k-steps, site g = lane / 4 (zeros past G): per
+ * k-step hi b0, hi b1, lo b0, lo b1. Made once a block: the same for every token. */
+__device__ __forceinline__ void block_mma_key_weights(uint32_t (&fragments)[16][4],
+                                                      const bf16 *const *query,
+                                                      const bf16 *const *key_norm, int G)
+{
+    const int lane = threadIdx.x & 31, site = lane >> 2, column = 2 * (lane & 3);
+    const int first = (threadIdx.x >> 5) * 256;
+#pragma unroll
+    for (int s = 0; s < 16; s++) {
+        float w[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (site < G)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int channel = first + 16 * s + column + (e & 1) + 8 * (e >> 1);
+                w[e] = bf16_bits_to_float(query[site][channel]) *
+                       bf16_bits_to_float(key_norm[site][channel]);
+            }
+        block_mma_split(w[0], w[1], &fragments[s][0], &fragments[s][2]);
+        block_mma_split(w[2], w[3], &fragments[s][1], &fragments[s][3]);
+    }
+}
+
+#endif
