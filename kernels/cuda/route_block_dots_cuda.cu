@@ -127,11 +127,8 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, c = lane & 3, first_vector = warp * 32;
     const int half_vectors = N * blockDim.x;
-    if (threadIdx.x == 0)
-        *zero = vector_zero<8>();
     uint32_t key_weights[16][4];
-    block_mma_key_weights(key_weights, args.query, args.key_norm, G);
-    __syncthreads(); /* the zero row */
+    block_mma_begin(zero, key_weights, args.query, args.key_norm, G);
 
     int half = 0;
     block_mma_fetch_rows(rows, args.sources, N, blockIdx.x, tokens, V);

@@ -127,4 +127,17 @@ __device__ __forceinline__ void block_mma_key_weights(uint32_t (&fragments)[16][
     }
 }
 
+/* A block's start: the zero row written, q*g's fragments made, and a barrier before any
+ * warp reads the zero row. */
+__device__ __forceinline__ void block_mma_begin(BfVector<8> *zero,
+                                                uint32_t (&key_weights)[16][4],
+                                                const bf16 *const *query,
+                                                const bf16 *const *key_norm, int G)
+{
+    if (threadIdx.x == 0)
+        *zero = vector_zero<8>();
+    block_mma_key_weights(key_weights, query, key_norm, G);
+    __syncthreads();
+}
+
 #endif
