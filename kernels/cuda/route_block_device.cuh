@@ -225,6 +225,22 @@ static inline size_t block_key_weights_bytes(int n_sites, int threads)
     return (size_t)n_sites * threads * 32;
 }
 
+/* The grid of a persistent token-layout kernel: as many blocks as stay resident, at most
+ * one a token; the kernel's shared-memory carveout set to its largest on its first launch
+ * (the attribute persists; one flag for each KERNEL). */
+template <auto KERNEL>
+static int block_persistent_grid(int threads, size_t bytes, long long tokens, const char *what)
+{
+    static bool carveout_set;
+    if (!carveout_set) {
+        CUDA_CHECK(cudaFuncSetAttribute(KERNEL, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                        cudaSharedmemCarveoutMaxShared));
+        carveout_set = true;
+    }
+    const int blocks = resident_blocks(KERNEL, threads, bytes, what);
+    return blocks < tokens ? blocks : (int)tokens;
+}
+
 /* ---- the entries of the block kernels (route_block_forward_cuda.cu,
  * route_block_backward_cuda.cu) ---- */
 

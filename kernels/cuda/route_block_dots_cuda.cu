@@ -260,39 +260,26 @@ size_t route_block_parts_floats(int n_sources, int n_sites, int tokens, int d, i
 template <int MAXN>
 static void block_dots_launch(const BlockDotsArgs &args, cudaStream_t stream)
 {
-    static bool carveout_set;
-    if (!carveout_set) {
-        CUDA_CHECK(cudaFuncSetAttribute(route_block_dots_kernel<MAXN>,
-                                        cudaFuncAttributePreferredSharedMemoryCarveout,
-                                        cudaSharedmemCarveoutMaxShared));
-        CUDA_CHECK(cudaFuncSetAttribute(route_block_dots_mma_kernel<MAXN>,
-                                        cudaFuncAttributePreferredSharedMemoryCarveout,
-                                        cudaSharedmemCarveoutMaxShared));
-        carveout_set = true;
-    }
     const int threads = (args.layout.vectors + 31) / 32 * 32;
     size_t shared = block_dots_shared(args.n_sources, args.n_sites, threads);
     if (route_block_mma_selected(args.layout)) {
         const size_t bytes = shared + 16; /* and the zero row */
-        int blocks = resident_blocks(route_block_dots_mma_kernel<MAXN>, threads, bytes,
-                                     "the cuda block route backward");
-        blocks = blocks < args.tokens ? blocks : args.tokens;
+        const int blocks = block_persistent_grid<route_block_dots_mma_kernel<MAXN>>(
+            threads, bytes, args.tokens, "the cuda block route backward");
         route_block_dots_mma_kernel<MAXN><<<blocks, threads, bytes, stream>>>(
             args, block_dots_douts_offset(args.n_sources, threads), shared);
-        CUDA_CHECK_LAUNCH();
     } else {
         size_t key_weights = 0; /* staged where they fit (route_block_device.cuh) */
         if (shared + block_key_weights_bytes(args.n_sites, threads) <= BLOCK_SHARED_LIMIT) {
             key_weights = shared;
             shared += block_key_weights_bytes(args.n_sites, threads);
         }
-        int blocks = resident_blocks(route_block_dots_kernel<MAXN>, threads, shared,
-                                     "the cuda block route backward");
-        blocks = blocks < args.tokens ? blocks : args.tokens;
+        const int blocks = block_persistent_grid<route_block_dots_kernel<MAXN>>(
+            threads, shared, args.tokens, "the cuda block route backward");
         route_block_dots_kernel<MAXN><<<blocks, threads, shared, stream>>>(
             args, block_dots_douts_offset(args.n_sources, threads), key_weights);
-        CUDA_CHECK_LAUNCH();
     }
+    CUDA_CHECK_LAUNCH();
 
     const size_t products = (size_t)BLOCK_COEFFICIENT_WARPS *
                             block_coefficient_warp_floats(args.n_sources, args.n_sites,

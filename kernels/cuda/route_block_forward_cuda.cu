@@ -431,30 +431,17 @@ template <int MAXN>
 static void block_forward_launch(const BlockForwardArgs &args, int threads,
                                  const BlockForwardLayout &layout, cudaStream_t stream)
 {
-    static bool carveout_set;
-    if (!carveout_set) {
-        CUDA_CHECK(cudaFuncSetAttribute(route_block_forward_kernel<MAXN>,
-                                        cudaFuncAttributePreferredSharedMemoryCarveout,
-                                        cudaSharedmemCarveoutMaxShared));
-        CUDA_CHECK(cudaFuncSetAttribute(route_block_forward_mma_kernel<MAXN>,
-                                        cudaFuncAttributePreferredSharedMemoryCarveout,
-                                        cudaSharedmemCarveoutMaxShared));
-        carveout_set = true;
-    }
     if (route_block_mma_selected(args.layout)) {
         const size_t bytes = layout.total + 16; /* and the zero row */
-        int blocks = resident_blocks(route_block_forward_mma_kernel<MAXN>, threads, bytes,
-                                     "the cuda block route forward");
-        blocks = blocks < args.tokens ? blocks : args.tokens;
+        const int blocks = block_persistent_grid<route_block_forward_mma_kernel<MAXN>>(
+            threads, bytes, args.tokens, "the cuda block route forward");
         route_block_forward_mma_kernel<MAXN><<<blocks, threads, bytes, stream>>>(args, layout);
-        CUDA_CHECK_LAUNCH();
-        return;
+    } else {
+        const int blocks = block_persistent_grid<route_block_forward_kernel<MAXN>>(
+            threads, layout.launch_bytes, args.tokens, "the cuda block route forward");
+        route_block_forward_kernel<MAXN>
+            <<<blocks, threads, layout.launch_bytes, stream>>>(args, layout);
     }
-    int blocks = resident_blocks(route_block_forward_kernel<MAXN>, threads, layout.launch_bytes,
-                                 "the cuda block route forward");
-    blocks = blocks < args.tokens ? blocks : args.tokens;
-    route_block_forward_kernel<MAXN>
-        <<<blocks, threads, layout.launch_bytes, stream>>>(args, layout);
     CUDA_CHECK_LAUNCH();
 }
 
