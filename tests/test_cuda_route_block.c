@@ -158,6 +158,7 @@ static void check_block_forward(BlockShape s, bool lse, uint64_t seed)
 Test(cuda_route_block, block_forward_is_each_sites_route_on_the_block_kernels)
 {
     gpu_require();
+    setenv("FATHOM_ROUTE_BLOCK", "simt", 1); /* the tensor-core set has tests below */
     for (int i = 0; i < COUNT(block_kernel_shapes); i++)
         check_block_forward(block_kernel_shapes[i], i % 2 == 0, 600 + (uint64_t)i);
 }
@@ -238,6 +239,7 @@ static void check_block_backward(BlockShape s, int form, uint64_t seed)
 Test(cuda_route_block, block_backward_is_each_sites_route_backward_in_the_delta_form)
 {
     gpu_require();
+    setenv("FATHOM_ROUTE_BLOCK", "simt", 1); /* the tensor-core set has tests below */
     for (int i = 0; i < COUNT(block_kernel_shapes); i++)
         check_block_backward(block_kernel_shapes[i], 0, 700 + (uint64_t)i);
     for (int i = 0; i < COUNT(per_site_shapes); i++)
@@ -248,6 +250,7 @@ Test(cuda_route_block, block_backward_is_each_sites_route_backward_in_the_delta_
 Test(cuda_route_block, block_backward_is_each_sites_route_backward_about_the_merges_centres)
 {
     gpu_require();
+    setenv("FATHOM_ROUTE_BLOCK", "simt", 1); /* the tensor-core set has tests below */
     for (int i = 0; i < COUNT(block_kernel_shapes); i++)
         check_block_backward(block_kernel_shapes[i], 1, 800 + (uint64_t)i);
     for (int i = 0; i < COUNT(per_site_shapes); i++)
@@ -257,6 +260,7 @@ Test(cuda_route_block, block_backward_is_each_sites_route_backward_about_the_mer
 Test(cuda_route_block, block_backward_is_each_sites_route_backward_in_the_replace_form)
 {
     gpu_require();
+    setenv("FATHOM_ROUTE_BLOCK", "simt", 1); /* the tensor-core set has tests below */
     for (int i = 0; i < COUNT(block_kernel_shapes); i++)
         check_block_backward(block_kernel_shapes[i], 2, 900 + (uint64_t)i);
 }
@@ -430,9 +434,15 @@ Test(cuda_route_block, block_backward_on_tensor_cores_is_each_sites_route_backwa
 }
 
 /* The selector (no GPU needed). */
-Test(cuda_route_block, the_per_thread_kernels_are_the_default)
+Test(cuda_route_block, the_tensor_core_kernels_are_the_default)
 {
     unsetenv("FATHOM_ROUTE_BLOCK");
+    cr_expect(cuda_route_block_tensor_cores());
+}
+
+Test(cuda_route_block, simt_names_the_per_thread_kernels)
+{
+    setenv("FATHOM_ROUTE_BLOCK", "simt", 1);
     cr_expect_not(cuda_route_block_tensor_cores());
 }
 

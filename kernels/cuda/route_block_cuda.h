@@ -58,8 +58,9 @@ enum {
 };
 
 /* Whether the block kernels run on tensor cores (route_block_mma.cuh) where a head is whole
- * warps (head_dim a multiple of 256): FATHOM_ROUTE_BLOCK = simt (unset: the per-thread
- * kernels) or mma. Read once; any other value exits 2. */
+ * warps (head_dim a multiple of 256): FATHOM_ROUTE_BLOCK = mma (unset: the tensor-core
+ * kernels) or simt (the per-thread kernels, which every other shape takes). Read once; any
+ * other value exits 2. */
 bool cuda_route_block_tensor_cores(void);
 
 /* ---- phase one ---- */

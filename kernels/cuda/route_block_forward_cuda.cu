@@ -402,12 +402,12 @@ extern "C" bool cuda_route_block_tensor_cores(void)
     static int selected = -1; /* read once */
     if (selected < 0) {
         const char *name = getenv("FATHOM_ROUTE_BLOCK");
-        if (!name || !*name || !strcmp(name, "simt"))
-            selected = 0;
-        else if (!strcmp(name, "mma"))
+        if (!name || !*name || !strcmp(name, "mma"))
             selected = 1;
+        else if (!strcmp(name, "simt"))
+            selected = 0;
         else
-            fatal(EXIT_CONFIG, "FATHOM_ROUTE_BLOCK = '%s' (simt or mma)", name);
+            fatal(EXIT_CONFIG, "FATHOM_ROUTE_BLOCK = '%s' (mma or simt)", name);
     }
     return selected == 1;
 }

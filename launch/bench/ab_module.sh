@@ -9,6 +9,9 @@
 # build/kernels/libfathom_cuda.so. LAYERS default 8; RESIDUAL default mhar_delta, and standard
 # is timed with the new module each round as the reference. Prints "tag residual layers tok/s
 # step_ms mem_gib" lines and the (c) rows; logs in $OUT (or /tmp/ab-module).
+# OLD_MODULE "same" times the new module on both sides; NEW_ENV and OLD_ENV ("NAME=value ...")
+# are set for their side only, so one build's two kernel choices can be compared the same way:
+#   NEW_ENV=FATHOM_ROUTE_BLOCK=mma OLD_ENV=FATHOM_ROUTE_BLOCK=simt ab_module.sh same
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 old=${1:?old module}
@@ -19,16 +22,17 @@ residuals=("$@")
 out=${OUT:-/tmp/ab-module}
 mkdir -p "$out"
 . launch/bench/gpu_env.sh
+new=$PWD/build/kernels/libfathom_cuda.so
+[ "$old" = same ] && old=$new
 if [[ $old == *.xz ]]; then
   xz -dc "$old" >"$out/old-module.so" || exit 1
   old=$out/old-module.so
 fi
-new=$PWD/build/kernels/libfathom_cuda.so
 for round in $(seq "${ROUNDS:-2}"); do
   for side in new old; do
-    module=$new
-    [ $side = old ] && module=$old
-    FATHOM_CUDA_MODULE=$module build/fathom bench --device cuda --cases route --repeat 10 \
+    module=$new side_env=${NEW_ENV:-}
+    [ $side = old ] && module=$old side_env=${OLD_ENV:-}
+    env $side_env FATHOM_CUDA_MODULE=$module build/fathom bench --device cuda --cases route --repeat 10 \
       --json "$out/route-$side-$round.jsonl" >"$out/route-$side-$round.txt" 2>&1
     python3 -c "
 import json, sys
@@ -38,7 +42,7 @@ for line in open(sys.argv[1]):
         print(f\"$side-$round route {r['mode']:<18} {r['ms']:.2f} ms\")" "$out/route-$side-$round.jsonl"
     list=("${residuals[@]}")
     [ $side = new ] && list=(standard "${residuals[@]}")
-    FATHOM_CUDA_MODULE=$module OUT=$out TRAIN_TAG=$side-$round \
+    env $side_env FATHOM_CUDA_MODULE=$module OUT=$out TRAIN_TAG=$side-$round \
       launch/bench/train_8b_width.sh "$layers" 5 "${list[@]}"
   done
 done

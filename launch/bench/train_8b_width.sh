@@ -38,7 +38,7 @@ for residual in "${residuals[@]}"; do
     --set train.steps="$steps" --set train.seq_len=4096 --set train.microbatch_size=1 \
     --set train.global_batch_size=4 --set train.activation_checkpointing=none \
     --set fsdp.reshard_after_forward=false --set optim.warmup_steps=1 \
-    --set data.source=synthetic --set checkpoint.every=0 --set eval.every=0 \
+    --set data.source=synthetic --set checkpoint.every=0 --set checkpoint.save_final=false --set eval.every=0 \
     --set log.every=1 >"$log" 2>&1
   status=$?
   python3 - "$dir/metrics.jsonl" "$residual" "$layers" "$status" "$tag" <<'PY'
