@@ -65,17 +65,18 @@ static void sublayer_forward(Model *model, const LayerContext *context, int j,
         mlp_sublayer_forward(context, weights, saved, x, out);
 }
 
-/* dx += J_j^T dout; dx may be dout. */
+/* dx += J_j^T dout (dx may be dout), or with a branch dx = J_j^T dout and branch += it
+ * (model/layer.h). */
 static void sublayer_backward(Model *model, const LayerContext *context, int j,
                               const LayerActivations *saved, const Activation *x,
-                              const Activation *dout, Activation *dx)
+                              const Activation *dout, Activation *dx, Activation *branch)
 {
     const LayerWeights *weights = &model->layer_params[j / 2];
     LayerGrads *grads = &model->layer_grads[j / 2];
     if (j % 2 == 0)
-        attention_sublayer_backward(context, weights, grads, saved, x, dout, dx);
+        attention_sublayer_backward(context, weights, grads, saved, x, dout, dx, branch);
     else
-        mlp_sublayer_backward(context, weights, grads, saved, x, dout, dx);
+        mlp_sublayer_backward(context, weights, grads, saved, x, dout, dx, branch);
 }
 
 /* Everything one walk needs, made once per chunk call. */
@@ -368,7 +369,8 @@ static void sublayer_walk_backward(Walk *walk, int j, const LayerActivations *sa
     ModelScratch *scratch = &walk->model->scratch;
     Activation *grad_stream = scratch->layer.grad_stream;
     if (!walk->routed) {
-        sublayer_backward(walk->model, &walk->layer, j, saved, x, grad_stream, grad_stream);
+        sublayer_backward(walk->model, &walk->layer, j, saved, x, grad_stream, grad_stream,
+                          NULL);
         return;
     }
     const Activation *grad_f = walk->store->grad_blocks[walk->plan->sublayer_block[j]];
@@ -377,11 +379,13 @@ static void sublayer_walk_backward(Walk *walk, int j, const LayerActivations *sa
         grad_f = scratch->grad_output;
     }
     Activation *grad_x = route_walk_grad_x(&walk->sites, j);
-    backend->zero(grad_x, walk->bytes);
-    sublayer_backward(walk->model, &walk->layer, j, saved, x, grad_f, grad_x);
+    if (walk->delta) { /* x_j = p_j + alpha * mix: d x_j written, and added into d p_j */
+        sublayer_backward(walk->model, &walk->layer, j, saved, x, grad_f, grad_x, grad_stream);
+    } else {
+        backend->zero(grad_x, walk->bytes);
+        sublayer_backward(walk->model, &walk->layer, j, saved, x, grad_f, grad_x, NULL);
+    }
     site_backward(walk, j, x, grad_x);
-    if (walk->delta) /* x_j = p_j + alpha * mix: d p_j gets d x_j */
-        backend->add_inplace(grad_stream, grad_x, walk->count);
 }
 
 /* Layer i's backward: both sublayers in reverse, after recomputing it when checkpointed. */

@@ -69,17 +69,23 @@ void layer_weights_resolve(LayerWeights *weights, const Backend *backend,
 void layer_views_add(UnitViews *views, LayerWeights *weights, LayerGrads *grads,
                      const ParamTable *table, int layer, const ModelConfig *config);
 
+/* The sublayers: out = f(x) [rows, d]. A backward gives the input's gradient
+ * J^T dout: branch NULL, dx += it (dx may be dout: the standard stream); otherwise dx = it,
+ * written, and branch += it (the delta form's site x_j = p_j + alpha_j * Route, whose
+ * gradient goes both to the site's route, dx, and to the stream p_j, branch). */
 void attention_sublayer_forward(const LayerContext *context, const LayerWeights *weights,
                                 LayerActivations *saved, const Activation *x,
                                 Activation *out);
 void attention_sublayer_backward(const LayerContext *context, const LayerWeights *weights,
                                  LayerGrads *grads, const LayerActivations *saved,
-                                 const Activation *x, const Activation *dout, Activation *dx);
+                                 const Activation *x, const Activation *dout, Activation *dx,
+                                 Activation *branch);
 
 void mlp_sublayer_forward(const LayerContext *context, const LayerWeights *weights,
                           LayerActivations *saved, const Activation *x, Activation *out);
 void mlp_sublayer_backward(const LayerContext *context, const LayerWeights *weights,
                            LayerGrads *grads, const LayerActivations *saved,
-                           const Activation *x, const Activation *dout, Activation *dx);
+                           const Activation *x, const Activation *dout, Activation *dx,
+                           Activation *branch);
 
 #endif

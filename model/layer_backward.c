@@ -6,9 +6,21 @@
  */
 #include "model/layer.h"
 
+/* The sublayer's input norm, last op of its backward: into dx, and branch (layer.h). */
+static void input_norm_backward(const Backend *backend, Activation *dx, Activation *branch,
+                                float *dweight, const Activation *dout, const Activation *x,
+                                const Activation *weight, const float *rstd, int rows, int d)
+{
+    if (branch)
+        backend->rmsnorm_backward_branch(dx, branch, dweight, dout, x, weight, rstd, rows, d);
+    else
+        backend->rmsnorm_backward(dx, dweight, dout, x, weight, rstd, rows, d);
+}
+
 void attention_sublayer_backward(const LayerContext *context, const LayerWeights *weights,
                                  LayerGrads *grads, const LayerActivations *saved,
-                                 const Activation *x, const Activation *dout, Activation *dx)
+                                 const Activation *x, const Activation *dout, Activation *dx,
+                                 Activation *branch)
 {
     const Backend *backend = context->backend;
     const ModelConfig *config = context->config;
@@ -66,13 +78,14 @@ void attention_sublayer_backward(const LayerContext *context, const LayerWeights
                              rows, d, kv_dim);
     backend->matmul_backward(grad_normed, grads->v_proj, scratch->grad_v, n, weights->v_proj,
                              rows, d, kv_dim);
-    backend->rmsnorm_backward(dx, grads->input_layernorm, grad_normed, x,
-                              weights->input_layernorm, saved->attention_rstd, rows, d);
+    input_norm_backward(backend, dx, branch, grads->input_layernorm, grad_normed, x,
+                        weights->input_layernorm, saved->attention_rstd, rows, d);
 }
 
 void mlp_sublayer_backward(const LayerContext *context, const LayerWeights *weights,
                            LayerGrads *grads, const LayerActivations *saved,
-                           const Activation *x, const Activation *dout, Activation *dx)
+                           const Activation *x, const Activation *dout, Activation *dx,
+                           Activation *branch)
 {
     const Backend *backend = context->backend;
     const ModelConfig *config = context->config;
@@ -95,6 +108,6 @@ void mlp_sublayer_backward(const LayerContext *context, const LayerWeights *weig
                              saved->mlp_normed, weights->gate_proj, rows, d, F);
     backend->matmul_backward(grad_normed, grads->up_proj, scratch->grad_up, saved->mlp_normed,
                              weights->up_proj, rows, d, F);
-    backend->rmsnorm_backward(dx, grads->post_attention_layernorm, grad_normed, x,
-                              weights->post_attention_layernorm, saved->mlp_rstd, rows, d);
+    input_norm_backward(backend, dx, branch, grads->post_attention_layernorm, grad_normed, x,
+                        weights->post_attention_layernorm, saved->mlp_rstd, rows, d);
 }

@@ -96,6 +96,14 @@ typedef struct Backend {
     void (*rmsnorm_backward)(Activation *dx, float *dweight, const Activation *dout,
                              const Activation *x, const Activation *weight, const float *rstd,
                              int rows, int d);
+    /* The same gradient g (what rmsnorm_backward adds into dx) for an input that branches, the
+     * delta form's x_j = p_j + alpha_j * Route (DESIGN 2.1): dx = g, written, not added (the
+     * site's d x_j), and branch += g (the stream's d p_j), both the rounded g of dx. One pass
+     * instead of a zeroed dx, rmsnorm_backward and an add. */
+    void (*rmsnorm_backward_branch)(Activation *dx, Activation *branch, float *dweight,
+                                    const Activation *dout, const Activation *x,
+                                    const Activation *weight, const float *rstd, int rows,
+                                    int d);
 
     /* ---- matmul: out[rows, out_dim] = in[rows, in_dim] @ weight[out_dim, in_dim]^T
      * (the [out, in] layout of Hugging Face Linear weights) ---- */

@@ -94,6 +94,8 @@ const CudaModuleInfo *cuda_module_probe(void)
     return &module_info;
 }
 
+typedef size_t (*TableBytesFunction)(void);
+
 const Backend *cuda_module_backend(void)
 {
     const CudaModuleInfo *info = cuda_module_probe();
@@ -104,6 +106,13 @@ const Backend *cuda_module_backend(void)
     if (!getter)
         fatal(EXIT_CONFIG, "%s does not export backend_cuda; rebuild the CUDA module or use "
               "device: cpu", info->path);
+    /* a module of another build fills its entries at other offsets: refuse it */
+    TableBytesFunction table_bytes =
+        (TableBytesFunction)(uintptr_t)dlsym(module_handle, "backend_cuda_table_bytes");
+    if (!table_bytes || table_bytes() != sizeof(Backend))
+        fatal(EXIT_CONFIG, "%s was built against another op table (%zu bytes, this binary's "
+              "%zu): rebuild the CUDA module with this fathom, or use device: cpu", info->path,
+              table_bytes ? table_bytes() : (size_t)0, sizeof(Backend));
     return getter();
 }
 

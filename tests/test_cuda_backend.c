@@ -7,8 +7,10 @@
  * answers.
  */
 #include "kernels/cuda/backend_cuda.h"
+#include "kernels/cuda/backend_cuda_routing.h"
 #include "kernels/cuda/kernels_cuda.h"
 #include "runtime/cuda_module.h"
+#include "runtime/error.h"
 #include "tests/cuda_backend_support.h"
 #include "tests/gpu_support.h"
 #include "tests/support.h"
@@ -63,6 +65,26 @@ static float *device_floats(const float *host, size_t n)
 #define EXPECT_ENTRY(table, entry) \
     cr_expect((table)->entry != NULL, "the cuda table has no " #entry)
 
+/* A partial rebuild (meson 1.0 tracks no headers for nvcc) or a module of another build
+ * fills entries at other offsets: both are refused by the op table's size (no GPU needed). */
+Test(cuda_backend, the_module_reports_the_op_table_this_binary_was_built_with)
+{
+    cr_expect_eq(backend_cuda_table_bytes(), sizeof(Backend));
+}
+
+static void fill_routing_of_a_smaller_table(void *unused)
+{
+    (void)unused;
+    Backend table = {0};
+    backend_cuda_fill_routing(&table, sizeof table - sizeof(void *));
+}
+
+Test(cuda_backend, routing_entries_compiled_against_another_op_table_exit_with_the_config_code)
+{
+    test_expect_fatal(fill_routing_of_a_smaller_table, NULL, EXIT_CONFIG,
+                      "compiled against another runtime/backend.h");
+}
+
 Test(cuda_backend, fills_every_entry_with_two_byte_activations)
 {
     gpu_require();
@@ -81,6 +103,7 @@ Test(cuda_backend, fills_every_entry_with_two_byte_activations)
     EXPECT_ENTRY(b, embedding_forward); EXPECT_ENTRY(b, embedding_backward);
     EXPECT_ENTRY(b, sum_rows);
     EXPECT_ENTRY(b, rmsnorm_forward); EXPECT_ENTRY(b, rmsnorm_backward);
+    EXPECT_ENTRY(b, rmsnorm_backward_branch);
     EXPECT_ENTRY(b, matmul_forward); EXPECT_ENTRY(b, matmul_backward);
     EXPECT_ENTRY(b, rope_forward); EXPECT_ENTRY(b, rope_backward);
     EXPECT_ENTRY(b, attention_forward); EXPECT_ENTRY(b, attention_backward);

@@ -193,6 +193,43 @@ Test(cuda_backend_ops, rmsnorm_backward_adds_the_cpu_gradients)
     }
 }
 
+static void run_rmsnorm_backward_branch(const Backend *b, void *const *p, const OpCase *c)
+{
+    b->rmsnorm_backward_branch(p[0], p[1], p[2], p[3], p[4], p[5], p[6], c->shape[0],
+                               c->shape[1]);
+}
+
+static void prepare_rmsnorm_backward_branch(OpCase *c)
+{
+    float *out = scratch_floats((size_t)c->shape[0] * c->shape[1]);
+    backend_cpu()->rmsnorm_forward((Activation *)out, op_host(c, 6), (Activation *)op_host(c, 4),
+                                   (Activation *)op_host(c, 5), c->shape[0], c->shape[1], EPS);
+    free(out);
+}
+
+/* dx is an output (poisoned first: the op must write it), the branch accumulates; rows
+ * of a warp (d <= 1024) and of a whole block, vector and not */
+static const int rmsnorm_branch_shapes[][2] = {{7, 40}, {33, 100}, {5, 2056}, {3, 4100}};
+
+Test(cuda_backend_ops, rmsnorm_backward_branch_writes_the_cpu_gradient_and_adds_it_to_the_branch)
+{
+    gpu_require();
+    for (int i = 0; i < 4; i++) {
+        const int rows = rmsnorm_branch_shapes[i][0], d = rmsnorm_branch_shapes[i][1];
+        OpCase c = op_case("rmsnorm_backward_branch", run_rmsnorm_backward_branch);
+        c.shape[0] = rows, c.shape[1] = d;
+        c.prepare = prepare_rmsnorm_backward_branch;
+        op_output(&c, "dx", ARRAY_ACTIVATION, (size_t)rows * d, BF16_OUT);
+        op_accumulated(&c, "branch", ARRAY_ACTIVATION, (size_t)rows * d, BF16_OUT);
+        op_accumulated(&c, "dweight", ARRAY_FLOAT, (size_t)d, FP32_OUT);
+        op_input(&c, "dout", ARRAY_ACTIVATION, (size_t)rows * d, 1, 0);
+        op_input(&c, "x", ARRAY_ACTIVATION, (size_t)rows * d, 1, 0);
+        op_input(&c, "weight", ARRAY_ACTIVATION, (size_t)d, 0.5f, 1);
+        op_input(&c, "rstd", ARRAY_FLOAT, (size_t)rows, 0, 0);
+        op_check(&c, 70 + (uint64_t)i);
+    }
+}
+
 /* ---- matmul: shape rows, in_dim, out_dim ---- */
 
 /* row lengths multiples of 8 (the model's widths are), not of 16; odd row counts */

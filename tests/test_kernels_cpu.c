@@ -49,7 +49,8 @@ Test(kernels_cpu, backend_table_fills_every_op)
     EXPECT_OP(alloc); EXPECT_OP(release); EXPECT_OP(zero); EXPECT_OP(copy); EXPECT_OP(upload);
     EXPECT_OP(download); EXPECT_OP(synchronize); EXPECT_OP(add_inplace); EXPECT_OP(add);
     EXPECT_OP(embedding_forward); EXPECT_OP(embedding_backward); EXPECT_OP(sum_rows); EXPECT_OP(rmsnorm_forward);
-    EXPECT_OP(rmsnorm_backward); EXPECT_OP(matmul_forward); EXPECT_OP(matmul_backward);
+    EXPECT_OP(rmsnorm_backward); EXPECT_OP(rmsnorm_backward_branch);
+    EXPECT_OP(matmul_forward); EXPECT_OP(matmul_backward);
     EXPECT_OP(rope_forward); EXPECT_OP(rope_backward); EXPECT_OP(attention_forward);
     EXPECT_OP(attention_backward); EXPECT_OP(swiglu_forward); EXPECT_OP(swiglu_backward);
     EXPECT_OP(cross_entropy_forward); EXPECT_OP(cross_entropy_backward); EXPECT_OP(sum_squares);

@@ -15,6 +15,7 @@
 #include "tests/support.h"
 
 #include <criterion/criterion.h>
+#include <string.h>
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -192,6 +193,34 @@ Test(kernels_cpu_backward, rmsnorm_backward_accumulates)
     expect_doubled(dweight_twice, dweight_once, d, "dweight");
     free_all(op.out, op.rstd, op.x, op.weight, dout, dx_once, dweight_once, dx_twice, dweight_twice,
              NULL);
+}
+
+/* The branch form writes dx (whatever it held) and adds the same values into branch. */
+Test(kernels_cpu_backward, rmsnorm_backward_branch_writes_dx_and_adds_it_into_the_branch)
+{
+    int rows = 7, d = 33;
+    size_t count = (size_t)rows * d;
+    RmsnormOp op = {zero_floats(count), zero_floats(rows), random_floats(count, 1, 43),
+                    random_floats(d, 1, 44), rows, d};
+    float *dout = random_floats(count, 1, 45);
+    float *dx = zero_floats(count), *dweight = random_floats(d, 1, 46);
+    float *branch_dx = random_floats(count, 1, 47); /* stale values: must be overwritten */
+    float *branch = random_floats(count, 1, 48), *branch_before = zero_floats(count);
+    float *branch_dweight = zero_floats(d);
+    memcpy(branch_before, branch, count * sizeof(float));
+    memcpy(branch_dweight, dweight, d * sizeof(float));
+    rmsnorm_op_forward(&op);
+    cpu_rmsnorm_backward(dx, dweight, dout, op.x, op.weight, op.rstd, rows, d);
+    cpu_rmsnorm_backward_branch(branch_dx, branch, branch_dweight, dout, op.x, op.weight,
+                                op.rstd, rows, d);
+    for (size_t i = 0; i < count; i++) {
+        cr_assert_eq(branch_dx[i], dx[i], "dx[%zu]", i);
+        cr_assert_eq(branch[i], branch_before[i] + dx[i], "branch[%zu]", i);
+    }
+    for (int i = 0; i < d; i++)
+        cr_assert_eq(branch_dweight[i], dweight[i], "dweight[%d]", i);
+    free_all(op.out, op.rstd, op.x, op.weight, dout, dx, dweight, branch_dx, branch,
+             branch_before, branch_dweight, NULL);
 }
 
 Test(kernels_cpu_backward, rmsnorm_backward_is_bitwise_identical_for_1_and_2_threads)

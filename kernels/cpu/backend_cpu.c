@@ -156,6 +156,15 @@ static void table_rmsnorm_backward(Activation *dx, float *dweight, const Activat
     cpu_rmsnorm_backward(F(dx), dweight, CF(dout), CF(x), CF(weight), rstd, rows, d);
 }
 
+static void table_rmsnorm_backward_branch(Activation *dx, Activation *branch, float *dweight,
+                                          const Activation *dout, const Activation *x,
+                                          const Activation *weight, const float *rstd, int rows,
+                                          int d)
+{
+    cpu_rmsnorm_backward_branch(F(dx), F(branch), dweight, CF(dout), CF(x), CF(weight), rstd,
+                                rows, d);
+}
+
 static void table_matmul_forward(Activation *out, const Activation *in,
                                  const Activation *weight, int rows, int in_dim, int out_dim)
 {
@@ -425,6 +434,7 @@ static const Backend cpu_backend = {
     .sum_rows = table_sum_rows,
     .rmsnorm_forward = table_rmsnorm_forward,
     .rmsnorm_backward = table_rmsnorm_backward,
+    .rmsnorm_backward_branch = table_rmsnorm_backward_branch,
     .matmul_forward = table_matmul_forward,
     .matmul_backward = table_matmul_backward,
     .rope_forward = table_rope_forward,

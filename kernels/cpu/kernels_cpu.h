@@ -42,6 +42,10 @@ void cpu_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w
                          int d, float eps);
 void cpu_rmsnorm_backward(float *dx, float *dweight, const float *dout, const float *x,
                           const float *weight, const float *rstd, int rows, int d);
+/* dx = g (written), branch += g: runtime/backend.h rmsnorm_backward_branch */
+void cpu_rmsnorm_backward_branch(float *dx, float *branch, float *dweight, const float *dout,
+                                 const float *x, const float *weight, const float *rstd,
+                                 int rows, int d);
 
 /* matmul_cpu.c */
 void cpu_matmul_forward(float *out, const float *in, const float *weight, int rows, int in_dim,

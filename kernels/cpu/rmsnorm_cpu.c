@@ -5,7 +5,8 @@
  * once, so the saved statistic is the best fp32 value.
  *
  * Backward, with xhat = x * rstd and dxhat = dout * weight:
- *   dx      += rstd * (dxhat - xhat * mean(dxhat * xhat))        (per row, one thread a row)
+ *   g        = rstd * (dxhat - xhat * mean(dxhat * xhat))        (per row, one thread a row)
+ *   dx      += g, or for an input that branches: dx = g, branch += g
  *   dweight += sum over rows of dout * xhat                      (per column, rows in order)
  * dweight is a sum over rows, so it gets its own pass split over columns: a split over rows
  * would make its summation order depend on the thread count.
@@ -33,8 +34,10 @@ void cpu_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w
     }
 }
 
-void cpu_rmsnorm_backward(float *dx, float *dweight, const float *dout, const float *x,
-                          const float *weight, const float *rstd, int rows, int d)
+/* branch NULL: dx += g; otherwise dx = g and branch += g. */
+static void rmsnorm_backward_rows(float *dx, float *branch, float *dweight, const float *dout,
+                                  const float *x, const float *weight, const float *rstd,
+                                  int rows, int d)
 {
     int parallel = (size_t)rows * d >= CPU_PARALLEL_MIN_WORK;
 
@@ -48,10 +51,17 @@ void cpu_rmsnorm_backward(float *dx, float *dweight, const float *dout, const fl
         for (int i = 0; i < d; i++)
             dot += (double)(dout_row[i] * weight[i]) * (double)(x_row[i] * row_rstd);
         float mean_dot = (float)(dot / d);
+        float *branch_row = branch ? branch + (size_t)r * d : NULL;
         for (int i = 0; i < d; i++) {
             float xhat = x_row[i] * row_rstd;
             float dxhat = dout_row[i] * weight[i];
-            dx_row[i] += row_rstd * (dxhat - xhat * mean_dot);
+            float g = row_rstd * (dxhat - xhat * mean_dot);
+            if (branch_row) {
+                dx_row[i] = g;
+                branch_row[i] += g;
+            } else {
+                dx_row[i] += g;
+            }
         }
     }
 
@@ -68,4 +78,17 @@ void cpu_rmsnorm_backward(float *dx, float *dweight, const float *dout, const fl
                 dweight[i] += dout_row[i] * (x_row[i] * row_rstd);
         }
     }
+}
+
+void cpu_rmsnorm_backward(float *dx, float *dweight, const float *dout, const float *x,
+                          const float *weight, const float *rstd, int rows, int d)
+{
+    rmsnorm_backward_rows(dx, NULL, dweight, dout, x, weight, rstd, rows, d);
+}
+
+void cpu_rmsnorm_backward_branch(float *dx, float *branch, float *dweight, const float *dout,
+                                 const float *x, const float *weight, const float *rstd,
+                                 int rows, int d)
+{
+    rmsnorm_backward_rows(dx, branch, dweight, dout, x, weight, rstd, rows, d);
 }

@@ -364,6 +364,17 @@ static void op_rmsnorm_backward(Activation *dx, float *dweight, const Activation
                           as_bf16_const(weight), rstd, rows, d, workspace, compute_stream());
 }
 
+static void op_rmsnorm_backward_branch(Activation *dx, Activation *branch, float *dweight,
+                                       const Activation *dout, const Activation *x,
+                                       const Activation *weight, const float *rstd, int rows,
+                                       int d)
+{
+    float *workspace = workspace_floats(cuda_rmsnorm_backward_workspace_floats(rows, d));
+    cuda_rmsnorm_backward_branch(as_bf16(dx), as_bf16(branch), dweight, as_bf16_const(dout),
+                                 as_bf16_const(x), as_bf16_const(weight), rstd, rows, d,
+                                 workspace, compute_stream());
+}
+
 static void op_matmul_forward(Activation *out, const Activation *in, const Activation *weight,
                               int rows, int in_dim, int out_dim)
 {
@@ -501,6 +512,11 @@ static void op_ema_update(float *ema, const float *params, size_t n, float decay
 
 static Backend cuda_backend; /* filled by the first backend_cuda() call */
 
+extern "C" size_t backend_cuda_table_bytes(void)
+{
+    return sizeof(Backend);
+}
+
 extern "C" const Backend *backend_cuda(void)
 {
     Backend *table = &cuda_backend;
@@ -535,6 +551,7 @@ extern "C" const Backend *backend_cuda(void)
     table->sum_rows = op_sum_rows;
     table->rmsnorm_forward = op_rmsnorm_forward;
     table->rmsnorm_backward = op_rmsnorm_backward;
+    table->rmsnorm_backward_branch = op_rmsnorm_backward_branch;
     table->matmul_forward = op_matmul_forward;
     table->matmul_backward = op_matmul_backward;
     table->rope_forward = op_rope_forward;
@@ -545,7 +562,7 @@ extern "C" const Backend *backend_cuda(void)
     table->swiglu_backward = op_swiglu_backward;
     table->cross_entropy_forward = op_cross_entropy_forward;
     table->cross_entropy_backward = op_cross_entropy_backward;
-    backend_cuda_fill_routing(table);
+    backend_cuda_fill_routing(table, sizeof *table);
 
     table->sum_squares = op_sum_squares;
     table->scale = op_scale;

@@ -11,12 +11,18 @@
 
 #include "runtime/backend.h"
 
+#include <stddef.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 /* The table; the same pointer every call. Creates nothing until its first entry is used. */
 const Backend *backend_cuda(void);
+
+/* sizeof(Backend) where the module was compiled: runtime/cuda_module.c refuses a module
+ * built against another op table than the binary's (exit 2, "rebuild"). */
+size_t backend_cuda_table_bytes(void);
 
 #ifdef __cplusplus
 }

@@ -23,8 +23,12 @@ extern "C" {
 cudaStream_t backend_cuda_compute_stream(void);
 float *backend_cuda_workspace_floats(size_t floats);
 
-/* backend_cuda_routing.cu: sets route_*, stream_conv_*, stream_mix_* and route_conv_*. */
-void backend_cuda_fill_routing(Backend *table);
+/* backend_cuda_routing.cu: sets route_*, stream_conv_*, stream_mix_* and route_conv_*.
+ * table_bytes: sizeof(Backend) where the caller was compiled; another size than this file's
+ * exits 2 (meson 1.0 gives nvcc no dependency files, so an edit of runtime/backend.h can
+ * leave this object stale beside a rebuilt backend_cuda.cu, with the entries at old
+ * offsets). */
+void backend_cuda_fill_routing(Backend *table, size_t table_bytes);
 
 #ifdef __cplusplus
 }

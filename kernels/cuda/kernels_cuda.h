@@ -89,6 +89,11 @@ size_t cuda_rmsnorm_backward_workspace_floats(int rows, int d);
 void cuda_rmsnorm_backward(bf16 *dx, float *dweight, const bf16 *dout, const bf16 *x,
                            const bf16 *weight, const float *rstd, int rows, int d,
                            float *workspace, cudaStream_t stream);
+/* dx = bf16(g), written, and branch += that bf16(g), g what cuda_rmsnorm_backward adds
+ * (runtime/backend.h rmsnorm_backward_branch); branch NULL is cuda_rmsnorm_backward. */
+void cuda_rmsnorm_backward_branch(bf16 *dx, bf16 *branch, float *dweight, const bf16 *dout,
+                                  const bf16 *x, const bf16 *weight, const float *rstd, int rows,
+                                  int d, float *workspace, cudaStream_t stream);
 
 /* ---- rope_cuda.cu: x, out, dx, dout [B, T, n_heads, head_dim] bf16; cos, sin
  * [T, head_dim / 2] fp32; head_dim even; out may alias x. ---- */

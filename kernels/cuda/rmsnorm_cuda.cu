@@ -4,7 +4,9 @@
  * Forward: rstd = rsqrt(mean(x^2) + eps) in fp32, out = bf16(weight * bf16(x * rstd)), the
  * product order of Hugging Face's LlamaRMSNorm (cast to the activation dtype, then weight).
  * Backward, with xhat = x * rstd and dxhat = dout * weight (fp32):
- *   dx      += rstd * (dxhat - xhat * mean(dxhat * xhat))
+ *   g        = rstd * (dxhat - xhat * mean(dxhat * xhat))
+ *   dx      += g, or, for an input that branches (runtime/backend.h rmsnorm_backward_branch):
+ *              dx = bf16(g) and branch += that same bf16(g)
  *   dweight += sum over rows of dout * xhat
  *
  * Layout: a "row team" of ROW_THREADS threads handles one row at a time, each thread CHUNKS
@@ -103,12 +105,13 @@ __global__ void __launch_bounds__(RMSNORM_THREADS)
     }
 }
 
-/* First pass of the backward: dx of every row, partial dweight of every group of rows. */
+/* First pass of the backward: dx of every row, partial dweight of every group of rows.
+ * branch NULL: dx += g; otherwise dx = bf16(g) and branch += bf16(g). */
 template <int ROW_THREADS, int CHUNKS, bool VECTOR>
 __global__ void __launch_bounds__(RMSNORM_THREADS)
-    rmsnorm_backward_kernel(bfloat *dx, float *partials, const bfloat *dout, const bfloat *x,
-                            const bfloat *weight, const float *rstd, int rows, int d,
-                            int rows_per_group)
+    rmsnorm_backward_kernel(bfloat *dx, bfloat *branch, float *partials, const bfloat *dout,
+                            const bfloat *x, const bfloat *weight, const float *rstd, int rows,
+                            int d, int rows_per_group)
 {
     __shared__ float scratch[RMSNORM_THREADS / 32];
     int lane = threadIdx.x % ROW_THREADS;
@@ -160,12 +163,27 @@ __global__ void __launch_bounds__(RMSNORM_THREADS)
             unpack8(xs, x_raw[chunk]);
             unpack8(grads, dout_raw[chunk]);
             unpack8(scales, weight_raw[chunk]);
-            load8<VECTOR>(dxs, dx_row, column, d);
+            if (branch) {
+                float branches[8];
+                bfloat *branch_row = branch + (size_t)row * d;
+                load8<VECTOR>(branches, branch_row, column, d);
 #pragma unroll
-            for (int k = 0; k < 8; k++) {
-                float xhat = xs[k] * row_rstd;
-                dxs[k] += row_rstd * (grads[k] * scales[k] - xhat * mean_dot);
-                dweight_sum[chunk][k] += grads[k] * xhat;
+                for (int k = 0; k < 8; k++) {
+                    float xhat = xs[k] * row_rstd;
+                    dxs[k] = __bfloat162float(__float2bfloat16_rn(
+                        row_rstd * (grads[k] * scales[k] - xhat * mean_dot)));
+                    branches[k] += dxs[k];
+                    dweight_sum[chunk][k] += grads[k] * xhat;
+                }
+                store8<VECTOR>(branch_row, column, d, branches);
+            } else {
+                load8<VECTOR>(dxs, dx_row, column, d);
+#pragma unroll
+                for (int k = 0; k < 8; k++) {
+                    float xhat = xs[k] * row_rstd;
+                    dxs[k] += row_rstd * (grads[k] * scales[k] - xhat * mean_dot);
+                    dweight_sum[chunk][k] += grads[k] * xhat;
+                }
             }
             store8<VECTOR>(dx_row, column, d, dxs);
         }
@@ -206,7 +224,7 @@ typedef void (*ForwardLaunch)(bool vector, unsigned blocks, cudaStream_t stream,
                               float *rstd, const bfloat *x, const bfloat *weight, int rows,
                               int d, float eps);
 typedef void (*BackwardLaunch)(bool vector, unsigned blocks, cudaStream_t stream, bfloat *dx,
-                               float *partials, const bfloat *dout, const bfloat *x,
+                               bfloat *branch, float *partials, const bfloat *dout, const bfloat *x,
                                const bfloat *weight, const float *rstd, int rows, int d,
                                int rows_per_group);
 
@@ -226,16 +244,16 @@ static void launch_forward(bool vector, unsigned blocks, cudaStream_t stream, bf
 
 template <int ROW_THREADS, int CHUNKS>
 static void launch_backward(bool vector, unsigned blocks, cudaStream_t stream, bfloat *dx,
-                            float *partials, const bfloat *dout, const bfloat *x,
+                            bfloat *branch, float *partials, const bfloat *dout, const bfloat *x,
                             const bfloat *weight, const float *rstd, int rows, int d,
                             int rows_per_group)
 {
     if (vector)
         rmsnorm_backward_kernel<ROW_THREADS, CHUNKS, true><<<blocks, RMSNORM_THREADS, 0, stream>>>(
-            dx, partials, dout, x, weight, rstd, rows, d, rows_per_group);
+            dx, branch, partials, dout, x, weight, rstd, rows, d, rows_per_group);
     else
         rmsnorm_backward_kernel<ROW_THREADS, CHUNKS, false><<<blocks, RMSNORM_THREADS, 0, stream>>>(
-            dx, partials, dout, x, weight, rstd, rows, d, rows_per_group);
+            dx, branch, partials, dout, x, weight, rstd, rows, d, rows_per_group);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -284,9 +302,10 @@ extern "C" size_t cuda_rmsnorm_backward_workspace_floats(int rows, int d)
     return groups * (size_t)d;
 }
 
-extern "C" void cuda_rmsnorm_backward(bf16 *dx, float *dweight, const bf16 *dout, const bf16 *x,
-                                      const bf16 *weight, const float *rstd, int rows, int d,
-                                      float *workspace, cudaStream_t stream)
+extern "C" void cuda_rmsnorm_backward_branch(bf16 *dx, bf16 *branch, float *dweight,
+                                             const bf16 *dout, const bf16 *x, const bf16 *weight,
+                                             const float *rstd, int rows, int d,
+                                             float *workspace, cudaStream_t stream)
 {
     if (rows <= 0 || d <= 0)
         return;
@@ -296,9 +315,10 @@ extern "C" void cuda_rmsnorm_backward(bf16 *dx, float *dweight, const bf16 *dout
     int groups_per_block = RMSNORM_THREADS / shape.row_threads;
     unsigned blocks = (unsigned)((groups + groups_per_block - 1) / groups_per_block);
     bool vector = d % 8 == 0 && is_aligned_16(dx) && is_aligned_16(workspace) &&
-                  is_aligned_16(dout) && is_aligned_16(x) && is_aligned_16(weight);
+                  is_aligned_16(dout) && is_aligned_16(x) && is_aligned_16(weight) &&
+                  (!branch || is_aligned_16(branch));
     backward_launches[team_index(shape)][chunk_index(shape)](
-        vector, blocks, stream, (bfloat *)dx, workspace, (const bfloat *)dout, (const bfloat *)x,
+        vector, blocks, stream, (bfloat *)dx, (bfloat *)branch, workspace, (const bfloat *)dout, (const bfloat *)x,
         (const bfloat *)weight, rstd, rows, d, per_group);
 
     dim3 reduce_block(REDUCE_COLUMNS, REDUCE_SLICES);
@@ -306,4 +326,12 @@ extern "C" void cuda_rmsnorm_backward(bf16 *dx, float *dweight, const bf16 *dout
     rmsnorm_dweight_reduce_kernel<<<reduce_blocks, reduce_block, 0, stream>>>(dweight, workspace,
                                                                             groups, d);
     CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void cuda_rmsnorm_backward(bf16 *dx, float *dweight, const bf16 *dout, const bf16 *x,
+                                      const bf16 *weight, const float *rstd, int rows, int d,
+                                      float *workspace, cudaStream_t stream)
+{
+    cuda_rmsnorm_backward_branch(dx, NULL, dweight, dout, x, weight, rstd, rows, d, workspace,
+                                 stream);
 }

@@ -9,7 +9,9 @@
 # build/kernels/libfathom_cuda.so. LAYERS default 8; RESIDUAL default mhar_delta, and standard
 # is timed with the new module each round as the reference. Prints "tag residual layers tok/s
 # step_ms mem_gib" lines and the (c) rows; logs in $OUT (or /tmp/ab-module).
-# OLD_MODULE "same" times the new module on both sides; NEW_ENV and OLD_ENV ("NAME=value ...")
+# OLD_BINARY names the old side's fathom (default build/fathom: a module built from a commit
+# whose op table differs from the binary's needs its own binary). OLD_MODULE "same" times
+# the new module on both sides; NEW_ENV and OLD_ENV ("NAME=value ...")
 # are set for their side only, so one build's two kernel choices can be compared the same way:
 #   NEW_ENV=FATHOM_ROUTE_BLOCK=mma OLD_ENV=FATHOM_ROUTE_BLOCK=simt ab_module.sh same
 set -uo pipefail
@@ -30,9 +32,9 @@ if [[ $old == *.xz ]]; then
 fi
 for round in $(seq "${ROUNDS:-2}"); do
   for side in new old; do
-    module=$new side_env=${NEW_ENV:-}
-    [ $side = old ] && module=$old side_env=${OLD_ENV:-}
-    env $side_env FATHOM_CUDA_MODULE=$module build/fathom bench --device cuda --cases route --repeat 10 \
+    module=$new side_env=${NEW_ENV:-} binary=build/fathom
+    [ $side = old ] && module=$old side_env=${OLD_ENV:-} binary=${OLD_BINARY:-build/fathom}
+    env $side_env FATHOM_CUDA_MODULE=$module "$binary" bench --device cuda --cases route --repeat 10 \
       --json "$out/route-$side-$round.jsonl" >"$out/route-$side-$round.txt" 2>&1
     python3 -c "
 import json, sys
@@ -42,7 +44,7 @@ for line in open(sys.argv[1]):
         print(f\"$side-$round route {r['mode']:<18} {r['ms']:.2f} ms\")" "$out/route-$side-$round.jsonl"
     list=("${residuals[@]}")
     [ $side = new ] && list=(standard "${residuals[@]}")
-    env $side_env FATHOM_CUDA_MODULE=$module OUT=$out TRAIN_TAG=$side-$round \
+    env $side_env FATHOM_CUDA_MODULE=$module FATHOM_BINARY=$binary OUT=$out TRAIN_TAG=$side-$round \
       launch/bench/train_8b_width.sh "$layers" 5 "${list[@]}"
   done
 done
