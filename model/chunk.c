@@ -148,10 +148,13 @@ static void routed_sublayer_forward(Walk *walk, int j, LayerActivations *saved, 
     Activation *partial = store->summaries[plan->sublayer_buffer[j]];
     Activation *out = starts_block ? partial : walk->model->scratch.layer.sublayer_output;
     sublayer_forward(walk->model, &walk->layer, j, saved, x, out);
-    if (!starts_block)
-        backend->add(partial, store->summaries[plan->sublayer_buffer[j - 1]], out,
-                     walk->count);
-    if (walk->delta)
+    const Activation *previous = starts_block ? NULL
+                                              : store->summaries[plan->sublayer_buffer[j - 1]];
+    if (previous && walk->delta) /* f_j into the partial and into p, read once */
+        backend->add_both(partial, previous, store->stream, out, walk->count);
+    else if (previous)
+        backend->add(partial, previous, out, walk->count);
+    else if (walk->delta)
         backend->add_inplace(store->stream, out, walk->count);
 }
 

@@ -76,6 +76,11 @@ typedef struct Backend {
     void (*add_inplace)(Activation *y, const Activation *x, size_t n);
     /* out[i] = a[i] + b[i]; out may alias a or b */
     void (*add)(Activation *out, const Activation *a, const Activation *b, size_t n);
+    /* out[i] = a[i] + x[i] and y[i] += x[i]: one x into two sums (the delta form's sublayer
+     * output into its block's partial and the stream, DESIGN 2.1), x read once. out may
+     * alias a; y must not alias out, a or x. */
+    void (*add_both)(Activation *out, const Activation *a, Activation *y, const Activation *x,
+                     size_t n);
 
     /* ---- embedding: out[t, :] = table[tokens[t], :]   table [V, d], out [n, d] ---- */
     void (*embedding_forward)(Activation *out, const uint32_t *tokens, const Activation *table,
@@ -327,17 +332,16 @@ typedef struct Backend {
     /* ---- optimizer, over flat fp32 ranges (DESIGN 3) ---- */
     /* sum of x[i]^2 in double, summed in a fixed order */
     double (*sum_squares)(const float *x, size_t n);
-    /* x[i] *= factor */
-    void (*scale)(float *x, float factor, size_t n);
     /* y[i] += x[i], fp32 (FSDP adds a reduce-scattered gradient into its accumulator) */
     void (*add_floats)(float *y, const float *x, size_t n);
-    /* AdamW (decoupled decay), `step` counts from 1:
+    /* AdamW (decoupled decay), `step` counts from 1, g = grad_scale * grads[i] (the clipping
+     * coefficient, applied as the gradient is read: grads are left as they are):
      *   p -= lr * wd * p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
      *   p -= lr / (1 - b1^step) * m / (sqrt(v) / sqrt(1 - b2^step) + eps)
      * and, when compute_copy is not NULL, compute_copy[i] = p[i] in the activation dtype
      * (the weights the next forward reads; cpu passes NULL, its compute copy IS params). */
-    void (*adamw_update)(float *params, const float *grads, float *exp_avg, float *exp_avg_sq,
-                         size_t n, float lr, float beta1, float beta2, float eps,
+    void (*adamw_update)(float *params, const float *grads, float grad_scale, float *exp_avg,
+                         float *exp_avg_sq, size_t n, float lr, float beta1, float beta2, float eps,
                          float weight_decay, int step, Activation *compute_copy);
     /* ema = decay * ema + (1 - decay) * params */
     void (*ema_update)(float *ema, const float *params, size_t n, float decay);

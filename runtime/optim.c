@@ -54,10 +54,13 @@ bool optim_step_checked(Optimizer *opt, double lr, bool loss_finite, double *gra
         return false;
     }
 
+    /* clipping: AdamW reads each gradient times coef, one pass over them fewer than scaling
+     * them in place first (the same fp32 products) */
+    float grad_scale = 1.0f;
     if (config->grad_clip > 0) {
         double coef = config->grad_clip / (norm + OPTIM_CLIP_EPSILON);
         if (coef < 1.0)
-            backend->scale(opt->grads, (float)coef, opt->count);
+            grad_scale = (float)coef;
     }
 
     int update_number = opt->step + 1; /* bias correction counts from 1 */
@@ -66,7 +69,7 @@ bool optim_step_checked(Optimizer *opt, double lr, bool loss_finite, double *gra
         if (range->count == 0)
             continue;
         size_t at = range->offset;
-        backend->adamw_update(opt->params + at, opt->grads + at, opt->exp_avg + at,
+        backend->adamw_update(opt->params + at, opt->grads + at, grad_scale, opt->exp_avg + at,
                               opt->exp_avg_sq + at, range->count,
                               (float)(lr * range->lr_mult), (float)config->beta1,
                               (float)config->beta2, (float)config->eps, range->weight_decay,

@@ -4,8 +4,8 @@
  * The buffers params, grads, exp_avg, exp_avg_sq and ema are backend memory of `count`
  * floats each, owned by the caller (under FSDP: this rank's shards, DESIGN 3). They are cut
  * into ranges, one per parameter tensor, each with its own learning-rate multiplier and
- * weight decay; everything is done through the Backend op table (sum_squares, scale,
- * adamw_update, ema_update, copy), so the same code runs on cpu and cuda.
+ * weight decay; everything is done through the Backend op table (sum_squares, adamw_update,
+ * ema_update, copy), so the same code runs on cpu and cuda.
  *
  * One step, optim_step(opt, lr, &grad_norm):
  *   1. norm = sqrt(sum over all `count` grads of g^2, or over norm_ranges when given), in
@@ -13,8 +13,9 @@
  *      per-rank sum of squares goes through it first, so every rank sees the global norm and
  *      takes the same decision.
  *   2. norm not finite: nothing changes except `skipped` (+1); returns false.
- *   3. grad_clip > 0: coef = grad_clip / (norm + 1e-6); when coef < 1 every gradient is
- *      multiplied by coef, in place (exactly torch.nn.utils.clip_grad_norm_).
+ *   3. grad_clip > 0: coef = grad_clip / (norm + 1e-6); when coef < 1 AdamW reads every
+ *      gradient multiplied by coef (the update of torch.nn.utils.clip_grad_norm_, bit for
+ *      bit; the gradients themselves are left unscaled, one pass over them fewer).
  *   4. AdamW on each range with lr * range.lr_mult and range.weight_decay, bias correction
  *      for update number step + 1 (the formula is in runtime/backend.h); the compute copy,
  *      when there is one, gets the new weights in the same pass.

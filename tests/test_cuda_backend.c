@@ -100,6 +100,7 @@ Test(cuda_backend, fills_every_entry_with_two_byte_activations)
     EXPECT_ENTRY(b, event_wait);
     EXPECT_ENTRY(b, activations_from_floats); EXPECT_ENTRY(b, activations_upload);
     EXPECT_ENTRY(b, activations_download); EXPECT_ENTRY(b, add_inplace); EXPECT_ENTRY(b, add);
+    EXPECT_ENTRY(b, add_both);
     EXPECT_ENTRY(b, embedding_forward); EXPECT_ENTRY(b, embedding_backward);
     EXPECT_ENTRY(b, sum_rows);
     EXPECT_ENTRY(b, rmsnorm_forward); EXPECT_ENTRY(b, rmsnorm_backward);
@@ -115,7 +116,7 @@ Test(cuda_backend, fills_every_entry_with_two_byte_activations)
     EXPECT_ENTRY(b, add_scaled);
     EXPECT_ENTRY(b, stream_conv_forward); EXPECT_ENTRY(b, stream_conv_backward);
     EXPECT_ENTRY(b, stream_mix_forward); EXPECT_ENTRY(b, stream_mix_backward);
-    EXPECT_ENTRY(b, sum_squares); EXPECT_ENTRY(b, scale); EXPECT_ENTRY(b, adamw_update);
+    EXPECT_ENTRY(b, sum_squares); EXPECT_ENTRY(b, adamw_update);
     EXPECT_ENTRY(b, ema_update);
 }
 
@@ -322,11 +323,6 @@ static const float lr = 0.1f, beta1 = 0.9f, beta2 = 0.95f, adam_eps = 1e-8f, dec
 static const int adam_step = 3;
 static const int optimizer_lengths[] = {1, 1003};
 
-static void run_scale(const Backend *b, void *const *p, const OpCase *c)
-{
-    b->scale(p[0], 0.37f, (size_t)c->shape[0]);
-}
-
 static void run_ema_update(const Backend *b, void *const *p, const OpCase *c)
 {
     b->ema_update(p[0], p[1], (size_t)c->shape[0], 0.9f);
@@ -334,19 +330,8 @@ static void run_ema_update(const Backend *b, void *const *p, const OpCase *c)
 
 static void run_adamw_update(const Backend *b, void *const *p, const OpCase *c)
 {
-    b->adamw_update(p[0], p[1], p[2], p[3], (size_t)c->shape[0], lr, beta1, beta2, adam_eps,
-                    decay, adam_step, NULL);
-}
-
-Test(cuda_backend, scale_matches_cpu)
-{
-    gpu_require();
-    for (int i = 0; i < 2; i++) {
-        OpCase c = op_case("scale", run_scale);
-        c.shape[0] = optimizer_lengths[i];
-        op_updated(&c, "x", (size_t)c.shape[0], 1, 0, BACKEND_FP32_TOLERANCE);
-        op_check(&c, 600 + (uint64_t)i);
-    }
+    b->adamw_update(p[0], p[1], 0.37f, p[2], p[3], (size_t)c->shape[0], lr, beta1, beta2,
+                    adam_eps, decay, adam_step, NULL);
 }
 
 Test(cuda_backend, ema_update_matches_cpu)
@@ -384,8 +369,8 @@ static float *device_adamw(float *const *state, size_t n, bool with_copy, float 
     float *params = device_floats(state[0], n), *grads = device_floats(state[1], n);
     float *exp_avg = device_floats(state[2], n), *exp_avg_sq = device_floats(state[3], n);
     Activation *compute_copy = with_copy ? device_poisoned(n * 2) : NULL;
-    b->adamw_update(params, grads, exp_avg, exp_avg_sq, n, lr, beta1, beta2, adam_eps, decay,
-                    adam_step, compute_copy);
+    b->adamw_update(params, grads, 1.0f, exp_avg, exp_avg_sq, n, lr, beta1, beta2, adam_eps,
+                    decay, adam_step, compute_copy);
     float *result = malloc(n * sizeof(float));
     b->download(result, params, n * sizeof(float));
     if (with_copy)

@@ -55,6 +55,25 @@ Test(cuda_backend_ops, add_matches_cpu)
     }
 }
 
+static void run_add_both(const Backend *b, void *const *p, const OpCase *c)
+{
+    b->add_both(p[0], p[2], p[1], p[3], (size_t)c->shape[0]);
+}
+
+Test(cuda_backend_ops, add_both_writes_a_plus_x_and_adds_x_into_y)
+{
+    gpu_require();
+    for (int i = 0; i < 2; i++) {
+        OpCase c = op_case("add_both", run_add_both);
+        c.shape[0] = lengths[i];
+        op_output(&c, "out", ARRAY_ACTIVATION, (size_t)lengths[i], BF16_OUT);
+        op_accumulated(&c, "y", ARRAY_ACTIVATION, (size_t)lengths[i], BF16_OUT);
+        op_input(&c, "a", ARRAY_ACTIVATION, (size_t)lengths[i], 1, 0);
+        op_input(&c, "x", ARRAY_ACTIVATION, (size_t)lengths[i], 1, 0);
+        op_check(&c, 30 + (uint64_t)i);
+    }
+}
+
 Test(cuda_backend_ops, add_inplace_adds_into_y)
 {
     gpu_require();

@@ -69,10 +69,11 @@ Test(cuda_optimizer, adamw_update_matches_cpu)
         float *params = gpu_upload_floats(state.params, n);
         float *exp_avg = gpu_upload_floats(state.exp_avg, n);
         float *exp_avg_sq = gpu_upload_floats(state.exp_avg_sq, n);
-        cuda_adamw_update(params, gpu_upload_floats(state.grads, n), exp_avg, exp_avg_sq, n, lr,
-                          beta1, beta2, eps, weight_decay, step, NULL, 0);
-        cpu_adamw_update(state.params, state.grads, state.exp_avg, state.exp_avg_sq, n, lr,
-                         beta1, beta2, eps, weight_decay, step);
+        const float grad_scale = c % 2 ? 0.37f : 1.0f; /* clipped and not */
+        cuda_adamw_update(params, gpu_upload_floats(state.grads, n), grad_scale, exp_avg,
+                          exp_avg_sq, n, lr, beta1, beta2, eps, weight_decay, step, NULL, 0);
+        cpu_adamw_update(state.params, state.grads, grad_scale, state.exp_avg,
+                         state.exp_avg_sq, n, lr, beta1, beta2, eps, weight_decay, step);
         float *got_params = gpu_download_floats(params, n);
         float *got_exp_avg = gpu_download_floats(exp_avg, n);
         float *got_exp_avg_sq = gpu_download_floats(exp_avg_sq, n);
@@ -93,7 +94,7 @@ Test(cuda_optimizer, adamw_update_writes_the_rounded_new_params_as_the_compute_c
         AdamState state = adam_state(n, 100 + 10 * c);
         float *params = gpu_upload_floats(state.params, n);
         bf16 *compute_copy = gpu_poisoned_bf16(n);
-        cuda_adamw_update(params, gpu_upload_floats(state.grads, n),
+        cuda_adamw_update(params, gpu_upload_floats(state.grads, n), 1.0f,
                           gpu_upload_floats(state.exp_avg, n),
                           gpu_upload_floats(state.exp_avg_sq, n), n, lr, beta1, beta2, eps,
                           weight_decay, step, compute_copy, 0);
@@ -119,22 +120,6 @@ Test(cuda_optimizer, ema_update_matches_cpu)
         float *got = gpu_download_floats(device_ema, n);
         expect_close(got, ema, n, "ema");
         free(ema), free(params), free(got);
-        gpu_free_all();
-    }
-}
-
-Test(cuda_optimizer, scale_matches_cpu)
-{
-    gpu_require();
-    for (size_t c = 0; c < LENGTH_COUNT; c++) {
-        size_t n = lengths[c];
-        float *x = values(n, 1, 300 + c);
-        float *device_x = gpu_upload_floats(x, n);
-        cuda_scale(device_x, 0.37f, n, 0);
-        cpu_scale(x, 0.37f, n);
-        float *got = gpu_download_floats(device_x, n);
-        expect_close(got, x, n, "scale");
-        free(x), free(got);
         gpu_free_all();
     }
 }

@@ -48,13 +48,14 @@ Test(kernels_cpu, backend_table_fills_every_op)
 #define EXPECT_OP(op) cr_assert_not_null((void *)(uintptr_t)backend->op, #op " is NULL")
     EXPECT_OP(alloc); EXPECT_OP(release); EXPECT_OP(zero); EXPECT_OP(copy); EXPECT_OP(upload);
     EXPECT_OP(download); EXPECT_OP(synchronize); EXPECT_OP(add_inplace); EXPECT_OP(add);
+    EXPECT_OP(add_both);
     EXPECT_OP(embedding_forward); EXPECT_OP(embedding_backward); EXPECT_OP(sum_rows); EXPECT_OP(rmsnorm_forward);
     EXPECT_OP(rmsnorm_backward); EXPECT_OP(rmsnorm_backward_branch);
     EXPECT_OP(matmul_forward); EXPECT_OP(matmul_backward);
     EXPECT_OP(rope_forward); EXPECT_OP(rope_backward); EXPECT_OP(attention_forward);
     EXPECT_OP(attention_backward); EXPECT_OP(swiglu_forward); EXPECT_OP(swiglu_backward);
     EXPECT_OP(cross_entropy_forward); EXPECT_OP(cross_entropy_backward); EXPECT_OP(sum_squares);
-    EXPECT_OP(scale); EXPECT_OP(adamw_update); EXPECT_OP(ema_update); EXPECT_OP(route_forward);
+    EXPECT_OP(adamw_update); EXPECT_OP(ema_update); EXPECT_OP(route_forward);
     EXPECT_OP(route_backward); EXPECT_OP(stream_conv_forward); EXPECT_OP(stream_conv_backward);
     EXPECT_OP(route_block_forward); EXPECT_OP(route_block_backward); EXPECT_OP(add_scaled);
     EXPECT_OP(route_merge_forward); EXPECT_OP(route_merge_backward);
@@ -117,6 +118,24 @@ Test(kernels_cpu, add_inplace_adds_x_into_y)
     cpu_add_inplace(y, x, n);
     cr_assert_leq(test_relative_error_double(y, expected, n), FORWARD_TOLERANCE);
     free_all(y, x, expected, NULL);
+}
+
+Test(kernels_cpu, add_both_writes_a_plus_x_and_adds_x_into_y)
+{
+    size_t n = 40000; /* above the parallel threshold */
+    float *a = random_floats(n, 1, 7), *y = random_floats(n, 1, 8), *x = random_floats(n, 1, 9);
+    float *out = poisoned_floats(n);
+    double *expected_out = doubles(n), *expected_y = doubles(n);
+    for (size_t i = 0; i < n; i++) {
+        expected_out[i] = (double)a[i] + x[i];
+        expected_y[i] = (double)y[i] + x[i];
+    }
+    cpu_add_both(out, a, y, x, n);
+    cr_assert_leq(test_relative_error_double(out, expected_out, n), FORWARD_TOLERANCE);
+    cr_assert_leq(test_relative_error_double(y, expected_y, n), FORWARD_TOLERANCE);
+    cpu_add_both(a, a, y, x, n); /* out aliasing a */
+    cr_assert_leq(test_relative_error_double(a, expected_out, n), FORWARD_TOLERANCE);
+    free_all(a, y, x, out, expected_out, expected_y, NULL);
 }
 
 Test(kernels_cpu, add_writes_the_sum_even_when_out_aliases_an_input)
@@ -463,18 +482,6 @@ Test(kernels_cpu, sum_squares_is_bitwise_identical_for_1_and_2_threads)
     free(x);
 }
 
-Test(kernels_cpu, scale_multiplies_every_element)
-{
-    size_t n = 40000;
-    float *x = random_floats(n, 1, 200);
-    double *expected = doubles(n);
-    for (size_t i = 0; i < n; i++)
-        expected[i] = (double)x[i] * 0.37;
-    cpu_scale(x, 0.37f, n);
-    cr_assert_leq(test_relative_error_double(x, expected, n), FORWARD_TOLERANCE);
-    free_all(x, expected, NULL);
-}
-
 Test(kernels_cpu, ema_update_matches_formula)
 {
     size_t n = 1001;
@@ -510,7 +517,7 @@ Test(kernels_cpu, adamw_update_matches_double_formula_over_3_steps)
             p[i] -= lr / (1 - pow(beta1, step)) * m[i] /
                     (sqrt(v[i]) / sqrt(1 - pow(beta2, step)) + eps);
         }
-        cpu_adamw_update(params, grads, exp_avg, exp_avg_sq, n, (float)lr, (float)beta1,
+        cpu_adamw_update(params, grads, 1.0f, exp_avg, exp_avg_sq, n, (float)lr, (float)beta1,
                          (float)beta2, (float)eps, (float)weight_decay, step);
         for (size_t i = 0; i < n; i++) {
             moved[i] = (double)params[i] - initial[i];

@@ -23,24 +23,19 @@ static double reference_sum_squares(const float *x, size_t n)
     return sum;
 }
 
-static void reference_scale(float *x, float factor, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        x[i] *= factor;
-}
-
-static void reference_adamw_update(float *params, const float *grads, float *exp_avg,
-                                   float *exp_avg_sq, size_t n, float lr, float beta1,
-                                   float beta2, float eps, float weight_decay, int step,
-                                   Activation *compute_copy)
+static void reference_adamw_update(float *params, const float *grads, float grad_scale,
+                                   float *exp_avg, float *exp_avg_sq, size_t n, float lr,
+                                   float beta1, float beta2, float eps, float weight_decay,
+                                   int step, Activation *compute_copy)
 {
     cr_assert_null(compute_copy, "no compute copy was given to the optimizer");
     float correction1 = 1.0f - powf(beta1, (float)step);
     float correction2_sqrt = sqrtf(1.0f - powf(beta2, (float)step));
     for (size_t i = 0; i < n; i++) {
+        const float g = grads[i] * grad_scale;
         params[i] -= lr * weight_decay * params[i];
-        exp_avg[i] = beta1 * exp_avg[i] + (1 - beta1) * grads[i];
-        exp_avg_sq[i] = beta2 * exp_avg_sq[i] + (1 - beta2) * grads[i] * grads[i];
+        exp_avg[i] = beta1 * exp_avg[i] + (1 - beta1) * g;
+        exp_avg_sq[i] = beta2 * exp_avg_sq[i] + (1 - beta2) * g * g;
         params[i] -= lr / correction1 * exp_avg[i] /
                      (sqrtf(exp_avg_sq[i]) / correction2_sqrt + eps);
     }
@@ -61,7 +56,6 @@ static const Backend reference_backend = {
     .name = "optimizer-reference",
     .copy = reference_copy,
     .sum_squares = reference_sum_squares,
-    .scale = reference_scale,
     .adamw_update = reference_adamw_update,
     .ema_update = reference_ema_update,
 };
@@ -241,12 +235,23 @@ Test(optim, clipping_above_grad_clip_scales_by_the_torch_coefficient)
     memset(f.grads, 0, sizeof f.grads);
     f.grads[0] = 3;
     f.grads[7] = 4; /* norm 5 */
+    /* torch scales the gradients in place, then steps: the same step, bit for bit */
+    OptimConfig unclipped_config = config;
+    unclipped_config.grad_clip = 0;
+    OptimFixture torch;
+    fixture_init(&torch, &unclipped_config);
+    memset(torch.grads, 0, sizeof torch.grads);
+    float coef = (float)(1.0 / (5.0 + 1e-6));
+    torch.grads[0] = 3 * coef;
+    torch.grads[7] = 4 * coef;
     double norm;
     optim_step(&f.opt, 1e-3, &norm);
-    float coef = (float)(1.0 / (5.0 + 1e-6));
+    optim_step(&torch.opt, 1e-3, NULL);
     cr_assert_float_eq(norm, 5.0, 1e-12);
-    cr_assert_eq(f.grads[0], 3 * coef);
-    cr_assert_eq(f.grads[7], 4 * coef);
+    cr_assert(memcmp(f.params, torch.params, sizeof f.params) == 0);
+    cr_assert(memcmp(f.exp_avg, torch.exp_avg, sizeof f.exp_avg) == 0);
+    cr_assert(memcmp(f.exp_avg_sq, torch.exp_avg_sq, sizeof f.exp_avg_sq) == 0);
+    cr_assert(f.grads[0] == 3 && f.grads[7] == 4, "the gradients are read scaled, not scaled");
 }
 
 Test(optim, non_finite_gradient_skips_the_step_and_leaves_state_untouched)

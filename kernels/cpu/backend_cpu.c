@@ -126,6 +126,12 @@ static void table_add(Activation *out, const Activation *a, const Activation *b,
     cpu_add(F(out), CF(a), CF(b), n);
 }
 
+static void table_add_both(Activation *out, const Activation *a, Activation *y,
+                           const Activation *x, size_t n)
+{
+    cpu_add_both(F(out), CF(a), F(y), CF(x), n);
+}
+
 static void table_embedding_forward(Activation *out, const uint32_t *tokens,
                                     const Activation *table, int n, int d)
 {
@@ -330,12 +336,12 @@ static void table_stream_mix_backward(Activation *const *dstreams, float *dmix_b
 }
 
 /* the compute copy of the weights IS the fp32 master here: nothing to refresh */
-static void table_adamw_update(float *params, const float *grads, float *exp_avg,
-                               float *exp_avg_sq, size_t n, float lr, float beta1, float beta2,
+static void table_adamw_update(float *params, const float *grads, float grad_scale,
+                               float *exp_avg, float *exp_avg_sq, size_t n, float lr, float beta1, float beta2,
                                float eps, float weight_decay, int step,
                                Activation *compute_copy)
 {
-    cpu_adamw_update(params, grads, exp_avg, exp_avg_sq, n, lr, beta1, beta2, eps,
+    cpu_adamw_update(params, grads, grad_scale, exp_avg, exp_avg_sq, n, lr, beta1, beta2, eps,
                      weight_decay, step);
     if (compute_copy)
         cpu_activations_from_floats(compute_copy, params, n);
@@ -429,6 +435,7 @@ static const Backend cpu_backend = {
     .activations_download = cpu_activations_download,
     .add_inplace = table_add_inplace,
     .add = table_add,
+    .add_both = table_add_both,
     .embedding_forward = table_embedding_forward,
     .embedding_backward = table_embedding_backward,
     .sum_rows = table_sum_rows,
@@ -460,7 +467,6 @@ static const Backend cpu_backend = {
     .stream_mix_forward = table_stream_mix_forward,
     .stream_mix_backward = table_stream_mix_backward,
     .sum_squares = cpu_sum_squares,
-    .scale = cpu_scale,
     .add_floats = cpu_add_floats,
     .adamw_update = table_adamw_update,
     .ema_update = cpu_ema_update,

@@ -15,3 +15,12 @@ void cpu_add(float *out, const float *a, const float *b, size_t n)
     for (size_t i = 0; i < n; i++)
         out[i] = a[i] + b[i];
 }
+
+void cpu_add_both(float *out, const float *a, float *y, const float *x, size_t n)
+{
+#pragma omp parallel for schedule(static) if (n >= CPU_PARALLEL_MIN_WORK)
+    for (size_t i = 0; i < n; i++) {
+        out[i] = a[i] + x[i];
+        y[i] += x[i];
+    }
+}

@@ -27,6 +27,8 @@ enum { CPU_PARALLEL_MIN_WORK = 1 << 14 };
 /* elementwise_cpu.c */
 void cpu_add_inplace(float *y, const float *x, size_t n);
 void cpu_add(float *out, const float *a, const float *b, size_t n);
+/* out = a + x and y += x (runtime/backend.h add_both) */
+void cpu_add_both(float *out, const float *a, float *y, const float *x, size_t n);
 
 /* embedding_cpu.c; tokens must be < V (the caller validates its data against V) */
 void cpu_embedding_forward(float *out, const uint32_t *tokens, const float *table, int n,
@@ -159,9 +161,8 @@ void cpu_route_conv_backward(float *const *dsources, float *const *dtaps, float 
 
 /* optimizer_cpu.c */
 double cpu_sum_squares(const float *x, size_t n);
-void cpu_scale(float *x, float factor, size_t n);
-void cpu_adamw_update(float *params, const float *grads, float *exp_avg, float *exp_avg_sq,
-                      size_t n, float lr, float beta1, float beta2, float eps,
+void cpu_adamw_update(float *params, const float *grads, float grad_scale, float *exp_avg,
+                      float *exp_avg_sq, size_t n, float lr, float beta1, float beta2, float eps,
                       float weight_decay, int step);
 void cpu_add_floats(float *y, const float *x, size_t n);
 void cpu_ema_update(float *ema, const float *params, size_t n, float decay);

@@ -49,17 +49,11 @@ double cpu_sum_squares(const float *x, size_t n)
     return total;
 }
 
-void cpu_scale(float *x, float factor, size_t n)
-{
-#pragma omp parallel for schedule(static) if (n >= CPU_PARALLEL_MIN_WORK)
-    for (size_t i = 0; i < n; i++)
-        x[i] *= factor;
-}
-
 /* The formula of runtime/backend.h, term by term, in fp32; the bias corrections are computed
- * once in double. step counts from 1. */
-void cpu_adamw_update(float *params, const float *grads, float *exp_avg, float *exp_avg_sq,
-                      size_t n, float lr, float beta1, float beta2, float eps,
+ * once in double. step counts from 1; g = grads[i] * grad_scale (the fp32 product that
+ * scaling the gradients in place would store). */
+void cpu_adamw_update(float *params, const float *grads, float grad_scale, float *exp_avg,
+                      float *exp_avg_sq, size_t n, float lr, float beta1, float beta2, float eps,
                       float weight_decay, int step)
 {
     float decay = lr * weight_decay;
@@ -67,7 +61,7 @@ void cpu_adamw_update(float *params, const float *grads, float *exp_avg, float *
     float bias_correction2_sqrt = (float)sqrt(1.0 - pow(beta2, step));
 #pragma omp parallel for schedule(static) if (n >= CPU_PARALLEL_MIN_WORK)
     for (size_t i = 0; i < n; i++) {
-        float p = params[i], g = grads[i];
+        float p = params[i], g = grads[i] * grad_scale;
         p -= decay * p;
         float m = beta1 * exp_avg[i] + (1.0f - beta1) * g;
         float v = beta2 * exp_avg_sq[i] + (1.0f - beta2) * g * g;

@@ -330,6 +330,13 @@ static void op_add(Activation *out, const Activation *a, const Activation *b, si
     cuda_add(as_bf16(out), as_bf16_const(a), as_bf16_const(b), n, compute_stream());
 }
 
+static void op_add_both(Activation *out, const Activation *a, Activation *y, const Activation *x,
+                        size_t n)
+{
+    cuda_add_both(as_bf16(out), as_bf16_const(a), as_bf16(y), as_bf16_const(x), n,
+                  compute_stream());
+}
+
 static void op_embedding_forward(Activation *out, const uint32_t *tokens,
                                  const Activation *table, int n, int d)
 {
@@ -485,21 +492,17 @@ static double op_sum_squares(const float *x, size_t n)
     return cuda_sum_squares_read(result, stream);
 }
 
-static void op_scale(float *x, float factor, size_t n)
-{
-    cuda_scale(x, factor, n, compute_stream());
-}
 
 static void op_add_floats(float *y, const float *x, size_t n)
 {
     cuda_add_floats(y, x, n, compute_stream());
 }
 
-static void op_adamw_update(float *params, const float *grads, float *exp_avg,
-                            float *exp_avg_sq, size_t n, float lr, float beta1, float beta2,
+static void op_adamw_update(float *params, const float *grads, float grad_scale,
+                            float *exp_avg, float *exp_avg_sq, size_t n, float lr, float beta1, float beta2,
                             float eps, float weight_decay, int step, Activation *compute_copy)
 {
-    cuda_adamw_update(params, grads, exp_avg, exp_avg_sq, n, lr, beta1, beta2, eps,
+    cuda_adamw_update(params, grads, grad_scale, exp_avg, exp_avg_sq, n, lr, beta1, beta2, eps,
                       weight_decay, step, as_bf16(compute_copy), compute_stream());
 }
 
@@ -545,6 +548,7 @@ extern "C" const Backend *backend_cuda(void)
     table->activations_download = op_activations_download;
 
     table->add_inplace = op_add_inplace;
+    table->add_both = op_add_both;
     table->add = op_add;
     table->embedding_forward = op_embedding_forward;
     table->embedding_backward = op_embedding_backward;
@@ -565,7 +569,6 @@ extern "C" const Backend *backend_cuda(void)
     backend_cuda_fill_routing(table, sizeof *table);
 
     table->sum_squares = op_sum_squares;
-    table->scale = op_scale;
     table->add_floats = op_add_floats;
     table->adamw_update = op_adamw_update;
     table->ema_update = op_ema_update;

@@ -1,5 +1,6 @@
 /* kernels/cuda/elementwise_cuda.cu — bf16 sums of whole tensors (runtime/backend.h,
- * "elementwise"): y += x and out = a + b, each element added in fp32 and rounded once; and
+ * "elementwise"): y += x, out = a + b, and both at once (add_both: out = a + x, y += x),
+ * each element added in fp32 and rounded once; and
  * the fp32 -> bf16 conversion of runtime/backend.h activations_from_floats.
  *
  * One grid-stride loop, 8 elements (16 bytes of bf16) per thread per step. Every thread
@@ -46,6 +47,42 @@ extern "C" void cuda_add(bf16 *out, const bf16 *a, const bf16 *b, size_t n,
 extern "C" void cuda_add_inplace(bf16 *y, const bf16 *x, size_t n, cudaStream_t stream)
 {
     cuda_add(y, y, x, n, stream);
+}
+
+/* out[i] = a[i] + x[i], y[i] += x[i], i < n: x read once for both */
+template <bool VECTOR>
+__global__ void __launch_bounds__(ELEMENTWISE_THREADS)
+    add_both_kernel(bfloat *out, const bfloat *a, bfloat *y, const bfloat *x, size_t n)
+{
+    size_t stride = (size_t)gridDim.x * blockDim.x * 8;
+    for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8; i < n; i += stride) {
+        float sum[8], total[8], added[8];
+        load8<VECTOR>(sum, a, i, n);
+        load8<VECTOR>(total, y, i, n);
+        load8<VECTOR>(added, x, i, n);
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            sum[k] += added[k];
+            total[k] += added[k];
+        }
+        store8<VECTOR>(out, i, n, sum);
+        store8<VECTOR>(y, i, n, total);
+    }
+}
+
+extern "C" void cuda_add_both(bf16 *out, const bf16 *a, bf16 *y, const bf16 *x, size_t n,
+                              cudaStream_t stream)
+{
+    if (n == 0)
+        return;
+    unsigned blocks = grid_stride_blocks((n + 7) / 8, ELEMENTWISE_THREADS);
+    bfloat *out_ = (bfloat *)out, *y_ = (bfloat *)y;
+    const bfloat *a_ = (const bfloat *)a, *x_ = (const bfloat *)x;
+    if (is_aligned_16(out) && is_aligned_16(a) && is_aligned_16(y) && is_aligned_16(x))
+        add_both_kernel<true><<<blocks, ELEMENTWISE_THREADS, 0, stream>>>(out_, a_, y_, x_, n);
+    else
+        add_both_kernel<false><<<blocks, ELEMENTWISE_THREADS, 0, stream>>>(out_, a_, y_, x_, n);
+    CUDA_CHECK_LAUNCH();
 }
 
 /* dst[i] = bf16(src[i]), i < n (round to nearest even) */

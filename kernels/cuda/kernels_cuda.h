@@ -51,6 +51,8 @@ extern "C" {
 /* ---- elementwise_cuda.cu: y += x; out = a + b (out may alias a or b); fp32 -> bf16 ---- */
 void cuda_add_inplace(bf16 *y, const bf16 *x, size_t n, cudaStream_t stream);
 void cuda_add(bf16 *out, const bf16 *a, const bf16 *b, size_t n, cudaStream_t stream);
+void cuda_add_both(bf16 *out, const bf16 *a, bf16 *y, const bf16 *x, size_t n,
+                   cudaStream_t stream);
 /* dst[i] = bf16(src[i]), round to nearest even (fp32 master weights -> their bf16 compute
  * copy); reads 4 and writes 2 bytes an element. dst must not overlap src. */
 void cuda_bf16_from_floats(bf16 *dst, const float *src, size_t n, cudaStream_t stream);
@@ -144,16 +146,16 @@ void cuda_matmul_backward(bf16 *din, float *dweight, const bf16 *dout, const bf1
                           cudaStream_t stream);
 
 /* ---- optimizer_cuda.cu, over flat fp32 ranges (DESIGN 3) ---- */
-/* AdamW of runtime/backend.h, and in the same pass compute_copy[i] = bf16(params[i]) (the
- * weights the next forward reads); compute_copy may be NULL. step counts from 1. */
-void cuda_adamw_update(float *params, const float *grads, float *exp_avg, float *exp_avg_sq,
-                       size_t n, float lr, float beta1, float beta2, float eps,
+/* AdamW of runtime/backend.h with g = grads[i] * grad_scale, and in the same pass
+ * compute_copy[i] = bf16(params[i]) (the weights the next forward reads); compute_copy may be
+ * NULL. step counts from 1. */
+void cuda_adamw_update(float *params, const float *grads, float grad_scale, float *exp_avg,
+                       float *exp_avg_sq, size_t n, float lr, float beta1, float beta2, float eps,
                        float weight_decay, int step, bf16 *compute_copy, cudaStream_t stream);
 /* ema = decay * ema + (1 - decay) * params */
 void cuda_ema_update(float *ema, const float *params, size_t n, float decay,
                      cudaStream_t stream);
 /* x *= factor */
-void cuda_scale(float *x, float factor, size_t n, cudaStream_t stream);
 void cuda_add_floats(float *y, const float *x, size_t n, cudaStream_t stream);
 /* *result += sum of x[i]^2, in double, on the device (so the squared norms of many ranges
  * add up without a host round trip; zero *result first). Two passes: a fixed grid of

@@ -26,9 +26,9 @@ enum {
 
 template <bool VECTOR>
 __global__ void __launch_bounds__(OPTIMIZER_THREADS)
-    adamw_kernel(float *params, const float *grads, float *exp_avg, float *exp_avg_sq,
-                 bfloat *compute_copy, size_t n, float beta1, float beta2, float eps,
-                 float decay, float step_size, float bias_correction2_sqrt)
+    adamw_kernel(float *params, const float *grads, float grad_scale, float *exp_avg,
+                 float *exp_avg_sq, bfloat *compute_copy, size_t n, float beta1, float beta2,
+                 float eps, float decay, float step_size, float bias_correction2_sqrt)
 {
     size_t stride = (size_t)gridDim.x * blockDim.x * 8;
     for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8; i < n; i += stride) {
@@ -39,6 +39,7 @@ __global__ void __launch_bounds__(OPTIMIZER_THREADS)
         load8_float<VECTOR>(v, exp_avg_sq, i, n);
 #pragma unroll
         for (int k = 0; k < 8; k++) {
+            g[k] *= grad_scale; /* the clipping coefficient, 1 when nothing is clipped */
             p[k] -= decay * p[k];
             m[k] = beta1 * m[k] + (1.0f - beta1) * g[k];
             v[k] = beta2 * v[k] + (1.0f - beta2) * g[k] * g[k];
@@ -68,20 +69,6 @@ __global__ void __launch_bounds__(OPTIMIZER_THREADS)
     }
 }
 
-template <bool VECTOR>
-__global__ void __launch_bounds__(OPTIMIZER_THREADS)
-    scale_kernel(float *x, float factor, size_t n)
-{
-    size_t stride = (size_t)gridDim.x * blockDim.x * 8;
-    for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8; i < n; i += stride) {
-        float values[8];
-        load8_float<VECTOR>(values, x, i, n);
-#pragma unroll
-        for (int k = 0; k < 8; k++)
-            values[k] *= factor;
-        store8_float<VECTOR>(x, i, n, values);
-    }
-}
 
 template <bool VECTOR>
 __global__ void __launch_bounds__(OPTIMIZER_THREADS)
@@ -147,8 +134,8 @@ __global__ void __launch_bounds__(CUDA_SUM_SQUARES_PARTIALS)
         *result += total;
 }
 
-extern "C" void cuda_adamw_update(float *params, const float *grads, float *exp_avg,
-                                  float *exp_avg_sq, size_t n, float lr, float beta1,
+extern "C" void cuda_adamw_update(float *params, const float *grads, float grad_scale,
+                                  float *exp_avg, float *exp_avg_sq, size_t n, float lr, float beta1,
                                   float beta2, float eps, float weight_decay, int step,
                                   bf16 *compute_copy, cudaStream_t stream)
 {
@@ -163,11 +150,13 @@ extern "C" void cuda_adamw_update(float *params, const float *grads, float *exp_
                   is_aligned_16(exp_avg_sq) && is_aligned_16(compute_copy);
     if (vector)
         adamw_kernel<true><<<blocks, OPTIMIZER_THREADS, 0, stream>>>(
-            params, grads, exp_avg, exp_avg_sq, (bfloat *)compute_copy, n, beta1, beta2, eps,
+            params, grads, grad_scale, exp_avg, exp_avg_sq, (bfloat *)compute_copy, n, beta1,
+            beta2, eps,
             decay, step_size, bias_correction2_sqrt);
     else
         adamw_kernel<false><<<blocks, OPTIMIZER_THREADS, 0, stream>>>(
-            params, grads, exp_avg, exp_avg_sq, (bfloat *)compute_copy, n, beta1, beta2, eps,
+            params, grads, grad_scale, exp_avg, exp_avg_sq, (bfloat *)compute_copy, n, beta1,
+            beta2, eps,
             decay, step_size, bias_correction2_sqrt);
     CUDA_CHECK_LAUNCH();
 }
@@ -182,18 +171,6 @@ extern "C" void cuda_ema_update(float *ema, const float *params, size_t n, float
         ema_kernel<true><<<blocks, OPTIMIZER_THREADS, 0, stream>>>(ema, params, n, decay);
     else
         ema_kernel<false><<<blocks, OPTIMIZER_THREADS, 0, stream>>>(ema, params, n, decay);
-    CUDA_CHECK_LAUNCH();
-}
-
-extern "C" void cuda_scale(float *x, float factor, size_t n, cudaStream_t stream)
-{
-    if (n == 0)
-        return;
-    unsigned blocks = grid_stride_blocks((n + 7) / 8, OPTIMIZER_THREADS);
-    if (is_aligned_16(x))
-        scale_kernel<true><<<blocks, OPTIMIZER_THREADS, 0, stream>>>(x, factor, n);
-    else
-        scale_kernel<false><<<blocks, OPTIMIZER_THREADS, 0, stream>>>(x, factor, n);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -3,7 +3,10 @@
 # and .gpu-libs/ made by launch/bench/gpu_bundle.sh: Nsight Compute's counters for the
 # routing kernels of `fathom bench` (docs/performance.md records what they said).
 #   route   the two-phase Block MHAR delta routing of the 8B graft (d 4096, N 2..9, G 8);
-#   msar    the MSAR stream route of the same sites (m 4, kernels 1 2 4 8).
+#   msar    the MSAR stream route of the same sites (m 4, kernels 1 2 4 8);
+#   train   the block kernels as one `fathom train` step launches them at 8 layers of the 8B
+#           width (launch/bench/train_8b_width.sh's configuration, MHAR delta: N 2..5,
+#           4096 tokens), where `fathom bench`'s sizes (N up to 9, 8192 tokens) do not look.
 # For every kernel (one ncu pass each) LAUNCHES launches (default 2) after SKIP (default 4): time, DRAM and L1 throughput, issue activity, occupancy, registers and the two
 # largest warp stall reasons. Needs ncu with hardware counters (the Firecracker machines).
 # Arguments: the bench cases (default: route msar). Logs in $OUT (or /tmp/profile-routing).
@@ -35,20 +38,35 @@ smsp__average_warp_latency_issue_stalled_membar.ratio
 kernels_of() { # the kernels of a case, one ncu pass each
   case $1 in
     route) echo route_block_forward add_scaled route_block_dots route_block_walk route_block_reduce ;;
+    train) echo route_block_forward route_block_walk route_block_dots add_scaled ;;
     msar) echo route_conv_dots route_conv_weights route_conv_mix route_conv_score \
                 route_conv_gradient route_conv_reduce stream_mix_forward stream_mix_backward ;;
     *) echo route_ add_scaled stream_ ;;
   esac
 }
+train_step=(build/fathom train launch/configs/marin8b_block_mhar.yaml
+  --set run_dir=/tmp/profile-routing-run --set device=cuda --set parallel.dp=1
+  --set parallel.pp=1 --set parallel.virtual_stages=1 --set parallel.schedule=1f1b
+  --set model.n_layers=8 --set residual.granularity=block --set residual.layers_per_block=2
+  --set residual.mode=attnres --set residual.heads=8 --set residual.form=delta
+  --set train.steps=1 --set train.seq_len=4096 --set train.microbatch_size=1
+  --set train.global_batch_size=4 --set train.activation_checkpointing=none
+  --set fsdp.reshard_after_forward=false --set optim.warmup_steps=1
+  --set data.source=synthetic --set checkpoint.every=0 --set checkpoint.save_final=false
+  --set eval.every=0 --set log.every=1)
 for c in "${cases[@]}"; do
   : >"$out/ncu-$c.csv"
+  command=(build/fathom bench --device cuda --cases "$c" --repeat 1)
+  [ "$c" = train ] && command=("${train_step[@]}")
   for k in $(kernels_of "$c"); do
+    rm -rf /tmp/profile-routing-run
     timeout 120 "$ncu" --clock-control none --kernel-name regex:"$k" \
       --launch-skip "${SKIP:-4}" --launch-count "${LAUNCHES:-2}" --metrics "$metrics" --csv \
-      --page raw build/fathom bench --device cuda --cases "$c" --repeat 1 \
+      --page raw "${command[@]}" \
       >>"$out/ncu-$c.csv" 2>>"$out/ncu-$c.err" || echo "ncu $c $k: exit $?"
   done
 done
+rm -rf /tmp/profile-routing-run
 python3 - "$out" "${cases[@]}" <<'PY'
 import csv, io, os, sys
 out, cases = sys.argv[1], sys.argv[2:]
