@@ -29,6 +29,14 @@ if ! python3 -c 'import h5py, numpy, tokenizers, matplotlib, yaml, ruamel.yaml' 
 fi
 
 if [ ! -f build/build.ninja ]; then
-  meson setup build --buildtype=release >/dev/null
+  native=()
+  if command -v nvcc >/dev/null; then
+    # meson 1.0 asks nvcc for no dependency files: compile CUDA through a script that does,
+    # so that ninja rebuilds the .cu files whose headers changed (launch/tools/nvcc-depfile)
+    mkdir -p build
+    printf "[binaries]\ncuda = '%s/launch/tools/nvcc-depfile'\n" "$PWD" >build/nvcc-native.ini
+    native=(--native-file build/nvcc-native.ini)
+  fi
+  meson setup build --buildtype=release "${native[@]}" >/dev/null
 fi
 ninja -C build

@@ -4,7 +4,8 @@
 # .gpu-libs/ (git-ignored), so build/ and .gpu-libs/ can travel to a GPU machine.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-# meson 1.0 does not ask nvcc for dependency files, so ninja misses edits to CUDA headers:
+# meson 1.0 does not ask nvcc for dependency files, so a build directory configured without
+# launch/tools/nvcc-depfile (launch/setup.sh uses it) misses edits to CUDA headers:
 # recompile every .cu when a header the CUDA sources include (those under kernels/cuda, and
 # the runtime/ headers they name, followed to a fixed point) is newer than the OLDEST cuda
 # object. The library's own date is not enough: one rebuilt .cu makes it new while the
