@@ -7,3 +7,6 @@ export PATH=$PWD/.gpu-libs/bin:$PATH
 export LD_LIBRARY_PATH=$PWD/.gpu-libs:$PWD/build/kernels${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 FATHOM_BINARY=$PWD/build/fathom \
   FATHOM_SOURCE_DIR=$PWD OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# Nsight Compute, where the machine has it (the profile_*.sh scripts); empty otherwise
+FATHOM_NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+export FATHOM_NCU

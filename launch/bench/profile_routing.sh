@@ -15,7 +15,7 @@ cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/profile-routing}
 mkdir -p "$out"
 . launch/bench/gpu_env.sh
-ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+ncu=$FATHOM_NCU
 [ -n "$ncu" ] || { echo "no ncu on this machine"; exit 1; }
 cases=("$@")
 [ ${#cases[@]} -gt 0 ] || cases=(route msar)
@@ -44,20 +44,12 @@ kernels_of() { # the kernels of a case, one ncu pass each
     *) echo route_ add_scaled stream_ ;;
   esac
 }
-train_step=(build/fathom train launch/configs/marin8b_block_mhar.yaml
-  --set run_dir=/tmp/profile-routing-run --set device=cuda --set parallel.dp=1
-  --set parallel.pp=1 --set parallel.virtual_stages=1 --set parallel.schedule=1f1b
-  --set model.n_layers=8 --set residual.granularity=block --set residual.layers_per_block=2
-  --set residual.mode=attnres --set residual.heads=8 --set residual.form=delta
-  --set train.steps=1 --set train.seq_len=4096 --set train.microbatch_size=1
-  --set train.global_batch_size=4 --set train.activation_checkpointing=none
-  --set fsdp.reshard_after_forward=false --set optim.warmup_steps=1
-  --set data.source=synthetic --set checkpoint.every=0 --set checkpoint.save_final=false
-  --set eval.every=0 --set log.every=1)
+. launch/bench/train_8b_command.sh
+train_8b_command build/fathom /tmp/profile-routing-run 8 1 mhar_delta
 for c in "${cases[@]}"; do
   : >"$out/ncu-$c.csv"
   command=(build/fathom bench --device cuda --cases "$c" --repeat 1)
-  [ "$c" = train ] && command=("${train_step[@]}")
+  [ "$c" = train ] && command=("${train_8b[@]}")
   for k in $(kernels_of "$c"); do
     rm -rf /tmp/profile-routing-run
     timeout 120 "$ncu" --clock-control none --kernel-name regex:"$k" \

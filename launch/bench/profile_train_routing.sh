@@ -14,14 +14,11 @@ residual=${2:-mhar_delta}
 out=${OUT:-/tmp/profile-train-routing}
 mkdir -p "$out"
 . launch/bench/gpu_env.sh
-ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+ncu=$FATHOM_NCU
 [ -n "$ncu" ] || { echo "no ncu on this machine"; exit 1; }
-case $residual in
-  mhar_delta) heads=8 ;;
-  attnres_delta) heads=1 ;;
-  *) echo "profile_train_routing: residual mhar_delta or attnres_delta" >&2; exit 2 ;;
-esac
+. launch/bench/train_8b_command.sh
 dir=/tmp/profile-train-routing-run
+train_8b_command build/fathom "$dir" "$layers" 1 "$residual" || exit 2
 rm -rf "$dir"
 "$ncu" --clock-control none --kernel-name regex:'route_|add_scaled' \
   --launch-count "${LAUNCHES:-60}" --csv --page raw \
@@ -29,17 +26,7 @@ rm -rf "$dir"
 sm__warps_active.avg.pct_of_peak_sustained_active,\
 dram__throughput.avg.pct_of_peak_sustained_elapsed,\
 smsp__issue_active.avg.pct_of_peak_sustained_active \
-  build/fathom train launch/configs/marin8b_block_mhar.yaml \
-  --set run_dir="$dir" --set device=cuda --set parallel.dp=1 --set parallel.pp=1 \
-  --set parallel.virtual_stages=1 --set parallel.schedule=1f1b \
-  --set model.n_layers="$layers" --set residual.granularity=block \
-  --set residual.layers_per_block=2 --set residual.mode=attnres \
-  --set residual.heads="$heads" --set residual.form=delta \
-  --set train.steps=1 --set train.seq_len=4096 --set train.microbatch_size=1 \
-  --set train.global_batch_size=4 --set train.activation_checkpointing=none \
-  --set fsdp.reshard_after_forward=false --set optim.warmup_steps=1 \
-  --set data.source=synthetic --set checkpoint.every=0 --set eval.every=0 \
-  --set log.every=1 >"$out/ncu.csv" 2>"$out/ncu.err"
+  "${train_8b[@]}" >"$out/ncu.csv" 2>"$out/ncu.err"
 echo "ncu exit $?"
 rm -rf "$dir"
 python3 - "$out/ncu.csv" <<'PY'

@@ -14,29 +14,15 @@ residual=${2:-mhar_delta}
 out=${OUT:-/tmp/profile-train-step}
 mkdir -p "$out"
 . launch/bench/gpu_env.sh
-ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+ncu=$FATHOM_NCU
 [ -n "$ncu" ] || { echo "no ncu on this machine"; exit 1; }
+. launch/bench/train_8b_command.sh
 for mode in standard "$residual"; do
-  case $mode in
-    standard) routing=(--set residual.mode=standard) ;;
-    mhar_delta) routing=(--set residual.mode=attnres --set residual.heads=8 --set residual.form=delta) ;;
-    attnres_delta) routing=(--set residual.mode=attnres --set residual.heads=1 --set residual.form=delta) ;;
-    mhar_replace) routing=(--set residual.mode=attnres --set residual.heads=8 --set residual.form=replace) ;;
-    *) echo "profile_train_step: unknown residual $mode" >&2; exit 2 ;;
-  esac
   dir=/tmp/profile-train-step-run
+  train_8b_command build/fathom "$dir" "$layers" 1 "$mode" || exit 2
   rm -rf "$dir"
   "$ncu" --clock-control none --csv --page raw --metrics gpu__time_duration.sum \
-    build/fathom train launch/configs/marin8b_block_mhar.yaml \
-    --set run_dir="$dir" --set device=cuda --set parallel.dp=1 --set parallel.pp=1 \
-    --set parallel.virtual_stages=1 --set parallel.schedule=1f1b \
-    --set model.n_layers="$layers" --set residual.granularity=block \
-    --set residual.layers_per_block=2 "${routing[@]}" \
-    --set train.steps=1 --set train.seq_len=4096 --set train.microbatch_size=1 \
-    --set train.global_batch_size=4 --set train.activation_checkpointing=none \
-    --set fsdp.reshard_after_forward=false --set optim.warmup_steps=1 \
-    --set data.source=synthetic --set checkpoint.every=0 --set checkpoint.save_final=false \
-    --set eval.every=0 --set log.every=1 >"$out/$mode.csv" 2>"$out/$mode.err"
+    "${train_8b[@]}" >"$out/$mode.csv" 2>"$out/$mode.err"
   echo "$mode: ncu exit $?"
   rm -rf "$dir"
 done

@@ -19,27 +19,13 @@ binary=${FATHOM_BINARY:-build/fathom}
 out=${OUT:-/tmp/train-8b-width}
 tag=${TRAIN_TAG:-run}
 mkdir -p "$out"
+. launch/bench/train_8b_command.sh
 for residual in "${residuals[@]}"; do
-  case $residual in
-    standard) routing=(--set residual.mode=standard) ;;
-    mhar_delta) routing=(--set residual.mode=attnres --set residual.heads=8 --set residual.form=delta) ;;
-    attnres_delta) routing=(--set residual.mode=attnres --set residual.heads=1 --set residual.form=delta) ;;
-    mhar_replace) routing=(--set residual.mode=attnres --set residual.heads=8 --set residual.form=replace) ;;
-    *) echo "train_8b_width: unknown residual $residual" >&2; exit 2 ;;
-  esac
   dir=/tmp/train-8b-width-runs/$tag-$residual-$layers
+  train_8b_command "$binary" "$dir" "$layers" "$steps" "$residual" || exit 2
   rm -rf "$dir"
   log=$out/$tag-$residual-$layers.log
-  "$binary" train launch/configs/marin8b_block_mhar.yaml \
-    --set run_dir="$dir" --set device=cuda --set parallel.dp=1 --set parallel.pp=1 \
-    --set parallel.virtual_stages=1 --set parallel.schedule=1f1b \
-    --set model.n_layers="$layers" --set residual.granularity=block \
-    --set residual.layers_per_block=2 "${routing[@]}" \
-    --set train.steps="$steps" --set train.seq_len=4096 --set train.microbatch_size=1 \
-    --set train.global_batch_size=4 --set train.activation_checkpointing=none \
-    --set fsdp.reshard_after_forward=false --set optim.warmup_steps=1 \
-    --set data.source=synthetic --set checkpoint.every=0 --set checkpoint.save_final=false --set eval.every=0 \
-    --set log.every=1 >"$log" 2>&1
+  "${train_8b[@]}" >"$log" 2>&1
   status=$?
   python3 - "$dir/metrics.jsonl" "$residual" "$layers" "$status" "$tag" <<'PY'
 import json, statistics, sys
@@ -56,6 +42,5 @@ rate = statistics.median(l["tokens_per_s"] for l in steps)
 print(f"{tag} {residual} {layers} {rate / 1e3:.1f}k {4 * 4096 / rate * 1e3:.1f} "
       f"{steps[-1]['mem_gib']:.1f}")
 PY
-  # the run's final checkpoint holds tens of GB at this width: gone before the next run
   rm -rf "$dir"
 done
