@@ -27,7 +27,10 @@ cuda_headers() {
   done
   echo kernels/cuda/*.h kernels/cuda/*.cuh $seen
 }
-if [ -n "$oldest" ] && [ -n "$(find $(cuda_headers) -newer "$oldest" 2>/dev/null)" ]; then
+# (a build directory made by launch/setup.sh compiles through nvcc-depfile: ninja already
+# knows which .cu files include an edited header, and nothing needs touching)
+if ! grep -q nvcc-depfile build/build.ninja 2>/dev/null && [ -n "$oldest" ] &&
+   [ -n "$(find $(cuda_headers) -newer "$oldest" 2>/dev/null)" ]; then
   touch kernels/cuda/*.cu
 fi
 ninja -C build
