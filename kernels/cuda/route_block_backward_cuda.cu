@@ -63,15 +63,28 @@ __host__ __device__ __forceinline__ void block_walk_heads(int chunk, int d, int 
     *last = to / head_dim;
 }
 
-/* Starts the copies of token t's coefficients of this block's heads, [N][span][2G] out of
- * [N][H][2G], and its self terms [N] into `stage` (every thread a share, 4 bytes each) and
- * commits; an empty group past the range. A block of 512 channels at H 8 stages one head of
- * the eight, an eighth of the token's coefficients. */
-__device__ __forceinline__ void block_walk_fetch(float *stage, const BlockWalkArgs &args,
-                                                 long long t, int last, int first_head,
-                                                 int span)
+/* A token's rows in a walker block's shared memory, [G + 2N][threads] vectors a stage: the
+ * sites' d x, the sources, the sources' gradients (as read before this token's update). */
+__host__ __device__ __forceinline__ int block_walk_rows(int n_sources, int n_sites)
 {
-    const int N = args.n_sources, per_head = 2 * args.n_sites;
+    return n_sites + 2 * n_sources;
+}
+
+/* Starts the copies of token t's coefficients of this block's heads, [N][span][2G] out of
+ * [N][H][2G], and its self terms [N] into `stage` (every thread a share, 4 bytes each), and
+ * of this thread's vector of the token's rows into its own slots of `rows`, then commits;
+ * an empty group past the range. A block of 512 channels at H 8 stages one head of the
+ * eight, an eighth of the token's coefficients. The rows travel a token ahead as the
+ * coefficients do: loaded where they were used, they left the walker waiting on DRAM for a
+ * third of its stall samples (2026-12-02). Unrolled to MAXN and G_MAX, so that every row's
+ * address comes from the kernel's parameters where it is used. */
+template <int MAXN>
+__device__ __forceinline__ void block_walk_fetch(float *stage, BfVector<BLOCK_WALK_VEC> *rows,
+                                                 const BlockWalkArgs &args, long long t,
+                                                 int last, int first_head, int span, bool valid)
+{
+    constexpr int VEC = BLOCK_WALK_VEC;
+    const int N = args.n_sources, G = args.n_sites, per_head = 2 * G;
     const int row = span * per_head, count = N * row + N, source_stride = args.heads * per_head;
     if (t < last) {
         const float *coefficients =
@@ -85,6 +98,22 @@ __device__ __forceinline__ void block_walk_fetch(float *stage, const BlockWalkAr
             asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(to), "l"(from)
                          : "memory");
         }
+        if (valid) {
+            const long long at = t * (args.d / VEC) + blockIdx.x * blockDim.x + threadIdx.x;
+            BfVector<VEC> *mine = rows + threadIdx.x;
+#pragma unroll
+            for (int i = 0; i < CUDA_BLOCK_MAX_SITES; i++)
+                if (i < G)
+                    copy_vector_async<VEC>(mine + i * blockDim.x, args.douts[i], at);
+#pragma unroll
+            for (int n = 0; n < MAXN; n++) {
+                if (n >= N)
+                    continue;
+                copy_vector_async<VEC>(mine + (G + n) * blockDim.x, args.sources[n], at);
+                if (args.dsources[n])
+                    copy_vector_async<VEC>(mine + (G + N + n) * blockDim.x, args.dsources[n], at);
+            }
+        }
     }
     copy_async_commit();
 }
@@ -94,16 +123,23 @@ __global__ void __launch_bounds__(BLOCK_WALK_THREADS, 4)
     route_block_walk_kernel(const __grid_constant__ BlockWalkArgs args)
 {
     constexpr int G_MAX = CUDA_BLOCK_MAX_SITES, VEC = BLOCK_WALK_VEC;
-    extern __shared__ float staged[]; /* [2][count]: a token's coefficients, then e_n */
+    /* [2][count] floats: a token's coefficients, then e_n; then [2][G + 2N][threads] rows */
+    extern __shared__ __align__(16) float staged[];
     const int N = args.n_sources, G = args.n_sites, d = args.d;
     int first_head, last_head;
     block_walk_heads(blockIdx.x, d, args.head_dim, &first_head, &last_head);
     const int span = last_head - first_head + 1;
     const int count = N * span * 2 * G + N;
+    const int stage_rows = block_walk_rows(N, G) * blockDim.x;
+    BfVector<VEC> *rows = reinterpret_cast<BfVector<VEC> *>(staged + 2 * count);
     const int u = blockIdx.x * blockDim.x + threadIdx.x; /* this thread's vector */
     const int range = blockIdx.y;
     const bool valid = u * VEC < d; /* idle threads still stage and meet the barriers */
     const int h = valid ? u * VEC / args.head_dim : 0;
+    const int first = (int)((long long)args.tokens * range / args.ranges);
+    const int last = (int)((long long)args.tokens * (range + 1) / args.ranges);
+    /* the first token travels while q*g is made */
+    block_walk_fetch<MAXN>(staged, rows, args, first, last, first_head, span, valid);
     float key_weight[G_MAX][VEC], channel_sums[G_MAX][VEC];
 #pragma unroll
     for (int i = 0; i < G_MAX; i++) {
@@ -119,32 +155,22 @@ __global__ void __launch_bounds__(BLOCK_WALK_THREADS, 4)
         }
     }
     const long long vectors = d / VEC;
-    const int first = (int)((long long)args.tokens * range / args.ranges);
-    const int last = (int)((long long)args.tokens * (range + 1) / args.ranges);
-    block_walk_fetch(staged, args, first, last, first_head, span);
     for (long long t = first; t < last; t++) {
         const int half = (int)((t - first) & 1);
         /* every thread is done with the other half (token t - 1) before it is refilled */
         __syncthreads();
-        block_walk_fetch(staged + (half ^ 1) * count, args, t + 1, last, first_head, span);
+        block_walk_fetch<MAXN>(staged + (half ^ 1) * count, rows + (half ^ 1) * stage_rows, args,
+                               t + 1, last, first_head, span, valid);
+        copy_async_wait<1>(); /* this thread's share of token t has landed */
+        __syncthreads();      /* and everyone's */
         const long long at = t * vectors + u;
-        BfVector<VEC> s[MAXN], ds[MAXN];
+        const float *stage = staged + half * count;
+        const BfVector<VEC> *mine = rows + half * stage_rows + threadIdx.x;
         float dy[G_MAX][VEC]; /* converted once: every source reads every site's d x */
 #pragma unroll
         for (int i = 0; i < G_MAX; i++)
-            vector_to_floats<VEC>(i < G && valid ? vector_load<VEC>(args.douts[i], at)
-                                                 : vector_zero<VEC>(),
+            vector_to_floats<VEC>(i < G && valid ? mine[i * blockDim.x] : vector_zero<VEC>(),
                                   dy[i]);
-#pragma unroll
-        for (int n = 0; n < MAXN; n++) {
-            s[n] = n < N && valid ? vector_load<VEC>(args.sources[n], at) : vector_zero<VEC>();
-            ds[n] = n < N && valid && args.dsources[n]
-                        ? vector_load_mutable<VEC>(args.dsources[n], at)
-                        : vector_zero<VEC>();
-        }
-        copy_async_wait<1>(); /* this thread's share of token t has landed */
-        __syncthreads();      /* and everyone's */
-        const float *stage = staged + half * count;
 #pragma unroll
         for (int n = 0; n < MAXN; n++) {
             if (n >= N || !valid)
@@ -152,8 +178,10 @@ __global__ void __launch_bounds__(BLOCK_WALK_THREADS, 4)
             const float *coefficient = stage + (n * span + h - first_head) * (2 * G);
             const float self = stage[count - N + n];
             float x[VEC], grad[VEC];
-            vector_to_floats<VEC>(s[n], x);
-            vector_to_floats<VEC>(ds[n], grad);
+            vector_to_floats<VEC>(mine[(G + n) * blockDim.x], x);
+            vector_to_floats<VEC>(args.dsources[n] ? mine[(G + N + n) * blockDim.x]
+                                                   : vector_zero<VEC>(),
+                                  grad);
 #pragma unroll
             for (int i = 0; i < G_MAX; i++) {
                 if (i >= G)
@@ -231,6 +259,19 @@ size_t route_block_backward_fast_workspace_floats(int n_sources, int n_sites, in
     return block_workspace(n_sources, n_sites, tokens, d, heads).total;
 }
 
+/* The most heads a walker block's 512 channels touch: head_dim 8 (the smallest the block
+ * kernels take) gives 64. */
+enum { BLOCK_WALK_MAX_SPAN = BLOCK_WALK_THREADS * BLOCK_WALK_VEC / 8 };
+
+/* A walker block's shared memory: two stages of a token's coefficients and self terms
+ * (floats), then two of its rows (8-byte vectors, aligned: the floats are an even count). */
+static size_t block_walk_shared_bytes(int n_sources, int n_sites, int span)
+{
+    const size_t count = (size_t)n_sources * span * 2 * n_sites + n_sources;
+    return 2 * count * 4 + (size_t)2 * block_walk_rows(n_sources, n_sites) *
+                               BLOCK_WALK_THREADS * BLOCK_WALK_VEC * 2;
+}
+
 template <int MAXN>
 static void block_walk_launch(const BlockWalkArgs &walk, int n_sources, int n_sites,
                               cudaStream_t stream)
@@ -243,7 +284,15 @@ static void block_walk_launch(const BlockWalkArgs &walk, int n_sources, int n_si
         span = last - first + 1 > span ? last - first + 1 : span;
     }
     const dim3 grid((unsigned)chunks, (unsigned)walk.ranges);
-    const size_t staged = (size_t)2 * (n_sources * span * 2 * n_sites + n_sources) * 4;
+    const size_t staged = block_walk_shared_bytes(n_sources, n_sites, span);
+    static bool attribute_set; /* one flag for each MAXN */
+    if (!attribute_set) {
+        CUDA_CHECK(cudaFuncSetAttribute(route_block_walk_kernel<MAXN>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)block_walk_shared_bytes(MAXN, CUDA_BLOCK_MAX_SITES,
+                                                                     BLOCK_WALK_MAX_SPAN)));
+        attribute_set = true;
+    }
     route_block_walk_kernel<MAXN><<<grid, BLOCK_WALK_THREADS, staged, stream>>>(walk);
     CUDA_CHECK_LAUNCH();
 }

@@ -127,19 +127,22 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, c = lane & 3, first_vector = warp * 32;
     const int half_vectors = N * blockDim.x;
+    /* the first token's rows travel while q*g's fragments are made */
+    block_mma_fetch_rows<1>(rows, args.sources, N, blockIdx.x, tokens, V);
+    block_mma_fetch_rows<1>(douts, args.douts, G, blockIdx.x, tokens, V);
     uint32_t key_weights[16][4];
     block_mma_begin(zero, key_weights, args.query, args.key_norm, G);
 
     int half = 0;
-    block_mma_fetch_rows(rows, args.sources, N, blockIdx.x, tokens, V);
-    block_mma_fetch_rows(douts, args.douts, G, blockIdx.x, tokens, V);
     for (long long t = blockIdx.x; t < tokens; t += gridDim.x, half ^= 1) {
-        block_mma_fetch_rows(rows + (half ^ 1) * half_vectors, args.sources, N, t + gridDim.x,
-                             tokens, V);
+        block_mma_fetch_rows<1>(rows + (half ^ 1) * half_vectors, args.sources, N,
+                                t + gridDim.x, tokens, V);
         copy_async_wait<1>(); /* this token's rows and d x have landed */
         __syncwarp();         /* every lane's */
         const BfVector<8> *token_rows = rows + half * half_vectors;
-        float value[4] = {0, 0, 0, 0}, key[4] = {0, 0, 0, 0};
+        /* q*g's hi and lo halves in accumulators of their own: three chains of 16 dependent
+         * mma, not one of 32 (as the forward) */
+        float value[4] = {0, 0, 0, 0}, key_high[4] = {0, 0, 0, 0}, key_low[4] = {0, 0, 0, 0};
 #pragma unroll
         for (int s = 0; s < 16; s++) {
             uint32_t a[4], b[4]; /* b[0], b[2]: sites 0-7 at the k-step's two vectors */
@@ -148,18 +151,18 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
             block_ldmatrix_x4(b, block_mma_row_address(douts, zero, G, first_vector + 2 * s,
                                                        lane));
             block_mma(value, a, b[0], b[2]);
-            block_mma(key, a, key_weights[s][0], key_weights[s][1]);
-            block_mma(key, a, key_weights[s][2], key_weights[s][3]);
+            block_mma(key_high, a, key_weights[s][0], key_weights[s][1]);
+            block_mma(key_low, a, key_weights[s][2], key_weights[s][3]);
         }
         __syncwarp(); /* the warp's d x slots are read: the next token's may come */
-        block_mma_fetch_rows(douts, args.douts, G, t + gridDim.x, tokens, V);
+        block_mma_fetch_rows<1>(douts, args.douts, G, t + gridDim.x, tokens, V);
         float *token_parts = args.parts + block_parts_at(args, t) + (size_t)warp * part_stride;
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int n = g + 8 * (e >> 1), i = 2 * c + (e & 1);
             if (n < N && i < G) {
                 token_parts[(size_t)i * 2 * N + n] = value[e];
-                token_parts[(size_t)i * 2 * N + N + n] = key[e];
+                token_parts[(size_t)i * 2 * N + N + n] = key_high[e] + key_low[e];
             }
         }
     }

@@ -300,6 +300,83 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
  * product), 16 ldmatrix and 64 mma for the mix, against some 3,400 instructions a thread on
  * the kernel above. ---- */
 
+/* Step 2 on tensor cores, where every warp lies in one head: the softmax of the warp's head
+ * for every site, with all 32 lanes at work. Lane (i, q) = (lane / 4, lane % 4) takes site i
+ * and the sources q, q + 4, q + 8, ..; the site's max and sum over its four lanes go through
+ * two xor shuffles, whose additions are commutative, so the four lanes, and every warp of the
+ * head, hold the same bits. r of source n is summed by lanes 2n and 2n + 1 (the even and the
+ * odd warps' squares). (The loop above, a lane a (site, head), kept 8 of 32 lanes busy at
+ * H 8 and walked the N sources, the warps' squares and the parts one after another: a
+ * quarter of the kernel's stalls, 2026-12-02.) */
+template <int MAXN>
+__device__ __forceinline__ void block_forward_mma_softmax(const BlockForwardArgs &args,
+                                                          const float *square_parts,
+                                                          const float *dot_parts,
+                                                          float *warp_coefficients, long long t)
+{
+    constexpr int PER_LANE = (MAXN + 3) / 4;
+    const BlockHeads &layout = args.layout;
+    const int N = args.n_sources, G = args.n_sites, H = args.heads, tokens = args.tokens;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const int parts = layout.parts, stride = args.warp_heads_max;
+    const int h = warp / layout.warps_per_head, i = lane >> 2, q = lane & 3;
+    const bool writer = warp == h * layout.warps_per_head, site = i < G;
+    float *const rstd = block_site_pointer(args.rstd, i);
+    float *const weights = block_site_pointer(args.weights, i);
+    float *const lse = block_site_pointer(args.lse, i);
+
+    float square = 0.0f; /* lanes 2n, 2n + 1: source n */
+    if (lane >> 1 < N)
+        for (int w = lane & 1; w < warps; w += 2)
+            square += square_parts[(lane >> 1) * warps + w];
+    square += __shfl_xor_sync(0xffffffffu, square, 1);
+    const float r_of_lane = rsqrtf(square * args.inverse_width + args.eps);
+
+    int from, to;
+    block_head_parts(layout, h, &from, &to);
+    float z[PER_LANE], r[PER_LANE], top = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < PER_LANE; k++) {
+        const int n = q + 4 * k;
+        r[k] = __shfl_sync(0xffffffffu, r_of_lane, (2 * n) & 31);
+        z[k] = -INFINITY;
+        if (site && n < N) {
+            const float *dots = dot_parts + ((size_t)i * N + n) * parts;
+            float dot = 0.0f;
+            for (int p = from; p <= to; p++)
+                dot += dots[p];
+            z[k] = r[k] * dot;
+            top = fmaxf(top, z[k]);
+            if (warp == 0)
+                rstd[(long long)n * tokens + t] = r[k];
+        }
+    }
+    top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 1));
+    top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 2));
+    float total = 0.0f;
+#pragma unroll
+    for (int k = 0; k < PER_LANE; k++) {
+        z[k] = site && q + 4 * k < N ? __expf(z[k] - top) : 0.0f;
+        total += z[k];
+    }
+    total += __shfl_xor_sync(0xffffffffu, total, 1);
+    total += __shfl_xor_sync(0xffffffffu, total, 2);
+    const float inverse = __frcp_rn(total); /* exact for N a power of two at equal scores */
+#pragma unroll
+    for (int k = 0; k < PER_LANE; k++) {
+        const int n = q + 4 * k;
+        if (!site || n >= N)
+            continue;
+        const float a = z[k] * inverse;
+        warp_coefficients[((size_t)i * N + n) * stride] = a;
+        if (writer)
+            weights[((long long)n * tokens + t) * H + h] = a;
+    }
+    if (writer && site && q == 0 && lse)
+        lse[t * H + h] = top + __logf(total);
+    __syncwarp();
+}
+
 template <int MAXN>
 __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
     route_block_forward_mma_kernel(const __grid_constant__ BlockForwardArgs args,
@@ -317,32 +394,42 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
     float *warp_coefficients = reinterpret_cast<float *>(shared_bytes + shared.coefficients) +
                                warp * shared.warp_coefficients;
     const int half_vectors = N * blockDim.x;
+    /* the first token's rows travel while q*g's fragments are made */
+    block_mma_fetch_rows<MAXN>(rows, args.sources, N, blockIdx.x, tokens, V);
     uint32_t key_weights[16][4];
     block_mma_begin(zero, key_weights, args.query, args.key_norm, G);
 
     int half = 0;
-    block_mma_fetch_rows(rows, args.sources, N, blockIdx.x, tokens, V);
     for (long long t = blockIdx.x; t < tokens; t += gridDim.x, half ^= 1) {
-        block_mma_fetch_rows(rows + (half ^ 1) * half_vectors, args.sources, N, t + gridDim.x,
-                             tokens, V);
+        block_mma_fetch_rows<MAXN>(rows + (half ^ 1) * half_vectors, args.sources, N,
+                                   t + gridDim.x, tokens, V);
         copy_async_wait<1>();
         __syncwarp(); /* the warp's slots, each copied by one of its lanes, have landed */
         const BfVector<8> *token_rows = rows + half * half_vectors;
 
         /* 1. D[n][i]: the warp's part of < s_n, q_i g_i >; the Gram product's diagonal:
          * its part of sum s_n^2 */
-        float dots[4] = {0, 0, 0, 0}, gram_low[4] = {0, 0, 0, 0}, gram_high[4] = {0, 0, 0, 0};
+        /* q*g's hi and lo halves go into accumulators of their own, so that the 16 k-steps
+         * are two chains of dependent mma, not one of 32 (`wait` was the kernel's second
+         * stall, 2026-12-02); they are added once, in fp32 */
+        float dots_high[4] = {0, 0, 0, 0}, dots_low[4] = {0, 0, 0, 0};
+        float gram_low[4] = {0, 0, 0, 0}, gram_high[4] = {0, 0, 0, 0};
 #pragma unroll
         for (int s = 0; s < 16; s++) {
             uint32_t a[4];
             block_ldmatrix_x4(a, block_mma_row_address(token_rows, zero, N, first_vector + 2 * s,
                                                        lane));
-            block_mma(dots, a, key_weights[s][0], key_weights[s][1]);
-            block_mma(dots, a, key_weights[s][2], key_weights[s][3]);
+            block_mma(dots_high, a, key_weights[s][0], key_weights[s][1]);
+            /* (past 8 sources the Gram's second half needs the registers: one chain) */
+            block_mma(MAXN > 8 ? dots_high : dots_low, a, key_weights[s][2], key_weights[s][3]);
             block_mma(gram_low, a, a[0], a[2]); /* B = the rows themselves, sources 0-7 */
             if (MAXN > 8)
                 block_mma(gram_high, a, a[1], a[3]); /* sources 8-15 */
         }
+        float dots[4];
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            dots[e] = dots_high[e] + dots_low[e];
         float *squares = square_parts + half * shared.square_half;
         float *dot = dot_parts + half * shared.dot_half;
 #pragma unroll
@@ -351,17 +438,20 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
             if (n < N && i < G)
                 dot[((size_t)i * N + n) * parts + warp] = dots[e];
         }
-        const int diagonal = g - 2 * c; /* 0 or 1 where this lane holds (n, n) */
+        /* (g, g) sits in element 0 where g = 2c, in 1 where g = 2c + 1: chosen by select,
+         * since an array indexed at run time lives in local memory (ptxas stored gram_low
+         * there after every k-step) */
+        const int diagonal = g - 2 * c;
         if (diagonal == 0 || diagonal == 1) {
             if (g < N)
-                squares[g * warps + warp] = gram_low[diagonal];
+                squares[g * warps + warp] = diagonal ? gram_low[1] : gram_low[0];
             if (MAXN > 8 && g + 8 < N)
-                squares[(g + 8) * warps + warp] = gram_high[2 + diagonal];
+                squares[(g + 8) * warps + warp] = diagonal ? gram_high[3] : gram_high[2];
         }
         __syncthreads(); /* the parts are complete (double-buffered, as above) */
 
-        /* 2. the warp's softmax, as above */
-        block_forward_softmax<MAXN>(args, squares, dot, warp_coefficients, t);
+        /* 2. the warp's softmax, all lanes at work */
+        block_forward_mma_softmax<MAXN>(args, squares, dot, warp_coefficients, t);
 
         /* 3. the mix: A = the weights of site g over sources 2c, 2c+1 (+8), in two halves */
         uint32_t weights_high[4] = {0, 0, 0, 0}, weights_low[4] = {0, 0, 0, 0};
@@ -375,22 +465,35 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
             block_mma_split(w[0], w[1], &weights_high[0], &weights_low[0]);
             block_mma_split(w[2], w[3], &weights_high[2], &weights_low[2]);
         }
-        bf16 *result = g < G ? args.results[g] + t * V * 8 + 2 * c : NULL;
-#pragma unroll 4
+        bf16 *result = g < G ? block_site_pointer(args.results, g) + t * V * 8 + 2 * c : NULL;
+        /* Not unrolled, so nothing spills (at unroll 2 or 4 ptxas spilled 16-56 bytes a
+         * thread, into an L1 the shared memory leaves at 28 KB); instead the next tiles' load
+         * is issued a step ahead, and the four products of a step are independent (hi and lo
+         * added after, in fp32), so a step waits for one mma, not two in a row. */
+        uint32_t b[4]; /* tile j: b[0], b[1] (sources 0-7, 8-15); tile j + 1: b[2], b[3] */
+        block_ldmatrix_x4_trans(b, block_mma_row_address(token_rows, zero, N, first_vector,
+                                                         lane));
+#pragma unroll 1
         for (int j = 0; j < 32; j += 2) {
-            uint32_t b[4]; /* tile j: b[0], b[1] (sources 0-7, 8-15); tile j + 1: b[2], b[3] */
-            block_ldmatrix_x4_trans(b, block_mma_row_address(token_rows, zero, N,
-                                                             first_vector + j, lane));
-            float low[4] = {0, 0, 0, 0}, high[4] = {0, 0, 0, 0};
-            block_mma(low, weights_high, b[0], b[1]);
-            block_mma(low, weights_low, b[0], b[1]);
-            block_mma(high, weights_high, b[2], b[3]);
-            block_mma(high, weights_low, b[2], b[3]);
+            uint32_t next[4];
+            if (j + 2 < 32)
+                block_ldmatrix_x4_trans(next, block_mma_row_address(token_rows, zero, N,
+                                                                    first_vector + j + 2, lane));
+            float low_high[4] = {0, 0, 0, 0}, low_low[4] = {0, 0, 0, 0};
+            float high_high[4] = {0, 0, 0, 0}, high_low[4] = {0, 0, 0, 0};
+            block_mma(low_high, weights_high, b[0], b[1]);
+            block_mma(low_low, weights_low, b[0], b[1]);
+            block_mma(high_high, weights_high, b[2], b[3]);
+            block_mma(high_low, weights_low, b[2], b[3]);
             if (result) {
                 uint32_t *to = reinterpret_cast<uint32_t *>(result + (first_vector + j) * 8);
-                to[0] = block_mma_pack(low[0], low[1]);
-                to[4] = block_mma_pack(high[0], high[1]); /* 8 channels on */
+                to[0] = block_mma_pack(low_high[0] + low_low[0], low_high[1] + low_low[1]);
+                /* 8 channels on */
+                to[4] = block_mma_pack(high_high[0] + high_low[0], high_high[1] + high_low[1]);
             }
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                b[e] = next[e];
         }
         __syncwarp(); /* this half's slots are read before the next token refills them */
     }

@@ -36,15 +36,31 @@ __device__ __forceinline__ int block_mma_slot(int r, int v, int threads)
 }
 
 /* Starts the copies of this thread's vector of token t of each of `count` rows into their
- * swizzled slots of `to` and commits (an empty group past the tokens). */
+ * swizzled slots of `to` and commits (an empty group past the tokens). UNROLL (a bound on
+ * count) unrolls the loop, so that each row's address is read from the kernel's parameters
+ * where it is used: in the forward, a loop to `count` indexed them at run time and ptxas
+ * kept them in local memory, whose reloads waited behind the copies (15% of its stalls,
+ * 2026-12-02). UNROLL 1 keeps the loop, where unrolling costs more registers than it saves. */
+template <int UNROLL>
 __device__ __forceinline__ void block_mma_fetch_rows(BfVector<8> *to, const bf16 *const *rows,
                                                      int count, long long t, int tokens,
                                                      int vectors)
 {
-    if (t < tokens)
+    if (t >= tokens) {
+        copy_async_commit();
+        return;
+    }
+    if (UNROLL > 1) {
+#pragma unroll
+        for (int r = 0; r < UNROLL; r++)
+            if (r < count)
+                copy_vector_async<8>(to + block_mma_slot(r, threadIdx.x, blockDim.x), rows[r],
+                                     t * vectors + threadIdx.x);
+    } else {
         for (int r = 0; r < count; r++)
             copy_vector_async<8>(to + block_mma_slot(r, threadIdx.x, blockDim.x), rows[r],
                                  t * vectors + threadIdx.x);
+    }
     copy_async_commit();
 }
 
@@ -104,14 +120,30 @@ __device__ __forceinline__ const BfVector<8> *block_mma_row_address(const BfVect
     return r < count ? rows + block_mma_slot(r, vector + (matrix >> 1), blockDim.x) : zero;
 }
 
+/* array[i] of a parameter array for a lane's own i: selected from the constant bank in
+ * registers, where an index that varies across the warp made ptxas copy the array to local
+ * memory (a stack frame, and reloads waiting behind the copies). */
+template <typename T>
+__device__ __forceinline__ T *block_site_pointer(T *const (&array)[CUDA_BLOCK_MAX_SITES], int i)
+{
+    T *chosen = array[0];
+#pragma unroll
+    for (int k = 1; k < CUDA_BLOCK_MAX_SITES; k++)
+        chosen = i == k ? array[k] : chosen;
+    return chosen;
+}
+
 /* B fragments of q*g for the warp's 16 k-steps, site g = lane / 4 (zeros past G): per
  * k-step hi b0, hi b1, lo b0, lo b1. Made once a block: the same for every token. */
-__device__ __forceinline__ void block_mma_key_weights(uint32_t (&fragments)[16][4],
-                                                      const bf16 *const *query,
-                                                      const bf16 *const *key_norm, int G)
+__device__ __forceinline__ void
+block_mma_key_weights(uint32_t (&fragments)[16][4],
+                      const bf16 *const (&queries)[CUDA_BLOCK_MAX_SITES],
+                      const bf16 *const (&key_norms)[CUDA_BLOCK_MAX_SITES], int G)
 {
     const int lane = threadIdx.x & 31, site = lane >> 2, column = 2 * (lane & 3);
     const int first = (threadIdx.x >> 5) * 256;
+    const bf16 *query = block_site_pointer(queries, site);
+    const bf16 *key_norm = block_site_pointer(key_norms, site);
 #pragma unroll
     for (int s = 0; s < 16; s++) {
         float w[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -119,8 +151,8 @@ __device__ __forceinline__ void block_mma_key_weights(uint32_t (&fragments)[16][
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int channel = first + 16 * s + column + (e & 1) + 8 * (e >> 1);
-                w[e] = bf16_bits_to_float(query[site][channel]) *
-                       bf16_bits_to_float(key_norm[site][channel]);
+                w[e] = bf16_bits_to_float(query[channel]) *
+                       bf16_bits_to_float(key_norm[channel]);
             }
         block_mma_split(w[0], w[1], &fragments[s][0], &fragments[s][2]);
         block_mma_split(w[2], w[3], &fragments[s][1], &fragments[s][3]);
@@ -129,10 +161,10 @@ __device__ __forceinline__ void block_mma_key_weights(uint32_t (&fragments)[16][
 
 /* A block's start: the zero row written, q*g's fragments made, and a barrier before any
  * warp reads the zero row. */
-__device__ __forceinline__ void block_mma_begin(BfVector<8> *zero,
-                                                uint32_t (&key_weights)[16][4],
-                                                const bf16 *const *query,
-                                                const bf16 *const *key_norm, int G)
+__device__ __forceinline__ void
+block_mma_begin(BfVector<8> *zero, uint32_t (&key_weights)[16][4],
+                const bf16 *const (&query)[CUDA_BLOCK_MAX_SITES],
+                const bf16 *const (&key_norm)[CUDA_BLOCK_MAX_SITES], int G)
 {
     if (threadIdx.x == 0)
         *zero = vector_zero<8>();
