@@ -36,6 +36,15 @@ typedef struct Activation Activation;
 /* A point on a backend's compute stream (a cudaEvent_t on cuda, a clock reading on cpu). */
 typedef struct BackendEvent BackendEvent;
 
+/* The scalars of one AdamW update (adamw_update below; runtime/optim.c fills them once a
+ * step and range). */
+typedef struct {
+    float lr, beta1, beta2, eps, weight_decay;
+    float grad_scale; /* the clipping coefficient: 1 when nothing is clipped */
+    float ema_decay;  /* this update's EMA decay, read where an ema buffer is given */
+    int step;         /* the update's number, counting from 1 (the bias corrections) */
+} AdamwScalars;
+
 typedef struct Backend {
     const char *name; /* "cpu" or "cuda" */
     size_t activation_bytes; /* 4 (fp32, cpu) or 2 (bf16, cuda) */
@@ -334,17 +343,17 @@ typedef struct Backend {
     double (*sum_squares)(const float *x, size_t n);
     /* y[i] += x[i], fp32 (FSDP adds a reduce-scattered gradient into its accumulator) */
     void (*add_floats)(float *y, const float *x, size_t n);
-    /* AdamW (decoupled decay), `step` counts from 1, g = grad_scale * grads[i] (the clipping
-     * coefficient, applied as the gradient is read: grads are left as they are):
+    /* AdamW (decoupled decay) with the scalars `s` (AdamwScalars above), g = s.grad_scale *
+     * grads[i] (the clipping coefficient, applied as the gradient is read: grads are left as
+     * they are):
      *   p -= lr * wd * p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
      *   p -= lr / (1 - b1^step) * m / (sqrt(v) / sqrt(1 - b2^step) + eps)
+     * then, when ema is not NULL, the weight EMA of the new p in the same pass:
+     *   ema = s.ema_decay * ema + (1 - s.ema_decay) * p
      * and, when compute_copy is not NULL, compute_copy[i] = p[i] in the activation dtype
      * (the weights the next forward reads; cpu passes NULL, its compute copy IS params). */
-    void (*adamw_update)(float *params, const float *grads, float grad_scale, float *exp_avg,
-                         float *exp_avg_sq, size_t n, float lr, float beta1, float beta2, float eps,
-                         float weight_decay, int step, Activation *compute_copy);
-    /* ema = decay * ema + (1 - decay) * params */
-    void (*ema_update)(float *ema, const float *params, size_t n, float decay);
+    void (*adamw_update)(float *params, const float *grads, float *exp_avg, float *exp_avg_sq,
+                         float *ema, size_t n, const AdamwScalars *s, Activation *compute_copy);
 } Backend;
 
 /* &array[elements] of an activation array (the element size is the backend's). */

@@ -64,22 +64,29 @@ bool optim_step_checked(Optimizer *opt, double lr, bool loss_finite, double *gra
     }
 
     int update_number = opt->step + 1; /* bias correction counts from 1 */
+    /* the EMA in AdamW's pass, over the ranges: what lies between them is alignment padding,
+     * zero in the weights and in the EMA alike, where a pass over all `count` kept it zero */
+    const bool ema = config->ema_decay > 0 && opt->ema;
+    AdamwScalars scalars = {
+        .beta1 = (float)config->beta1,
+        .beta2 = (float)config->beta2,
+        .eps = (float)config->eps,
+        .grad_scale = grad_scale,
+        .ema_decay = ema ? (float)optim_ema_decay_at(config->ema_decay, update_number) : 0.0f,
+        .step = update_number,
+    };
     for (int r = 0; r < opt->n_ranges; r++) {
         const OptimRange *range = &opt->ranges[r];
         if (range->count == 0)
             continue;
         size_t at = range->offset;
-        backend->adamw_update(opt->params + at, opt->grads + at, grad_scale, opt->exp_avg + at,
-                              opt->exp_avg_sq + at, range->count,
-                              (float)(lr * range->lr_mult), (float)config->beta1,
-                              (float)config->beta2, (float)config->eps, range->weight_decay,
-                              update_number,
+        scalars.lr = (float)(lr * range->lr_mult);
+        scalars.weight_decay = range->weight_decay;
+        backend->adamw_update(opt->params + at, opt->grads + at, opt->exp_avg + at,
+                              opt->exp_avg_sq + at, ema ? opt->ema + at : NULL, range->count,
+                              &scalars,
                               opt->compute ? activation_at(backend, opt->compute, at) : NULL);
     }
-
-    if (config->ema_decay > 0 && opt->ema)
-        backend->ema_update(opt->ema, opt->params, opt->count,
-                            (float)optim_ema_decay_at(config->ema_decay, update_number));
 
     opt->step = update_number;
     return true;

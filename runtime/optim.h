@@ -5,7 +5,7 @@
  * floats each, owned by the caller (under FSDP: this rank's shards, DESIGN 3). They are cut
  * into ranges, one per parameter tensor, each with its own learning-rate multiplier and
  * weight decay; everything is done through the Backend op table (sum_squares, adamw_update,
- * ema_update, copy), so the same code runs on cpu and cuda.
+ * copy), so the same code runs on cpu and cuda.
  *
  * One step, optim_step(opt, lr, &grad_norm):
  *   1. norm = sqrt(sum over all `count` grads of g^2, or over norm_ranges when given), in
@@ -19,8 +19,9 @@
  *   4. AdamW on each range with lr * range.lr_mult and range.weight_decay, bias correction
  *      for update number step + 1 (the formula is in runtime/backend.h); the compute copy,
  *      when there is one, gets the new weights in the same pass.
- *   5. ema_decay > 0 and ema != NULL: ema = decay_t * ema + (1 - decay_t) * params, with the
- *      decay warming up: decay_t = min(ema_decay, (1 + t) / (10 + t)) at update t = 1, 2, ..
+ *   5. ema_decay > 0 and ema != NULL: ema = decay_t * ema + (1 - decay_t) * params (in
+ *      AdamW's pass over each range: elements outside every range are alignment padding,
+ *      zero in params and ema alike), with the decay warming up: decay_t = min(ema_decay, (1 + t) / (10 + t)) at update t = 1, 2, ..
  *      (optim_ema_decay_at). Without the warm-up an EMA of 0.999 keeps most of the initial
  *      weights for thousands of steps and looks untrained early in a run (0.18 at t = 1,
  *      0.96 at t = 200, 0.999 from about t = 9000).

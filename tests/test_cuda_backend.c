@@ -117,7 +117,6 @@ Test(cuda_backend, fills_every_entry_with_two_byte_activations)
     EXPECT_ENTRY(b, stream_conv_forward); EXPECT_ENTRY(b, stream_conv_backward);
     EXPECT_ENTRY(b, stream_mix_forward); EXPECT_ENTRY(b, stream_mix_backward);
     EXPECT_ENTRY(b, sum_squares); EXPECT_ENTRY(b, adamw_update);
-    EXPECT_ENTRY(b, ema_update);
 }
 
 /* The module found through runtime/cuda_module (as `fathom` finds it, here by its path)
@@ -323,25 +322,33 @@ static const float lr = 0.1f, beta1 = 0.9f, beta2 = 0.95f, adam_eps = 1e-8f, dec
 static const int adam_step = 3;
 static const int optimizer_lengths[] = {1, 1003};
 
-static void run_ema_update(const Backend *b, void *const *p, const OpCase *c)
-{
-    b->ema_update(p[0], p[1], (size_t)c->shape[0], 0.9f);
-}
+static const AdamwScalars adam_scalars = {.lr = lr, .beta1 = beta1, .beta2 = beta2,
+                                          .eps = adam_eps, .weight_decay = decay,
+                                          .grad_scale = 0.37f, .ema_decay = 0.9f,
+                                          .step = adam_step};
 
 static void run_adamw_update(const Backend *b, void *const *p, const OpCase *c)
 {
-    b->adamw_update(p[0], p[1], 0.37f, p[2], p[3], (size_t)c->shape[0], lr, beta1, beta2,
-                    adam_eps, decay, adam_step, NULL);
+    b->adamw_update(p[0], p[1], p[2], p[3], NULL, (size_t)c->shape[0], &adam_scalars, NULL);
 }
 
-Test(cuda_backend, ema_update_matches_cpu)
+static void run_adamw_update_with_ema(const Backend *b, void *const *p, const OpCase *c)
+{
+    b->adamw_update(p[0], p[1], p[2], p[3], p[4], (size_t)c->shape[0], &adam_scalars, NULL);
+}
+
+Test(cuda_backend, adamw_update_with_ema_matches_cpu)
 {
     gpu_require();
     for (int i = 0; i < 2; i++) {
-        OpCase c = op_case("ema_update", run_ema_update);
+        size_t n = (size_t)optimizer_lengths[i];
+        OpCase c = op_case("adamw_update with ema", run_adamw_update_with_ema);
         c.shape[0] = optimizer_lengths[i];
-        op_updated(&c, "ema", (size_t)c.shape[0], 1, 0, BACKEND_FP32_TOLERANCE);
-        op_input(&c, "params", ARRAY_FLOAT, (size_t)c.shape[0], 1, 0);
+        op_updated(&c, "params", n, 1, 0, BACKEND_FP32_TOLERANCE);
+        op_input(&c, "grads", ARRAY_FLOAT, n, 1, 0);
+        op_updated(&c, "exp_avg", n, 0.1f, 0, BACKEND_FP32_TOLERANCE);
+        op_updated(&c, "exp_avg_sq", n, 0.01f, 0.01f, BACKEND_FP32_TOLERANCE); /* >= 0 */
+        op_updated(&c, "ema", n, 1, 0, BACKEND_FP32_TOLERANCE);
         op_check(&c, 610 + (uint64_t)i);
     }
 }
@@ -369,8 +376,9 @@ static float *device_adamw(float *const *state, size_t n, bool with_copy, float 
     float *params = device_floats(state[0], n), *grads = device_floats(state[1], n);
     float *exp_avg = device_floats(state[2], n), *exp_avg_sq = device_floats(state[3], n);
     Activation *compute_copy = with_copy ? device_poisoned(n * 2) : NULL;
-    b->adamw_update(params, grads, 1.0f, exp_avg, exp_avg_sq, n, lr, beta1, beta2, adam_eps,
-                    decay, adam_step, compute_copy);
+    AdamwScalars s = adam_scalars;
+    s.grad_scale = 1.0f;
+    b->adamw_update(params, grads, exp_avg, exp_avg_sq, NULL, n, &s, compute_copy);
     float *result = malloc(n * sizeof(float));
     b->download(result, params, n * sizeof(float));
     if (with_copy)

@@ -27,6 +27,13 @@ enum { LENGTH_COUNT = sizeof lengths / sizeof lengths[0] };
 static const float lr = 0.1f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f;
 static const int step = 3;
 
+static AdamwScalars scalars(float grad_scale)
+{
+    return (AdamwScalars){.lr = lr, .beta1 = beta1, .beta2 = beta2, .eps = eps,
+                          .weight_decay = weight_decay, .grad_scale = grad_scale,
+                          .ema_decay = 0.9f, .step = step};
+}
+
 static float *values(size_t n, float scale, uint64_t seed)
 {
     float *x = malloc((n ? n : 1) * sizeof(float));
@@ -69,17 +76,24 @@ Test(cuda_optimizer, adamw_update_matches_cpu)
         float *params = gpu_upload_floats(state.params, n);
         float *exp_avg = gpu_upload_floats(state.exp_avg, n);
         float *exp_avg_sq = gpu_upload_floats(state.exp_avg_sq, n);
-        const float grad_scale = c % 2 ? 0.37f : 1.0f; /* clipped and not */
-        cuda_adamw_update(params, gpu_upload_floats(state.grads, n), grad_scale, exp_avg,
-                          exp_avg_sq, n, lr, beta1, beta2, eps, weight_decay, step, NULL, 0);
-        cpu_adamw_update(state.params, state.grads, grad_scale, state.exp_avg,
-                         state.exp_avg_sq, n, lr, beta1, beta2, eps, weight_decay, step);
+        const AdamwScalars s = scalars(c % 2 ? 0.37f : 1.0f); /* clipped and not */
+        /* the weight EMA in the same pass at every other length */
+        float *ema = c % 2 ? NULL : values(n, 1, 20 + 10 * c);
+        float *device_ema = ema ? gpu_upload_floats(ema, n) : NULL;
+        cuda_adamw_update(params, gpu_upload_floats(state.grads, n), exp_avg, exp_avg_sq,
+                          device_ema, n, &s, NULL, 0);
+        cpu_adamw_update(state.params, state.grads, state.exp_avg, state.exp_avg_sq, ema, n, &s);
         float *got_params = gpu_download_floats(params, n);
         float *got_exp_avg = gpu_download_floats(exp_avg, n);
         float *got_exp_avg_sq = gpu_download_floats(exp_avg_sq, n);
         expect_close(got_params, state.params, n, "adamw params");
         expect_close(got_exp_avg, state.exp_avg, n, "adamw exp_avg");
         expect_close(got_exp_avg_sq, state.exp_avg_sq, n, "adamw exp_avg_sq");
+        if (ema) {
+            float *got_ema = gpu_download_floats(device_ema, n);
+            expect_close(got_ema, ema, n, "adamw ema");
+            free(got_ema), free(ema);
+        }
         adam_state_free(&state);
         free(got_params), free(got_exp_avg), free(got_exp_avg_sq);
         gpu_free_all();
@@ -94,32 +108,16 @@ Test(cuda_optimizer, adamw_update_writes_the_rounded_new_params_as_the_compute_c
         AdamState state = adam_state(n, 100 + 10 * c);
         float *params = gpu_upload_floats(state.params, n);
         bf16 *compute_copy = gpu_poisoned_bf16(n);
-        cuda_adamw_update(params, gpu_upload_floats(state.grads, n), 1.0f,
+        const AdamwScalars s = scalars(1.0f);
+        cuda_adamw_update(params, gpu_upload_floats(state.grads, n),
                           gpu_upload_floats(state.exp_avg, n),
-                          gpu_upload_floats(state.exp_avg_sq, n), n, lr, beta1, beta2, eps,
-                          weight_decay, step, compute_copy, 0);
+                          gpu_upload_floats(state.exp_avg_sq, n), NULL, n, &s, compute_copy, 0);
         float *expected = gpu_download_floats(params, n);
         gpu_round_to_bf16(expected, n);
         float *got = gpu_download_bf16(compute_copy, n);
         cr_assert_eq(memcmp(got, expected, n * sizeof(float)), 0, "compute copy, n %zu", n);
         adam_state_free(&state);
         free(expected), free(got);
-        gpu_free_all();
-    }
-}
-
-Test(cuda_optimizer, ema_update_matches_cpu)
-{
-    gpu_require();
-    for (size_t c = 0; c < LENGTH_COUNT; c++) {
-        size_t n = lengths[c];
-        float *ema = values(n, 1, 200 + c), *params = values(n, 1, 210 + c);
-        float *device_ema = gpu_upload_floats(ema, n);
-        cuda_ema_update(device_ema, gpu_upload_floats(params, n), n, 0.9f, 0);
-        cpu_ema_update(ema, params, n, 0.9f);
-        float *got = gpu_download_floats(device_ema, n);
-        expect_close(got, ema, n, "ema");
-        free(ema), free(params), free(got);
         gpu_free_all();
     }
 }

@@ -55,7 +55,7 @@ Test(kernels_cpu, backend_table_fills_every_op)
     EXPECT_OP(rope_forward); EXPECT_OP(rope_backward); EXPECT_OP(attention_forward);
     EXPECT_OP(attention_backward); EXPECT_OP(swiglu_forward); EXPECT_OP(swiglu_backward);
     EXPECT_OP(cross_entropy_forward); EXPECT_OP(cross_entropy_backward); EXPECT_OP(sum_squares);
-    EXPECT_OP(adamw_update); EXPECT_OP(ema_update); EXPECT_OP(route_forward);
+    EXPECT_OP(adamw_update); EXPECT_OP(route_forward);
     EXPECT_OP(route_backward); EXPECT_OP(stream_conv_forward); EXPECT_OP(stream_conv_backward);
     EXPECT_OP(route_block_forward); EXPECT_OP(route_block_backward); EXPECT_OP(add_scaled);
     EXPECT_OP(route_merge_forward); EXPECT_OP(route_merge_backward);
@@ -482,17 +482,28 @@ Test(kernels_cpu, sum_squares_is_bitwise_identical_for_1_and_2_threads)
     free(x);
 }
 
-Test(kernels_cpu, ema_update_matches_formula)
+/* The EMA in AdamW's pass follows the NEW weights; without an EMA buffer the update is the
+ * same, bit for bit. */
+Test(kernels_cpu, adamw_update_takes_the_ema_of_the_updated_weights)
 {
     size_t n = 1001;
-    float *ema = random_floats(n, 1, 210), *params = random_floats(n, 1, 211);
+    const double decay = 0.6; /* the new weights weigh in: an EMA of the old ones would fail */
+    float *params = random_floats(n, 1, 210), *grads = random_floats(n, 1, 211);
+    float *ema = random_floats(n, 1, 212), *alone = random_floats(n, 1, 210);
+    float *exp_avg = calloc(n, sizeof(float)), *exp_avg_sq = calloc(n, sizeof(float));
+    float *exp_avg_alone = calloc(n, sizeof(float)), *exp_avg_sq_alone = calloc(n, sizeof(float));
     double *expected = doubles(n);
-    const double decay = 0.999;
+    const AdamwScalars s = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                            .weight_decay = 0.1f, .grad_scale = 0.5f,
+                            .ema_decay = (float)decay, .step = 1};
+    cpu_adamw_update(alone, grads, exp_avg_alone, exp_avg_sq_alone, NULL, n, &s);
     for (size_t i = 0; i < n; i++)
-        expected[i] = decay * ema[i] + (1 - decay) * params[i];
-    cpu_ema_update(ema, params, n, (float)decay);
+        expected[i] = decay * ema[i] + (1 - decay) * alone[i];
+    cpu_adamw_update(params, grads, exp_avg, exp_avg_sq, ema, n, &s);
+    cr_assert_eq(memcmp(params, alone, n * sizeof(float)), 0, "the EMA changed the update");
     cr_assert_leq(test_relative_error_double(ema, expected, n), FORWARD_TOLERANCE);
-    free_all(ema, params, expected, NULL);
+    free_all(params, grads, ema, alone, exp_avg, exp_avg_sq, exp_avg_alone, exp_avg_sq_alone,
+             expected, NULL);
 }
 
 Test(kernels_cpu, adamw_update_matches_double_formula_over_3_steps)
@@ -517,8 +528,10 @@ Test(kernels_cpu, adamw_update_matches_double_formula_over_3_steps)
             p[i] -= lr / (1 - pow(beta1, step)) * m[i] /
                     (sqrt(v[i]) / sqrt(1 - pow(beta2, step)) + eps);
         }
-        cpu_adamw_update(params, grads, 1.0f, exp_avg, exp_avg_sq, n, (float)lr, (float)beta1,
-                         (float)beta2, (float)eps, (float)weight_decay, step);
+        const AdamwScalars s = {.lr = (float)lr, .beta1 = (float)beta1, .beta2 = (float)beta2,
+                                .eps = (float)eps, .weight_decay = (float)weight_decay,
+                                .grad_scale = 1.0f, .step = step};
+        cpu_adamw_update(params, grads, exp_avg, exp_avg_sq, NULL, n, &s);
         for (size_t i = 0; i < n; i++) {
             moved[i] = (double)params[i] - initial[i];
             expected_moved[i] = p[i] - initial[i];

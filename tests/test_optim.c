@@ -1,8 +1,8 @@
 /* tests/test_optim.c — learning-rate schedules and the optimizer step (DESIGN 3, 6).
  *
- * The optimizer is driven through a local reference Backend that fills only the four ops it
- * uses (sum_squares, scale, adamw_update, ema_update) plus copy, each a naive loop written
- * from the formulas in runtime/backend.h; AdamW is checked against a double-precision loop.
+ * The optimizer is driven through a local reference Backend that fills only the ops it uses
+ * (sum_squares, adamw_update with its EMA) plus copy, each a naive loop written from the
+ * formulas in runtime/backend.h; AdamW is checked against a double-precision loop.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -23,28 +23,24 @@ static double reference_sum_squares(const float *x, size_t n)
     return sum;
 }
 
-static void reference_adamw_update(float *params, const float *grads, float grad_scale,
-                                   float *exp_avg, float *exp_avg_sq, size_t n, float lr,
-                                   float beta1, float beta2, float eps, float weight_decay,
-                                   int step, Activation *compute_copy)
+static void reference_adamw_update(float *params, const float *grads, float *exp_avg,
+                                   float *exp_avg_sq, float *ema, size_t n,
+                                   const AdamwScalars *s, Activation *compute_copy)
 {
     cr_assert_null(compute_copy, "no compute copy was given to the optimizer");
-    float correction1 = 1.0f - powf(beta1, (float)step);
-    float correction2_sqrt = sqrtf(1.0f - powf(beta2, (float)step));
+    const float lr = s->lr, beta1 = s->beta1, beta2 = s->beta2;
+    float correction1 = 1.0f - powf(beta1, (float)s->step);
+    float correction2_sqrt = sqrtf(1.0f - powf(beta2, (float)s->step));
     for (size_t i = 0; i < n; i++) {
-        const float g = grads[i] * grad_scale;
-        params[i] -= lr * weight_decay * params[i];
+        const float g = grads[i] * s->grad_scale;
+        params[i] -= lr * s->weight_decay * params[i];
         exp_avg[i] = beta1 * exp_avg[i] + (1 - beta1) * g;
         exp_avg_sq[i] = beta2 * exp_avg_sq[i] + (1 - beta2) * g * g;
         params[i] -= lr / correction1 * exp_avg[i] /
-                     (sqrtf(exp_avg_sq[i]) / correction2_sqrt + eps);
+                     (sqrtf(exp_avg_sq[i]) / correction2_sqrt + s->eps);
+        if (ema)
+            ema[i] = s->ema_decay * ema[i] + (1 - s->ema_decay) * params[i];
     }
-}
-
-static void reference_ema_update(float *ema, const float *params, size_t n, float decay)
-{
-    for (size_t i = 0; i < n; i++)
-        ema[i] = decay * ema[i] + (1 - decay) * params[i];
 }
 
 static void reference_copy(void *dst, const void *src, size_t bytes)
@@ -57,7 +53,6 @@ static const Backend reference_backend = {
     .copy = reference_copy,
     .sum_squares = reference_sum_squares,
     .adamw_update = reference_adamw_update,
-    .ema_update = reference_ema_update,
 };
 
 /* ---- fixtures ---- */
@@ -335,6 +330,27 @@ Test(optim, ema_follows_its_closed_form_over_steps)
         cr_assert(optim_step(&f.opt, 0.0, NULL));
     double error = test_relative_error_double(f.ema, expected, COUNT);
     cr_assert_lt(error, 1e-6, "relative error %g", error);
+}
+
+/* The EMA runs in AdamW's pass over the ranges: what lies between ranges (alignment padding,
+ * zero in the weights and the EMA of a real run) is left as it is. */
+Test(optim, the_ema_follows_the_updated_weights_of_each_range_and_skips_the_gaps)
+{
+    OptimConfig config = optim_config_plain();
+    config.ema_decay = 0.9;
+    OptimFixture f;
+    fixture_init(&f, &config);
+    f.ranges[0].count = 4; /* elements 4 and 5 lie between the ranges */
+    test_fill_normal(f.ema, COUNT, 1.0f, 98);
+    float ema_before[COUNT];
+    memcpy(ema_before, f.ema, sizeof ema_before);
+    cr_assert(optim_step(&f.opt, 1e-2, NULL));
+    const float decay = (float)optim_ema_decay_at(0.9, 1);
+    for (int i = 0; i < COUNT; i++) {
+        const bool gap = i == 4 || i == 5;
+        const float want = gap ? ema_before[i] : decay * ema_before[i] + (1 - decay) * f.params[i];
+        cr_expect_float_eq(f.ema[i], want, 1e-6f * (1 + fabsf(want)), "element %d", i);
+    }
 }
 
 Test(optim, no_ema_update_without_ema_decay)

@@ -336,13 +336,11 @@ static void table_stream_mix_backward(Activation *const *dstreams, float *dmix_b
 }
 
 /* the compute copy of the weights IS the fp32 master here: nothing to refresh */
-static void table_adamw_update(float *params, const float *grads, float grad_scale,
-                               float *exp_avg, float *exp_avg_sq, size_t n, float lr, float beta1, float beta2,
-                               float eps, float weight_decay, int step,
+static void table_adamw_update(float *params, const float *grads, float *exp_avg,
+                               float *exp_avg_sq, float *ema, size_t n, const AdamwScalars *s,
                                Activation *compute_copy)
 {
-    cpu_adamw_update(params, grads, grad_scale, exp_avg, exp_avg_sq, n, lr, beta1, beta2, eps,
-                     weight_decay, step);
+    cpu_adamw_update(params, grads, exp_avg, exp_avg_sq, ema, n, s);
     if (compute_copy)
         cpu_activations_from_floats(compute_copy, params, n);
 }
@@ -469,7 +467,6 @@ static const Backend cpu_backend = {
     .sum_squares = cpu_sum_squares,
     .add_floats = cpu_add_floats,
     .adamw_update = table_adamw_update,
-    .ema_update = cpu_ema_update,
 };
 
 const Backend *backend_cpu(void)

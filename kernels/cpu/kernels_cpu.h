@@ -16,6 +16,8 @@
 #ifndef FATHOM_KERNELS_CPU_KERNELS_CPU_H
 #define FATHOM_KERNELS_CPU_KERNELS_CPU_H
 
+#include "runtime/backend.h" /* AdamwScalars */
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -161,10 +163,8 @@ void cpu_route_conv_backward(float *const *dsources, float *const *dtaps, float 
 
 /* optimizer_cpu.c */
 double cpu_sum_squares(const float *x, size_t n);
-void cpu_adamw_update(float *params, const float *grads, float grad_scale, float *exp_avg,
-                      float *exp_avg_sq, size_t n, float lr, float beta1, float beta2, float eps,
-                      float weight_decay, int step);
+void cpu_adamw_update(float *params, const float *grads, float *exp_avg, float *exp_avg_sq,
+                      float *ema, size_t n, const AdamwScalars *s);
 void cpu_add_floats(float *y, const float *x, size_t n);
-void cpu_ema_update(float *ema, const float *params, size_t n, float decay);
 
 #endif

@@ -1,5 +1,6 @@
 /* kernels/cpu/optimizer_cpu.c — the optimizer's flat-range ops (DESIGN 3): the squared norm
- * for gradient clipping, scaling, AdamW, weight EMA. Every range is fp32 [n].
+ * for gradient clipping, AdamW with the weight EMA in its pass, the adds of FSDP's
+ * accumulators. Every range is fp32 [n].
  *
  * sum_squares must give the same double whatever the thread count, because the clip factor
  * (and so every later step) depends on it: the range is cut into fixed blocks of
@@ -51,14 +52,15 @@ double cpu_sum_squares(const float *x, size_t n)
 
 /* The formula of runtime/backend.h, term by term, in fp32; the bias corrections are computed
  * once in double. step counts from 1; g = grads[i] * grad_scale (the fp32 product that
- * scaling the gradients in place would store). */
-void cpu_adamw_update(float *params, const float *grads, float grad_scale, float *exp_avg,
-                      float *exp_avg_sq, size_t n, float lr, float beta1, float beta2, float eps,
-                      float weight_decay, int step)
+ * scaling the gradients in place would store); the EMA of the new weight in the same pass
+ * (the products a separate pass over the new weights would form). */
+void cpu_adamw_update(float *params, const float *grads, float *exp_avg, float *exp_avg_sq,
+                      float *ema, size_t n, const AdamwScalars *s)
 {
-    float decay = lr * weight_decay;
-    float step_size = (float)(lr / (1.0 - pow(beta1, step)));
-    float bias_correction2_sqrt = (float)sqrt(1.0 - pow(beta2, step));
+    const float beta1 = s->beta1, beta2 = s->beta2, eps = s->eps, grad_scale = s->grad_scale;
+    const float decay = s->lr * s->weight_decay, ema_decay = s->ema_decay;
+    const float step_size = (float)(s->lr / (1.0 - pow(beta1, s->step)));
+    const float bias_correction2_sqrt = (float)sqrt(1.0 - pow(beta2, s->step));
 #pragma omp parallel for schedule(static) if (n >= CPU_PARALLEL_MIN_WORK)
     for (size_t i = 0; i < n; i++) {
         float p = params[i], g = grads[i] * grad_scale;
@@ -69,6 +71,8 @@ void cpu_adamw_update(float *params, const float *grads, float grad_scale, float
         params[i] = p;
         exp_avg[i] = m;
         exp_avg_sq[i] = v;
+        if (ema)
+            ema[i] = ema_decay * ema[i] + (1.0f - ema_decay) * p;
     }
 }
 
@@ -79,9 +83,3 @@ void cpu_add_floats(float *y, const float *x, size_t n)
         y[i] += x[i];
 }
 
-void cpu_ema_update(float *ema, const float *params, size_t n, float decay)
-{
-#pragma omp parallel for schedule(static) if (n >= CPU_PARALLEL_MIN_WORK)
-    for (size_t i = 0; i < n; i++)
-        ema[i] = decay * ema[i] + (1.0f - decay) * params[i];
-}

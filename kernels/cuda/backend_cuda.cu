@@ -498,17 +498,12 @@ static void op_add_floats(float *y, const float *x, size_t n)
     cuda_add_floats(y, x, n, compute_stream());
 }
 
-static void op_adamw_update(float *params, const float *grads, float grad_scale,
-                            float *exp_avg, float *exp_avg_sq, size_t n, float lr, float beta1, float beta2,
-                            float eps, float weight_decay, int step, Activation *compute_copy)
+static void op_adamw_update(float *params, const float *grads, float *exp_avg,
+                            float *exp_avg_sq, float *ema, size_t n, const AdamwScalars *s,
+                            Activation *compute_copy)
 {
-    cuda_adamw_update(params, grads, grad_scale, exp_avg, exp_avg_sq, n, lr, beta1, beta2, eps,
-                      weight_decay, step, as_bf16(compute_copy), compute_stream());
-}
-
-static void op_ema_update(float *ema, const float *params, size_t n, float decay)
-{
-    cuda_ema_update(ema, params, n, decay, compute_stream());
+    cuda_adamw_update(params, grads, exp_avg, exp_avg_sq, ema, n, s, as_bf16(compute_copy),
+                      compute_stream());
 }
 
 /* ---- the table ---- */
@@ -571,7 +566,6 @@ extern "C" const Backend *backend_cuda(void)
     table->sum_squares = op_sum_squares;
     table->add_floats = op_add_floats;
     table->adamw_update = op_adamw_update;
-    table->ema_update = op_ema_update;
 
     table->name = "cuda"; /* last: a named table is a filled one */
     return table;

@@ -40,6 +40,7 @@
 #define FATHOM_KERNELS_CUDA_KERNELS_CUDA_H
 
 #include "kernels/cuda/cuda_common.h"
+#include "runtime/backend.h" /* AdamwScalars */
 
 #include <stddef.h>
 #include <stdint.h>
@@ -146,16 +147,13 @@ void cuda_matmul_backward(bf16 *din, float *dweight, const bf16 *dout, const bf1
                           cudaStream_t stream);
 
 /* ---- optimizer_cuda.cu, over flat fp32 ranges (DESIGN 3) ---- */
-/* AdamW of runtime/backend.h with g = grads[i] * grad_scale, and in the same pass
- * compute_copy[i] = bf16(params[i]) (the weights the next forward reads); compute_copy may be
- * NULL. step counts from 1. */
-void cuda_adamw_update(float *params, const float *grads, float grad_scale, float *exp_avg,
-                       float *exp_avg_sq, size_t n, float lr, float beta1, float beta2, float eps,
-                       float weight_decay, int step, bf16 *compute_copy, cudaStream_t stream);
-/* ema = decay * ema + (1 - decay) * params */
-void cuda_ema_update(float *ema, const float *params, size_t n, float decay,
-                     cudaStream_t stream);
-/* x *= factor */
+/* AdamW of runtime/backend.h with the scalars s (g = grads[i] * s->grad_scale), and in the
+ * same pass the weight EMA (ema may be NULL) and compute_copy[i] = bf16(params[i]) (the
+ * weights the next forward reads; may be NULL). s->step counts from 1. */
+void cuda_adamw_update(float *params, const float *grads, float *exp_avg, float *exp_avg_sq,
+                       float *ema, size_t n, const AdamwScalars *s, bf16 *compute_copy,
+                       cudaStream_t stream);
+/* y += x */
 void cuda_add_floats(float *y, const float *x, size_t n, cudaStream_t stream);
 /* *result += sum of x[i]^2, in double, on the device (so the squared norms of many ranges
  * add up without a host round trip; zero *result first). Two passes: a fixed grid of
