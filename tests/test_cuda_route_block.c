@@ -13,7 +13,8 @@
  * Shapes (N sources, G sites, tokens, d, H): the block kernels (N <= 9, G <= 8, d <= 4096,
  * head_dim % 8 == 0) with heads that are whole warps (d 4096, H 8 and H 1), heads inside a
  * warp (d 1280, H 8: 20 lanes; d 256, H 32: one lane), a row shorter than a warp (d 24),
- * one token and tokens that are multiples of nothing; and the per-site kernels past the
+ * one token, tokens that are multiples of nothing, and more tokens than multiprocessors (the
+ * persistent kernels' double buffers in use); and the per-site kernels past the
  * limits (N 10, G 9, head_dim 4, d 8192). Each test SKIPs where no GPU answers.
  */
 #include "kernels/cuda/route_block_cuda.h"
@@ -37,9 +38,11 @@ typedef struct {
     int n_sources, n_sites, tokens, d, heads;
 } BlockShape;
 
+/* {5, 8, 300, 4096, 8}: more tokens than an H200 has multiprocessors, so that the persistent
+ * kernels take several tokens a block and run through their double buffers */
 static const BlockShape block_kernel_shapes[] = {
     {9, 8, 33, 4096, 8}, {3, 4, 100, 4096, 1}, {5, 8, 33, 1280, 8}, {2, 3, 17, 256, 32},
-    {4, 2, 33, 24, 3},   {7, 5, 1, 512, 4},    {9, 1, 50, 2048, 16},
+    {4, 2, 33, 24, 3},   {7, 5, 1, 512, 4},    {9, 1, 50, 2048, 16}, {5, 8, 300, 4096, 8},
 };
 static const BlockShape per_site_shapes[] = {
     {10, 2, 33, 256, 8}, {3, 9, 20, 256, 2}, {2, 3, 33, 20, 5}, {2, 2, 5, 8192, 8},
