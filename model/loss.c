@@ -101,7 +101,7 @@ void loss_backward(const LayerContext *context, const HeadWeights *weights, Head
                                         head->token_lse + first, targets + first, count, V,
                                         z_loss);
         const size_t offset = (size_t)first * d;
-        backend->matmul_backward(activation_at(backend, scratch->grad_normed, offset),
+        backend->matmul_backward(activation_at(backend, scratch->grad_normed, offset), GRAD_ADD,
                                  grads->head, scratch->grad_logits,
                                  activation_at_const(backend, head->final_normed, offset),
                                  weights->head, count, d, V);
@@ -109,6 +109,6 @@ void loss_backward(const LayerContext *context, const HeadWeights *weights, Head
     /* a remade batch's logits now fill the buffer, or only its last chunk's */
     if (!logits_kept)
         model_scratch->logits_owner = model_scratch->all_logits || rows <= chunk ? head : NULL;
-    backend->rmsnorm_backward(dx, grads->norm, scratch->grad_normed, x, weights->norm,
+    backend->rmsnorm_backward(dx, GRAD_ADD, grads->norm, scratch->grad_normed, x, weights->norm,
                               head->final_rstd, rows, d);
 }

@@ -166,7 +166,8 @@ enum { RMSNORM_DX, RMSNORM_DWEIGHT, RMSNORM_DOUT, RMSNORM_X, RMSNORM_WEIGHT, RMS
 
 static void run_rmsnorm_backward(const Backend *b, void *const *p, const OpCase *c)
 {
-    b->rmsnorm_backward(p[0], p[1], p[2], p[3], p[4], p[5], c->shape[0], c->shape[1]);
+    b->rmsnorm_backward(p[0], GRAD_ADD, p[1], p[2], p[3], p[4], p[5], c->shape[0],
+                        c->shape[1]);
 }
 
 static void prepare_rmsnorm_backward(OpCase *c)
@@ -261,12 +262,14 @@ static void run_matmul_forward(const Backend *b, void *const *p, const OpCase *c
 
 static void run_matmul_backward(const Backend *b, void *const *p, const OpCase *c)
 {
-    b->matmul_backward(p[0], p[1], p[2], p[3], p[4], c->shape[0], c->shape[1], c->shape[2]);
+    b->matmul_backward(p[0], GRAD_ADD, p[1], p[2], p[3], p[4], c->shape[0], c->shape[1],
+                       c->shape[2]);
 }
 
 static void run_matmul_backward_without_din(const Backend *b, void *const *p, const OpCase *c)
 {
-    b->matmul_backward(NULL, p[0], p[1], p[2], p[3], c->shape[0], c->shape[1], c->shape[2]);
+    b->matmul_backward(NULL, GRAD_ADD, p[0], p[1], p[2], p[3], c->shape[0], c->shape[1],
+                       c->shape[2]);
 }
 
 Test(cuda_backend_ops, matmul_forward_matches_cpu)
@@ -325,7 +328,8 @@ static void run_rope_forward(const Backend *b, void *const *p, const OpCase *c)
 
 static void run_rope_backward(const Backend *b, void *const *p, const OpCase *c)
 {
-    b->rope_backward(p[0], p[1], p[2], p[3], c->shape[0], c->shape[1], c->shape[2], c->shape[3]);
+    b->rope_backward(p[0], GRAD_ADD, p[1], p[2], p[3], c->shape[0], c->shape[1], c->shape[2],
+                     c->shape[3]);
 }
 
 static void check_rope(bool backward, int i)
@@ -375,8 +379,8 @@ enum { ATTENTION_DQ, ATTENTION_DK, ATTENTION_DV, ATTENTION_DOUT, ATTENTION_Q, AT
 
 static void run_attention_backward(const Backend *b, void *const *p, const OpCase *c)
 {
-    b->attention_backward(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], c->shape[0],
-                          c->shape[1], c->shape[2], c->shape[3], c->shape[4]);
+    b->attention_backward(p[0], p[1], p[2], GRAD_ADD, p[3], p[4], p[5], p[6], p[7], p[8],
+                          c->shape[0], c->shape[1], c->shape[2], c->shape[3], c->shape[4]);
 }
 
 static void prepare_attention_backward(OpCase *c)
@@ -441,7 +445,7 @@ static void run_swiglu_forward(const Backend *b, void *const *p, const OpCase *c
 
 static void run_swiglu_backward(const Backend *b, void *const *p, const OpCase *c)
 {
-    b->swiglu_backward(p[0], p[1], p[2], p[3], p[4], (size_t)c->shape[0]);
+    b->swiglu_backward(p[0], p[1], GRAD_ADD, p[2], p[3], p[4], (size_t)c->shape[0]);
 }
 
 Test(cuda_backend_ops, swiglu_forward_matches_cpu)
