@@ -3,7 +3,8 @@
  * shapes that are not multiples of 8 or 16 where the op allows (DESIGN 7, "GPU").
  *
  * The point is the wiring: argument order, dtypes, and the "+=" of every backward (whose
- * gradients start from non-zero values). The kernels' own accuracy over many shapes is the
+ * gradients start from non-zero values; the ops with a GradMode in GRAD_ADD, GRAD_WRITE is
+ * test_cuda_grad_mode.c's). The kernels' own accuracy over many shapes is the
  * business of test_cuda_kernels.c and its siblings. Rules and tolerances:
  * cuda_backend_support.h. A backward reads the statistics of the cpu forward on the same
  * inputs, on both backends. Attention over depth and MSAR: test_cuda_backend_route.c.

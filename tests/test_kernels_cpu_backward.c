@@ -7,7 +7,8 @@
  * perturbation uses the step the fp32 input actually took, (float)(x + eps) - (float)(x - eps),
  * not the nominal 2 eps. Tolerance: relative error (whole tensor) <= 1e-3.
  *
- * Also: every backward adds into its gradients (two calls give twice one call), and the ops
+ * Also: every backward adds into its gradients (two calls give twice one call; the ops with a
+ * GradMode are called with GRAD_ADD here, GRAD_WRITE is test_grad_mode.c's), and the ops
  * whose gradients sum over tokens give bitwise-identical results on 1 and 2 threads.
  */
 #include "kernels/cpu/kernels_cpu.h"
