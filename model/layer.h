@@ -15,7 +15,8 @@
  * Backward, with the "ADDS into" rule of runtime/backend.h: dx += J^T dout, and every weight
  * gradient += its contribution. dx may be the same buffer as dout (dout is consumed before dx
  * is touched), which is how the standard residual folds the identity path in for free.
- * Intermediate gradients use the ActivationScratch and are zeroed here before use.
+ * Intermediate gradients use the ActivationScratch; the first op into each writes it
+ * (GRAD_WRITE), so none is zeroed.
  */
 #ifndef FATHOM_MODEL_LAYER_H
 #define FATHOM_MODEL_LAYER_H

@@ -90,7 +90,7 @@ void loss_backward(const LayerContext *context, const HeadWeights *weights, Head
                     (size_t)rows * sizeof *grad_token_loss);
     free(grad_token_loss);
 
-    backend->zero(scratch->grad_normed, (size_t)rows * d * backend->activation_bytes);
+    /* each chunk of rows writes its own rows of grad_normed: no zeroing */
     for (int first = 0; first < rows; first += chunk) {
         const int count = rows - first < chunk ? rows - first : chunk;
         if (!logits_kept)
@@ -101,8 +101,8 @@ void loss_backward(const LayerContext *context, const HeadWeights *weights, Head
                                         head->token_lse + first, targets + first, count, V,
                                         z_loss);
         const size_t offset = (size_t)first * d;
-        backend->matmul_backward(activation_at(backend, scratch->grad_normed, offset), GRAD_ADD,
-                                 grads->head, scratch->grad_logits,
+        backend->matmul_backward(activation_at(backend, scratch->grad_normed, offset),
+                                 GRAD_WRITE, grads->head, scratch->grad_logits,
                                  activation_at_const(backend, head->final_normed, offset),
                                  weights->head, count, d, V);
     }
