@@ -8,20 +8,21 @@
 #include "model/layer.h"
 
 /* The sublayer's input norm, last op of its backward: into dx, and branch (layer.h). */
-static void input_norm_backward(const Backend *backend, Activation *dx, Activation *branch,
-                                float *dweight, const Activation *dout, const Activation *x,
-                                const Activation *weight, const float *rstd, int rows, int d)
+static void input_norm_backward(const Backend *backend, Activation *dx, GradMode dx_mode,
+                                Activation *branch, float *dweight, const Activation *dout,
+                                const Activation *x, const Activation *weight,
+                                const float *rstd, int rows, int d)
 {
-    if (branch)
+    if (branch) /* dx written (dx_mode is GRAD_WRITE), branch added */
         backend->rmsnorm_backward_branch(dx, branch, dweight, dout, x, weight, rstd, rows, d);
     else
-        backend->rmsnorm_backward(dx, GRAD_ADD, dweight, dout, x, weight, rstd, rows, d);
+        backend->rmsnorm_backward(dx, dx_mode, dweight, dout, x, weight, rstd, rows, d);
 }
 
 void attention_sublayer_backward(const LayerContext *context, const LayerWeights *weights,
                                  LayerGrads *grads, const LayerActivations *saved,
                                  const Activation *x, const Activation *dout, Activation *dx,
-                                 Activation *branch)
+                                 GradMode dx_mode, Activation *branch)
 {
     const Backend *backend = context->backend;
     const ModelConfig *config = context->config;
@@ -70,14 +71,14 @@ void attention_sublayer_backward(const LayerContext *context, const LayerWeights
                              weights->k_proj, rows, d, kv_dim);
     backend->matmul_backward(grad_normed, GRAD_ADD, grads->v_proj, scratch->grad_v, n,
                              weights->v_proj, rows, d, kv_dim);
-    input_norm_backward(backend, dx, branch, grads->input_layernorm, grad_normed, x,
+    input_norm_backward(backend, dx, dx_mode, branch, grads->input_layernorm, grad_normed, x,
                         weights->input_layernorm, saved->attention_rstd, rows, d);
 }
 
 void mlp_sublayer_backward(const LayerContext *context, const LayerWeights *weights,
                            LayerGrads *grads, const LayerActivations *saved,
                            const Activation *x, const Activation *dout, Activation *dx,
-                           Activation *branch)
+                           GradMode dx_mode, Activation *branch)
 {
     const Backend *backend = context->backend;
     const ModelConfig *config = context->config;
@@ -96,6 +97,7 @@ void mlp_sublayer_backward(const LayerContext *context, const LayerWeights *weig
                              saved->mlp_normed, weights->gate_proj, rows, d, F);
     backend->matmul_backward(grad_normed, GRAD_ADD, grads->up_proj, scratch->grad_up,
                              saved->mlp_normed, weights->up_proj, rows, d, F);
-    input_norm_backward(backend, dx, branch, grads->post_attention_layernorm, grad_normed, x,
-                        weights->post_attention_layernorm, saved->mlp_rstd, rows, d);
+    input_norm_backward(backend, dx, dx_mode, branch, grads->post_attention_layernorm,
+                        grad_normed, x, weights->post_attention_layernorm, saved->mlp_rstd,
+                        rows, d);
 }

@@ -71,7 +71,7 @@ ModelLoss loss_forward(const LayerContext *context, const HeadWeights *weights,
 void loss_backward(const LayerContext *context, const HeadWeights *weights, HeadGrads *grads,
                    ModelScratch *model_scratch, const HeadActivations *head,
                    const uint32_t *targets, const Activation *x, float z_loss,
-                   float loss_scale, Activation *dx)
+                   float loss_scale, Activation *dx, GradMode dx_mode)
 {
     const Backend *backend = context->backend;
     const ModelConfig *config = context->config;
@@ -109,6 +109,6 @@ void loss_backward(const LayerContext *context, const HeadWeights *weights, Head
     /* a remade batch's logits now fill the buffer, or only its last chunk's */
     if (!logits_kept)
         model_scratch->logits_owner = model_scratch->all_logits || rows <= chunk ? head : NULL;
-    backend->rmsnorm_backward(dx, GRAD_ADD, grads->norm, scratch->grad_normed, x, weights->norm,
+    backend->rmsnorm_backward(dx, dx_mode, grads->norm, scratch->grad_normed, x, weights->norm,
                               head->final_rstd, rows, d);
 }
