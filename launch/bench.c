@@ -224,10 +224,10 @@ static void attention_pass(void *context)
     AttentionPass *a = context;
     a->backend->attention_forward(a->out, a->lse, a->q, a->k, a->v, a->B, a->T, a->heads,
                                   a->kv_heads, a->head_dim);
-    if (a->backward)
-        a->backend->attention_backward(a->dq, a->dk, a->dv, a->dout, a->q, a->k, a->v, a->out,
-                                       a->lse, a->B, a->T, a->heads, a->kv_heads,
-                                       a->head_dim);
+    if (a->backward) /* written, as the layer backward asks for it */
+        a->backend->attention_backward(a->dq, a->dk, a->dv, GRAD_WRITE, a->dout, a->q, a->k,
+                                       a->v, a->out, a->lse, a->B, a->T, a->heads,
+                                       a->kv_heads, a->head_dim);
 }
 
 static void case_attention(Bench *bench)

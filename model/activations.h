@@ -95,7 +95,8 @@ typedef struct {
     Activation *hidden;           /* [N, F] silu(gate) * up, down_proj input */
 } LayerActivations;
 
-/* Buffers that live only inside one op sequence; every backward zeroes what it adds into. */
+/* Buffers that live only inside one op sequence. A backward writes a gradient buffer's first
+ * contribution (GRAD_WRITE) or zeroes it before an op that can only add into it. */
 typedef struct {
     Activation *sublayer_output;  /* [N, d] f_j before the residual add */
     Activation *grad_stream;      /* [N, d] d loss / d stream[j], walking down */

@@ -65,18 +65,20 @@ static void sublayer_forward(Model *model, const LayerContext *context, int j,
         mlp_sublayer_forward(context, weights, saved, x, out);
 }
 
-/* dx += J_j^T dout (dx may be dout), or with a branch dx = J_j^T dout and branch += it
- * (model/layer.h). */
+/* dx += J_j^T dout (GRAD_ADD; dx may be dout) or dx = J_j^T dout (GRAD_WRITE), or with a
+ * branch dx = J_j^T dout and branch += it (model/layer.h). */
 static void sublayer_backward(Model *model, const LayerContext *context, int j,
                               const LayerActivations *saved, const Activation *x,
-                              const Activation *dout, Activation *dx, Activation *branch)
+                              const Activation *dout, Activation *dx, GradMode dx_mode,
+                              Activation *branch)
 {
     const LayerWeights *weights = &model->layer_params[j / 2];
     LayerGrads *grads = &model->layer_grads[j / 2];
     if (j % 2 == 0)
-        attention_sublayer_backward(context, weights, grads, saved, x, dout, dx, branch);
+        attention_sublayer_backward(context, weights, grads, saved, x, dout, dx, dx_mode,
+                                    branch);
     else
-        mlp_sublayer_backward(context, weights, grads, saved, x, dout, dx, branch);
+        mlp_sublayer_backward(context, weights, grads, saved, x, dout, dx, dx_mode, branch);
 }
 
 /* Everything one walk needs, made once per chunk call. */
@@ -371,9 +373,9 @@ static void sublayer_walk_backward(Walk *walk, int j, const LayerActivations *sa
     const Backend *backend = walk->backend;
     ModelScratch *scratch = &walk->model->scratch;
     Activation *grad_stream = scratch->layer.grad_stream;
-    if (!walk->routed) {
+    if (!walk->routed) { /* the stream's gradient: the identity path's, added to */
         sublayer_backward(walk->model, &walk->layer, j, saved, x, grad_stream, grad_stream,
-                          NULL);
+                          GRAD_ADD, NULL);
         return;
     }
     const Activation *grad_f = walk->store->grad_blocks[walk->plan->sublayer_block[j]];
@@ -381,13 +383,11 @@ static void sublayer_walk_backward(Walk *walk, int j, const LayerActivations *sa
         backend->add(scratch->grad_output, grad_stream, grad_f, walk->count);
         grad_f = scratch->grad_output;
     }
+    /* d x_j is written (its buffer holds nothing of this walk yet); in the delta form,
+     * x_j = p_j + alpha * mix, it is also added into d p_j */
     Activation *grad_x = route_walk_grad_x(&walk->sites, j);
-    if (walk->delta) { /* x_j = p_j + alpha * mix: d x_j written, and added into d p_j */
-        sublayer_backward(walk->model, &walk->layer, j, saved, x, grad_f, grad_x, grad_stream);
-    } else {
-        backend->zero(grad_x, walk->bytes);
-        sublayer_backward(walk->model, &walk->layer, j, saved, x, grad_f, grad_x, NULL);
-    }
+    sublayer_backward(walk->model, &walk->layer, j, saved, x, grad_f, grad_x, GRAD_WRITE,
+                      walk->delta ? grad_stream : NULL);
     site_backward(walk, j, x, grad_x);
 }
 
@@ -419,14 +419,16 @@ static void head_backward(Walk *walk, float loss_scale)
     ModelScratch *scratch = &model->scratch;
     const int L2 = walk->plan->n_sublayers;
     Activation *grad_stream = scratch->layer.grad_stream;
-    if (!walk->routed || walk->delta)
+    /* the loss writes the gradient of the final input: the stream's (standard) or the final
+     * site's d x (routed); the delta form's stream gradient starts from zeros, for the add
+     * below */
+    if (walk->routed && walk->delta)
         backend->zero(grad_stream, walk->bytes);
     Activation *grad_final = walk->routed ? scratch->grad_input : grad_stream;
     const Activation *final_input = stash->stream[walk->routed ? L2 : stash->end_sublayer];
-    if (walk->routed)
-        backend->zero(grad_final, walk->bytes);
     loss_backward(&walk->layer, &model->head_params, &model->head_grads, scratch, &stash->head,
-                  stash->targets, final_input, stash->z_loss, loss_scale, grad_final);
+                  stash->targets, final_input, stash->z_loss, loss_scale, grad_final,
+                  GRAD_WRITE);
     if (!walk->routed)
         return;
     site_backward(walk, L2, final_input, grad_final);

@@ -12,10 +12,12 @@
  * intermediates in a LayerActivations; x itself is not copied, so the caller keeps it
  * unchanged until the backward.
  *
- * Backward, with the "ADDS into" rule of runtime/backend.h: dx += J^T dout, and every weight
- * gradient += its contribution. dx may be the same buffer as dout (dout is consumed before dx
- * is touched), which is how the standard residual folds the identity path in for free.
- * Intermediate gradients use the ActivationScratch and are zeroed here before use.
+ * Backward: dx += J^T dout or dx = J^T dout (a GradMode, runtime/backend.h), and every
+ * weight gradient += its contribution. dx may be the same buffer as dout (dout is consumed
+ * before dx is touched), which is how the standard residual folds the identity path in for
+ * free (GRAD_ADD).
+ * Intermediate gradients use the ActivationScratch; the first op into each writes it
+ * (GRAD_WRITE), so none is zeroed.
  */
 #ifndef FATHOM_MODEL_LAYER_H
 #define FATHOM_MODEL_LAYER_H
@@ -70,22 +72,23 @@ void layer_views_add(UnitViews *views, LayerWeights *weights, LayerGrads *grads,
                      const ParamTable *table, int layer, const ModelConfig *config);
 
 /* The sublayers: out = f(x) [rows, d]. A backward gives the input's gradient
- * J^T dout: branch NULL, dx += it (dx may be dout: the standard stream); otherwise dx = it,
- * written, and branch += it (the delta form's site x_j = p_j + alpha_j * Route, whose
- * gradient goes both to the site's route, dx, and to the stream p_j, branch). */
+ * J^T dout: branch NULL, dx += it (GRAD_ADD; dx may be dout: the standard stream) or dx = it
+ * (GRAD_WRITE: a fresh buffer, not read); otherwise dx = it, written (dx_mode GRAD_WRITE),
+ * and branch += it (the delta form's site x_j = p_j + alpha_j * Route, whose gradient goes
+ * both to the site's route, dx, and to the stream p_j, branch). */
 void attention_sublayer_forward(const LayerContext *context, const LayerWeights *weights,
                                 LayerActivations *saved, const Activation *x,
                                 Activation *out);
 void attention_sublayer_backward(const LayerContext *context, const LayerWeights *weights,
                                  LayerGrads *grads, const LayerActivations *saved,
                                  const Activation *x, const Activation *dout, Activation *dx,
-                                 Activation *branch);
+                                 GradMode dx_mode, Activation *branch);
 
 void mlp_sublayer_forward(const LayerContext *context, const LayerWeights *weights,
                           LayerActivations *saved, const Activation *x, Activation *out);
 void mlp_sublayer_backward(const LayerContext *context, const LayerWeights *weights,
                            LayerGrads *grads, const LayerActivations *saved,
                            const Activation *x, const Activation *dout, Activation *dx,
-                           Activation *branch);
+                           GradMode dx_mode, Activation *branch);
 
 #endif

@@ -1,26 +1,28 @@
 /* model/layer_backward.c — the sublayer backwards; see layer.h.
  *
- * Each runs its forward in reverse. A scratch gradient is zeroed right before the op that
- * first adds into it (runtime/backend.h: every backward ADDS); weight gradients are never
- * zeroed here, so microbatches accumulate.
+ * Each runs its forward in reverse. A scratch gradient's first contribution is written
+ * (GRAD_WRITE, runtime/backend.h), so no scratch buffer is zeroed; the later contributions
+ * to the same buffer (grad_normed receives one from each projection that reads the normed
+ * input) are added. Weight gradients are always added, so microbatches accumulate.
  */
 #include "model/layer.h"
 
 /* The sublayer's input norm, last op of its backward: into dx, and branch (layer.h). */
-static void input_norm_backward(const Backend *backend, Activation *dx, Activation *branch,
-                                float *dweight, const Activation *dout, const Activation *x,
-                                const Activation *weight, const float *rstd, int rows, int d)
+static void input_norm_backward(const Backend *backend, Activation *dx, GradMode dx_mode,
+                                Activation *branch, float *dweight, const Activation *dout,
+                                const Activation *x, const Activation *weight,
+                                const float *rstd, int rows, int d)
 {
-    if (branch)
+    if (branch) /* dx written (dx_mode is GRAD_WRITE), branch added */
         backend->rmsnorm_backward_branch(dx, branch, dweight, dout, x, weight, rstd, rows, d);
     else
-        backend->rmsnorm_backward(dx, dweight, dout, x, weight, rstd, rows, d);
+        backend->rmsnorm_backward(dx, dx_mode, dweight, dout, x, weight, rstd, rows, d);
 }
 
 void attention_sublayer_backward(const LayerContext *context, const LayerWeights *weights,
                                  LayerGrads *grads, const LayerActivations *saved,
                                  const Activation *x, const Activation *dout, Activation *dx,
-                                 Activation *branch)
+                                 GradMode dx_mode, Activation *branch)
 {
     const Backend *backend = context->backend;
     const ModelConfig *config = context->config;
@@ -29,63 +31,54 @@ void attention_sublayer_backward(const LayerContext *context, const LayerWeights
     const int d = config->d_model, hd = config->head_dim;
     const int heads = config->n_heads, kv_heads = config->n_kv_heads;
     const int q_dim = heads * hd, kv_dim = kv_heads * hd;
-    const size_t q_bytes = (size_t)rows * q_dim * backend->activation_bytes;
-    const size_t kv_bytes = (size_t)rows * kv_dim * backend->activation_bytes;
     Activation *grad_output = scratch->grad_q[0]; /* d attention_output */
     Activation *grad_q = scratch->grad_q[1], *grad_k = scratch->grad_k[0];
 
-    backend->zero(grad_output, q_bytes);
-    backend->matmul_backward(grad_output, grads->o_proj, dout, saved->attention_output,
-                             weights->o_proj, rows, q_dim, d);
+    backend->matmul_backward(grad_output, GRAD_WRITE, grads->o_proj, dout,
+                             saved->attention_output, weights->o_proj, rows, q_dim, d);
 
-    backend->zero(grad_q, q_bytes);
-    backend->zero(grad_k, kv_bytes);
-    backend->zero(scratch->grad_v, kv_bytes);
-    backend->attention_backward(grad_q, grad_k, scratch->grad_v, grad_output, saved->q,
-                                saved->k, saved->v, saved->attention_output,
+    backend->attention_backward(grad_q, grad_k, scratch->grad_v, GRAD_WRITE, grad_output,
+                                saved->q, saved->k, saved->v, saved->attention_output,
                                 saved->attention_lse, B, T, heads, kv_heads, hd);
 
     /* through RoPE: grad_q[1] -> grad_q[0] (free again), grad_k[0] -> grad_k[1] */
     Activation *grad_q_unrotated = scratch->grad_q[0], *grad_k_unrotated = scratch->grad_k[1];
-    backend->zero(grad_q_unrotated, q_bytes);
-    backend->zero(grad_k_unrotated, kv_bytes);
-    backend->rope_backward(grad_q_unrotated, grad_q, context->rope_cos, context->rope_sin, B,
-                           T, heads, hd);
-    backend->rope_backward(grad_k_unrotated, grad_k, context->rope_cos, context->rope_sin, B,
-                           T, kv_heads, hd);
+    backend->rope_backward(grad_q_unrotated, GRAD_WRITE, grad_q, context->rope_cos,
+                           context->rope_sin, B, T, heads, hd);
+    backend->rope_backward(grad_k_unrotated, GRAD_WRITE, grad_k, context->rope_cos,
+                           context->rope_sin, B, T, kv_heads, hd);
     Activation *grad_q_projected = grad_q_unrotated, *grad_k_projected = grad_k_unrotated;
 
     if (config->qk_norm) {
         /* through the per-head norms: back into grad_q[1], grad_k[0] */
         grad_q_projected = scratch->grad_q[1];
         grad_k_projected = scratch->grad_k[0];
-        backend->zero(grad_q_projected, q_bytes);
-        backend->zero(grad_k_projected, kv_bytes);
-        backend->rmsnorm_backward(grad_q_projected, grads->q_norm, grad_q_unrotated,
+        backend->rmsnorm_backward(grad_q_projected, GRAD_WRITE, grads->q_norm, grad_q_unrotated,
                                   saved->q_projected, weights->q_norm, saved->q_norm_rstd,
                                   rows * heads, hd);
-        backend->rmsnorm_backward(grad_k_projected, grads->k_norm, grad_k_unrotated,
+        backend->rmsnorm_backward(grad_k_projected, GRAD_WRITE, grads->k_norm, grad_k_unrotated,
                                   saved->k_projected, weights->k_norm, saved->k_norm_rstd,
                                   rows * kv_heads, hd);
     }
 
+    /* the three projections read the same normed input: the first writes its gradient, the
+     * other two add theirs */
     Activation *grad_normed = scratch->grad_normed;
     const Activation *n = saved->attention_normed;
-    backend->zero(grad_normed, (size_t)rows * d * backend->activation_bytes);
-    backend->matmul_backward(grad_normed, grads->q_proj, grad_q_projected, n, weights->q_proj,
-                             rows, d, q_dim);
-    backend->matmul_backward(grad_normed, grads->k_proj, grad_k_projected, n, weights->k_proj,
-                             rows, d, kv_dim);
-    backend->matmul_backward(grad_normed, grads->v_proj, scratch->grad_v, n, weights->v_proj,
-                             rows, d, kv_dim);
-    input_norm_backward(backend, dx, branch, grads->input_layernorm, grad_normed, x,
+    backend->matmul_backward(grad_normed, GRAD_WRITE, grads->q_proj, grad_q_projected, n,
+                             weights->q_proj, rows, d, q_dim);
+    backend->matmul_backward(grad_normed, GRAD_ADD, grads->k_proj, grad_k_projected, n,
+                             weights->k_proj, rows, d, kv_dim);
+    backend->matmul_backward(grad_normed, GRAD_ADD, grads->v_proj, scratch->grad_v, n,
+                             weights->v_proj, rows, d, kv_dim);
+    input_norm_backward(backend, dx, dx_mode, branch, grads->input_layernorm, grad_normed, x,
                         weights->input_layernorm, saved->attention_rstd, rows, d);
 }
 
 void mlp_sublayer_backward(const LayerContext *context, const LayerWeights *weights,
                            LayerGrads *grads, const LayerActivations *saved,
                            const Activation *x, const Activation *dout, Activation *dx,
-                           Activation *branch)
+                           GradMode dx_mode, Activation *branch)
 {
     const Backend *backend = context->backend;
     const ModelConfig *config = context->config;
@@ -93,21 +86,18 @@ void mlp_sublayer_backward(const LayerContext *context, const LayerWeights *weig
     const int rows = context->B * context->T, d = config->d_model, F = config->ffn_dim;
     const size_t hidden_count = (size_t)rows * F;
 
-    const size_t hidden_bytes = hidden_count * backend->activation_bytes;
-    backend->zero(scratch->grad_hidden, hidden_bytes);
-    backend->matmul_backward(scratch->grad_hidden, grads->down_proj, dout, saved->hidden,
-                             weights->down_proj, rows, F, d);
-    backend->zero(scratch->grad_gate, hidden_bytes);
-    backend->zero(scratch->grad_up, hidden_bytes);
-    backend->swiglu_backward(scratch->grad_gate, scratch->grad_up, scratch->grad_hidden,
-                             saved->gate, saved->up, hidden_count);
+    backend->matmul_backward(scratch->grad_hidden, GRAD_WRITE, grads->down_proj, dout,
+                             saved->hidden, weights->down_proj, rows, F, d);
+    backend->swiglu_backward(scratch->grad_gate, scratch->grad_up, GRAD_WRITE,
+                             scratch->grad_hidden, saved->gate, saved->up, hidden_count);
 
+    /* gate_proj and up_proj read the same normed input: written, then added */
     Activation *grad_normed = scratch->grad_normed;
-    backend->zero(grad_normed, (size_t)rows * d * backend->activation_bytes);
-    backend->matmul_backward(grad_normed, grads->gate_proj, scratch->grad_gate,
+    backend->matmul_backward(grad_normed, GRAD_WRITE, grads->gate_proj, scratch->grad_gate,
                              saved->mlp_normed, weights->gate_proj, rows, d, F);
-    backend->matmul_backward(grad_normed, grads->up_proj, scratch->grad_up, saved->mlp_normed,
-                             weights->up_proj, rows, d, F);
-    input_norm_backward(backend, dx, branch, grads->post_attention_layernorm, grad_normed, x,
-                        weights->post_attention_layernorm, saved->mlp_rstd, rows, d);
+    backend->matmul_backward(grad_normed, GRAD_ADD, grads->up_proj, scratch->grad_up,
+                             saved->mlp_normed, weights->up_proj, rows, d, F);
+    input_norm_backward(backend, dx, dx_mode, branch, grads->post_attention_layernorm,
+                        grad_normed, x, weights->post_attention_layernorm, saved->mlp_rstd,
+                        rows, d);
 }

@@ -71,7 +71,7 @@ ModelLoss loss_forward(const LayerContext *context, const HeadWeights *weights,
 void loss_backward(const LayerContext *context, const HeadWeights *weights, HeadGrads *grads,
                    ModelScratch *model_scratch, const HeadActivations *head,
                    const uint32_t *targets, const Activation *x, float z_loss,
-                   float loss_scale, Activation *dx)
+                   float loss_scale, Activation *dx, GradMode dx_mode)
 {
     const Backend *backend = context->backend;
     const ModelConfig *config = context->config;
@@ -90,7 +90,7 @@ void loss_backward(const LayerContext *context, const HeadWeights *weights, Head
                     (size_t)rows * sizeof *grad_token_loss);
     free(grad_token_loss);
 
-    backend->zero(scratch->grad_normed, (size_t)rows * d * backend->activation_bytes);
+    /* each chunk of rows writes its own rows of grad_normed: no zeroing */
     for (int first = 0; first < rows; first += chunk) {
         const int count = rows - first < chunk ? rows - first : chunk;
         if (!logits_kept)
@@ -102,13 +102,13 @@ void loss_backward(const LayerContext *context, const HeadWeights *weights, Head
                                         z_loss);
         const size_t offset = (size_t)first * d;
         backend->matmul_backward(activation_at(backend, scratch->grad_normed, offset),
-                                 grads->head, scratch->grad_logits,
+                                 GRAD_WRITE, grads->head, scratch->grad_logits,
                                  activation_at_const(backend, head->final_normed, offset),
                                  weights->head, count, d, V);
     }
     /* a remade batch's logits now fill the buffer, or only its last chunk's */
     if (!logits_kept)
         model_scratch->logits_owner = model_scratch->all_logits || rows <= chunk ? head : NULL;
-    backend->rmsnorm_backward(dx, grads->norm, scratch->grad_normed, x, weights->norm,
+    backend->rmsnorm_backward(dx, dx_mode, grads->norm, scratch->grad_normed, x, weights->norm,
                               head->final_rstd, rows, d);
 }

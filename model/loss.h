@@ -44,10 +44,10 @@ ModelLoss loss_forward(const LayerContext *context, const HeadWeights *weights,
                        ModelScratch *scratch, HeadActivations *head, const uint32_t *targets,
                        const Activation *x, float z_loss);
 
-/* dx += d(loss_scale * loss)/dx; grads->norm and grads->head += theirs. */
+/* dx += or = (dx_mode) d(loss_scale * loss)/dx; grads->norm and grads->head += theirs. */
 void loss_backward(const LayerContext *context, const HeadWeights *weights, HeadGrads *grads,
                    ModelScratch *scratch, const HeadActivations *head,
                    const uint32_t *targets, const Activation *x, float z_loss,
-                   float loss_scale, Activation *dx);
+                   float loss_scale, Activation *dx, GradMode dx_mode);
 
 #endif

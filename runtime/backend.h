@@ -14,9 +14,17 @@
  *   (rstd, lse, routing weights). Sums, norms, softmax and losses compute in fp32 or wider.
  *   Activation is an incomplete type on purpose: the compiler keeps the two kinds apart, and
  *   element offsets go through activation_at() below.
- * - Every backward ADDS into its gradient outputs (dx += ..., dweight += ...); the caller
- *   zeroes a gradient buffer before its first contribution. This makes gradient
- *   accumulation over microbatches and over the two uses of a tied weight free.
+ * - Every backward ADDS into its weight gradients (dweight += ...): gradient accumulation
+ *   over microbatches and over the two uses of a tied weight is free. Input gradients
+ *   (dx, din, dq ...) are added too, except where an op takes a GradMode for them
+ *   (matmul_backward's din; the rmsnorm, rope, attention and swiglu backwards): GRAD_ADD
+ *   adds (dx += g), GRAD_WRITE writes (dx = g) without reading the old contents, so the
+ *   first contribution to a fresh gradient buffer needs no zeroed buffer to add into.
+ *   GRAD_WRITE gives the bits GRAD_ADD gives on a zeroed buffer: the kernels add g to +0.0
+ *   where they would have added it to the old value, so the two agree even on the sign of
+ *   a zero (0.0f + -0.0f is +0.0f in both); the one exception is cuda's din
+ *   (kernels/cuda/matmul_cuda.cu). Where an op adds without a mode, the caller zeroes a
+ *   buffer before its first contribution.
  * - Results are deterministic: the same inputs give bitwise-identical outputs whatever the
  *   number of threads (no reduction whose order depends on scheduling).
  * - Ops are ordered on one compute stream (cuda) and may return before they finish; download,
@@ -33,6 +41,14 @@
 
 /* One element of an activation array; never dereferenced outside its backend. */
 typedef struct Activation Activation;
+
+/* What a backward does with an input-gradient output (conventions above). No value is 0:
+ * a mode passed where a pointer belongs draws a warning instead of passing NULL. */
+typedef enum GradMode {
+    GRAD_ADD = 1,   /* dx += g: the buffer holds earlier contributions (or zeros) */
+    GRAD_WRITE = 2, /* dx = g: the old contents are never read (they may be stale, or NaN) */
+} GradMode;
+
 /* A point on a backend's compute stream (a cudaEvent_t on cuda, a clock reading on cpu). */
 typedef struct BackendEvent BackendEvent;
 
@@ -107,13 +123,14 @@ typedef struct Backend {
      * x, out [rows, d]; weight [d]; rstd [rows] saved for the backward ---- */
     void (*rmsnorm_forward)(Activation *out, float *rstd, const Activation *x,
                             const Activation *weight, int rows, int d, float eps);
-    void (*rmsnorm_backward)(Activation *dx, float *dweight, const Activation *dout,
-                             const Activation *x, const Activation *weight, const float *rstd,
-                             int rows, int d);
-    /* The same gradient g (what rmsnorm_backward adds into dx) for an input that branches, the
+    /* g, the gradient w.r.t. x: dx += g or dx = g (dx_mode); dweight += its gradient */
+    void (*rmsnorm_backward)(Activation *dx, GradMode dx_mode, float *dweight,
+                             const Activation *dout, const Activation *x,
+                             const Activation *weight, const float *rstd, int rows, int d);
+    /* The same gradient g (what rmsnorm_backward gives dx) for an input that branches, the
      * delta form's x_j = p_j + alpha_j * Route (DESIGN 2.1): dx = g, written, not added (the
      * site's d x_j), and branch += g (the stream's d p_j), both the rounded g of dx. One pass
-     * instead of a zeroed dx, rmsnorm_backward and an add. */
+     * instead of rmsnorm_backward and an add. */
     void (*rmsnorm_backward_branch)(Activation *dx, Activation *branch, float *dweight,
                                     const Activation *dout, const Activation *x,
                                     const Activation *weight, const float *rstd, int rows,
@@ -123,10 +140,11 @@ typedef struct Backend {
      * (the [out, in] layout of Hugging Face Linear weights) ---- */
     void (*matmul_forward)(Activation *out, const Activation *in, const Activation *weight,
                            int rows, int in_dim, int out_dim);
-    /* din += dout @ weight; dweight += dout^T @ in. din may be NULL (no input gradient). */
-    void (*matmul_backward)(Activation *din, float *dweight, const Activation *dout,
-                            const Activation *in, const Activation *weight, int rows, int in_dim,
-                            int out_dim);
+    /* din += dout @ weight or din = dout @ weight (din_mode); dweight += dout^T @ in (always
+     * added: microbatches accumulate). din may be NULL (no input gradient). */
+    void (*matmul_backward)(Activation *din, GradMode din_mode, float *dweight,
+                            const Activation *dout, const Activation *in,
+                            const Activation *weight, int rows, int in_dim, int out_dim);
 
     /* ---- RoPE, rotate-half convention (DESIGN 2): for i < hd/2,
      *   out[i]      = x[i] * cos[t, i] - x[i + hd/2] * sin[t, i]
@@ -135,9 +153,10 @@ typedef struct Backend {
      * out may alias x ---- */
     void (*rope_forward)(Activation *out, const Activation *x, const float *cos,
                          const float *sin, int B, int T, int n_heads, int head_dim);
-    /* dx += R^T dout (the inverse rotation) */
-    void (*rope_backward)(Activation *dx, const Activation *dout, const float *cos,
-                          const float *sin, int B, int T, int n_heads, int head_dim);
+    /* dx += R^T dout or dx = R^T dout (dx_mode; R^T the inverse rotation) */
+    void (*rope_backward)(Activation *dx, GradMode dx_mode, const Activation *dout,
+                          const float *cos, const float *sin, int B, int T, int n_heads,
+                          int head_dim);
 
     /* ---- causal attention with grouped KV heads (DESIGN 2):
      *   out[b,t,h] = sum_{s<=t} softmax_s(q[b,t,h] . k[b,s,h/g] / sqrt(hd)) v[b,s,h/g],
@@ -148,7 +167,8 @@ typedef struct Backend {
     void (*attention_forward)(Activation *out, float *lse, const Activation *q,
                               const Activation *k, const Activation *v, int B, int T,
                               int n_heads, int n_kv_heads, int head_dim);
-    void (*attention_backward)(Activation *dq, Activation *dk, Activation *dv,
+    /* dq, dk, dv += or = (mode, one for all three) the gradients w.r.t. q, k, v */
+    void (*attention_backward)(Activation *dq, Activation *dk, Activation *dv, GradMode mode,
                                const Activation *dout, const Activation *q,
                                const Activation *k, const Activation *v,
                                const Activation *out, const float *lse, int B, int T,
@@ -157,8 +177,10 @@ typedef struct Backend {
     /* ---- SwiGLU: out = silu(gate) * up, all [n] ---- */
     void (*swiglu_forward)(Activation *out, const Activation *gate, const Activation *up,
                            size_t n);
-    void (*swiglu_backward)(Activation *dgate, Activation *dup, const Activation *dout,
-                            const Activation *gate, const Activation *up, size_t n);
+    /* dgate, dup += or = (mode, one for both) the gradients w.r.t. gate, up */
+    void (*swiglu_backward)(Activation *dgate, Activation *dup, GradMode mode,
+                            const Activation *dout, const Activation *gate,
+                            const Activation *up, size_t n);
 
     /* ---- cross-entropy + z-loss, fused (DESIGN 2):
      *   loss[r] = lse_r - logits[r, target[r]] + z_loss * lse_r^2,  lse_r = logsumexp(logits[r,:])

@@ -39,9 +39,9 @@ Case attention_case_make(Shape shape, uint64_t seed, int with_backward)
         c.dq = gpu_test_host_floats(c.q_count);
         c.dk = gpu_test_host_floats(c.kv_count);
         c.dv = gpu_test_host_floats(c.kv_count);
-        cpu_attention_backward(c.dq, c.dk, c.dv, c.dout, c.q, c.k, c.v, c.out_rounded, c.lse,
-                               shape.B, shape.T, shape.n_heads, shape.n_kv_heads,
-                               shape.head_dim);
+        cpu_attention_backward(c.dq, c.dk, c.dv, GRAD_ADD, c.dout, c.q, c.k, c.v,
+                               c.out_rounded, c.lse, shape.B, shape.T, shape.n_heads,
+                               shape.n_kv_heads, shape.head_dim);
     }
     return c;
 }
@@ -95,11 +95,11 @@ DeviceInputs attention_device_inputs(const Case *c)
 }
 
 void attention_run_backward(const Case *c, const DeviceInputs *d, bf16 *dq, bf16 *dk,
-                            bf16 *dv, bool accumulate)
+                            bf16 *dv, GradMode mode)
 {
     Shape s = c->shape;
-    attention_backward_cuda(dq, dk, dv, d->dout, d->q, d->k, d->v, d->out, d->lse, s.B, s.T,
-                            s.n_heads, s.n_kv_heads, s.head_dim, d->workspace, accumulate, 0);
+    attention_backward_cuda(dq, dk, dv, mode, d->dout, d->q, d->k, d->v, d->out, d->lse, s.B,
+                            s.T, s.n_heads, s.n_kv_heads, s.head_dim, d->workspace, 0);
     CUDA_CHECK(cudaDeviceSynchronize());
 }
 
@@ -136,7 +136,7 @@ void attention_check_backward(Shape shape, uint64_t seed, AttentionBackwardKerne
     bf16 *dq = gpu_poisoned_bf16(c.q_count);
     bf16 *dk = gpu_poisoned_bf16(c.kv_count);
     bf16 *dv = gpu_poisoned_bf16(c.kv_count);
-    attention_run_backward(&c, &d, dq, dk, dv, false);
+    attention_run_backward(&c, &d, dq, dk, dv, GRAD_WRITE);
     float *dq_gpu = gpu_download_bf16(dq, c.q_count);
     float *dk_gpu = gpu_download_bf16(dk, c.kv_count);
     float *dv_gpu = gpu_download_bf16(dv, c.kv_count);
@@ -176,7 +176,7 @@ void attention_check_accumulate(AttentionBackwardKernel kernel)
         for (size_t j = 0; j < count[i]; j++)
             expected[i][j] = start[i][j] + reference[i][j];
     }
-    attention_run_backward(&c, &d, gradient[0], gradient[1], gradient[2], true);
+    attention_run_backward(&c, &d, gradient[0], gradient[1], gradient[2], GRAD_ADD);
     const char *names[3] = {"dq", "dk", "dv"};
     double error[3];
     for (int i = 0; i < 3; i++) {
@@ -202,7 +202,7 @@ int attention_backward_repeats_its_bits(const Case *c, const DeviceInputs *d,
         bf16 *gradient[3];
         for (int i = 0; i < 3; i++)
             gradient[i] = gpu_poisoned_bf16(count[i]);
-        attention_run_backward(c, d, gradient[0], gradient[1], gradient[2], false);
+        attention_run_backward(c, d, gradient[0], gradient[1], gradient[2], GRAD_WRITE);
         for (int i = 0; i < 3; i++)
             (run == 0 ? first : second)[i] = gpu_download_bf16(gradient[i], count[i]);
     }
@@ -276,7 +276,7 @@ void attention_check_backward_against(Shape shape, uint64_t seed, AttentionBackw
         bf16 *gradient[3];
         for (int i = 0; i < 3; i++)
             gradient[i] = gpu_poisoned_bf16(count[i]);
-        attention_run_backward(&c, &d, gradient[0], gradient[1], gradient[2], false);
+        attention_run_backward(&c, &d, gradient[0], gradient[1], gradient[2], GRAD_WRITE);
         for (int i = 0; i < 3; i++)
             result[run][i] = gpu_download_bf16(gradient[i], count[i]);
     }

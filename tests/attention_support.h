@@ -76,7 +76,7 @@ double attention_root_mean_square(const float *x, size_t n);
 DeviceInputs attention_device_inputs(const Case *c);
 /* The selected backward on the case, synchronised. */
 void attention_run_backward(const Case *c, const DeviceInputs *d, bf16 *dq, bf16 *dk,
-                            bf16 *dv, bool accumulate);
+                            bf16 *dv, GradMode mode);
 
 /* `kernel` against the cpu: the forward's out and lse; the backward's dq, dk, dv in
  * overwrite mode into poisoned buffers. */

@@ -6,9 +6,9 @@
  *   rounded to bf16 first, so both backends read the same values;
  * - output: written by the op; NaN on both sides beforehand, so an element the op never
  *   writes fails the comparison;
- * - accumulated: a "+=" output (every backward). It starts from random values whose RMS
- *   equals that of the op's own contribution (measured by a cpu run from zero), so a missing
- *   contribution and an overwritten start both miss the reference by about 70%;
+ * - accumulated: a "+=" output (every backward in GRAD_ADD). It starts from random values
+ *   whose RMS equals that of the op's own contribution (measured by a cpu run from zero), so
+ *   a missing contribution and an overwritten start both miss the reference by about 70%;
  * - updated: read and written in place (optimizer state), from random values (or from what
  *   `prepare` writes there: the start is taken after it);
  * - cpu scratch: zeroed host memory for the cpu backend; the cuda backend gets NULL (it has

@@ -156,8 +156,8 @@ Test(cuda_attention, unsupported_head_dim_exits_with_the_config_code)
 static void attention_backward_with_4_kv_heads_for_6(void *unused)
 {
     (void)unused;
-    attention_backward_cuda(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 1, 16, 6, 4,
-                            64, NULL, true, 0);
+    attention_backward_cuda(NULL, NULL, NULL, GRAD_ADD, NULL, NULL, NULL, NULL, NULL, NULL, 1,
+                            16, 6, 4, 64, NULL, 0);
 }
 
 Test(cuda_attention, kv_heads_not_dividing_heads_exits_with_the_config_code)

@@ -227,10 +227,10 @@ Test(cuda_backend, memory_usage_counts_the_workspace_which_does_not_grow_again)
     float *dweight = b->alloc((size_t)d * sizeof(float)), *rstd = b->alloc(rows * sizeof(float));
     size_t before, after_first, after_second;
     b->memory_usage(&before, NULL);
-    b->rmsnorm_backward(dx, dweight, dout, x, weight, rstd, rows, d);
+    b->rmsnorm_backward(dx, GRAD_ADD, dweight, dout, x, weight, rstd, rows, d);
     b->synchronize();
     b->memory_usage(&after_first, NULL);
-    b->rmsnorm_backward(dx, dweight, dout, x, weight, rstd, rows, d);
+    b->rmsnorm_backward(dx, GRAD_ADD, dweight, dout, x, weight, rstd, rows, d);
     b->synchronize();
     b->memory_usage(&after_second, NULL);
     size_t workspace = cuda_rmsnorm_backward_workspace_floats(rows, d) * sizeof(float);

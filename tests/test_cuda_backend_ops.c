@@ -3,7 +3,8 @@
  * shapes that are not multiples of 8 or 16 where the op allows (DESIGN 7, "GPU").
  *
  * The point is the wiring: argument order, dtypes, and the "+=" of every backward (whose
- * gradients start from non-zero values). The kernels' own accuracy over many shapes is the
+ * gradients start from non-zero values; the ops with a GradMode in GRAD_ADD, GRAD_WRITE is
+ * test_cuda_grad_mode.c's). The kernels' own accuracy over many shapes is the
  * business of test_cuda_kernels.c and its siblings. Rules and tolerances:
  * cuda_backend_support.h. A backward reads the statistics of the cpu forward on the same
  * inputs, on both backends. Attention over depth and MSAR: test_cuda_backend_route.c.
@@ -166,7 +167,8 @@ enum { RMSNORM_DX, RMSNORM_DWEIGHT, RMSNORM_DOUT, RMSNORM_X, RMSNORM_WEIGHT, RMS
 
 static void run_rmsnorm_backward(const Backend *b, void *const *p, const OpCase *c)
 {
-    b->rmsnorm_backward(p[0], p[1], p[2], p[3], p[4], p[5], c->shape[0], c->shape[1]);
+    b->rmsnorm_backward(p[0], GRAD_ADD, p[1], p[2], p[3], p[4], p[5], c->shape[0],
+                        c->shape[1]);
 }
 
 static void prepare_rmsnorm_backward(OpCase *c)
@@ -261,12 +263,14 @@ static void run_matmul_forward(const Backend *b, void *const *p, const OpCase *c
 
 static void run_matmul_backward(const Backend *b, void *const *p, const OpCase *c)
 {
-    b->matmul_backward(p[0], p[1], p[2], p[3], p[4], c->shape[0], c->shape[1], c->shape[2]);
+    b->matmul_backward(p[0], GRAD_ADD, p[1], p[2], p[3], p[4], c->shape[0], c->shape[1],
+                       c->shape[2]);
 }
 
 static void run_matmul_backward_without_din(const Backend *b, void *const *p, const OpCase *c)
 {
-    b->matmul_backward(NULL, p[0], p[1], p[2], p[3], c->shape[0], c->shape[1], c->shape[2]);
+    b->matmul_backward(NULL, GRAD_ADD, p[0], p[1], p[2], p[3], c->shape[0], c->shape[1],
+                       c->shape[2]);
 }
 
 Test(cuda_backend_ops, matmul_forward_matches_cpu)
@@ -325,7 +329,8 @@ static void run_rope_forward(const Backend *b, void *const *p, const OpCase *c)
 
 static void run_rope_backward(const Backend *b, void *const *p, const OpCase *c)
 {
-    b->rope_backward(p[0], p[1], p[2], p[3], c->shape[0], c->shape[1], c->shape[2], c->shape[3]);
+    b->rope_backward(p[0], GRAD_ADD, p[1], p[2], p[3], c->shape[0], c->shape[1], c->shape[2],
+                     c->shape[3]);
 }
 
 static void check_rope(bool backward, int i)
@@ -375,8 +380,8 @@ enum { ATTENTION_DQ, ATTENTION_DK, ATTENTION_DV, ATTENTION_DOUT, ATTENTION_Q, AT
 
 static void run_attention_backward(const Backend *b, void *const *p, const OpCase *c)
 {
-    b->attention_backward(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], c->shape[0],
-                          c->shape[1], c->shape[2], c->shape[3], c->shape[4]);
+    b->attention_backward(p[0], p[1], p[2], GRAD_ADD, p[3], p[4], p[5], p[6], p[7], p[8],
+                          c->shape[0], c->shape[1], c->shape[2], c->shape[3], c->shape[4]);
 }
 
 static void prepare_attention_backward(OpCase *c)
@@ -441,7 +446,7 @@ static void run_swiglu_forward(const Backend *b, void *const *p, const OpCase *c
 
 static void run_swiglu_backward(const Backend *b, void *const *p, const OpCase *c)
 {
-    b->swiglu_backward(p[0], p[1], p[2], p[3], p[4], (size_t)c->shape[0]);
+    b->swiglu_backward(p[0], p[1], GRAD_ADD, p[2], p[3], p[4], (size_t)c->shape[0]);
 }
 
 Test(cuda_backend_ops, swiglu_forward_matches_cpu)

@@ -190,7 +190,7 @@ static void gpu_rmsnorm_backward(float **dx_out, float **dweight_out, const floa
     bf16 *device_dx = gpu_upload_bf16(dx, count);
     float *device_dweight = gpu_upload_floats(dweight, d);
     float *workspace = gpu_poisoned_floats(cuda_rmsnorm_backward_workspace_floats(rows, d));
-    cuda_rmsnorm_backward(device_dx, device_dweight, gpu_upload_bf16(dout, count),
+    cuda_rmsnorm_backward(device_dx, GRAD_ADD, device_dweight, gpu_upload_bf16(dout, count),
                           gpu_upload_bf16(x, count), gpu_upload_bf16(weight, d),
                           gpu_upload_floats(rstd, rows), rows, d, workspace, 0);
     *dx_out = gpu_download_bf16(device_dx, count);
@@ -210,7 +210,7 @@ Test(cuda_kernels, rmsnorm_backward_adds_the_cpu_gradients)
         cpu_rmsnorm_forward(scratch, rstd, x, weight, rows, d, rmsnorm_eps);
         float *got_dx, *got_dweight;
         gpu_rmsnorm_backward(&got_dx, &got_dweight, dx, dweight, dout, x, weight, rstd, rows, d);
-        cpu_rmsnorm_backward(dx, dweight, dout, x, weight, rstd, rows, d);
+        cpu_rmsnorm_backward(dx, GRAD_ADD, dweight, dout, x, weight, rstd, rows, d);
         gpu_expect_close(got_dx, dx, count, BF16_TOLERANCE, "rmsnorm dx");
         gpu_expect_close(got_dweight, dweight, d, FP32_TOLERANCE, "rmsnorm dweight");
         free(x), free(weight), free(dout), free(dx), free(dweight), free(rstd), free(scratch);
@@ -311,7 +311,7 @@ static float *gpu_rope_backward(const float *dx, const float *dout, const float 
 {
     size_t count = (size_t)B * T * H * hd;
     bf16 *device_dx = gpu_upload_bf16(dx, count);
-    cuda_rope_backward(device_dx, gpu_upload_bf16(dout, count),
+    cuda_rope_backward(device_dx, GRAD_ADD, gpu_upload_bf16(dout, count),
                        gpu_upload_floats(cos, (size_t)T * hd / 2),
                        gpu_upload_floats(sin, (size_t)T * hd / 2), B, T, H, hd, 0);
     return gpu_download_bf16(device_dx, count);
@@ -328,7 +328,7 @@ Test(cuda_kernels, rope_backward_adds_the_inverse_rotation)
         float *cos, *sin;
         rope_tables(&cos, &sin, T, hd / 2, 240 + c);
         float *got = gpu_rope_backward(dx, dout, cos, sin, B, T, H, hd);
-        cpu_rope_backward(dx, dout, cos, sin, B, T, H, hd);
+        cpu_rope_backward(dx, GRAD_ADD, dout, cos, sin, B, T, H, hd);
         gpu_expect_close(got, dx, count, BF16_TOLERANCE, "rope backward");
         free(dout), free(dx), free(cos), free(sin), free(got);
         gpu_free_all();
@@ -373,7 +373,7 @@ static void gpu_swiglu_backward(float **dgate_out, float **dup_out, const float 
                                 const float *up, size_t n)
 {
     bf16 *device_dgate = gpu_upload_bf16(dgate, n), *device_dup = gpu_upload_bf16(dup, n);
-    cuda_swiglu_backward(device_dgate, device_dup, gpu_upload_bf16(dout, n),
+    cuda_swiglu_backward(device_dgate, device_dup, GRAD_ADD, gpu_upload_bf16(dout, n),
                          gpu_upload_bf16(gate, n), gpu_upload_bf16(up, n), n, 0);
     *dgate_out = gpu_download_bf16(device_dgate, n);
     *dup_out = gpu_download_bf16(device_dup, n);
@@ -389,7 +389,7 @@ Test(cuda_kernels, swiglu_backward_adds_the_cpu_gradients)
         float *dgate = gpu_test_bf16_values(n, 0.3f, 310 + c), *dup = gpu_test_bf16_values(n, 0.3f, 320 + c);
         float *got_dgate, *got_dup;
         gpu_swiglu_backward(&got_dgate, &got_dup, dgate, dup, dout, gate, up, n);
-        cpu_swiglu_backward(dgate, dup, dout, gate, up, n);
+        cpu_swiglu_backward(dgate, dup, GRAD_ADD, dout, gate, up, n);
         gpu_expect_close(got_dgate, dgate, n, BF16_TOLERANCE, "swiglu dgate");
         gpu_expect_close(got_dup, dup, n, BF16_TOLERANCE, "swiglu dup");
         free(gate), free(up), free(dout), free(dgate), free(dup), free(got_dgate), free(got_dup);

@@ -7,7 +7,8 @@
  * perturbation uses the step the fp32 input actually took, (float)(x + eps) - (float)(x - eps),
  * not the nominal 2 eps. Tolerance: relative error (whole tensor) <= 1e-3.
  *
- * Also: every backward adds into its gradients (two calls give twice one call), and the ops
+ * Also: every backward adds into its gradients (two calls give twice one call; the ops with a
+ * GradMode are called with GRAD_ADD here, GRAD_WRITE is test_grad_mode.c's), and the ops
  * whose gradients sum over tokens give bitwise-identical results on 1 and 2 threads.
  */
 #include "kernels/cpu/kernels_cpu.h"
@@ -169,7 +170,7 @@ Test(kernels_cpu_backward, rmsnorm_backward_matches_finite_differences)
         float *dx = zero_floats(count), *dweight = zero_floats(d);
         Objective objective = {rmsnorm_op_forward, &op, op.out, probe, count};
         objective_value(&objective);
-        cpu_rmsnorm_backward(dx, dweight, probe, op.x, op.weight, op.rstd, rows, d);
+        cpu_rmsnorm_backward(dx, GRAD_ADD, dweight, probe, op.x, op.weight, op.rstd, rows, d);
         expect_gradient(&objective, op.x, dx, count, 1e-3, "dx");
         expect_gradient(&objective, op.weight, dweight, d, 1e-2, "dweight");
         free_all(op.out, op.rstd, op.x, op.weight, probe, dx, dweight, NULL);
@@ -186,9 +187,10 @@ Test(kernels_cpu_backward, rmsnorm_backward_accumulates)
     float *dx_once = zero_floats(count), *dweight_once = zero_floats(d);
     float *dx_twice = zero_floats(count), *dweight_twice = zero_floats(d);
     rmsnorm_op_forward(&op);
-    cpu_rmsnorm_backward(dx_once, dweight_once, dout, op.x, op.weight, op.rstd, rows, d);
+    cpu_rmsnorm_backward(dx_once, GRAD_ADD, dweight_once, dout, op.x, op.weight, op.rstd, rows, d);
     for (int call = 0; call < 2; call++)
-        cpu_rmsnorm_backward(dx_twice, dweight_twice, dout, op.x, op.weight, op.rstd, rows, d);
+        cpu_rmsnorm_backward(dx_twice, GRAD_ADD, dweight_twice, dout, op.x, op.weight, op.rstd,
+                             rows, d);
     expect_doubled(dx_twice, dx_once, count, "dx");
     expect_doubled(dweight_twice, dweight_once, d, "dweight");
     free_all(op.out, op.rstd, op.x, op.weight, dout, dx_once, dweight_once, dx_twice, dweight_twice,
@@ -210,7 +212,7 @@ Test(kernels_cpu_backward, rmsnorm_backward_branch_writes_dx_and_adds_it_into_th
     memcpy(branch_before, branch, count * sizeof(float));
     memcpy(branch_dweight, dweight, d * sizeof(float));
     rmsnorm_op_forward(&op);
-    cpu_rmsnorm_backward(dx, dweight, dout, op.x, op.weight, op.rstd, rows, d);
+    cpu_rmsnorm_backward(dx, GRAD_ADD, dweight, dout, op.x, op.weight, op.rstd, rows, d);
     cpu_rmsnorm_backward_branch(branch_dx, branch, branch_dweight, dout, op.x, op.weight,
                                 op.rstd, rows, d);
     for (size_t i = 0; i < count; i++) {
@@ -234,9 +236,9 @@ Test(kernels_cpu_backward, rmsnorm_backward_is_bitwise_identical_for_1_and_2_thr
     float *dx_two = zero_floats(count), *dweight_two = zero_floats(d);
     rmsnorm_op_forward(&op);
     omp_set_num_threads(1);
-    cpu_rmsnorm_backward(dx_one, dweight_one, dout, op.x, op.weight, op.rstd, rows, d);
+    cpu_rmsnorm_backward(dx_one, GRAD_ADD, dweight_one, dout, op.x, op.weight, op.rstd, rows, d);
     omp_set_num_threads(2);
-    cpu_rmsnorm_backward(dx_two, dweight_two, dout, op.x, op.weight, op.rstd, rows, d);
+    cpu_rmsnorm_backward(dx_two, GRAD_ADD, dweight_two, dout, op.x, op.weight, op.rstd, rows, d);
     expect_bitwise_equal(dx_one, dx_two, count, "dx");
     expect_bitwise_equal(dweight_one, dweight_two, d, "dweight");
     free_all(op.out, op.rstd, op.x, op.weight, dout, dx_one, dweight_one, dx_two, dweight_two,
@@ -277,7 +279,7 @@ Test(kernels_cpu_backward, matmul_backward_matches_finite_differences)
         float *probe = random_floats(out_count, 1, 60 + c);
         float *din = zero_floats(in_count), *dweight = zero_floats(weight_count);
         Objective objective = {matmul_op_forward, &op, op.out, probe, out_count};
-        cpu_matmul_backward(din, dweight, probe, op.in, op.weight, op.rows, op.in_dim,
+        cpu_matmul_backward(din, GRAD_ADD, dweight, probe, op.in, op.weight, op.rows, op.in_dim,
                             op.out_dim);
         expect_gradient(&objective, op.in, din, in_count, 1e-2, "din");
         expect_gradient(&objective, op.weight, dweight, weight_count, 1e-2, "dweight");
@@ -291,7 +293,8 @@ Test(kernels_cpu_backward, matmul_backward_without_din_matches_finite_difference
     size_t weight_count = op.weight_count, out_count = op.out_count;
     float *probe = random_floats(out_count, 1, 72), *dweight = zero_floats(weight_count);
     Objective objective = {matmul_op_forward, &op, op.out, probe, out_count};
-    cpu_matmul_backward(NULL, dweight, probe, op.in, op.weight, op.rows, op.in_dim, op.out_dim);
+    cpu_matmul_backward(NULL, GRAD_ADD, dweight, probe, op.in, op.weight, op.rows, op.in_dim,
+                        op.out_dim);
     expect_gradient(&objective, op.weight, dweight, weight_count, 1e-2, "dweight");
     free_all(op.out, op.in, op.weight, probe, dweight, NULL);
 }
@@ -303,10 +306,10 @@ Test(kernels_cpu_backward, matmul_backward_accumulates)
     float *dout = random_floats((size_t)op.rows * op.out_dim, 1, 82);
     float *din_once = zero_floats(in_count), *dweight_once = zero_floats(weight_count);
     float *din_twice = zero_floats(in_count), *dweight_twice = zero_floats(weight_count);
-    cpu_matmul_backward(din_once, dweight_once, dout, op.in, op.weight, op.rows, op.in_dim,
-                        op.out_dim);
+    cpu_matmul_backward(din_once, GRAD_ADD, dweight_once, dout, op.in, op.weight, op.rows,
+                        op.in_dim, op.out_dim);
     for (int call = 0; call < 2; call++)
-        cpu_matmul_backward(din_twice, dweight_twice, dout, op.in, op.weight, op.rows,
+        cpu_matmul_backward(din_twice, GRAD_ADD, dweight_twice, dout, op.in, op.weight, op.rows,
                             op.in_dim, op.out_dim);
     expect_doubled(din_twice, din_once, in_count, "din");
     expect_doubled(dweight_twice, dweight_once, weight_count, "dweight");
@@ -322,10 +325,10 @@ Test(kernels_cpu_backward, matmul_backward_is_bitwise_identical_for_1_and_2_thre
     float *din_one = zero_floats(in_count), *dweight_one = zero_floats(weight_count);
     float *din_two = zero_floats(in_count), *dweight_two = zero_floats(weight_count);
     omp_set_num_threads(1);
-    cpu_matmul_backward(din_one, dweight_one, dout, op.in, op.weight, op.rows, op.in_dim,
+    cpu_matmul_backward(din_one, GRAD_ADD, dweight_one, dout, op.in, op.weight, op.rows, op.in_dim,
                         op.out_dim);
     omp_set_num_threads(2);
-    cpu_matmul_backward(din_two, dweight_two, dout, op.in, op.weight, op.rows, op.in_dim,
+    cpu_matmul_backward(din_two, GRAD_ADD, dweight_two, dout, op.in, op.weight, op.rows, op.in_dim,
                         op.out_dim);
     expect_bitwise_equal(din_one, din_two, in_count, "din");
     expect_bitwise_equal(dweight_one, dweight_two, weight_count, "dweight");
@@ -360,7 +363,7 @@ Test(kernels_cpu_backward, rope_backward_matches_finite_differences)
         }
         float *probe = random_floats(count, 1, 120 + c), *dx = zero_floats(count);
         Objective objective = {rope_op_forward, &op, op.out, probe, count};
-        cpu_rope_backward(dx, probe, op.cos, op.sin, B, T, H, hd);
+        cpu_rope_backward(dx, GRAD_ADD, probe, op.cos, op.sin, B, T, H, hd);
         expect_gradient(&objective, op.x, dx, count, 1e-2, "dx");
         free_all(op.out, op.x, op.cos, op.sin, angles, probe, dx, NULL);
     }
@@ -374,9 +377,9 @@ Test(kernels_cpu_backward, rope_backward_accumulates)
     float *sin_table = random_floats(table_count, 1, 131);
     float *dout = random_floats(count, 1, 132);
     float *once = zero_floats(count), *twice = zero_floats(count);
-    cpu_rope_backward(once, dout, cos_table, sin_table, B, T, H, hd);
+    cpu_rope_backward(once, GRAD_ADD, dout, cos_table, sin_table, B, T, H, hd);
     for (int call = 0; call < 2; call++)
-        cpu_rope_backward(twice, dout, cos_table, sin_table, B, T, H, hd);
+        cpu_rope_backward(twice, GRAD_ADD, dout, cos_table, sin_table, B, T, H, hd);
     expect_doubled(twice, once, count, "dx");
     free_all(cos_table, sin_table, dout, once, twice, NULL);
 }
@@ -413,7 +416,7 @@ static AttentionOp attention_op_random(int B, int T, int n_heads, int n_kv_heads
 static void attention_op_backward(AttentionOp *op, const float *dout, float *dq, float *dk,
                                   float *dv)
 {
-    cpu_attention_backward(dq, dk, dv, dout, op->q, op->k, op->v, op->out, op->lse, op->B,
+    cpu_attention_backward(dq, dk, dv, GRAD_ADD, dout, op->q, op->k, op->v, op->out, op->lse, op->B,
                            op->T, op->n_heads, op->n_kv_heads, op->head_dim);
 }
 
@@ -498,7 +501,7 @@ Test(kernels_cpu_backward, swiglu_backward_matches_finite_differences)
     SwigluOp op = {zero_floats(n), random_floats(n, 4, 190), random_floats(n, 2, 191), n};
     float *probe = random_floats(n, 1, 192), *dgate = zero_floats(n), *dup = zero_floats(n);
     Objective objective = {swiglu_op_forward, &op, op.out, probe, n};
-    cpu_swiglu_backward(dgate, dup, probe, op.gate, op.up, n);
+    cpu_swiglu_backward(dgate, dup, GRAD_ADD, probe, op.gate, op.up, n);
     expect_gradient(&objective, op.gate, dgate, n, 1e-2, "dgate");
     expect_gradient(&objective, op.up, dup, n, 1e-2, "dup");
     free_all(op.out, op.gate, op.up, probe, dgate, dup, NULL);
@@ -511,9 +514,9 @@ Test(kernels_cpu_backward, swiglu_backward_accumulates)
     float *dout = random_floats(n, 1, 195);
     float *dgate_once = zero_floats(n), *dup_once = zero_floats(n);
     float *dgate_twice = zero_floats(n), *dup_twice = zero_floats(n);
-    cpu_swiglu_backward(dgate_once, dup_once, dout, gate, up, n);
+    cpu_swiglu_backward(dgate_once, dup_once, GRAD_ADD, dout, gate, up, n);
     for (int call = 0; call < 2; call++)
-        cpu_swiglu_backward(dgate_twice, dup_twice, dout, gate, up, n);
+        cpu_swiglu_backward(dgate_twice, dup_twice, GRAD_ADD, dout, gate, up, n);
     expect_doubled(dgate_twice, dgate_once, n, "dgate");
     expect_doubled(dup_twice, dup_once, n, "dup");
     free_all(gate, up, dout, dgate_once, dup_once, dgate_twice, dup_twice, NULL);

@@ -12,6 +12,8 @@
  * Every query head of a group and every position t >= s add into the same dk_s and dv_s, so
  * the backward gives one thread a whole (b, kv head) and walks its query heads and positions
  * in a fixed order: deterministic whatever the thread count (dq_t belongs to one group too).
+ * GRAD_WRITE: the thread zeroes its own rows of dq, dk, dv first and adds into them, instead
+ * of adding onto the old contents (the bits of an add into zeros, kernels_cpu.h).
  */
 #include "kernels/cpu/kernels_cpu.h"
 
@@ -74,10 +76,20 @@ void cpu_attention_forward(float *out, float *lse, const float *q, const float *
             }
 }
 
-void cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
-                            const float *k, const float *v, const float *out, const float *lse,
-                            int B, int T, int n_heads, int n_kv_heads, int head_dim)
+/* Zeroes `rows` rows of `count` floats, `stride` floats apart. */
+static void zero_rows(float *first, size_t stride, int rows, int count)
 {
+    for (int row = 0; row < rows; row++)
+        for (int i = 0; i < count; i++)
+            first[(size_t)row * stride + i] = 0.0f;
+}
+
+void cpu_attention_backward(float *dq, float *dk, float *dv, GradMode mode, const float *dout,
+                            const float *q, const float *k, const float *v, const float *out,
+                            const float *lse, int B, int T, int n_heads, int n_kv_heads,
+                            int head_dim)
+{
+    const bool accumulate = mode == GRAD_ADD;
     int group = n_heads / n_kv_heads;
     float scale = 1.0f / sqrtf((float)head_dim);
     size_t q_row_stride = (size_t)n_heads * head_dim, kv_row_stride = (size_t)n_kv_heads * head_dim;
@@ -88,6 +100,13 @@ void cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, 
             size_t kv_offset = (size_t)b * T * kv_row_stride + (size_t)kv_head * head_dim;
             const float *k_base = k + kv_offset, *v_base = v + kv_offset;
             float *dk_base = dk + kv_offset, *dv_base = dv + kv_offset;
+            if (!accumulate) { /* this thread's rows: dk, dv of the kv head, dq of its group */
+                zero_rows(dk_base, kv_row_stride, T, head_dim);
+                zero_rows(dv_base, kv_row_stride, T, head_dim);
+                for (int h = kv_head * group; h < (kv_head + 1) * group; h++)
+                    zero_rows(dq + (size_t)b * T * q_row_stride + (size_t)h * head_dim,
+                              q_row_stride, T, head_dim);
+            }
             for (int h = kv_head * group; h < (kv_head + 1) * group; h++)
                 for (int t = 0; t < T; t++) {
                     size_t q_offset = ((size_t)b * T + t) * q_row_stride + (size_t)h * head_dim;

@@ -155,11 +155,11 @@ static void table_rmsnorm_forward(Activation *out, float *rstd, const Activation
     cpu_rmsnorm_forward(F(out), rstd, CF(x), CF(weight), rows, d, eps);
 }
 
-static void table_rmsnorm_backward(Activation *dx, float *dweight, const Activation *dout,
-                                   const Activation *x, const Activation *weight,
-                                   const float *rstd, int rows, int d)
+static void table_rmsnorm_backward(Activation *dx, GradMode dx_mode, float *dweight,
+                                   const Activation *dout, const Activation *x,
+                                   const Activation *weight, const float *rstd, int rows, int d)
 {
-    cpu_rmsnorm_backward(F(dx), dweight, CF(dout), CF(x), CF(weight), rstd, rows, d);
+    cpu_rmsnorm_backward(F(dx), dx_mode, dweight, CF(dout), CF(x), CF(weight), rstd, rows, d);
 }
 
 static void table_rmsnorm_backward_branch(Activation *dx, Activation *branch, float *dweight,
@@ -177,11 +177,12 @@ static void table_matmul_forward(Activation *out, const Activation *in,
     cpu_matmul_forward(F(out), CF(in), CF(weight), rows, in_dim, out_dim);
 }
 
-static void table_matmul_backward(Activation *din, float *dweight, const Activation *dout,
-                                  const Activation *in, const Activation *weight, int rows,
-                                  int in_dim, int out_dim)
+static void table_matmul_backward(Activation *din, GradMode din_mode, float *dweight,
+                                  const Activation *dout, const Activation *in,
+                                  const Activation *weight, int rows, int in_dim, int out_dim)
 {
-    cpu_matmul_backward(F(din), dweight, CF(dout), CF(in), CF(weight), rows, in_dim, out_dim);
+    cpu_matmul_backward(F(din), din_mode, dweight, CF(dout), CF(in), CF(weight), rows, in_dim,
+                        out_dim);
 }
 
 static void table_rope_forward(Activation *out, const Activation *x, const float *cos,
@@ -190,10 +191,11 @@ static void table_rope_forward(Activation *out, const Activation *x, const float
     cpu_rope_forward(F(out), CF(x), cos, sin, B, T, n_heads, head_dim);
 }
 
-static void table_rope_backward(Activation *dx, const Activation *dout, const float *cos,
-                                const float *sin, int B, int T, int n_heads, int head_dim)
+static void table_rope_backward(Activation *dx, GradMode dx_mode, const Activation *dout,
+                                const float *cos, const float *sin, int B, int T, int n_heads,
+                                int head_dim)
 {
-    cpu_rope_backward(F(dx), CF(dout), cos, sin, B, T, n_heads, head_dim);
+    cpu_rope_backward(F(dx), dx_mode, CF(dout), cos, sin, B, T, n_heads, head_dim);
 }
 
 static void table_attention_forward(Activation *out, float *lse, const Activation *q,
@@ -205,13 +207,13 @@ static void table_attention_forward(Activation *out, float *lse, const Activatio
 }
 
 static void table_attention_backward(Activation *dq, Activation *dk, Activation *dv,
-                                     const Activation *dout, const Activation *q,
+                                     GradMode mode, const Activation *dout, const Activation *q,
                                      const Activation *k, const Activation *v,
                                      const Activation *out, const float *lse, int B, int T,
                                      int n_heads, int n_kv_heads, int head_dim)
 {
-    cpu_attention_backward(F(dq), F(dk), F(dv), CF(dout), CF(q), CF(k), CF(v), CF(out), lse,
-                           B, T, n_heads, n_kv_heads, head_dim);
+    cpu_attention_backward(F(dq), F(dk), F(dv), mode, CF(dout), CF(q), CF(k), CF(v), CF(out),
+                           lse, B, T, n_heads, n_kv_heads, head_dim);
 }
 
 static void table_swiglu_forward(Activation *out, const Activation *gate,
@@ -220,10 +222,11 @@ static void table_swiglu_forward(Activation *out, const Activation *gate,
     cpu_swiglu_forward(F(out), CF(gate), CF(up), n);
 }
 
-static void table_swiglu_backward(Activation *dgate, Activation *dup, const Activation *dout,
-                                  const Activation *gate, const Activation *up, size_t n)
+static void table_swiglu_backward(Activation *dgate, Activation *dup, GradMode mode,
+                                  const Activation *dout, const Activation *gate,
+                                  const Activation *up, size_t n)
 {
-    cpu_swiglu_backward(F(dgate), F(dup), CF(dout), CF(gate), CF(up), n);
+    cpu_swiglu_backward(F(dgate), F(dup), mode, CF(dout), CF(gate), CF(up), n);
 }
 
 static void table_cross_entropy_forward(float *losses, float *lse, const Activation *logits,

@@ -11,12 +11,15 @@
  * Row statistics (the RMSNorm mean and its backward's row dot, the cross-entropy
  * log-sum-exp) and sum_squares accumulate in double and round once; matmul, attention and
  * the gradient sums accumulate in fp32.
- * Every backward ADDS into its gradients. Nothing allocates; the caller owns every buffer.
+ * Every backward ADDS into its weight gradients; the input gradients of the ops that take a
+ * GradMode are added (GRAD_ADD) or written (GRAD_WRITE: the old contents are not read, and
+ * +0.0 takes their place in the same arithmetic, so the bits are those of an add into
+ * zeros). Nothing allocates; the caller owns every buffer.
  */
 #ifndef FATHOM_KERNELS_CPU_KERNELS_CPU_H
 #define FATHOM_KERNELS_CPU_KERNELS_CPU_H
 
-#include "runtime/backend.h" /* AdamwScalars */
+#include "runtime/backend.h" /* AdamwScalars, GradMode */
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -44,8 +47,9 @@ void cpu_sum_rows(float *out, const float *x, int rows, int d);
 /* rmsnorm_cpu.c */
 void cpu_rmsnorm_forward(float *out, float *rstd, const float *x, const float *weight, int rows,
                          int d, float eps);
-void cpu_rmsnorm_backward(float *dx, float *dweight, const float *dout, const float *x,
-                          const float *weight, const float *rstd, int rows, int d);
+void cpu_rmsnorm_backward(float *dx, GradMode dx_mode, float *dweight, const float *dout,
+                          const float *x, const float *weight, const float *rstd, int rows,
+                          int d);
 /* dx = g (written), branch += g: runtime/backend.h rmsnorm_backward_branch */
 void cpu_rmsnorm_backward_branch(float *dx, float *branch, float *dweight, const float *dout,
                                  const float *x, const float *weight, const float *rstd,
@@ -54,27 +58,29 @@ void cpu_rmsnorm_backward_branch(float *dx, float *branch, float *dweight, const
 /* matmul_cpu.c */
 void cpu_matmul_forward(float *out, const float *in, const float *weight, int rows, int in_dim,
                         int out_dim);
-void cpu_matmul_backward(float *din, float *dweight, const float *dout, const float *in,
-                         const float *weight, int rows, int in_dim, int out_dim);
+void cpu_matmul_backward(float *din, GradMode din_mode, float *dweight, const float *dout,
+                         const float *in, const float *weight, int rows, int in_dim,
+                         int out_dim);
 
 /* rope_cpu.c; head_dim is even */
 void cpu_rope_forward(float *out, const float *x, const float *cos, const float *sin, int B,
                       int T, int n_heads, int head_dim);
-void cpu_rope_backward(float *dx, const float *dout, const float *cos, const float *sin, int B,
-                       int T, int n_heads, int head_dim);
+void cpu_rope_backward(float *dx, GradMode dx_mode, const float *dout, const float *cos,
+                       const float *sin, int B, int T, int n_heads, int head_dim);
 
 /* attention_cpu.c; n_heads is a multiple of n_kv_heads */
 void cpu_attention_forward(float *out, float *lse, const float *q, const float *k,
                            const float *v, int B, int T, int n_heads, int n_kv_heads,
                            int head_dim);
-void cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
-                            const float *k, const float *v, const float *out, const float *lse,
-                            int B, int T, int n_heads, int n_kv_heads, int head_dim);
+void cpu_attention_backward(float *dq, float *dk, float *dv, GradMode mode, const float *dout,
+                            const float *q, const float *k, const float *v, const float *out,
+                            const float *lse, int B, int T, int n_heads, int n_kv_heads,
+                            int head_dim);
 
 /* swiglu_cpu.c */
 void cpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n);
-void cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
-                         const float *up, size_t n);
+void cpu_swiglu_backward(float *dgate, float *dup, GradMode mode, const float *dout,
+                         const float *gate, const float *up, size_t n);
 
 /* cross_entropy_cpu.c; a target >= V is a data error: fatal(EXIT_DATA, ...) */
 void cpu_cross_entropy_forward(float *losses, float *lse, const float *logits,

@@ -13,11 +13,12 @@
  * of work of a thread.
  *
  * Backward: both gradients are sums of outer-product rows,
- *   din[r, :]     += sum over o, in order, of dout[r, o] * weight[o, :]
+ *   din[r, :]     += sum over o, in order, of dout[r, o] * weight[o, :]   (or =, GRAD_WRITE)
  *   dweight[o, :] += sum over r, in order, of dout[r, o] * in[r, :]
  * computed by one routine (accumulate_rows) that splits the output into blocks, one thread
  * a block, and streams the sum index in order: deterministic, and the inner loop is a
- * contiguous axpy that vectorises.
+ * contiguous axpy that vectorises. GRAD_WRITE starts a block's sums from +0.0 instead of
+ * the old contents (the bits of an add into zeros, kernels_cpu.h).
  */
 #include "kernels/cpu/kernels_cpu.h"
 
@@ -100,11 +101,13 @@ void cpu_matmul_forward(float *out, const float *in, const float *weight, int ro
         }
 }
 
-/* target[m, n] += sum over k < K, in order, of coefficient(k, m) * source[k, n]
+/* target[m, n] += sum over k < K, in order, of coefficient(k, m) * source[k, n], onto the
+ * old target (accumulate) or onto +0.0 (the old target is not read)
  * target [M, N] (row stride N), source [K, N] (row stride N), and
  * coefficient(k, m) = coefficients[k * k_stride + m * m_stride]. */
-static void accumulate_rows(float *target, const float *source, const float *coefficients,
-                            size_t k_stride, size_t m_stride, int M, int N, int K)
+static void accumulate_rows(float *target, bool accumulate, const float *source,
+                            const float *coefficients, size_t k_stride, size_t m_stride, int M,
+                            int N, int K)
 {
     int row_blocks = (M + ACCUMULATE_BLOCK_ROWS - 1) / ACCUMULATE_BLOCK_ROWS;
     int column_blocks = (N + ACCUMULATE_BLOCK_COLUMNS - 1) / ACCUMULATE_BLOCK_COLUMNS;
@@ -116,6 +119,10 @@ static void accumulate_rows(float *target, const float *source, const float *coe
             int m_end = m0 + ACCUMULATE_BLOCK_ROWS < M ? m0 + ACCUMULATE_BLOCK_ROWS : M;
             int n0 = column_block * ACCUMULATE_BLOCK_COLUMNS;
             int n_end = n0 + ACCUMULATE_BLOCK_COLUMNS < N ? n0 + ACCUMULATE_BLOCK_COLUMNS : N;
+            if (!accumulate) /* the block's own part of target, in cache for the sums below */
+                for (int m = m0; m < m_end; m++)
+                    for (int n = n0; n < n_end; n++)
+                        target[(size_t)m * N + n] = 0.0f;
             for (int k = 0; k < K; k++) {
                 const float *source_row = source + (size_t)k * N;
                 for (int m = m0; m < m_end; m++) {
@@ -128,12 +135,14 @@ static void accumulate_rows(float *target, const float *source, const float *coe
         }
 }
 
-void cpu_matmul_backward(float *din, float *dweight, const float *dout, const float *in,
-                         const float *weight, int rows, int in_dim, int out_dim)
+void cpu_matmul_backward(float *din, GradMode din_mode, float *dweight, const float *dout,
+                         const float *in, const float *weight, int rows, int in_dim,
+                         int out_dim)
 {
-    /* din[r, i] += sum_o dout[r, o] * weight[o, i]: k = o, m = r */
+    /* din[r, i] (+)= sum_o dout[r, o] * weight[o, i]: k = o, m = r */
     if (din)
-        accumulate_rows(din, weight, dout, 1, (size_t)out_dim, rows, in_dim, out_dim);
+        accumulate_rows(din, din_mode == GRAD_ADD, weight, dout, 1, (size_t)out_dim, rows,
+                        in_dim, out_dim);
     /* dweight[o, i] += sum_r dout[r, o] * in[r, i]: k = r, m = o */
-    accumulate_rows(dweight, in, dout, (size_t)out_dim, 1, out_dim, in_dim, rows);
+    accumulate_rows(dweight, true, in, dout, (size_t)out_dim, 1, out_dim, in_dim, rows);
 }

@@ -6,7 +6,7 @@
  *
  * Backward, with xhat = x * rstd and dxhat = dout * weight:
  *   g        = rstd * (dxhat - xhat * mean(dxhat * xhat))        (per row, one thread a row)
- *   dx      += g, or for an input that branches: dx = g, branch += g
+ *   dx      += g or dx = g (GradMode), or for an input that branches: dx = g, branch += g
  *   dweight += sum over rows of dout * xhat                      (per column, rows in order)
  * dweight is a sum over rows, so it gets its own pass split over columns: a split over rows
  * would make its summation order depend on the thread count.
@@ -34,10 +34,11 @@ void cpu_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w
     }
 }
 
-/* branch NULL: dx += g; otherwise dx = g and branch += g. */
-static void rmsnorm_backward_rows(float *dx, float *branch, float *dweight, const float *dout,
-                                  const float *x, const float *weight, const float *rstd,
-                                  int rows, int d)
+/* branch NULL: dx += g (accumulate) or dx = +0.0 + g (GRAD_WRITE: the bits of an add into
+ * zeros, kernels_cpu.h); otherwise dx = g and branch += g. */
+static void rmsnorm_backward_rows(float *dx, bool accumulate, float *branch, float *dweight,
+                                  const float *dout, const float *x, const float *weight,
+                                  const float *rstd, int rows, int d)
 {
     int parallel = (size_t)rows * d >= CPU_PARALLEL_MIN_WORK;
 
@@ -60,7 +61,8 @@ static void rmsnorm_backward_rows(float *dx, float *branch, float *dweight, cons
                 dx_row[i] = g;
                 branch_row[i] += g;
             } else {
-                dx_row[i] += g;
+                float old = accumulate ? dx_row[i] : 0.0f;
+                dx_row[i] = old + g;
             }
         }
     }
@@ -80,15 +82,17 @@ static void rmsnorm_backward_rows(float *dx, float *branch, float *dweight, cons
     }
 }
 
-void cpu_rmsnorm_backward(float *dx, float *dweight, const float *dout, const float *x,
-                          const float *weight, const float *rstd, int rows, int d)
+void cpu_rmsnorm_backward(float *dx, GradMode dx_mode, float *dweight, const float *dout,
+                          const float *x, const float *weight, const float *rstd, int rows,
+                          int d)
 {
-    rmsnorm_backward_rows(dx, NULL, dweight, dout, x, weight, rstd, rows, d);
+    rmsnorm_backward_rows(dx, dx_mode == GRAD_ADD, NULL, dweight, dout, x, weight, rstd, rows,
+                          d);
 }
 
 void cpu_rmsnorm_backward_branch(float *dx, float *branch, float *dweight, const float *dout,
                                  const float *x, const float *weight, const float *rstd,
                                  int rows, int d)
 {
-    rmsnorm_backward_rows(dx, branch, dweight, dout, x, weight, rstd, rows, d);
+    rmsnorm_backward_rows(dx, false, branch, dweight, dout, x, weight, rstd, rows, d);
 }

@@ -3,7 +3,7 @@
  * x, out, dx, dout [B, T, n_heads, head_dim]; cos, sin [T, head_dim / 2]. Channel i of the
  * first half and channel i + head_dim/2 form one rotated pair at angle theta(t, i):
  *   forward:  (a, b) -> (a cos - b sin, b cos + a sin)
- *   backward: the transpose (inverse) rotation, added into dx.
+ *   backward: the transpose (inverse) rotation, added into dx or written (GradMode).
  * Both values of a pair are read before either is written, so out may alias x.
  */
 #include "kernels/cpu/kernels_cpu.h"
@@ -11,11 +11,13 @@
 #include <stdbool.h>
 
 /* Rotates every pair of `in` by theta(t, i), or by -theta(t, i) when sin_sign is -1 (the
- * inverse: sin(-theta) = -sin(theta), exact in fp32), into `out`, or adds the result into
- * `out` when `accumulate`. Inlined with constant arguments, each caller gets its own loop. */
+ * inverse: sin(-theta) = -sin(theta), exact in fp32), into `out`: written (the forward), or,
+ * for a gradient, added to the old value (`accumulate`) or to +0.0 in its place (GRAD_WRITE:
+ * the bits of an add into zeros, kernels_cpu.h). Inlined with a constant `gradient`, the
+ * forward and the backward each get their own loop. */
 static inline void rope_rotate(float *out, const float *in, const float *cos, const float *sin,
                                int B, int T, int n_heads, int head_dim, float sin_sign,
-                               bool accumulate)
+                               bool gradient, bool accumulate)
 {
     int half = head_dim / 2;
     int positions = B * T;
@@ -30,9 +32,11 @@ static inline void rope_rotate(float *out, const float *in, const float *cos, co
                 float a = in[offset + i], b = in[offset + i + half];
                 float c = cos_row[i], s = sin_sign * sin_row[i];
                 float first = a * c - b * s, second = b * c + a * s;
-                if (accumulate) {
-                    out[offset + i] += first;
-                    out[offset + i + half] += second;
+                if (gradient) {
+                    float old_first = accumulate ? out[offset + i] : 0.0f;
+                    float old_second = accumulate ? out[offset + i + half] : 0.0f;
+                    out[offset + i] = old_first + first;
+                    out[offset + i + half] = old_second + second;
                 } else {
                     out[offset + i] = first;
                     out[offset + i + half] = second;
@@ -45,11 +49,11 @@ static inline void rope_rotate(float *out, const float *in, const float *cos, co
 void cpu_rope_forward(float *out, const float *x, const float *cos, const float *sin, int B,
                       int T, int n_heads, int head_dim)
 {
-    rope_rotate(out, x, cos, sin, B, T, n_heads, head_dim, 1.0f, false);
+    rope_rotate(out, x, cos, sin, B, T, n_heads, head_dim, 1.0f, false, false);
 }
 
-void cpu_rope_backward(float *dx, const float *dout, const float *cos, const float *sin, int B,
-                       int T, int n_heads, int head_dim)
+void cpu_rope_backward(float *dx, GradMode dx_mode, const float *dout, const float *cos,
+                       const float *sin, int B, int T, int n_heads, int head_dim)
 {
-    rope_rotate(dx, dout, cos, sin, B, T, n_heads, head_dim, -1.0f, true);
+    rope_rotate(dx, dout, cos, sin, B, T, n_heads, head_dim, -1.0f, true, dx_mode == GRAD_ADD);
 }

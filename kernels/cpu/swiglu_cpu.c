@@ -20,13 +20,16 @@ void cpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n
         out[i] = gate[i] * sigmoid(gate[i]) * up[i];
 }
 
-void cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
-                         const float *up, size_t n)
+void cpu_swiglu_backward(float *dgate, float *dup, GradMode mode, const float *dout,
+                         const float *gate, const float *up, size_t n)
 {
+    const bool accumulate = mode == GRAD_ADD;
 #pragma omp parallel for schedule(static) if (n >= CPU_PARALLEL_MIN_WORK)
     for (size_t i = 0; i < n; i++) {
         float g = gate[i], s = sigmoid(g);
-        dgate[i] += dout[i] * up[i] * s * (1.0f + g * (1.0f - s));
-        dup[i] += dout[i] * g * s;
+        /* GRAD_WRITE: +0.0 in place of the old values, never read (kernels_cpu.h) */
+        float old_dgate = accumulate ? dgate[i] : 0.0f, old_dup = accumulate ? dup[i] : 0.0f;
+        dgate[i] = old_dgate + dout[i] * up[i] * s * (1.0f + g * (1.0f - s));
+        dup[i] = old_dup + dout[i] * g * s;
     }
 }

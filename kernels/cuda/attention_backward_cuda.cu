@@ -473,11 +473,11 @@ extern "C" size_t attention_backward_cuda_workspace_bytes(int B, int T, int n_he
     return attention_backward_workspace(NULL, B, T, n_heads, head_dim, fused).bytes;
 }
 
-extern "C" void attention_backward_cuda(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout,
-                                        const bf16 *q, const bf16 *k, const bf16 *v,
-                                        const bf16 *out, const float *lse, int B, int T,
-                                        int n_heads, int n_kv_heads, int head_dim,
-                                        float *workspace, bool accumulate, cudaStream_t stream)
+extern "C" void attention_backward_cuda(bf16 *dq, bf16 *dk, bf16 *dv, GradMode mode,
+                                        const bf16 *dout, const bf16 *q, const bf16 *k,
+                                        const bf16 *v, const bf16 *out, const float *lse, int B,
+                                        int T, int n_heads, int n_kv_heads, int head_dim,
+                                        float *workspace, cudaStream_t stream)
 {
     const char *op = "attention_backward_cuda";
     attention_check_shape(op, B, T, n_heads, n_kv_heads, head_dim);
@@ -493,6 +493,7 @@ extern "C" void attention_backward_cuda(bf16 *dq, bf16 *dk, bf16 *dv, const bf16
     attention_check_device(op);
     AttentionBackwardKernel kernel = attention_cuda_backward_kernel();
     bool fused = kernel != ATTENTION_BACKWARD_TWO_PASS;
+    bool accumulate = mode == GRAD_ADD; /* GRAD_WRITE: dq, dk, dv are not read */
     AttentionBackwardWorkspace parts =
         attention_backward_workspace(workspace, B, T, n_heads, head_dim, fused);
 

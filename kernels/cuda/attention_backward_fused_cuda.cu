@@ -493,7 +493,8 @@ attention_backward_fused_kernel(const __grid_constant__ CUtensorMap q_map,
     }
 }
 
-/* dq [B, T, n_heads, HEAD_DIM] (+)= scale * dq_accum; grid (query blocks, n_heads, B),
+/* dq [B, T, n_heads, HEAD_DIM] (+)= scale * dq_accum (accumulate: +=; otherwise = 0.0 +, dq
+ * not read); grid (query blocks, n_heads, B),
  * CONVERT_THREADS threads: a tile is read in its register order into a row-major shared tile,
  * then written out in 16-byte pieces. */
 template <int HEAD_DIM>
@@ -531,13 +532,13 @@ attention_backward_dq_convert_kernel(__nv_bfloat16 *dq, const float *dq_accum, i
         for (int e = 0; e < 8; e++)
             value[e] = rows[row * stride + column + e] * scale;
         uint4 *destination = reinterpret_cast<uint4 *>(out + (size_t)query * row_stride + column);
-        if (accumulate) {
-            float old[8];
+        /* not accumulating: +0.0 in place of dq, which is not read (warp_store_staged) */
+        float old[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        if (accumulate)
             unpack_bf16x8(old, *destination);
 #pragma unroll
-            for (int e = 0; e < 8; e++)
-                value[e] += old[e];
-        }
+        for (int e = 0; e < 8; e++)
+            value[e] += old[e];
         *destination =
             make_uint4(pack_bf16x2(value[0], value[1]), pack_bf16x2(value[2], value[3]),
                        pack_bf16x2(value[4], value[5]), pack_bf16x2(value[6], value[7]));

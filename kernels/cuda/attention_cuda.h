@@ -38,9 +38,10 @@
  * Each gradient element is the same sum in the same order on every run: no atomics,
  * bitwise-identical run to run.
  *
- * Gradients: with accumulate = true the backward ADDS, as the op table says (read the bf16
- * gradient, add in fp32, round once); with accumulate = false it overwrites and skips that
- * read (for a gradient buffer that would only have been zeroed).
+ * Gradients (runtime/backend.h GradMode): GRAD_ADD adds (read the bf16 gradient, add in
+ * fp32, round once); GRAD_WRITE overwrites and skips that read, adding the new gradient to
+ * +0.0 in the old value's place, so the bits are those of GRAD_ADD on zeroed buffers. The
+ * kernels take the mode as `accumulate` (GRAD_ADD), one bool argument of each launch.
  *
  * How fast this should be (causal FLOPs counted once; H200: 790 TFLOP/s bf16 dense measured,
  * 4.3 TB/s copy):
@@ -85,6 +86,7 @@
 #define FATHOM_KERNELS_CUDA_ATTENTION_CUDA_H
 
 #include "kernels/cuda/cuda_common.h"
+#include "runtime/backend.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -136,13 +138,13 @@ AttentionBackwardKernel attention_cuda_backward_kernel(void);
  * and the fp32 dq sums [B, n_heads, T rounded up to 64, head_dim]. */
 size_t attention_backward_cuda_workspace_bytes(int B, int T, int n_heads, int head_dim);
 
-/* dq, dk, dv (+)= the gradients of out w.r.t. q, k, v given dout, the forward's out and
- * lse. `workspace` holds attention_backward_cuda_workspace_bytes() and is overwritten.
- * Asynchronous on `stream`. */
-void attention_backward_cuda(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q,
-                             const bf16 *k, const bf16 *v, const bf16 *out, const float *lse,
-                             int B, int T, int n_heads, int n_kv_heads, int head_dim,
-                             float *workspace, bool accumulate, cudaStream_t stream);
+/* dq, dk, dv += or = (mode) the gradients of out w.r.t. q, k, v given dout, the forward's
+ * out and lse. `workspace` holds attention_backward_cuda_workspace_bytes() and is
+ * overwritten. Asynchronous on `stream`. */
+void attention_backward_cuda(bf16 *dq, bf16 *dk, bf16 *dv, GradMode mode, const bf16 *dout,
+                             const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *out,
+                             const float *lse, int B, int T, int n_heads, int n_kv_heads,
+                             int head_dim, float *workspace, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -201,8 +201,10 @@ warp_stage_accumulators(float *stage, const float (&tiles)[HEAD_DIM / 8][4], flo
 }
 
 /* Stores 16 staged fp32 rows (rows row0 .. row0+15 of a [rows_total, *] global bf16 array,
- * row stride row_stride) in 16-byte pieces: out = bf16(stage) or, when accumulating,
- * bf16(float(out) + stage), rounded once. Rows at or past rows_total are skipped. */
+ * row stride row_stride) in 16-byte pieces: out = bf16(float(out) + stage) when
+ * accumulating, rounded once, and otherwise bf16(0.0 + stage) without reading out (the bits
+ * of the add into zeros, -0.0 included: runtime/backend.h). Rows at or past rows_total are
+ * skipped. */
 template <int HEAD_DIM>
 static __device__ __forceinline__ void warp_store_staged(__nv_bfloat16 *global, size_t row_stride,
                                                          const float *stage, int row0,
@@ -221,13 +223,12 @@ static __device__ __forceinline__ void warp_store_staged(__nv_bfloat16 *global, 
                           second.x, second.y, second.z, second.w};
         uint4 *destination =
             reinterpret_cast<uint4 *>(global + (size_t)(row0 + row) * row_stride + column);
-        if (accumulate) {
-            float old[8];
+        float old[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        if (accumulate)
             unpack_bf16x8(old, *destination);
 #pragma unroll
-            for (int i = 0; i < 8; i++)
-                value[i] += old[i];
-        }
+        for (int i = 0; i < 8; i++)
+            value[i] += old[i];
         /* __stwb: an ordinary store, spelled so that it stays one 16-byte access */
         __stwb(destination,
                make_uint4(pack_bf16x2(value[0], value[1]), pack_bf16x2(value[2], value[3]),

@@ -5,10 +5,9 @@
  * a wrapper casts them, adds the compute stream and, where a kernel needs scratch, the
  * workspace. The attention-over-depth and MSAR entries are wrapped in
  * backend_cuda_routing.cu, through the stream and workspace this file hands out. The kernels
- * check their own limits (fatal, EXIT_CONFIG); nothing is checked twice here. Two choices
- * of the table are made here rather than in the kernels: attention_backward accumulates (the
- * table's backwards ADD), and the cross-entropy backward is called with dlogits != logits
- * (the model keeps them apart), so it adds too.
+ * check their own limits (fatal, EXIT_CONFIG); nothing is checked twice here. One choice of
+ * the table is made here rather than in the kernels: the cross-entropy backward is called
+ * with dlogits != logits (the model keeps them apart), so it adds as the table says.
  *
  * Stream. One compute stream, cudaStreamNonBlocking, made by the first call of any entry on
  * the device chosen for the rank (cuda_device_use, kernels/cuda/cuda_module.h: runtime/topo
@@ -362,12 +361,12 @@ static void op_rmsnorm_forward(Activation *out, float *rstd, const Activation *x
                          eps, compute_stream());
 }
 
-static void op_rmsnorm_backward(Activation *dx, float *dweight, const Activation *dout,
-                                const Activation *x, const Activation *weight,
-                                const float *rstd, int rows, int d)
+static void op_rmsnorm_backward(Activation *dx, GradMode dx_mode, float *dweight,
+                                const Activation *dout, const Activation *x,
+                                const Activation *weight, const float *rstd, int rows, int d)
 {
     float *workspace = workspace_floats(cuda_rmsnorm_backward_workspace_floats(rows, d));
-    cuda_rmsnorm_backward(as_bf16(dx), dweight, as_bf16_const(dout), as_bf16_const(x),
+    cuda_rmsnorm_backward(as_bf16(dx), dx_mode, dweight, as_bf16_const(dout), as_bf16_const(x),
                           as_bf16_const(weight), rstd, rows, d, workspace, compute_stream());
 }
 
@@ -389,12 +388,13 @@ static void op_matmul_forward(Activation *out, const Activation *in, const Activ
                         out_dim, compute_stream());
 }
 
-static void op_matmul_backward(Activation *din, float *dweight, const Activation *dout,
-                               const Activation *in, const Activation *weight, int rows,
-                               int in_dim, int out_dim)
+static void op_matmul_backward(Activation *din, GradMode din_mode, float *dweight,
+                               const Activation *dout, const Activation *in,
+                               const Activation *weight, int rows, int in_dim, int out_dim)
 {
-    cuda_matmul_backward(as_bf16(din), dweight, as_bf16_const(dout), as_bf16_const(in),
-                         as_bf16_const(weight), rows, in_dim, out_dim, compute_stream());
+    cuda_matmul_backward(as_bf16(din), din_mode, dweight, as_bf16_const(dout),
+                         as_bf16_const(in), as_bf16_const(weight), rows, in_dim, out_dim,
+                         compute_stream());
 }
 
 static void op_rope_forward(Activation *out, const Activation *x, const float *cos,
@@ -404,11 +404,12 @@ static void op_rope_forward(Activation *out, const Activation *x, const float *c
                       compute_stream());
 }
 
-static void op_rope_backward(Activation *dx, const Activation *dout, const float *cos,
-                             const float *sin, int B, int T, int n_heads, int head_dim)
+static void op_rope_backward(Activation *dx, GradMode dx_mode, const Activation *dout,
+                             const float *cos, const float *sin, int B, int T, int n_heads,
+                             int head_dim)
 {
-    cuda_rope_backward(as_bf16(dx), as_bf16_const(dout), cos, sin, B, T, n_heads, head_dim,
-                       compute_stream());
+    cuda_rope_backward(as_bf16(dx), dx_mode, as_bf16_const(dout), cos, sin, B, T, n_heads,
+                       head_dim, compute_stream());
 }
 
 /* ---- attention, swiglu, cross-entropy ---- */
@@ -423,17 +424,17 @@ static void op_attention_forward(Activation *out, float *lse, const Activation *
 }
 
 static void op_attention_backward(Activation *dq, Activation *dk, Activation *dv,
-                                  const Activation *dout, const Activation *q,
+                                  GradMode mode, const Activation *dout, const Activation *q,
                                   const Activation *k, const Activation *v,
                                   const Activation *out, const float *lse, int B, int T,
                                   int n_heads, int n_kv_heads, int head_dim)
 {
     float *workspace =
         (float *)workspace_reserve(attention_backward_cuda_workspace_bytes(B, T, n_heads, head_dim));
-    attention_backward_cuda(as_bf16(dq), as_bf16(dk), as_bf16(dv), as_bf16_const(dout),
+    attention_backward_cuda(as_bf16(dq), as_bf16(dk), as_bf16(dv), mode, as_bf16_const(dout),
                             as_bf16_const(q), as_bf16_const(k), as_bf16_const(v),
                             as_bf16_const(out), lse, B, T, n_heads, n_kv_heads, head_dim,
-                            workspace, true /* the table's backwards add */, compute_stream());
+                            workspace, compute_stream());
 }
 
 static void op_swiglu_forward(Activation *out, const Activation *gate, const Activation *up,
@@ -443,11 +444,12 @@ static void op_swiglu_forward(Activation *out, const Activation *gate, const Act
                         compute_stream());
 }
 
-static void op_swiglu_backward(Activation *dgate, Activation *dup, const Activation *dout,
-                               const Activation *gate, const Activation *up, size_t n)
+static void op_swiglu_backward(Activation *dgate, Activation *dup, GradMode mode,
+                               const Activation *dout, const Activation *gate,
+                               const Activation *up, size_t n)
 {
-    cuda_swiglu_backward(as_bf16(dgate), as_bf16(dup), as_bf16_const(dout), as_bf16_const(gate),
-                         as_bf16_const(up), n, compute_stream());
+    cuda_swiglu_backward(as_bf16(dgate), as_bf16(dup), mode, as_bf16_const(dout),
+                         as_bf16_const(gate), as_bf16_const(up), n, compute_stream());
 }
 
 static void op_cross_entropy_forward(float *losses, float *lse, const Activation *logits,

@@ -101,8 +101,8 @@ static void matmul_forward_case(void *p)
 static void matmul_backward_case(void *p)
 {
     MatmulCase *c = (MatmulCase *)p;
-    cuda_matmul_backward(c->din, c->dweight, c->dout, c->in, c->weight, c->rows, c->in_dim,
-                         c->out_dim, 0);
+    cuda_matmul_backward(c->din, GRAD_ADD, c->dweight, c->dout, c->in, c->weight, c->rows,
+                         c->in_dim, c->out_dim, 0);
 }
 
 static void bench_matmul(int rows, int in_dim, int out_dim)
@@ -140,8 +140,8 @@ static void attention_forward_case(void *p)
 static void attention_backward_case(void *p)
 {
     AttentionCase *c = (AttentionCase *)p;
-    attention_backward_cuda(c->dq, c->dk, c->dv, c->dout, c->q, c->k, c->v, c->out, c->lse,
-                            c->B, c->T, c->H, c->KV, c->hd, c->workspace, false, 0);
+    attention_backward_cuda(c->dq, c->dk, c->dv, GRAD_WRITE, c->dout, c->q, c->k, c->v, c->out,
+                            c->lse, c->B, c->T, c->H, c->KV, c->hd, c->workspace, 0);
 }
 
 /* The attention variants by name; `only` NULL times them all. */
@@ -218,8 +218,8 @@ static void rmsnorm_forward_case(void *p)
 static void rmsnorm_backward_case(void *p)
 {
     NormCase *c = (NormCase *)p;
-    cuda_rmsnorm_backward(c->dx, c->dweight, c->dout, c->x, c->weight, c->rstd, c->rows, c->d,
-                          c->workspace, 0);
+    cuda_rmsnorm_backward(c->dx, GRAD_ADD, c->dweight, c->dout, c->x, c->weight, c->rstd,
+                          c->rows, c->d, c->workspace, 0);
 }
 
 static void bench_rmsnorm(int rows, int d)
@@ -259,7 +259,7 @@ static void swiglu_forward_case(void *p)
 static void swiglu_backward_case(void *p)
 {
     SwigluCase *c = (SwigluCase *)p;
-    cuda_swiglu_backward(c->dgate, c->dup, c->dout, c->gate, c->up, c->n, 0);
+    cuda_swiglu_backward(c->dgate, c->dup, GRAD_ADD, c->dout, c->gate, c->up, c->n, 0);
 }
 
 static void bench_swiglu(int rows, int ffn)

@@ -1,8 +1,10 @@
 /* kernels/cuda/kernels_cuda.h — the cuda backend's basic kernels and its matmul (plain C).
  *
  * Each function is the cuda version of the runtime/backend.h op of the same name: same
- * shapes, same formulas, same argument order, and "every backward ADDS into its gradient
- * outputs". What differs is spelled out here:
+ * shapes, same formulas, same argument order, and the same GradMode for input gradients
+ * (GRAD_ADD adds, GRAD_WRITE writes without reading the old values: +0.0 takes their place
+ * in the same fp32 sum, so the bits are those of an add into zeros); weight gradients are
+ * always added. What differs is spelled out here:
  * - Dtypes (DESIGN 3): activations and their gradients are bf16; weights are read as their
  *   bf16 compute copy; statistics saved for a backward (rstd, lse) are fp32; weight
  *   gradients (dweight, dtable) accumulate in fp32; optimizer ranges are fp32. Every sum,
@@ -27,11 +29,13 @@
  *   matmul backward: twice the forward FLOPs (din and dweight) -> 348 / 1218 / 1218 us; the
  *     fp32 dweight read + write adds 134 / 470 / 470 MB, still under the compute time.
  *   rmsnorm forward 4096 x 4096: read 33.6 MB, write 33.6 MB -> 67 MB, 15.6 us.
- *   rmsnorm backward: read x, dout, dx, write dx -> 134 MB (+ 8 MB workspace), 33 us.
+ *   rmsnorm backward: read x, dout, dx, write dx -> 134 MB (+ 8 MB workspace), 33 us;
+ *     GRAD_WRITE does not read dx: 109 MB, 25 us.
  *   rope forward, q of 4096 tokens x 4096: 67 MB (+ 2 MB cos/sin) -> 16 us; backward
- *     (dx +=) 134 MB -> 32 us.
+ *     (dx +=) 134 MB -> 32 us; GRAD_WRITE (dx =) moves what the forward moves.
  *   swiglu forward 4096 x 14336: read 2, write 1 bf16 tensor of 117 MB -> 352 MB, 82 us;
- *     backward: read dout, gate, up, dgate, dup, write dgate, dup -> 822 MB, 191 us.
+ *     backward: read dout, gate, up, dgate, dup, write dgate, dup -> 822 MB, 191 us;
+ *     GRAD_WRITE does not read dgate, dup: 587 MB, 137 us.
  *   cross-entropy, 4096 rows x V 128256: forward reads 1.05 GB -> 245 us (and 0.5 G exp,
  *     near the special-function unit's rate); backward in place 2.1 GB -> 490 us.
  *   adamw over n fp32: read p, g, m, v, write p, m, v, bf16 copy -> 30 n bytes.
@@ -40,7 +44,7 @@
 #define FATHOM_KERNELS_CUDA_KERNELS_CUDA_H
 
 #include "kernels/cuda/cuda_common.h"
-#include "runtime/backend.h" /* AdamwScalars */
+#include "runtime/backend.h" /* AdamwScalars, GradMode */
 
 #include <stddef.h>
 #include <stdint.h>
@@ -89,11 +93,12 @@ void cuda_sum_rows(float *out, const bf16 *x, int rows, int d, float *workspace,
 void cuda_rmsnorm_forward(bf16 *out, float *rstd, const bf16 *x, const bf16 *weight, int rows,
                           int d, float eps, cudaStream_t stream);
 size_t cuda_rmsnorm_backward_workspace_floats(int rows, int d);
-void cuda_rmsnorm_backward(bf16 *dx, float *dweight, const bf16 *dout, const bf16 *x,
-                           const bf16 *weight, const float *rstd, int rows, int d,
-                           float *workspace, cudaStream_t stream);
-/* dx = bf16(g), written, and branch += that bf16(g), g what cuda_rmsnorm_backward adds
- * (runtime/backend.h rmsnorm_backward_branch); branch NULL is cuda_rmsnorm_backward. */
+void cuda_rmsnorm_backward(bf16 *dx, GradMode dx_mode, float *dweight, const bf16 *dout,
+                           const bf16 *x, const bf16 *weight, const float *rstd, int rows,
+                           int d, float *workspace, cudaStream_t stream);
+/* dx = bf16(g), written, and branch += that bf16(g), g what cuda_rmsnorm_backward gives dx
+ * (runtime/backend.h rmsnorm_backward_branch); branch NULL is cuda_rmsnorm_backward with
+ * GRAD_ADD. */
 void cuda_rmsnorm_backward_branch(bf16 *dx, bf16 *branch, float *dweight, const bf16 *dout,
                                   const bf16 *x, const bf16 *weight, const float *rstd, int rows,
                                   int d, float *workspace, cudaStream_t stream);
@@ -102,14 +107,15 @@ void cuda_rmsnorm_backward_branch(bf16 *dx, bf16 *branch, float *dweight, const 
  * [T, head_dim / 2] fp32; head_dim even; out may alias x. ---- */
 void cuda_rope_forward(bf16 *out, const bf16 *x, const float *cos, const float *sin, int B,
                        int T, int n_heads, int head_dim, cudaStream_t stream);
-void cuda_rope_backward(bf16 *dx, const bf16 *dout, const float *cos, const float *sin, int B,
-                        int T, int n_heads, int head_dim, cudaStream_t stream);
+void cuda_rope_backward(bf16 *dx, GradMode dx_mode, const bf16 *dout, const float *cos,
+                        const float *sin, int B, int T, int n_heads, int head_dim,
+                        cudaStream_t stream);
 
 /* ---- swiglu_cuda.cu: out = silu(gate) * up, all [n] bf16 ---- */
 void cuda_swiglu_forward(bf16 *out, const bf16 *gate, const bf16 *up, size_t n,
                          cudaStream_t stream);
-void cuda_swiglu_backward(bf16 *dgate, bf16 *dup, const bf16 *dout, const bf16 *gate,
-                          const bf16 *up, size_t n, cudaStream_t stream);
+void cuda_swiglu_backward(bf16 *dgate, bf16 *dup, GradMode mode, const bf16 *dout,
+                          const bf16 *gate, const bf16 *up, size_t n, cudaStream_t stream);
 
 /* ---- cross_entropy_cuda.cu: logits [rows, V] bf16 (any row chunk of the batch: the model
  * calls these on chunks so that no fp32 copy of all logits exists); targets [rows];
@@ -130,8 +136,9 @@ void cuda_cross_entropy_backward(bf16 *dlogits, const float *dloss, const bf16 *
 
 /* ---- matmul_cuda.cu (cuBLASLt): out[rows, out_dim] = in[rows, in_dim] @ weight[out_dim,
  * in_dim]^T, bf16 in / weight / out, fp32 accumulation (CUBLAS_COMPUTE_32F).
- * Backward: din (bf16, may be NULL) += dout @ weight; dweight (fp32) += dout^T @ in, both
- * with beta = 1 (one rounding of the fp32 sum for din).
+ * Backward: din (bf16, may be NULL) += dout @ weight with beta = 1 (GRAD_ADD: one rounding of
+ * the fp32 sum), or = with beta = 0 (GRAD_WRITE: din is not read); dweight (fp32) +=
+ * dout^T @ in, beta = 1.
  * One cuBLASLt handle and one 32 MiB workspace per process: cuda_matmul_init makes them
  * (the first matmul calls it if nobody did), cuda_matmul_destroy frees them. The algorithm
  * is chosen once per shape (and operand alignment) by cuBLASLt's heuristic and cached, so
@@ -142,8 +149,8 @@ void cuda_matmul_init(void);
 void cuda_matmul_destroy(void);
 void cuda_matmul_forward(bf16 *out, const bf16 *in, const bf16 *weight, int rows, int in_dim,
                          int out_dim, cudaStream_t stream);
-void cuda_matmul_backward(bf16 *din, float *dweight, const bf16 *dout, const bf16 *in,
-                          const bf16 *weight, int rows, int in_dim, int out_dim,
+void cuda_matmul_backward(bf16 *din, GradMode din_mode, float *dweight, const bf16 *dout,
+                          const bf16 *in, const bf16 *weight, int rows, int in_dim, int out_dim,
                           cudaStream_t stream);
 
 /* ---- optimizer_cuda.cu, over flat fp32 ranges (DESIGN 3) ---- */

@@ -1,10 +1,16 @@
 /* kernels/cuda/matmul_cuda.cu — the three matrix products of a linear layer, on cuBLASLt.
  *
  *   forward:          out[rows, out_dim]  = in[rows, in_dim] @ weight[out_dim, in_dim]^T
- *   input gradient:   din[rows, in_dim]  += dout[rows, out_dim] @ weight
+ *   input gradient:   din[rows, in_dim]  += or = dout[rows, out_dim] @ weight
  *   weight gradient:  dweight[out_dim, in_dim] += dout^T @ in        (fp32 C and D)
  * A, B and the bf16 outputs are bf16, accumulation and alpha / beta fp32
- * (CUBLAS_COMPUTE_32F). "+=" is beta = 1 with C = D, so a bf16 din is rounded once.
+ * (CUBLAS_COMPUTE_32F). "+=" is beta = 1 with C = D, so a bf16 din is rounded once; din's
+ * GRAD_WRITE is beta = 0, for which cuBLASLt does not read C (the forward relies on the same:
+ * its out is C = D too). Both run the plan's algorithm, and D = alpha * sum + beta * C in
+ * fp32 adds exactly 0 to the sum when C is zeros, so beta = 0 gives the bits of beta = 1 on
+ * a zeroed din, except the sign of a zero: a sum that is -0.0 (an fp32 sum of products that
+ * underflows from below; an exact cancellation gives +0.0) stays -0.0 where the add onto
+ * zeros gives +0.0. No later op tells the two apart (every sum they enter starts from +0.0).
  *
  * Row-major through a column-major library: a row-major [r, c] matrix is the column-major
  * [c, r] matrix with leading dimension c, i.e. its transpose. Each product is therefore
@@ -20,9 +26,11 @@
  * Plans: the descriptors and the algorithm of each (product, shape, operand alignments) are
  * made once, with cuBLASLt's heuristic (the first, best-ranked answer) under the 32 MiB
  * workspace, and kept in a small table for the life of the process, so a shape always runs
- * the same algorithm (same bits). Split-K variants whose partial sums would be added in the
- * output type (bf16 for out and din) are excluded: only no split or a reduction in the
- * fp32 compute type. A shape beyond the table's capacity gets a plan made and dropped on
+ * the same algorithm (same bits). beta is not part of the key: it is a run-time argument of
+ * cublasLtMatmul that the heuristic is not asked about, so din's two modes share one plan
+ * (one algorithm, one order of the sums). Split-K variants whose partial sums would be added
+ * in the output type (bf16 for out and din) are excluded: only no split or a reduction in
+ * the fp32 compute type. A shape beyond the table's capacity gets a plan made and dropped on
  * every call (the heuristic is deterministic, so the algorithm is the same).
  */
 #include "kernels/cuda/kernels_cuda.h"
@@ -247,14 +255,19 @@ extern "C" void cuda_matmul_forward(bf16 *out, const bf16 *in, const bf16 *weigh
     matmul_run(PRODUCT_FORWARD, rows, in_dim, out_dim, weight, in, out, 0.0f, stream);
 }
 
-extern "C" void cuda_matmul_backward(bf16 *din, float *dweight, const bf16 *dout, const bf16 *in,
-                                     const bf16 *weight, int rows, int in_dim, int out_dim,
-                                     cudaStream_t stream)
+extern "C" void cuda_matmul_backward(bf16 *din, GradMode din_mode, float *dweight,
+                                     const bf16 *dout, const bf16 *in, const bf16 *weight,
+                                     int rows, int in_dim, int out_dim, cudaStream_t stream)
 {
-    if (rows <= 0 || in_dim <= 0 || out_dim <= 0)
+    if (rows <= 0 || in_dim <= 0)
         return;
+    if (out_dim <= 0) { /* empty sums: only a written din changes, to zeros */
+        if (din && din_mode == GRAD_WRITE)
+            CUDA_CHECK(cudaMemsetAsync(din, 0, (size_t)rows * in_dim * sizeof(bf16), stream));
+        return;
+    }
     if (din)
-        matmul_run(PRODUCT_INPUT_GRADIENT, rows, in_dim, out_dim, weight, dout, din, 1.0f,
-                   stream);
+        matmul_run(PRODUCT_INPUT_GRADIENT, rows, in_dim, out_dim, weight, dout, din,
+                   din_mode == GRAD_ADD ? 1.0f : 0.0f, stream);
     matmul_run(PRODUCT_WEIGHT_GRADIENT, rows, in_dim, out_dim, in, dout, dweight, 1.0f, stream);
 }

@@ -5,8 +5,9 @@
  * product order of Hugging Face's LlamaRMSNorm (cast to the activation dtype, then weight).
  * Backward, with xhat = x * rstd and dxhat = dout * weight (fp32):
  *   g        = rstd * (dxhat - xhat * mean(dxhat * xhat))
- *   dx      += g, or, for an input that branches (runtime/backend.h rmsnorm_backward_branch):
- *              dx = bf16(g) and branch += that same bf16(g)
+ *   dx      += g, or = +0.0 + g without reading dx (GRAD_WRITE: the bits of an add into
+ *              zeros, runtime/backend.h), or, for an input that branches (runtime/backend.h
+ *              rmsnorm_backward_branch): dx = bf16(g) and branch += that same bf16(g)
  *   dweight += sum over rows of dout * xhat
  *
  * Layout: a "row team" of ROW_THREADS threads handles one row at a time, each thread CHUNKS
@@ -106,12 +107,13 @@ __global__ void __launch_bounds__(RMSNORM_THREADS)
 }
 
 /* First pass of the backward: dx of every row, partial dweight of every group of rows.
- * branch NULL: dx += g; otherwise dx = bf16(g) and branch += bf16(g). */
+ * branch NULL: dx += g (accumulate) or dx = +0.0 + g (dx not read); otherwise dx = bf16(g)
+ * and branch += bf16(g). */
 template <int ROW_THREADS, int CHUNKS, bool VECTOR>
 __global__ void __launch_bounds__(RMSNORM_THREADS)
-    rmsnorm_backward_kernel(bfloat *dx, bfloat *branch, float *partials, const bfloat *dout,
-                            const bfloat *x, const bfloat *weight, const float *rstd, int rows,
-                            int d, int rows_per_group)
+    rmsnorm_backward_kernel(bfloat *dx, bool accumulate, bfloat *branch, float *partials,
+                            const bfloat *dout, const bfloat *x, const bfloat *weight,
+                            const float *rstd, int rows, int d, int rows_per_group)
 {
     __shared__ float scratch[RMSNORM_THREADS / 32];
     int lane = threadIdx.x % ROW_THREADS;
@@ -177,7 +179,13 @@ __global__ void __launch_bounds__(RMSNORM_THREADS)
                 }
                 store8<VECTOR>(branch_row, column, d, branches);
             } else {
-                load8<VECTOR>(dxs, dx_row, column, d);
+                if (accumulate) {
+                    load8<VECTOR>(dxs, dx_row, column, d);
+                } else {
+#pragma unroll
+                    for (int k = 0; k < 8; k++)
+                        dxs[k] = 0.0f;
+                }
 #pragma unroll
                 for (int k = 0; k < 8; k++) {
                     float xhat = xs[k] * row_rstd;
@@ -224,9 +232,9 @@ typedef void (*ForwardLaunch)(bool vector, unsigned blocks, cudaStream_t stream,
                               float *rstd, const bfloat *x, const bfloat *weight, int rows,
                               int d, float eps);
 typedef void (*BackwardLaunch)(bool vector, unsigned blocks, cudaStream_t stream, bfloat *dx,
-                               bfloat *branch, float *partials, const bfloat *dout, const bfloat *x,
-                               const bfloat *weight, const float *rstd, int rows, int d,
-                               int rows_per_group);
+                               bool accumulate, bfloat *branch, float *partials,
+                               const bfloat *dout, const bfloat *x, const bfloat *weight,
+                               const float *rstd, int rows, int d, int rows_per_group);
 
 template <int ROW_THREADS, int CHUNKS>
 static void launch_forward(bool vector, unsigned blocks, cudaStream_t stream, bfloat *out,
@@ -244,16 +252,16 @@ static void launch_forward(bool vector, unsigned blocks, cudaStream_t stream, bf
 
 template <int ROW_THREADS, int CHUNKS>
 static void launch_backward(bool vector, unsigned blocks, cudaStream_t stream, bfloat *dx,
-                            bfloat *branch, float *partials, const bfloat *dout, const bfloat *x,
-                            const bfloat *weight, const float *rstd, int rows, int d,
-                            int rows_per_group)
+                            bool accumulate, bfloat *branch, float *partials,
+                            const bfloat *dout, const bfloat *x, const bfloat *weight,
+                            const float *rstd, int rows, int d, int rows_per_group)
 {
     if (vector)
         rmsnorm_backward_kernel<ROW_THREADS, CHUNKS, true><<<blocks, RMSNORM_THREADS, 0, stream>>>(
-            dx, branch, partials, dout, x, weight, rstd, rows, d, rows_per_group);
+            dx, accumulate, branch, partials, dout, x, weight, rstd, rows, d, rows_per_group);
     else
         rmsnorm_backward_kernel<ROW_THREADS, CHUNKS, false><<<blocks, RMSNORM_THREADS, 0, stream>>>(
-            dx, branch, partials, dout, x, weight, rstd, rows, d, rows_per_group);
+            dx, accumulate, branch, partials, dout, x, weight, rstd, rows, d, rows_per_group);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -302,10 +310,12 @@ extern "C" size_t cuda_rmsnorm_backward_workspace_floats(int rows, int d)
     return groups * (size_t)d;
 }
 
-extern "C" void cuda_rmsnorm_backward_branch(bf16 *dx, bf16 *branch, float *dweight,
-                                             const bf16 *dout, const bf16 *x, const bf16 *weight,
-                                             const float *rstd, int rows, int d,
-                                             float *workspace, cudaStream_t stream)
+/* Both backwards: branch NULL, dx += g (accumulate) or dx = +0.0 + g; otherwise dx = bf16(g)
+ * and branch += it. dweight += the groups' partials, summed. */
+static void rmsnorm_backward_launch(bf16 *dx, bool accumulate, bf16 *branch, float *dweight,
+                                    const bf16 *dout, const bf16 *x, const bf16 *weight,
+                                    const float *rstd, int rows, int d, float *workspace,
+                                    cudaStream_t stream)
 {
     if (rows <= 0 || d <= 0)
         return;
@@ -318,8 +328,9 @@ extern "C" void cuda_rmsnorm_backward_branch(bf16 *dx, bf16 *branch, float *dwei
                   is_aligned_16(dout) && is_aligned_16(x) && is_aligned_16(weight) &&
                   (!branch || is_aligned_16(branch));
     backward_launches[team_index(shape)][chunk_index(shape)](
-        vector, blocks, stream, (bfloat *)dx, (bfloat *)branch, workspace, (const bfloat *)dout, (const bfloat *)x,
-        (const bfloat *)weight, rstd, rows, d, per_group);
+        vector, blocks, stream, (bfloat *)dx, accumulate, (bfloat *)branch, workspace,
+        (const bfloat *)dout, (const bfloat *)x, (const bfloat *)weight, rstd, rows, d,
+        per_group);
 
     dim3 reduce_block(REDUCE_COLUMNS, REDUCE_SLICES);
     unsigned reduce_blocks = (unsigned)((d + REDUCE_COLUMNS - 1) / REDUCE_COLUMNS);
@@ -328,10 +339,20 @@ extern "C" void cuda_rmsnorm_backward_branch(bf16 *dx, bf16 *branch, float *dwei
     CUDA_CHECK_LAUNCH();
 }
 
-extern "C" void cuda_rmsnorm_backward(bf16 *dx, float *dweight, const bf16 *dout, const bf16 *x,
-                                      const bf16 *weight, const float *rstd, int rows, int d,
-                                      float *workspace, cudaStream_t stream)
+extern "C" void cuda_rmsnorm_backward_branch(bf16 *dx, bf16 *branch, float *dweight,
+                                             const bf16 *dout, const bf16 *x, const bf16 *weight,
+                                             const float *rstd, int rows, int d,
+                                             float *workspace, cudaStream_t stream)
 {
-    cuda_rmsnorm_backward_branch(dx, NULL, dweight, dout, x, weight, rstd, rows, d, workspace,
-                                 stream);
+    rmsnorm_backward_launch(dx, true, branch, dweight, dout, x, weight, rstd, rows, d, workspace,
+                            stream);
+}
+
+extern "C" void cuda_rmsnorm_backward(bf16 *dx, GradMode dx_mode, float *dweight,
+                                      const bf16 *dout, const bf16 *x, const bf16 *weight,
+                                      const float *rstd, int rows, int d, float *workspace,
+                                      cudaStream_t stream)
+{
+    rmsnorm_backward_launch(dx, dx_mode == GRAD_ADD, NULL, dweight, dout, x, weight, rstd, rows,
+                            d, workspace, stream);
 }

@@ -4,7 +4,8 @@
  * formulas of kernels/cpu/swiglu_cpu.c, in fp32 with one rounding per output. sigmoid(g) =
  * 1 / (1 + exp(-g)) stays finite at both ends: exp(-g) = inf gives exactly 0.
  * Grid-stride loops, 8 elements (16 bytes) per operand per thread per step; the backward
- * reads dgate and dup and adds to them (runtime/backend.h: every backward adds).
+ * reads dgate and dup and adds to them (GRAD_ADD), or adds to +0.0 in their place without
+ * reading them (GRAD_WRITE: the bits of an add into zeros, runtime/backend.h).
  */
 #include "kernels/cuda/kernels_cuda.h"
 
@@ -36,7 +37,7 @@ __global__ void __launch_bounds__(SWIGLU_THREADS)
 template <bool VECTOR>
 __global__ void __launch_bounds__(SWIGLU_THREADS)
     swiglu_backward_kernel(bfloat *dgate, bfloat *dup, const bfloat *dout, const bfloat *gate,
-                           const bfloat *up, size_t n)
+                           const bfloat *up, size_t n, bool accumulate)
 {
     size_t stride = (size_t)gridDim.x * blockDim.x * 8;
     for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8; i < n; i += stride) {
@@ -44,8 +45,14 @@ __global__ void __launch_bounds__(SWIGLU_THREADS)
         load8<VECTOR>(grad, dout, i, n);
         load8<VECTOR>(g, gate, i, n);
         load8<VECTOR>(u, up, i, n);
-        load8<VECTOR>(dg, dgate, i, n);
-        load8<VECTOR>(du, dup, i, n);
+        if (accumulate) {
+            load8<VECTOR>(dg, dgate, i, n);
+            load8<VECTOR>(du, dup, i, n);
+        } else {
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                dg[k] = du[k] = 0.0f;
+        }
 #pragma unroll
         for (int k = 0; k < 8; k++) {
             float s = sigmoid(g[k]);
@@ -72,8 +79,9 @@ extern "C" void cuda_swiglu_forward(bf16 *out, const bf16 *gate, const bf16 *up,
     CUDA_CHECK_LAUNCH();
 }
 
-extern "C" void cuda_swiglu_backward(bf16 *dgate, bf16 *dup, const bf16 *dout, const bf16 *gate,
-                                     const bf16 *up, size_t n, cudaStream_t stream)
+extern "C" void cuda_swiglu_backward(bf16 *dgate, bf16 *dup, GradMode mode, const bf16 *dout,
+                                     const bf16 *gate, const bf16 *up, size_t n,
+                                     cudaStream_t stream)
 {
     if (n == 0)
         return;
@@ -83,11 +91,12 @@ extern "C" void cuda_swiglu_backward(bf16 *dgate, bf16 *dup, const bf16 *dout, c
                  *up_ = (const bfloat *)up;
     bool aligned = is_aligned_16(dgate) && is_aligned_16(dup) && is_aligned_16(dout) &&
                    is_aligned_16(gate) && is_aligned_16(up);
+    bool accumulate = mode == GRAD_ADD;
     if (aligned)
-        swiglu_backward_kernel<true>
-            <<<blocks, SWIGLU_THREADS, 0, stream>>>(dgate_, dup_, dout_, gate_, up_, n);
+        swiglu_backward_kernel<true><<<blocks, SWIGLU_THREADS, 0, stream>>>(
+            dgate_, dup_, dout_, gate_, up_, n, accumulate);
     else
-        swiglu_backward_kernel<false>
-            <<<blocks, SWIGLU_THREADS, 0, stream>>>(dgate_, dup_, dout_, gate_, up_, n);
+        swiglu_backward_kernel<false><<<blocks, SWIGLU_THREADS, 0, stream>>>(
+            dgate_, dup_, dout_, gate_, up_, n, accumulate);
     CUDA_CHECK_LAUNCH();
 }
