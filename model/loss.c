@@ -90,13 +90,13 @@ void loss_backward(const LayerContext *context, const HeadWeights *weights, Head
                     (size_t)rows * sizeof *grad_token_loss);
     free(grad_token_loss);
 
-    /* each chunk of rows writes its own rows of grad_normed: no zeroing */
+    /* the logits' gradient and each chunk's rows of grad_normed are written: no zeroing */
     for (int first = 0; first < rows; first += chunk) {
         const int count = rows - first < chunk ? rows - first : chunk;
         if (!logits_kept)
             head_forward_chunk(context, weights, model_scratch, head, first, count);
-        backend->zero(scratch->grad_logits, (size_t)count * V * backend->activation_bytes);
-        backend->cross_entropy_backward(scratch->grad_logits, scratch->grad_token_loss + first,
+        backend->cross_entropy_backward(scratch->grad_logits, GRAD_WRITE,
+                                        scratch->grad_token_loss + first,
                                         chunk_logits(context, model_scratch, first),
                                         head->token_lse + first, targets + first, count, V,
                                         z_loss);

@@ -17,7 +17,8 @@
  * - Every backward ADDS into its weight gradients (dweight += ...): gradient accumulation
  *   over microbatches and over the two uses of a tied weight is free. Input gradients
  *   (dx, din, dq ...) are added too, except where an op takes a GradMode for them
- *   (matmul_backward's din; the rmsnorm, rope, attention and swiglu backwards): GRAD_ADD
+ *   (matmul_backward's din; the rmsnorm, rope, attention, swiglu and cross-entropy
+ *   backwards): GRAD_ADD
  *   adds (dx += g), GRAD_WRITE writes (dx = g) without reading the old contents, so the
  *   first contribution to a fresh gradient buffer needs no zeroed buffer to add into.
  *   GRAD_WRITE gives the bits GRAD_ADD gives on a zeroed buffer: the kernels add g to +0.0
@@ -187,8 +188,9 @@ typedef struct Backend {
      * logits [rows, V]; losses, lse [rows] ---- */
     void (*cross_entropy_forward)(float *losses, float *lse, const Activation *logits,
                                   const uint32_t *targets, int rows, int V, float z_loss);
-    /* dlogits[r, :] += dloss[r] * (softmax(logits[r]) * (1 + 2 z_loss lse_r) - onehot(target)) */
-    void (*cross_entropy_backward)(Activation *dlogits, const float *dloss,
+    /* dlogits[r, :] += or = (mode) dloss[r] * (softmax(logits[r]) * (1 + 2 z_loss lse_r)
+     *                                         - onehot(target)) */
+    void (*cross_entropy_backward)(Activation *dlogits, GradMode mode, const float *dloss,
                                    const Activation *logits, const float *lse,
                                    const uint32_t *targets, int rows, int V, float z_loss);
 

@@ -135,6 +135,40 @@ GradModeCase grad_mode_case_attention(int B, int T, int n_heads, int n_kv_heads,
     return c;
 }
 
+static const float cross_entropy_z_loss = 1e-2f;
+
+static void run_cross_entropy(const Backend *b, GradMode mode, void *const *p, const int *shape)
+{
+    b->cross_entropy_backward(p[0], mode, p[1], p[2], p[3], p[4], shape[0], shape[1],
+                              cross_entropy_z_loss);
+}
+
+/* lse from the forward; the targets (uint32, in an fp32-sized array) from a fixed pattern */
+static void prepare_cross_entropy(const Backend *b, void *const *p, const int *shape)
+{
+    const int rows = shape[0], V = shape[1];
+    uint32_t *targets = malloc((size_t)rows * sizeof *targets);
+    for (int r = 0; r < rows; r++)
+        targets[r] = (uint32_t)((r * 7919 + 3) % V);
+    b->upload(p[4], targets, (size_t)rows * sizeof *targets);
+    free(targets);
+    b->cross_entropy_forward(p[5], p[3], p[2], p[4], rows, V, cross_entropy_z_loss);
+}
+
+GradModeCase grad_mode_case_cross_entropy(int rows, int V)
+{
+    GradModeCase c = case_begin("cross_entropy_backward", run_cross_entropy);
+    c.prepare = prepare_cross_entropy;
+    c.shape[0] = rows, c.shape[1] = V;
+    case_append(&c, "dlogits", GRAD_MODE_INPUT_GRADIENT, true, (size_t)rows * V);
+    case_input(&c, "dloss", false, (size_t)rows, 1, 0);
+    case_input(&c, "logits", true, (size_t)rows * V, 4, 0);
+    case_append(&c, "lse", GRAD_MODE_PREPARED, false, (size_t)rows);
+    case_append(&c, "targets", GRAD_MODE_PREPARED, false, (size_t)rows);
+    case_append(&c, "losses", GRAD_MODE_PREPARED, false, (size_t)rows); /* not read back */
+    return c;
+}
+
 static void run_swiglu(const Backend *b, GradMode mode, void *const *p, const int *shape)
 {
     b->swiglu_backward(p[0], p[1], mode, p[2], p[3], p[4], (size_t)shape[0]);

@@ -52,14 +52,15 @@ typedef struct GradModeCase {
     GradModeArray arrays[GRAD_MODE_MAX_ARRAYS];
 } GradModeCase;
 
-/* The five ops with a GradMode, at a shape:
+/* The ops with a GradMode, at a shape:
  * matmul (rows, in_dim, out_dim), rmsnorm (rows, d), rope (B, T, n_heads, head_dim),
- * attention (B, T, n_heads, n_kv_heads, head_dim), swiglu (n). */
+ * attention (B, T, n_heads, n_kv_heads, head_dim), swiglu (n), cross-entropy (rows, V). */
 GradModeCase grad_mode_case_matmul(int rows, int in_dim, int out_dim);
 GradModeCase grad_mode_case_rmsnorm(int rows, int d);
 GradModeCase grad_mode_case_rope(int B, int T, int n_heads, int head_dim);
 GradModeCase grad_mode_case_attention(int B, int T, int n_heads, int n_kv_heads, int head_dim);
 GradModeCase grad_mode_case_swiglu(size_t n);
+GradModeCase grad_mode_case_cross_entropy(int rows, int V);
 
 /* Runs the three calls of the opening comment on `backend` and fails the calling test on a
  * mismatch. */

@@ -491,7 +491,8 @@ enum { CE_DLOGITS, CE_DLOSS, CE_LOGITS, CE_LSE, CE_TARGETS };
 
 static void run_cross_entropy_backward(const Backend *b, void *const *p, const OpCase *c)
 {
-    b->cross_entropy_backward(p[0], p[1], p[2], p[3], p[4], c->shape[0], c->shape[1], z_loss);
+    b->cross_entropy_backward(p[0], GRAD_ADD, p[1], p[2], p[3], p[4], c->shape[0], c->shape[1],
+                              z_loss);
 }
 
 static void prepare_cross_entropy_backward(OpCase *c)

@@ -75,9 +75,9 @@ static float *gpu_cross_entropy_backward(const float *dlogits, const float *dlos
     size_t count = (size_t)rows * V;
     bf16 *device_logits = gpu_upload_bf16(logits, count);
     bf16 *device_dlogits = dlogits ? gpu_upload_bf16(dlogits, count) : device_logits;
-    cuda_cross_entropy_backward(device_dlogits, gpu_upload_floats(dloss, rows), device_logits,
-                                gpu_upload_floats(lse, rows), gpu_upload_tokens(targets, rows),
-                                rows, V, z_loss, 0);
+    cuda_cross_entropy_backward(device_dlogits, GRAD_ADD, gpu_upload_floats(dloss, rows),
+                                device_logits, gpu_upload_floats(lse, rows),
+                                gpu_upload_tokens(targets, rows), rows, V, z_loss, 0);
     return gpu_download_bf16(device_dlogits, count);
 }
 
@@ -133,8 +133,8 @@ Test(cuda_cross_entropy, backward_adds_the_cpu_gradient)
         float *dlogits = gpu_test_bf16_values(count, 0.5f / V, 375 + 10 * c);
         float *got = gpu_cross_entropy_backward(dlogits, case_.dloss, case_.logits, case_.lse,
                                                 case_.targets, rows, V);
-        cpu_cross_entropy_backward(dlogits, case_.dloss, case_.logits, case_.lse, case_.targets,
-                                   rows, V, z_loss);
+        cpu_cross_entropy_backward(dlogits, GRAD_ADD, case_.dloss, case_.logits, case_.lse,
+                                   case_.targets, rows, V, z_loss);
         expect_close_gradient(got, dlogits, case_.targets, rows, V, "cross-entropy dlogits");
         cross_entropy_case_free(&case_);
         free(dlogits), free(got);
@@ -152,7 +152,7 @@ Test(cuda_cross_entropy, backward_in_place_replaces_the_logits_by_their_gradient
         float *got = gpu_cross_entropy_backward(NULL, case_.dloss, case_.logits, case_.lse,
                                                 case_.targets, rows, V);
         float *expected = calloc(count, sizeof(float));
-        cpu_cross_entropy_backward(expected, case_.dloss, case_.logits, case_.lse,
+        cpu_cross_entropy_backward(expected, GRAD_ADD, case_.dloss, case_.logits, case_.lse,
                                    case_.targets, rows, V, z_loss);
         expect_close_gradient(got, expected, case_.targets, rows, V, "cross-entropy in place");
         cross_entropy_case_free(&case_);

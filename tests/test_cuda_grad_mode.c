@@ -85,6 +85,17 @@ Test(cuda_grad_mode, swiglu_backward_writes_what_it_adds_into_zeros)
     }
 }
 
+Test(cuda_grad_mode, cross_entropy_backward_writes_what_it_adds_into_zeros)
+{
+    gpu_require();
+    /* rows, V: V not a multiple of 8 (the scalar path), and the 8B vocabulary */
+    const int shapes[][2] = {{3, 37}, {5, 128256}};
+    for (int i = 0; i < 2; i++) {
+        GradModeCase c = grad_mode_case_cross_entropy(shapes[i][0], shapes[i][1]);
+        grad_mode_check(backend_cuda(), &c, 160 + (uint64_t)i, BF16_OUT);
+    }
+}
+
 /* ---- GRAD_WRITE against the cpu, into poisoned outputs ---- */
 
 static float *scratch_floats(size_t n)

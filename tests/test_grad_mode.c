@@ -61,3 +61,12 @@ Test(grad_mode, swiglu_backward_writes_what_it_adds_into_zeros)
         grad_mode_check(backend_cpu(), &c, 50 + (uint64_t)i, ADD_TOLERANCE);
     }
 }
+
+Test(grad_mode, cross_entropy_backward_writes_what_it_adds_into_zeros)
+{
+    const int shapes[][2] = {{3, 37}, {40, 1000}}; /* rows, V */
+    for (int i = 0; i < 2; i++) {
+        GradModeCase c = grad_mode_case_cross_entropy(shapes[i][0], shapes[i][1]);
+        grad_mode_check(backend_cpu(), &c, 60 + (uint64_t)i, ADD_TOLERANCE);
+    }
+}

@@ -551,8 +551,8 @@ Test(kernels_cpu_backward, cross_entropy_backward_matches_finite_differences_wit
         float *probe = random_floats(rows, 1, 220 + c), *dlogits = zero_floats(count);
         Objective objective = {cross_entropy_op_forward, &op, op.losses, probe, (size_t)rows};
         objective_value(&objective);
-        cpu_cross_entropy_backward(dlogits, probe, op.logits, op.lse, op.targets, rows, V,
-                                   op.z_loss);
+        cpu_cross_entropy_backward(dlogits, GRAD_ADD, probe, op.logits, op.lse, op.targets, rows,
+                                   V, op.z_loss);
         expect_gradient(&objective, op.logits, dlogits, count, 1e-2, "dlogits");
         free_all(op.losses, op.lse, op.logits, (void *)op.targets, probe, dlogits, NULL);
     }
@@ -567,10 +567,11 @@ Test(kernels_cpu_backward, cross_entropy_backward_accumulates)
     float *dloss = random_floats(rows, 1, 232);
     float *once = zero_floats(count), *twice = zero_floats(count);
     cross_entropy_op_forward(&op);
-    cpu_cross_entropy_backward(once, dloss, op.logits, op.lse, op.targets, rows, V, op.z_loss);
+    cpu_cross_entropy_backward(once, GRAD_ADD, dloss, op.logits, op.lse, op.targets, rows, V,
+                               op.z_loss);
     for (int call = 0; call < 2; call++)
-        cpu_cross_entropy_backward(twice, dloss, op.logits, op.lse, op.targets, rows, V,
-                                   op.z_loss);
+        cpu_cross_entropy_backward(twice, GRAD_ADD, dloss, op.logits, op.lse, op.targets, rows,
+                                   V, op.z_loss);
     expect_doubled(twice, once, count, "dlogits");
     free_all(op.losses, op.lse, op.logits, (void *)op.targets, dloss, once, twice, NULL);
 }

@@ -235,12 +235,13 @@ static void table_cross_entropy_forward(float *losses, float *lse, const Activat
     cpu_cross_entropy_forward(losses, lse, CF(logits), targets, rows, V, z_loss);
 }
 
-static void table_cross_entropy_backward(Activation *dlogits, const float *dloss,
-                                         const Activation *logits, const float *lse,
-                                         const uint32_t *targets, int rows, int V,
-                                         float z_loss)
+static void table_cross_entropy_backward(Activation *dlogits, GradMode mode,
+                                         const float *dloss, const Activation *logits,
+                                         const float *lse, const uint32_t *targets, int rows,
+                                         int V, float z_loss)
 {
-    cpu_cross_entropy_backward(F(dlogits), dloss, CF(logits), lse, targets, rows, V, z_loss);
+    cpu_cross_entropy_backward(F(dlogits), mode, dloss, CF(logits), lse, targets, rows, V,
+                               z_loss);
 }
 
 static void table_route_forward(Activation *out, float *weights, float *rstd,

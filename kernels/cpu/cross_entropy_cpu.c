@@ -41,10 +41,11 @@ void cpu_cross_entropy_forward(float *losses, float *lse, const float *logits,
     }
 }
 
-void cpu_cross_entropy_backward(float *dlogits, const float *dloss, const float *logits,
-                                const float *lse, const uint32_t *targets, int rows, int V,
-                                float z_loss)
+void cpu_cross_entropy_backward(float *dlogits, GradMode mode, const float *dloss,
+                                const float *logits, const float *lse, const uint32_t *targets,
+                                int rows, int V, float z_loss)
 {
+    const bool write = mode == GRAD_WRITE;
     check_targets(targets, rows, V);
 #pragma omp parallel for schedule(static) if ((size_t)rows * V >= CPU_PARALLEL_MIN_WORK)
     for (int r = 0; r < rows; r++) {
@@ -56,7 +57,7 @@ void cpu_cross_entropy_backward(float *dlogits, const float *dloss, const float 
             float term = softmax_factor * expf(row[i] - lse[r]);
             if (i == target)
                 term -= dloss[r];
-            grad[i] += term;
+            grad[i] = (write ? 0.0f : grad[i]) + term; /* a write: the bits of an add to 0 */
         }
     }
 }

@@ -85,9 +85,9 @@ void cpu_swiglu_backward(float *dgate, float *dup, GradMode mode, const float *d
 /* cross_entropy_cpu.c; a target >= V is a data error: fatal(EXIT_DATA, ...) */
 void cpu_cross_entropy_forward(float *losses, float *lse, const float *logits,
                                const uint32_t *targets, int rows, int V, float z_loss);
-void cpu_cross_entropy_backward(float *dlogits, const float *dloss, const float *logits,
-                                const float *lse, const uint32_t *targets, int rows, int V,
-                                float z_loss);
+void cpu_cross_entropy_backward(float *dlogits, GradMode mode, const float *dloss,
+                                const float *logits, const float *lse, const uint32_t *targets,
+                                int rows, int V, float z_loss);
 
 /* route_cpu.c; d % heads == 0. Unlike the ops above, the routing and stream kernels sum
  * their parameter gradients over tokens in double and round once (see their files). */

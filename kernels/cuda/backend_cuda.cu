@@ -459,12 +459,12 @@ static void op_cross_entropy_forward(float *losses, float *lse, const Activation
                                compute_stream());
 }
 
-static void op_cross_entropy_backward(Activation *dlogits, const float *dloss,
+static void op_cross_entropy_backward(Activation *dlogits, GradMode mode, const float *dloss,
                                       const Activation *logits, const float *lse,
                                       const uint32_t *targets, int rows, int V, float z_loss)
 {
-    cuda_cross_entropy_backward(as_bf16(dlogits), dloss, as_bf16_const(logits), lse, targets,
-                                rows, V, z_loss, compute_stream());
+    cuda_cross_entropy_backward(as_bf16(dlogits), mode, dloss, as_bf16_const(logits), lse,
+                                targets, rows, V, z_loss, compute_stream());
 }
 
 /* ---- attention over depth and MSAR: backend_cuda_routing.cu fills those entries ---- */

@@ -4,14 +4,16 @@
  * logits [rows, V] bf16, targets [rows], losses / lse / dloss [rows] fp32:
  *   lse_r    = logsumexp(logits[r, :])
  *   loss_r   = lse_r - logits[r, target_r] + z_loss * lse_r^2
- *   dlogits += dloss_r * (softmax(logits[r]) * (1 + 2 z_loss lse_r) - onehot(target_r))
+ *   dlogits += or = (GradMode) dloss_r * (softmax(logits[r]) * (1 + 2 z_loss lse_r)
+ *                                         - onehot(target_r))
  *
  * Forward: one block per row reads the row once. Each thread keeps a running max m and a
  * sum s of exp(x - m) over its elements, rescaling s when m grows (the "online softmax");
  * the (m, s) pairs are then combined across the warp by a fixed butterfly and across warps
  * in warp order, so lse has the same bits run to run. Everything is fp32.
- * Backward: elementwise given lse; a grid of (row, chunk of 8 * threads columns). When
- * dlogits == logits the gradient replaces the logits (kernels_cuda.h: in place).
+ * Backward: elementwise given lse; a grid of (row, chunk of 8 * threads columns). A write
+ * (GRAD_WRITE, or dlogits == logits: kernels_cuda.h, in place) adds each term to +0.0
+ * instead of the old gradient: the bits of an add into zeros, nothing read.
  * A target >= V gives a NaN loss and no one-hot term (the device cannot call fatal).
  */
 #include "kernels/cuda/kernels_cuda.h"
@@ -89,7 +91,7 @@ __global__ void __launch_bounds__(CROSS_ENTROPY_THREADS)
 }
 
 /* grid (rows, chunks of CROSS_ENTROPY_THREADS * 8 columns) */
-template <bool VECTOR, bool IN_PLACE>
+template <bool VECTOR, bool WRITE>
 __global__ void __launch_bounds__(CROSS_ENTROPY_THREADS)
     cross_entropy_backward_kernel(bfloat *dlogits, const float *dloss, const bfloat *logits,
                                   const float *lse, const uint32_t *targets, int V,
@@ -106,7 +108,7 @@ __global__ void __launch_bounds__(CROSS_ENTROPY_THREADS)
 
     float values[8], grads[8];
     load8<VECTOR>(values, logits + offset, column, V);
-    if (IN_PLACE) {
+    if (WRITE) {
 #pragma unroll
         for (int k = 0; k < 8; k++)
             grads[k] = 0.0f;
@@ -139,22 +141,23 @@ extern "C" void cuda_cross_entropy_forward(float *losses, float *lse, const bf16
     CUDA_CHECK_LAUNCH();
 }
 
-extern "C" void cuda_cross_entropy_backward(bf16 *dlogits, const float *dloss, const bf16 *logits,
-                                            const float *lse, const uint32_t *targets, int rows,
-                                            int V, float z_loss, cudaStream_t stream)
+extern "C" void cuda_cross_entropy_backward(bf16 *dlogits, GradMode mode, const float *dloss,
+                                            const bf16 *logits, const float *lse,
+                                            const uint32_t *targets, int rows, int V,
+                                            float z_loss, cudaStream_t stream)
 {
     if (rows <= 0 || V <= 0)
         return;
     int columns_per_block = CROSS_ENTROPY_THREADS * 8;
     dim3 grid(rows, (V + columns_per_block - 1) / columns_per_block);
     bool vector = V % 8 == 0 && is_aligned_16(logits) && is_aligned_16(dlogits);
-    bool in_place = (const void *)dlogits == (const void *)logits;
+    bool write = mode == GRAD_WRITE || (const void *)dlogits == (const void *)logits;
     bfloat *out = (bfloat *)dlogits;
     const bfloat *in = (const bfloat *)logits;
-    if (in_place && vector)
+    if (write && vector)
         cross_entropy_backward_kernel<true, true><<<grid, CROSS_ENTROPY_THREADS, 0, stream>>>(
             out, dloss, in, lse, targets, V, z_loss);
-    else if (in_place)
+    else if (write)
         cross_entropy_backward_kernel<false, true><<<grid, CROSS_ENTROPY_THREADS, 0, stream>>>(
             out, dloss, in, lse, targets, V, z_loss);
     else if (vector)

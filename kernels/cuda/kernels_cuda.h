@@ -123,16 +123,17 @@ void cuda_swiglu_backward(bf16 *dgate, bf16 *dup, GradMode mode, const bf16 *dou
  * rescaled sum, fp32) per row, combined across threads in a fixed order.
  * A target >= V cannot stop the process from the device: its row's loss is NaN (which the
  * step's non-finite check catches) and the backward subtracts no one-hot for it.
- * Backward: dlogits[r, :] += dloss[r] * (softmax * (1 + 2 z_loss lse_r) - onehot), bf16.
- * IN PLACE: dlogits == logits is allowed and then the gradient REPLACES the logits (the
- * buffer holds logits, not a gradient to add to); each element is read before it is
- * written by the same thread. Any other overlap is undefined. ---- */
+ * Backward: dlogits[r, :] += (GRAD_ADD) or = (GRAD_WRITE) dloss[r] * (softmax * (1 + 2
+ * z_loss lse_r) - onehot), bf16. IN PLACE: dlogits == logits is allowed and then the gradient
+ * REPLACES the logits whatever the mode (the buffer holds logits, not a gradient to add to);
+ * each element is read before it is written by the same thread. Any other overlap is
+ * undefined. ---- */
 void cuda_cross_entropy_forward(float *losses, float *lse, const bf16 *logits,
                                 const uint32_t *targets, int rows, int V, float z_loss,
                                 cudaStream_t stream);
-void cuda_cross_entropy_backward(bf16 *dlogits, const float *dloss, const bf16 *logits,
-                                 const float *lse, const uint32_t *targets, int rows, int V,
-                                 float z_loss, cudaStream_t stream);
+void cuda_cross_entropy_backward(bf16 *dlogits, GradMode mode, const float *dloss,
+                                 const bf16 *logits, const float *lse, const uint32_t *targets,
+                                 int rows, int V, float z_loss, cudaStream_t stream);
 
 /* ---- matmul_cuda.cu (cuBLASLt): out[rows, out_dim] = in[rows, in_dim] @ weight[out_dim,
  * in_dim]^T, bf16 in / weight / out, fp32 accumulation (CUBLAS_COMPUTE_32F).
