@@ -38,7 +38,8 @@ rm -rf .gpu-libs
 bundle=${FATHOM_BUNDLE_LIBS:-../shared/tools/bundle-libs}
 binaries=(build/fathom build/tests/fathom-tests build/kernels/libfathom_cuda.so
           build/tests/fathom-device-comm-probe)
-for extra in build/kernels/fathom-route-bench build/kernels/fathom-kernel-bench; do
+for extra in build/kernels/fathom-route-bench build/kernels/fathom-kernel-bench \
+             build/launch/libfathom-kernel-trace.so; do
   [ -x "$extra" ] && binaries+=("$extra")
 done
 # h5diff compares checkpoints in the tests; the GPU machine has no HDF5 tools
@@ -50,4 +51,5 @@ cp "$(command -v h5diff)" .gpu-libs/bin/
 rm -f .gpu-libs/libfathom_cuda.so
 echo "carry: build/fathom build/tests/fathom-tests build/kernels/libfathom_cuda.so" \
      "build/kernels/fathom-route-bench build/kernels/fathom-kernel-bench" \
-     "build/tests/fathom-device-comm-probe .gpu-libs"
+     "build/tests/fathom-device-comm-probe .gpu-libs" \
+     "(and build/launch/libfathom-kernel-trace.so for launch/bench/trace_step.sh)"
