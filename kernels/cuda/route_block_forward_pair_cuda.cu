@@ -1,0 +1,237 @@
+/* kernels/cuda/route_block_forward_pair_cuda.cu — phase one of the two-phase Route, forward,
+ * on tensor cores two tokens at a time (contract: route_block_cuda.h; the steps and the math
+ * are route_block_forward_cuda.cu's tensor-core kernel, whose outputs these are, within the
+ * rounding of fp32 sums taken in another order).
+ *
+ * Why two. The one-token kernel pads its mma.m16n8k16 products to 16 rows: N <= 9 sources
+ * in the dots and G <= 8 sites in the mix, so at the training step's N 2-5 and G 4 most rows
+ * are zero, and every token pays the per-token costs alone (a barrier, the softmax, the
+ * loop of the mix); measured, it took 230 us a launch at N 4, G 4 and 4096 tokens where its
+ * 268 MB of rows take 77 us (docs/performance.md, seventh run). Here rows 0-7 of every
+ * product are token a's and rows 8-15 token b's:
+ *   dots   A = [a's sources; b's sources] (8 rows each, zero rows past N), B = q*g: D rows
+ *          0-7 are a's dots, 8-15 b's; the Gram products against A's two halves give a's
+ *          squares (rows 0-7 against 0-7) and b's (8-15 against 8-15);
+ *   mix    A = diag(W_a, W_b) (sites x sources, each in hi and lo bf16 halves), B = the
+ *          tile's rows [a's sources; b's sources]: D rows 0-7 are a's results, 8-15 b's.
+ * So the two tokens take the mma, ldmatrix and loop instructions one token took, and one
+ * barrier. N <= 6 (ROUTE_BLOCK_PAIR_MAX_SOURCES): four token buffers (the pair being read,
+ * the next pair in flight) of N rows fit 227 KB of shared memory at d 4096.
+ * A block takes tokens t and t + grid as a pair, then t + 2 grid and t + 3 grid, ...; a pair
+ * whose second token lies past the end computes it from whatever its buffer holds and
+ * writes nothing of it.
+ */
+#include "kernels/cuda/route_block_forward.cuh"
+
+#include "runtime/error.h"
+
+enum { PAIR_BUFFERS = 4 };
+
+/* Shared memory, in bytes: rows [4][N][threads] x 16, then per buffer b (pair parity x 2 +
+ * token) the square parts [MAXN][warps] and dot parts [G][N][parts] floats, then each warp's
+ * softmax weights for both tokens [warps][2][G][N][stride], then the zero row. */
+struct PairLayout {
+    size_t squares, dots, coefficients, zero, total;
+    size_t square_buffer, dot_buffer, warp_coefficients; /* floats */
+};
+
+static PairLayout pair_layout(const BlockForwardArgs &args, int threads)
+{
+    const int warps = threads / 32, N = args.n_sources, G = args.n_sites;
+    PairLayout layout;
+    layout.square_buffer = (size_t)CUDA_BLOCK_MAX_SOURCES * warps;
+    layout.dot_buffer = (size_t)G * N * args.layout.parts;
+    layout.warp_coefficients = (size_t)2 * G * N * args.warp_heads_max;
+    layout.squares = (size_t)PAIR_BUFFERS * N * threads * 16;
+    layout.dots = layout.squares + round_up_16(PAIR_BUFFERS * layout.square_buffer * 4);
+    layout.coefficients = layout.dots + round_up_16(PAIR_BUFFERS * layout.dot_buffer * 4);
+    layout.zero = layout.coefficients + round_up_16(warps * layout.warp_coefficients * 4);
+    layout.total = layout.zero + 16;
+    return layout;
+}
+
+/* The row address lane `lane` gives an x4 ldmatrix over the pair's rows: matrices 0 and 2
+ * (rows 0-7) from token a's buffer, 1 and 3 (rows 8-15) from token b's, at vectors `vector`
+ * (matrices 0, 1) and `vector + 1` (2, 3); sources at or past n_a (a's) or n_b (b's: 0 for a
+ * pair without a second token, whose buffer holds stale rows or none) read the zero row, so
+ * that no NaN of an unwritten buffer meets a zero weight in a product. */
+__device__ __forceinline__ const BfVector<8> *pair_row_address(const BfVector<8> *rows_a,
+                                                               const BfVector<8> *rows_b,
+                                                               const BfVector<8> *zero, int n_a,
+                                                               int n_b, int vector, int lane)
+{
+    const int matrix = lane >> 3, r = lane & 7;
+    const bool second = matrix & 1;
+    return r < (second ? n_b : n_a)
+               ? (second ? rows_b : rows_a) + block_mma_slot(r, vector + (matrix >> 1),
+                                                             blockDim.x)
+               : zero;
+}
+
+/* The A fragment of one token's weights in hi and lo halves: row g's sources 2c and 2c + 1
+ * (the token's 8 columns of the 16; the other token's 8 are zero there). */
+__device__ __forceinline__ void pair_weight_halves(const float *coefficients, int g, int c,
+                                                   int N, int G, int stride, uint32_t *high,
+                                                   uint32_t *low)
+{
+    float w[2];
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        const int n = 2 * c + e;
+        w[e] = g < G && n < N ? coefficients[((size_t)g * N + n) * stride] : 0.0f;
+    }
+    block_mma_split(w[0], w[1], high, low);
+}
+
+template <int MAXN>
+__global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
+    route_block_forward_pair_kernel(const __grid_constant__ BlockForwardArgs args,
+                                    PairLayout shared)
+{
+    extern __shared__ __align__(16) unsigned char shared_bytes[];
+    BfVector<8> *rows = reinterpret_cast<BfVector<8> *>(shared_bytes);
+    BfVector<8> *zero = reinterpret_cast<BfVector<8> *>(shared_bytes + shared.zero);
+    float *square_parts = reinterpret_cast<float *>(shared_bytes + shared.squares);
+    float *dot_parts = reinterpret_cast<float *>(shared_bytes + shared.dots);
+    const int N = args.n_sources, G = args.n_sites, tokens = args.tokens;
+    const int V = args.layout.vectors, parts = args.layout.parts, stride = args.warp_heads_max;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const int g = lane >> 2, c = lane & 3, first_vector = warp * 32;
+    const int buffer_vectors = N * blockDim.x;
+    float *coefficients = reinterpret_cast<float *>(shared_bytes + shared.coefficients) +
+                          warp * shared.warp_coefficients; /* [2][G][N][stride] */
+    float *coefficients_b = coefficients + shared.warp_coefficients / 2;
+    const long long grid = gridDim.x;
+
+    /* the first pair's rows travel while q*g's fragments are made */
+    block_mma_fetch_rows<MAXN>(rows, args.sources, N, blockIdx.x, tokens, V);
+    block_mma_fetch_rows<MAXN>(rows + buffer_vectors, args.sources, N, blockIdx.x + grid,
+                               tokens, V);
+    uint32_t key_weights[16][4];
+    block_mma_begin(zero, key_weights, args.query, args.key_norm, G);
+
+    int parity = 0;
+    for (long long t = blockIdx.x; t < tokens; t += 2 * grid, parity ^= 1) {
+        const long long t_b = t + grid;
+        const bool has_b = t_b < tokens;
+        BfVector<8> *next = rows + (size_t)(parity ^ 1) * 2 * buffer_vectors;
+        block_mma_fetch_rows<MAXN>(next, args.sources, N, t + 2 * grid, tokens, V);
+        block_mma_fetch_rows<MAXN>(next + buffer_vectors, args.sources, N, t_b + 2 * grid,
+                                   tokens, V);
+        copy_async_wait<2>(); /* this pair's rows have landed */
+        __syncwarp();
+        const BfVector<8> *rows_a = rows + (size_t)parity * 2 * buffer_vectors;
+        const BfVector<8> *rows_b = rows_a + buffer_vectors;
+        const int n_b = has_b ? N : 0;
+
+        /* 1. dots and squares of both tokens: rows 0-7 a's, 8-15 b's */
+        float dots_high[4] = {0, 0, 0, 0}, dots_low[4] = {0, 0, 0, 0};
+        float gram_a[4] = {0, 0, 0, 0}, gram_b[4] = {0, 0, 0, 0};
+#pragma unroll
+        for (int s = 0; s < 16; s++) {
+            uint32_t a[4];
+            block_ldmatrix_x4(a, pair_row_address(rows_a, rows_b, zero, N, n_b,
+                                                  first_vector + 2 * s, lane));
+            block_mma(dots_high, a, key_weights[s][0], key_weights[s][1]);
+            block_mma(dots_low, a, key_weights[s][2], key_weights[s][3]);
+            block_mma(gram_a, a, a[0], a[2]); /* against a's rows */
+            block_mma(gram_b, a, a[1], a[3]); /* against b's rows */
+        }
+        float *squares_a = square_parts + (size_t)(2 * parity) * shared.square_buffer;
+        float *squares_b = squares_a + shared.square_buffer;
+        float *dots_a = dot_parts + (size_t)(2 * parity) * shared.dot_buffer;
+        float *dots_b = dots_a + shared.dot_buffer;
+#pragma unroll
+        for (int e = 0; e < 4; e++) { /* e 0, 1: a's source g; e 2, 3: b's */
+            const int i = 2 * c + (e & 1);
+            float *dot = e >> 1 ? dots_b : dots_a;
+            if (g < N && i < G)
+                dot[((size_t)i * N + g) * parts + warp] = dots_high[e] + dots_low[e];
+        }
+        /* (g, g) sits in element 0 where g = 2c, in 1 where g = 2c + 1 (a's), 2 and 3 (b's);
+         * chosen by select: a run-time index would put the array in local memory */
+        const int diagonal = g - 2 * c;
+        if ((diagonal == 0 || diagonal == 1) && g < N) {
+            squares_a[g * warps + warp] = diagonal ? gram_a[1] : gram_a[0];
+            squares_b[g * warps + warp] = diagonal ? gram_b[3] : gram_b[2];
+        }
+        __syncthreads(); /* both tokens' parts are complete (double-buffered by pair) */
+
+        /* 2. each token's softmax, all lanes at work */
+        block_forward_mma_softmax<MAXN>(args, squares_a, dots_a, coefficients, t);
+        if (has_b)
+            block_forward_mma_softmax<MAXN>(args, squares_b, dots_b, coefficients_b, t_b);
+
+        /* 3. the mix: A = diag(W_a, W_b) in two halves; a1, a2 stay zero */
+        uint32_t weights_high[4] = {0, 0, 0, 0}, weights_low[4] = {0, 0, 0, 0};
+        pair_weight_halves(coefficients, g, c, N, G, stride, &weights_high[0], &weights_low[0]);
+        if (has_b)
+            pair_weight_halves(coefficients_b, g, c, N, G, stride, &weights_high[3],
+                               &weights_low[3]);
+        bf16 *result = g < G ? block_site_pointer(args.results, g) + 2 * c : NULL;
+        bf16 *result_a = result ? result + t * V * 8 : NULL;
+        bf16 *result_b = result && has_b ? result + t_b * V * 8 : NULL;
+        /* as the one-token kernel: not unrolled (no spills), the next tiles a step ahead,
+         * the four products of a step independent */
+        uint32_t b[4]; /* tile j: b[0], b[1] (a's, b's sources); tile j + 1: b[2], b[3] */
+        block_ldmatrix_x4_trans(b, pair_row_address(rows_a, rows_b, zero, N, n_b,
+                                                    first_vector, lane));
+#pragma unroll 1
+        for (int j = 0; j < 32; j += 2) {
+            uint32_t next_b[4];
+            if (j + 2 < 32)
+                block_ldmatrix_x4_trans(next_b, pair_row_address(rows_a, rows_b, zero, N, n_b,
+                                                                 first_vector + j + 2, lane));
+            float low_high[4] = {0, 0, 0, 0}, low_low[4] = {0, 0, 0, 0};
+            float high_high[4] = {0, 0, 0, 0}, high_low[4] = {0, 0, 0, 0};
+            block_mma(low_high, weights_high, b[0], b[1]);
+            block_mma(low_low, weights_low, b[0], b[1]);
+            block_mma(high_high, weights_high, b[2], b[3]);
+            block_mma(high_low, weights_low, b[2], b[3]);
+            const int offset = (first_vector + j) * 8;
+            if (result_a) { /* rows 0-7: a's site g, channels 2c, 2c + 1 of tiles j, j + 1 */
+                uint32_t *to = reinterpret_cast<uint32_t *>(result_a + offset);
+                to[0] = block_mma_pack(low_high[0] + low_low[0], low_high[1] + low_low[1]);
+                to[4] = block_mma_pack(high_high[0] + high_low[0], high_high[1] + high_low[1]);
+            }
+            if (result_b) { /* rows 8-15: b's */
+                uint32_t *to = reinterpret_cast<uint32_t *>(result_b + offset);
+                to[0] = block_mma_pack(low_high[2] + low_low[2], low_high[3] + low_low[3]);
+                to[4] = block_mma_pack(high_high[2] + high_low[2], high_high[3] + high_low[3]);
+            }
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                b[e] = next_b[e];
+        }
+        __syncwarp(); /* this pair's slots are read before the pair after next refills them */
+    }
+    copy_async_wait<0>();
+}
+
+template <int MAXN>
+static void pair_launch(const BlockForwardArgs &args, int threads, const PairLayout &layout,
+                        cudaStream_t stream)
+{
+    const long long pairs = (args.tokens + 1) / 2;
+    const int blocks = block_persistent_grid<route_block_forward_pair_kernel<MAXN>>(
+        threads, layout.total, pairs, "the cuda block route forward");
+    route_block_forward_pair_kernel<MAXN><<<blocks, threads, layout.total, stream>>>(args,
+                                                                                    layout);
+    CUDA_CHECK_LAUNCH();
+}
+
+bool route_block_forward_pairs(const BlockForwardArgs &args, int threads, cudaStream_t stream)
+{
+    if (!route_block_mma_selected(args.layout) || args.n_sources > ROUTE_BLOCK_PAIR_MAX_SOURCES)
+        return false;
+    const PairLayout layout = pair_layout(args, threads);
+    if (layout.total > BLOCK_SHARED_LIMIT)
+        return false;
+    if (args.n_sources <= 2)
+        pair_launch<2>(args, threads, layout, stream);
+    else if (args.n_sources <= 4)
+        pair_launch<4>(args, threads, layout, stream);
+    else
+        pair_launch<ROUTE_BLOCK_PAIR_MAX_SOURCES>(args, threads, layout, stream);
+    return true;
+}
