@@ -379,17 +379,12 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
             if (j + 2 < 32)
                 block_ldmatrix_x4_trans(next, block_mma_row_address(token_rows, zero, N,
                                                                     first_vector + j + 2, lane));
-            float low_high[4] = {0, 0, 0, 0}, low_low[4] = {0, 0, 0, 0};
-            float high_high[4] = {0, 0, 0, 0}, high_low[4] = {0, 0, 0, 0};
-            block_mma(low_high, weights_high, b[0], b[1]);
-            block_mma(low_low, weights_low, b[0], b[1]);
-            block_mma(high_high, weights_high, b[2], b[3]);
-            block_mma(high_low, weights_low, b[2], b[3]);
+            float tiles[2][4];
+            block_mma_mix_step(tiles, weights_high, weights_low, b);
             if (result) {
                 uint32_t *to = reinterpret_cast<uint32_t *>(result + (first_vector + j) * 8);
-                to[0] = block_mma_pack(low_high[0] + low_low[0], low_high[1] + low_low[1]);
-                /* 8 channels on */
-                to[4] = block_mma_pack(high_high[0] + high_low[0], high_high[1] + high_low[1]);
+                to[0] = block_mma_pack(tiles[0][0], tiles[0][1]);
+                to[4] = block_mma_pack(tiles[1][0], tiles[1][1]); /* 8 channels on */
             }
 #pragma unroll
             for (int e = 0; e < 4; e++)

@@ -182,22 +182,18 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
             if (j + 2 < 32)
                 block_ldmatrix_x4_trans(next_b, pair_row_address(rows_a, rows_b, zero, N, n_b,
                                                                  first_vector + j + 2, lane));
-            float low_high[4] = {0, 0, 0, 0}, low_low[4] = {0, 0, 0, 0};
-            float high_high[4] = {0, 0, 0, 0}, high_low[4] = {0, 0, 0, 0};
-            block_mma(low_high, weights_high, b[0], b[1]);
-            block_mma(low_low, weights_low, b[0], b[1]);
-            block_mma(high_high, weights_high, b[2], b[3]);
-            block_mma(high_low, weights_low, b[2], b[3]);
+            float tiles[2][4];
+            block_mma_mix_step(tiles, weights_high, weights_low, b);
             const int offset = (first_vector + j) * 8;
             if (result_a) { /* rows 0-7: a's site g, channels 2c, 2c + 1 of tiles j, j + 1 */
                 uint32_t *to = reinterpret_cast<uint32_t *>(result_a + offset);
-                to[0] = block_mma_pack(low_high[0] + low_low[0], low_high[1] + low_low[1]);
-                to[4] = block_mma_pack(high_high[0] + high_low[0], high_high[1] + high_low[1]);
+                to[0] = block_mma_pack(tiles[0][0], tiles[0][1]);
+                to[4] = block_mma_pack(tiles[1][0], tiles[1][1]);
             }
             if (result_b) { /* rows 8-15: b's */
                 uint32_t *to = reinterpret_cast<uint32_t *>(result_b + offset);
-                to[0] = block_mma_pack(low_high[2] + low_low[2], low_high[3] + low_low[3]);
-                to[4] = block_mma_pack(high_high[2] + high_low[2], high_high[3] + high_low[3]);
+                to[0] = block_mma_pack(tiles[0][2], tiles[0][3]);
+                to[4] = block_mma_pack(tiles[1][2], tiles[1][3]);
             }
 #pragma unroll
             for (int e = 0; e < 4; e++)

@@ -107,6 +107,26 @@ __device__ __forceinline__ void block_ldmatrix_x4_trans(uint32_t (&r)[4], const 
                  : "r"(address));
 }
 
+/* One step of a mix: tiles j (b[0], b[1]) and j + 1 (b[2], b[3]) of B against A in its hi
+ * and lo halves: four independent products, so that a step waits for one mma, not two in a
+ * row, the halves added after in fp32. tiles[0] is tile j's D fragment, tiles[1] tile j + 1's. */
+__device__ __forceinline__ void block_mma_mix_step(float (&tiles)[2][4], const uint32_t (&high)[4],
+                                                   const uint32_t (&low)[4],
+                                                   const uint32_t (&b)[4])
+{
+    float high_j[4] = {0, 0, 0, 0}, low_j[4] = {0, 0, 0, 0};
+    float high_next[4] = {0, 0, 0, 0}, low_next[4] = {0, 0, 0, 0};
+    block_mma(high_j, high, b[0], b[1]);
+    block_mma(low_j, low, b[0], b[1]);
+    block_mma(high_next, high, b[2], b[3]);
+    block_mma(low_next, low, b[2], b[3]);
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        tiles[0][e] = high_j[e] + low_j[e];
+        tiles[1][e] = high_next[e] + low_next[e];
+    }
+}
+
 /* The row address lane `lane` gives an x4 ldmatrix whose four 8 x 8 matrices are rows
  * 0-7 and 8-15 (matrices 0 and 1 of each pair) at vectors `vector` and `vector + 1`
  * (matrices 0, 1 and 2, 3): for the dots' A (k-step at 2 s) and the mix's B (tiles j,
