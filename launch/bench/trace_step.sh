@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# launch/bench/trace_step.sh — a timeline of `fathom train` at the 8B width (the
-# configuration of launch/bench/train_8b_width.sh) through the CUPTI injection library
-# (launch/tools/kernel_trace.c), then where the GPU waited in the last whole step but one
-# (launch/bench/trace_gaps.py). From the repository root on a GPU machine, with build/ and
-# .gpu-libs/ made by launch/bench/gpu_bundle.sh.
+# launch/bench/trace_step.sh — a timeline of `fathom train` through the CUPTI injection
+# library (launch/tools/kernel_trace.c), then where the GPU waited in the last whole step but
+# one and what each kernel took (launch/bench/trace_gaps.py). From the repository root on a
+# GPU machine, with build/ and .gpu-libs/ made by launch/bench/gpu_bundle.sh.
 #   launch/bench/trace_step.sh [LAYERS] [RESIDUAL] [STEPS]   (default 8 standard 4)
+# SHAPE=8b (default): the 8B width of launch/bench/train_8b_width.sh, LAYERS layers, RESIDUAL
+# as train_8b_command.sh takes it. SHAPE=1b: the 1B step of `fathom bench` (d 1280, 36
+# layers, 16/8 heads of 80, ffn 5120, 4 microbatches of 8 x 1024 tokens; LAYERS ignored),
+# RESIDUAL standard, mhar (replace, blocks of 4 layers, H 8) or msar (the same, 4 streams of
+# kernels 1 2 4 8).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 layers=${1:-8}
@@ -17,12 +21,34 @@ library=$PWD/build/launch/libfathom-kernel-trace.so
 [ -f "$library" ] || { echo "no $library (a build without CUPTI)"; exit 1; }
 . launch/bench/train_8b_command.sh
 dir=/tmp/trace-step-run
-train_8b_command build/fathom "$dir" "$layers" "$steps" "$residual" || exit 2
+if [ "${SHAPE:-8b}" = 1b ]; then
+  case $residual in
+    standard) routing=(--set residual.mode=standard) ;;
+    mhar) routing=(--set residual.mode=attnres --set residual.heads=8) ;;
+    msar) routing=(--set residual.mode=msar --set residual.heads=8 --set residual.streams=4
+                   --set "residual.stream_kernels=[1, 2, 4, 8]") ;;
+    *) echo "unknown residual $residual at SHAPE=1b (standard, mhar, msar)"; exit 2 ;;
+  esac
+  train_8b=(build/fathom train launch/configs/demo.yaml --set run_dir="$dir" --set device=cuda
+    --set model.vocab_size=128256 --set model.d_model=1280 --set model.n_layers=36
+    --set model.n_heads=16 --set model.n_kv_heads=8 --set model.head_dim=80
+    --set model.ffn_dim=5120 --set train.seq_len=1024 --set train.microbatch_size=8
+    --set train.global_batch_size=32 --set train.steps="$steps" --set log.every=1
+    --set residual.granularity=block --set residual.layers_per_block=4
+    --set residual.form=replace "${routing[@]}" --set checkpoint.every=0
+    --set checkpoint.save_final=false --set eval.every=0)
+  layers=36
+else
+  train_8b_command build/fathom "$dir" "$layers" "$steps" "$residual" || exit 2
+fi
 rm -rf "$dir"
 trace=$out/trace-$residual-$layers.csv
 CUDA_INJECTION64_PATH=$library FATHOM_TRACE=$trace "${train_8b[@]}" >"$out/train.log" 2>&1 ||
   { echo "fathom train: exit $? (see $out/train.log)"; tail -3 "$out/train.log"; exit 1; }
 grep -h '"step"' "$dir/metrics.jsonl" | tail -2
 rm -rf "$dir"
-# 4 microbatches a step open with an embedding forward each
-python3 launch/bench/trace_gaps.py "$trace" --marker embedding_forward --every 4
+# 4 microbatches a step open with an embedding forward each (the delta form launches a
+# second a microbatch: the null source's rows)
+every=4
+case $residual in *delta) every=8 ;; esac
+python3 launch/bench/trace_gaps.py "$trace" --marker embedding_forward --every $every
