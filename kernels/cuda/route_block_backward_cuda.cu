@@ -20,8 +20,11 @@
  *            coefficients and e_n are staged in shared memory by the whole block (cp.async,
  *            one token ahead): read from global memory one by one they put up to N round
  *            trips to L2 between a token's loads and its stores (measured: the walker at
- *            0.9-1.0 TB/s, stalled on them; staged, 1.7-2.4 TB/s). Held to 128 registers
- *            (4 blocks a multiprocessor, the grid's all), a few bytes spilled at MAXN 9;
+ *            0.9-1.0 TB/s, stalled on them; staged, 1.7-2.4 TB/s). The rows travel the same
+ *            way, each thread its own slots (loaded where they were used, they left a third
+ *            of the stalls waiting on DRAM; staged, the walker runs at about 3.5 TB/s at the
+ *            training step's sizes). Held to 128 registers (4 blocks a multiprocessor, the
+ *            grid's all), no spills;
  *   reduce   route_block_cuda.cu's: S in range order, dalpha in token order.
  * The token layout cannot hold every site's q*g and S for the whole row (G x d each), hence
  * two passes over the sources and d x.
