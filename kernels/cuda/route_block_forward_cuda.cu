@@ -1,6 +1,9 @@
 /* kernels/cuda/route_block_forward_cuda.cu — phase one of the two-phase Route, forward: the
  * Route of every site of a block over the block's N completed sources, each source read
- * once (contract: route_block_cuda.h; the math is route_cuda.cu's, site by site).
+ * once (contract: route_block_cuda.h; the math is route_cuda.cu's, site by site). Which
+ * kernel runs: on tensor cores (FATHOM_ROUTE_BLOCK=mma, the default, where heads are whole
+ * warps) two tokens a block where N <= 6 (route_block_forward_pair_cuda.cu), else the
+ * tensor-core kernel below; otherwise the per-thread kernel.
  *
  * A block a token (persistent grid; layout in route_block_device.cuh: thread t owns vector t
  * of the row). Per token:
