@@ -16,10 +16,8 @@ binary=${FATHOM_BINARY:-build/fathom}
 out=${OUT:-/tmp}
 rm -rf "$root"
 mkdir -p "$root"
-model=(--set model.vocab_size=128256 --set model.d_model=1280 --set model.n_layers=36
-       --set model.n_heads=16 --set model.n_kv_heads=8 --set model.head_dim=80
-       --set model.ffn_dim=5120 --set train.seq_len=1024 --set train.microbatch_size=8
-       --set train.global_batch_size=8 --set log.every=1 --set checkpoint.every=1
+. launch/bench/model_1b.sh
+model=("${model_1b[@]}" --set train.microbatch_size=8 --set train.global_batch_size=8 --set log.every=1 --set checkpoint.every=1
        --set eval.every=0 --set device=cuda --set run_dir="$root/run")
 "$binary" train launch/configs/demo.yaml "${model[@]}" --set train.steps=1 \
   >"$out/checkpoint-1b-save.log" 2>&1

@@ -11,14 +11,12 @@ cd "$(dirname "$0")/../.."
 steps=${1:-6}
 binary=${FATHOM_BINARY:-build/fathom}
 out=${OUT:-/tmp}
+. launch/bench/model_1b.sh
 for mode in none full; do
   dir=/tmp/checkpointing-1b-$mode
   rm -rf "$dir"
   "$binary" train launch/configs/demo.yaml --set run_dir="$dir" --set device=cuda \
-    --set model.vocab_size=128256 --set model.d_model=1280 --set model.n_layers=36 \
-    --set model.n_heads=16 --set model.n_kv_heads=8 --set model.head_dim=80 \
-    --set model.ffn_dim=5120 --set train.seq_len=1024 --set train.microbatch_size=8 \
-    --set train.global_batch_size=32 --set train.steps="$steps" --set log.every=1 \
+    "${model_1b[@]}" --set train.microbatch_size=8 --set train.global_batch_size=32 --set train.steps="$steps" --set log.every=1 \
     --set train.activation_checkpointing=$mode --set checkpoint.every=0 --set eval.every=0 \
     >"$out/checkpointing-1b-$mode.log" 2>&1
   echo "exit $? ($mode)"

@@ -29,10 +29,9 @@ if [ "${SHAPE:-8b}" = 1b ]; then
                    --set "residual.stream_kernels=[1, 2, 4, 8]") ;;
     *) echo "unknown residual $residual at SHAPE=1b (standard, mhar, msar)"; exit 2 ;;
   esac
+  . launch/bench/model_1b.sh
   train_8b=(build/fathom train launch/configs/demo.yaml --set run_dir="$dir" --set device=cuda
-    --set model.vocab_size=128256 --set model.d_model=1280 --set model.n_layers=36
-    --set model.n_heads=16 --set model.n_kv_heads=8 --set model.head_dim=80
-    --set model.ffn_dim=5120 --set train.seq_len=1024 --set train.microbatch_size=8
+    "${model_1b[@]}" --set train.microbatch_size=8
     --set train.global_batch_size=32 --set train.steps="$steps" --set log.every=1
     --set residual.granularity=block --set residual.layers_per_block=4
     --set residual.form=replace "${routing[@]}" --set checkpoint.every=0
