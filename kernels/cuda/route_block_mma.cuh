@@ -50,7 +50,7 @@ __device__ __forceinline__ void block_mma_fetch_rows(BfVector<8> *to, const bf16
         copy_async_commit();
         return;
     }
-    if (UNROLL > 1) {
+    if constexpr (UNROLL > 1) {
 #pragma unroll
         for (int r = 0; r < UNROLL; r++)
             if (r < count)
