@@ -119,6 +119,26 @@ static void site_layout(SiteActivations *site, Carver *carver, const ResidualPla
 
 /* ---- the scratch ---- */
 
+/* Hands out [N, d] rows of the two-phase walk: inside layer.grad_logits when `shared`
+ * (route_scratch_layout says why), else carved. */
+typedef struct {
+    Carver *carver;
+    Activation *next; /* the next free row of grad_logits (shared) */
+    bool shared;
+    size_t count;     /* elements a row */
+} BlockRows;
+
+static Activation *block_row(BlockRows *rows)
+{
+    if (!rows->shared)
+        return carve_activations(rows->carver, rows->count);
+    if (!rows->carver->base) /* the sizing pass: grad_logits is not placed yet */
+        return NULL;
+    Activation *row = rows->next;
+    rows->next = (Activation *)((char *)row + rows->count * rows->carver->activation_bytes);
+    return row;
+}
+
 static void route_scratch_layout(ModelScratch *scratch, Carver *carver,
                                  const ResidualPlan *plan, const Widths *w)
 {
@@ -133,27 +153,32 @@ static void route_scratch_layout(ModelScratch *scratch, Carver *carver,
         scratch->zero_tokens = carve_tokens(carver, N);
     }
     route->route_backward = carve_floats(carver, M * N * H);
-    if (plan->mode == RESIDUAL_ATTNRES) { /* two-phase routing, model/route_block.h */
-        const int S = plan->sublayers_per_block;
+    const bool msar_blocks = residual_two_phase(plan) && plan->mode == RESIDUAL_MSAR;
+    if (residual_two_phase(plan)) { /* model/route_block.h */
+        const size_t S = (size_t)plan->sublayers_per_block;
         /* The block buffers live inside one block of a chunk's layer walk; the logits'
          * gradient lives inside the head's backward. They never overlap, so the block
-         * buffers take that buffer when it is large enough (1 GiB at a 128k vocabulary). */
-        const size_t buffers = (size_t)S * (scratch->checkpointing ? 2 : 1);
-        const bool shared = buffers * N * d <= (size_t)scratch->logit_capacity * w->V;
-        Activation *next = shared ? scratch->layer.grad_logits : NULL;
+         * buffers take that buffer when they fit in it (1 GiB at a 128k vocabulary). */
+        const size_t buffers = S * (scratch->checkpointing ? 2 : 1);
+        const size_t stream_rows = msar_blocks ? m * (S + 1) + 2 * M : 0;
+        const bool shared = (buffers + stream_rows) * N * d <= (size_t)scratch->logit_capacity * w->V;
+        BlockRows rows = {carver, shared ? scratch->layer.grad_logits : NULL, shared, N * d};
         for (size_t b = 0; b < buffers; b++) {
-            Activation *buffer = carver->base && shared
-                                     ? (Activation *)((char *)next +
-                                                      b * N * d * carver->activation_bytes)
-                                     : shared ? NULL : carve_activations(carver, N * d);
-            if (b < (size_t)S)
+            Activation *buffer = block_row(&rows);
+            if (b < S)
                 route->block_results[b] = buffer;
-            if (b >= buffers - (size_t)S)
-                route->block_grads[b - (buffers - (size_t)S)] = buffer;
+            if (b >= buffers - S)
+                route->block_grads[b - (buffers - S)] = buffer;
         }
-        if (plan->form == FORM_REPLACE) {
-            route->block_lse = carve_floats(carver, (size_t)S * N * H);
-            route->block_means = carve_floats(carver, (size_t)S * N * H);
+        if (msar_blocks) {
+            for (size_t k = 0; k < m * (S + 1); k++)
+                route->stream_slots[k] = block_row(&rows);
+            for (size_t k = 0; k < M; k++) {
+                route->conv_rows[k] = block_row(&rows);
+                route->grad_conv_rows[k] = block_row(&rows);
+            }
+            route->block_weights = carve_floats(carver, S * M * N * H);
+            route->block_rstd = carve_floats(carver, S * M * N);
         }
     }
     if (plan->mode != RESIDUAL_MSAR)
@@ -211,6 +236,10 @@ static void scratch_arrays_create(ModelScratch *scratch, const ResidualPlan *pla
     route->grad_taps = xcalloc((size_t)plan->max_sources, sizeof *route->grad_taps);
     route->streams = xcalloc((size_t)plan->streams, sizeof *route->streams);
     route->grad_streams = xcalloc((size_t)plan->streams, sizeof *route->grad_streams);
+    route->stream_slots = xcalloc((size_t)plan->streams * (plan->sublayers_per_block + 1),
+                                  sizeof *route->stream_slots);
+    route->conv_rows = xcalloc((size_t)plan->max_sources, sizeof *route->conv_rows);
+    route->grad_conv_rows = xcalloc((size_t)plan->max_sources, sizeof *route->grad_conv_rows);
 }
 
 static void scratch_arrays_destroy(ModelScratch *scratch)
@@ -221,6 +250,9 @@ static void scratch_arrays_destroy(ModelScratch *scratch)
     free(scratch->route.grad_taps);
     free(scratch->route.streams);
     free(scratch->route.grad_streams);
+    free(scratch->route.stream_slots);
+    free(scratch->route.conv_rows);
+    free(scratch->route.grad_conv_rows);
 }
 
 /* The one backend allocation of a create below; failing is the user's size to shrink. */

@@ -46,17 +46,20 @@
  * (2L + 1) d (every partial is read), delta (n_b + 1) d plus p; and (n_b + 1) d of block
  * gradients. For Block MHAR delta at the 8B shape (L 32, 8 blocks, d 4096) that is (9 + 1) d
  * beside the 65 d of the streams x_j: the routed stream costs little over the standard one.
- * The msar convolved sources E_r(source) are never stored: the stream route op convolves each
- * source inside its read, in the forward and again in the backward (DESIGN 2.2).
+ * The msar convolved sources E_r(source) are never stored: a site routed alone convolves each
+ * source inside its read (the stream route op), and the two-phase walk of the delta form
+ * convolves a block's sources into the scratch, one stream at a time (DESIGN 2.2).
  *
  * The scratch, values per token: sublayer output d; stream gradient d, normed gradient d,
  * 2 q_dim, 3 kv_dim, 3 F, token loss gradient 1; routed: d x_j d, delta d f_j, the null
- * source and its gradient 2d; route backward M H; attnres: the open block's phase-one
- * results (its d x in the backward) S d, and S d more with checkpointing (both live in a
- * checkpointed backward), carved out of the logits' gradient when it is large enough (it is
- * idle outside the head's backward, the block buffers outside the layers' walk), replace
- * 2 S H (lse, centres); msar: routed streams and their
- * gradients 2 m d, mix and its gradient 2d, recomputed weights M (H + 1) and gates 2m; with
+ * source and its gradient 2d; route backward M H; the delta form's two-phase walk
+ * (model/route_block.h): the open block's phase-one results (its d x in the backward) S d,
+ * and S d more with checkpointing (both live in a checkpointed backward); msar: routed
+ * streams and their gradients 2 m d, mix and its gradient 2d, recomputed weights M (H + 1)
+ * and gates 2m, and in the delta form the streams of a block's sites m (S + 1) d, the
+ * convolved sources and their gradients 2 M d and the recomputed phase one S M (H + 1).
+ * The rows of the two-phase walk are carved out of the logits' gradient when they fit in it
+ * (it is idle outside the head's backward, they outside the layers' walk). With
  * checkpointing one layer's intermediates and 3d. The logits and their gradient are two
  * [logit_rows, V] buffers: the head and the loss walk the batch in chunks of logit_rows
  * tokens (model/loss.h), so the logits of a whole batch exist at once only when they fit in
@@ -131,15 +134,21 @@ typedef struct {
     Activation *grad_mixed;       /* [N, d] */
     float *mix_gates, *mix_rstd; /* [N, m] recomputed in the backward */
     float *route_backward;    /* [M, N, H] route_backward's scratch */
-    /* two-phase routing (attnres; model/route_block.h), S = sublayers_per_block: */
+    /* two-phase routing (model/route_block.h), S = sublayers_per_block: */
     Activation **block_results;  /* [S] [N, d]: phase one's Route of each site of the open
                                     block (forward, and the recompute of checkpointing) */
     Activation **block_grads;    /* [S] [N, d]: d x of each site, until the block's backward;
                                     the same buffers as block_results without checkpointing
                                     (a forward and a backward never overlap then); both may
                                     lie inside layer.grad_logits (see the top of this file) */
-    float *block_lse;            /* [S, N, H] replace: phase one's log-sum-exp per site */
-    float *block_means;          /* [S, N, H] replace: each site's softmax centre */
+    /* msar two-phase (delta form): stream r's slots are stream_slots[r (S + 1) + k], k = 0..S;
+     * phase one leaves o_r of site i in slot i + 1, and the block's backward writes d o_r of
+     * site i into slot i once site i - 1's o_r is spent (model/route_block.c) */
+    Activation **stream_slots;   /* [m (S + 1)] [N, d] */
+    Activation **conv_rows;      /* [M] [N, d] E_r of each convolved source of the block */
+    Activation **grad_conv_rows; /* [M] [N, d] their gradients */
+    float *block_weights;        /* [S, M, N, H] the backward's recompute of phase one */
+    float *block_rstd;           /* [S, M, N] */
     const Activation *gate_query; /* [d] zeros: the gate route scores nothing (one source) */
     float *gate_grad_query, *gate_grad_key_norm; /* [d] where its (zero) gradients go */
 } RouteScratch;

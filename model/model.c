@@ -123,6 +123,11 @@ void model_set_activation_checkpointing(Model *model, bool enabled)
                    T, enabled);
 }
 
+void model_route_sites_alone(Model *model, bool alone)
+{
+    model->route_sites_alone = alone;
+}
+
 bool model_activation_checkpointing(const Model *model)
 {
     return model->scratch.checkpointing;

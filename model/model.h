@@ -95,6 +95,11 @@ void model_init_params(Model *model, uint64_t seed, double init_std);
  * and the backward recomputes the layer. Chosen before the first forward (EXIT_CONFIG after). */
 void model_set_activation_checkpointing(Model *model, bool enabled);
 bool model_activation_checkpointing(const Model *model);
+
+/* Routes every site one at a time (model/route_site.h) instead of the delta form's blocks in
+ * two phases (model/route_block.h): the per-site reference the two-phase walk is held to in
+ * the tests. The same math; sums may differ in order. Any time between steps. */
+void model_route_sites_alone(Model *model, bool alone);
 /* What the one-chunk case's stash and store take, with or without checkpointing (the memory
  * plan prints both). */
 size_t model_whole_stash_bytes(const Model *model, bool checkpointed);

@@ -147,3 +147,8 @@ bool residual_sublayer_starts_block(const ResidualPlan *plan, int j)
 {
     return plan->sublayer_position[j] == 0;
 }
+
+bool residual_two_phase(const ResidualPlan *plan)
+{
+    return plan->mode != RESIDUAL_STANDARD && plan->form == FORM_DELTA;
+}

@@ -41,11 +41,8 @@ void route_walk_begin(RouteWalk *walk, Model *model, Stash *stash, SummaryStore 
         .store = store,
         .rows = rows,
         .d = model->config.d_model,
-        /* the delta form only: measured on an H200, two-phase replace (its per-site merges
-         * with the partial) ran at half the per-site path's speed at the 1B shape, 27.8 ms
-         * against 14.6 ms a microbatch (docs/performance.md, 2026-12-02) */
-        .two_phase = plan->mode == RESIDUAL_ATTNRES && plan->form == FORM_DELTA,
-        .replace = plan->form == FORM_REPLACE,
+        .two_phase = residual_two_phase(plan) && !model->route_sites_alone,
+        .streams = plan->mode == RESIDUAL_MSAR,
         .open_block = -1,
     };
     const size_t sources = (size_t)plan->max_sources + 1;
@@ -55,26 +52,29 @@ void route_walk_begin(RouteWalk *walk, Model *model, Stash *stash, SummaryStore 
     walk->results = xcalloc(S, sizeof *walk->results);
     walk->weights = xcalloc(S, sizeof *walk->weights);
     walk->rstd = xcalloc(S, sizeof *walk->rstd);
-    walk->lse = xcalloc(S, sizeof *walk->lse);
-    walk->means = xcalloc(S, sizeof *walk->means);
     walk->grad_queries = xcalloc(S, sizeof *walk->grad_queries);
     walk->grad_key_norms = xcalloc(S, sizeof *walk->grad_key_norms);
     walk->grad_alphas = xcalloc(S, sizeof *walk->grad_alphas);
     walk->const_weights = xcalloc(S, sizeof *walk->const_weights);
     walk->alphas = xcalloc(S, sizeof *walk->alphas);
-    walk->const_means = xcalloc(S, sizeof *walk->const_means);
     walk->queries = xcalloc(S, sizeof *walk->queries);
     walk->key_norms = xcalloc(S, sizeof *walk->key_norms);
     walk->douts = xcalloc(S, sizeof *walk->douts);
+    walk->stream_sources = xcalloc(sources, sizeof *walk->stream_sources);
+    walk->stream_grad_sources = xcalloc(sources, sizeof *walk->stream_grad_sources);
+    walk->site_streams = xcalloc((size_t)plan->streams, sizeof *walk->site_streams);
+    walk->site_grad_streams = xcalloc((size_t)plan->streams, sizeof *walk->site_grad_streams);
 }
 
 void route_walk_end(RouteWalk *walk)
 {
     void *arrays[] = {walk->sources, walk->grad_sources, walk->results, walk->weights,
-                      walk->rstd, walk->lse, walk->means, walk->grad_queries,
+                      walk->rstd, walk->grad_queries,
                       walk->grad_key_norms, walk->grad_alphas, walk->const_weights,
-                      walk->alphas, walk->const_means, walk->queries, walk->key_norms,
-                      walk->douts};
+                      walk->alphas, walk->queries, walk->key_norms,
+                      walk->douts, walk->stream_sources, walk->stream_grad_sources,
+                      walk->site_streams,
+                      walk->site_grad_streams};
     for (size_t i = 0; i < sizeof arrays / sizeof arrays[0]; i++)
         free(arrays[i]);
 }
@@ -94,15 +94,7 @@ static int block_sites(const RouteWalk *walk, int block)
     return left < S ? left : S;
 }
 
-/* per-site [max_rows, H] regions of the scratch's lse and centres */
-static float *site_region(const RouteWalk *walk, float *base, int i)
-{
-    return base + (size_t)i * walk->route->max_rows * walk->plan->heads;
-}
-
-/* Phase one of block n: every site's Route over the completed sources (those of the block's
- * first site, which reads no partial), each source read once. The replace form's first site
- * takes its Route as its x directly where the stash keeps that x. */
+/* Phase one of block n: every site's Route over the block's sources, each source read once. */
 static void block_open(RouteWalk *walk, int block)
 {
     Model *model = walk->model;
@@ -113,23 +105,20 @@ static void block_open(RouteWalk *walk, int block)
     for (int i = 0; i < G; i++) {
         const int j = first + i;
         SiteActivations *saved = &walk->stash->sites[j];
-        walk->results[i] = walk->replace && i == 0 && walk->stash->stream[j]
-                               ? walk->stash->stream[j]
-                               : scratch->block_results[i];
+        walk->results[i] = scratch->block_results[i];
         walk->weights[i] = saved->weights;
         walk->rstd[i] = saved->rstd;
-        walk->lse[i] = walk->replace ? site_region(walk, scratch->block_lse, i) : NULL;
         walk->queries[i] = model->site_params[j].query;
         walk->key_norms[i] = model->site_params[j].key_norm;
     }
-    walk->backend->route_block_forward(walk->results, walk->weights, walk->rstd,
-                                       walk->replace ? walk->lse : NULL, walk->sources, N,
-                                       walk->queries, walk->key_norms, G, walk->rows, walk->d,
-                                       walk->plan->heads, walk->route->eps);
+    walk->backend->route_block_forward(walk->results, walk->weights, walk->rstd, NULL,
+                                       walk->sources, N, walk->queries, walk->key_norms, G,
+                                       walk->rows, walk->d, walk->plan->heads,
+                                       walk->route->eps);
     walk->open_block = block;
 }
 
-/* Phase one of the backward of block n: every site's d x into the completed sources. */
+/* The backward of block n when the walk leaves it: every site's d x into the sources. */
 static void block_backward(RouteWalk *walk, int block)
 {
     Model *model = walk->model;
@@ -148,14 +137,187 @@ static void block_backward(RouteWalk *walk, int block)
         walk->grad_queries[i] = model->site_grads[j].query;
         walk->grad_key_norms[i] = model->site_grads[j].key_norm;
         walk->grad_alphas[i] = model->site_grads[j].alpha;
-        walk->const_means[i] = walk->replace ? site_region(walk, scratch->block_means, i) : NULL;
     }
     walk->backend->route_block_backward(
-        walk->grad_sources, walk->grad_queries, walk->grad_key_norms,
-        walk->replace ? NULL : walk->grad_alphas, walk->douts, walk->sources, N,
-        walk->const_weights, walk->stash->sites[first].rstd, walk->queries, walk->key_norms,
-        walk->replace ? NULL : walk->alphas, walk->replace ? walk->const_means : NULL, G,
-        scratch->route_backward, walk->rows, walk->d, walk->plan->heads);
+        walk->grad_sources, walk->grad_queries, walk->grad_key_norms, walk->grad_alphas,
+        walk->douts, walk->sources, N, walk->const_weights, walk->stash->sites[first].rstd,
+        walk->queries, walk->key_norms, walk->alphas, NULL, G, scratch->route_backward,
+        walk->rows, walk->d, walk->plan->heads);
+}
+
+/* ---- msar (the delta form): the two phases a stream at a time ----
+ * Stream r of every site of a block reads the same E_r(s_0) .. E_r(s_{N-1}): the walk
+ * convolves the block's sources once into the scratch (stream_conv_forward) and routes all
+ * its sites over them at once (route_block_forward); each site mixes its m streams in its
+ * turn (route_site_mix_forward). The backward makes the streams again, takes each site's
+ * d o_r through its gate and mix (route_site_mix_backward), then per stream sends every
+ * site's d o_r into d E_r (route_block_backward) and d E_r through the convolutions into
+ * the sources and the taps (stream_conv_backward). */
+
+/* Slot k (0..S) of stream r: phase one leaves o_r of site i in slot i + 1. */
+static Activation *stream_slot(const RouteWalk *walk, int r, int k)
+{
+    const size_t S = (size_t)walk->plan->sublayers_per_block;
+    return walk->model->scratch.route.stream_slots[(size_t)r * (S + 1) + (size_t)k];
+}
+
+/* Row r of a site's [m, d] query or key norm. */
+static const Activation *stream_row(const RouteWalk *walk, const Activation *tensor, int r)
+{
+    return activation_at_const(walk->backend, tensor, (size_t)r * walk->d);
+}
+
+/* Stream r's taps of slot `slot`: the first k_r rows of its conv [m, k_max, d]. */
+static const Activation *stream_taps(const RouteWalk *walk, int slot, int r)
+{
+    return activation_at_const(walk->backend, walk->route->conv[slot],
+                               (size_t)r * walk->plan->kernel_max * walk->d);
+}
+
+/* walk->stream_sources = E_r of walk->sources (the block's first site's): each convolved
+ * source into the scratch's conv_rows; the null source as it is (DESIGN 2.2). */
+static void sources_convolve(RouteWalk *walk, const SitePlan *first, int r)
+{
+    const RouteContext *route = walk->route;
+    Activation *const *rows = walk->model->scratch.route.conv_rows;
+    for (int k = 0; k < first->n_sources; k++) {
+        const int slot = first->sources[k].slot;
+        if (slot == RESIDUAL_NO_SLOT) {
+            walk->stream_sources[k] = walk->sources[k];
+            continue;
+        }
+        walk->backend->stream_conv_forward(rows[k], walk->sources[k], stream_taps(walk, slot, r),
+                                           walk->plan->kernel_sizes[r], route->B, route->T,
+                                           walk->d);
+        walk->stream_sources[k] = rows[k];
+    }
+}
+
+/* Where stream r's depth weights and key rstd of a site start in its saved state. */
+static size_t stream_weights_at(const RouteWalk *walk, int n_sources, int r)
+{
+    return (size_t)r * n_sources * walk->route->max_rows * walk->plan->heads;
+}
+
+static size_t stream_rstd_at(const RouteWalk *walk, int n_sources, int r)
+{
+    return (size_t)r * n_sources * walk->route->max_rows;
+}
+
+/* Phase one of stream r of block n: o_r of each site into its slot. Its depth weights and
+ * key rstd go to the sites' saved state, or (recompute, the backward) to the scratch, which
+ * only takes them: they are the saved ones bit for bit. Expects walk->sources. */
+static void stream_phase_one(RouteWalk *walk, int block, int r, bool recompute)
+{
+    Model *model = walk->model;
+    RouteScratch *scratch = &model->scratch.route;
+    const int first = block_first_site(walk, block), G = block_sites(walk, block);
+    const int N = walk->plan->sites[first].n_sources;
+    const size_t M = (size_t)walk->plan->max_sources, rows = (size_t)walk->route->max_rows;
+    sources_convolve(walk, &walk->plan->sites[first], r);
+    for (int i = 0; i < G; i++) {
+        SiteActivations *saved = &walk->stash->sites[first + i];
+        const SiteWeights *weights = &model->site_params[first + i];
+        walk->results[i] = stream_slot(walk, r, i + 1);
+        walk->weights[i] = recompute ? scratch->block_weights + i * M * rows * walk->plan->heads
+                                     : saved->weights + stream_weights_at(walk, N, r);
+        walk->rstd[i] = recompute ? scratch->block_rstd + i * M * rows
+                                  : saved->rstd + stream_rstd_at(walk, N, r);
+        walk->queries[i] = stream_row(walk, weights->query, r);
+        walk->key_norms[i] = stream_row(walk, weights->key_norm, r);
+    }
+    walk->backend->route_block_forward(walk->results, walk->weights, walk->rstd, NULL,
+                                       walk->stream_sources, N, walk->queries, walk->key_norms,
+                                       G, walk->rows, walk->d, walk->plan->heads,
+                                       walk->route->eps);
+}
+
+static void block_open_streams(RouteWalk *walk, int block)
+{
+    site_sources(walk, block_first_site(walk, block), walk->sources);
+    for (int r = 0; r < walk->plan->streams; r++)
+        stream_phase_one(walk, block, r, false);
+    walk->open_block = block;
+}
+
+/* Stream r's part of the block's backward, from d o_r of each site in slot i: into d E_r
+ * (the scratch's grad_conv_rows; the null source's straight into its gradient), the
+ * stream's queries and key norms, then through the convolutions into the sources and taps.
+ * Expects walk->sources and walk->grad_sources. */
+static void stream_block_backward(RouteWalk *walk, int block, int r)
+{
+    Model *model = walk->model;
+    const Backend *backend = walk->backend;
+    RouteScratch *scratch = &model->scratch.route;
+    const RouteContext *route = walk->route;
+    const int first = block_first_site(walk, block), G = block_sites(walk, block);
+    const SitePlan *plan = &walk->plan->sites[first];
+    const int N = plan->n_sources, d = walk->d;
+    const size_t bytes = (size_t)walk->rows * d * backend->activation_bytes;
+    Activation **grad_stream_sources = walk->stream_grad_sources;
+    sources_convolve(walk, plan, r);
+    for (int k = 0; k < N; k++) {
+        if (plan->sources[k].slot == RESIDUAL_NO_SLOT) {
+            grad_stream_sources[k] = walk->grad_sources[k];
+            continue;
+        }
+        backend->zero(scratch->grad_conv_rows[k], bytes);
+        grad_stream_sources[k] = scratch->grad_conv_rows[k];
+    }
+    for (int i = 0; i < G; i++) {
+        const int j = first + i;
+        walk->douts[i] = stream_slot(walk, r, i);
+        walk->const_weights[i] = walk->stash->sites[j].weights + stream_weights_at(walk, N, r);
+        walk->queries[i] = stream_row(walk, model->site_params[j].query, r);
+        walk->key_norms[i] = stream_row(walk, model->site_params[j].key_norm, r);
+        walk->grad_queries[i] = model->site_grads[j].query + (size_t)r * d;
+        walk->grad_key_norms[i] = model->site_grads[j].key_norm + (size_t)r * d;
+    }
+    backend->route_block_backward(grad_stream_sources, walk->grad_queries, walk->grad_key_norms,
+                                  NULL, walk->douts, walk->stream_sources, N,
+                                  walk->const_weights,
+                                  walk->stash->sites[first].rstd + stream_rstd_at(walk, N, r),
+                                  walk->queries, walk->key_norms, NULL, NULL, G,
+                                  scratch->route_backward, walk->rows, d, walk->plan->heads);
+    for (int k = 0; k < N; k++) {
+        const int slot = plan->sources[k].slot;
+        if (slot == RESIDUAL_NO_SLOT)
+            continue;
+        backend->stream_conv_backward(walk->grad_sources[k],
+                                      route->grad_conv[slot] +
+                                          (size_t)r * walk->plan->kernel_max * d,
+                                      scratch->grad_conv_rows[k], walk->sources[k],
+                                      stream_taps(walk, slot, r), walk->plan->kernel_sizes[r],
+                                      route->B, route->T, d);
+    }
+}
+
+/* The backward of block n when the walk leaves it: the streams of every site made again,
+ * each site's d x through its gate and mix to d o_r (written into slot i, where site i - 1's
+ * o_r was: the sites go in order and a site's o_r is spent once its mix backward ran), then
+ * each stream into the sources. */
+static void block_backward_streams(RouteWalk *walk, int block)
+{
+    Model *model = walk->model;
+    const int first = block_first_site(walk, block), G = block_sites(walk, block);
+    const int m = walk->plan->streams;
+    site_sources(walk, first, walk->sources);
+    site_grad_sources(walk, first, walk->grad_sources);
+    for (int r = 0; r < m; r++)
+        stream_phase_one(walk, block, r, true);
+    for (int i = 0; i < G; i++) {
+        const int j = first + i;
+        for (int r = 0; r < m; r++) {
+            walk->site_streams[r] = stream_slot(walk, r, i + 1);
+            walk->site_grad_streams[r] = stream_slot(walk, r, i);
+        }
+        route_site_mix_backward(walk->route, &model->site_params[j], &model->site_grads[j],
+                                &walk->stash->sites[j], walk->site_streams,
+                                model->scratch.route.block_grads[i], walk->site_grad_streams);
+    }
+    for (int r = 0; r < m; r++)
+        stream_block_backward(walk, block, r);
+    walk->open_block = -1; /* the slots hold gradients now */
 }
 
 /* ---- the sites ---- */
@@ -168,7 +330,6 @@ static bool routes_alone(const RouteWalk *walk, int j)
 void route_walk_site_forward(RouteWalk *walk, int j, const Activation *base, Activation *x)
 {
     Model *model = walk->model;
-    const Backend *backend = walk->backend;
     const SitePlan *site = &walk->plan->sites[j];
     SiteActivations *saved = &walk->stash->sites[j];
     if (routes_alone(walk, j)) {
@@ -178,26 +339,20 @@ void route_walk_site_forward(RouteWalk *walk, int j, const Activation *base, Act
         return;
     }
     const int block = walk->plan->sublayer_block[j];
-    if (walk->open_block != block)
-        block_open(walk, block);
     const int i = j - block_first_site(walk, block);
-    const size_t count = (size_t)walk->rows * walk->d;
-    const SiteWeights *weights = &model->site_params[j];
-    if (!walk->replace) { /* x = p + alpha * Route */
-        backend->add_scaled(x, base, walk->results[i], weights->alpha, count);
+    if (walk->open_block != block)
+        (walk->streams ? block_open_streams : block_open)(walk, block);
+    if (walk->streams) {
+        for (int r = 0; r < walk->plan->streams; r++)
+            walk->site_streams[r] = stream_slot(walk, r, i + 1);
+        route_site_mix_forward(walk->route, &model->site_params[j], saved, walk->site_streams,
+                               base, x);
         return;
     }
-    if (i == 0) { /* no partial yet: x is the Route */
-        if (x != walk->results[0])
-            backend->copy(x, walk->results[0], count * backend->activation_bytes);
-        return;
-    }
-    site_sources(walk, j, walk->sources);
-    backend->route_merge_forward(x, saved->weights, saved->rstd, walk->results[i],
-                                 site_region(walk, model->scratch.route.block_lse, i),
-                                 walk->sources, site->n_sources, weights->query,
-                                 weights->key_norm, walk->rows, walk->d, walk->plan->heads,
-                                 walk->route->eps);
+    /* x = p + alpha * Route */
+    walk->backend->add_scaled(x, base, model->scratch.route.block_results[i],
+                              model->site_params[j].alpha,
+                              (size_t)walk->rows * walk->d);
 }
 
 Activation *route_walk_grad_x(RouteWalk *walk, int j)
@@ -209,8 +364,7 @@ Activation *route_walk_grad_x(RouteWalk *walk, int j)
     return scratch->route.block_grads[j - block_first_site(walk, block)];
 }
 
-void route_walk_site_backward(RouteWalk *walk, int j, const Activation *x,
-                              const Activation *grad_x)
+void route_walk_site_backward(RouteWalk *walk, int j, const Activation *grad_x)
 {
     Model *model = walk->model;
     const SitePlan *site = &walk->plan->sites[j];
@@ -223,22 +377,6 @@ void route_walk_site_backward(RouteWalk *walk, int j, const Activation *x,
         return;
     }
     const int block = walk->plan->sublayer_block[j];
-    const int i = j - block_first_site(walk, block);
-    if (walk->replace) {
-        /* the softmax centre, and the share through the partial, which the block's own
-         * earlier sublayers need next */
-        const SiteWeights *weights = &model->site_params[j];
-        const bool partial = i > 0;
-        const int N = site->n_sources;
-        site_sources(walk, j, walk->sources);
-        site_grad_sources(walk, j, walk->grad_sources);
-        walk->backend->route_merge_backward(
-            partial ? walk->grad_sources[N - 1] : NULL, model->site_grads[j].query,
-            model->site_grads[j].key_norm,
-            site_region(walk, model->scratch.route.block_means, i), grad_x, x, walk->sources,
-            N, partial, saved->weights, saved->rstd, weights->query, weights->key_norm,
-            model->scratch.route.route_backward, walk->rows, walk->d, walk->plan->heads);
-    }
-    if (i == 0) /* the walk leaves the block: its completed sources get every site's share */
-        block_backward(walk, block);
+    if (j == block_first_site(walk, block)) /* the walk leaves the block */
+        (walk->streams ? block_backward_streams : block_backward)(walk, block);
 }

@@ -1,23 +1,26 @@
 /* model/route_block.h — the routing sites of a chunk walk, block by block (DESIGN 2.1, 2.2;
  * docs/design-notes.md, "Two-phase routing").
  *
- * The sites of one block read the same completed sources (delta: null, b_0..b_{n-1};
- * replace: b_0..b_{n-1}, and after the block's first sublayer the open partial b_n^i too).
- * Those sources are complete when the block starts, so attnres routes a block in two phases:
+ * The sites of one block read the same completed sources (delta: null, b_0..b_{n-1}).
+ * Those sources are complete when the block starts, so the delta form routes a block in two
+ * phases (residual_two_phase):
  *   forward   when the walk reaches the block's first site (or, recomputing under
  *             checkpointing, the first of its sites it needs): route_block_forward reads each
- *             source once and gives every site of the block its Route (and lse); then each
- *             site in its turn: x = p + alpha * Route (add_scaled, delta), x = Route (replace,
- *             the block's first site, written in place), or the merge with the partial
- *             (route_merge_forward, replace);
- *   backward  each site in its turn keeps its d x (route_walk_grad_x); a replace site's share
- *             through the partial, and its softmax centre, are taken at once
- *             (route_merge_backward: the partial's gradient flows into the block's own
- *             sublayers, which the walk reaches next); when the walk leaves the block, at
- *             its first site, route_block_backward sends every site's d x into the completed
- *             sources, reading each once.
- * MSAR sites and the final site (a block of its own) route one site at a time through
- * model/route_site.h.
+ *             source once and gives every site of the block its Route; then each site in its
+ *             turn: x = p + alpha * Route (add_scaled);
+ *   backward  each site in its turn keeps its d x (route_walk_grad_x); when the walk leaves
+ *             the block, at its first site, route_block_backward sends every site's d x into
+ *             the sources, reading each once.
+ * MSAR does the same a stream at a time: stream r of every site reads E_r of the same
+ * sources, so phase one convolves each source once into the scratch (stream_conv_forward)
+ * and routes every site over them (route_block_forward); each site mixes its m streams and
+ * applies its gate in its turn (route_site_mix_forward). Its backward makes the streams again,
+ * takes each site's d x back through the gate and the mix to d o_r, then per stream sends
+ * every site's d o_r into d E_r (route_block_backward) and d E_r through the convolution
+ * into the sources and the taps (stream_conv_backward).
+ * The replace form (its sites also read the open partial b_n^i) and the final site (a block
+ * of its own) route one site at a time through model/route_site.h, as does every site after
+ * model_route_sites_alone.
  *
  * A chunk starts and ends on block edges (chunk.h), so a block is always walked whole, in one
  * chunk call. The phase-one results live in the scratch (activations.h) for the duration of
@@ -44,16 +47,20 @@ typedef struct {
     Stash *stash;
     SummaryStore *store;
     int rows, d;
-    bool two_phase;                /* attnres: route_block_* ops; msar: route_site.h */
-    bool replace;
+    bool two_phase;                /* residual_two_phase: the delta form */
+    bool streams;                  /* msar: phase one a stream at a time */
     int open_block;                /* whose phase-one results the scratch holds; -1: none */
     /* host arrays of backend pointers for the ops, [max_sources + 1] or [S] */
     const Activation **sources;
     Activation **grad_sources;
     Activation **results;          /* [S] where phase one put each site's Route */
-    float **weights, **rstd, **lse, **means, **grad_queries, **grad_key_norms, **grad_alphas;
-    const float **const_weights, **alphas, **const_means;
+    float **weights, **rstd, **grad_queries, **grad_key_norms, **grad_alphas;
+    const float **const_weights, **alphas;
     const Activation **queries, **key_norms, **douts;
+    /* msar: E_r of the block's sources and their gradients [max_sources + 1]; a site's o_r
+     * and d o_r [m] */
+    const Activation **stream_sources, **site_streams;
+    Activation **stream_grad_sources, **site_grad_streams;
 } RouteWalk;
 
 /* For one chunk call (forward or backward) of `stash` and `store`; `route` outlives it. */
@@ -69,11 +76,10 @@ void route_walk_site_forward(RouteWalk *walk, int j, const Activation *base, Act
  * block's buffer of that site, or the scratch's grad_input for a site routed alone. */
 Activation *route_walk_grad_x(RouteWalk *walk, int j);
 
-/* Site j's backward from d x = grad_x (route_walk_grad_x(walk, j)), x its forward output:
- * adds into the gradients of its sources (the store's block accumulators, the null rows)
- * and of its weights; a two-phase block's completed sources receive theirs when the walk
- * passes the block's first site. In the delta form d p += d x is the caller's. */
-void route_walk_site_backward(RouteWalk *walk, int j, const Activation *x,
-                              const Activation *grad_x);
+/* Site j's backward from d x = grad_x (route_walk_grad_x(walk, j)): adds into the
+ * gradients of its sources (the store's block accumulators, the null rows) and of its
+ * weights; a two-phase block's sources and weights receive theirs when the walk passes the
+ * block's first site. In the delta form d p += d x is the caller's. */
+void route_walk_site_backward(RouteWalk *walk, int j, const Activation *grad_x);
 
 #endif

@@ -96,6 +96,32 @@ static void stream_route_forward(const RouteContext *context, const SitePlan *si
                                          context->eps);
 }
 
+void route_site_mix_forward(const RouteContext *context, const SiteWeights *weights,
+                            SiteActivations *saved, const Activation *const *streams,
+                            const Activation *base, Activation *out)
+{
+    const Backend *backend = context->backend;
+    RouteScratch *scratch = context->scratch;
+    const int rows = context->B * context->T, d = context->d, m = context->plan->streams;
+    const Activation *mix = streams[0];
+    if (m > 1) {
+        Activation *mixed = base ? scratch->mixed : out;
+        backend->stream_mix_forward(mixed, saved->mix_gates, saved->mix_rstd, streams, m,
+                                    weights->mix_bias, weights->mix_proj, rows, d,
+                                    context->eps);
+        mix = mixed;
+    }
+    if (base) {
+        /* x = p + alpha * mix through a Route over the one source `mix` (see the header) */
+        const Activation *one_source[1] = {mix};
+        backend->route_forward(out, saved->gate_weights, saved->gate_rstd, one_source, 1,
+                               scratch->gate_query, scratch->gate_query, base, weights->alpha,
+                               rows, d, context->plan->heads, context->eps);
+    } else if (m == 1 && out != mix) {
+        backend->copy(out, mix, (size_t)rows * d * backend->activation_bytes);
+    }
+}
+
 void route_site_forward(const RouteContext *context, const SitePlan *site,
                         const SiteWeights *weights, SiteActivations *saved,
                         const Activation *const *sources, const Activation *base,
@@ -114,23 +140,16 @@ void route_site_forward(const RouteContext *context, const SitePlan *site,
     }
     RouteScratch *scratch = context->scratch;
     const int m = plan->streams;
-    Activation *mix = base ? scratch->mixed : out;
+    /* with one stream and no gate the stream route writes x itself */
+    const bool direct = m == 1 && !base;
     for (int r = 0; r < m; r++)
         stream_route_forward(context, site, weights, sources, r,
-                             m == 1 ? mix : scratch->streams[r],
+                             direct ? out : scratch->streams[r],
                              saved->weights + stream_weights_offset(context, site, r),
                              saved->rstd + stream_rstd_offset(context, site, r));
-    if (m > 1)
-        backend->stream_mix_forward(mix, saved->mix_gates, saved->mix_rstd,
-                                    (const Activation *const *)scratch->streams, m, weights->mix_bias,
-                                    weights->mix_proj, rows, d, context->eps);
-    if (base) {
-        /* x = p + alpha * mix through a Route over the one source `mix` (see the header) */
-        const Activation *one_source[1] = {mix};
-        backend->route_forward(out, saved->gate_weights, saved->gate_rstd, one_source, 1,
-                               scratch->gate_query, scratch->gate_query, base, weights->alpha,
-                               rows, d, H, context->eps);
-    }
+    if (!direct)
+        route_site_mix_forward(context, weights, saved,
+                               (const Activation *const *)scratch->streams, base, out);
 }
 
 /* o_r for every stream into scratch->streams, bit for bit as the forward made them: the
@@ -148,33 +167,50 @@ static void recompute_streams(const RouteContext *context, const SitePlan *site,
             context->plan->heads);
 }
 
-/* The delta gate: d mix = alpha * dout into scratch->grad_mixed, d alpha += sum <dout, mix>.
- * Needs scratch->streams recomputed; returns d mix. */
-static const Activation *gate_backward(const RouteContext *context,
-                                       const SiteWeights *weights, SiteGrads *grads,
-                                       const SiteActivations *saved,
-                                       const Activation *dout)
+Activation *const *route_site_mix_backward(const RouteContext *context,
+                                           const SiteWeights *weights, SiteGrads *grads,
+                                           const SiteActivations *saved,
+                                           const Activation *const *streams,
+                                           const Activation *dout, Activation *const *grad_streams)
 {
     const Backend *backend = context->backend;
     RouteScratch *scratch = context->scratch;
-    const int rows = context->B * context->T, d = context->d, m = context->plan->streams;
-    const Activation *mix = scratch->streams[0];
-    if (m > 1) {
-        backend->stream_mix_forward(scratch->mixed, scratch->mix_gates, scratch->mix_rstd,
-                                    (const Activation *const *)scratch->streams, m,
-                                    weights->mix_bias, weights->mix_proj, rows, d,
-                                    context->eps);
-        mix = scratch->mixed;
+    const ResidualPlan *plan = context->plan;
+    const int rows = context->B * context->T, d = context->d, m = plan->streams;
+    const size_t bytes = (size_t)rows * d * backend->activation_bytes;
+    const Activation *grad_mix = dout;
+    if (plan->form == FORM_DELTA) {
+        /* the gate: d mix = alpha * dout, d alpha += sum <dout, mix>; the mix is made again
+         * from the streams, bit for bit as the forward made it */
+        const Activation *mix = streams[0];
+        if (m > 1) {
+            backend->stream_mix_forward(scratch->mixed, scratch->mix_gates, scratch->mix_rstd,
+                                        streams, m, weights->mix_bias, weights->mix_proj,
+                                        rows, d, context->eps);
+            mix = scratch->mixed;
+        }
+        Activation *into = m > 1 ? scratch->grad_mixed : grad_streams[0];
+        backend->zero(into, bytes);
+        const Activation *one_source[1] = {mix};
+        Activation *one_grad[1] = {into};
+        backend->route_backward(one_grad, scratch->gate_grad_query,
+                                scratch->gate_grad_key_norm, grads->alpha, dout, one_source, 1,
+                                saved->gate_weights, saved->gate_rstd, scratch->gate_query,
+                                scratch->gate_query, weights->alpha, scratch->route_backward,
+                                rows, d, plan->heads);
+        grad_mix = into;
     }
-    backend->zero(scratch->grad_mixed, (size_t)rows * d * backend->activation_bytes);
-    const Activation *one_source[1] = {mix};
-    Activation *one_grad[1] = {scratch->grad_mixed};
-    backend->route_backward(one_grad, scratch->gate_grad_query, scratch->gate_grad_key_norm,
-                            grads->alpha, dout, one_source, 1, saved->gate_weights,
-                            saved->gate_rstd, scratch->gate_query, scratch->gate_query,
-                            weights->alpha, scratch->route_backward, rows, d,
-                            context->plan->heads);
-    return scratch->grad_mixed;
+    if (m == 1) {
+        if (grad_mix != grad_streams[0])
+            backend->copy(grad_streams[0], grad_mix, bytes);
+        return grad_streams;
+    }
+    for (int r = 0; r < m; r++)
+        backend->zero(grad_streams[r], bytes);
+    backend->stream_mix_backward(grad_streams, grads->mix_bias, grads->mix_proj, grad_mix,
+                                 streams, m, saved->mix_gates, saved->mix_rstd,
+                                 weights->mix_bias, weights->mix_proj, rows, d);
+    return grad_streams;
 }
 
 /* Stream r: from d o_r through its Route and the slot convolutions (one op) into
@@ -216,19 +252,15 @@ void route_site_backward(const RouteContext *context, const SitePlan *site,
     }
     RouteScratch *scratch = context->scratch;
     const int m = plan->streams;
-    if (m > 1 || delta) /* the mix backward and the gate need the routed streams */
-        recompute_streams(context, site, saved, sources);
-    const Activation *grad_mix =
-        delta ? gate_backward(context, weights, grads, saved, dout) : dout;
-    if (m > 1) {
-        for (int r = 0; r < m; r++)
-            backend->zero(scratch->grad_streams[r], (size_t)rows * d * backend->activation_bytes);
-        backend->stream_mix_backward(scratch->grad_streams, grads->mix_bias, grads->mix_proj,
-                                     grad_mix, (const Activation *const *)scratch->streams, m,
-                                     saved->mix_gates, saved->mix_rstd, weights->mix_bias,
-                                     weights->mix_proj, rows, d);
+    if (m == 1 && !delta) { /* x = o_0: d o_0 is dout itself */
+        stream_backward(context, site, weights, grads, saved, sources, grad_sources, dout, 0);
+        return;
     }
+    recompute_streams(context, site, saved, sources);
+    route_site_mix_backward(context, weights, grads, saved,
+                            (const Activation *const *)scratch->streams, dout,
+                            scratch->grad_streams);
     for (int r = 0; r < m; r++)
         stream_backward(context, site, weights, grads, saved, sources, grad_sources,
-                        m > 1 ? scratch->grad_streams[r] : grad_mix, r);
+                        scratch->grad_streams[r], r);
 }

@@ -75,6 +75,24 @@ void route_site_forward(const RouteContext *context, const SitePlan *site,
                         const Activation *const *sources, const Activation *base,
                         Activation *out);
 
+/* msar: the rest of the site once its m routed streams o_r [rows, d] are made (by
+ * route_site_forward, or by a block's phase one, model/route_block.h): the mix (m > 1;
+ * saves its gates and rstd) and, with base (delta), the gate route, x = p + alpha * mix;
+ * with no base and m = 1, x = o_0 (copied unless out is streams[0]). */
+void route_site_mix_forward(const RouteContext *context, const SiteWeights *weights,
+                            SiteActivations *saved, const Activation *const *streams,
+                            const Activation *base, Activation *out);
+
+/* msar: from dout = d x back through the gate (delta: grads->alpha +=) and the mix (m > 1:
+ * grads->mix_bias, mix_proj +=) to the routed streams: WRITES grad_streams[r] = d o_r (m
+ * buffers [rows, d], none aliasing a stream) and returns grad_streams. streams: the o_r the
+ * forward mixed, bit for bit. Uses the scratch's mixed, grad_mixed and mix statistics. */
+Activation *const *route_site_mix_backward(const RouteContext *context,
+                                           const SiteWeights *weights, SiteGrads *grads,
+                                           const SiteActivations *saved,
+                                           const Activation *const *streams,
+                                           const Activation *dout, Activation *const *grad_streams);
+
 /* From dout = d x [rows, d]: grad_sources[k] += d s_k, grads += the site's weight
  * gradients, context->grad_conv += the stream convolutions' (msar). */
 void route_site_backward(const RouteContext *context, const SitePlan *site,
