@@ -12,8 +12,10 @@
 #      width, 4 layers, standard / MHAR delta / MSAR delta; step: the 1B model, standard,
 #      MHAR, MSAR);
 #   3. a short table: every timing, and the ratios the targets are stated in.
-# About 3.5 minutes on one H200. FULL=1 adds the pipeline runs on one GPU (cuda_pipeline), the
-# 1B step's delta forms and `fathom train` at the 8B width with 8 layers
+# The 1B step's delta forms run too; OLD_BINARY=path runs the MSAR steps of another build's
+# fathom as well (with this build's CUDA module: the op tables must match).
+# About 5 minutes on one H200. FULL=1 adds the pipeline runs on one GPU (cuda_pipeline) and
+# `fathom train` at the 8B width with 8 layers
 # (launch/bench/train_8b_width.sh 8 5): about 5 minutes more. Logs go to $OUT (default
 # /tmp/routing-gpu).
 set -uo pipefail
@@ -42,7 +44,7 @@ suite 'cuda_model_route/*' 60
 suite 'cuda_route/*' 60
 suite 'cuda_backend_route/*' 30
 suite 'cuda_backend/fills*' 20
-suite 'cuda_train/*follows*' 120
+suite 'cuda_train/*follows*' 240
 [ "${FULL:-0}" = 1 ] && suite 'cuda_pipeline/*' 120
 echo "tests took $((SECONDS - start)) s"
 
@@ -54,8 +56,13 @@ bench() { # json name, seconds, cases, repeat
 bench route 60 route,route-sites,route-1b,route-1b-sites 20
 bench step8b 100 step8b 6
 bench step 100 step-standard,step-mhar,step-msar 6
+bench step-delta 100 step-mhar-delta,step-msar-delta 6
+if [ -n "${OLD_BINARY:-}" ]; then # the MSAR steps of another build, in the same run
+  FATHOM_CUDA_MODULE=$PWD/build/kernels/libfathom_cuda.so timeout 200 "$OLD_BINARY" bench \
+    --device cuda --cases step8b-msar-delta,step-msar,step-msar-delta --repeat 6 \
+    --json "$out/old.jsonl" >"$out/old.txt" 2>&1 || echo "old bench: exit $? (see $out/old.txt)"
+fi
 if [ "${FULL:-0}" = 1 ]; then
-  bench step-delta 100 step-mhar-delta,step-msar-delta 6
   OUT=$out launch/bench/train_8b_width.sh 8 5 standard mhar_delta attnres_delta \
     | tee "$out/width8.txt"
 fi
@@ -66,10 +73,15 @@ python3 - "$out" <<'PY'
 import json, os, sys
 out = sys.argv[1]
 rows = []
-for name in ("route", "step8b", "step", "step-delta"):
+for name in ("route", "step8b", "step", "step-delta", "old"):
     path = os.path.join(out, name + ".jsonl")
     if os.path.exists(path):
-        rows += [json.loads(line) for line in open(path) if line.startswith("{")]
+        for line in open(path):
+            if line.startswith("{"):
+                row = json.loads(line)
+                if name == "old":
+                    row["mode"] += " (old)"
+                rows.append(row)
 at = {(r["case"], r["mode"]): r for r in rows}
 print(f"\n{'case':<10} {'mode':<20} {'ms':>10} {'rate':>16} {'peak GiB':>9}")
 for r in rows:
@@ -95,10 +107,13 @@ print(f"{'route-1b, two-phase replace':<44} {ms('route-1b', 'two-phase replace')
       f"(per site {ms('route-1b', 'per site replace'):.2f} ms)")
 ratio("(8B width) MHAR delta vs standard", "step8b", "mhar-delta", "standard", ">= 0.97x")
 ratio("(8B width) MSAR delta vs standard", "step8b", "msar-delta", "standard", "-")
+ratio("(8B width) MSAR delta (old build)", "step8b", "msar-delta (old)", "standard", "-")
 ratio("(e) 1B MHAR vs standard", "step", "mhar", "standard", ">= 0.97x, memory <= +5%")
 ratio("(e) 1B MSAR vs standard", "step", "msar", "standard", ">= 0.90x, memory <= +5%")
 ratio("(e) 1B MHAR delta vs standard", "step", "mhar-delta", "standard", "-")
 ratio("(e) 1B MSAR delta vs standard", "step", "msar-delta", "standard", "-")
+ratio("(e) 1B MSAR (old build)", "step", "msar (old)", "standard", "-")
+ratio("(e) 1B MSAR delta (old build)", "step", "msar-delta (old)", "standard", "-")
 tests = open(os.path.join(out, "tests.txt")).read() if os.path.exists(os.path.join(out, "tests.txt")) else ""
 print()
 print(tests.rstrip())

@@ -7,8 +7,8 @@
 # SHAPE=8b (default): the 8B width of launch/bench/train_8b_width.sh, LAYERS layers, RESIDUAL
 # as train_8b_command.sh takes it. SHAPE=1b: the 1B step of `fathom bench` (d 1280, 36
 # layers, 16/8 heads of 80, ffn 5120, 4 microbatches of 8 x 1024 tokens; LAYERS ignored),
-# RESIDUAL standard, mhar (replace, blocks of 4 layers, H 8) or msar (the same, 4 streams of
-# kernels 1 2 4 8).
+# RESIDUAL standard, mhar (replace, blocks of 4 layers, H 8), msar (the same, 4 streams of
+# kernels 1 2 4 8), mhar_delta or msar_delta (the same as grafts: the delta form).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 layers=${1:-8}
@@ -22,12 +22,17 @@ library=$PWD/build/launch/libfathom-kernel-trace.so
 . launch/bench/train_8b_command.sh
 dir=/tmp/trace-step-run
 if [ "${SHAPE:-8b}" = 1b ]; then
+  msar=(--set residual.mode=msar --set residual.heads=8 --set residual.streams=4
+        --set "residual.stream_kernels=[1, 2, 4, 8]")
   case $residual in
     standard) routing=(--set residual.mode=standard) ;;
     mhar) routing=(--set residual.mode=attnres --set residual.heads=8) ;;
-    msar) routing=(--set residual.mode=msar --set residual.heads=8 --set residual.streams=4
-                   --set "residual.stream_kernels=[1, 2, 4, 8]") ;;
-    *) echo "unknown residual $residual at SHAPE=1b (standard, mhar, msar)"; exit 2 ;;
+    msar) routing=("${msar[@]}") ;;
+    mhar_delta) routing=(--set residual.mode=attnres --set residual.heads=8
+                         --set residual.form=delta) ;;
+    msar_delta) routing=("${msar[@]}" --set residual.form=delta) ;;
+    *) echo "unknown residual $residual at SHAPE=1b (standard, mhar, msar, mhar_delta," \
+            "msar_delta)"; exit 2 ;;
   esac
   . launch/bench/model_1b.sh
   train_8b=(build/fathom train launch/configs/demo.yaml --set run_dir="$dir" --set device=cuda

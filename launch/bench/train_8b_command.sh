@@ -5,7 +5,8 @@
 # no checkpoint (not even the final one: tens of GB at this width) and no evaluation.
 #   train_8b_command BINARY RUN_DIR LAYERS STEPS RESIDUAL
 # sets the array train_8b (the command line); RESIDUAL: standard, mhar_delta (H 8),
-# attnres_delta (H 1) or mhar_replace (H 8). An unknown residual returns 2.
+# attnres_delta (H 1), mhar_replace (H 8) or msar_delta (m 4, kernels 1 2 4 8, H 8). An
+# unknown residual returns 2.
 train_8b_command() {
   local binary=$1 run_dir=$2 layers=$3 steps=$4 residual=$5 routing
   case $residual in
@@ -13,7 +14,10 @@ train_8b_command() {
     mhar_delta) routing=(--set residual.mode=attnres --set residual.heads=8 --set residual.form=delta) ;;
     attnres_delta) routing=(--set residual.mode=attnres --set residual.heads=1 --set residual.form=delta) ;;
     mhar_replace) routing=(--set residual.mode=attnres --set residual.heads=8 --set residual.form=replace) ;;
-    *) echo "unknown residual $residual (standard, mhar_delta, attnres_delta, mhar_replace)" >&2
+    msar_delta) routing=(--set residual.mode=msar --set residual.heads=8 --set residual.streams=4
+                         --set "residual.stream_kernels=[1, 2, 4, 8]" --set residual.form=delta) ;;
+    *) echo "unknown residual $residual (standard, mhar_delta, attnres_delta, mhar_replace," \
+            "msar_delta)" >&2
        return 2 ;;
   esac
   train_8b=("$binary" train launch/configs/marin8b_block_mhar.yaml
