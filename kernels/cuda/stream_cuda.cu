@@ -6,9 +6,10 @@
  * - forward and dx: one thread a vector of VEC channels of one row, summing over tau in
  *   fp32 from tau = 0 (identity taps give x bit for bit), rounded once. The k rows a thread
  *   reads back are its neighbours' rows: they come from L1/L2, DRAM sees each row once.
- * - dtaps: STREAM_PARTIALS fixed row ranges; block (channel chunk, range, tau group) sums
- *   dout[t] x[t - tau] over its rows for 4 taps into registers and writes them to the
- *   workspace [ranges, k, d]; a second kernel adds the ranges in order. Deterministic.
+ * - dtaps: fixed row ranges (taps_range_count: 128, more for narrow rows); block (channel
+ *   chunk, range, tau group) sums dout[t] x[t - tau] over its rows for 4 taps into
+ *   registers and writes them to the workspace [ranges, k, d]; a second kernel adds the
+ *   ranges in order. Deterministic (the ranges depend on the shape and vector width only).
  * Mix, m streams o_r [tokens, d] bf16, mix_bias fp32 [m], mix_proj (theta) bf16 [m, d]:
  * - forward: one block a token at a time (persistent grid), one read of each stream:
  *   squares and <theta_r, o_r> in one pass (warp sums, then the warps' sums in order, the
@@ -28,6 +29,7 @@ enum {
     STREAM_PARTIALS = 128,      /* fixed token ranges of the parameter-gradient sums */
     STREAM_THREADS = 256,
     STREAM_TAP_GROUP = 4,       /* taps a dtaps block sums at once */
+    STREAM_TAP_RANGES_MAX = 512, /* row ranges of the dtaps partials, at most */
 };
 
 static void stream_check_width(int d)
@@ -46,6 +48,19 @@ static int stream_vector_width(int d, const void *const *pointers, int count)
 static int partial_count(long long items)
 {
     return items < STREAM_PARTIALS ? (int)items : STREAM_PARTIALS;
+}
+
+/* Row ranges of the dtaps partial sums: STREAM_PARTIALS, more for narrow rows (fewer
+ * channel vectors a row means fewer threads a range), so that about STREAM_PARTIALS * 512
+ * threads walk the rows whatever the width; at most STREAM_TAP_RANGES_MAX, at most `rows`. */
+static int taps_range_count(long long rows, int vectors)
+{
+    long long ranges = (long long)STREAM_PARTIALS * 512 / (vectors > 0 ? vectors : 1);
+    if (ranges < STREAM_PARTIALS)
+        ranges = STREAM_PARTIALS;
+    if (ranges > STREAM_TAP_RANGES_MAX)
+        ranges = STREAM_TAP_RANGES_MAX;
+    return (int)(rows < ranges ? rows : ranges);
 }
 
 /* blocks for a grid-stride loop over `items`: at most 8 blocks of 256 per multiprocessor */
@@ -127,6 +142,9 @@ __global__ void stream_conv_taps_partial_kernel(float *partials, const bf16 *dou
     const int range = blockIdx.y, ranges = gridDim.y, first_tap = blockIdx.z * STREAM_TAP_GROUP;
     const long long first = rows * range / ranges, last = rows * (range + 1) / ranges;
     float sums[STREAM_TAP_GROUP][VEC] = {};
+    /* unrolled so that the loads of several rows are in flight at once: the loop was bound
+     * by the latency of one row's loads after another (docs/performance.md, eighth run) */
+#pragma unroll 4
     for (long long row = first; row < last; row++) {
         const int t = (int)(row % T);
         float dy[VEC];
@@ -201,7 +219,8 @@ extern "C" void cuda_stream_conv_forward(bf16 *out, const bf16 *x, const bf16 *t
 extern "C" size_t cuda_stream_conv_backward_workspace_floats(int kernel_size, int B, int T, int d)
 {
     const long long rows = (long long)B * T;
-    return rows > 0 ? (size_t)partial_count(rows) * kernel_size * d : 1;
+    /* the most ranges any vector width gives: the widest vector (8) has the fewest vectors */
+    return rows > 0 ? (size_t)taps_range_count(rows, (d + 7) / 8) * kernel_size * d : 1;
 }
 
 extern "C" void cuda_stream_conv_backward(bf16 *dx, float *dtaps, const bf16 *dout, const bf16 *x,
@@ -235,7 +254,7 @@ extern "C" void cuda_stream_conv_backward(bf16 *dx, float *dtaps, const bf16 *do
         CUDA_CHECK_LAUNCH();
     }
 
-    const int ranges = partial_count(rows);
+    const int ranges = taps_range_count(rows, vectors);
     dim3 grid((vectors + STREAM_THREADS - 1) / STREAM_THREADS, ranges,
               (kernel_size + STREAM_TAP_GROUP - 1) / STREAM_TAP_GROUP);
 #define LAUNCH(V)                                                                                \
