@@ -23,8 +23,8 @@ typedef struct {
     float *grad_taps_of_source[16];
     Activation *streams[BENCH_STREAMS], *grad_streams[BENCH_STREAMS];
     Activation *mixed, *grad_mixed, *base, *out, *dout;
-    Activation *query, *key_norm, *zero_query, *taps, *mix_proj;
-    float *weights, *rstd, *gate_weights, *gate_rstd, *mix_gates, *mix_rstd, *scratch;
+    Activation *query, *key_norm, *taps, *mix_proj;
+    float *weights, *rstd, *mix_gates, *mix_rstd, *scratch;
     float *alpha; /* [1] 0.1, backend memory (the gate's master weight) */
     float *grad_query, *grad_key_norm, *grad_alpha, *grad_taps, *mix_bias, *grad_mix_bias;
     float *grad_mix_proj;
@@ -91,18 +91,14 @@ static void msar_site(RoutePass *r, int n)
 {
     const Backend *backend = r->backend;
     const size_t bytes = (size_t)r->tokens * r->d * backend->activation_bytes;
-    const Activation *one_source[1] = {r->mixed};
-    Activation *one_grad[1] = {r->grad_mixed};
+    const size_t count = (size_t)r->tokens * r->d;
 
     msar_streams_forward(r, n, false);
-    backend->route_forward(r->out, r->gate_weights, r->gate_rstd, one_source, 1, r->zero_query,
-                           r->zero_query, r->base, r->alpha, r->tokens, r->d, r->heads, 1e-5f);
+    backend->add_scaled(r->out, r->base, r->mixed, r->alpha, count);
     /* backward: the streams and the mix again, then the gate, the mix, each stream */
     msar_streams_forward(r, n, true);
-    backend->zero(r->grad_mixed, bytes);
-    backend->route_backward(one_grad, r->grad_query, r->grad_key_norm, r->grad_alpha, r->dout,
-                            one_source, 1, r->gate_weights, r->gate_rstd, r->zero_query,
-                            r->zero_query, r->alpha, r->scratch, r->tokens, r->d, r->heads);
+    backend->add_scaled_backward(r->grad_mixed, r->grad_alpha, r->dout, r->mixed, r->alpha,
+                                 count);
     for (int s = 0; s < BENCH_STREAMS; s++)
         backend->zero(r->grad_streams[s], bytes);
     backend->stream_mix_backward(r->grad_streams, r->grad_mix_bias, r->grad_mix_proj,
@@ -186,14 +182,11 @@ void bench_case_route(Bench *bench, bool msar, bool step_routing)
     r.dout = bench_random_activations(backend, rows, 1.0f);
     r.query = bench_random_activations(backend, m * r.d, 0.05f);
     r.key_norm = bench_random_activations(backend, m * r.d, 1.0f);
-    r.zero_query = bench_zero_activations(backend, (size_t)r.d);
     r.taps = bench_random_activations(backend, m * BENCH_KERNEL_MAX * r.d, 0.5f);
     r.mix_proj = bench_random_activations(backend, m * r.d, 0.05f);
     const size_t weights = m * r.max_sources * (size_t)r.tokens * r.heads;
     r.weights = backend->alloc(weights * sizeof(float));
     r.rstd = backend->alloc(m * r.max_sources * (size_t)r.tokens * sizeof(float));
-    r.gate_weights = backend->alloc((size_t)r.tokens * r.heads * sizeof(float));
-    r.gate_rstd = backend->alloc((size_t)r.tokens * sizeof(float));
     r.mix_gates = backend->alloc((size_t)r.tokens * m * sizeof(float));
     r.mix_rstd = backend->alloc((size_t)r.tokens * m * sizeof(float));
     r.scratch = backend->alloc(weights * sizeof(float));
@@ -238,8 +231,7 @@ void bench_case_route(Bench *bench, bool msar, bool step_routing)
         backend->release(r.grad_streams[i]);
     }
     void *rest[] = {r.mixed, r.grad_mixed, r.base, r.out, r.dout, r.query, r.key_norm,
-                    r.zero_query, r.taps, r.mix_proj, r.weights, r.rstd, r.gate_weights,
-                    r.gate_rstd, r.mix_gates, r.mix_rstd, r.scratch, r.grad_query,
+                    r.taps, r.mix_proj, r.weights, r.rstd, r.mix_gates, r.mix_rstd, r.scratch, r.grad_query,
                     r.grad_key_norm, r.grad_alpha, r.alpha, r.grad_taps, r.mix_bias, r.grad_mix_bias,
                     r.grad_mix_proj};
     for (size_t i = 0; i < sizeof rest / sizeof rest[0]; i++)

@@ -104,16 +104,12 @@ static void site_layout(SiteActivations *site, Carver *carver, const ResidualPla
 {
     const size_t H = (size_t)plan->heads, m = (size_t)plan->streams;
     const size_t sources = (size_t)plan->sites[j].n_sources;
-    const bool msar = plan->mode == RESIDUAL_MSAR, delta = plan->form == FORM_DELTA;
+    const bool msar = plan->mode == RESIDUAL_MSAR;
     site->weights = carve_floats(carver, m * sources * N * H);
     site->rstd = carve_floats(carver, m * sources * N);
     if (msar && m > 1) {
         site->mix_gates = carve_floats(carver, N * m);
         site->mix_rstd = carve_floats(carver, N * m);
-    }
-    if (msar && delta) {
-        site->gate_weights = carve_floats(carver, N * H);
-        site->gate_rstd = carve_floats(carver, N);
     }
 }
 
@@ -191,9 +187,6 @@ static void route_scratch_layout(ModelScratch *scratch, Carver *carver,
     route->grad_mixed = carve_activations(carver, N * d);
     route->mix_gates = carve_floats(carver, N * m);
     route->mix_rstd = carve_floats(carver, N * m);
-    route->gate_query = carve_activations(carver, d); /* zero from alloc(), never written */
-    route->gate_grad_query = carve_floats(carver, d);
-    route->gate_grad_key_norm = carve_floats(carver, d);
 }
 
 static void scratch_layout(ModelScratch *scratch, Carver *carver, const ModelConfig *config,

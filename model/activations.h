@@ -33,7 +33,7 @@
  *                    kv_dim) and their rstd (n_heads + n_kv_heads);
  *                    MLP: normed d, rstd 1, gate, up and silu(gate) * up 3 F
  *   per site         m N_j (H + 1) (depth weights and key rstd per stream), msar m > 1 adds
- *                    2m (mix gates and rstd), the msar delta form H + 1 (the gate route)
+ *                    2m (mix gates and rstd)
  *   head (last)      normed d, rstd 1, token losses and lse 2; tokens: inputs (chunk 0),
  *                    targets (last chunk)
  * With activation checkpointing (train.activation_checkpointing: full, DESIGN 3) a stash
@@ -120,8 +120,6 @@ typedef struct {
     float *rstd;         /* stream r at r * N_j * N: [N_j, rows] key statistics */
     float *mix_gates;    /* [rows, m] (msar, m > 1) */
     float *mix_rstd;     /* [rows, m] (msar, m > 1) */
-    float *gate_weights; /* [rows, H] msar delta: the one-source Route that applies alpha */
-    float *gate_rstd;    /* [rows] (msar delta) */
 } SiteActivations;
 
 /* Everything a routing site needs besides its saved state, per the op table's rules. */
@@ -149,8 +147,6 @@ typedef struct {
     Activation **grad_conv_rows; /* [M] [N, d] their gradients */
     float *block_weights;        /* [S, M, N, H] the backward's recompute of phase one */
     float *block_rstd;           /* [S, M, N] */
-    const Activation *gate_query; /* [d] zeros: the gate route scores nothing (one source) */
-    float *gate_grad_query, *gate_grad_key_norm; /* [d] where its (zero) gradients go */
 } RouteScratch;
 
 /* The final norm and the loss of one microbatch (the last chunk's stash). */

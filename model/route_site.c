@@ -111,15 +111,10 @@ void route_site_mix_forward(const RouteContext *context, const SiteWeights *weig
                                     context->eps);
         mix = mixed;
     }
-    if (base) {
-        /* x = p + alpha * mix through a Route over the one source `mix` (see the header) */
-        const Activation *one_source[1] = {mix};
-        backend->route_forward(out, saved->gate_weights, saved->gate_rstd, one_source, 1,
-                               scratch->gate_query, scratch->gate_query, base, weights->alpha,
-                               rows, d, context->plan->heads, context->eps);
-    } else if (m == 1 && out != mix) {
+    if (base) /* x = p + alpha * mix */
+        backend->add_scaled(out, base, mix, weights->alpha, (size_t)rows * d);
+    else if (m == 1 && out != mix)
         backend->copy(out, mix, (size_t)rows * d * backend->activation_bytes);
-    }
 }
 
 void route_site_forward(const RouteContext *context, const SitePlan *site,
@@ -190,14 +185,8 @@ Activation *const *route_site_mix_backward(const RouteContext *context,
             mix = scratch->mixed;
         }
         Activation *into = m > 1 ? scratch->grad_mixed : grad_streams[0];
-        backend->zero(into, bytes);
-        const Activation *one_source[1] = {mix};
-        Activation *one_grad[1] = {into};
-        backend->route_backward(one_grad, scratch->gate_grad_query,
-                                scratch->gate_grad_key_norm, grads->alpha, dout, one_source, 1,
-                                saved->gate_weights, saved->gate_rstd, scratch->gate_query,
-                                scratch->gate_query, weights->alpha, scratch->route_backward,
-                                rows, d, plan->heads);
+        backend->add_scaled_backward(into, grads->alpha, dout, mix, weights->alpha,
+                                     (size_t)rows * d);
         grad_mix = into;
     }
     if (m == 1) {

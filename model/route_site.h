@@ -10,15 +10,14 @@
  *             by the op table's route_conv ops and never stored;
  *             mix = sum_r w_r o_r through stream_mix (m > 1), mix = o_0 (m = 1);
  *             x = mix (replace) or x = p + alpha * mix (delta)
- * In the msar delta form, alpha is applied by a Route over the one source `mix`: a softmax
- * over one source is exactly 1, so that Route returns p + alpha * mix, rounded as the
- * attnres kernel rounds it, and its backward gives d alpha = sum <dx, mix> and d mix =
- * alpha * dx with the ops the table has. MSAR at init is then Block AttnRes bit for bit.
+ * In the msar delta form the gate is add_scaled, x = p + alpha * mix (as the attnres delta
+ * form's two-phase walk applies it), and its backward add_scaled_backward: d mix = alpha *
+ * dx, d alpha += sum <dx, mix>. MSAR at init is then Block AttnRes bit for bit where both
+ * route a block in two phases.
  *
  * Saved (SiteActivations): the depth weights and key rstd of every stream, the mix gates
- * and rstd (m > 1), the gate route's state (msar delta). The routed streams o_r and the mix
- * are not kept: the backward recomputes them in the RouteScratch, from the saved depth
- * weights (route_conv_mix).
+ * and rstd (m > 1). The routed streams o_r and the mix are not kept: the backward
+ * recomputes them in the RouteScratch, from the saved depth weights (route_conv_mix).
  *
  * Backward, ADDS into: grad_sources[k] += d s_k (the caller zeroes them once per backward;
  * a source read by several sites accumulates), the site's weight gradients, the stream

@@ -251,6 +251,11 @@ typedef struct Backend {
      * x_j = p + alpha_j * (a phase-one result). out may alias base. */
     void (*add_scaled)(Activation *out, const Activation *base, const Activation *x,
                        const float *alpha, size_t n);
+    /* add_scaled's backward through its x term: dx = alpha * dout (WRITTEN; base's gradient
+     * is dout itself, the caller's) and *dalpha += sum_i dout[i] x[i] (fp32 backend memory
+     * [1], summed in a fixed order). dx must not alias dout or x. */
+    void (*add_scaled_backward)(Activation *dx, float *dalpha, const Activation *dout,
+                                const Activation *x, const float *alpha, size_t n);
     /* route_merge_forward: the Route of a replace-form site over sources[0..N] (N =
      * n_sources - 1 completed ones, then the open block's partial p = sources[N]) from
      * route_block_forward's result and lse over the first N:

@@ -1,6 +1,6 @@
 /* tests/test_cuda_route_block.c — the two-phase Route of the cuda op table
- * (route_block_forward / backward, route_merge_forward / backward, add_scaled; DESIGN 2.1;
- * docs/design-notes.md, "Two-phase routing") against the cpu table's, which loops the
+ * (route_block_forward / backward, route_merge_forward / backward, add_scaled and its
+ * backward; DESIGN 2.1; docs/design-notes.md, "Two-phase routing") against the cpu table's, which loops the
  * per-site Route (kernels/cpu/route_block_cpu.c): so each case holds the cuda two-phase
  * ops to the per-site reference.
  *
@@ -412,6 +412,35 @@ Test(cuda_route_block, add_scaled_is_base_plus_alpha_x_and_alpha_zero_returns_ba
     check_add_scaled(4096 * 3 + 5, 0.75f, BF16_OUT, 1200);
     check_add_scaled(77, -1.5f, BF16_OUT, 1201);
     check_add_scaled(4096 * 3 + 5, 0.0f, 0.0, 1202); /* exactly the cpu's base */
+}
+
+/* ---- add_scaled_backward: shape n; dx, dalpha (added to), dout, x, alpha ---- */
+
+static void run_add_scaled_backward(const Backend *b, void *const *p, const OpCase *c)
+{
+    b->add_scaled_backward(p[0], p[1], p[2], p[3], p[4], (size_t)c->shape[0]);
+}
+
+static void check_add_scaled_backward(int n, float alpha, uint64_t seed)
+{
+    OpCase c = op_case("add_scaled_backward", run_add_scaled_backward);
+    c.shape[0] = n;
+    op_output(&c, "dx", ARRAY_ACTIVATION, (size_t)n, BF16_OUT);
+    op_accumulated(&c, "dalpha", ARRAY_FLOAT, 1, BACKEND_STATISTIC_TOLERANCE);
+    op_input(&c, "dout", ARRAY_ACTIVATION, (size_t)n, 1, 0);
+    op_input(&c, "x", ARRAY_ACTIVATION, (size_t)n, 2, 0.25f);
+    op_input(&c, "alpha", ARRAY_FLOAT, 1, 0, alpha);
+    op_check(&c, seed);
+}
+
+/* n past the partial sums' fixed grid (1024 blocks of 256 threads of 8 values), and tails
+ * that are not a multiple of the 8-value vector */
+Test(cuda_route_block, add_scaled_backward_is_alpha_dout_and_adds_the_dot_to_dalpha)
+{
+    gpu_require();
+    check_add_scaled_backward(8192 * 1280 + 3, 0.75f, 1210);
+    check_add_scaled_backward(4096 * 3 + 5, -1.5f, 1211);
+    check_add_scaled_backward(77, 0.0f, 1212);
 }
 
 /* ---- the tensor-core kernels (FATHOM_ROUTE_BLOCK=mma, kernels/cuda/route_block_mma.cuh):

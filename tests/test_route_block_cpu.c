@@ -1,6 +1,6 @@
 /* tests/test_route_block_cpu.c — the two-phase Route ops on the cpu (runtime/backend.h
- * route_block_*, route_merge_*, add_scaled; DESIGN 2.1; docs/design-notes.md, "Two-phase
- * routing") against the per-site Route they split.
+ * route_block_*, route_merge_*, add_scaled and its backward; DESIGN 2.1;
+ * docs/design-notes.md, "Two-phase routing") against the per-site Route they split.
  *
  * Forward: each site's phase-one result, weights and rstd against a Route in double written
  * here, and lse against the log-sum-exp of its scores; the merge formula of backend.h, worked
@@ -343,4 +343,20 @@ Test(route_block_cpu, add_scaled_is_the_delta_forms_expression_and_zero_alpha_re
     cpu_add_scaled(base, base, x, 0.375f, 33); /* in place over base */
     expect_bitwise_equal(base, out, 33, "out written over base");
     free_all(base, x, out, NULL);
+}
+
+Test(route_block_cpu, add_scaled_backward_writes_alpha_dout_and_adds_the_dot_to_dalpha)
+{
+    float *dout = random_floats(33, 1.0f, 7), *x = random_floats(33, 2.0f, 8);
+    float *dx = poisoned_floats(33);
+    float dalpha = 0.5f;
+    double dot = 0;
+    for (int i = 0; i < 33; i++)
+        dot += (double)dout[i] * x[i];
+    cpu_add_scaled_backward(dx, &dalpha, dout, x, -0.625f, 33);
+    for (int i = 0; i < 33; i++)
+        cr_assert_eq(dx[i], -0.625f * dout[i], "element %d", i);
+    cr_expect_float_eq(dalpha, (float)(0.5 + dot), 1e-6, "dalpha %g, expected %g", dalpha,
+                       0.5 + dot);
+    free_all(dout, x, dx, NULL);
 }

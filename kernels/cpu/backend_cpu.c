@@ -369,6 +369,12 @@ static void table_add_scaled(Activation *out, const Activation *base, const Acti
     cpu_add_scaled(F(out), CF(base), CF(x), *alpha, n);
 }
 
+static void table_add_scaled_backward(Activation *dx, float *dalpha, const Activation *dout,
+                                      const Activation *x, const float *alpha, size_t n)
+{
+    cpu_add_scaled_backward(F(dx), dalpha, CF(dout), CF(x), *alpha, n);
+}
+
 static void table_route_merge_forward(Activation *out, float *weights, float *rstd,
                                       const Activation *result, const float *lse,
                                       const Activation *const *sources, int n_sources,
@@ -458,6 +464,7 @@ static const Backend cpu_backend = {
     .route_backward = table_route_backward,
     .route_block_forward = table_route_block_forward,
     .add_scaled = table_add_scaled,
+    .add_scaled_backward = table_add_scaled_backward,
     .route_merge_forward = table_route_merge_forward,
     .route_merge_backward = table_route_merge_backward,
     .route_block_backward = table_route_block_backward,

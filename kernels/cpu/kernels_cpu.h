@@ -120,6 +120,8 @@ void cpu_route_block_forward(float *const *results, float *const *weights, float
                              const float *const *queries, const float *const *key_norms,
                              int n_sites, int tokens, int d, int heads, float eps);
 void cpu_add_scaled(float *out, const float *base, const float *x, float alpha, size_t n);
+void cpu_add_scaled_backward(float *dx, float *dalpha, const float *dout, const float *x,
+                             float alpha, size_t n);
 void cpu_route_merge_forward(float *out, float *weights, float *rstd,
                              const float *const *sources, int n_sources, const float *query,
                              const float *key_norm, int tokens, int d, int heads, float eps);

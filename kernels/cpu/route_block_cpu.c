@@ -43,6 +43,17 @@ void cpu_add_scaled(float *out, const float *base, const float *x, float alpha, 
         out[i] = base[i] + alpha * x[i]; /* cpu_route_forward's delta expression */
 }
 
+void cpu_add_scaled_backward(float *dx, float *dalpha, const float *dout, const float *x,
+                             float alpha, size_t n)
+{
+    double sum = 0; /* in index order: the same bits at any thread count */
+    for (size_t i = 0; i < n; i++) {
+        dx[i] = alpha * dout[i];
+        sum += (double)dout[i] * x[i];
+    }
+    *dalpha += (float)sum;
+}
+
 void cpu_route_merge_forward(float *out, float *weights, float *rstd,
                              const float *const *sources, int n_sources, const float *query,
                              const float *key_norm, int tokens, int d, int heads, float eps)

@@ -158,6 +158,15 @@ static void op_add_scaled(Activation *out, const Activation *base, const Activat
                     backend_cuda_compute_stream());
 }
 
+static void op_add_scaled_backward(Activation *dx, float *dalpha, const Activation *dout,
+                                   const Activation *x, const float *alpha, size_t n)
+{
+    float *workspace =
+        backend_cuda_workspace_floats(cuda_add_scaled_backward_workspace_floats(n));
+    cuda_add_scaled_backward(as_bf16(dx), dalpha, as_bf16_const(dout), as_bf16_const(x), alpha,
+                             n, workspace, backend_cuda_compute_stream());
+}
+
 static void op_route_merge_forward(Activation *out, float *weights, float *rstd,
                                    const Activation *result, const float *lse,
                                    const Activation *const *sources, int n_sources,
@@ -217,6 +226,7 @@ extern "C" void backend_cuda_fill_routing(Backend *table, size_t table_bytes)
               sizeof *table, table_bytes);
     table->route_block_forward = op_route_block_forward;
     table->add_scaled = op_add_scaled;
+    table->add_scaled_backward = op_add_scaled_backward;
     table->route_merge_forward = op_route_merge_forward;
     table->route_merge_backward = op_route_merge_backward;
     table->route_block_backward = op_route_block_backward;

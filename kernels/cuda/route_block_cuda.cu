@@ -1,7 +1,7 @@
 /* kernels/cuda/route_block_cuda.cu — the two-phase Route's entries (route_block_cuda.h):
  * the dispatch of phase one to the block kernels (route_block_device.cuh) or, for shapes they
  * do not take, to the per-site kernels of route_cuda.h once a site; the merges of the
- * replace form; add_scaled; and the fixed-order reduction of per-block channel sums into
+ * replace form; and the fixed-order reduction of per-block channel sums into
  * dquery, dkey_norm (and dalpha) that the backward kernels share.
  *
  * Merges, a block a token (persistent grid), a thread per `slots` vectors of the row in the
@@ -29,44 +29,7 @@
 
 #include <math.h>
 
-enum { ADD_SCALED_THREADS = 256, REDUCE_SLICES = 8 };
-
-/* ---- add_scaled ---- */
-
-template <bool VECTOR>
-__global__ void __launch_bounds__(ADD_SCALED_THREADS)
-    add_scaled_kernel(bfloat *out, const bfloat *base, const bfloat *x, const float *alpha,
-                      size_t n)
-{
-    const float scale = *alpha;
-    size_t stride = (size_t)gridDim.x * blockDim.x * 8;
-    for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8; i < n; i += stride) {
-        float sum[8], other[8];
-        load8<VECTOR>(sum, base, i, n);
-        load8<VECTOR>(other, x, i, n);
-#pragma unroll
-        for (int k = 0; k < 8; k++)
-            sum[k] += scale * other[k];
-        store8<VECTOR>(out, i, n, sum);
-    }
-}
-
-extern "C" void cuda_add_scaled(bf16 *out, const bf16 *base, const bf16 *x, const float *alpha,
-                                size_t n, cudaStream_t stream)
-{
-    if (n == 0)
-        return;
-    unsigned blocks = grid_stride_blocks((n + 7) / 8, ADD_SCALED_THREADS);
-    bfloat *out_ = (bfloat *)out;
-    const bfloat *base_ = (const bfloat *)base, *x_ = (const bfloat *)x;
-    if (is_aligned_16(out) && is_aligned_16(base) && is_aligned_16(x))
-        add_scaled_kernel<true><<<blocks, ADD_SCALED_THREADS, 0, stream>>>(out_, base_, x_,
-                                                                          alpha, n);
-    else
-        add_scaled_kernel<false><<<blocks, ADD_SCALED_THREADS, 0, stream>>>(out_, base_, x_,
-                                                                           alpha, n);
-    CUDA_CHECK_LAUNCH();
-}
+enum { REDUCE_SLICES = 8 };
 
 /* ---- the reduction of per-block channel sums ---- */
 

@@ -1,6 +1,6 @@
 /* kernels/cuda/route_block_cuda.h — the two-phase Route on the GPU (runtime/backend.h
- * route_block_forward / backward, route_merge_forward / backward, add_scaled; DESIGN 2.1;
- * docs/design-notes.md, "Two-phase routing"). Plain C header.
+ * route_block_forward / backward, route_merge_forward / backward, add_scaled and its
+ * backward; DESIGN 2.1; docs/design-notes.md, "Two-phase routing"). Plain C header.
  *
  * Same arguments, order and math as the op table (kernels/cpu/route_block_cpu.c and
  * route_cpu.c are the reference), with route_cuda.h's dtypes: activations bf16, weights
@@ -88,9 +88,15 @@ void cuda_route_block_backward(bf16 *const *dsources, float *const *dqueries,
 
 /* ---- phase two ---- */
 
-/* out[i] = base[i] + *alpha * x[i] (fp32, rounded once); out may alias base. */
+/* route_gate_cuda.cu: out[i] = base[i] + *alpha * x[i] (fp32, rounded once); out may
+ * alias base. */
 void cuda_add_scaled(bf16 *out, const bf16 *base, const bf16 *x, const float *alpha, size_t n,
                      cudaStream_t stream);
+/* route_gate_cuda.cu: dx = *alpha * dout (rounded once), *dalpha += sum dout x. */
+size_t cuda_add_scaled_backward_workspace_floats(size_t n);
+void cuda_add_scaled_backward(bf16 *dx, float *dalpha, const bf16 *dout, const bf16 *x,
+                              const float *alpha, size_t n, float *workspace,
+                              cudaStream_t stream);
 
 /* partial = sources[n_sources - 1]; the completed sources are not read. */
 void cuda_route_merge_forward(bf16 *out, float *weights, float *rstd, const bf16 *result,

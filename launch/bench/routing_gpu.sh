@@ -13,7 +13,8 @@
 #      MHAR, MSAR);
 #   3. a short table: every timing, and the ratios the targets are stated in.
 # The 1B step's delta forms run too; OLD_BINARY=path runs the MSAR steps of another build's
-# fathom as well (with this build's CUDA module: the op tables must match).
+# fathom as well, with OLD_MODULE (its CUDA module, when the op tables differ; default this
+# build's).
 # About 5 minutes on one H200. FULL=1 adds the pipeline runs on one GPU (cuda_pipeline) and
 # `fathom train` at the 8B width with 8 layers
 # (launch/bench/train_8b_width.sh 8 5): about 5 minutes more. Logs go to $OUT (default
@@ -44,6 +45,7 @@ suite 'cuda_model_route/*' 60
 suite 'cuda_route/*' 60
 suite 'cuda_backend_route/*' 30
 suite 'cuda_backend/fills*' 20
+suite 'cuda_stream/*' 60
 suite 'cuda_train/*follows*' 240
 [ "${FULL:-0}" = 1 ] && suite 'cuda_pipeline/*' 120
 echo "tests took $((SECONDS - start)) s"
@@ -58,7 +60,8 @@ bench step8b 100 step8b 6
 bench step 100 step-standard,step-mhar,step-msar 6
 bench step-delta 100 step-mhar-delta,step-msar-delta 6
 if [ -n "${OLD_BINARY:-}" ]; then # the MSAR steps of another build, in the same run
-  FATHOM_CUDA_MODULE=$PWD/build/kernels/libfathom_cuda.so timeout 200 "$OLD_BINARY" bench \
+  FATHOM_CUDA_MODULE=${OLD_MODULE:-$PWD/build/kernels/libfathom_cuda.so} timeout 200 \
+    "$OLD_BINARY" bench \
     --device cuda --cases step8b-msar-delta,step-msar,step-msar-delta --repeat 6 \
     --json "$out/old.jsonl" >"$out/old.txt" 2>&1 || echo "old bench: exit $? (see $out/old.txt)"
 fi
