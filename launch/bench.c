@@ -18,7 +18,7 @@
 #include <string.h>
 
 static const char bench_usage[] =
-    "usage: fathom bench [--cases layers,attention,route,msar,step,step8b] [--repeat N] "
+    "usage: fathom bench [--cases layers,attention,route,msar,step,step8b,graft] [--repeat N] "
     "[--device auto|cpu|cuda] [--small] [--json OUT.jsonl]";
 
 const int bench_kernels[BENCH_STREAMS] = {1, 2, 4, 8};
@@ -53,12 +53,13 @@ static BenchShapes bench_shapes(bool small)
         shapes.attention_kv_heads = 1, shapes.attention_head_dim = 64;
         shapes.route_d = 64, shapes.route_heads = 2, shapes.route_tokens = 96;
         shapes.route_sublayers = 8, shapes.route_blocks = 2;
-        shapes.step_model = llama_config(256, 128, 4, 2, 1, 64, 256);
-        shapes.step_microbatch = 2, shapes.step_microbatches = 2, shapes.step_T = 32;
         shapes.step_route_sublayers = 8, shapes.step_route_blocks = 4;
-        shapes.wide_model = llama_config(256, 128, 4, 2, 1, 64, 256);
-        shapes.wide_microbatch = 1, shapes.wide_microbatches = 2, shapes.wide_T = 32;
-        shapes.wide_layers_per_block = 2;
+        shapes.steps[BENCH_STEP_1B] = (BenchStepShape){
+            "step", llama_config(256, 128, 4, 2, 1, 64, 256), 2, 2, 32, 2};
+        shapes.steps[BENCH_STEP_WIDE] = (BenchStepShape){
+            "step8b", llama_config(256, 128, 4, 2, 1, 64, 256), 1, 2, 32, 2};
+        shapes.steps[BENCH_STEP_GRAFT] = (BenchStepShape){
+            "graft", llama_config(256, 128, 8, 2, 1, 64, 32), 2, 1, 32, 2};
         return shapes;
     }
     shapes.layers_model = llama_config(256, 4096, 4, 32, 8, 128, 14336);
@@ -67,12 +68,17 @@ static BenchShapes bench_shapes(bool small)
     shapes.attention_kv_heads = 8, shapes.attention_head_dim = 128;
     shapes.route_d = 4096, shapes.route_heads = 8, shapes.route_tokens = 2 * 4096;
     shapes.route_sublayers = 64, shapes.route_blocks = 8;
-    shapes.step_model = llama_config(128256, 1280, 36, 16, 8, 80, 5120);
-    shapes.step_microbatch = 8, shapes.step_microbatches = 4, shapes.step_T = 1024;
     shapes.step_route_sublayers = 72, shapes.step_route_blocks = 9;
-    shapes.wide_model = llama_config(128256, 4096, 4, 32, 8, 128, 14336);
-    shapes.wide_microbatch = 1, shapes.wide_microbatches = 4, shapes.wide_T = 4096;
-    shapes.wide_layers_per_block = 2;
+    shapes.steps[BENCH_STEP_1B] = (BenchStepShape){
+        "step", llama_config(128256, 1280, 36, 16, 8, 80, 5120), 8, 4, 1024, 4};
+    shapes.steps[BENCH_STEP_WIDE] = (BenchStepShape){
+        "step8b", llama_config(128256, 4096, 4, 32, 8, 128, 14336), 1, 4, 4096, 2};
+    /* the graft's routing through the model: the 8B width and depth (32 layers, 8 blocks of
+     * 4: 64 sites over at most 9 sources, the (c) and (d) cases), one microbatch of 2 x 4096
+     * tokens; MLPs 256 wide and a 4096 vocabulary keep the rest of the step small, so that
+     * a routed step less the standard one is the routing */
+    shapes.steps[BENCH_STEP_GRAFT] = (BenchStepShape){
+        "graft", llama_config(4096, 4096, 32, 32, 8, 128, 256), 2, 1, 4096, 4};
     return shapes;
 }
 
@@ -283,7 +289,7 @@ static void print_table(const Bench *bench)
 
 int bench_main(int argc, char **argv)
 {
-    const char *cases = "layers,attention,route,msar,step,step8b", *json_path = NULL;
+    const char *cases = "layers,attention,route,msar,step,step8b,graft", *json_path = NULL;
     DeviceKind device = DEVICE_AUTO;
     bool small = false;
     int repeat = 10;
@@ -344,23 +350,11 @@ int bench_main(int argc, char **argv)
             bench_case_route(&bench, false, true);
         else if (!strcmp(name, "msar"))
             bench_case_route(&bench, true, false);
-        else if (!strcmp(name, "step")) {
-            static const char *const modes[] = {"standard", "mhar", "msar", "mhar-delta",
-                                                "msar-delta"};
-            for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++)
-                bench_case_step(&bench, false, modes[i]);
-        } else if (!strcmp(name, "step8b")) {
-            static const char *const modes[] = {"standard", "mhar-delta", "msar-delta"};
-            for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++)
-                bench_case_step(&bench, true, modes[i]);
-        } else if (!strncmp(name, "step-", 5) && bench_step_mode_known(name + 5))
-            bench_case_step(&bench, false, name + 5);
-        else if (!strncmp(name, "step8b-", 7) && bench_step_mode_known(name + 7))
-            bench_case_step(&bench, true, name + 7);
-        else
+        else if (!bench_step_case(&bench, name))
             fatal(EXIT_CONFIG, "bench: unknown case '%s' (layers, attention, route, msar, step, "
-                  "step8b, or one of route-1b, route-sites, route-1b-sites, step-MODE, "
-                  "step8b-MODE with MODE standard, mhar, msar, mhar-delta, msar-delta)", name);
+                  "step8b, graft, or one of route-1b, route-sites, route-1b-sites, step-MODE, "
+                  "step8b-MODE, graft-MODE with MODE standard, mhar, msar, mhar-delta, "
+                  "msar-delta)", name);
     }
     print_table(&bench);
     if (bench.json)

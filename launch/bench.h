@@ -1,7 +1,7 @@
 /* launch/bench.h — `fathom bench`: kernels and training steps timed on the machine at hand
  * (DESIGN 6), the fathom column of the table in docs/performance.md.
  *
- *   fathom bench [--cases layers,attention,route,msar,step,step8b] [--repeat N]
+ *   fathom bench [--cases layers,attention,route,msar,step,step8b,graft] [--repeat N]
  *                [--device auto|cpu|cuda] [--small] [--json OUT.jsonl]
  *
  * Cases, at the shapes launch/bench/peer.py gives PyTorch (same GPU, same run):
@@ -13,8 +13,9 @@
  *   route      block-MHAR delta routing at the 8B graft: d 4096, H 8, 2 x 4096 tokens, 64
  *              sites reading N = 2..9 sources, forward + backward, two-phase as the model
  *              routes (model/route_block.h); GB/s of the traffic the ops are built to move
- *   msar       the same sites through MSAR (4 streams, kernels 1 2 4 8), as the model runs it:
- *              each stream's convolutions inside its routing read (route_conv ops)
+ *   msar       the same sites through MSAR (4 streams, kernels 1 2 4 8) a site at a time, as
+ *              the model runs a site alone: each stream's convolutions inside its routing
+ *              read (route_conv ops)
  *   step       one training step of the MHAR paper's 1B model (d 1280, L 36, 16/8 heads,
  *              FFN 5120, V 128256, 32 x 1024 tokens in 4 microbatches of 8) with AdamW, for
  *              the standard residual, MHAR and MSAR (block of 4 layers, H 8, m 4) in the
@@ -23,11 +24,15 @@
  *   step8b     the same at the 8B width (d 4096, 32/8 heads, FFN 14336, V 128256, 4 layers,
  *              4 x 4096 tokens in 4 microbatches of 1, blocks of 2 layers): standard, MHAR
  *              delta and MSAR delta
+ *   graft      the routing of the 8B graft as the model runs it: a step of one 2 x 4096-token
+ *              microbatch at the 8B width and depth (32 layers, blocks of 4: the route and msar
+ *              sites) with MLPs 256 wide and a 4096 vocabulary, standard, MHAR delta and MSAR
+ *              delta; a routed step less the standard one is the routing of a microbatch
  * More cases, not in the default list: route-1b (the Block MHAR routing of one microbatch of
  * that step alone: d 1280, 8 x 1024 tokens, 73 sites, replace form, two-phase), route-sites
  * and route-1b-sites (the same routing a site at a time, as before the two-phase ops),
- * step-MODE and step8b-MODE (one mode of a step: standard, mhar, msar, mhar-delta,
- * msar-delta).
+ * step-MODE, step8b-MODE and graft-MODE (one mode of a step: standard, mhar, msar,
+ * mhar-delta, msar-delta).
  * --small shrinks every shape (a smoke test that runs on the cpu in seconds). Times are
  * medians of --repeat runs after two warm-ups, between backend events. One line per result
  * goes to --json; the table is printed last.

@@ -20,16 +20,22 @@ enum { BENCH_MAX_ROWS = 32, BENCH_STREAMS = 4, BENCH_KERNEL_MAX = 8 };
 /* MSAR's streams in every case: kernel sizes 1, 2, 4, 8 (bench.c) */
 extern const int bench_kernels[BENCH_STREAMS];
 
+/* One shape of the step cases (bench_step.c): `name` is the case. */
+typedef struct {
+    const char *name;
+    ModelConfig model;
+    int microbatch, microbatches, T, layers_per_block;
+} BenchStepShape;
+
+enum { BENCH_STEP_1B, BENCH_STEP_WIDE, BENCH_STEP_GRAFT, BENCH_STEP_SHAPES };
+
 typedef struct {
     ModelConfig layers_model;
     int layers_T;
     int attention_B, attention_T, attention_heads, attention_kv_heads, attention_head_dim;
     int route_d, route_heads, route_tokens, route_sublayers, route_blocks;
     int step_route_sublayers, step_route_blocks; /* the routing of the step's MHAR */
-    ModelConfig step_model;
-    int step_microbatch, step_microbatches, step_T;
-    ModelConfig wide_model; /* step8b: the 8B width */
-    int wide_microbatch, wide_microbatches, wide_T, wide_layers_per_block;
+    BenchStepShape steps[BENCH_STEP_SHAPES];   /* step (1B), step8b, graft */
 } BenchShapes;
 
 typedef struct {
@@ -70,9 +76,11 @@ void bench_case_route(Bench *bench, bool msar, bool step_routing);
 /* bench_route_block.c, two-phase as the model routes attnres: the 8B graft's delta sites
  * (route), or the 1B step's replace-form routing (route-1b). */
 void bench_case_route_blocks(Bench *bench, bool step_routing);
-/* bench_step.c: one training step of the 1B model (step) or at the 8B width (wide, step8b)
- * for one residual mode; bench_step_mode_known says which modes there are. */
-void bench_case_step(Bench *bench, bool wide, const char *mode);
-bool bench_step_mode_known(const char *mode);
+/* bench_step.c: one training step of BenchShapes.steps[shape] (BENCH_STEP_*) for one
+ * residual mode (standard, mhar, msar, mhar-delta, msar-delta). bench_step_case runs `name`
+ * when it is a step case: a shape's name runs its modes, NAME-MODE that one mode; false when
+ * `name` is no step case. */
+void bench_case_step(Bench *bench, int shape, const char *mode);
+bool bench_step_case(Bench *bench, const char *name);
 
 #endif

@@ -154,8 +154,9 @@ void bench_case_route(Bench *bench, bool msar, bool step_routing)
         .sublayers_per_block = s->route_sublayers / s->route_blocks, .msar = msar,
     };
     if (step_routing) {
-        r.d = s->step_model.d_model, r.heads = 8 < r.d / 16 ? 8 : 2;
-        r.tokens = s->step_microbatch * s->step_T, r.replace = true;
+        const BenchStepShape *step = &s->steps[BENCH_STEP_1B];
+        r.d = step->model.d_model, r.heads = 8 < r.d / 16 ? 8 : 2;
+        r.tokens = step->microbatch * step->T, r.replace = true;
         r.sites = s->step_route_sublayers + 1;
         r.sublayers_per_block = s->step_route_sublayers / s->step_route_blocks;
     }

@@ -172,8 +172,9 @@ void bench_case_route_blocks(Bench *bench, bool step_routing)
                    .tokens = s->route_tokens, .blocks = s->route_blocks,
                    .S = s->route_sublayers / s->route_blocks, .sites = s->route_sublayers};
     if (step_routing) {
-        p.d = s->step_model.d_model, p.heads = 8 < p.d / 16 ? 8 : 2;
-        p.tokens = s->step_microbatch * s->step_T, p.replace = true;
+        const BenchStepShape *step = &s->steps[BENCH_STEP_1B];
+        p.d = step->model.d_model, p.heads = 8 < p.d / 16 ? 8 : 2;
+        p.tokens = step->microbatch * step->T, p.replace = true;
         p.blocks = s->step_route_blocks, p.S = s->step_route_sublayers / s->step_route_blocks;
         p.sites = s->step_route_sublayers + 1;
     }

@@ -8,6 +8,13 @@
  *   step8b  the 8B width (d 4096, 32/8 heads, hd 128, FFN 14336, V 128256, 4 layers, 4 x 4096
  *           tokens in 4 microbatches of 1, blocks of 2 layers as launch/bench/train_8b_width.sh
  *           runs `fathom train`): standard, mhar-delta (H 8), msar-delta (m 4, H 8)
+ *   graft   the routing of the 8B graft through the model: the 8B width and depth (32 layers
+ *           in 8 blocks of 4, 64 sites over at most 9 sources) with MLPs 256 wide and a 4096
+ *           vocabulary, one microbatch of 2 x 4096 tokens: standard, mhar-delta, msar-delta.
+ *           A routed step less the standard one is the routing of a microbatch: the (c) and
+ *           (d) cases of docs/performance.md as the model runs them, sites, walk and all
+ * NAME-mhar-delta-sites and NAME-msar-delta-sites run the delta form with every site routed
+ * alone, the per-site walk the two-phase one replaced.
  * Tokens a second and the most device memory held are reported per mode; the ratios of the
  * performance table are taken between modes of one run.
  */
@@ -38,12 +45,44 @@ static void step_pass(void *context)
     p->consumed += (uint64_t)p->global_batch;
 }
 
-bool bench_step_mode_known(const char *mode)
+static const char *const step_modes[] = {"standard", "mhar", "msar", "mhar-delta",
+                                         "msar-delta"};
+/* the delta form with every site routed alone (model_route_sites_alone): the per-site walk
+ * the two-phase one replaced; only when named */
+static const char *const site_modes[] = {"mhar-delta-sites", "msar-delta-sites"};
+
+static bool step_mode_known(const char *mode)
 {
-    static const char *const modes[] = {"standard", "mhar", "msar", "mhar-delta", "msar-delta"};
-    for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++)
-        if (!strcmp(mode, modes[i]))
+    for (size_t i = 0; i < sizeof step_modes / sizeof step_modes[0]; i++)
+        if (!strcmp(mode, step_modes[i]))
             return true;
+    for (size_t i = 0; i < sizeof site_modes / sizeof site_modes[0]; i++)
+        if (!strcmp(mode, site_modes[i]))
+            return true;
+    return false;
+}
+
+bool bench_step_case(Bench *bench, const char *name)
+{
+    /* the modes a shape runs: the 1B step every one, the 8B shapes the graft's */
+    static const char *const graft_modes[] = {"standard", "mhar-delta", "msar-delta"};
+    for (int shape = 0; shape < BENCH_STEP_SHAPES; shape++) {
+        const char *shape_name = bench->shapes.steps[shape].name;
+        const size_t length = strlen(shape_name);
+        if (!strcmp(name, shape_name)) {
+            const bool all = shape == BENCH_STEP_1B;
+            const size_t count = all ? sizeof step_modes / sizeof step_modes[0]
+                                     : sizeof graft_modes / sizeof graft_modes[0];
+            for (size_t i = 0; i < count; i++)
+                bench_case_step(bench, shape, all ? step_modes[i] : graft_modes[i]);
+            return true;
+        }
+        if (!strncmp(name, shape_name, length) && name[length] == '-' &&
+            step_mode_known(name + length + 1)) {
+            bench_case_step(bench, shape, name + length + 1);
+            return true;
+        }
+    }
     return false;
 }
 
@@ -66,27 +105,23 @@ static void step_residual(ResidualConfig *residual, const char *mode, const Mode
         residual->stream_kernels[i] = bench_kernels[i];
 }
 
-/* wide: the 8B width (step8b), else the 1B model (step) */
-void bench_case_step(Bench *bench, bool wide, const char *mode)
+void bench_case_step(Bench *bench, int shape_index, const char *mode)
 {
     const Backend *backend = bench->backend;
-    const BenchShapes *s = &bench->shapes;
-    const ModelConfig *shape = wide ? &s->wide_model : &s->step_model;
-    const int microbatch = wide ? s->wide_microbatch : s->step_microbatch;
-    const int microbatches = wide ? s->wide_microbatches : s->step_microbatches;
-    const int T = wide ? s->wide_T : s->step_T;
+    const BenchStepShape *shape = &bench->shapes.steps[shape_index];
     Config config;
     config_defaults(&config);
-    config.model = *shape;
-    config.train.microbatch_size = microbatch;
-    config.train.global_batch_size = microbatch * microbatches;
-    config.train.seq_len = T;
+    config.model = shape->model;
+    config.train.microbatch_size = shape->microbatch;
+    config.train.global_batch_size = shape->microbatch * shape->microbatches;
+    config.train.seq_len = shape->T;
     config.train.z_loss = 1e-4;
     config.data.source = DATA_SYNTHETIC;
-    step_residual(&config.residual, mode, shape,
-                  wide ? s->wide_layers_per_block : (shape->n_layers >= 8 ? 4 : 2));
+    step_residual(&config.residual, mode, &config.model, shape->layers_per_block);
+    const int microbatch = shape->microbatch, T = shape->T;
     backend->memory_peak_reset();
     Model *model = model_create(backend, &config.model, &config.residual, microbatch, T);
+    model_route_sites_alone(model, strstr(mode, "-sites") != NULL);
     model_init_params(model, 1, 0.02);
     config.optim.ema_decay = 0; /* the step of the table keeps no EMA */
     RunState state;
@@ -101,7 +136,7 @@ void bench_case_step(Bench *bench, bool wide, const char *mode)
     const size_t tokens = (size_t)config.train.global_batch_size * T;
     const int repeat = bench->repeat / 3 > 3 ? bench->repeat / 3 : 3;
     double ms = bench_time_ms(backend, step_pass, &pass, repeat);
-    bench_add(bench, wide ? "step8b" : "step", mode, ms, (double)tokens / ms * 1e3, "tok/s",
+    bench_add(bench, shape->name, mode, ms, (double)tokens / ms * 1e3, "tok/s",
               bench_peak_gib(backend));
     data_close(data);
     step_destroy(&step);

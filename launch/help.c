@@ -47,11 +47,11 @@ static const CommandHelp commands[] = {
      "  --json OUT.json     also write the numbers as JSON (launch/tools/plot.py --probe)\n"
      "example: fathom probe --checkpoint runs/demo_block_mhar --weights raw --json probe.json\n"},
     {"bench",
-     "usage: fathom bench [--cases layers,attention,route,msar,step,step8b] [--repeat N] "
+     "usage: fathom bench [--cases layers,attention,route,msar,step,step8b,graft] [--repeat N] "
      "[--device auto|cpu|cuda] [--small] [--json OUT.jsonl]\n"
      "  Times the kernels and training steps of docs/performance.md on this machine.\n"
      "  --cases LIST        which cases, comma separated (default: all); also route-1b,\n"
-     "                      route-sites, route-1b-sites, step-MODE, step8b-MODE\n"
+     "                      route-sites, route-1b-sites, step-MODE, step8b-MODE, graft-MODE\n"
      "  --repeat N          timed repetitions of each\n"
      "  --device D          the backend (default auto: the GPU when there is one)\n"
      "  --small             small shapes (the only ones the cpu takes)\n"

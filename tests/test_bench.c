@@ -22,6 +22,7 @@ Test(bench, small_cpu_run_reports_every_case_in_the_table_and_the_json, .timeout
         {"route", "block ops only"}, {"msar", "conv in the read"}, {"step", "standard"}, {"step", "mhar"},
         {"step", "msar"}, {"step", "mhar-delta"}, {"step", "msar-delta"},
         {"step8b", "standard"}, {"step8b", "mhar-delta"}, {"step8b", "msar-delta"},
+        {"graft", "standard"}, {"graft", "mhar-delta"}, {"graft", "msar-delta"},
     };
     const int n_expected = sizeof expected / sizeof expected[0];
     FILE *file = fopen(json, "r");

@@ -10,7 +10,7 @@
 #   2. `fathom bench`: the routing of the 8B graft and of the 1B step, two-phase and a site at
 #      a time (route, route-sites, route-1b, route-1b-sites), then the steps (step8b: the 8B
 #      width, 4 layers, standard / MHAR delta / MSAR delta; step: the 1B model, standard,
-#      MHAR, MSAR);
+#      MHAR, MSAR; graft: the graft's routing through the model, the (c) and (d) cases);
 #   3. a short table: every timing, and the ratios the targets are stated in.
 # The 1B step's delta forms run too; OLD_BINARY=path runs the MSAR steps of another build's
 # fathom as well, with OLD_MODULE (its CUDA module, when the op tables differ; default this
@@ -59,6 +59,7 @@ bench route 60 route,route-sites,route-1b,route-1b-sites 20
 bench step8b 100 step8b 6
 bench step 100 step-standard,step-mhar,step-msar 6
 bench step-delta 100 step-mhar-delta,step-msar-delta 6
+bench graft 200 graft,graft-mhar-delta-sites,graft-msar-delta-sites 6
 if [ -n "${OLD_BINARY:-}" ]; then # the MSAR steps of another build, in the same run
   FATHOM_CUDA_MODULE=${OLD_MODULE:-$PWD/build/kernels/libfathom_cuda.so} timeout 200 \
     "$OLD_BINARY" bench \
@@ -76,7 +77,7 @@ python3 - "$out" <<'PY'
 import json, os, sys
 out = sys.argv[1]
 rows = []
-for name in ("route", "step8b", "step", "step-delta", "old"):
+for name in ("route", "step8b", "step", "step-delta", "graft", "old"):
     path = os.path.join(out, name + ".jsonl")
     if os.path.exists(path):
         for line in open(path):
@@ -108,6 +109,13 @@ print(f"{'(c) route, two-phase delta':<44} {ms('route', 'two-phase delta'):.2f} 
       f"{ms('route', 'per site delta'):.2f} ms)")
 print(f"{'route-1b, two-phase replace':<44} {ms('route-1b', 'two-phase replace'):.2f} ms   "
       f"(per site {ms('route-1b', 'per site replace'):.2f} ms)")
+for mode, label, target in (("mhar-delta", "(c) MHAR delta", "<= 8 ms"),
+                             ("mhar-delta-sites", "(c) MHAR delta a site at a time", "-"),
+                             ("msar-delta", "(d) MSAR delta", "<= 40 ms"),
+                             ("msar-delta-sites", "(d) MSAR delta a site at a time", "-")):
+    print(f"{label + ', through the model (graft)':<44} "
+          f"{ms('graft', mode) - ms('graft', 'standard'):.2f} ms a microbatch   "
+          f"(target {target}; step {ms('graft', mode):.1f} against {ms('graft', 'standard'):.1f})")
 ratio("(8B width) MHAR delta vs standard", "step8b", "mhar-delta", "standard", ">= 0.97x")
 ratio("(8B width) MSAR delta vs standard", "step8b", "msar-delta", "standard", "-")
 ratio("(8B width) MSAR delta (old build)", "step8b", "msar-delta (old)", "standard", "-")
