@@ -22,7 +22,7 @@ typedef struct {
     const Activation *taps_of_source[16]; /* msar: stream r's taps per source, NULL: null */
     float *grad_taps_of_source[16];
     Activation *streams[BENCH_STREAMS], *grad_streams[BENCH_STREAMS];
-    Activation *mixed, *grad_mixed, *base, *out, *dout;
+    Activation *mixed, *base, *out, *dout;
     Activation *query, *key_norm, *taps, *mix_proj;
     float *weights, *rstd, *mix_gates, *mix_rstd, *scratch;
     float *alpha; /* [1] 0.1, backend memory (the gate's master weight) */
@@ -61,8 +61,8 @@ static void msar_taps(RoutePass *r, int n, int stream)
     }
 }
 
-/* The streams and their mix; `recompute`: as the backward remakes them, from the saved
- * depth weights (route_conv_mix). */
+/* The streams, and in the forward their mix; `recompute`: as the backward remakes them,
+ * from the saved depth weights (route_conv_mix), without the mix. */
 static void msar_streams_forward(RoutePass *r, int n, bool recompute)
 {
     for (int s = 0; s < BENCH_STREAMS; s++) {
@@ -80,9 +80,10 @@ static void msar_streams_forward(RoutePass *r, int n, bool recompute)
                                            row_of(r, r->query, s), row_of(r, r->key_norm, s),
                                            1, r->tokens, r->d, r->heads, 1e-5f);
     }
-    r->backend->stream_mix_forward(r->mixed, r->mix_gates, r->mix_rstd,
-                                   (const Activation *const *)r->streams, BENCH_STREAMS,
-                                   r->mix_bias, r->mix_proj, r->tokens, r->d, 1e-5f);
+    if (!recompute)
+        r->backend->stream_mix_forward(r->mixed, r->mix_gates, r->mix_rstd,
+                                       (const Activation *const *)r->streams, BENCH_STREAMS,
+                                       r->mix_bias, r->mix_proj, r->tokens, r->d, 1e-5f);
 }
 
 /* One MSAR delta site, forward then backward, as model/route_site.c runs it: the stream
@@ -90,21 +91,16 @@ static void msar_streams_forward(RoutePass *r, int n, bool recompute)
 static void msar_site(RoutePass *r, int n)
 {
     const Backend *backend = r->backend;
-    const size_t bytes = (size_t)r->tokens * r->d * backend->activation_bytes;
-    const size_t count = (size_t)r->tokens * r->d;
 
     msar_streams_forward(r, n, false);
-    backend->add_scaled(r->out, r->base, r->mixed, r->alpha, count);
-    /* backward: the streams and the mix again, then the gate, the mix, each stream */
+    backend->add_scaled(r->out, r->base, r->mixed, r->alpha, (size_t)r->tokens * r->d);
+    /* backward: the streams again, then the gate and the mix in one op, then each stream */
     msar_streams_forward(r, n, true);
-    backend->add_scaled_backward(r->grad_mixed, r->grad_alpha, r->dout, r->mixed, r->alpha,
-                                 count);
-    for (int s = 0; s < BENCH_STREAMS; s++)
-        backend->zero(r->grad_streams[s], bytes);
-    backend->stream_mix_backward(r->grad_streams, r->grad_mix_bias, r->grad_mix_proj,
-                                 r->grad_mixed, (const Activation *const *)r->streams,
-                                 BENCH_STREAMS, r->mix_gates, r->mix_rstd, r->mix_bias,
-                                 r->mix_proj, r->tokens, r->d);
+    backend->stream_mix_backward(r->grad_streams, GRAD_WRITE, r->grad_mix_bias,
+                                 r->grad_mix_proj, r->grad_alpha, r->dout,
+                                 (const Activation *const *)r->streams, BENCH_STREAMS,
+                                 r->mix_gates, r->mix_rstd, r->mix_bias, r->mix_proj, r->alpha,
+                                 r->tokens, r->d);
     for (int s = 0; s < BENCH_STREAMS; s++) {
         msar_taps(r, n, s);
         backend->route_conv_backward(r->grad_sources, r->grad_taps_of_source, r->grad_query,
@@ -177,7 +173,6 @@ void bench_case_route(Bench *bench, bool msar, bool step_routing)
         r.grad_streams[i] = bench_zero_activations(backend, rows);
     }
     r.mixed = bench_zero_activations(backend, rows);
-    r.grad_mixed = bench_zero_activations(backend, rows);
     r.base = bench_random_activations(backend, rows, 1.0f);
     r.out = bench_zero_activations(backend, rows);
     r.dout = bench_random_activations(backend, rows, 1.0f);
@@ -231,7 +226,7 @@ void bench_case_route(Bench *bench, bool msar, bool step_routing)
         backend->release(r.streams[i]);
         backend->release(r.grad_streams[i]);
     }
-    void *rest[] = {r.mixed, r.grad_mixed, r.base, r.out, r.dout, r.query, r.key_norm,
+    void *rest[] = {r.mixed, r.base, r.out, r.dout, r.query, r.key_norm,
                     r.taps, r.mix_proj, r.weights, r.rstd, r.mix_gates, r.mix_rstd, r.scratch, r.grad_query,
                     r.grad_key_norm, r.grad_alpha, r.alpha, r.grad_taps, r.mix_bias, r.grad_mix_bias,
                     r.grad_mix_proj};

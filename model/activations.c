@@ -184,9 +184,6 @@ static void route_scratch_layout(ModelScratch *scratch, Carver *carver,
         route->grad_streams[r] = carve_activations(carver, N * d);
     }
     route->mixed = carve_activations(carver, N * d);
-    route->grad_mixed = carve_activations(carver, N * d);
-    route->mix_gates = carve_floats(carver, N * m);
-    route->mix_rstd = carve_floats(carver, N * m);
 }
 
 static void scratch_layout(ModelScratch *scratch, Carver *carver, const ModelConfig *config,

@@ -55,8 +55,8 @@
  * source and its gradient 2d; route backward M H; the delta form's two-phase walk
  * (model/route_block.h): the open block's phase-one results (its d x in the backward) S d,
  * and S d more with checkpointing (both live in a checkpointed backward); msar: routed
- * streams and their gradients 2 m d, mix and its gradient 2d, recomputed weights M (H + 1)
- * and gates 2m, and in the delta form the streams of a block's sites m (S + 1) d, the
+ * streams and their gradients 2 m d, the mix d, recomputed weights M (H + 1), and in the
+ * delta form the streams of a block's sites m (S + 1) d, the
  * convolved sources and their gradients 2 M d and the recomputed phase one S M (H + 1).
  * The rows of the two-phase walk are carved out of the logits' gradient when they fit in it
  * (it is idle outside the head's backward, they outside the layers' walk). With
@@ -129,8 +129,6 @@ typedef struct {
     Activation **streams;         /* [m] msar: o_r, the routed streams */
     Activation **grad_streams;    /* [m] */
     Activation *mixed;            /* [N, d] msar delta: the mix before alpha */
-    Activation *grad_mixed;       /* [N, d] */
-    float *mix_gates, *mix_rstd; /* [N, m] recomputed in the backward */
     float *route_backward;    /* [M, N, H] route_backward's scratch */
     /* two-phase routing (model/route_block.h), S = sublayers_per_block: */
     Activation **block_results;  /* [S] [N, d]: phase one's Route of each site of the open

@@ -243,7 +243,7 @@ static void block_open_streams(RouteWalk *walk, int block)
 /* Stream r's part of the block's backward, from d o_r of each site in slot i: into d E_r
  * (the scratch's grad_conv_rows; the null source's straight into its gradient), the
  * stream's queries and key norms, then through the convolutions into the sources and taps.
- * Expects walk->sources and walk->grad_sources. */
+ * Expects walk->sources, walk->grad_sources and walk->stream_sources (E_r). */
 static void stream_block_backward(RouteWalk *walk, int block, int r)
 {
     Model *model = walk->model;
@@ -255,7 +255,6 @@ static void stream_block_backward(RouteWalk *walk, int block, int r)
     const int N = plan->n_sources, d = walk->d;
     const size_t bytes = (size_t)walk->rows * d * backend->activation_bytes;
     Activation **grad_stream_sources = walk->stream_grad_sources;
-    sources_convolve(walk, plan, r);
     for (int k = 0; k < N; k++) {
         if (plan->sources[k].slot == RESIDUAL_NO_SLOT) {
             grad_stream_sources[k] = walk->grad_sources[k];
@@ -292,10 +291,11 @@ static void stream_block_backward(RouteWalk *walk, int block, int r)
     }
 }
 
-/* The backward of block n when the walk leaves it: the streams of every site made again,
- * each site's d x through its gate and mix to d o_r (written into slot i, where site i - 1's
- * o_r was: the sites go in order and a site's o_r is spent once its mix backward ran), then
- * each stream into the sources. */
+/* The backward of block n when the walk leaves it, a stream at a time (a stream's share of
+ * the mix's backward depends on its own o_r only, route_site_mix_backward): E_r and every
+ * site's o_r made again (the convolution and phase one), each site's d x through its gate
+ * and mix to d o_r (written into slot i, where site i - 1's o_r was: the sites go in order
+ * and a site's o_r is spent once its mix backward ran), then the stream into the sources. */
 static void block_backward_streams(RouteWalk *walk, int block)
 {
     Model *model = walk->model;
@@ -303,20 +303,21 @@ static void block_backward_streams(RouteWalk *walk, int block)
     const int m = walk->plan->streams;
     site_sources(walk, first, walk->sources);
     site_grad_sources(walk, first, walk->grad_sources);
-    for (int r = 0; r < m; r++)
+    for (int r = 0; r < m; r++) {
         stream_phase_one(walk, block, r, true);
-    for (int i = 0; i < G; i++) {
-        const int j = first + i;
-        for (int r = 0; r < m; r++) {
+        for (int k = 0; k < m; k++)
+            walk->site_streams[k] = NULL;
+        for (int i = 0; i < G; i++) {
+            const int j = first + i;
             walk->site_streams[r] = stream_slot(walk, r, i + 1);
             walk->site_grad_streams[r] = stream_slot(walk, r, i);
+            route_site_mix_backward(walk->route, &model->site_params[j], &model->site_grads[j],
+                                    &walk->stash->sites[j], walk->site_streams,
+                                    model->scratch.route.block_grads[i],
+                                    walk->site_grad_streams);
         }
-        route_site_mix_backward(walk->route, &model->site_params[j], &model->site_grads[j],
-                                &walk->stash->sites[j], walk->site_streams,
-                                model->scratch.route.block_grads[i], walk->site_grad_streams);
-    }
-    for (int r = 0; r < m; r++)
         stream_block_backward(walk, block, r);
+    }
     walk->open_block = -1; /* the slots hold gradients now */
 }
 

@@ -162,44 +162,28 @@ static void recompute_streams(const RouteContext *context, const SitePlan *site,
             context->plan->heads);
 }
 
-Activation *const *route_site_mix_backward(const RouteContext *context,
-                                           const SiteWeights *weights, SiteGrads *grads,
-                                           const SiteActivations *saved,
-                                           const Activation *const *streams,
-                                           const Activation *dout, Activation *const *grad_streams)
+void route_site_mix_backward(const RouteContext *context, const SiteWeights *weights,
+                             SiteGrads *grads, const SiteActivations *saved,
+                             const Activation *const *streams, const Activation *dout,
+                             Activation *const *grad_streams)
 {
     const Backend *backend = context->backend;
-    RouteScratch *scratch = context->scratch;
     const ResidualPlan *plan = context->plan;
     const int rows = context->B * context->T, d = context->d, m = plan->streams;
-    const size_t bytes = (size_t)rows * d * backend->activation_bytes;
-    const Activation *grad_mix = dout;
-    if (plan->form == FORM_DELTA) {
-        /* the gate: d mix = alpha * dout, d alpha += sum <dout, mix>; the mix is made again
-         * from the streams, bit for bit as the forward made it */
-        const Activation *mix = streams[0];
-        if (m > 1) {
-            backend->stream_mix_forward(scratch->mixed, scratch->mix_gates, scratch->mix_rstd,
-                                        streams, m, weights->mix_bias, weights->mix_proj,
-                                        rows, d, context->eps);
-            mix = scratch->mixed;
-        }
-        Activation *into = m > 1 ? scratch->grad_mixed : grad_streams[0];
-        backend->add_scaled_backward(into, grads->alpha, dout, mix, weights->alpha,
-                                     (size_t)rows * d);
-        grad_mix = into;
+    const bool delta = plan->form == FORM_DELTA;
+    if (m > 1) { /* the gate folded into the mix's backward (stream_mix_backward's alpha) */
+        backend->stream_mix_backward(grad_streams, GRAD_WRITE, grads->mix_bias, grads->mix_proj,
+                                     delta ? grads->alpha : NULL, dout, streams, m,
+                                     saved->mix_gates, saved->mix_rstd, weights->mix_bias,
+                                     weights->mix_proj, delta ? weights->alpha : NULL, rows, d);
+        return;
     }
-    if (m == 1) {
-        if (grad_mix != grad_streams[0])
-            backend->copy(grad_streams[0], grad_mix, bytes);
-        return grad_streams;
-    }
-    for (int r = 0; r < m; r++)
-        backend->zero(grad_streams[r], bytes);
-    backend->stream_mix_backward(grad_streams, grads->mix_bias, grads->mix_proj, grad_mix,
-                                 streams, m, saved->mix_gates, saved->mix_rstd,
-                                 weights->mix_bias, weights->mix_proj, rows, d);
-    return grad_streams;
+    const size_t count = (size_t)rows * d; /* x = p + alpha * o_0, or x = o_0 */
+    if (delta)
+        backend->add_scaled_backward(grad_streams[0], grads->alpha, dout, streams[0],
+                                     weights->alpha, count);
+    else if (grad_streams[0] != dout)
+        backend->copy(grad_streams[0], dout, count * backend->activation_bytes);
 }
 
 /* Stream r: from d o_r through its Route and the slot convolutions (one op) into

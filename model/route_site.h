@@ -11,9 +11,10 @@
  *             mix = sum_r w_r o_r through stream_mix (m > 1), mix = o_0 (m = 1);
  *             x = mix (replace) or x = p + alpha * mix (delta)
  * In the msar delta form the gate is add_scaled, x = p + alpha * mix (as the attnres delta
- * form's two-phase walk applies it), and its backward add_scaled_backward: d mix = alpha *
- * dx, d alpha += sum <dx, mix>. MSAR at init is then Block AttnRes bit for bit where both
- * route a block in two phases.
+ * form's two-phase walk applies it). Its backward, d mix = alpha * dx and d alpha += sum
+ * <dx, mix>, is folded into the mix's (stream_mix_backward's alpha: sum_r w_r <dx, o_r>
+ * stream by stream), or add_scaled_backward when m = 1. MSAR at init is then Block AttnRes
+ * bit for bit where both route a block in two phases.
  *
  * Saved (SiteActivations): the depth weights and key rstd of every stream, the mix gates
  * and rstd (m > 1). The routed streams o_r and the mix are not kept: the backward
@@ -83,14 +84,14 @@ void route_site_mix_forward(const RouteContext *context, const SiteWeights *weig
                             const Activation *base, Activation *out);
 
 /* msar: from dout = d x back through the gate (delta: grads->alpha +=) and the mix (m > 1:
- * grads->mix_bias, mix_proj +=) to the routed streams: WRITES grad_streams[r] = d o_r (m
- * buffers [rows, d], none aliasing a stream) and returns grad_streams. streams: the o_r the
- * forward mixed, bit for bit. Uses the scratch's mixed, grad_mixed and mix statistics. */
-Activation *const *route_site_mix_backward(const RouteContext *context,
-                                           const SiteWeights *weights, SiteGrads *grads,
-                                           const SiteActivations *saved,
-                                           const Activation *const *streams,
-                                           const Activation *dout, Activation *const *grad_streams);
+ * grads->mix_bias, mix_proj +=) to the routed streams given: WRITES grad_streams[r] = d o_r
+ * for each r whose streams[r] is not NULL (with m > 1 a caller may give one stream at a
+ * time: a stream's share depends on its own o_r only; with m = 1 streams[0] is given).
+ * streams: the o_r the forward mixed, bit for bit; grad_streams must not alias them. */
+void route_site_mix_backward(const RouteContext *context, const SiteWeights *weights,
+                             SiteGrads *grads, const SiteActivations *saved,
+                             const Activation *const *streams, const Activation *dout,
+                             Activation *const *grad_streams);
 
 /* From dout = d x [rows, d]: grad_sources[k] += d s_k, grads += the site's weight
  * gradients, context->grad_conv += the stream convolutions' (msar). */

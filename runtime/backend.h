@@ -360,12 +360,20 @@ typedef struct Backend {
     void (*stream_mix_forward)(Activation *out, float *gates, float *rstd,
                                const Activation *const *streams, int m, const float *mix_bias,
                                const Activation *mix_proj, int tokens, int d, float eps);
-    /* dstreams[r] += ..., dmix_bias += ..., dmix_proj += ... */
-    void (*stream_mix_backward)(Activation *const *dstreams, float *dmix_bias,
-                                float *dmix_proj, const Activation *dout,
-                                const Activation *const *streams, int m, const float *gates,
-                                const float *rstd, const float *mix_bias,
-                                const Activation *mix_proj, int tokens, int d);
+    /* The backward, stream by stream: stream r's share depends on its own o_r only, so a
+     * NULL streams[r] skips it (its dstreams[r], dmix_bias[r], dmix_proj[r] untouched) and a
+     * caller may take the streams one at a time. For each stream given:
+     *   dstreams[r] = or += (dstreams_mode) d o_r;  dmix_bias[r] +=;  dmix_proj[r] +=
+     * alpha NULL: dout = d out. alpha (fp32 backend memory [1]; the delta form's gate
+     * x = p + alpha * out): dout = d x, d out = alpha * dout, and
+     *   *dalpha += sum over the given streams in order of sum_t w[t,r] < dout[t], o_r[t] >
+     * (their share of sum_t < dout[t], out[t] >, in a fixed order). */
+    void (*stream_mix_backward)(Activation *const *dstreams, GradMode dstreams_mode,
+                                float *dmix_bias, float *dmix_proj, float *dalpha,
+                                const Activation *dout, const Activation *const *streams, int m,
+                                const float *gates, const float *rstd, const float *mix_bias,
+                                const Activation *mix_proj, const float *alpha, int tokens,
+                                int d);
 
     /* ---- optimizer, over flat fp32 ranges (DESIGN 3) ---- */
     /* sum of x[i]^2 in double, summed in a fixed order */

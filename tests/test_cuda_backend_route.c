@@ -231,7 +231,7 @@ static void run_stream_mix_forward(const Backend *b, void *const *p, const OpCas
 }
 
 enum { MIX_DSTREAMS, MIX_DBIAS, MIX_DPROJ, MIX_DOUT, MIX_STREAMS, MIX_GATES, MIX_RSTD,
-       MIX_BIAS, MIX_PROJ };
+       MIX_BIAS, MIX_PROJ, MIX_DALPHA, MIX_ALPHA };
 
 static void run_stream_mix_backward(const Backend *b, void *const *p, const OpCase *c)
 {
@@ -240,8 +240,9 @@ static void run_stream_mix_backward(const Backend *b, void *const *p, const OpCa
     const Activation *streams[MAX_SOURCES];
     split_rows(b, p[MIX_DSTREAMS], m, (size_t)tokens * d, dstreams);
     split_rows_const(b, p[MIX_STREAMS], m, (size_t)tokens * d, streams);
-    b->stream_mix_backward(dstreams, p[MIX_DBIAS], p[MIX_DPROJ], p[MIX_DOUT], streams, m,
-                           p[MIX_GATES], p[MIX_RSTD], p[MIX_BIAS], p[MIX_PROJ], tokens, d);
+    b->stream_mix_backward(dstreams, GRAD_ADD, p[MIX_DBIAS], p[MIX_DPROJ], p[MIX_DALPHA],
+                           p[MIX_DOUT], streams, m, p[MIX_GATES], p[MIX_RSTD], p[MIX_BIAS],
+                           p[MIX_PROJ], p[MIX_ALPHA], tokens, d);
 }
 
 static void prepare_stream_mix_backward(OpCase *c)
@@ -283,6 +284,10 @@ static void check_stream_mix(bool backward, int i)
     }
     op_input(&c, "mix_bias", ARRAY_FLOAT, (size_t)m, 0.3f, bias);
     op_input(&c, "mix_proj", ARRAY_ACTIVATION, (size_t)m * d, 0.1f, 0);
+    if (backward) { /* the delta form's gate folded in */
+        op_accumulated(&c, "dalpha", ARRAY_FLOAT, 1, STATISTIC);
+        op_input(&c, "alpha", ARRAY_FLOAT, 1, 0, 0.625f);
+    }
     op_check(&c, (backward ? 510 : 500) + (uint64_t)i);
 }
 

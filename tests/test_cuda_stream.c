@@ -257,26 +257,48 @@ Test(cuda_stream, mix_at_init_of_equal_streams_gives_one_over_m_and_the_stream)
     gpu_free_all();
 }
 
-/* Host copies of one cuda_stream_mix_backward into zeroed gradients. */
+/* Host copies of one cuda_stream_mix_backward into zeroed gradients (dalpha from 0). */
 typedef struct {
-    float *dstreams, *dmix_bias, *dmix_proj;
+    float *dstreams, *dmix_bias, *dmix_proj, dalpha;
 } MixGrads;
 
-static MixGrads gpu_mix_backward(const MixInputs *in, const float *dout, const float *gates,
-                                 const float *rstd)
+/* How the backward is called: `alpha` the gate (NULL: none), the streams one at a time,
+ * dstreams written over poison (GRAD_WRITE) or added into zeros (GRAD_ADD). */
+typedef struct {
+    const float *alpha;
+    bool one_at_a_time;
+    GradMode mode;
+} MixCall;
+
+static const MixCall plain_call = {NULL, false, GRAD_ADD};
+
+static MixGrads gpu_mix_backward_as(const MixInputs *in, const float *dout, const float *gates,
+                                    const float *rstd, MixCall call)
 {
     const size_t n_gates = (size_t)in->tokens * in->m, n_proj = (size_t)in->m * in->d;
     float *zeros = gpu_test_host_floats(in->size > n_proj ? in->size : n_proj);
     bf16 *dstreams[CUDA_STREAM_MAX_STREAMS];
     for (int r = 0; r < in->m; r++)
-        dstreams[r] = gpu_upload_bf16(zeros, in->size);
+        dstreams[r] = call.mode == GRAD_WRITE ? gpu_poisoned_bf16(in->size)
+                                              : gpu_upload_bf16(zeros, in->size);
     float *dmix_bias = gpu_upload_floats(zeros, in->m), *dmix_proj = gpu_upload_floats(zeros, n_proj);
+    float *dalpha = gpu_upload_floats(zeros, 1);
+    const float *alpha = call.alpha ? gpu_upload_floats(call.alpha, 1) : NULL;
     float *workspace =
         gpu_poisoned_floats(cuda_stream_mix_backward_workspace_floats(in->m, in->tokens, in->d));
-    cuda_stream_mix_backward(dstreams, dmix_bias, dmix_proj, gpu_upload_bf16(dout, in->size),
-                             in->device_streams, in->m, gpu_upload_floats(gates, n_gates),
-                             gpu_upload_floats(rstd, n_gates), gpu_upload_floats(in->mix_bias, in->m),
-                             gpu_upload_bf16(in->mix_proj, n_proj), in->tokens, in->d, workspace, 0);
+    const bf16 *device_dout = gpu_upload_bf16(dout, in->size);
+    const float *device_gates = gpu_upload_floats(gates, n_gates);
+    const float *device_rstd = gpu_upload_floats(rstd, n_gates);
+    const float *device_bias = gpu_upload_floats(in->mix_bias, in->m);
+    const bf16 *device_proj = gpu_upload_bf16(in->mix_proj, n_proj);
+    const bf16 *given[CUDA_STREAM_MAX_STREAMS];
+    for (int pass = 0; pass < (call.one_at_a_time ? in->m : 1); pass++) {
+        for (int r = 0; r < in->m; r++)
+            given[r] = !call.one_at_a_time || r == pass ? in->device_streams[r] : NULL;
+        cuda_stream_mix_backward(dstreams, call.mode, dmix_bias, dmix_proj, dalpha, device_dout,
+                                 given, in->m, device_gates, device_rstd, device_bias,
+                                 device_proj, alpha, in->tokens, in->d, workspace, 0);
+    }
     MixGrads grads;
     grads.dstreams = gpu_test_host_floats((size_t)in->m * in->size);
     for (int r = 0; r < in->m; r++) {
@@ -286,8 +308,17 @@ static MixGrads gpu_mix_backward(const MixInputs *in, const float *dout, const f
     }
     grads.dmix_bias = gpu_download_floats(dmix_bias, in->m);
     grads.dmix_proj = gpu_download_floats(dmix_proj, n_proj);
+    float *dalpha_got = gpu_download_floats(dalpha, 1);
+    grads.dalpha = dalpha_got[0];
+    free(dalpha_got);
     free(zeros);
     return grads;
+}
+
+static MixGrads gpu_mix_backward(const MixInputs *in, const float *dout, const float *gates,
+                                 const float *rstd)
+{
+    return gpu_mix_backward_as(in, dout, gates, rstd, plain_call);
 }
 
 static void mix_grads_free(MixGrads *grads)
@@ -297,9 +328,10 @@ static void mix_grads_free(MixGrads *grads)
     free(grads->dmix_proj);
 }
 
-/* the cpu forward (for gates and rstd) and backward from zero, with a random dout */
-static MixGrads mix_reference(const MixInputs *in, float **dout, float **gates, float **rstd,
-                              uint64_t seed)
+/* the cpu forward (for gates and rstd) and backward from zero, with a random dout, the gate
+ * `alpha` (NULL: none), all streams at once */
+static MixGrads mix_reference_gated(const MixInputs *in, float **dout, float **gates,
+                                    float **rstd, const float *alpha, uint64_t seed)
 {
     const size_t n_gates = (size_t)in->tokens * in->m, n_proj = (size_t)in->m * in->d;
     float *out = gpu_test_host_floats(in->size);
@@ -313,12 +345,53 @@ static MixGrads mix_reference(const MixInputs *in, float **dout, float **gates, 
     ref.dstreams = gpu_test_host_floats((size_t)in->m * in->size);
     ref.dmix_bias = gpu_test_host_floats(in->m);
     ref.dmix_proj = gpu_test_host_floats(n_proj);
+    ref.dalpha = 0.0f;
     float *dstreams[CUDA_STREAM_MAX_STREAMS];
     for (int r = 0; r < in->m; r++)
         dstreams[r] = ref.dstreams + (size_t)r * in->size;
-    cpu_stream_mix_backward(dstreams, ref.dmix_bias, ref.dmix_proj, *dout, in->stream_rows,
-                            in->m, *gates, *rstd, in->mix_bias, in->mix_proj, in->tokens, in->d);
+    cpu_stream_mix_backward(dstreams, GRAD_ADD, ref.dmix_bias, ref.dmix_proj, &ref.dalpha, *dout,
+                            in->stream_rows, in->m, *gates, *rstd, in->mix_bias, in->mix_proj,
+                            alpha, in->tokens, in->d);
     return ref;
+}
+
+static MixGrads mix_reference(const MixInputs *in, float **dout, float **gates, float **rstd,
+                              uint64_t seed)
+{
+    return mix_reference_gated(in, dout, gates, rstd, NULL, seed);
+}
+
+/* The delta gate folded in (alpha, d alpha), the streams given one at a time, d o_r written
+ * over poison: the cpu's all-streams backward with the same gate. */
+Test(cuda_stream, mix_backward_with_the_gate_a_stream_at_a_time_matches_cpu)
+{
+    gpu_require();
+    const float alpha = -0.625f;
+    for (int i = 0; i < MIX_SHAPE_COUNT; i++) {
+        const int *shape = mix_shapes[i];
+        MixInputs in = mix_inputs(shape, 1300 + 10 * (uint64_t)i);
+        float *dout, *gates, *rstd;
+        MixGrads ref = mix_reference_gated(&in, &dout, &gates, &rstd, &alpha, 1350 + (uint64_t)i);
+        MixGrads got = gpu_mix_backward_as(&in, dout, gates, rstd,
+                                           (MixCall){&alpha, true, GRAD_WRITE});
+        expect_close(got.dstreams, ref.dstreams, (size_t)in.m * in.size, BF16_TOLERANCE,
+                     "gated dstreams", shape);
+        expect_close(got.dmix_bias, ref.dmix_bias, in.m, FP32_TOLERANCE, "gated dbias", shape);
+        expect_close(got.dmix_proj, ref.dmix_proj, (size_t)in.m * in.d, FP32_TOLERANCE,
+                     "gated dproj", shape);
+        expect_close(&got.dalpha, &ref.dalpha, 1, FP32_TOLERANCE, "d alpha", shape);
+        MixGrads again = gpu_mix_backward_as(&in, dout, gates, rstd,
+                                             (MixCall){&alpha, true, GRAD_WRITE});
+        cr_expect_eq(memcmp(&again.dalpha, &got.dalpha, sizeof(float)), 0,
+                     "d alpha differs between two runs");
+        mix_grads_free(&ref);
+        mix_grads_free(&got);
+        mix_grads_free(&again);
+        free(dout);
+        free(gates);
+        free(rstd);
+        mix_inputs_free(&in);
+    }
 }
 
 Test(cuda_stream, mix_backward_matches_cpu)

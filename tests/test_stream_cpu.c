@@ -274,8 +274,40 @@ static MixGradients mix_gradients(const MixProblem *p, int calls)
     cpu_stream_mix_forward(out, gates, rstd, streams, p->m, p->mix_bias, p->mix_proj, p->tokens,
                            p->d, mix_eps);
     for (int call = 0; call < calls; call++)
-        cpu_stream_mix_backward(dstreams, g.dmix_bias, g.dmix_proj, p->probe, streams, p->m,
-                                gates, rstd, p->mix_bias, p->mix_proj, p->tokens, p->d);
+        cpu_stream_mix_backward(dstreams, GRAD_ADD, g.dmix_bias, g.dmix_proj, NULL, p->probe,
+                                streams, p->m, gates, rstd, p->mix_bias, p->mix_proj, NULL,
+                                p->tokens, p->d);
+    free(out), free(gates), free(rstd);
+    return g;
+}
+
+/* One backward with the gate (alpha) into gradients written (dstreams) or zeroed, the
+ * streams given one at a time when `one_at_a_time`; *dalpha from 0. The forward's out is
+ * kept in `mix` (size floats) when not NULL. */
+static MixGradients mix_gradients_gated(const MixProblem *p, float alpha, bool one_at_a_time,
+                                        float *dalpha, float *mix)
+{
+    size_t size = (size_t)p->tokens * p->d;
+    MixGradients g = {poisoned_floats((size_t)p->m * size), zero_floats(p->m),
+                      zero_floats((size_t)p->m * p->d)};
+    const float *streams[MAX_STREAMS], *given[MAX_STREAMS] = {0};
+    float *dstreams[MAX_STREAMS];
+    point_into(streams, p->streams, p->m, size);
+    point_into((const float **)dstreams, g.dstreams, p->m, size);
+    float *out = zero_floats(size), *gates = zero_floats((size_t)p->tokens * p->m);
+    float *rstd = zero_floats((size_t)p->tokens * p->m);
+    cpu_stream_mix_forward(out, gates, rstd, streams, p->m, p->mix_bias, p->mix_proj, p->tokens,
+                           p->d, mix_eps);
+    *dalpha = 0.0f;
+    for (int r = 0; r < (one_at_a_time ? p->m : 1); r++) {
+        for (int k = 0; k < p->m; k++)
+            given[k] = !one_at_a_time || k == r ? streams[k] : NULL;
+        cpu_stream_mix_backward(dstreams, GRAD_WRITE, g.dmix_bias, g.dmix_proj, dalpha, p->probe,
+                                given, p->m, gates, rstd, p->mix_bias, p->mix_proj, &alpha,
+                                p->tokens, p->d);
+    }
+    if (mix)
+        memcpy(mix, out, size * sizeof *mix);
     free(out), free(gates), free(rstd);
     return g;
 }
@@ -364,11 +396,13 @@ Test(route_cpu, stream_mix_backward_over_several_tiles_equals_the_sum_over_two_h
         upper[r] = streams[r] + (size_t)half * d, dupper[r] = dstreams[r] + (size_t)half * d;
     cpu_stream_mix_forward(out, gates, rstd, streams, m, p.mix_bias, p.mix_proj, tokens, d,
                            mix_eps);
-    cpu_stream_mix_backward(dstreams, halves.dmix_bias, halves.dmix_proj, p.probe, streams, m,
-                            gates, rstd, p.mix_bias, p.mix_proj, half, d);
-    cpu_stream_mix_backward(dupper, halves.dmix_bias, halves.dmix_proj, p.probe + (size_t)half * d,
-                            upper, m, gates + (size_t)half * m, rstd + (size_t)half * m,
-                            p.mix_bias, p.mix_proj, tokens - half, d);
+    cpu_stream_mix_backward(dstreams, GRAD_ADD, halves.dmix_bias, halves.dmix_proj, NULL,
+                            p.probe, streams, m, gates, rstd, p.mix_bias, p.mix_proj, NULL, half,
+                            d);
+    cpu_stream_mix_backward(dupper, GRAD_ADD, halves.dmix_bias, halves.dmix_proj, NULL,
+                            p.probe + (size_t)half * d, upper, m, gates + (size_t)half * m,
+                            rstd + (size_t)half * m, p.mix_bias, p.mix_proj, NULL, tokens - half,
+                            d);
     double *expected_bias = to_doubles(whole.dmix_bias, m);
     double *expected_proj = to_doubles(whole.dmix_proj, (size_t)m * d);
     expect_bitwise_equal(halves.dstreams, whole.dstreams, (size_t)m * size, "dstreams");
@@ -407,5 +441,81 @@ Test(route_cpu, stream_mix_backward_is_bitwise_identical_for_1_and_2_threads)
     expect_bitwise_equal(one.dmix_proj, two.dmix_proj, (size_t)m * d, "dmix_proj");
     mix_gradients_free(&one);
     mix_gradients_free(&two);
+    mix_problem_free(&p);
+}
+
+/* With the delta gate folded in, dout is d x of x = p + alpha * out: the stream and parameter
+ * gradients are alpha times the ungated ones (written, not added), and d alpha is
+ * sum <dout, out> (double, against the forward's out). */
+Test(route_cpu, stream_mix_backward_with_the_gate_scales_by_alpha_and_gives_d_alpha)
+{
+    int m = 3, tokens = 5, d = 9;
+    size_t size = (size_t)tokens * d;
+    MixProblem p = mix_problem(m, tokens, d, 160);
+    MixGradients plain = mix_gradients(&p, 1);
+    float dalpha, *mix = zero_floats(size);
+    MixGradients gated = mix_gradients_gated(&p, -0.75f, false, &dalpha, mix);
+    double *expected = malloc((size_t)m * size * sizeof(double)), dot = 0;
+    cr_assert_not_null(expected);
+    for (size_t i = 0; i < (size_t)m * size; i++)
+        expected[i] = -0.75 * plain.dstreams[i];
+    expect_close(gated.dstreams, expected, (size_t)m * size, FORWARD_TOLERANCE, "dstreams");
+    for (int r = 0; r < m; r++)
+        expected[r] = -0.75 * plain.dmix_bias[r];
+    expect_close(gated.dmix_bias, expected, m, FORWARD_TOLERANCE, "dmix_bias");
+    for (size_t i = 0; i < size; i++)
+        dot += (double)p.probe[i] * mix[i];
+    cr_expect(fabs(dalpha - dot) <= 1e-5 * (fabs(dot) + 1e-3), "d alpha %.9g, sum <dout, out> "
+              "%.9g", dalpha, dot);
+    free(expected), free(mix);
+    mix_gradients_free(&plain);
+    mix_gradients_free(&gated);
+    mix_problem_free(&p);
+}
+
+/* A stream's share depends on its own o_r only: the streams given one at a time write the
+ * same d o_r and add the same parameter gradients bit for bit; d alpha sums the same terms
+ * in another order. */
+Test(route_cpu, stream_mix_backward_a_stream_at_a_time_is_the_backward_of_all_streams)
+{
+    int m = 4, tokens = 1500, d = 70; /* 2 tiles, 2 channel blocks */
+    size_t size = (size_t)tokens * d;
+    MixProblem p = mix_problem(m, tokens, d, 170);
+    float dalpha_all, dalpha_each;
+    MixGradients all = mix_gradients_gated(&p, 0.5f, false, &dalpha_all, NULL);
+    MixGradients each = mix_gradients_gated(&p, 0.5f, true, &dalpha_each, NULL);
+    expect_bitwise_equal(each.dstreams, all.dstreams, (size_t)m * size, "dstreams");
+    expect_bitwise_equal(each.dmix_bias, all.dmix_bias, m, "dmix_bias");
+    expect_bitwise_equal(each.dmix_proj, all.dmix_proj, (size_t)m * d, "dmix_proj");
+    cr_expect(fabsf(dalpha_each - dalpha_all) <= 1e-5f * fabsf(dalpha_all), "d alpha %.9g one "
+              "stream at a time, %.9g all at once", dalpha_each, dalpha_all);
+    mix_gradients_free(&all);
+    mix_gradients_free(&each);
+    mix_problem_free(&p);
+}
+
+/* GRAD_WRITE gives what GRAD_ADD into zeros gives, bit for bit, over poisoned buffers. */
+Test(route_cpu, stream_mix_backward_write_is_add_into_zeros)
+{
+    int m = 2, tokens = 6, d = 11;
+    size_t size = (size_t)tokens * d;
+    MixProblem p = mix_problem(m, tokens, d, 180);
+    const float *streams[MAX_STREAMS];
+    float *written[MAX_STREAMS], *added[MAX_STREAMS];
+    point_into(streams, p.streams, m, size);
+    float *write_rows = poisoned_floats((size_t)m * size), *add_rows = zero_floats((size_t)m * size);
+    point_into((const float **)written, write_rows, m, size);
+    point_into((const float **)added, add_rows, m, size);
+    float *out = zero_floats(size), *gates = zero_floats((size_t)tokens * m);
+    float *rstd = zero_floats((size_t)tokens * m), *bias = zero_floats(m);
+    float *proj = zero_floats((size_t)m * d);
+    cpu_stream_mix_forward(out, gates, rstd, streams, m, p.mix_bias, p.mix_proj, tokens, d,
+                           mix_eps);
+    cpu_stream_mix_backward(written, GRAD_WRITE, bias, proj, NULL, p.probe, streams, m, gates,
+                            rstd, p.mix_bias, p.mix_proj, NULL, tokens, d);
+    cpu_stream_mix_backward(added, GRAD_ADD, bias, proj, NULL, p.probe, streams, m, gates, rstd,
+                            p.mix_bias, p.mix_proj, NULL, tokens, d);
+    expect_bitwise_equal(write_rows, add_rows, (size_t)m * size, "dstreams");
+    free(write_rows), free(add_rows), free(out), free(gates), free(rstd), free(bias), free(proj);
     mix_problem_free(&p);
 }

@@ -327,16 +327,17 @@ static void table_stream_mix_forward(Activation *out, float *gates, float *rstd,
                            CF(mix_proj), tokens, d, eps);
 }
 
-static void table_stream_mix_backward(Activation *const *dstreams, float *dmix_bias,
-                                      float *dmix_proj, const Activation *dout,
+static void table_stream_mix_backward(Activation *const *dstreams, GradMode dstreams_mode,
+                                      float *dmix_bias, float *dmix_proj, float *dalpha,
+                                      const Activation *dout,
                                       const Activation *const *streams, int m,
                                       const float *gates, const float *rstd,
                                       const float *mix_bias, const Activation *mix_proj,
-                                      int tokens, int d)
+                                      const float *alpha, int tokens, int d)
 {
-    cpu_stream_mix_backward((float *const *)dstreams, dmix_bias, dmix_proj, CF(dout),
-                            (const float *const *)streams, m, gates, rstd, mix_bias,
-                            CF(mix_proj), tokens, d);
+    cpu_stream_mix_backward((float *const *)dstreams, dstreams_mode, dmix_bias, dmix_proj,
+                            dalpha, CF(dout), (const float *const *)streams, m, gates, rstd,
+                            mix_bias, CF(mix_proj), alpha, tokens, d);
 }
 
 /* the compute copy of the weights IS the fp32 master here: nothing to refresh */

@@ -146,10 +146,12 @@ void cpu_stream_conv_backward(float *dx, float *dtaps, const float *dout, const 
 void cpu_stream_mix_forward(float *out, float *gates, float *rstd, const float *const *streams,
                             int m, const float *mix_bias, const float *mix_proj, int tokens,
                             int d, float eps);
-void cpu_stream_mix_backward(float *const *dstreams, float *dmix_bias, float *dmix_proj,
-                             const float *dout, const float *const *streams, int m,
-                             const float *gates, const float *rstd, const float *mix_bias,
-                             const float *mix_proj, int tokens, int d);
+/* alpha: NULL, or the gate's value (the table reads it from its [1]) */
+void cpu_stream_mix_backward(float *const *dstreams, GradMode dstreams_mode, float *dmix_bias,
+                             float *dmix_proj, float *dalpha, const float *dout,
+                             const float *const *streams, int m, const float *gates,
+                             const float *rstd, const float *mix_bias, const float *mix_proj,
+                             const float *alpha, int tokens, int d);
 
 /* route_conv_cpu.c: the stream route, convolution inside the read; kernel_size >= 1
  * (else fatal(EXIT_CONFIG, ...)). The results are stream_conv + route's bit for bit. */

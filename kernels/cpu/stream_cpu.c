@@ -17,6 +17,8 @@
  * Backward, with dw_r = < dout, o_r >, dg_r = dw_r w_r (1 - w_r), du_r = dg_r theta_r:
  *   do_r     += w_r dout + rho_r (du_r - u_r mean_d(du_r u_r))     (RMSNorm backward)
  *   dbeta_r  += sum_t dg_r,   dtheta_r += sum_t dg_r u_r
+ * With the delta gate folded in (alpha), dout is d x and d out = alpha dout; d alpha gets
+ * sum_t sum_r w_r < dout, o_r > (double, tokens in order, streams in order a token).
  *
  * Determinism (DESIGN 3): per-row outputs get one thread a row; sums over tokens get one
  * thread a block of channels walking tokens in order. The mix backward has no scratch buffer
@@ -127,22 +129,31 @@ void cpu_stream_mix_forward(float *out, float *gates, float *rstd, const float *
     }
 }
 
-/* The per-token part of the mix backward: dg for token t into dg_row [m], and do_r. */
-static void mix_backward_token(float *const *dstreams, float *dg_row, const float *dout,
-                               const float *const *streams, int m, const float *gates,
-                               const float *rstd, const float *mix_proj, int t, int d)
+/* The per-token part of the mix backward: dg for token t into dg_row [m] (0 for a stream
+ * not given), d o_r, and the token's share of d alpha, sum_r w_r < dout, o_r >. scale: the
+ * gate's alpha (1 without a gate: d out = dout bit for bit). */
+static double mix_backward_token(float *const *dstreams, GradMode mode, float *dg_row,
+                                 const float *dout, const float *const *streams, int m,
+                                 const float *gates, const float *rstd, const float *mix_proj,
+                                 float scale, int t, int d)
 {
     const float *dout_row = dout + (size_t)t * d;
+    double alpha_share = 0;
     for (int r = 0; r < m; r++) {
+        dg_row[r] = 0.0f;
+        if (!streams[r])
+            continue;
         const float *o = streams[r] + (size_t)t * d;
-        double dw = 0;
+        double dot = 0; /* < dout, o_r > */
         for (int c = 0; c < d; c++)
-            dw += (double)dout_row[c] * o[c];
+            dot += (double)dout_row[c] * o[c];
         float w = gates[(size_t)t * m + r];
+        alpha_share += (double)w * dot;
+        const double dw = (double)scale * dot; /* < d out, o_r > */
         dg_row[r] = (float)(dw * w * (1.0 - w));
     }
     for (int r = 0; r < m; r++) {
-        if (!dstreams[r])
+        if (!streams[r] || !dstreams[r])
             continue;
         const float *o = streams[r] + (size_t)t * d;
         const float *theta = mix_proj + (size_t)r * d;
@@ -154,22 +165,29 @@ static void mix_backward_token(float *const *dstreams, float *dg_row, const floa
         float mean_dot = (float)(dot / d);
         for (int c = 0; c < d; c++) {
             float u = o[c] * rho, du = dg * theta[c];
-            dstream[c] += w * dout_row[c] + rho * (du - u * mean_dot);
+            float grad = w * (scale * dout_row[c]) + rho * (du - u * mean_dot);
+            dstream[c] = mode == GRAD_WRITE ? grad : dstream[c] + grad;
         }
     }
+    return alpha_share;
 }
 
-void cpu_stream_mix_backward(float *const *dstreams, float *dmix_bias, float *dmix_proj,
-                             const float *dout, const float *const *streams, int m,
-                             const float *gates, const float *rstd, const float *mix_bias,
-                             const float *mix_proj, int tokens, int d)
+void cpu_stream_mix_backward(float *const *dstreams, GradMode dstreams_mode, float *dmix_bias,
+                             float *dmix_proj, float *dalpha, const float *dout,
+                             const float *const *streams, int m, const float *gates,
+                             const float *rstd, const float *mix_bias, const float *mix_proj,
+                             const float *alpha, int tokens, int d)
 {
+    (void)mix_bias; /* the saved gates already hold beta's effect */
     if (m > MIX_TILE_FLOATS)
         fatal(EXIT_CONFIG, "residual.streams = %d: the stream mix supports at most %d streams", m,
               MIX_TILE_FLOATS);
     int tile_tokens = MIX_TILE_FLOATS / m;
     int n_blocks = (d + STREAM_CHANNEL_BLOCK - 1) / STREAM_CHANNEL_BLOCK;
-    float dg_tile[MIX_TILE_FLOATS]; /* dg [tile_tokens, m] of the current tile */
+    float dg_tile[MIX_TILE_FLOATS];      /* dg [tile_tokens, m] of the current tile */
+    double alpha_tile[MIX_TILE_FLOATS];  /* the tile's tokens' shares of d alpha */
+    const float scale = alpha ? *alpha : 1.0f;
+    double alpha_sum = 0;
 
 #pragma omp parallel if ((size_t)m * tokens * d >= CPU_PARALLEL_MIN_WORK)
     for (int first = 0; first < tokens; first += tile_tokens) {
@@ -177,13 +195,16 @@ void cpu_stream_mix_backward(float *const *dstreams, float *dmix_bias, float *dm
 
 #pragma omp for schedule(static)
         for (int t = first; t < last; t++)
-            mix_backward_token(dstreams, dg_tile + (size_t)(t - first) * m, dout, streams, m,
-                               gates, rstd, mix_proj, t, d);
+            alpha_tile[t - first] = mix_backward_token(
+                dstreams, dstreams_mode, dg_tile + (size_t)(t - first) * m, dout, streams, m,
+                gates, rstd, mix_proj, scale, t, d);
 
         /* dtheta_r += sum over the tile of dg_r u_r, one thread a (stream, channel block) */
 #pragma omp for collapse(2) schedule(static) nowait
         for (int r = 0; r < m; r++)
             for (int block = 0; block < n_blocks; block++) {
+                if (!streams[r])
+                    continue;
                 int c_first = block * STREAM_CHANNEL_BLOCK;
                 int c_last = c_first + STREAM_CHANNEL_BLOCK;
                 c_last = c_last < d ? c_last : d;
@@ -199,12 +220,20 @@ void cpu_stream_mix_backward(float *const *dstreams, float *dmix_bias, float *dm
             }
 
 #pragma omp single
-        for (int r = 0; r < m; r++) {
-            double sum = 0;
+        {
+            for (int r = 0; r < m; r++) {
+                if (!streams[r])
+                    continue;
+                double sum = 0;
+                for (int t = first; t < last; t++)
+                    sum += dg_tile[(size_t)(t - first) * m + r];
+                dmix_bias[r] += (float)sum;
+            }
             for (int t = first; t < last; t++)
-                sum += dg_tile[(size_t)(t - first) * m + r];
-            dmix_bias[r] += (float)sum;
+                alpha_sum += alpha_tile[t - first];
         }
         /* the barrier closing `single` keeps dg_tile until every thread is done with it */
     }
+    if (alpha)
+        *dalpha += (float)alpha_sum;
 }

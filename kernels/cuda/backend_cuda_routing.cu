@@ -80,16 +80,19 @@ static void op_stream_mix_forward(Activation *out, float *gates, float *rstd,
                             as_bf16_const(mix_proj), tokens, d, eps, backend_cuda_compute_stream());
 }
 
-static void op_stream_mix_backward(Activation *const *dstreams, float *dmix_bias,
-                                   float *dmix_proj, const Activation *dout,
-                                   const Activation *const *streams, int m, const float *gates,
-                                   const float *rstd, const float *mix_bias,
-                                   const Activation *mix_proj, int tokens, int d)
+static void op_stream_mix_backward(Activation *const *dstreams, GradMode dstreams_mode,
+                                   float *dmix_bias, float *dmix_proj, float *dalpha,
+                                   const Activation *dout, const Activation *const *streams,
+                                   int m, const float *gates, const float *rstd,
+                                   const float *mix_bias, const Activation *mix_proj,
+                                   const float *alpha, int tokens, int d)
 {
-    float *workspace = backend_cuda_workspace_floats(cuda_stream_mix_backward_workspace_floats(m, tokens, d));
-    cuda_stream_mix_backward((bf16 *const *)dstreams, dmix_bias, dmix_proj, as_bf16_const(dout),
-                             (const bf16 *const *)streams, m, gates, rstd, mix_bias,
-                             as_bf16_const(mix_proj), tokens, d, workspace, backend_cuda_compute_stream());
+    float *workspace =
+        backend_cuda_workspace_floats(cuda_stream_mix_backward_workspace_floats(m, tokens, d));
+    cuda_stream_mix_backward((bf16 *const *)dstreams, dstreams_mode, dmix_bias, dmix_proj,
+                             dalpha, as_bf16_const(dout), (const bf16 *const *)streams, m, gates,
+                             rstd, mix_bias, as_bf16_const(mix_proj), alpha, tokens, d,
+                             workspace, backend_cuda_compute_stream());
 }
 
 static void op_route_conv_forward(Activation *out, float *weights, float *rstd,

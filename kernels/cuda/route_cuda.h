@@ -127,6 +127,7 @@
 #define FATHOM_KERNELS_CUDA_ROUTE_CUDA_H
 
 #include "kernels/cuda/cuda_common.h"
+#include "runtime/backend.h" /* GradMode */
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -208,11 +209,14 @@ void cuda_stream_mix_forward(bf16 *out, float *gates, float *rstd, const bf16 *c
 
 size_t cuda_stream_mix_backward_workspace_floats(int m, int tokens, int d);
 
-/* dstreams[r] += (bf16; NULL entries skipped), dmix_bias += [m], dmix_proj += [m, d] (fp32). */
-void cuda_stream_mix_backward(bf16 *const *dstreams, float *dmix_bias, float *dmix_proj,
-                              const bf16 *dout, const bf16 *const *streams, int m,
-                              const float *gates, const float *rstd, const float *mix_bias,
-                              const bf16 *mix_proj, int tokens, int d, float *workspace,
+/* For each stream given (streams[r] not NULL): dstreams[r] = or += (bf16; a NULL dstreams[r]
+ * is not written), dmix_bias[r] +=, dmix_proj[r] += (fp32); with alpha (device [1]) dout is
+ * d x of x = p + alpha * out and *dalpha += the streams' share of sum < dout, out >. */
+void cuda_stream_mix_backward(bf16 *const *dstreams, GradMode dstreams_mode, float *dmix_bias,
+                              float *dmix_proj, float *dalpha, const bf16 *dout,
+                              const bf16 *const *streams, int m, const float *gates,
+                              const float *rstd, const float *mix_bias, const bf16 *mix_proj,
+                              const float *alpha, int tokens, int d, float *workspace,
                               cudaStream_t stream);
 
 /* ---- MSAR stream route (backend.h route_conv_*) ---- */

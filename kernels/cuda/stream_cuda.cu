@@ -20,7 +20,9 @@
  *   o_r, dout and the saved w, rho, so each block reads o_r and dout once a token:
  *   dw = <dout, o>, dg = dw w (1 - w), mean(du u) = dg rho <theta, o> / d,
  *   do += w dout + rho (dg theta - rho o mean(du u)); dtheta and dbeta per block in
- *   registers, then added over the token ranges in order by a second kernel.
+ *   registers, then added over the token ranges in order by a second kernel. A stream not
+ *   given is skipped; with the gate (alpha) dout is d x, d out = alpha dout, and each block
+ *   also sums w < dout, o > for d alpha, which the second kernel adds in a fixed order.
  */
 #include "kernels/cuda/route_cuda.h"
 #include "kernels/cuda/route_device.cuh"
@@ -288,12 +290,16 @@ struct MixForwardArgs {
 
 struct MixBackwardArgs {
     bf16 *dstreams[CUDA_STREAM_MAX_STREAMS];
-    const bf16 *streams[CUDA_STREAM_MAX_STREAMS];
-    float *partials; /* workspace: [ranges, m, d] dtheta, then [ranges, m] dbeta */
+    const bf16 *streams[CUDA_STREAM_MAX_STREAMS]; /* NULL: a stream not given (skipped) */
+    float *partials; /* workspace: [ranges, m, d] dtheta, [ranges, m] dbeta, [ranges, m] the
+                        shares of d alpha */
+    float *dmix_bias, *dmix_proj, *dalpha;
     const bf16 *dout, *mix_proj;
     const float *gates, *rstd;
+    const float *alpha; /* NULL: no gate */
     float inverse_width;
-    int m, tokens, d, vectors, slots;
+    int m, tokens, d, vectors, slots, ranges;
+    int add;            /* dstreams: GRAD_ADD (1) or GRAD_WRITE (0) */
 };
 
 /* this thread's vectors of one row (zeros past the row) */
@@ -420,7 +426,10 @@ stream_mix_backward_kernel(const __grid_constant__ MixBackwardArgs args)
     const int m = args.m, slots = args.slots, r = blockIdx.y;
     const int range = blockIdx.x, ranges = gridDim.x;
     const bf16 *stream = args.streams[r];
+    if (!stream)
+        return; /* a stream not given: its partials are not read (stream_mix_reduce_kernel) */
     bf16 *dstream = args.dstreams[r];
+    const float scale = args.alpha ? *args.alpha : 1.0f; /* d out = scale dout */
 
     float theta[MAX_SLOTS][VEC], theta_sums[MAX_SLOTS][VEC] = {};
     {
@@ -430,7 +439,7 @@ stream_mix_backward_kernel(const __grid_constant__ MixBackwardArgs args)
         for (int slot = 0; slot < MAX_SLOTS; slot++)
             vector_to_floats<VEC>(theta_raw[slot], theta[slot]);
     }
-    float bias_sum = 0.0f; /* thread 0 */
+    float bias_sum = 0.0f, alpha_sum = 0.0f; /* thread 0 */
     int parity = 0;
 
     const int first = (int)((long long)args.tokens * range / ranges);
@@ -440,7 +449,7 @@ stream_mix_backward_kernel(const __grid_constant__ MixBackwardArgs args)
         BfVector<VEC> o_raw[MAX_SLOTS], dout_raw[MAX_SLOTS], grad_raw[MAX_SLOTS];
         load_owned<VEC>(o_raw, stream, row_start, args.vectors, slots);
         load_owned<VEC>(dout_raw, args.dout, row_start, args.vectors, slots);
-        if (dstream)
+        if (dstream && args.add)
             load_owned_mutable<VEC>(grad_raw, dstream, row_start, args.vectors, slots);
         float o[MAX_SLOTS][VEC], dy[MAX_SLOTS][VEC], gate_dot = 0.0f, theta_dot = 0.0f;
 #pragma unroll
@@ -458,24 +467,27 @@ stream_mix_backward_kernel(const __grid_constant__ MixBackwardArgs args)
         block_sum_pair(&gate_dot, &theta_dot, sums, parity);
         parity ^= 1;
         const float w = args.gates[(long long)t * m + r], rho = args.rstd[(long long)t * m + r];
-        const float dg = (float)((double)gate_dot * w * (1.0 - w));
-        if (threadIdx.x == 0)
+        /* gate_dot = < dout, o >; < d out, o > = scale gate_dot (exact for scale 1) */
+        const float dg = (float)((double)(scale * gate_dot) * w * (1.0 - w));
+        if (threadIdx.x == 0) {
             bias_sum += dg;
+            alpha_sum += w * gate_dot;
+        }
         const float mean = dg * rho * theta_dot * args.inverse_width; /* mean_d(du u) */
 #pragma unroll
         for (int slot = 0; slot < MAX_SLOTS; slot++) {
             const int v = slot * blockDim.x + threadIdx.x;
             if (slot >= slots || v >= args.vectors)
                 continue;
-            float grad[VEC];
-            if (dstream)
+            float grad[VEC] = {};
+            if (dstream && args.add)
                 vector_to_floats<VEC>(grad_raw[slot], grad);
 #pragma unroll
             for (int i = 0; i < VEC; i++) {
                 const float u = o[slot][i] * rho;
                 theta_sums[slot][i] += dg * u;
                 if (dstream)
-                    grad[i] += w * dy[slot][i] + rho * (dg * theta[slot][i] - u * mean);
+                    grad[i] += w * (scale * dy[slot][i]) + rho * (dg * theta[slot][i] - u * mean);
             }
             if (dstream)
                 vector_store<VEC>(dstream, row_start + v, vector_from_floats<VEC>(grad));
@@ -492,8 +504,46 @@ stream_mix_backward_kernel(const __grid_constant__ MixBackwardArgs args)
         for (int i = 0; i < VEC; i++)
             partial[i] = theta_sums[slot][i];
     }
-    if (threadIdx.x == 0)
-        args.partials[(long long)ranges * m * args.d + (long long)range * m + r] = bias_sum;
+    if (threadIdx.x == 0) {
+        float *bias_partials = args.partials + (long long)ranges * m * args.d;
+        bias_partials[(long long)range * m + r] = bias_sum;
+        bias_partials[(long long)ranges * m + (long long)range * m + r] = alpha_sum;
+    }
+}
+
+/* The given streams' sums over the ranges, in range order: dmix_proj[r] and dmix_bias[r]
+ * +=; block 0 also adds the shares of d alpha, streams then ranges in order, in double.
+ * Grid-stride over the m x d channel sums. */
+__global__ void stream_mix_reduce_kernel(const __grid_constant__ MixBackwardArgs args)
+{
+    const int m = args.m, d = args.d, ranges = args.ranges;
+    const long long count = (long long)m * d;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < count + m;
+         i += (long long)gridDim.x * blockDim.x) {
+        const bool bias = i >= count;
+        const int r = bias ? (int)(i - count) : (int)(i / d);
+        if (!args.streams[r])
+            continue;
+        const float *partials = bias ? args.partials + (long long)ranges * count + r
+                                     : args.partials + i;
+        const long long stride = bias ? m : count;
+        float sum = 0.0f;
+        for (int range = 0; range < ranges; range++)
+            sum += partials[range * stride];
+        if (bias)
+            args.dmix_bias[r] += sum;
+        else
+            args.dmix_proj[i] += sum;
+    }
+    if (args.alpha && blockIdx.x == 0 && threadIdx.x == 0) {
+        const float *shares = args.partials + (long long)ranges * count + (long long)ranges * m;
+        double total = 0.0;
+        for (int r = 0; r < m; r++)
+            if (args.streams[r])
+                for (int range = 0; range < ranges; range++)
+                    total += shares[(long long)range * m + r];
+        *args.dalpha += (float)total;
+    }
 }
 
 static void mix_check_shape(int m, int d)
@@ -553,15 +603,18 @@ extern "C" void cuda_stream_mix_forward(bf16 *out, float *gates, float *rstd,
 
 extern "C" size_t cuda_stream_mix_backward_workspace_floats(int m, int tokens, int d)
 {
-    return tokens > 0 ? (size_t)partial_count(tokens) * m * ((size_t)d + 1) : 1;
+    return tokens > 0 ? (size_t)partial_count(tokens) * m * ((size_t)d + 2) : 1;
 }
 
-extern "C" void cuda_stream_mix_backward(bf16 *const *dstreams, float *dmix_bias, float *dmix_proj,
+extern "C" void cuda_stream_mix_backward(bf16 *const *dstreams, GradMode dstreams_mode,
+                                         float *dmix_bias, float *dmix_proj, float *dalpha,
                                          const bf16 *dout, const bf16 *const *streams, int m,
                                          const float *gates, const float *rstd,
-                                         const float *mix_bias, const bf16 *mix_proj, int tokens,
-                                         int d, float *workspace, cudaStream_t stream)
+                                         const float *mix_bias, const bf16 *mix_proj,
+                                         const float *alpha, int tokens, int d,
+                                         float *workspace, cudaStream_t stream)
 {
+    (void)mix_bias; /* the saved gates already hold beta's effect */
     mix_check_shape(m, d);
     if (tokens <= 0)
         return;
@@ -570,8 +623,8 @@ extern "C" void cuda_stream_mix_backward(bf16 *const *dstreams, float *dmix_bias
     int count = 0;
     for (int r = 0; r < CUDA_STREAM_MAX_STREAMS; r++) {
         args.streams[r] = r < m ? streams[r] : NULL;
-        args.dstreams[r] = r < m ? dstreams[r] : NULL;
-        if (r < m) {
+        args.dstreams[r] = r < m && streams[r] ? dstreams[r] : NULL;
+        if (args.streams[r]) {
             pointers[count++] = streams[r];
             pointers[count++] = dstreams[r];
         }
@@ -581,16 +634,22 @@ extern "C" void cuda_stream_mix_backward(bf16 *const *dstreams, float *dmix_bias
     RowShape shape = row_shape(d, 1, pointers, count);
     const int ranges = partial_count(tokens);
     args.partials = workspace;
+    args.dmix_bias = dmix_bias;
+    args.dmix_proj = dmix_proj;
+    args.dalpha = dalpha;
     args.dout = dout;
     args.mix_proj = mix_proj;
     args.gates = gates;
     args.rstd = rstd;
+    args.alpha = alpha;
     args.inverse_width = 1.0f / (float)d;
     args.m = m;
     args.tokens = tokens;
     args.d = d;
     args.vectors = shape.vectors;
     args.slots = shape.slots;
+    args.ranges = ranges;
+    args.add = dstreams_mode == GRAD_ADD;
     dim3 grid(ranges, m);
 #define LAUNCH(V) stream_mix_backward_kernel<V><<<grid, shape.threads, 0, stream>>>(args)
     switch (shape.vec) {
@@ -601,13 +660,7 @@ extern "C" void cuda_stream_mix_backward(bf16 *const *dstreams, float *dmix_bias
     }
 #undef LAUNCH
     CUDA_CHECK_LAUNCH();
-
-    const long long count_theta = (long long)m * d;
-    stream_sum_partials_kernel<<<grid_stride_blocks(count_theta), STREAM_THREADS, 0, stream>>>(
-        dmix_proj, workspace, ranges, count_theta);
+    stream_mix_reduce_kernel<<<grid_stride_blocks((long long)m * d + m), STREAM_THREADS, 0,
+                               stream>>>(args);
     CUDA_CHECK_LAUNCH();
-    stream_sum_partials_kernel<<<1, STREAM_THREADS, 0, stream>>>(
-        dmix_bias, workspace + (long long)ranges * count_theta, ranges, m);
-    CUDA_CHECK_LAUNCH();
-    (void)mix_bias; /* the saved gates already hold beta's effect */
 }
