@@ -149,29 +149,16 @@ static void block_backward(RouteWalk *walk, int block)
  * Stream r of every site of a block reads the same E_r(s_0) .. E_r(s_{N-1}): the walk
  * convolves the block's sources once into the scratch (stream_conv_forward) and routes all
  * its sites over them at once (route_block_forward); each site mixes its m streams in its
- * turn (route_site_mix_forward). The backward makes the streams again, takes each site's
- * d o_r through its gate and mix (route_site_mix_backward), then per stream sends every
- * site's d o_r into d E_r (route_block_backward) and d E_r through the convolutions into
- * the sources and the taps (stream_conv_backward). */
+ * turn (route_site_mix_forward). The backward goes a stream at a time: E_r and the sites'
+ * o_r again, each site's d x through its gate and mix to d o_r (route_site_mix_backward,
+ * stream r alone), every site's d o_r into d E_r (route_block_backward) and d E_r through
+ * the convolutions into the sources and the taps (stream_conv_backward). */
 
 /* Slot k (0..S) of stream r: phase one leaves o_r of site i in slot i + 1. */
 static Activation *stream_slot(const RouteWalk *walk, int r, int k)
 {
     const size_t S = (size_t)walk->plan->sublayers_per_block;
     return walk->model->scratch.route.stream_slots[(size_t)r * (S + 1) + (size_t)k];
-}
-
-/* Row r of a site's [m, d] query or key norm. */
-static const Activation *stream_row(const RouteWalk *walk, const Activation *tensor, int r)
-{
-    return activation_at_const(walk->backend, tensor, (size_t)r * walk->d);
-}
-
-/* Stream r's taps of slot `slot`: the first k_r rows of its conv [m, k_max, d]. */
-static const Activation *stream_taps(const RouteWalk *walk, int slot, int r)
-{
-    return activation_at_const(walk->backend, walk->route->conv[slot],
-                               (size_t)r * walk->plan->kernel_max * walk->d);
 }
 
 /* walk->stream_sources = E_r of walk->sources (the block's first site's): each convolved
@@ -186,22 +173,12 @@ static void sources_convolve(RouteWalk *walk, const SitePlan *first, int r)
             walk->stream_sources[k] = walk->sources[k];
             continue;
         }
-        walk->backend->stream_conv_forward(rows[k], walk->sources[k], stream_taps(walk, slot, r),
+        walk->backend->stream_conv_forward(rows[k], walk->sources[k],
+                                           route_stream_taps(route, slot, r),
                                            walk->plan->kernel_sizes[r], route->B, route->T,
                                            walk->d);
         walk->stream_sources[k] = rows[k];
     }
-}
-
-/* Where stream r's depth weights and key rstd of a site start in its saved state. */
-static size_t stream_weights_at(const RouteWalk *walk, int n_sources, int r)
-{
-    return (size_t)r * n_sources * walk->route->max_rows * walk->plan->heads;
-}
-
-static size_t stream_rstd_at(const RouteWalk *walk, int n_sources, int r)
-{
-    return (size_t)r * n_sources * walk->route->max_rows;
 }
 
 /* Phase one of stream r of block n: o_r of each site into its slot. Its depth weights and
@@ -213,18 +190,19 @@ static void stream_phase_one(RouteWalk *walk, int block, int r, bool recompute)
     RouteScratch *scratch = &model->scratch.route;
     const int first = block_first_site(walk, block), G = block_sites(walk, block);
     const int N = walk->plan->sites[first].n_sources;
-    const size_t M = (size_t)walk->plan->max_sources, rows = (size_t)walk->route->max_rows;
+    const RouteContext *route = walk->route;
+    const size_t M = (size_t)walk->plan->max_sources, rows = (size_t)route->max_rows;
     sources_convolve(walk, &walk->plan->sites[first], r);
     for (int i = 0; i < G; i++) {
         SiteActivations *saved = &walk->stash->sites[first + i];
         const SiteWeights *weights = &model->site_params[first + i];
         walk->results[i] = stream_slot(walk, r, i + 1);
         walk->weights[i] = recompute ? scratch->block_weights + i * M * rows * walk->plan->heads
-                                     : saved->weights + stream_weights_at(walk, N, r);
+                                     : saved->weights + route_stream_weights_at(route, N, r);
         walk->rstd[i] = recompute ? scratch->block_rstd + i * M * rows
-                                  : saved->rstd + stream_rstd_at(walk, N, r);
-        walk->queries[i] = stream_row(walk, weights->query, r);
-        walk->key_norms[i] = stream_row(walk, weights->key_norm, r);
+                                  : saved->rstd + route_stream_rstd_at(route, N, r);
+        walk->queries[i] = route_stream_row(route, weights->query, r);
+        walk->key_norms[i] = route_stream_row(route, weights->key_norm, r);
     }
     walk->backend->route_block_forward(walk->results, walk->weights, walk->rstd, NULL,
                                        walk->stream_sources, N, walk->queries, walk->key_norms,
@@ -266,16 +244,18 @@ static void stream_block_backward(RouteWalk *walk, int block, int r)
     for (int i = 0; i < G; i++) {
         const int j = first + i;
         walk->douts[i] = stream_slot(walk, r, i);
-        walk->const_weights[i] = walk->stash->sites[j].weights + stream_weights_at(walk, N, r);
-        walk->queries[i] = stream_row(walk, model->site_params[j].query, r);
-        walk->key_norms[i] = stream_row(walk, model->site_params[j].key_norm, r);
+        walk->const_weights[i] =
+            walk->stash->sites[j].weights + route_stream_weights_at(route, N, r);
+        walk->queries[i] = route_stream_row(route, model->site_params[j].query, r);
+        walk->key_norms[i] = route_stream_row(route, model->site_params[j].key_norm, r);
         walk->grad_queries[i] = model->site_grads[j].query + (size_t)r * d;
         walk->grad_key_norms[i] = model->site_grads[j].key_norm + (size_t)r * d;
     }
     backend->route_block_backward(grad_stream_sources, walk->grad_queries, walk->grad_key_norms,
                                   NULL, walk->douts, walk->stream_sources, N,
                                   walk->const_weights,
-                                  walk->stash->sites[first].rstd + stream_rstd_at(walk, N, r),
+                                  walk->stash->sites[first].rstd +
+                                      route_stream_rstd_at(route, N, r),
                                   walk->queries, walk->key_norms, NULL, NULL, G,
                                   scratch->route_backward, walk->rows, d, walk->plan->heads);
     for (int k = 0; k < N; k++) {
@@ -283,11 +263,10 @@ static void stream_block_backward(RouteWalk *walk, int block, int r)
         if (slot == RESIDUAL_NO_SLOT)
             continue;
         backend->stream_conv_backward(walk->grad_sources[k],
-                                      route->grad_conv[slot] +
-                                          (size_t)r * walk->plan->kernel_max * d,
+                                      route->grad_conv[slot] + route_stream_taps_at(route, r),
                                       scratch->grad_conv_rows[k], walk->sources[k],
-                                      stream_taps(walk, slot, r), walk->plan->kernel_sizes[r],
-                                      route->B, route->T, d);
+                                      route_stream_taps(route, slot, r),
+                                      walk->plan->kernel_sizes[r], route->B, route->T, d);
     }
 }
 

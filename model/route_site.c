@@ -26,35 +26,6 @@ void site_views_add(UnitViews *views, SiteWeights *weights, SiteGrads *grads,
     }
 }
 
-/* Where stream r's depth weights and key rstd start in a site's saved state. */
-static size_t stream_weights_offset(const RouteContext *context, const SitePlan *site, int r)
-{
-    return (size_t)r * site->n_sources * context->max_rows * context->plan->heads;
-}
-
-static size_t stream_rstd_offset(const RouteContext *context, const SitePlan *site, int r)
-{
-    return (size_t)r * site->n_sources * context->max_rows;
-}
-
-/* Stream r's taps of slot `slot`: the first k_r rows of conv[slot][r] [k_max, d]. */
-static size_t stream_taps_offset(const RouteContext *context, int r)
-{
-    return (size_t)r * context->plan->kernel_max * context->d;
-}
-
-static const Activation *taps_of(const RouteContext *context, const Activation *conv, int r)
-{
-    return activation_at_const(context->backend, conv, stream_taps_offset(context, r));
-}
-
-/* Row r of a [m, d] routing tensor in the compute copy (stream r's query or key norm). */
-static const Activation *stream_row(const RouteContext *context, const Activation *tensor,
-                                    int r)
-{
-    return activation_at_const(context->backend, tensor, (size_t)r * context->d);
-}
-
 /* Stream r's taps for each source of the site (NULL for the null source, which is not
  * convolved, DESIGN 2.2), and where their gradients go; host arrays in the scratch. */
 static const Activation *const *stream_taps(const RouteContext *context, const SitePlan *site,
@@ -64,7 +35,7 @@ static const Activation *const *stream_taps(const RouteContext *context, const S
     for (int k = 0; k < site->n_sources; k++) {
         const int slot = site->sources[k].slot;
         scratch->taps[k] = slot == RESIDUAL_NO_SLOT ? NULL
-                                                    : taps_of(context, context->conv[slot], r);
+                                                    : route_stream_taps(context, slot, r);
     }
     return scratch->taps;
 }
@@ -76,7 +47,7 @@ static float *const *stream_grad_taps(const RouteContext *context, const SitePla
         const int slot = site->sources[k].slot;
         scratch->grad_taps[k] = slot == RESIDUAL_NO_SLOT
                                     ? NULL
-                                    : context->grad_conv[slot] + stream_taps_offset(context, r);
+                                    : context->grad_conv[slot] + route_stream_taps_at(context, r);
     }
     return scratch->grad_taps;
 }
@@ -90,10 +61,10 @@ static void stream_route_forward(const RouteContext *context, const SitePlan *si
     context->backend->route_conv_forward(stream, depth_weights, rstd, sources,
                                          stream_taps(context, site, r), site->n_sources,
                                          context->plan->kernel_sizes[r],
-                                         stream_row(context, weights->query, r),
-                                         stream_row(context, weights->key_norm, r), context->B,
-                                         context->T, context->d, context->plan->heads,
-                                         context->eps);
+                                         route_stream_row(context, weights->query, r),
+                                         route_stream_row(context, weights->key_norm, r),
+                                         context->B, context->T, context->d,
+                                         context->plan->heads, context->eps);
 }
 
 void route_site_mix_forward(const RouteContext *context, const SiteWeights *weights,
@@ -140,8 +111,8 @@ void route_site_forward(const RouteContext *context, const SitePlan *site,
     for (int r = 0; r < m; r++)
         stream_route_forward(context, site, weights, sources, r,
                              direct ? out : scratch->streams[r],
-                             saved->weights + stream_weights_offset(context, site, r),
-                             saved->rstd + stream_rstd_offset(context, site, r));
+                             saved->weights + route_stream_weights_at(context, site->n_sources, r),
+                             saved->rstd + route_stream_rstd_at(context, site->n_sources, r));
     if (!direct)
         route_site_mix_forward(context, weights, saved,
                                (const Activation *const *)scratch->streams, base, out);
@@ -156,8 +127,9 @@ static void recompute_streams(const RouteContext *context, const SitePlan *site,
     RouteScratch *scratch = context->scratch;
     for (int r = 0; r < context->plan->streams; r++)
         context->backend->route_conv_mix(
-            scratch->streams[r], saved->weights + stream_weights_offset(context, site, r),
-            sources, stream_taps(context, site, r), site->n_sources,
+            scratch->streams[r],
+            saved->weights + route_stream_weights_at(context, site->n_sources, r), sources,
+            stream_taps(context, site, r), site->n_sources,
             context->plan->kernel_sizes[r], context->B, context->T, context->d,
             context->plan->heads);
 }
@@ -199,10 +171,11 @@ static void stream_backward(const RouteContext *context, const SitePlan *site,
         grad_sources, stream_grad_taps(context, site, r), grads->query + (size_t)r * d,
         grads->key_norm + (size_t)r * d, grad_stream, sources, stream_taps(context, site, r),
         site->n_sources, context->plan->kernel_sizes[r],
-        saved->weights + stream_weights_offset(context, site, r),
-        saved->rstd + stream_rstd_offset(context, site, r), stream_row(context, weights->query, r),
-        stream_row(context, weights->key_norm, r), context->scratch->route_backward, context->B,
-        context->T, d, context->plan->heads);
+        saved->weights + route_stream_weights_at(context, site->n_sources, r),
+        saved->rstd + route_stream_rstd_at(context, site->n_sources, r),
+        route_stream_row(context, weights->query, r),
+        route_stream_row(context, weights->key_norm, r), context->scratch->route_backward,
+        context->B, context->T, d, context->plan->heads);
 }
 
 void route_site_backward(const RouteContext *context, const SitePlan *site,

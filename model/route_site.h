@@ -64,6 +64,40 @@ typedef struct {
     RouteScratch *scratch;
 } RouteContext;
 
+/* ---- msar: where stream r's pieces live (route_site.c and the two-phase walk) ---- */
+
+/* Stream r's depth weights [N_j, rows, H] and key rstd [N_j, rows] in a site's saved state
+ * (SiteActivations, regions strided by max_rows), for a site of n_sources sources. */
+static inline size_t route_stream_weights_at(const RouteContext *context, int n_sources, int r)
+{
+    return (size_t)r * n_sources * context->max_rows * context->plan->heads;
+}
+
+static inline size_t route_stream_rstd_at(const RouteContext *context, int n_sources, int r)
+{
+    return (size_t)r * n_sources * context->max_rows;
+}
+
+/* Stream r's taps in a slot's conv [m, k_max, d] (its first k_r rows), and the same offset
+ * into the conv's fp32 gradient. */
+static inline size_t route_stream_taps_at(const RouteContext *context, int r)
+{
+    return (size_t)r * context->plan->kernel_max * context->d;
+}
+
+static inline const Activation *route_stream_taps(const RouteContext *context, int slot, int r)
+{
+    return activation_at_const(context->backend, context->conv[slot],
+                               route_stream_taps_at(context, r));
+}
+
+/* Row r of a site's [m, d] query or key norm (the compute copy). */
+static inline const Activation *route_stream_row(const RouteContext *context,
+                                                 const Activation *tensor, int r)
+{
+    return activation_at_const(context->backend, tensor, (size_t)r * context->d);
+}
+
 /* Registers site `site`'s weight and gradient views in its unit's views (unit_views.h). */
 void site_views_add(UnitViews *views, SiteWeights *weights, SiteGrads *grads,
                     const ParamTable *table, const ResidualPlan *plan, int site);
