@@ -281,8 +281,8 @@ static MixGrads gpu_mix_backward_as(const MixInputs *in, const float *dout, cons
     for (int r = 0; r < in->m; r++)
         dstreams[r] = call.mode == GRAD_WRITE ? gpu_poisoned_bf16(in->size)
                                               : gpu_upload_bf16(zeros, in->size);
-    float *dmix_bias = gpu_upload_floats(zeros, in->m), *dmix_proj = gpu_upload_floats(zeros, n_proj);
-    float *dalpha = gpu_upload_floats(zeros, 1);
+    float *dmix_bias = gpu_upload_floats(zeros, in->m);
+    float *dmix_proj = gpu_upload_floats(zeros, n_proj), *dalpha = gpu_upload_floats(zeros, 1);
     const float *alpha = call.alpha ? gpu_upload_floats(call.alpha, 1) : NULL;
     float *workspace =
         gpu_poisoned_floats(cuda_stream_mix_backward_workspace_floats(in->m, in->tokens, in->d));

@@ -503,7 +503,8 @@ Test(route_cpu, stream_mix_backward_write_is_add_into_zeros)
     const float *streams[MAX_STREAMS];
     float *written[MAX_STREAMS], *added[MAX_STREAMS];
     point_into(streams, p.streams, m, size);
-    float *write_rows = poisoned_floats((size_t)m * size), *add_rows = zero_floats((size_t)m * size);
+    float *write_rows = poisoned_floats((size_t)m * size);
+    float *add_rows = zero_floats((size_t)m * size);
     point_into((const float **)written, write_rows, m, size);
     point_into((const float **)added, add_rows, m, size);
     float *out = zero_floats(size), *gates = zero_floats((size_t)tokens * m);
