@@ -1,8 +1,8 @@
 /* tests/test_cuda_route_block.c — the two-phase Route of the cuda op table
  * (route_block_forward / backward, route_merge_forward / backward, add_scaled and its
- * backward; DESIGN 2.1; docs/design-notes.md, "Two-phase routing") against the cpu table's, which loops the
- * per-site Route (kernels/cpu/route_block_cpu.c): so each case holds the cuda two-phase
- * ops to the per-site reference.
+ * backward; DESIGN 2.1; docs/design-notes.md, "Two-phase routing") against the cpu table's,
+ * which loops the per-site Route (kernels/cpu/route_block_cpu.c): so each case holds the
+ * cuda two-phase ops to the per-site reference.
  *
  * Rules of tests/cuda_backend_support.h: fresh random inputs rounded to bf16, outputs
  * poisoned with NaN on both backends, "+=" outputs from random starts, relative errors within
@@ -10,12 +10,13 @@
  * the cuda call run twice from the same start must give the same bits. The statistics a
  * backward reads (weights, rstd, a merge's phase-one result and lse, a merged output) come
  * from the cpu forward of the same inputs.
- * Shapes (N sources, G sites, tokens, d, H): the block kernels (N <= 9, G <= 8, d <= 4096,
+ * Shapes (N sources, G sites, tokens, d, H): the block kernels (N <= 12, G <= 8, d <= 4096,
  * head_dim % 8 == 0) with heads that are whole warps (d 4096, H 8 and H 1), heads inside a
  * warp (d 1280, H 8: 20 lanes; d 256, H 32: one lane), a row shorter than a warp (d 24),
  * one token, tokens that are multiples of nothing, and more tokens than multiprocessors (the
- * persistent kernels' double buffers in use); and the per-site kernels past the
- * limits (N 10, G 9, head_dim 4, d 8192). Each test SKIPs where no GPU answers.
+ * persistent kernels' double buffers in use), N 10 (the 1B model's last block in the delta
+ * form) and 12 (the widest source bucket); and the per-site kernels past the limits (N 13,
+ * G 9, head_dim 4, d 8192). Each test SKIPs where no GPU answers.
  */
 #include "kernels/cuda/route_block_cuda.h"
 #include "runtime/error.h"
@@ -32,7 +33,7 @@
 #define STATISTIC BACKEND_STATISTIC_TOLERANCE
 #define EPS 1e-5f
 
-enum { MAX_SOURCES = 12, MAX_SITES = 12 };
+enum { MAX_SOURCES = 16, MAX_SITES = 12 };
 
 typedef struct {
     int n_sources, n_sites, tokens, d, heads;
@@ -46,10 +47,11 @@ typedef struct {
 static const BlockShape block_kernel_shapes[] = {
     {9, 8, 33, 4096, 8}, {3, 4, 100, 4096, 1}, {5, 8, 33, 1280, 8},  {2, 3, 17, 256, 32},
     {4, 2, 33, 24, 3},   {7, 5, 1, 512, 4},    {9, 1, 50, 2048, 16}, {5, 8, 300, 4096, 8},
-    {4, 4, 7, 4096, 8},  {2, 8, 20, 4096, 8},  {6, 4, 41, 4096, 1},
+    {4, 4, 7, 4096, 8},  {2, 8, 20, 4096, 8},  {6, 4, 41, 4096, 1},  {10, 8, 33, 1280, 8},
+    {12, 3, 17, 256, 8},
 };
 static const BlockShape per_site_shapes[] = {
-    {10, 2, 33, 256, 8}, {3, 9, 20, 256, 2}, {2, 3, 33, 20, 5}, {2, 2, 5, 8192, 8},
+    {13, 2, 33, 256, 8}, {3, 9, 20, 256, 2}, {2, 3, 33, 20, 5}, {2, 2, 5, 8192, 8},
 };
 #define COUNT(array) ((int)(sizeof array / sizeof array[0]))
 
@@ -444,12 +446,13 @@ Test(cuda_route_block, add_scaled_backward_is_alpha_dout_and_adds_the_dot_to_dal
 }
 
 /* ---- the tensor-core kernels (FATHOM_ROUTE_BLOCK=mma, kernels/cuda/route_block_mma.cuh):
- * heads of whole warps (head_dim a multiple of 256), N up to 9 (the zero row pads the
+ * heads of whole warps (head_dim a multiple of 256), N up to 12 (the zero row pads the
  * sources to 16), G up to 8 (sites past G are zero columns), one token or many. Each test
  * runs in a process of its own: the variable is read anew. ---- */
 
 static const BlockShape tensor_core_shapes[] = {
     {9, 8, 33, 4096, 8}, {3, 4, 100, 4096, 1}, {6, 7, 20, 2048, 8}, {2, 1, 1, 512, 2},
+    {11, 8, 33, 4096, 8},
 };
 
 Test(cuda_route_block, block_forward_on_tensor_cores_is_each_sites_route)

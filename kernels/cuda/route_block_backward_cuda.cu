@@ -354,6 +354,8 @@ void route_block_backward_fast(bf16 *const *dsources, float *const *dqueries,
         block_walk_launch<4>(walk, n_sources, n_sites, stream);
     else if (n_sources <= 6)
         block_walk_launch<6>(walk, n_sources, n_sites, stream);
+    else if (n_sources <= 9)
+        block_walk_launch<9>(walk, n_sources, n_sites, stream);
     else
         block_walk_launch<CUDA_BLOCK_MAX_SOURCES>(walk, n_sources, n_sites, stream);
     reduce.partials = workspace + w.partials;

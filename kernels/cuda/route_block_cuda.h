@@ -53,7 +53,9 @@ extern "C" {
 #endif
 
 enum {
-    CUDA_BLOCK_MAX_SOURCES = 9, /* a 32-layer graft in blocks of 4 layers: null, b_0..b_7 */
+    /* a 32-layer graft in blocks of 4 layers reads 9 (null, b_0..b_7); the 1B model's 36
+     * layers in blocks of 4 read 10 in their last block (delta form) */
+    CUDA_BLOCK_MAX_SOURCES = 12,
     CUDA_BLOCK_MAX_SITES = 8,   /* blocks of 4 layers */
 };
 

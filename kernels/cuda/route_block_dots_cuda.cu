@@ -318,6 +318,8 @@ void route_block_dots(const BlockDotsArgs &args, cudaStream_t stream)
         block_dots_launch<4>(args, stream);
     else if (args.n_sources <= 6)
         block_dots_launch<6>(args, stream);
+    else if (args.n_sources <= 9)
+        block_dots_launch<9>(args, stream);
     else
         block_dots_launch<CUDA_BLOCK_MAX_SOURCES>(args, stream);
 }

@@ -481,6 +481,8 @@ void route_block_forward_fast(bf16 *const *results, float *const *weights, float
         block_forward_launch<4>(args, threads, layout, stream);
     else if (n_sources <= 6)
         block_forward_launch<6>(args, threads, layout, stream);
+    else if (n_sources <= 9)
+        block_forward_launch<9>(args, threads, layout, stream);
     else
         block_forward_launch<CUDA_BLOCK_MAX_SOURCES>(args, threads, layout, stream);
 }
