@@ -21,7 +21,7 @@
  *   dw = <dout, o>, dg = dw w (1 - w), mean(du u) = dg rho <theta, o> / d,
  *   do += w dout + rho (dg theta - rho o mean(du u)); dtheta and dbeta per block in
  *   registers, then added over the token ranges in order by a second kernel. A stream not
- *   given is skipped; with the gate (alpha) dout is d x, d out = alpha dout, and each block
+ *   given is skipped (and the given ones take more token ranges, mix_range_count); with the gate (alpha) dout is d x, d out = alpha dout, and each block
  *   also sums w < dout, o > for d alpha, which the second kernel adds in a fixed order.
  */
 #include "kernels/cuda/route_cuda.h"
@@ -32,6 +32,7 @@ enum {
     STREAM_THREADS = 256,
     STREAM_TAP_GROUP = 4,       /* taps a dtaps block sums at once */
     STREAM_TAP_RANGES_MAX = 512, /* row ranges of the dtaps partials, at most */
+    MIX_REDUCE_SLICES = 8,      /* warps splitting the ranges in the mix backward's sums */
 };
 
 static void stream_check_width(int d)
@@ -45,11 +46,6 @@ static void stream_check_width(int d)
 static int stream_vector_width(int d, const void *const *pointers, int count)
 {
     return row_shape(d, 1, pointers, count).vec;
-}
-
-static int partial_count(long long items)
-{
-    return items < STREAM_PARTIALS ? (int)items : STREAM_PARTIALS;
 }
 
 /* Row ranges of the dtaps partial sums: STREAM_PARTIALS, more for narrow rows (fewer
@@ -511,38 +507,53 @@ stream_mix_backward_kernel(const __grid_constant__ MixBackwardArgs args)
     }
 }
 
-/* The given streams' sums over the ranges, in range order: dmix_proj[r] and dmix_bias[r]
- * +=; block 0 also adds the shares of d alpha, streams then ranges in order, in double.
- * Grid-stride over the m x d channel sums. */
-__global__ void stream_mix_reduce_kernel(const __grid_constant__ MixBackwardArgs args)
+/* The given streams' sums over the ranges: dmix_proj[r] and dmix_bias[r] +=; warp 0 of
+ * block 0 also adds the shares of d alpha (lanes striding the ranges, in double, then a fixed
+ * shuffle tree). A block takes 32
+ * consecutive sums (of the m x d channel sums, then the m bias sums) and its
+ * MIX_REDUCE_SLICES warps split the ranges: warp w adds ranges w, w + slices, .. (lanes on
+ * consecutive sums: coalesced, many loads in flight), then lane 0's warp adds the slices in
+ * order. A fixed order whatever the hardware: the same bits every run. */
+__global__ void __launch_bounds__(MIX_REDUCE_SLICES * 32)
+    stream_mix_reduce_kernel(const __grid_constant__ MixBackwardArgs args)
 {
+    __shared__ float slices[MIX_REDUCE_SLICES][32];
     const int m = args.m, d = args.d, ranges = args.ranges;
+    const int lane = threadIdx.x & 31, slice = threadIdx.x >> 5;
     const long long count = (long long)m * d;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < count + m;
-         i += (long long)gridDim.x * blockDim.x) {
-        const bool bias = i >= count;
-        const int r = bias ? (int)(i - count) : (int)(i / d);
-        if (!args.streams[r])
-            continue;
-        const float *partials = bias ? args.partials + (long long)ranges * count + r
-                                     : args.partials + i;
-        const long long stride = bias ? m : count;
-        float sum = 0.0f;
-        for (int range = 0; range < ranges; range++)
+    const long long i = (long long)blockIdx.x * 32 + lane;
+    const bool bias = i >= count, valid = i < count + m;
+    const int r = !valid ? 0 : bias ? (int)(i - count) : (int)(i / d);
+    const bool given = valid && args.streams[r] != NULL;
+    const float *partials = bias ? args.partials + (long long)ranges * count + r
+                                 : args.partials + i;
+    const long long stride = bias ? m : count;
+    float sum = 0.0f;
+    if (given)
+        for (int range = slice; range < ranges; range += MIX_REDUCE_SLICES)
             sum += partials[range * stride];
+    slices[slice][lane] = sum;
+    __syncthreads();
+    if (slice == 0 && given) {
+        float total = 0.0f;
+        for (int w = 0; w < MIX_REDUCE_SLICES; w++)
+            total += slices[w][lane];
         if (bias)
-            args.dmix_bias[r] += sum;
+            args.dmix_bias[r] += total;
         else
-            args.dmix_proj[i] += sum;
+            args.dmix_proj[i] += total;
     }
-    if (args.alpha && blockIdx.x == 0 && threadIdx.x == 0) {
+    if (args.alpha && blockIdx.x == 0 && slice == 0) { /* warp 0: lanes stride the ranges */
         const float *shares = args.partials + (long long)ranges * count + (long long)ranges * m;
         double total = 0.0;
-        for (int r = 0; r < m; r++)
-            if (args.streams[r])
-                for (int range = 0; range < ranges; range++)
-                    total += shares[(long long)range * m + r];
-        *args.dalpha += (float)total;
+        for (int stream = 0; stream < m; stream++)
+            if (args.streams[stream])
+                for (int range = lane; range < ranges; range += 32)
+                    total += shares[(long long)range * m + stream];
+        for (int offset = 16; offset > 0; offset >>= 1) /* a fixed shuffle order */
+            total += __shfl_xor_sync(0xffffffffu, total, offset);
+        if (lane == 0)
+            *args.dalpha += (float)total;
     }
 }
 
@@ -601,9 +612,19 @@ extern "C" void cuda_stream_mix_forward(bf16 *out, float *gates, float *rstd,
     CUDA_CHECK_LAUNCH();
 }
 
+/* Token ranges of the mix backward: a block walks one range of one stream, so a call given
+ * fewer streams takes more ranges (STREAM_PARTIALS * m / given): the same number of blocks
+ * at work whether the streams come together or one at a time. At most `tokens`. */
+static int mix_range_count(int tokens, int m, int given)
+{
+    const long long ranges = (long long)STREAM_PARTIALS * m / (given > 0 ? given : 1);
+    return (int)(tokens < ranges ? tokens : ranges);
+}
+
 extern "C" size_t cuda_stream_mix_backward_workspace_floats(int m, int tokens, int d)
 {
-    return tokens > 0 ? (size_t)partial_count(tokens) * m * ((size_t)d + 2) : 1;
+    /* the most ranges: one stream given */
+    return tokens > 0 ? (size_t)mix_range_count(tokens, m, 1) * m * ((size_t)d + 2) : 1;
 }
 
 extern "C" void cuda_stream_mix_backward(bf16 *const *dstreams, GradMode dstreams_mode,
@@ -620,19 +641,22 @@ extern "C" void cuda_stream_mix_backward(bf16 *const *dstreams, GradMode dstream
         return;
     MixBackwardArgs args;
     const void *pointers[2 * CUDA_STREAM_MAX_STREAMS + 2];
-    int count = 0;
+    int count = 0, given = 0;
     for (int r = 0; r < CUDA_STREAM_MAX_STREAMS; r++) {
         args.streams[r] = r < m ? streams[r] : NULL;
         args.dstreams[r] = r < m && streams[r] ? dstreams[r] : NULL;
         if (args.streams[r]) {
             pointers[count++] = streams[r];
             pointers[count++] = dstreams[r];
+            given++;
         }
     }
+    if (given == 0)
+        return;
     pointers[count++] = dout;
     pointers[count++] = mix_proj;
     RowShape shape = row_shape(d, 1, pointers, count);
-    const int ranges = partial_count(tokens);
+    const int ranges = mix_range_count(tokens, m, given);
     args.partials = workspace;
     args.dmix_bias = dmix_bias;
     args.dmix_proj = dmix_proj;
@@ -660,7 +684,8 @@ extern "C" void cuda_stream_mix_backward(bf16 *const *dstreams, GradMode dstream
     }
 #undef LAUNCH
     CUDA_CHECK_LAUNCH();
-    stream_mix_reduce_kernel<<<grid_stride_blocks((long long)m * d + m), STREAM_THREADS, 0,
+    const long long sums = (long long)m * d + m;
+    stream_mix_reduce_kernel<<<(unsigned)((sums + 31) / 32), MIX_REDUCE_SLICES * 32, 0,
                                stream>>>(args);
     CUDA_CHECK_LAUNCH();
 }
