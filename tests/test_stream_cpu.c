@@ -317,6 +317,15 @@ static void mix_gradients_free(MixGradients *g)
     free(g->dstreams), free(g->dmix_bias), free(g->dmix_proj);
 }
 
+/* got and expected hold the same bits: m streams of `size` values, over d channels */
+static void expect_same_mix_gradients(const MixGradients *got, const MixGradients *expected,
+                                      int m, size_t size, int d)
+{
+    expect_bitwise_equal(got->dstreams, expected->dstreams, (size_t)m * size, "dstreams");
+    expect_bitwise_equal(got->dmix_bias, expected->dmix_bias, m, "dmix_bias");
+    expect_bitwise_equal(got->dmix_proj, expected->dmix_proj, (size_t)m * d, "dmix_proj");
+}
+
 /* (m, tokens, d) */
 static const int mix_cases[][3] = {{2, 5, 7}, {3, 4, 9}, {4, 3, 5}};
 
@@ -436,9 +445,7 @@ Test(route_cpu, stream_mix_backward_is_bitwise_identical_for_1_and_2_threads)
     MixGradients one = mix_gradients(&p, 1);
     omp_set_num_threads(2);
     MixGradients two = mix_gradients(&p, 1);
-    expect_bitwise_equal(one.dstreams, two.dstreams, (size_t)m * tokens * d, "dstreams");
-    expect_bitwise_equal(one.dmix_bias, two.dmix_bias, m, "dmix_bias");
-    expect_bitwise_equal(one.dmix_proj, two.dmix_proj, (size_t)m * d, "dmix_proj");
+    expect_same_mix_gradients(&two, &one, m, (size_t)tokens * d, d);
     mix_gradients_free(&one);
     mix_gradients_free(&two);
     mix_problem_free(&p);
@@ -484,9 +491,7 @@ Test(route_cpu, stream_mix_backward_a_stream_at_a_time_is_the_backward_of_all_st
     float dalpha_all, dalpha_each;
     MixGradients all = mix_gradients_gated(&p, 0.5f, false, &dalpha_all, NULL);
     MixGradients each = mix_gradients_gated(&p, 0.5f, true, &dalpha_each, NULL);
-    expect_bitwise_equal(each.dstreams, all.dstreams, (size_t)m * size, "dstreams");
-    expect_bitwise_equal(each.dmix_bias, all.dmix_bias, m, "dmix_bias");
-    expect_bitwise_equal(each.dmix_proj, all.dmix_proj, (size_t)m * d, "dmix_proj");
+    expect_same_mix_gradients(&each, &all, m, size, d);
     cr_expect(fabsf(dalpha_each - dalpha_all) <= 1e-5f * fabsf(dalpha_all), "d alpha %.9g one "
               "stream at a time, %.9g all at once", dalpha_each, dalpha_all);
     mix_gradients_free(&all);
