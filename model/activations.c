@@ -115,19 +115,20 @@ static void site_layout(SiteActivations *site, Carver *carver, const ResidualPla
 
 /* ---- the scratch ---- */
 
-/* Hands out [N, d] rows of the two-phase walk: inside layer.grad_logits when `shared`
- * (route_scratch_layout says why), else carved. */
+/* Hands out [N, d] rows of the two-phase walk: inside layer.grad_logits while it has room
+ * (route_scratch_layout says why), then carved. Both passes hand out the same rows. */
 typedef struct {
     Carver *carver;
-    Activation *next; /* the next free row of grad_logits (shared) */
-    bool shared;
+    Activation *next; /* the next free row of grad_logits */
+    size_t room;      /* rows grad_logits still takes */
     size_t count;     /* elements a row */
 } BlockRows;
 
 static Activation *block_row(BlockRows *rows)
 {
-    if (!rows->shared)
+    if (rows->room == 0)
         return carve_activations(rows->carver, rows->count);
+    rows->room--;
     if (!rows->carver->base) /* the sizing pass: grad_logits is not placed yet */
         return NULL;
     Activation *row = rows->next;
@@ -154,11 +155,11 @@ static void route_scratch_layout(ModelScratch *scratch, Carver *carver,
         const size_t S = (size_t)plan->sublayers_per_block;
         /* The block buffers live inside one block of a chunk's layer walk; the logits'
          * gradient lives inside the head's backward. They never overlap, so the block
-         * buffers take that buffer when they fit in it (1 GiB at a 128k vocabulary). */
+         * buffers take that buffer (1 GiB at a 128k vocabulary) as far as it goes, and the
+         * rows past it are carved. */
         const size_t buffers = S * (scratch->checkpointing ? 2 : 1);
-        const size_t stream_rows = msar_blocks ? m * (S + 1) + 2 * M : 0;
-        const bool shared = (buffers + stream_rows) * N * d <= (size_t)scratch->logit_capacity * w->V;
-        BlockRows rows = {carver, shared ? scratch->layer.grad_logits : NULL, shared, N * d};
+        BlockRows rows = {carver, scratch->layer.grad_logits,
+                          (size_t)scratch->logit_capacity * w->V / (N * d), N * d};
         for (size_t b = 0; b < buffers; b++) {
             Activation *buffer = block_row(&rows);
             if (b < S)

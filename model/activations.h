@@ -58,8 +58,8 @@
  * streams and their gradients 2 m d, the mix d, recomputed weights M (H + 1), and in the
  * delta form the streams of a block's sites m (S + 1) d, the
  * convolved sources and their gradients 2 M d and the recomputed phase one S M (H + 1).
- * The rows of the two-phase walk are carved out of the logits' gradient when they fit in it
- * (it is idle outside the head's backward, they outside the layers' walk). With
+ * The rows of the two-phase walk take the logits' gradient as far as it goes, the rest is
+ * carved (it is idle outside the head's backward, they outside the layers' walk). With
  * checkpointing one layer's intermediates and 3d. The logits and their gradient are two
  * [logit_rows, V] buffers: the head and the loss walk the batch in chunks of logit_rows
  * tokens (model/loss.h), so the logits of a whole batch exist at once only when they fit in
