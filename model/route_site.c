@@ -84,8 +84,6 @@ void route_site_mix_forward(const RouteContext *context, const SiteWeights *weig
     }
     if (base) /* x = p + alpha * mix */
         backend->add_scaled(out, base, mix, weights->alpha, (size_t)rows * d);
-    else if (m == 1 && out != mix)
-        backend->copy(out, mix, (size_t)rows * d * backend->activation_bytes);
 }
 
 void route_site_forward(const RouteContext *context, const SitePlan *site,
@@ -150,12 +148,9 @@ void route_site_mix_backward(const RouteContext *context, const SiteWeights *wei
                                      weights->mix_proj, delta ? weights->alpha : NULL, rows, d);
         return;
     }
-    const size_t count = (size_t)rows * d; /* x = p + alpha * o_0, or x = o_0 */
-    if (delta)
-        backend->add_scaled_backward(grad_streams[0], grads->alpha, dout, streams[0],
-                                     weights->alpha, count);
-    else if (grad_streams[0] != dout)
-        backend->copy(grad_streams[0], dout, count * backend->activation_bytes);
+    /* m = 1 comes here in the delta form only: x = p + alpha * o_0 */
+    backend->add_scaled_backward(grad_streams[0], grads->alpha, dout, streams[0],
+                                 weights->alpha, (size_t)rows * d);
 }
 
 /* Stream r: from d o_r through its Route and the slot convolutions (one op) into

@@ -111,8 +111,8 @@ void route_site_forward(const RouteContext *context, const SitePlan *site,
 
 /* msar: the rest of the site once its m routed streams o_r [rows, d] are made (by
  * route_site_forward, or by a block's phase one, model/route_block.h): the mix (m > 1;
- * saves its gates and rstd) and, with base (delta), the gate route, x = p + alpha * mix;
- * with no base and m = 1, x = o_0 (copied unless out is streams[0]). */
+ * saves its gates and rstd; into out without base) and, with base (delta), the gate,
+ * x = p + alpha * mix. Not for m = 1 without base: there x is o_0 itself. */
 void route_site_mix_forward(const RouteContext *context, const SiteWeights *weights,
                             SiteActivations *saved, const Activation *const *streams,
                             const Activation *base, Activation *out);
@@ -120,7 +120,8 @@ void route_site_mix_forward(const RouteContext *context, const SiteWeights *weig
 /* msar: from dout = d x back through the gate (delta: grads->alpha +=) and the mix (m > 1:
  * grads->mix_bias, mix_proj +=) to the routed streams given: WRITES grad_streams[r] = d o_r
  * for each r whose streams[r] is not NULL (with m > 1 a caller may give one stream at a
- * time: a stream's share depends on its own o_r only; with m = 1 streams[0] is given).
+ * time: a stream's share depends on its own o_r only). With m = 1 only in the delta form
+ * (streams[0] given); without a gate d o_0 is dout itself.
  * streams: the o_r the forward mixed, bit for bit; grad_streams must not alias them. */
 void route_site_mix_backward(const RouteContext *context, const SiteWeights *weights,
                              SiteGrads *grads, const SiteActivations *saved,
