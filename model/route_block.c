@@ -94,30 +94,6 @@ static int block_sites(const RouteWalk *walk, int block)
     return left < S ? left : S;
 }
 
-/* Phase one of block n: every site's Route over the block's sources, each source read once. */
-static void block_open(RouteWalk *walk, int block)
-{
-    Model *model = walk->model;
-    RouteScratch *scratch = &model->scratch.route;
-    const int first = block_first_site(walk, block), G = block_sites(walk, block);
-    const int N = walk->plan->sites[first].n_sources;
-    site_sources(walk, first, walk->sources);
-    for (int i = 0; i < G; i++) {
-        const int j = first + i;
-        SiteActivations *saved = &walk->stash->sites[j];
-        walk->results[i] = scratch->block_results[i];
-        walk->weights[i] = saved->weights;
-        walk->rstd[i] = saved->rstd;
-        walk->queries[i] = model->site_params[j].query;
-        walk->key_norms[i] = model->site_params[j].key_norm;
-    }
-    walk->backend->route_block_forward(walk->results, walk->weights, walk->rstd, NULL,
-                                       walk->sources, N, walk->queries, walk->key_norms, G,
-                                       walk->rows, walk->d, walk->plan->heads,
-                                       walk->route->eps);
-    walk->open_block = block;
-}
-
 /* The backward of block n when the walk leaves it: every site's d x into the sources. */
 static void block_backward(RouteWalk *walk, int block)
 {
@@ -145,8 +121,10 @@ static void block_backward(RouteWalk *walk, int block)
         walk->rows, walk->d, walk->plan->heads);
 }
 
-/* ---- msar (the delta form): the two phases a stream at a time ----
- * Stream r of every site of a block reads the same E_r(s_0) .. E_r(s_{N-1}): the walk
+/* ---- phase one, and msar's backward a stream at a time ----
+ * attnres is the one-stream case: its sources have no conv slot, so sources_convolve hands
+ * them over as they are and phase one routes them into block_results.
+ * MSAR: stream r of every site of a block reads the same E_r(s_0) .. E_r(s_{N-1}): the walk
  * convolves the block's sources once into the scratch (stream_conv_forward) and routes all
  * its sites over them at once (route_block_forward); each site mixes its m streams in its
  * turn (route_site_mix_forward). The backward goes a stream at a time: E_r and the sites'
@@ -181,10 +159,13 @@ static void sources_convolve(RouteWalk *walk, const SitePlan *first, int r)
     }
 }
 
-/* Phase one of stream r of block n: o_r of each site into its slot. Its depth weights and
- * key rstd go to the sites' saved state, or (recompute, the backward) to the scratch, which
- * only takes them: they are the saved ones bit for bit. Expects walk->sources. */
-static void stream_phase_one(RouteWalk *walk, int block, int r, bool recompute)
+/* Phase one of stream r of block n (attnres: its one stream, r = 0): every site's Route
+ * over the block's sources (msar: their E_r, convolved into the scratch), each read once,
+ * into block_results (attnres) or stream r's slots (msar: o_r of site i in slot i + 1). The
+ * depth weights and key rstd go to the sites' saved state, or (recompute, msar's backward)
+ * to the scratch, which only takes them: they are the saved ones bit for bit. Expects
+ * walk->sources. */
+static void block_phase_one(RouteWalk *walk, int block, int r, bool recompute)
 {
     Model *model = walk->model;
     RouteScratch *scratch = &model->scratch.route;
@@ -196,7 +177,7 @@ static void stream_phase_one(RouteWalk *walk, int block, int r, bool recompute)
     for (int i = 0; i < G; i++) {
         SiteActivations *saved = &walk->stash->sites[first + i];
         const SiteWeights *weights = &model->site_params[first + i];
-        walk->results[i] = stream_slot(walk, r, i + 1);
+        walk->results[i] = walk->streams ? stream_slot(walk, r, i + 1) : scratch->block_results[i];
         walk->weights[i] = recompute ? scratch->block_weights + i * M * rows * walk->plan->heads
                                      : saved->weights + route_stream_weights_at(route, N, r);
         walk->rstd[i] = recompute ? scratch->block_rstd + i * M * rows
@@ -206,15 +187,15 @@ static void stream_phase_one(RouteWalk *walk, int block, int r, bool recompute)
     }
     walk->backend->route_block_forward(walk->results, walk->weights, walk->rstd, NULL,
                                        walk->stream_sources, N, walk->queries, walk->key_norms,
-                                       G, walk->rows, walk->d, walk->plan->heads,
-                                       walk->route->eps);
+                                       G, walk->rows, walk->d, walk->plan->heads, route->eps);
 }
 
-static void block_open_streams(RouteWalk *walk, int block)
+/* Phase one of block n, every stream. */
+static void block_open(RouteWalk *walk, int block)
 {
     site_sources(walk, block_first_site(walk, block), walk->sources);
     for (int r = 0; r < walk->plan->streams; r++)
-        stream_phase_one(walk, block, r, false);
+        block_phase_one(walk, block, r, false);
     walk->open_block = block;
 }
 
@@ -283,7 +264,7 @@ static void block_backward_streams(RouteWalk *walk, int block)
     site_sources(walk, first, walk->sources);
     site_grad_sources(walk, first, walk->grad_sources);
     for (int r = 0; r < m; r++) {
-        stream_phase_one(walk, block, r, true);
+        block_phase_one(walk, block, r, true);
         for (int k = 0; k < m; k++)
             walk->site_streams[k] = NULL;
         for (int i = 0; i < G; i++) {
@@ -321,7 +302,7 @@ void route_walk_site_forward(RouteWalk *walk, int j, const Activation *base, Act
     const int block = walk->plan->sublayer_block[j];
     const int i = j - block_first_site(walk, block);
     if (walk->open_block != block)
-        (walk->streams ? block_open_streams : block_open)(walk, block);
+        block_open(walk, block);
     if (walk->streams) {
         for (int r = 0; r < walk->plan->streams; r++)
             walk->site_streams[r] = stream_slot(walk, r, i + 1);
