@@ -93,7 +93,7 @@ static void block_forward(BlockPass *p, int block)
         } else if (i > 0) {
             point_sources(p, N, true);
             backend->route_merge_forward(p->x, p->weights_of[i], p->rstd_of[i], p->results[i],
-                                         p->lse_of[i], p->site_sources, N + 1, p->query_of[i],
+                                         p->lse_of[i], p->site_sources[N], N + 1, p->query_of[i],
                                          p->key_norm_of[i], p->tokens, p->d, p->heads, 1e-5f);
         }
     }
@@ -107,7 +107,8 @@ static void block_backward(BlockPass *p, int block)
         point_sources(p, N, i > 0);
         backend->route_merge_backward(i > 0 ? p->site_grads[N] : NULL, p->grad_query_of[i],
                                       p->grad_key_norm_of[i], (float *)p->means_of[i],
-                                      p->dout_of[i], p->x, p->site_sources, N + (i > 0), i > 0,
+                                      p->dout_of[i], p->x,
+                                      i > 0 ? p->site_sources[N] : NULL, N + (i > 0),
                                       p->weights_of[i], p->rstd_of[i], p->query_of[i],
                                       p->key_norm_of[i], p->scratch, p->tokens, p->d,
                                       p->heads);

@@ -157,7 +157,7 @@ static void route_scratch_layout(ModelScratch *scratch, Carver *carver,
          * gradient lives inside the head's backward. They never overlap, so the block
          * buffers take that buffer (1 GiB at a 128k vocabulary) as far as it goes, and the
          * rows past it are carved. */
-        const size_t buffers = S * (scratch->checkpointing ? 2 : 1);
+        const size_t buffers = S * (scratch->checkpointing && !msar_blocks ? 2 : 1);
         BlockRows rows = {carver, scratch->layer.grad_logits,
                           (size_t)scratch->logit_capacity * w->V / (N * d), N * d};
         for (size_t b = 0; b < buffers; b++) {
@@ -176,6 +176,10 @@ static void route_scratch_layout(ModelScratch *scratch, Carver *carver,
             }
             route->block_weights = carve_floats(carver, S * M * N * H);
             route->block_rstd = carve_floats(carver, S * M * N);
+            if (plan->form == FORM_REPLACE) {
+                route->block_lse = carve_floats(carver, m * S * N * H);
+                route->block_means = carve_floats(carver, m * S * N * H);
+            }
         }
     }
     if (plan->mode != RESIDUAL_MSAR)

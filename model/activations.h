@@ -137,14 +137,16 @@ typedef struct {
                                     the same buffers as block_results without checkpointing
                                     (a forward and a backward never overlap then); both may
                                     lie inside layer.grad_logits (see the top of this file) */
-    /* msar two-phase (delta form): stream r's slots are stream_slots[r (S + 1) + k], k = 0..S;
-     * phase one leaves o_r of site i in slot i + 1, and the block's backward writes d o_r of
-     * site i into slot i once site i - 1's o_r is spent (model/route_block.c) */
+    /* msar two-phase: stream r's slots are stream_slots[r (S + 1) + k], k = 0..S; phase one
+     * leaves o_r of site i in slot i + 1, and the block's backward writes d o_r of each site
+     * into a slot whose o_r is spent (model/route_block.c) */
     Activation **stream_slots;   /* [m (S + 1)] [N, d] */
     Activation **conv_rows;      /* [M] [N, d] E_r of each convolved source of the block */
     Activation **grad_conv_rows; /* [M] [N, d] their gradients */
     float *block_weights;        /* [S, M, N, H] the backward's recompute of phase one */
     float *block_rstd;           /* [S, M, N] */
+    float *block_lse;            /* [m, S, N, H] msar replace: phase one's lse, for the merges */
+    float *block_means;          /* [m, S, N, H] msar replace: the sites' softmax centres */
 } RouteScratch;
 
 /* The final norm and the loss of one microbatch (the last chunk's stash). */

@@ -114,11 +114,11 @@ static Walk walk_begin(Model *model, Stash *stash, SummaryStore *store, int B)
 }
 
 /* The route context must not move once the sites' walk points at it. */
-static void walk_sites_begin(Walk *walk)
+static void walk_sites_begin(Walk *walk, bool backward)
 {
     if (walk->routed)
         route_walk_begin(&walk->sites, walk->model, walk->stash, walk->store, &walk->route,
-                         walk->layer.B * walk->layer.T);
+                         walk->layer.B * walk->layer.T, backward);
 }
 
 static void walk_end(Walk *walk)
@@ -316,7 +316,7 @@ ModelLoss chunk_forward(Model *model, const ChunkSpan *span, Stash *stash,
               "(train.microbatch_size = %d)", B, model->scratch.max_batch);
     const size_t rows = (size_t)B * model->scratch.T;
     Walk walk = walk_begin(model, stash, store, B);
-    walk_sites_begin(&walk);
+    walk_sites_begin(&walk, false);
     const Backend *backend = model->backend;
     const int L2 = model->plan.n_sublayers;
 
@@ -445,7 +445,7 @@ void chunk_backward(Model *model, const ChunkSpan *span, Stash *stash, SummarySt
     const int B = stash->batch, d = model->config.d_model;
     const size_t rows = (size_t)B * model->scratch.T;
     Walk walk = walk_begin(model, stash, store, B);
-    walk_sites_begin(&walk);
+    walk_sites_begin(&walk, true);
     const Backend *backend = model->backend;
     ModelScratch *scratch = &model->scratch;
     Activation *grad_stream = scratch->layer.grad_stream;

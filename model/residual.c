@@ -150,5 +150,6 @@ bool residual_sublayer_starts_block(const ResidualPlan *plan, int j)
 
 bool residual_two_phase(const ResidualPlan *plan)
 {
-    return plan->mode != RESIDUAL_STANDARD && plan->form == FORM_DELTA;
+    return plan->mode == RESIDUAL_MSAR ||
+           (plan->mode != RESIDUAL_STANDARD && plan->form == FORM_DELTA);
 }

@@ -94,9 +94,11 @@ void residual_plan_build(ResidualPlan *plan, const ModelConfig *model,
                          const ResidualConfig *residual);
 void residual_plan_free(ResidualPlan *plan);
 
-/* True when the walk routes a block's sites in two phases (model/route_block.h): the delta
- * form of attnres and msar. The replace form routes a site at a time (its merges with the
- * partial cost more than the common read saves; docs/performance.md, 2026-12-02). */
+/* True when the walk routes a block's sites in two phases (model/route_block.h): msar in
+ * both forms, attnres in the delta form. attnres's replace form routes a site at a time (its
+ * merges with the partial cost more than the common read saves; docs/performance.md,
+ * 2026-12-02); msar's per-site route convolves every source inside each site's read, which
+ * costs more than the merges. */
 bool residual_two_phase(const ResidualPlan *plan);
 
 /* True when sublayer j starts its block (i = 0): it writes f_j instead of adding it. */

@@ -29,7 +29,7 @@ static void site_grad_sources(const RouteWalk *walk, int site, Activation **grad
 }
 
 void route_walk_begin(RouteWalk *walk, Model *model, Stash *stash, SummaryStore *store,
-                      const RouteContext *route, int rows)
+                      const RouteContext *route, int rows, bool backward)
 {
     const ResidualPlan *plan = &model->plan;
     *walk = (RouteWalk){
@@ -43,12 +43,16 @@ void route_walk_begin(RouteWalk *walk, Model *model, Stash *stash, SummaryStore 
         .d = model->config.d_model,
         .two_phase = residual_two_phase(plan) && !model->route_sites_alone,
         .streams = plan->mode == RESIDUAL_MSAR,
+        .replace = plan->form == FORM_REPLACE,
+        .backward = backward,
         .open_block = -1,
     };
     const size_t sources = (size_t)plan->max_sources + 1;
     const size_t S = plan->sublayers_per_block > 0 ? (size_t)plan->sublayers_per_block : 1;
     walk->sources = xcalloc(sources, sizeof *walk->sources);
     walk->grad_sources = xcalloc(sources, sizeof *walk->grad_sources);
+    walk->means = xcalloc(S, sizeof *walk->means);
+    walk->lse = xcalloc(S, sizeof *walk->lse);
     walk->results = xcalloc(S, sizeof *walk->results);
     walk->weights = xcalloc(S, sizeof *walk->weights);
     walk->rstd = xcalloc(S, sizeof *walk->rstd);
@@ -68,7 +72,8 @@ void route_walk_begin(RouteWalk *walk, Model *model, Stash *stash, SummaryStore 
 
 void route_walk_end(RouteWalk *walk)
 {
-    void *arrays[] = {walk->sources, walk->grad_sources, walk->results, walk->weights,
+    void *arrays[] = {walk->sources, walk->grad_sources, walk->means, walk->lse, walk->results,
+                      walk->weights,
                       walk->rstd, walk->grad_queries,
                       walk->grad_key_norms, walk->grad_alphas, walk->const_weights,
                       walk->alphas, walk->queries, walk->key_norms,
@@ -127,16 +132,26 @@ static void block_backward(RouteWalk *walk, int block)
  * MSAR: stream r of every site of a block reads the same E_r(s_0) .. E_r(s_{N-1}): the walk
  * convolves the block's sources once into the scratch (stream_conv_forward) and routes all
  * its sites over them at once (route_block_forward); each site mixes its m streams in its
- * turn (route_site_mix_forward). The backward goes a stream at a time: E_r and the sites'
- * o_r again, each site's d x through its gate and mix to d o_r (route_site_mix_backward,
- * stream r alone), every site's d o_r into d E_r (route_block_backward) and d E_r through
- * the convolutions into the sources and the taps (stream_conv_backward). */
+ * turn (route_site_mix_forward). In the replace form a site i > 0 first merges E_r of its
+ * partial b_n^i into each stream (route_merge_forward, from phase one's lse): the partial is
+ * complete only when the site's turn comes. The backward goes a stream at a time: E_r again,
+ * every site's d o_r into d E_r (route_block_backward) and d E_r through the convolutions
+ * into the sources and the taps (stream_conv_backward). */
 
 /* Slot k (0..S) of stream r: phase one leaves o_r of site i in slot i + 1. */
 static Activation *stream_slot(const RouteWalk *walk, int r, int k)
 {
     const size_t S = (size_t)walk->plan->sublayers_per_block;
     return walk->model->scratch.route.stream_slots[(size_t)r * (S + 1) + (size_t)k];
+}
+
+/* Site i's [rows, H] floats of stream r in a [m, S, max_rows, H] scratch array (the replace
+ * form's lse and softmax centres). */
+static float *site_stream_floats(const RouteWalk *walk, float *base, int r, int i)
+{
+    const size_t S = (size_t)walk->plan->sublayers_per_block;
+    const size_t per_site = (size_t)walk->route->max_rows * walk->plan->heads;
+    return base + ((size_t)r * S + (size_t)i) * per_site;
 }
 
 /* walk->stream_sources = E_r of walk->sources (the block's first site's): each convolved
@@ -159,50 +174,117 @@ static void sources_convolve(RouteWalk *walk, const SitePlan *first, int r)
     }
 }
 
+/* Where site i's depth weights and key rstd of stream r go: its saved state, or in msar's
+ * backward the scratch, which only takes them (they are the saved ones bit for bit, and a
+ * replace-form merge rescales them in place: the saved ones are merged already). attnres
+ * writes the same bits into its saved state again. A site's region holds all its sources,
+ * the partial's row last in the replace form. */
+static bool phase_one_to_scratch(const RouteWalk *walk)
+{
+    return walk->backward && walk->streams;
+}
+
+static float *site_weights_of(const RouteWalk *walk, int block, int i, int r)
+{
+    const int j = block_first_site(walk, block) + i;
+    const size_t rows = (size_t)walk->route->max_rows, M = (size_t)walk->plan->max_sources;
+    if (phase_one_to_scratch(walk))
+        return walk->model->scratch.route.block_weights + (size_t)i * M * rows * walk->plan->heads;
+    return walk->stash->sites[j].weights +
+           route_stream_weights_at(walk->route, walk->plan->sites[j].n_sources, r);
+}
+
+static float *site_rstd_of(const RouteWalk *walk, int block, int i, int r)
+{
+    const int j = block_first_site(walk, block) + i;
+    if (phase_one_to_scratch(walk))
+        return walk->model->scratch.route.block_rstd +
+               (size_t)i * walk->plan->max_sources * walk->route->max_rows;
+    return walk->stash->sites[j].rstd +
+           route_stream_rstd_at(walk->route, walk->plan->sites[j].n_sources, r);
+}
+
 /* Phase one of stream r of block n (attnres: its one stream, r = 0): every site's Route
  * over the block's sources (msar: their E_r, convolved into the scratch), each read once,
- * into block_results (attnres) or stream r's slots (msar: o_r of site i in slot i + 1). The
- * depth weights and key rstd go to the sites' saved state, or (recompute, msar's backward)
- * to the scratch, which only takes them: they are the saved ones bit for bit. Expects
- * walk->sources. */
-static void block_phase_one(RouteWalk *walk, int block, int r, bool recompute)
+ * into block_results (attnres) or stream r's slots (msar: o_r of site i in slot i + 1),
+ * with each site's lse for its merge in the replace form. Expects walk->sources. */
+static void block_phase_one(RouteWalk *walk, int block, int r)
 {
     Model *model = walk->model;
     RouteScratch *scratch = &model->scratch.route;
     const int first = block_first_site(walk, block), G = block_sites(walk, block);
     const int N = walk->plan->sites[first].n_sources;
     const RouteContext *route = walk->route;
-    const size_t M = (size_t)walk->plan->max_sources, rows = (size_t)route->max_rows;
+    float **lse = walk->replace ? walk->lse : NULL;
     sources_convolve(walk, &walk->plan->sites[first], r);
     for (int i = 0; i < G; i++) {
-        SiteActivations *saved = &walk->stash->sites[first + i];
         const SiteWeights *weights = &model->site_params[first + i];
         walk->results[i] = walk->streams ? stream_slot(walk, r, i + 1) : scratch->block_results[i];
-        walk->weights[i] = recompute ? scratch->block_weights + i * M * rows * walk->plan->heads
-                                     : saved->weights + route_stream_weights_at(route, N, r);
-        walk->rstd[i] = recompute ? scratch->block_rstd + i * M * rows
-                                  : saved->rstd + route_stream_rstd_at(route, N, r);
+        walk->weights[i] = site_weights_of(walk, block, i, r);
+        walk->rstd[i] = site_rstd_of(walk, block, i, r);
         walk->queries[i] = route_stream_row(route, weights->query, r);
         walk->key_norms[i] = route_stream_row(route, weights->key_norm, r);
+        if (lse)
+            lse[i] = site_stream_floats(walk, scratch->block_lse, r, i);
     }
-    walk->backend->route_block_forward(walk->results, walk->weights, walk->rstd, NULL,
+    walk->backend->route_block_forward(walk->results, walk->weights, walk->rstd, lse,
                                        walk->stream_sources, N, walk->queries, walk->key_norms,
                                        G, walk->rows, walk->d, walk->plan->heads, route->eps);
 }
 
-/* Phase one of block n, every stream. */
+/* Replace form, site i > 0 of block n, stream r: E_r of its partial (the site's last
+ * source, walk->sources) into the scratch row after the completed sources' (phase one's use
+ * of the conv rows is over), for the merge and its backward. */
+static const Activation *partial_convolve(RouteWalk *walk, int j, int r)
+{
+    const SitePlan *site = &walk->plan->sites[j];
+    const int last = site->n_sources - 1;
+    Activation *row = walk->model->scratch.route.conv_rows[last];
+    walk->backend->stream_conv_forward(row, walk->sources[last],
+                                       route_stream_taps(walk->route, site->sources[last].slot, r),
+                                       walk->plan->kernel_sizes[r], walk->route->B,
+                                       walk->route->T, walk->d);
+    return row;
+}
+
+/* Replace form: site i > 0's partial merged into phase one's o_r of every stream, in place
+ * in the slots (the weights and rstd where phase one put them). */
+static void site_merge(RouteWalk *walk, int block, int i)
+{
+    const int j = block_first_site(walk, block) + i;
+    const SiteWeights *weights = &walk->model->site_params[j];
+    const int n_sources = walk->plan->sites[j].n_sources;
+    const RouteContext *route = walk->route;
+    site_sources(walk, j, walk->sources);
+    for (int r = 0; r < walk->plan->streams; r++) {
+        Activation *o = stream_slot(walk, r, i + 1);
+        walk->backend->route_merge_forward(
+            o, site_weights_of(walk, block, i, r), site_rstd_of(walk, block, i, r), o,
+            site_stream_floats(walk, walk->model->scratch.route.block_lse, r, i),
+            partial_convolve(walk, j, r), n_sources, route_stream_row(route, weights->query, r),
+            route_stream_row(route, weights->key_norm, r), walk->rows, walk->d,
+            walk->plan->heads, route->eps);
+    }
+}
+
+/* Phase one of block n, every stream; in the backward of the replace form also every
+ * site's merge (the sites' turns are over: their partials are all complete). */
 static void block_open(RouteWalk *walk, int block)
 {
     site_sources(walk, block_first_site(walk, block), walk->sources);
     for (int r = 0; r < walk->plan->streams; r++)
-        block_phase_one(walk, block, r, false);
+        block_phase_one(walk, block, r);
+    if (walk->replace && walk->backward)
+        for (int i = 1; i < block_sites(walk, block); i++)
+            site_merge(walk, block, i);
     walk->open_block = block;
 }
 
-/* Stream r's part of the block's backward, from d o_r of each site in slot i: into d E_r
- * (the scratch's grad_conv_rows; the null source's straight into its gradient), the
- * stream's queries and key norms, then through the convolutions into the sources and taps.
- * Expects walk->sources, walk->grad_sources and walk->stream_sources (E_r). */
+/* Stream r's part of the block's backward, from d o_r of each site (walk->douts; the replace
+ * form's softmax centres in walk->means): into d E_r (the scratch's grad_conv_rows; the null
+ * source's straight into its gradient), the stream's queries and key norms, then through
+ * the convolutions into the sources and taps. Expects walk->sources, walk->grad_sources and
+ * walk->stream_sources (E_r). */
 static void stream_block_backward(RouteWalk *walk, int block, int r)
 {
     Model *model = walk->model;
@@ -224,9 +306,8 @@ static void stream_block_backward(RouteWalk *walk, int block, int r)
     }
     for (int i = 0; i < G; i++) {
         const int j = first + i;
-        walk->douts[i] = stream_slot(walk, r, i);
-        walk->const_weights[i] =
-            walk->stash->sites[j].weights + route_stream_weights_at(route, N, r);
+        walk->const_weights[i] = walk->stash->sites[j].weights +
+                                 route_stream_weights_at(route, walk->plan->sites[j].n_sources, r);
         walk->queries[i] = route_stream_row(route, model->site_params[j].query, r);
         walk->key_norms[i] = route_stream_row(route, model->site_params[j].key_norm, r);
         walk->grad_queries[i] = model->site_grads[j].query + (size_t)r * d;
@@ -237,7 +318,8 @@ static void stream_block_backward(RouteWalk *walk, int block, int r)
                                   walk->const_weights,
                                   walk->stash->sites[first].rstd +
                                       route_stream_rstd_at(route, N, r),
-                                  walk->queries, walk->key_norms, NULL, NULL, G,
+                                  walk->queries, walk->key_norms, NULL,
+                                  walk->replace ? (const float *const *)walk->means : NULL, G,
                                   scratch->route_backward, walk->rows, d, walk->plan->heads);
     for (int k = 0; k < N; k++) {
         const int slot = plan->sources[k].slot;
@@ -251,11 +333,12 @@ static void stream_block_backward(RouteWalk *walk, int block, int r)
     }
 }
 
-/* The backward of block n when the walk leaves it, a stream at a time (a stream's share of
- * the mix's backward depends on its own o_r only, route_site_mix_backward): E_r and every
- * site's o_r made again (the convolution and phase one), each site's d x through its gate
- * and mix to d o_r (written into slot i, where site i - 1's o_r was: the sites go in order
- * and a site's o_r is spent once its mix backward ran), then the stream into the sources. */
+/* The backward of the delta form's block n when the walk leaves it, a stream at a time (a
+ * stream's share of the mix's backward depends on its own o_r only, route_site_mix_backward):
+ * E_r and every site's o_r made again (the convolution and phase one), each site's d x
+ * through its gate and mix to d o_r (written into slot i, where site i - 1's o_r was: the
+ * sites go in order and a site's o_r is spent once its mix backward ran), then the stream
+ * into the sources. */
 static void block_backward_streams(RouteWalk *walk, int block)
 {
     Model *model = walk->model;
@@ -264,7 +347,7 @@ static void block_backward_streams(RouteWalk *walk, int block)
     site_sources(walk, first, walk->sources);
     site_grad_sources(walk, first, walk->grad_sources);
     for (int r = 0; r < m; r++) {
-        block_phase_one(walk, block, r, true);
+        block_phase_one(walk, block, r);
         for (int k = 0; k < m; k++)
             walk->site_streams[k] = NULL;
         for (int i = 0; i < G; i++) {
@@ -275,6 +358,91 @@ static void block_backward_streams(RouteWalk *walk, int block)
                                     &walk->stash->sites[j], walk->site_streams,
                                     model->scratch.route.block_grads[i],
                                     walk->site_grad_streams);
+            walk->douts[i] = stream_slot(walk, r, i);
+        }
+        stream_block_backward(walk, block, r);
+    }
+    walk->open_block = -1; /* the slots hold gradients now */
+}
+
+/* ---- msar's replace form: each site's own share in its turn ----
+ * The backward holds every site's o_r from the block's reopening (block_open). Site i in its
+ * turn (last to first) takes d x through its mix to d o_r of every stream (the slot where
+ * site i + 1's o_r was, spent by now; slot 0 for a full block's last site, so d o_r of
+ * sites i.. and o_r of sites ..i - 1 never meet), then per stream its merge's backward: the
+ * softmax centre, and the partial's share through E_r into the block's gradient and the
+ * taps. That share must be in before sublayer i - 1's backward reads the block's gradient.
+ * When the walk leaves the block, every site's d o_r goes into the completed sources
+ * (stream_block_backward, with the centres). */
+
+/* d o_r of site i of stream r: with m = 1 the site's d x itself (x = o_0) */
+static Activation *site_grad_stream(const RouteWalk *walk, int r, int i)
+{
+    if (walk->plan->streams == 1)
+        return walk->model->scratch.route.block_grads[i];
+    const int k = i + 2 <= walk->plan->sublayers_per_block ? i + 2 : 0;
+    return stream_slot(walk, r, k);
+}
+
+static void site_merge_backward(RouteWalk *walk, int block, int i)
+{
+    Model *model = walk->model;
+    const Backend *backend = walk->backend;
+    const RouteContext *route = walk->route;
+    const int j = block_first_site(walk, block) + i, m = walk->plan->streams;
+    const SitePlan *site = &walk->plan->sites[j];
+    const SiteWeights *weights = &model->site_params[j];
+    SiteGrads *grads = &model->site_grads[j];
+    const SiteActivations *saved = &walk->stash->sites[j];
+    RouteScratch *scratch = &model->scratch.route;
+    const int last = site->n_sources - 1, d = walk->d;
+    if (m > 1) {
+        for (int r = 0; r < m; r++) {
+            walk->site_streams[r] = stream_slot(walk, r, i + 1);
+            walk->site_grad_streams[r] = site_grad_stream(walk, r, i);
+        }
+        route_site_mix_backward(route, weights, grads, saved, walk->site_streams,
+                                scratch->block_grads[i], walk->site_grad_streams);
+    }
+    site_sources(walk, j, walk->sources);
+    site_grad_sources(walk, j, walk->grad_sources);
+    const size_t bytes = (size_t)walk->rows * d * backend->activation_bytes;
+    for (int r = 0; r < m; r++) {
+        const Activation *partial = i > 0 ? partial_convolve(walk, j, r) : NULL;
+        if (partial)
+            backend->zero(scratch->grad_conv_rows[last], bytes);
+        backend->route_merge_backward(
+            partial ? scratch->grad_conv_rows[last] : NULL, grads->query + (size_t)r * d,
+            grads->key_norm + (size_t)r * d, site_stream_floats(walk, scratch->block_means, r, i),
+            site_grad_stream(walk, r, i), stream_slot(walk, r, i + 1), partial, site->n_sources,
+            saved->weights + route_stream_weights_at(route, site->n_sources, r),
+            saved->rstd + route_stream_rstd_at(route, site->n_sources, r),
+            route_stream_row(route, weights->query, r),
+            route_stream_row(route, weights->key_norm, r), scratch->route_backward, walk->rows, d,
+            walk->plan->heads);
+        if (!partial)
+            continue;
+        const int slot = site->sources[last].slot;
+        backend->stream_conv_backward(walk->grad_sources[last],
+                                      route->grad_conv[slot] + route_stream_taps_at(route, r),
+                                      scratch->grad_conv_rows[last], walk->sources[last],
+                                      route_stream_taps(route, slot, r),
+                                      walk->plan->kernel_sizes[r], route->B, route->T, d);
+    }
+}
+
+/* The replace form's block backward when the walk leaves it: per stream, E_r again and every
+ * site's d o_r into the completed sources, about its centre. */
+static void block_backward_replace(RouteWalk *walk, int block)
+{
+    const int first = block_first_site(walk, block), G = block_sites(walk, block);
+    site_sources(walk, first, walk->sources);
+    site_grad_sources(walk, first, walk->grad_sources);
+    for (int r = 0; r < walk->plan->streams; r++) {
+        sources_convolve(walk, &walk->plan->sites[first], r);
+        for (int i = 0; i < G; i++) {
+            walk->douts[i] = site_grad_stream(walk, r, i);
+            walk->means[i] = site_stream_floats(walk, walk->model->scratch.route.block_means, r, i);
         }
         stream_block_backward(walk, block, r);
     }
@@ -303,17 +471,23 @@ void route_walk_site_forward(RouteWalk *walk, int j, const Activation *base, Act
     const int i = j - block_first_site(walk, block);
     if (walk->open_block != block)
         block_open(walk, block);
-    if (walk->streams) {
-        for (int r = 0; r < walk->plan->streams; r++)
-            walk->site_streams[r] = stream_slot(walk, r, i + 1);
-        route_site_mix_forward(walk->route, &model->site_params[j], saved, walk->site_streams,
-                               base, x);
+    if (!walk->streams) { /* x = p + alpha * Route */
+        walk->backend->add_scaled(x, base, model->scratch.route.block_results[i],
+                                  model->site_params[j].alpha, (size_t)walk->rows * walk->d);
         return;
     }
-    /* x = p + alpha * Route */
-    walk->backend->add_scaled(x, base, model->scratch.route.block_results[i],
-                              model->site_params[j].alpha,
-                              (size_t)walk->rows * walk->d);
+    /* a merge needs the site's partial, complete now; the backward's reopening merged */
+    if (walk->replace && i > 0 && !walk->backward)
+        site_merge(walk, block, i);
+    for (int r = 0; r < walk->plan->streams; r++)
+        walk->site_streams[r] = stream_slot(walk, r, i + 1);
+    if (walk->plan->streams == 1 && !base) { /* x = o_0 */
+        walk->backend->copy(x, walk->site_streams[0],
+                            (size_t)walk->rows * walk->d * walk->backend->activation_bytes);
+        return;
+    }
+    route_site_mix_forward(walk->route, &model->site_params[j], saved, walk->site_streams, base,
+                           x);
 }
 
 Activation *route_walk_grad_x(RouteWalk *walk, int j)
@@ -338,6 +512,15 @@ void route_walk_site_backward(RouteWalk *walk, int j, const Activation *grad_x)
         return;
     }
     const int block = walk->plan->sublayer_block[j];
-    if (j == block_first_site(walk, block)) /* the walk leaves the block */
+    const int first = block_first_site(walk, block);
+    if (walk->replace) { /* msar: the site's own share now, the block's when the walk leaves */
+        if (walk->open_block != block)
+            block_open(walk, block);
+        site_merge_backward(walk, block, j - first);
+        if (j == first)
+            block_backward_replace(walk, block);
+        return;
+    }
+    if (j == first) /* the walk leaves the block */
         (walk->streams ? block_backward_streams : block_backward)(walk, block);
 }

@@ -1,9 +1,10 @@
 /* model/route_block.h — the routing sites of a chunk walk, block by block (DESIGN 2.1, 2.2;
  * docs/design-notes.md, "Two-phase routing").
  *
- * The sites of one block read the same completed sources (delta: null, b_0..b_{n-1}).
- * Those sources are complete when the block starts, so the delta form routes a block in two
- * phases (residual_two_phase):
+ * The sites of one block read the same completed sources (delta: null, b_0..b_{n-1};
+ * replace: b_0..b_{n-1}, and the open partial after the first site). Those sources are
+ * complete when the block starts, so the walk routes a block in two phases
+ * (residual_two_phase):
  *   forward   when the walk reaches the block's first site (or, recomputing under
  *             checkpointing, the first of its sites it needs): route_block_forward reads each
  *             source once and gives every site of the block its Route; then each site in its
@@ -18,8 +19,13 @@
  * takes each site's d x back through the gate and the mix to d o_r, then per stream sends
  * every site's d o_r into d E_r (route_block_backward) and d E_r through the convolution
  * into the sources and the taps (stream_conv_backward).
- * The replace form (its sites also read the open partial b_n^i) and the final site (a block
- * of its own) route one site at a time through model/route_site.h, as does every site after
+ * MSAR's replace form routes the same way, and each site i > 0 also merges E_r of its
+ * partial b_n^i into each stream in its turn (route_merge_forward, from phase one's lse); its
+ * backward reopens the block (phase one and the merges again), takes each site's d x through
+ * its mix and its merge's backward in the site's turn (the partial's gradient must reach the
+ * block's accumulator before the sublayer before it), and the completed sources' share when
+ * the walk leaves the block. attnres's replace form and the final site (a block of its own)
+ * route one site at a time through model/route_site.h, as does every site after
  * model_route_sites_alone.
  *
  * A chunk starts and ends on block edges (chunk.h), so a block is always walked whole, in one
@@ -47,8 +53,11 @@ typedef struct {
     Stash *stash;
     SummaryStore *store;
     int rows, d;
-    bool two_phase;                /* residual_two_phase: the delta form */
+    bool two_phase;                /* residual_two_phase */
     bool streams;                  /* msar: phase one a stream at a time */
+    bool replace;                  /* the replace form (msar: sites merge their partials) */
+    bool backward;                 /* a backward walk: phase one writes the scratch, never
+                                      the sites' saved state */
     int open_block;                /* whose phase-one results the scratch holds; -1: none */
     /* host arrays of backend pointers for the ops, [max_sources + 1] or [S] */
     const Activation **sources;
@@ -57,15 +66,16 @@ typedef struct {
     float **weights, **rstd, **grad_queries, **grad_key_norms, **grad_alphas;
     const float **const_weights, **alphas;
     const Activation **queries, **key_norms, **douts;
+    float **lse, **means;          /* [S] the replace form's lse and softmax centres */
     /* msar: E_r of the block's sources and their gradients [max_sources + 1]; a site's o_r
      * and d o_r [m] */
     const Activation **stream_sources, **site_streams;
     Activation **stream_grad_sources, **site_grad_streams;
 } RouteWalk;
 
-/* For one chunk call (forward or backward) of `stash` and `store`; `route` outlives it. */
+/* For one chunk call (forward, or backward) of `stash` and `store`; `route` outlives it. */
 void route_walk_begin(RouteWalk *walk, Model *model, Stash *stash, SummaryStore *store,
-                      const RouteContext *route, int rows);
+                      const RouteContext *route, int rows, bool backward);
 void route_walk_end(RouteWalk *walk);
 
 /* x [rows, d] of site j (the input of sublayer j, or of the final norm for j = 2L); base:

@@ -256,33 +256,36 @@ typedef struct Backend {
      * [1], summed in a fixed order). dx must not alias dout or x. */
     void (*add_scaled_backward)(Activation *dx, float *dalpha, const Activation *dout,
                                 const Activation *x, const float *alpha, size_t n);
-    /* route_merge_forward: the Route of a replace-form site over sources[0..N] (N =
-     * n_sources - 1 completed ones, then the open block's partial p = sources[N]) from
-     * route_block_forward's result and lse over the first N:
+    /* route_merge_forward: the Route of a replace-form site over N completed sources and
+     * the open block's partial p (n_sources = N + 1 in all, p the last), from
+     * route_block_forward's result and lse over the N completed ones, which are not read
+     * again:
      *   r_p = rsqrt(mean_d(p^2) + eps),  z_p[h] = r_p < query[h] * key_norm[h], p[h] >
      *   l[h] = log(e^lse[h] + e^z_p[h]),  w_c = e^(lse - l),  w_p = e^(z_p - l)
      *   out[h] = w_c[h] * result[h] + w_p[h] * p[h]
      * weights [N + 1, tokens, heads]: rows 0..N-1 (route_block_forward's) *= w_c in place, row
      * N = w_p; rstd [N + 1, tokens]: row N = r_p. This is route_forward over the N + 1
-     * sources up to rounding; a backend may compute it so (the cpu does, from `sources`). */
+     * sources up to rounding. out may alias result (read before written, element by
+     * element). */
     void (*route_merge_forward)(Activation *out, float *weights, float *rstd,
                                 const Activation *result, const float *lse,
-                                const Activation *const *sources, int n_sources,
+                                const Activation *partial, int n_sources,
                                 const Activation *query, const Activation *key_norm,
                                 int tokens, int d, int heads, float eps);
     /* route_merge_backward: what of a replace-form site's route_backward cannot wait for
      * its block, from dout [tokens, d] and the site's output `out`:
-     *   mean[t,h] = sum_n a[n,t,h] < dout[t][h], s_n[t][h] >  over all n_sources
-     *             = < dout[t][h], out[t][h] >   (the softmax backward's centre, fp32
+     *   mean[t,h] = < dout[t][h], out[t][h] >  (= sum_n a[n,t,h] < dout[t][h], s_n[t][h] >
+     *               over all the site's sources: the softmax backward's centre, fp32
      *               [tokens, heads], for route_block_backward)
-     * and, when has_partial (sources[n_sources - 1] is the open block's partial), that
-     * source's share of route_backward: dpartial +=, dquery +=, dkey_norm +=. weights and
-     * rstd are the site's [n_sources, tokens(, heads)]. `scratch` holds [tokens, heads]
-     * floats (a backend with its own workspace may ignore it). */
+     * and, when `partial` is given (the site's last source, n_sources - 1, was the open
+     * block's partial; NULL: the site read completed sources only), that source's share of
+     * route_backward: dpartial +=, dquery +=, dkey_norm +=. weights and rstd are the site's
+     * [n_sources, tokens(, heads)]. `scratch` holds [tokens, heads] floats (a backend with
+     * its own workspace may ignore it). */
     void (*route_merge_backward)(Activation *dpartial, float *dquery, float *dkey_norm,
                                  float *mean, const Activation *dout, const Activation *out,
-                                 const Activation *const *sources, int n_sources,
-                                 bool has_partial, const float *weights, const float *rstd,
+                                 const Activation *partial, int n_sources,
+                                 const float *weights, const float *rstd,
                                  const Activation *query, const Activation *key_norm,
                                  float *scratch, int tokens, int d, int heads);
     /* route_block_backward: route_backward of the G sites of a block through their N common

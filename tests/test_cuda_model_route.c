@@ -247,15 +247,17 @@ Test(cuda_model_route, block_routing_gradients_follow_the_cpu_model)
     }
 }
 
-/* The delta form's two-phase walk on cuda against its per-site walk (the reference of
+/* The two-phase walk on cuda against its per-site walk (the reference of
  * tests/test_model_two_phase.c, there on the cpu): logits within 2e-2 and every routing
  * gradient as expect_routing_gradients_close says (msar: the two-phase walk rounds each
  * convolved source to bf16 once, a site routed alone keeps it in fp32), and the two-phase
  * backward bit for bit the same in a second model from the same weights. */
-static void check_two_phase_follows_the_sites_alone(ResidualMode mode)
+static void check_two_phase_follows_the_sites_alone(ResidualMode mode, ResidualForm form)
 {
-    ResidualConfig residual = block_residual(mode, FORM_DELTA);
-    const char *label = mode == RESIDUAL_MSAR ? "msar" : "mhar";
+    ResidualConfig residual = block_residual(mode, form);
+    char label[32];
+    snprintf(label, sizeof label, "%s %s", mode == RESIDUAL_MSAR ? "msar" : "mhar",
+             form == FORM_DELTA ? "delta" : "replace");
     Model *two_phase = routed_model_after_backward(backend_cuda(), &residual, false, false);
     Model *again = routed_model_after_backward(backend_cuda(), &residual, false, false);
     Model *alone = routed_model_after_backward(backend_cuda(), &residual, false, true);
@@ -286,6 +288,7 @@ static void check_two_phase_follows_the_sites_alone(ResidualMode mode)
 Test(cuda_model_route, the_two_phase_walk_follows_each_site_alone_and_repeats_bit_for_bit)
 {
     gpu_require();
-    check_two_phase_follows_the_sites_alone(RESIDUAL_ATTNRES);
-    check_two_phase_follows_the_sites_alone(RESIDUAL_MSAR);
+    check_two_phase_follows_the_sites_alone(RESIDUAL_ATTNRES, FORM_DELTA);
+    check_two_phase_follows_the_sites_alone(RESIDUAL_MSAR, FORM_DELTA);
+    check_two_phase_follows_the_sites_alone(RESIDUAL_MSAR, FORM_REPLACE);
 }

@@ -285,7 +285,7 @@ static void run_merge_forward(const Backend *b, void *const *p, const OpCase *c)
     const Activation *sources[MAX_SOURCES];
     split_rows_const(b, p[MERGE_SOURCES], s.n_sources, rows_of(s), sources);
     b->route_merge_forward(p[MERGE_OUT], p[MERGE_WEIGHTS], p[MERGE_RSTD], p[MERGE_RESULT],
-                           p[MERGE_LSE], sources, s.n_sources, p[MERGE_QUERY],
+                           p[MERGE_LSE], sources[s.n_sources - 1], s.n_sources, p[MERGE_QUERY],
                            p[MERGE_KEY_NORM], s.tokens, s.d, s.heads, EPS);
 }
 
@@ -339,8 +339,8 @@ static void run_merge_backward(const Backend *b, void *const *p, const OpCase *c
     split_rows_const(b, p[MERGE_BACK_SOURCES], s.n_sources, rows_of(s), sources);
     b->route_merge_backward(p[MERGE_BACK_DPARTIAL], p[MERGE_BACK_DQUERY],
                             p[MERGE_BACK_DKEY_NORM], p[MERGE_BACK_MEAN], p[MERGE_BACK_DOUT],
-                            p[MERGE_BACK_OUT], sources, s.n_sources, c->shape[5] != 0,
-                            p[MERGE_BACK_WEIGHTS], p[MERGE_BACK_RSTD], p[MERGE_BACK_QUERY],
+                            p[MERGE_BACK_OUT], c->shape[5] ? sources[s.n_sources - 1] : NULL,
+                            s.n_sources, p[MERGE_BACK_WEIGHTS], p[MERGE_BACK_RSTD], p[MERGE_BACK_QUERY],
                             p[MERGE_BACK_KEY_NORM], p[MERGE_BACK_SCRATCH], s.tokens, s.d,
                             s.heads);
 }

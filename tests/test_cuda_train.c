@@ -102,6 +102,15 @@ Test(cuda_train, msar_block_delta_follows_the_cpu_for_20_steps, .timeout = 300)
                             "--set residual.form=delta");
 }
 
+Test(cuda_train, msar_block_replace_follows_the_cpu_for_20_steps, .timeout = 300)
+{
+    expect_cuda_follows_cpu("cuda-msar-replace",
+                            "--set residual.mode=msar --set residual.heads=2 "
+                            "--set residual.streams=2 --set 'residual.stream_kernels=[1,3]' "
+                            "--set residual.granularity=block --set residual.layers_per_block=1 "
+                            "--set residual.form=replace");
+}
+
 Test(cuda_train, two_cuda_runs_are_bitwise_identical, .timeout = 300)
 {
     gpu_require();

@@ -1,11 +1,14 @@
-/* tests/test_model_two_phase.c — the delta form's two-phase walk (model/route_block.h)
- * against the per-site reference (model_route_sites_alone), on the cpu backend.
+/* tests/test_model_two_phase.c — the two-phase walk (model/route_block.h) against the
+ * per-site reference (model_route_sites_alone), on the cpu backend: the delta form of
+ * attnres and msar, and msar's replace form.
  *
  * Both run the same network from the same weights and batch: one routes a block's sites
  * together (attnres: route_block_forward / route_block_backward; msar: each stream's
  * sources convolved once a block, the block's sites routed over them at once, each site's
- * streams mixed in its turn), the other each site alone (route_site.h). The math is the
- * same; only the order of some fp32 sums differs, so logits agree to 1e-6 and every
+ * streams mixed in its turn; the replace form merges each site's partial into its streams
+ * from phase one's lse), the other each site alone (route_site.h). The math is the same;
+ * only the order of some fp32 sums differs (and a merge rounds phase one's result and lse
+ * to float), so logits agree to 1e-6 and every
  * gradient, base and routing, to 1e-4 relative (the bound of the float64 fixtures; a
  * scalar such as alpha's gradient, a sum over every token, reaches 2e-5). A site whose share
  * went to another site, stream or source is off by order 1.
@@ -31,6 +34,7 @@ typedef struct {
     int heads, layers_per_block, d, streams;
     int kernels[4];
     bool checkpointing;
+    bool replace; /* the replace form (msar) */
 } TwoPhaseCase;
 
 static Model *case_model(const TwoPhaseCase *c, bool alone)
@@ -40,7 +44,8 @@ static Model *case_model(const TwoPhaseCase *c, bool alone)
     config.d_model = c->d;
     config.n_heads = c->d / config.head_dim;
     ResidualConfig residual = c->mode == RESIDUAL_MSAR
-                                  ? route_test_msar(c->heads, c->streams, c->kernels, FORM_DELTA)
+                                  ? route_test_msar(c->heads, c->streams, c->kernels,
+                                                    c->replace ? FORM_REPLACE : FORM_DELTA)
                                   : route_test_attnres(c->heads, 1, FORM_DELTA);
     residual.layers_per_block = c->layers_per_block;
     Model *model = model_create(backend_cpu(), &config, &residual, ROUTE_TEST_B, ROUTE_TEST_T);
@@ -93,10 +98,11 @@ static void check_case(const TwoPhaseCase *c)
 Test(model_two_phase, attnres_delta_blocks_route_as_each_site_alone)
 {
     const TwoPhaseCase cases[] = {
-        {"attnres H 1, blocks of 1 layer", RESIDUAL_ATTNRES, 1, 1, 16, 1, {1}, false},
+        {"attnres H 1, blocks of 1 layer", RESIDUAL_ATTNRES, 1, 1, 16, 1, {1}, false, false},
         {"mhar H 4, blocks of 2 layers (one short), d 24", RESIDUAL_ATTNRES, 4, 2, 24, 1, {1},
+         false, false},
+        {"mhar H 2, blocks of 2 layers, checkpointed", RESIDUAL_ATTNRES, 2, 2, 16, 1, {1}, true,
          false},
-        {"mhar H 2, blocks of 2 layers, checkpointed", RESIDUAL_ATTNRES, 2, 2, 16, 1, {1}, true},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
         check_case(&cases[k]);
@@ -105,15 +111,38 @@ Test(model_two_phase, attnres_delta_blocks_route_as_each_site_alone)
 Test(model_two_phase, msar_delta_blocks_route_stream_by_stream_as_each_site_alone)
 {
     const TwoPhaseCase cases[] = {
-        {"msar m 1 (k 3), H 2, blocks of 1 layer", RESIDUAL_MSAR, 2, 1, 16, 1, {3}, false},
-        {"msar m 2 (k 1 3), H 1, blocks of 2 layers (one short), d 24", RESIDUAL_MSAR, 1, 2, 24,
-         2, {1, 3}, false},
-        {"msar m 3 (k 2 1 5), H 4, blocks of 2 layers", RESIDUAL_MSAR, 4, 2, 16, 3, {2, 1, 5},
+        {"msar m 1 (k 3), H 2, blocks of 1 layer", RESIDUAL_MSAR, 2, 1, 16, 1, {3}, false,
          false},
+        {"msar m 2 (k 1 3), H 1, blocks of 2 layers (one short), d 24", RESIDUAL_MSAR, 1, 2, 24,
+         2, {1, 3}, false, false},
+        {"msar m 3 (k 2 1 5), H 4, blocks of 2 layers", RESIDUAL_MSAR, 4, 2, 16, 3, {2, 1, 5},
+         false, false},
         {"msar m 3 (k 4 1 2), H 2, blocks of 1 layer, checkpointed", RESIDUAL_MSAR, 2, 1, 24, 3,
-         {4, 1, 2}, true},
+         {4, 1, 2}, true, false},
         {"msar m 2 (k 2 5), H 4, blocks of 2 layers, checkpointed", RESIDUAL_MSAR, 4, 2, 16, 2,
-         {2, 5}, true},
+         {2, 5}, true, false},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+        check_case(&cases[k]);
+}
+
+/* The replace form: sites after a block's first read the block's partial, merged into each
+ * stream in the site's turn; m 1 is x = o_0 without a mix. */
+Test(model_two_phase, msar_replace_blocks_merge_the_partial_as_each_site_alone)
+{
+    const TwoPhaseCase cases[] = {
+        {"msar replace m 1 (k 3), H 2, blocks of 1 layer", RESIDUAL_MSAR, 2, 1, 16, 1, {3},
+         false, true},
+        {"msar replace m 2 (k 1 3), H 1, blocks of 2 layers (one short), d 24", RESIDUAL_MSAR,
+         1, 2, 24, 2, {1, 3}, false, true},
+        {"msar replace m 3 (k 2 1 5), H 4, blocks of 2 layers", RESIDUAL_MSAR, 4, 2, 16, 3,
+         {2, 1, 5}, false, true},
+        {"msar replace m 3 (k 4 1 2), H 2, blocks of 1 layer, checkpointed", RESIDUAL_MSAR, 2,
+         1, 24, 3, {4, 1, 2}, true, true},
+        {"msar replace m 2 (k 2 5), H 4, blocks of 2 layers, checkpointed", RESIDUAL_MSAR, 4, 2,
+         16, 2, {2, 5}, true, true},
+        {"msar replace m 1 (k 2), H 4, blocks of 2 layers, checkpointed", RESIDUAL_MSAR, 4, 2,
+         16, 1, {2}, true, true},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
         check_case(&cases[k]);

@@ -3,10 +3,9 @@
  * docs/design-notes.md, "Two-phase routing") against the per-site Route they split.
  *
  * Forward: each site's phase-one result, weights and rstd against a Route in double written
- * here, and lse against the log-sum-exp of its scores; the merge formula of backend.h, worked
- * here in double from phase one's float outputs, against that Route over the completed
- * sources and the partial (this is the formula the cuda merge computes; the cpu merge
- * recomputes the whole Route). Backward: the split (route_merge_backward's share and centre,
+ * here, and lse against the log-sum-exp of its scores; the merge (backend.h's formula, from
+ * phase one's float outputs) against that Route over the completed sources and the partial.
+ * Backward: the split (route_merge_backward's share and centre,
  * then route_block_backward) against cpu_route_backward of each site over all its sources,
  * in both forms, from random gradient starts (the ops add). Outputs are poisoned with NaN
  * first. Sizes are odd: 3 sites, N = 1 and 4 completed sources, H = 1 and 3 heads of 5
@@ -136,74 +135,35 @@ Test(route_block_cpu, block_forward_gives_each_site_the_route_of_the_common_sour
     check_block_forward(1, 15, 1, 20);
 }
 
-/* backend.h's merge: r_p, z_p, l = log(e^lse + e^z_p), out = w_c result + w_p p, weights
- * rescaled, from phase one's float outputs, against the Route over all N + 1 sources. */
-Test(route_block_cpu, the_merge_formula_gives_the_route_over_the_completed_sources_and_the_partial)
-{
-    const int N = 4, d = 15, heads = 3, head_dim = 5;
-    Block b = block_make(N, d, heads, 30);
-    const float *partial = b.rows[N];
-    float *result = zero_floats(b.size), *weights = zero_floats((size_t)N * TOKENS * heads);
-    float *rstd = zero_floats((size_t)N * TOKENS), *lse = zero_floats((size_t)TOKENS * heads);
-    cpu_route_block_forward(&result, &weights, &rstd, &lse, b.rows, N, b.query, b.key_norm, 1,
-                            TOKENS, d, heads, EPS);
-    double *merged = malloc(b.size * sizeof(double));
-    double *merged_weights = malloc((size_t)(N + 1) * TOKENS * heads * sizeof(double));
-    for (int t = 0; t < TOKENS; t++) {
-        double squares = 0;
-        for (int c = 0; c < d; c++)
-            squares += (double)partial[t * d + c] * partial[t * d + c];
-        const double r = 1 / sqrt(squares / d + EPS);
-        for (int h = 0; h < heads; h++) {
-            double z = 0;
-            for (int c = h * head_dim; c < (h + 1) * head_dim; c++)
-                z += (double)b.query[0][c] * b.key_norm[0][c] * partial[t * d + c] * r;
-            const double l_c = lse[t * heads + h], l = fmax(l_c, z) +
-                                                       log(exp(l_c - fmax(l_c, z)) +
-                                                           exp(z - fmax(l_c, z)));
-            const double w_c = exp(l_c - l), w_p = exp(z - l);
-            for (int c = h * head_dim; c < (h + 1) * head_dim; c++)
-                merged[t * d + c] = w_c * result[t * d + c] + w_p * partial[t * d + c];
-            for (int n = 0; n < N; n++)
-                merged_weights[((size_t)n * TOKENS + t) * heads + h] =
-                    w_c * weights[((size_t)n * TOKENS + t) * heads + h];
-            merged_weights[((size_t)N * TOKENS + t) * heads + h] = w_p;
-        }
-    }
-    double *out = malloc(b.size * sizeof(double));
-    double *expected_weights = malloc((size_t)(N + 1) * TOKENS * heads * sizeof(double));
-    reference_route(out, expected_weights, NULL, b.rows, N + 1, b.query[0], b.key_norm[0], d,
-                    heads);
-    float *merged_float = zero_floats(b.size);
-    float *merged_weights_float = zero_floats((size_t)(N + 1) * TOKENS * heads);
-    for (size_t i = 0; i < b.size; i++)
-        merged_float[i] = (float)merged[i];
-    for (size_t i = 0; i < (size_t)(N + 1) * TOKENS * heads; i++)
-        merged_weights_float[i] = (float)merged_weights[i];
-    expect_close(merged_float, out, b.size, TOLERANCE, "merged out");
-    expect_close(merged_weights_float, expected_weights, (size_t)(N + 1) * TOKENS * heads,
-                 TOLERANCE, "merged weights");
-    free_all(result, weights, rstd, lse, merged, merged_weights, out, expected_weights,
-             merged_float, merged_weights_float, NULL);
-    block_free(&b);
-}
-
+/* Phase one over the N completed sources, then the merge with the partial, in place of the
+ * result (out aliases result, as the MSAR walk runs it): the Route over all N + 1 sources,
+ * worked here in double. */
 Test(route_block_cpu, merge_forward_is_the_route_over_the_completed_sources_and_the_partial)
 {
     const int N = 4, d = 15, heads = 3;
     Block b = block_make(N, d, heads, 40);
-    float *out = poisoned_floats(b.size), *weights = poisoned_floats((size_t)(N + 1) * TOKENS * heads);
+    const size_t n_weights = (size_t)(N + 1) * TOKENS * heads;
+    float *out = poisoned_floats(b.size), *weights = poisoned_floats(n_weights);
     float *rstd = poisoned_floats((size_t)(N + 1) * TOKENS);
-    cpu_route_merge_forward(out, weights, rstd, b.rows, N + 1, b.query[1], b.key_norm[1],
-                            TOKENS, d, heads, EPS);
+    float *lse = poisoned_floats((size_t)TOKENS * heads);
+    cpu_route_block_forward(&out, &weights, &rstd, &lse, b.rows, N, &b.query[1],
+                            &b.key_norm[1], 1, TOKENS, d, heads, EPS);
+    cpu_route_merge_forward(out, weights, rstd, out, lse, b.rows[N], N + 1, b.query[1],
+                            b.key_norm[1], TOKENS, d, heads, EPS);
     double *expected = malloc(b.size * sizeof(double));
-    double *expected_weights = malloc((size_t)(N + 1) * TOKENS * heads * sizeof(double));
+    double *expected_weights = malloc(n_weights * sizeof(double));
     reference_route(expected, expected_weights, NULL, b.rows, N + 1, b.query[1], b.key_norm[1],
                     d, heads);
     expect_close(out, expected, b.size, TOLERANCE, "out");
-    expect_close(weights, expected_weights, (size_t)(N + 1) * TOKENS * heads, TOLERANCE,
-                 "weights");
-    free_all(out, weights, rstd, expected, expected_weights, NULL);
+    expect_close(weights, expected_weights, n_weights, TOLERANCE, "weights");
+    /* row N of rstd: the partial's, as the per-site Route saves it */
+    float *site_out = zero_floats(b.size), *site_weights = zero_floats(n_weights);
+    float *site_rstd = zero_floats((size_t)(N + 1) * TOKENS);
+    cpu_route_forward(site_out, site_weights, site_rstd, b.rows, N + 1, b.query[1],
+                      b.key_norm[1], NULL, 0.0f, TOKENS, d, heads, EPS);
+    expect_bitwise_equal(rstd, site_rstd, (size_t)(N + 1) * TOKENS, "rstd");
+    free_all(out, weights, rstd, lse, expected, expected_weights, site_out, site_weights,
+             site_rstd, NULL);
     block_free(&b);
 }
 
@@ -298,8 +258,9 @@ static void check_split_backward(int N, int d, int heads, bool delta, bool parti
         dalphas[i] = &got.dalphas[i];
         if (!delta) /* the walk's order: each site's merge backward as it comes */
             cpu_route_merge_backward(dsources[N], dqueries[i], dkey_norms[i],
-                                     means + (size_t)i * TOKENS * heads, dout_of[i], b.rows,
-                                     n_sources[i], n_sources[i] > N, weights_of[i],
+                                     means + (size_t)i * TOKENS * heads, dout_of[i],
+                                     out + i * b.size, n_sources[i] > N ? b.rows[N] : NULL,
+                                     n_sources[i], weights_of[i],
                                      rstd + (size_t)i * (N + 1) * TOKENS, b.query[i],
                                      b.key_norm[i], scratch, TOKENS, d, heads);
     }

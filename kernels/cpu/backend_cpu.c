@@ -378,27 +378,24 @@ static void table_add_scaled_backward(Activation *dx, float *dalpha, const Activ
 
 static void table_route_merge_forward(Activation *out, float *weights, float *rstd,
                                       const Activation *result, const float *lse,
-                                      const Activation *const *sources, int n_sources,
+                                      const Activation *partial, int n_sources,
                                       const Activation *query, const Activation *key_norm,
                                       int tokens, int d, int heads, float eps)
 {
-    (void)result, (void)lse; /* the cpu recomputes the whole Route (route_block_cpu.c) */
-    cpu_route_merge_forward(F(out), weights, rstd, (const float *const *)sources, n_sources,
+    cpu_route_merge_forward(F(out), weights, rstd, CF(result), lse, CF(partial), n_sources,
                             CF(query), CF(key_norm), tokens, d, heads, eps);
 }
 
 static void table_route_merge_backward(Activation *dpartial, float *dquery, float *dkey_norm,
                                        float *mean, const Activation *dout,
-                                       const Activation *out, const Activation *const *sources,
-                                       int n_sources, bool has_partial, const float *weights,
-                                       const float *rstd, const Activation *query,
-                                       const Activation *key_norm, float *scratch, int tokens,
-                                       int d, int heads)
+                                       const Activation *out, const Activation *partial,
+                                       int n_sources, const float *weights, const float *rstd,
+                                       const Activation *query, const Activation *key_norm,
+                                       float *scratch, int tokens, int d, int heads)
 {
-    (void)out; /* the centre comes from the sources themselves */
-    cpu_route_merge_backward(F(dpartial), dquery, dkey_norm, mean, CF(dout),
-                             (const float *const *)sources, n_sources, has_partial, weights,
-                             rstd, CF(query), CF(key_norm), scratch, tokens, d, heads);
+    cpu_route_merge_backward(F(dpartial), dquery, dkey_norm, mean, CF(dout), CF(out),
+                             CF(partial), n_sources, weights, rstd, CF(query), CF(key_norm),
+                             scratch, tokens, d, heads);
 }
 
 static void table_route_block_backward(Activation *const *dsources, float *const *dqueries,

@@ -113,8 +113,8 @@ void cpu_route_lse(float *lse, const float *const *sources, int n_sources, const
                    const float *key_norm, const float *rstd, int tokens, int d, int heads);
 
 /* route_block_cpu.c: the two-phase ops of runtime/backend.h as loops of the per-site math
- * above (cpu_route_forward, cpu_route_backward_centred), so the two-phase walk gives the
- * per-site walk's results (bit for bit in the forward) */
+ * above (cpu_route_forward, cpu_route_backward_centred); the merges from phase one's result
+ * and lse, as backend.h states them */
 void cpu_route_block_forward(float *const *results, float *const *weights, float *const *rstd,
                              float *const *lse, const float *const *sources, int n_sources,
                              const float *const *queries, const float *const *key_norms,
@@ -122,12 +122,13 @@ void cpu_route_block_forward(float *const *results, float *const *weights, float
 void cpu_add_scaled(float *out, const float *base, const float *x, float alpha, size_t n);
 void cpu_add_scaled_backward(float *dx, float *dalpha, const float *dout, const float *x,
                              float alpha, size_t n);
-void cpu_route_merge_forward(float *out, float *weights, float *rstd,
-                             const float *const *sources, int n_sources, const float *query,
-                             const float *key_norm, int tokens, int d, int heads, float eps);
+void cpu_route_merge_forward(float *out, float *weights, float *rstd, const float *result,
+                             const float *lse, const float *partial, int n_sources,
+                             const float *query, const float *key_norm, int tokens, int d,
+                             int heads, float eps);
 void cpu_route_merge_backward(float *dpartial, float *dquery, float *dkey_norm, float *mean,
-                              const float *dout, const float *const *sources, int n_sources,
-                              bool has_partial, const float *weights, const float *rstd,
+                              const float *dout, const float *out, const float *partial,
+                              int n_sources, const float *weights, const float *rstd,
                               const float *query, const float *key_norm, float *scratch,
                               int tokens, int d, int heads);
 void cpu_route_block_backward(float *const *dsources, float *const *dqueries,

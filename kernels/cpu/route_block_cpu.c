@@ -4,22 +4,25 @@
  * route_cpu.c.
  *
  * The cpu keeps the readable per-site reference: a block's forward is cpu_route_forward once
- * per site, and a merge recomputes the site's Route over all its sources from scratch (the
- * phase-one result and lse it is handed are not read). So the two-phase walk gives the
- * per-site walk's forward bit for bit: x = p + alpha * Route is base + alpha * (float)mix in
- * both (cpu_add_scaled is route_cpu.c's delta expression), and a merged site is
- * cpu_route_forward over its N + 1 sources.
+ * per site, so the delta form's two-phase walk gives the per-site walk's forward bit for bit:
+ * x = p + alpha * Route is base + alpha * (float)mix in both (cpu_add_scaled is route_cpu.c's
+ * delta expression).
+ *
+ * A merge works the formula of backend.h in double from phase one's float result and lse and
+ * the partial, as the cuda merge does: the completed sources are not read again (the MSAR
+ * walk no longer holds them when a site merges). It is the Route over the N + 1 sources up to
+ * the rounding of result and lse to float.
  *
  * The backward splits each site's route_backward where the walk splits it, and that split is
- * this file's math: a merge's backward computes the softmax centre over ALL the site's
- * sources, sum_n a_n <dout, s_n> (in double, each dot rounded as route_cpu.c rounds da), and
- * the partial's share of the gradients with that centre; the block's backward adds the
- * completed sources' share with the same centre (cpu_route_backward_centred). The two shares
- * add up to cpu_route_backward's gradients up to the rounding of adding dquery and dkey_norm
- * in two steps instead of one.
+ * this file's math: a merge's backward takes the softmax centre as < dout, out > per head
+ * (= sum_n a_n <dout, s_n>, since out = sum_n a_n s_n) and the partial's share of the
+ * gradients with that centre; the block's backward adds the completed sources' share with the
+ * same centre (cpu_route_backward_centred). The two shares add up to cpu_route_backward's
+ * gradients up to rounding.
  */
 #include "kernels/cpu/kernels_cpu.h"
 
+#include <math.h>
 #include <stddef.h>
 
 void cpu_route_block_forward(float *const *results, float *const *weights, float *const *rstd,
@@ -54,45 +57,73 @@ void cpu_add_scaled_backward(float *dx, float *dalpha, const float *dout, const 
     *dalpha += (float)sum;
 }
 
-void cpu_route_merge_forward(float *out, float *weights, float *rstd,
-                             const float *const *sources, int n_sources, const float *query,
-                             const float *key_norm, int tokens, int d, int heads, float eps)
+/* weights and rstd rows, as route_cpu.c lays them out: [n_sources, tokens(, heads)] */
+static size_t merge_weight_index(int n, int t, int h, int tokens, int heads)
 {
-    cpu_route_forward(out, weights, rstd, sources, n_sources, query, key_norm, NULL, 0.0f,
-                      tokens, d, heads, eps);
+    return ((size_t)n * tokens + t) * heads + h;
+}
+
+void cpu_route_merge_forward(float *out, float *weights, float *rstd, const float *result,
+                             const float *lse, const float *partial, int n_sources,
+                             const float *query, const float *key_norm, int tokens, int d,
+                             int heads, float eps)
+{
+    const int head_dim = d / heads, N = n_sources - 1;
+    const size_t work = (size_t)n_sources * tokens * d;
+#pragma omp parallel for schedule(static) if (work >= CPU_PARALLEL_MIN_WORK)
+    for (int t = 0; t < tokens; t++) {
+        const float *p = partial + (size_t)t * d;
+        double sum_squares = 0;
+        for (int c = 0; c < d; c++)
+            sum_squares += (double)p[c] * p[c];
+        const float r = (float)(1.0 / sqrt(sum_squares / d + (double)eps)); /* route_cpu.c's */
+        rstd[(size_t)N * tokens + t] = r;
+        for (int h = 0; h < heads; h++) {
+            double z = 0; /* the partial's score, as cpu_route_forward scores a source */
+            for (int c = h * head_dim; c < (h + 1) * head_dim; c++)
+                z += (double)query[c] * (key_norm[c] * (p[c] * r));
+            const double completed = lse[(size_t)t * heads + h];
+            const double top = completed > z ? completed : z;
+            const double total = top + log(exp(completed - top) + exp(z - top));
+            const double w_c = exp(completed - total), w_p = exp(z - total);
+            for (int n = 0; n < N; n++) {
+                float *a = &weights[merge_weight_index(n, t, h, tokens, heads)];
+                *a = (float)(*a * w_c);
+            }
+            weights[merge_weight_index(N, t, h, tokens, heads)] = (float)w_p;
+            for (int c = h * head_dim; c < (h + 1) * head_dim; c++) {
+                const size_t at = (size_t)t * d + c;
+                out[at] = (float)(w_c * result[at] + w_p * p[c]); /* result read first */
+            }
+        }
+    }
 }
 
 void cpu_route_merge_backward(float *dpartial, float *dquery, float *dkey_norm, float *mean,
-                              const float *dout, const float *const *sources, int n_sources,
-                              bool has_partial, const float *weights, const float *rstd,
+                              const float *dout, const float *out, const float *partial,
+                              int n_sources, const float *weights, const float *rstd,
                               const float *query, const float *key_norm, float *scratch,
                               int tokens, int d, int heads)
 {
     const int head_dim = d / heads;
-    const size_t work = (size_t)n_sources * tokens * d;
+    const size_t work = (size_t)tokens * d;
 
-    /* the centre of every head's softmax backward, over all the site's sources */
+    /* the centre of every head's softmax backward: < dout, out > = sum_n a_n < dout, s_n > */
 #pragma omp parallel for schedule(static) if (work >= CPU_PARALLEL_MIN_WORK)
     for (int t = 0; t < tokens; t++)
         for (int h = 0; h < heads; h++) {
-            const float *dy = dout + (size_t)t * d;
             double centre = 0;
-            for (int n = 0; n < n_sources; n++) {
-                const float *s = sources[n] + (size_t)t * d;
-                double dot = 0;
-                for (int c = h * head_dim; c < (h + 1) * head_dim; c++)
-                    dot += (double)dy[c] * s[c];
-                centre += (double)weights[((size_t)n * tokens + t) * heads + h] * (float)dot;
-            }
+            for (int c = h * head_dim; c < (h + 1) * head_dim; c++)
+                centre += (double)dout[(size_t)t * d + c] * out[(size_t)t * d + c];
             mean[(size_t)t * heads + h] = (float)centre;
         }
-    if (!has_partial)
+    if (!partial)
         return;
     /* the partial's share: route_backward over that one source, about the whole centre */
     const int last = n_sources - 1;
-    const float *partial[1] = {sources[last]};
+    const float *partial_row[1] = {partial};
     float *grad[1] = {dpartial};
-    cpu_route_backward_centred(grad, dquery, dkey_norm, NULL, dout, partial, 1,
+    cpu_route_backward_centred(grad, dquery, dkey_norm, NULL, dout, partial_row, 1,
                                weights + (size_t)last * tokens * heads,
                                rstd + (size_t)last * tokens, query, key_norm, false, 0.0f, mean,
                                scratch, tokens, d, heads);

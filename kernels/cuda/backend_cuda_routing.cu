@@ -172,20 +172,20 @@ static void op_add_scaled_backward(Activation *dx, float *dalpha, const Activati
 
 static void op_route_merge_forward(Activation *out, float *weights, float *rstd,
                                    const Activation *result, const float *lse,
-                                   const Activation *const *sources, int n_sources,
+                                   const Activation *partial, int n_sources,
                                    const Activation *query, const Activation *key_norm,
                                    int tokens, int d, int heads, float eps)
 {
     cuda_route_merge_forward(as_bf16(out), weights, rstd, as_bf16_const(result), lse,
-                             (const bf16 *const *)sources, n_sources, as_bf16_const(query),
+                             as_bf16_const(partial), n_sources, as_bf16_const(query),
                              as_bf16_const(key_norm), tokens, d, heads, eps,
                              backend_cuda_compute_stream());
 }
 
 static void op_route_merge_backward(Activation *dpartial, float *dquery, float *dkey_norm,
                                     float *mean, const Activation *dout, const Activation *out,
-                                    const Activation *const *sources, int n_sources,
-                                    bool has_partial, const float *weights, const float *rstd,
+                                    const Activation *partial, int n_sources,
+                                    const float *weights, const float *rstd,
                                     const Activation *query, const Activation *key_norm,
                                     float *scratch, int tokens, int d, int heads)
 {
@@ -193,10 +193,9 @@ static void op_route_merge_backward(Activation *dpartial, float *dquery, float *
     float *workspace = backend_cuda_workspace_floats(
         cuda_route_merge_backward_workspace_floats(tokens, d, heads));
     cuda_route_merge_backward(as_bf16(dpartial), dquery, dkey_norm, mean, as_bf16_const(dout),
-                              as_bf16_const(out), (const bf16 *const *)sources, n_sources,
-                              has_partial, weights, rstd, as_bf16_const(query),
-                              as_bf16_const(key_norm), workspace, tokens, d, heads,
-                              backend_cuda_compute_stream());
+                              as_bf16_const(out), as_bf16_const(partial), n_sources, weights,
+                              rstd, as_bf16_const(query), as_bf16_const(key_norm), workspace,
+                              tokens, d, heads, backend_cuda_compute_stream());
 }
 
 static void op_route_block_backward(Activation *const *dsources, float *const *dqueries,

@@ -344,14 +344,13 @@ static void merge_forward_launch(const MergeArgs &args, int threads, cudaStream_
 
 extern "C" void cuda_route_merge_forward(bf16 *out, float *weights, float *rstd,
                                          const bf16 *result, const float *lse,
-                                         const bf16 *const *sources, int n_sources,
+                                         const bf16 *partial, int n_sources,
                                          const bf16 *query, const bf16 *key_norm, int tokens,
                                          int d, int heads, float eps, cudaStream_t stream)
 {
     route_check_shape(n_sources, d, heads);
     if (tokens <= 0)
         return;
-    const bf16 *partial = sources[n_sources - 1];
     const void *pointers[] = {out, result, partial, query, key_norm};
     const RowShape shape = row_shape(d, heads, pointers, 5);
     MergeArgs args = merge_args(partial, query, key_norm, n_sources, tokens, d, heads, shape);
@@ -388,16 +387,15 @@ static void merge_backward_launch(const MergeArgs &args, int threads, int blocks
 
 extern "C" void cuda_route_merge_backward(bf16 *dpartial, float *dquery, float *dkey_norm,
                                           float *mean, const bf16 *dout, const bf16 *out,
-                                          const bf16 *const *sources, int n_sources,
-                                          bool has_partial, const float *weights,
-                                          const float *rstd, const bf16 *query,
-                                          const bf16 *key_norm, float *workspace, int tokens,
-                                          int d, int heads, cudaStream_t stream)
+                                          const bf16 *partial, int n_sources,
+                                          const float *weights, const float *rstd,
+                                          const bf16 *query, const bf16 *key_norm,
+                                          float *workspace, int tokens, int d, int heads,
+                                          cudaStream_t stream)
 {
     route_check_shape(n_sources, d, heads);
     if (tokens <= 0)
         return;
-    const bf16 *partial = has_partial ? sources[n_sources - 1] : NULL;
     const void *pointers[] = {dpartial, dout, out, partial, query, key_norm};
     const RowShape shape = row_shape(d, heads, pointers, 6);
     MergeArgs args = merge_args(partial, query, key_norm, n_sources, tokens, d, heads, shape);
@@ -415,7 +413,7 @@ extern "C" void cuda_route_merge_backward(bf16 *dpartial, float *dquery, float *
     case 2: merge_backward_launch<2>(args, shape.threads, blocks, stream); break;
     default: merge_backward_launch<1>(args, shape.threads, blocks, stream); break;
     }
-    if (!has_partial)
+    if (!partial)
         return;
     BlockReduceArgs reduce = {};
     reduce.dquery[0] = dquery;

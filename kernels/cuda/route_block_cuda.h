@@ -100,22 +100,21 @@ void cuda_add_scaled_backward(bf16 *dx, float *dalpha, const bf16 *dout, const b
                               const float *alpha, size_t n, float *workspace,
                               cudaStream_t stream);
 
-/* partial = sources[n_sources - 1]; the completed sources are not read. */
+/* The partial is the site's source n_sources - 1; out may alias result. */
 void cuda_route_merge_forward(bf16 *out, float *weights, float *rstd, const bf16 *result,
-                              const float *lse, const bf16 *const *sources, int n_sources,
+                              const float *lse, const bf16 *partial, int n_sources,
                               const bf16 *query, const bf16 *key_norm, int tokens, int d,
                               int heads, float eps, cudaStream_t stream);
 
 size_t cuda_route_merge_backward_workspace_floats(int tokens, int d, int heads);
 
-/* mean = < dout, out > per head; with has_partial, the partial's (sources[n_sources - 1])
- * share. The completed sources are not read. */
+/* mean = < dout, out > per head; with a partial (not NULL: the site's source n_sources - 1),
+ * its share. */
 void cuda_route_merge_backward(bf16 *dpartial, float *dquery, float *dkey_norm, float *mean,
-                               const bf16 *dout, const bf16 *out, const bf16 *const *sources,
-                               int n_sources, bool has_partial, const float *weights,
-                               const float *rstd, const bf16 *query, const bf16 *key_norm,
-                               float *workspace, int tokens, int d, int heads,
-                               cudaStream_t stream);
+                               const bf16 *dout, const bf16 *out, const bf16 *partial,
+                               int n_sources, const float *weights, const float *rstd,
+                               const bf16 *query, const bf16 *key_norm, float *workspace,
+                               int tokens, int d, int heads, cudaStream_t stream);
 
 #ifdef __cplusplus
 }
