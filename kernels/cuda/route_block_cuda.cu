@@ -141,15 +141,36 @@ __global__ void __launch_bounds__(ROW_MAX_THREADS)
         for (int i = 0; i < VEC; i++)
             key_weight[slot][i] = q[i] * g[i];
     }
+    /* phase one's weights of a token, one a thread while N H fits the block (else the
+     * last barrier's loop reads the rest) */
+    const bool weight_held = (int)threadIdx.x < N * H;
     for (int t = blockIdx.x; t < tokens; t += gridDim.x) {
         const long long row = (long long)t * V;
+        /* every load of the token first, so that one DRAM round trip serves them all: a
+         * chain of three (rows, lse, weights) held a token 4 us (docs/performance.md, ninth
+         * run) */
+        BfVector<VEC> p_raw[MAX_SLOTS], result_raw[MAX_SLOTS];
+#pragma unroll
+        for (int slot = 0; slot < MAX_SLOTS; slot++) {
+            const int v = slot * blockDim.x + threadIdx.x;
+            if (slot >= args.slots || v >= V)
+                continue;
+            p_raw[slot] = vector_load<VEC>(args.partial, row + v);
+            result_raw[slot] = vector_load_mutable<VEC>(args.result, row + v); /* out may alias */
+        }
+        const float completed = (int)threadIdx.x < H ? args.lse[(long long)t * H + threadIdx.x]
+                                                     : 0.0f;
+        float *held_weight = weight_held ? &args.weights[((long long)(threadIdx.x / H) * tokens +
+                                                          t) * H + threadIdx.x % H]
+                                         : NULL;
+        const float weight = held_weight ? *held_weight : 0.0f;
         float p[MAX_SLOTS][VEC];
 #pragma unroll
         for (int slot = 0; slot < MAX_SLOTS; slot++) {
             const int v = slot * blockDim.x + threadIdx.x;
             if (slot >= args.slots || v >= V)
                 continue;
-            vector_to_floats<VEC>(vector_load<VEC>(args.partial, row + v), p[slot]);
+            vector_to_floats<VEC>(p_raw[slot], p[slot]);
             float squares = 0.0f, dot = 0.0f;
 #pragma unroll
             for (int i = 0; i < VEC; i++) {
@@ -168,7 +189,7 @@ __global__ void __launch_bounds__(ROW_MAX_THREADS)
             for (int k = 0; k < H; k++)
                 squares += sums[k];
             const float r = rsqrtf(squares * args.inverse_width + args.eps);
-            const float z = r * sums[H + h], completed = args.lse[(long long)t * H + h];
+            const float z = r * sums[H + h];
             const float top = fmaxf(completed, z);
             const float total = top + __logf(__expf(completed - top) + __expf(z - top));
             const float w_c = __expf(completed - total), w_p = __expf(z - total);
@@ -186,13 +207,15 @@ __global__ void __launch_bounds__(ROW_MAX_THREADS)
                 continue;
             const int h = v / hv;
             float result[VEC], out[VEC];
-            vector_to_floats<VEC>(vector_load<VEC>(args.result, row + v), result);
+            vector_to_floats<VEC>(result_raw[slot], result);
 #pragma unroll
             for (int i = 0; i < VEC; i++)
                 out[i] = scales[h] * result[i] + scales[H + h] * p[slot][i];
             vector_store<VEC>(args.out, row + v, vector_from_floats<VEC>(out));
         }
-        for (int i = threadIdx.x; i < N * H; i += blockDim.x) {
+        if (held_weight)
+            *held_weight = weight * scales[threadIdx.x % H];
+        for (int i = threadIdx.x + blockDim.x; i < N * H; i += blockDim.x) {
             const int n = i / H, h = i - n * H;
             args.weights[((long long)n * tokens + t) * H + h] *= scales[h];
         }
@@ -227,6 +250,25 @@ __global__ void __launch_bounds__(ROW_MAX_THREADS)
     }
     for (int t = blockIdx.x; t < tokens; t += gridDim.x) {
         const long long row = (long long)t * V;
+        /* every load of the token first (as in the forward): the rows, the partial's weight
+         * and rstd, and the gradient the token adds into */
+        BfVector<VEC> dy_raw[MAX_SLOTS], x_raw[MAX_SLOTS], p_raw[MAX_SLOTS], grad_raw[MAX_SLOTS];
+#pragma unroll
+        for (int slot = 0; slot < MAX_SLOTS; slot++) {
+            const int v = slot * blockDim.x + threadIdx.x;
+            if (slot >= args.slots || v >= V)
+                continue;
+            dy_raw[slot] = vector_load<VEC>(args.dout, row + v);
+            x_raw[slot] = vector_load<VEC>(args.merged, row + v);
+            if (args.partial) {
+                p_raw[slot] = vector_load<VEC>(args.partial, row + v);
+                grad_raw[slot] = vector_load_mutable<VEC>(args.dpartial, row + v);
+            }
+        }
+        const bool head_thread = args.partial && (int)threadIdx.x < H;
+        const float partial_weight =
+            head_thread ? args.weights[((long long)N * tokens + t) * H + threadIdx.x] : 0.0f;
+        const float r = args.partial ? args.rstd[(long long)N * tokens + t] : 0.0f;
         float dy[MAX_SLOTS][VEC], p[MAX_SLOTS][VEC];
 #pragma unroll
         for (int slot = 0; slot < MAX_SLOTS; slot++) {
@@ -234,15 +276,15 @@ __global__ void __launch_bounds__(ROW_MAX_THREADS)
             if (slot >= args.slots || v >= V)
                 continue;
             float x[VEC];
-            vector_to_floats<VEC>(vector_load<VEC>(args.dout, row + v), dy[slot]);
-            vector_to_floats<VEC>(vector_load<VEC>(args.merged, row + v), x);
+            vector_to_floats<VEC>(dy_raw[slot], dy[slot]);
+            vector_to_floats<VEC>(x_raw[slot], x);
             float centre = 0.0f, value = 0.0f, key = 0.0f;
 #pragma unroll
             for (int i = 0; i < VEC; i++)
                 centre += dy[slot][i] * x[i];
             parts[v] = centre;
             if (args.partial) {
-                vector_to_floats<VEC>(vector_load<VEC>(args.partial, row + v), p[slot]);
+                vector_to_floats<VEC>(p_raw[slot], p[slot]);
 #pragma unroll
                 for (int i = 0; i < VEC; i++) {
                     value += dy[slot][i] * p[slot][i];
@@ -260,7 +302,7 @@ __global__ void __launch_bounds__(ROW_MAX_THREADS)
             const float mean = sums[h];
             args.mean[(long long)t * H + h] = mean;
             if (args.partial) {
-                const float a = args.weights[((long long)N * tokens + t) * H + h];
+                const float a = partial_weight;
                 scalars[h] = a;
                 scalars[H + h] = a * (sums[H + h] - mean);
             }
@@ -272,7 +314,6 @@ __global__ void __launch_bounds__(ROW_MAX_THREADS)
         float self = 0.0f;
         for (int h = 0; h < H; h++)
             self += scalars[H + h] * sums[2 * H + h];
-        const float r = args.rstd[(long long)N * tokens + t];
         const float self_term = r * r * (r * self * args.inverse_width);
 #pragma unroll
         for (int slot = 0; slot < MAX_SLOTS; slot++) {
@@ -282,7 +323,7 @@ __global__ void __launch_bounds__(ROW_MAX_THREADS)
             const int h = v / hv;
             const float a = scalars[h], key_coefficient = r * scalars[H + h];
             float grad[VEC];
-            vector_to_floats<VEC>(vector_load_mutable<VEC>(args.dpartial, row + v), grad);
+            vector_to_floats<VEC>(grad_raw[slot], grad);
 #pragma unroll
             for (int i = 0; i < VEC; i++) {
                 grad[i] += a * dy[slot][i] + key_coefficient * key_weight[slot][i] -
@@ -310,8 +351,11 @@ __global__ void __launch_bounds__(ROW_MAX_THREADS)
 
 /* The merge's blocks: the device's resident blocks, at most the tokens; the backward's count
  * is fixed (MERGE_BACKWARD_BLOCKS) so that the channel sums' partition, hence their bits,
- * depend on the shapes only. */
-enum { MERGE_BACKWARD_BLOCKS = 264 };
+ * depend on the shapes only. Each block walks its tokens one after another, three barriers
+ * and a DRAM round trip a token, so the count is what an H200 holds at once at d 1280 (5 a
+ * multiprocessor: 96 threads of 128 registers): 264 left the 1B step's merge backward at
+ * 183 us a launch, 7 times its bytes (docs/performance.md, ninth run). */
+enum { MERGE_BACKWARD_BLOCKS = 660 };
 
 static MergeArgs merge_args(const bf16 *partial, const bf16 *query, const bf16 *key_norm,
                             int n_sources, int tokens, int d, int heads, const RowShape &shape)
