@@ -31,9 +31,11 @@ static void expect_close(const float *got, const float *expected, size_t n, doub
 
 /* ---- convolution: shapes {B, T, d, kernel_size} ---- */
 
+/* runs of 16 rows cut short by T; T below k; d 6 and 5 (vectors of 2 and 1 channels); the
+ * 1B width with a kernel of 3 (the 4-tap kernels); ranges of the dtaps sums across sequences */
 static const int conv_shapes[][4] = {
     {2, 33, 24, 1}, {1, 1000, 256, 4}, {3, 17, 4096, 8}, {1, 5, 24, 8}, {2, 33, 4096, 2},
-    {1, 1, 256, 4}, {2, 100, 24, 7},
+    {1, 1, 256, 4}, {2, 100, 24, 7}, {1, 300, 1280, 3}, {3, 7, 6, 8}, {2, 9, 5, 2},
 };
 #define CONV_SHAPE_COUNT ((int)(sizeof conv_shapes / sizeof conv_shapes[0]))
 

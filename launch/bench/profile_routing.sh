@@ -6,7 +6,9 @@
 #   msar    the MSAR stream route of the same sites (m 4, kernels 1 2 4 8);
 #   train   the block kernels as one `fathom train` step launches them at 8 layers of the 8B
 #           width (launch/bench/train_8b_width.sh's configuration, MHAR delta: N 2..5,
-#           4096 tokens), where `fathom bench`'s sizes (N up to 9, 8192 tokens) do not look.
+#           4096 tokens), where `fathom bench`'s sizes (N up to 9, 8192 tokens) do not look;
+#   step-msar  the 1B step's MSAR (replace form, two phases, d 1280): the stream convolutions,
+#           the merges and the block forward.
 # For every kernel (one ncu pass each) LAUNCHES launches (default 2) after SKIP (default 4): time, DRAM and L1 throughput, issue activity, occupancy, registers and the two
 # largest warp stall reasons. Needs ncu with hardware counters (the Firecracker machines).
 # Arguments: the bench cases (default: route msar). Logs in $OUT (or /tmp/profile-routing).
@@ -41,6 +43,8 @@ kernels_of() { # the kernels of a case, one ncu pass each
     train) echo route_block_forward route_block_walk route_block_dots add_scaled ;;
     msar) echo route_conv_dots route_conv_weights route_conv_mix route_conv_score \
                 route_conv_gradient route_conv_reduce stream_mix_forward stream_mix_backward ;;
+    step-msar) echo stream_conv_forward stream_conv_taps_partial stream_conv_input_grad \
+                    route_merge_forward route_merge_backward route_block_forward ;;
     *) echo route_ add_scaled stream_ ;;
   esac
 }
