@@ -154,24 +154,39 @@ static float *site_stream_floats(const RouteWalk *walk, float *base, int r, int 
     return base + ((size_t)r * S + (size_t)i) * per_site;
 }
 
+/* E_r of walk->sources[k] (source k of `site`, which has a conv slot) into the scratch's
+ * conv_rows[k]. */
+static Activation *source_convolve(RouteWalk *walk, const SitePlan *site, int k, int r)
+{
+    const RouteContext *route = walk->route;
+    Activation *row = walk->model->scratch.route.conv_rows[k];
+    walk->backend->stream_conv_forward(row, walk->sources[k],
+                                       route_stream_taps(route, site->sources[k].slot, r),
+                                       walk->plan->kernel_sizes[r], route->B, route->T, walk->d);
+    return row;
+}
+
+/* d E_r of source k (in the scratch's grad_conv_rows[k]) through its convolution: into
+ * walk->grad_sources[k] and the slot's taps. */
+static void source_convolve_backward(RouteWalk *walk, const SitePlan *site, int k, int r)
+{
+    const RouteContext *route = walk->route;
+    const int slot = site->sources[k].slot;
+    walk->backend->stream_conv_backward(walk->grad_sources[k],
+                                        route->grad_conv[slot] + route_stream_taps_at(route, r),
+                                        walk->model->scratch.route.grad_conv_rows[k],
+                                        walk->sources[k], route_stream_taps(route, slot, r),
+                                        walk->plan->kernel_sizes[r], route->B, route->T, walk->d);
+}
+
 /* walk->stream_sources = E_r of walk->sources (the block's first site's): each convolved
  * source into the scratch's conv_rows; the null source as it is (DESIGN 2.2). */
 static void sources_convolve(RouteWalk *walk, const SitePlan *first, int r)
 {
-    const RouteContext *route = walk->route;
-    Activation *const *rows = walk->model->scratch.route.conv_rows;
-    for (int k = 0; k < first->n_sources; k++) {
-        const int slot = first->sources[k].slot;
-        if (slot == RESIDUAL_NO_SLOT) {
-            walk->stream_sources[k] = walk->sources[k];
-            continue;
-        }
-        walk->backend->stream_conv_forward(rows[k], walk->sources[k],
-                                           route_stream_taps(route, slot, r),
-                                           walk->plan->kernel_sizes[r], route->B, route->T,
-                                           walk->d);
-        walk->stream_sources[k] = rows[k];
-    }
+    for (int k = 0; k < first->n_sources; k++)
+        walk->stream_sources[k] = first->sources[k].slot == RESIDUAL_NO_SLOT
+                                      ? walk->sources[k]
+                                      : source_convolve(walk, first, k, r);
 }
 
 /* Where site i's depth weights and key rstd of stream r go: its saved state, or in msar's
@@ -238,13 +253,7 @@ static void block_phase_one(RouteWalk *walk, int block, int r)
 static const Activation *partial_convolve(RouteWalk *walk, int j, int r)
 {
     const SitePlan *site = &walk->plan->sites[j];
-    const int last = site->n_sources - 1;
-    Activation *row = walk->model->scratch.route.conv_rows[last];
-    walk->backend->stream_conv_forward(row, walk->sources[last],
-                                       route_stream_taps(walk->route, site->sources[last].slot, r),
-                                       walk->plan->kernel_sizes[r], walk->route->B,
-                                       walk->route->T, walk->d);
-    return row;
+    return source_convolve(walk, site, site->n_sources - 1, r);
 }
 
 /* Replace form: site i > 0's partial merged into phase one's o_r of every stream, in place
@@ -321,16 +330,9 @@ static void stream_block_backward(RouteWalk *walk, int block, int r)
                                   walk->queries, walk->key_norms, NULL,
                                   walk->replace ? (const float *const *)walk->means : NULL, G,
                                   scratch->route_backward, walk->rows, d, walk->plan->heads);
-    for (int k = 0; k < N; k++) {
-        const int slot = plan->sources[k].slot;
-        if (slot == RESIDUAL_NO_SLOT)
-            continue;
-        backend->stream_conv_backward(walk->grad_sources[k],
-                                      route->grad_conv[slot] + route_stream_taps_at(route, r),
-                                      scratch->grad_conv_rows[k], walk->sources[k],
-                                      route_stream_taps(route, slot, r),
-                                      walk->plan->kernel_sizes[r], route->B, route->T, d);
-    }
+    for (int k = 0; k < N; k++)
+        if (plan->sources[k].slot != RESIDUAL_NO_SLOT)
+            source_convolve_backward(walk, plan, k, r);
 }
 
 /* The backward of the delta form's block n when the walk leaves it, a stream at a time (a
@@ -420,14 +422,8 @@ static void site_merge_backward(RouteWalk *walk, int block, int i)
             route_stream_row(route, weights->query, r),
             route_stream_row(route, weights->key_norm, r), scratch->route_backward, walk->rows, d,
             walk->plan->heads);
-        if (!partial)
-            continue;
-        const int slot = site->sources[last].slot;
-        backend->stream_conv_backward(walk->grad_sources[last],
-                                      route->grad_conv[slot] + route_stream_taps_at(route, r),
-                                      scratch->grad_conv_rows[last], walk->sources[last],
-                                      route_stream_taps(route, slot, r),
-                                      walk->plan->kernel_sizes[r], route->B, route->T, d);
+        if (partial)
+            source_convolve_backward(walk, site, last, r);
     }
 }
 

@@ -12,11 +12,12 @@
  * is 21 MB, so 63 MB and 105 MB a site: 15 us and 25 us at 4.3 TB/s.
  *
  * Two layouts:
- * - a warp a token, for narrow rows (d % 256 == 0, d <= 2048, heads dividing 32, 16-byte
- *   pointers: the layout of route_narrow.cuh, lane l owning channels [l d/32, (l+1) d/32),
- *   so a head is whole lanes): no barrier, every per-head sum a few shuffles, each lane's
- *   loads of a token issued together. A block a token spent its time at three barriers a
- *   token (ncu at the 1B step: 31 us and 58 us a launch, docs/performance.md, ninth run).
+ * - a warp a token (route_merge_narrow_cuda.cu), for narrow rows (d % 256 == 0, d <= 2048,
+ *   heads dividing 32, 16-byte pointers: the layout of route_narrow.cuh, lane l owning
+ *   channels [l d/32, (l+1) d/32), so a head is whole lanes): no barrier, every per-head sum
+ *   a few shuffles, each lane's loads of a token issued together. A block a token spent its
+ *   time at three barriers a token (ncu at the 1B step: 31 us and 58 us a launch,
+ *   docs/performance.md, ninth run).
  * - a block a token otherwise (persistent grid), a thread per `slots` vectors of the row in
  *   the strided placement of route_device.cuh. Per token a thread writes, for each of its
  *   vectors, its share of each per-head sum into shared memory [K][vectors]; after a barrier
@@ -29,31 +30,11 @@
 #include "kernels/cuda/route_block_cuda.h"
 #include "kernels/cuda/route_block_device.cuh"
 #include "kernels/cuda/route_device.cuh"
-#include "kernels/cuda/route_narrow_device.cuh"
+#include "kernels/cuda/route_merge.cuh"
 
 #include <math.h>
 
-/* ---- merges ---- */
-
-struct MergeArgs {
-    /* forward */
-    bf16 *out;
-    float *weights; /* [N + 1, tokens, heads]; backward: read only */
-    float *rstd;    /* [N + 1, tokens]; backward: read only */
-    const bf16 *result;
-    const float *lse;
-    /* backward */
-    bf16 *dpartial;
-    float *mean;
-    const bf16 *dout, *merged;
-    float *partials; /* [blocks, d] channel sums S */
-    /* both */
-    const bf16 *partial; /* NULL: no partial (backward only) */
-    const bf16 *query, *key_norm;
-    float eps, inverse_width;
-    int n_completed, tokens, heads, vectors, head_vectors, slots, d;
-    int warps; /* the narrow backward's warps */
-};
+/* ---- a block a token ---- */
 
 /* Shared memory: parts [K][vectors], head sums [K][H], then [2][H] head scalars. */
 static size_t merge_shared_bytes(int parts, int vectors, int heads)
@@ -77,6 +58,25 @@ __device__ __forceinline__ void merge_head_sums(float *sums, const float *parts,
         }
 }
 
+/* q*g of this thread's vectors (0 past the row) */
+template <int VEC, int MAX_SLOTS>
+__device__ __forceinline__ void merge_key_weight(float (&key_weight)[MAX_SLOTS][VEC],
+                                                 const MergeArgs &args)
+{
+#pragma unroll
+    for (int slot = 0; slot < MAX_SLOTS; slot++) {
+        const int v = slot * blockDim.x + threadIdx.x;
+        float q[VEC] = {0}, g[VEC] = {0};
+        if (slot < args.slots && v < args.vectors) {
+            vector_to_floats<VEC>(vector_load<VEC>(args.query, v), q);
+            vector_to_floats<VEC>(vector_load<VEC>(args.key_norm, v), g);
+        }
+#pragma unroll
+        for (int i = 0; i < VEC; i++)
+            key_weight[slot][i] = q[i] * g[i];
+    }
+}
+
 template <int VEC>
 __global__ void __launch_bounds__(ROW_MAX_THREADS)
     route_merge_forward_kernel(const __grid_constant__ MergeArgs args)
@@ -89,18 +89,7 @@ __global__ void __launch_bounds__(ROW_MAX_THREADS)
     float *sums = parts + 2 * V;           /* [2][H] */
     float *scales = sums + 2 * H;          /* [2][H] w_c, w_p */
     float key_weight[MAX_SLOTS][VEC];
-#pragma unroll
-    for (int slot = 0; slot < MAX_SLOTS; slot++) {
-        const int v = slot * blockDim.x + threadIdx.x;
-        float q[VEC] = {0}, g[VEC] = {0};
-        if (slot < args.slots && v < V) {
-            vector_to_floats<VEC>(vector_load<VEC>(args.query, v), q);
-            vector_to_floats<VEC>(vector_load<VEC>(args.key_norm, v), g);
-        }
-#pragma unroll
-        for (int i = 0; i < VEC; i++)
-            key_weight[slot][i] = q[i] * g[i];
-    }
+    merge_key_weight<VEC, MAX_SLOTS>(key_weight, args);
     /* phase one's weights of a token, one a thread while N H fits the block (else the
      * last barrier's loop reads the rest) */
     const bool weight_held = (int)threadIdx.x < N * H;
@@ -193,21 +182,8 @@ __global__ void __launch_bounds__(ROW_MAX_THREADS)
     float *parts = merge_shared;           /* [K][V] < dout, out >, < dout, p >, < q*g, p > */
     float *sums = parts + K * V;           /* [K][H] */
     float *scalars = sums + K * H;         /* [2][H] a, dz */
-    float key_weight[MAX_SLOTS][VEC], channel_sums[MAX_SLOTS][VEC];
-#pragma unroll
-    for (int slot = 0; slot < MAX_SLOTS; slot++) {
-        const int v = slot * blockDim.x + threadIdx.x;
-        float q[VEC] = {0}, g[VEC] = {0};
-        if (slot < args.slots && v < V) {
-            vector_to_floats<VEC>(vector_load<VEC>(args.query, v), q);
-            vector_to_floats<VEC>(vector_load<VEC>(args.key_norm, v), g);
-        }
-#pragma unroll
-        for (int i = 0; i < VEC; i++) {
-            key_weight[slot][i] = q[i] * g[i];
-            channel_sums[slot][i] = 0.0f;
-        }
-    }
+    float key_weight[MAX_SLOTS][VEC], channel_sums[MAX_SLOTS][VEC] = {};
+    merge_key_weight<VEC, MAX_SLOTS>(key_weight, args);
     for (int t = blockIdx.x; t < tokens; t += gridDim.x) {
         const long long row = (long long)t * V;
         /* every load of the token first (as in the forward): the rows, the partial's weight
@@ -309,201 +285,7 @@ __global__ void __launch_bounds__(ROW_MAX_THREADS)
     }
 }
 
-/* ---- a warp a token (narrow rows) ---- */
-
-enum {
-    MERGE_NARROW_THREADS = 128, /* four warps a block */
-    /* the backward's warps, whatever the device, so that the token partition (and the bits
-     * of the channel sums) depend on the shapes only: 8 a multiprocessor of an H200, what
-     * it holds at d 1280 (about 150 registers a thread) */
-    MERGE_NARROW_BACKWARD_WARPS = 132 * 8,
-    MERGE_NARROW_HELD = 4, /* phase-one weights a lane loads with its token's rows (N H <= 128) */
-};
-
-static bool merge_narrow_fits(int d, int heads, const void *const *pointers, int count)
-{
-    if (d % 256 != 0 || d / 256 > ROUTE_NARROW_MAX_LANE_VECTORS || 32 % heads != 0)
-        return false;
-    for (int i = 0; i < count; i++)
-        if (!pointer_aligned(pointers[i], 16))
-            return false;
-    return true;
-}
-
-/* this lane's LV vectors of row t */
-template <int LV>
-__device__ __forceinline__ void merge_lane_load(BfVector<8> *raw, const bf16 *array, long long t,
-                                                int lane)
-{
-#pragma unroll
-    for (int j = 0; j < LV; j++)
-        raw[j] = vector_load<8>(array, t * 32 * LV + lane * LV + j);
-}
-
-template <int LV>
-__global__ void __launch_bounds__(MERGE_NARROW_THREADS)
-    merge_narrow_forward_kernel(const __grid_constant__ MergeArgs args)
-{
-    const int lane = threadIdx.x & 31;
-    const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    const int warps = (gridDim.x * blockDim.x) >> 5;
-    const int H = args.heads, N = args.n_completed, tokens = args.tokens;
-    const int lanes_per_head = 32 / H, head = lane / lanes_per_head;
-    float key_weight[8 * LV];
-    narrow_key_weight<LV>(args.query, args.key_norm, lane, key_weight);
-    for (int t = warp; t < tokens; t += warps) {
-        /* every load of the token first */
-        BfVector<8> p_raw[LV], result_raw[LV];
-        merge_lane_load<LV>(p_raw, args.partial, t, lane);
-#pragma unroll
-        for (int j = 0; j < LV; j++) /* out may alias result: not through the read-only path */
-            result_raw[j] = vector_load_mutable<8>(args.result, (long long)t * 32 * LV + lane * LV + j);
-        const float completed = args.lse[(long long)t * H + head];
-        float held[MERGE_NARROW_HELD]; /* rows 0..N-1 of the weights, entries lane + 32 k */
-#pragma unroll
-        for (int k = 0; k < MERGE_NARROW_HELD; k++) {
-            const int i = lane + 32 * k;
-            held[k] = i < N * H ? args.weights[((long long)(i / H) * tokens + t) * H + i % H]
-                                : 0.0f;
-        }
-        float p[8 * LV], squares = 0.0f, dot = 0.0f;
-#pragma unroll
-        for (int j = 0; j < LV; j++) {
-            vector_to_floats<8>(p_raw[j], p + 8 * j);
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                squares += p[8 * j + i] * p[8 * j + i];
-                dot += key_weight[8 * j + i] * p[8 * j + i];
-            }
-        }
-        squares = warp_sum(squares);
-        dot = head_sum(dot, lanes_per_head);
-        const float r = rsqrtf(squares * args.inverse_width + args.eps), z = r * dot;
-        const float top = fmaxf(completed, z);
-        const float total = top + __logf(__expf(completed - top) + __expf(z - top));
-        const float w_c = __expf(completed - total), w_p = __expf(z - total);
-#pragma unroll
-        for (int j = 0; j < LV; j++) {
-            float result[8], out[8];
-            vector_to_floats<8>(result_raw[j], result);
-#pragma unroll
-            for (int i = 0; i < 8; i++)
-                out[i] = w_c * result[i] + w_p * p[8 * j + i];
-            vector_store<8>(args.out, (long long)t * 32 * LV + lane * LV + j,
-                            vector_from_floats<8>(out));
-        }
-        if (lane % lanes_per_head == 0)
-            args.weights[((long long)N * tokens + t) * H + head] = w_p;
-        if (lane == 0)
-            args.rstd[(long long)N * tokens + t] = r;
-        /* entry i's head is i % H; with 32 % H == 0 that is lane % H for every k, so one
-         * shuffle gives each lane the w_c of all its entries */
-        const float scale = __shfl_sync(0xffffffffu, w_c, (lane % H) * lanes_per_head);
-#pragma unroll
-        for (int k = 0; k < MERGE_NARROW_HELD; k++) {
-            const int i = lane + 32 * k;
-            if (i < N * H)
-                args.weights[((long long)(i / H) * tokens + t) * H + i % H] = held[k] * scale;
-        }
-        for (int i = lane + 32 * MERGE_NARROW_HELD; i < N * H; i += 32) /* past the held ones */
-            args.weights[((long long)(i / H) * tokens + t) * H + i % H] *= scale;
-    }
-}
-
-template <int LV>
-__global__ void __launch_bounds__(MERGE_NARROW_THREADS)
-    merge_narrow_backward_kernel(const __grid_constant__ MergeArgs args)
-{
-    const int lane = threadIdx.x & 31;
-    const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    const int warps = args.warps; /* the partition, fixed by the shapes; the grid may round up */
-    if (warp >= warps)
-        return;
-    const int H = args.heads, N = args.n_completed, tokens = args.tokens;
-    const int lanes_per_head = 32 / H, head = lane / lanes_per_head;
-    const bool has_partial = args.partial != NULL;
-    float key_weight[8 * LV], channel_sums[8 * LV] = {};
-    narrow_key_weight<LV>(args.query, args.key_norm, lane, key_weight);
-    for (int t = warp; t < tokens; t += warps) {
-        const long long row = (long long)t * 32 * LV + lane * LV;
-        BfVector<8> dy_raw[LV], x_raw[LV], p_raw[LV], grad_raw[LV];
-        merge_lane_load<LV>(dy_raw, args.dout, t, lane);
-        merge_lane_load<LV>(x_raw, args.merged, t, lane);
-        if (has_partial) {
-            merge_lane_load<LV>(p_raw, args.partial, t, lane);
-#pragma unroll
-            for (int j = 0; j < LV; j++)
-                grad_raw[j] = vector_load_mutable<8>(args.dpartial, row + j);
-        }
-        const float a = has_partial ? args.weights[((long long)N * tokens + t) * H + head] : 0.0f;
-        const float r = has_partial ? args.rstd[(long long)N * tokens + t] : 0.0f;
-        float centre = 0.0f, value = 0.0f, key = 0.0f;
-#pragma unroll
-        for (int j = 0; j < LV; j++) {
-            float dy[8], x[8], p[8];
-            vector_to_floats<8>(dy_raw[j], dy);
-            vector_to_floats<8>(x_raw[j], x);
-#pragma unroll
-            for (int i = 0; i < 8; i++)
-                centre += dy[i] * x[i];
-            if (has_partial) {
-                vector_to_floats<8>(p_raw[j], p);
-#pragma unroll
-                for (int i = 0; i < 8; i++) {
-                    value += dy[i] * p[i];
-                    key += key_weight[8 * j + i] * p[i];
-                }
-            }
-        }
-        const float mean = head_sum(centre, lanes_per_head);
-        if (lane % lanes_per_head == 0)
-            args.mean[(long long)t * H + head] = mean;
-        if (!has_partial)
-            continue;
-        const float dz = a * (head_sum(value, lanes_per_head) - mean);
-        const float key_sum = head_sum(key, lanes_per_head);
-        const float self = warp_sum(lane % lanes_per_head == 0 ? dz * key_sum : 0.0f);
-        const float self_term = r * r * (r * self * args.inverse_width);
-        const float key_coefficient = r * dz;
-#pragma unroll
-        for (int j = 0; j < LV; j++) { /* the rows converted again: registers, not loads */
-            float dy[8], p[8], grad[8];
-            vector_to_floats<8>(dy_raw[j], dy);
-            vector_to_floats<8>(p_raw[j], p);
-            vector_to_floats<8>(grad_raw[j], grad);
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                const int c = 8 * j + i;
-                grad[i] += a * dy[i] + key_coefficient * key_weight[c] - self_term * p[i];
-                channel_sums[c] += key_coefficient * p[i];
-            }
-            vector_store<8>(args.dpartial, row + j, vector_from_floats<8>(grad));
-        }
-    }
-    if (!has_partial)
-        return;
-    float *partial = args.partials + (long long)warp * args.d + lane * 8 * LV;
-#pragma unroll
-    for (int c = 0; c < 8 * LV; c++)
-        partial[c] = channel_sums[c];
-}
-
-#define MERGE_NARROW_LAUNCH(kernel, LV_, blocks, args)                                          \
-    do {                                                                                         \
-        switch (LV_) {                                                                           \
-        case 1: kernel<1><<<blocks, MERGE_NARROW_THREADS, 0, stream>>>(args); break;             \
-        case 2: kernel<2><<<blocks, MERGE_NARROW_THREADS, 0, stream>>>(args); break;             \
-        case 3: kernel<3><<<blocks, MERGE_NARROW_THREADS, 0, stream>>>(args); break;             \
-        case 4: kernel<4><<<blocks, MERGE_NARROW_THREADS, 0, stream>>>(args); break;             \
-        case 5: kernel<5><<<blocks, MERGE_NARROW_THREADS, 0, stream>>>(args); break;             \
-        case 6: kernel<6><<<blocks, MERGE_NARROW_THREADS, 0, stream>>>(args); break;             \
-        case 7: kernel<7><<<blocks, MERGE_NARROW_THREADS, 0, stream>>>(args); break;             \
-        default: kernel<8><<<blocks, MERGE_NARROW_THREADS, 0, stream>>>(args); break;            \
-        }                                                                                        \
-        CUDA_CHECK_LAUNCH();                                                                     \
-    } while (0)
-
-/* ---- a block a token: the entries ---- */
+/* ---- the entries ---- */
 
 /* The merge's blocks: the device's resident blocks, at most the tokens; the backward's count
  * is fixed (MERGE_BACKWARD_BLOCKS) so that the channel sums' partition, hence their bits,
@@ -561,9 +343,7 @@ extern "C" void cuda_route_merge_forward(bf16 *out, float *weights, float *rstd,
     args.lse = lse;
     args.eps = eps;
     if (merge_narrow_fits(d, heads, pointers, 5)) {
-        const int warps_per_block = MERGE_NARROW_THREADS / 32;
-        const int blocks = (tokens + warps_per_block - 1) / warps_per_block;
-        MERGE_NARROW_LAUNCH(merge_narrow_forward_kernel, d / 256, blocks, args);
+        merge_narrow_forward(args, d, stream);
         return;
     }
     switch (shape.vec) {
@@ -578,11 +358,6 @@ extern "C" void cuda_route_merge_forward(bf16 *out, float *weights, float *rstd,
 static int merge_backward_blocks(int tokens)
 {
     return tokens < MERGE_BACKWARD_BLOCKS ? tokens : MERGE_BACKWARD_BLOCKS;
-}
-
-static int merge_narrow_backward_warps(int tokens)
-{
-    return tokens < MERGE_NARROW_BACKWARD_WARPS ? tokens : MERGE_NARROW_BACKWARD_WARPS;
 }
 
 extern "C" size_t cuda_route_merge_backward_workspace_floats(int tokens, int d, int heads)
@@ -628,9 +403,7 @@ extern "C" void cuda_route_merge_backward(bf16 *dpartial, float *dquery, float *
     if (merge_narrow_fits(d, heads, pointers, 6)) {
         blocks = merge_narrow_backward_warps(tokens);
         args.warps = blocks;
-        const int warps_per_block = MERGE_NARROW_THREADS / 32;
-        MERGE_NARROW_LAUNCH(merge_narrow_backward_kernel, d / 256,
-                            (blocks + warps_per_block - 1) / warps_per_block, args);
+        merge_narrow_backward(args, d, stream);
     } else {
         blocks = merge_backward_blocks(tokens);
         switch (shape.vec) {

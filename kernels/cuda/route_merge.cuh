@@ -1,0 +1,45 @@
+/* kernels/cuda/route_merge.cuh — what the two layouts of the replace form's merges share
+ * (route_merge_cuda.cu: a block a token, and the entries; route_merge_narrow_cuda.cu: a warp
+ * a token): their arguments, and the narrow launches. CUDA C++ only; the math is in
+ * route_merge_cuda.cu's header.
+ */
+#ifndef FATHOM_KERNELS_CUDA_ROUTE_MERGE_CUH
+#define FATHOM_KERNELS_CUDA_ROUTE_MERGE_CUH
+
+#include "kernels/cuda/cuda_common.h"
+
+#include <cuda_runtime.h>
+
+struct MergeArgs {
+    /* forward */
+    bf16 *out;
+    float *weights; /* [N + 1, tokens, heads]; backward: read only */
+    float *rstd;    /* [N + 1, tokens]; backward: read only */
+    const bf16 *result;
+    const float *lse;
+    /* backward */
+    bf16 *dpartial;
+    float *mean;
+    const bf16 *dout, *merged;
+    float *partials; /* [blocks, d] channel sums S */
+    /* both */
+    const bf16 *partial; /* NULL: no partial (backward only) */
+    const bf16 *query, *key_norm;
+    float eps, inverse_width;
+    int n_completed, tokens, heads, vectors, head_vectors, slots, d;
+    int warps; /* the narrow backward's warps */
+};
+
+/* Whether the warp-a-token merges take rows of d channels in `heads` heads: d % 256 == 0,
+ * d <= 2048, heads dividing 32, every pointer (NULL ones ignored) 16-byte aligned. */
+bool merge_narrow_fits(int d, int heads, const void *const *pointers, int count);
+
+/* The narrow backward's warps for `tokens`, a function of the shapes only: the rows of
+ * channel sums it leaves in args.partials ([warps, d]) when it has a partial. */
+int merge_narrow_backward_warps(int tokens);
+
+/* cuda_route_merge_forward / backward a warp a token (args.warps set by the backward) */
+void merge_narrow_forward(const MergeArgs &args, int d, cudaStream_t stream);
+void merge_narrow_backward(const MergeArgs &args, int d, cudaStream_t stream);
+
+#endif

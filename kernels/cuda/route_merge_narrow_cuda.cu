@@ -1,0 +1,225 @@
+/* kernels/cuda/route_merge_narrow_cuda.cu — the replace form's merges a warp a token, for
+ * narrow rows (route_merge.cuh says which; the math is route_merge_cuda.cu's). The layout is
+ * route_narrow.cuh's: lane l owns channels [l d/32, (l+1) d/32), LV = d / 256 vectors of 8,
+ * so a head is whole lanes and every per-head sum a few shuffles (head_sum), the sum over the
+ * row a warp_sum. No barrier; each lane's loads of a token go out together. The backward's
+ * channel sums stay in registers over a warp's tokens and go to one row a warp of the
+ * workspace, which route_block_reduce adds in warp order.
+ */
+#include "kernels/cuda/route_block_device.cuh"
+#include "kernels/cuda/route_device.cuh"
+#include "kernels/cuda/route_merge.cuh"
+#include "kernels/cuda/route_narrow_device.cuh"
+
+#include <math.h>
+
+enum {
+    MERGE_NARROW_THREADS = 128, /* four warps a block */
+    /* the backward's warps, whatever the device, so that the token partition (and the bits
+     * of the channel sums) depend on the shapes only: 8 a multiprocessor of an H200, what
+     * it holds at d 1280 (about 150 registers a thread) */
+    MERGE_NARROW_BACKWARD_WARPS = 132 * 8,
+    MERGE_NARROW_HELD = 4, /* phase-one weights a lane loads with its token's rows (N H <= 128) */
+};
+
+bool merge_narrow_fits(int d, int heads, const void *const *pointers, int count)
+{
+    if (d % 256 != 0 || d / 256 > ROUTE_NARROW_MAX_LANE_VECTORS || 32 % heads != 0)
+        return false;
+    for (int i = 0; i < count; i++)
+        if (!pointer_aligned(pointers[i], 16))
+            return false;
+    return true;
+}
+
+/* this lane's LV vectors of row t */
+template <int LV>
+__device__ __forceinline__ void merge_lane_load(BfVector<8> *raw, const bf16 *array, long long t,
+                                                int lane)
+{
+#pragma unroll
+    for (int j = 0; j < LV; j++)
+        raw[j] = vector_load<8>(array, t * 32 * LV + lane * LV + j);
+}
+
+template <int LV>
+__global__ void __launch_bounds__(MERGE_NARROW_THREADS)
+    merge_narrow_forward_kernel(const __grid_constant__ MergeArgs args)
+{
+    const int lane = threadIdx.x & 31;
+    const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int warps = (gridDim.x * blockDim.x) >> 5;
+    const int H = args.heads, N = args.n_completed, tokens = args.tokens;
+    const int lanes_per_head = 32 / H, head = lane / lanes_per_head;
+    float key_weight[8 * LV];
+    narrow_key_weight<LV>(args.query, args.key_norm, lane, key_weight);
+    for (int t = warp; t < tokens; t += warps) {
+        /* every load of the token first */
+        BfVector<8> p_raw[LV], result_raw[LV];
+        merge_lane_load<LV>(p_raw, args.partial, t, lane);
+#pragma unroll
+        for (int j = 0; j < LV; j++) /* out may alias result: not through the read-only path */
+            result_raw[j] = vector_load_mutable<8>(args.result, (long long)t * 32 * LV + lane * LV + j);
+        const float completed = args.lse[(long long)t * H + head];
+        float held[MERGE_NARROW_HELD]; /* rows 0..N-1 of the weights, entries lane + 32 k */
+#pragma unroll
+        for (int k = 0; k < MERGE_NARROW_HELD; k++) {
+            const int i = lane + 32 * k;
+            held[k] = i < N * H ? args.weights[((long long)(i / H) * tokens + t) * H + i % H]
+                                : 0.0f;
+        }
+        float p[8 * LV], squares = 0.0f, dot = 0.0f;
+#pragma unroll
+        for (int j = 0; j < LV; j++) {
+            vector_to_floats<8>(p_raw[j], p + 8 * j);
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                squares += p[8 * j + i] * p[8 * j + i];
+                dot += key_weight[8 * j + i] * p[8 * j + i];
+            }
+        }
+        squares = warp_sum(squares);
+        dot = head_sum(dot, lanes_per_head);
+        const float r = rsqrtf(squares * args.inverse_width + args.eps), z = r * dot;
+        const float top = fmaxf(completed, z);
+        const float total = top + __logf(__expf(completed - top) + __expf(z - top));
+        const float w_c = __expf(completed - total), w_p = __expf(z - total);
+#pragma unroll
+        for (int j = 0; j < LV; j++) {
+            float result[8], out[8];
+            vector_to_floats<8>(result_raw[j], result);
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                out[i] = w_c * result[i] + w_p * p[8 * j + i];
+            vector_store<8>(args.out, (long long)t * 32 * LV + lane * LV + j,
+                            vector_from_floats<8>(out));
+        }
+        if (lane % lanes_per_head == 0)
+            args.weights[((long long)N * tokens + t) * H + head] = w_p;
+        if (lane == 0)
+            args.rstd[(long long)N * tokens + t] = r;
+        /* entry i's head is i % H; with 32 % H == 0 that is lane % H for every k, so one
+         * shuffle gives each lane the w_c of all its entries */
+        const float scale = __shfl_sync(0xffffffffu, w_c, (lane % H) * lanes_per_head);
+#pragma unroll
+        for (int k = 0; k < MERGE_NARROW_HELD; k++) {
+            const int i = lane + 32 * k;
+            if (i < N * H)
+                args.weights[((long long)(i / H) * tokens + t) * H + i % H] = held[k] * scale;
+        }
+        for (int i = lane + 32 * MERGE_NARROW_HELD; i < N * H; i += 32) /* past the held ones */
+            args.weights[((long long)(i / H) * tokens + t) * H + i % H] *= scale;
+    }
+}
+
+template <int LV>
+__global__ void __launch_bounds__(MERGE_NARROW_THREADS)
+    merge_narrow_backward_kernel(const __grid_constant__ MergeArgs args)
+{
+    const int lane = threadIdx.x & 31;
+    const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int warps = args.warps; /* the partition, fixed by the shapes; the grid may round up */
+    if (warp >= warps)
+        return;
+    const int H = args.heads, N = args.n_completed, tokens = args.tokens;
+    const int lanes_per_head = 32 / H, head = lane / lanes_per_head;
+    const bool has_partial = args.partial != NULL;
+    float key_weight[8 * LV], channel_sums[8 * LV] = {};
+    narrow_key_weight<LV>(args.query, args.key_norm, lane, key_weight);
+    for (int t = warp; t < tokens; t += warps) {
+        const long long row = (long long)t * 32 * LV + lane * LV;
+        BfVector<8> dy_raw[LV], x_raw[LV], p_raw[LV], grad_raw[LV];
+        merge_lane_load<LV>(dy_raw, args.dout, t, lane);
+        merge_lane_load<LV>(x_raw, args.merged, t, lane);
+        if (has_partial) {
+            merge_lane_load<LV>(p_raw, args.partial, t, lane);
+#pragma unroll
+            for (int j = 0; j < LV; j++)
+                grad_raw[j] = vector_load_mutable<8>(args.dpartial, row + j);
+        }
+        const float a = has_partial ? args.weights[((long long)N * tokens + t) * H + head] : 0.0f;
+        const float r = has_partial ? args.rstd[(long long)N * tokens + t] : 0.0f;
+        float centre = 0.0f, value = 0.0f, key = 0.0f;
+#pragma unroll
+        for (int j = 0; j < LV; j++) {
+            float dy[8], x[8], p[8];
+            vector_to_floats<8>(dy_raw[j], dy);
+            vector_to_floats<8>(x_raw[j], x);
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                centre += dy[i] * x[i];
+            if (has_partial) {
+                vector_to_floats<8>(p_raw[j], p);
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    value += dy[i] * p[i];
+                    key += key_weight[8 * j + i] * p[i];
+                }
+            }
+        }
+        const float mean = head_sum(centre, lanes_per_head);
+        if (lane % lanes_per_head == 0)
+            args.mean[(long long)t * H + head] = mean;
+        if (!has_partial)
+            continue;
+        const float dz = a * (head_sum(value, lanes_per_head) - mean);
+        const float key_sum = head_sum(key, lanes_per_head);
+        const float self = warp_sum(lane % lanes_per_head == 0 ? dz * key_sum : 0.0f);
+        const float self_term = r * r * (r * self * args.inverse_width);
+        const float key_coefficient = r * dz;
+#pragma unroll
+        for (int j = 0; j < LV; j++) { /* the rows converted again: registers, not loads */
+            float dy[8], p[8], grad[8];
+            vector_to_floats<8>(dy_raw[j], dy);
+            vector_to_floats<8>(p_raw[j], p);
+            vector_to_floats<8>(grad_raw[j], grad);
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const int c = 8 * j + i;
+                grad[i] += a * dy[i] + key_coefficient * key_weight[c] - self_term * p[i];
+                channel_sums[c] += key_coefficient * p[i];
+            }
+            vector_store<8>(args.dpartial, row + j, vector_from_floats<8>(grad));
+        }
+    }
+    if (!has_partial)
+        return;
+    float *partial = args.partials + (long long)warp * args.d + lane * 8 * LV;
+#pragma unroll
+    for (int c = 0; c < 8 * LV; c++)
+        partial[c] = channel_sums[c];
+}
+
+#define MERGE_NARROW_LAUNCH(kernel, LV_, blocks, args)                                          \
+    do {                                                                                         \
+        switch (LV_) {                                                                           \
+        case 1: kernel<1><<<blocks, MERGE_NARROW_THREADS, 0, stream>>>(args); break;             \
+        case 2: kernel<2><<<blocks, MERGE_NARROW_THREADS, 0, stream>>>(args); break;             \
+        case 3: kernel<3><<<blocks, MERGE_NARROW_THREADS, 0, stream>>>(args); break;             \
+        case 4: kernel<4><<<blocks, MERGE_NARROW_THREADS, 0, stream>>>(args); break;             \
+        case 5: kernel<5><<<blocks, MERGE_NARROW_THREADS, 0, stream>>>(args); break;             \
+        case 6: kernel<6><<<blocks, MERGE_NARROW_THREADS, 0, stream>>>(args); break;             \
+        case 7: kernel<7><<<blocks, MERGE_NARROW_THREADS, 0, stream>>>(args); break;             \
+        default: kernel<8><<<blocks, MERGE_NARROW_THREADS, 0, stream>>>(args); break;            \
+        }                                                                                        \
+        CUDA_CHECK_LAUNCH();                                                                     \
+    } while (0)
+
+int merge_narrow_backward_warps(int tokens)
+{
+    return tokens < MERGE_NARROW_BACKWARD_WARPS ? tokens : MERGE_NARROW_BACKWARD_WARPS;
+}
+
+void merge_narrow_forward(const MergeArgs &args, int d, cudaStream_t stream)
+{
+    const int warps_per_block = MERGE_NARROW_THREADS / 32;
+    const int blocks = (args.tokens + warps_per_block - 1) / warps_per_block;
+    MERGE_NARROW_LAUNCH(merge_narrow_forward_kernel, d / 256, blocks, args);
+}
+
+void merge_narrow_backward(const MergeArgs &args, int d, cudaStream_t stream)
+{
+    const int warps_per_block = MERGE_NARROW_THREADS / 32;
+    MERGE_NARROW_LAUNCH(merge_narrow_backward_kernel, d / 256,
+                        (args.warps + warps_per_block - 1) / warps_per_block, args);
+}
