@@ -184,9 +184,14 @@ static void route_scratch_layout(ModelScratch *scratch, Carver *carver,
     }
     if (plan->mode != RESIDUAL_MSAR)
         return;
+    /* A site routed alone (the final site) never runs while a block is open, so with the
+     * two-phase walk its o_r and d o_r take stream r's first two slots (S + 1 >= 2). */
     for (size_t r = 0; r < m; r++) {
-        route->streams[r] = carve_activations(carver, N * d);
-        route->grad_streams[r] = carve_activations(carver, N * d);
+        const size_t S = (size_t)plan->sublayers_per_block;
+        route->streams[r] = msar_blocks ? route->stream_slots[r * (S + 1)]
+                                        : carve_activations(carver, N * d);
+        route->grad_streams[r] = msar_blocks ? route->stream_slots[r * (S + 1) + 1]
+                                             : carve_activations(carver, N * d);
     }
     route->mixed = carve_activations(carver, N * d);
 }

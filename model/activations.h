@@ -126,7 +126,8 @@ typedef struct {
 typedef struct {
     const Activation **taps;      /* [M] host array: stream r's taps per source (NULL: null) */
     float **grad_taps;            /* [M] host array: where the taps' gradients go */
-    Activation **streams;         /* [m] msar: o_r, the routed streams */
+    Activation **streams;         /* [m] msar: o_r, the routed streams of a site routed
+                                     alone (two-phase walk: stream r's slots 0 and 1) */
     Activation **grad_streams;    /* [m] */
     Activation *mixed;            /* [N, d] msar delta: the mix before alpha */
     float *route_backward;    /* [M, N, H] route_backward's scratch */
