@@ -2,9 +2,9 @@
  * docs/design-notes.md, "Two-phase routing").
  *
  * The sites of one block read the same completed sources (delta: null, b_0..b_{n-1};
- * replace: b_0..b_{n-1}, and the open partial after the first site). Those sources are
- * complete when the block starts, so the walk routes a block in two phases
- * (residual_two_phase):
+ * replace: b_0..b_{n-1}, and each site after the first also the block's open partial).
+ * The completed ones are known when the block starts, so the walk routes a block in two
+ * phases (residual_two_phase):
  *   forward   when the walk reaches the block's first site (or, recomputing under
  *             checkpointing, the first of its sites it needs): route_block_forward reads each
  *             source once and gives every site of the block its Route; then each site in its
