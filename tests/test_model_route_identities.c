@@ -379,3 +379,89 @@ Test(model_route, msar_delta_at_init_is_block_attnres_delta_at_init_bit_for_bit)
 {
     check_msar_at_init_is_block_attnres(FORM_DELTA, false, 0);
 }
+
+/* ---- finite differences of the whole model ---- */
+
+/* The element of `name` with the largest gradient (for a stream conv: among the taps
+ * 1 .. k_r - 1, which shift the sequence), against a central difference of the loss. */
+static void check_finite_difference(Model *model, const char *name)
+{
+    const ParamEntry *entry = param_table_require(model_param_table(model), name);
+    float *grad = xmalloc(entry->count * sizeof(float));
+    float *values = xmalloc(entry->count * sizeof(float));
+    model_zero_grads(model);
+    route_test_forward(model);
+    model_backward(model, 1.0f);
+    route_test_get(model, name, true, grad);
+    route_test_get(model, name, false, values);
+    size_t best = 0;
+    for (size_t i = 0; i < entry->count; i++) {
+        bool conv_tap_zero = entry->ndim == 3 && (i / entry->shape[2]) % entry->shape[1] == 0;
+        if (!conv_tap_zero && fabsf(grad[i]) > fabsf(grad[best]))
+            best = i;
+    }
+    const float original = values[best], step = 1e-2f;
+    double loss[2];
+    for (int side = 0; side < 2; side++) {
+        values[best] = original + (side ? step : -step);
+        route_test_set(model, name, values);
+        loss[side] = route_test_forward(model);
+    }
+    values[best] = original;
+    route_test_set(model, name, values);
+    const double numeric = (loss[1] - loss[0]) / (2.0 * (double)step);
+    const double analytic = grad[best];
+    /* the loss is fp32 (noise ~1e-7 relative), so the difference resolves ~1e-5 */
+    cr_assert(fabs(analytic) > 1e-3, "%s[%zu]: gradient %g is too small to check", name, best,
+              analytic);
+    cr_assert(fabs(numeric - analytic) <= 1e-2 * fabs(analytic),
+              "%s[%zu]: analytic %.6g, finite difference %.6g", name, best, analytic, numeric);
+    free(grad);
+    free(values);
+}
+
+Test(model_route, finite_differences_match_the_routing_gradients_of_the_replace_form)
+{
+    ResidualConfig attnres = route_test_attnres(2, 1, FORM_REPLACE);
+    Model *model = route_test_model(&attnres, 17);
+    route_test_randomize_routing(model, 17);
+    check_finite_difference(model, "model.layers.1.attn_route.query");
+    check_finite_difference(model, "model.layers.0.mlp_route.key_norm");
+    model_destroy(model);
+
+    const int kernels[] = {1, 3};
+    ResidualConfig msar = route_test_msar(2, 2, kernels, FORM_REPLACE);
+    model = route_test_model(&msar, 18);
+    route_test_randomize_routing(model, 18);
+    check_finite_difference(model, "model.final_route.query");
+    check_finite_difference(model, "model.layers.1.mlp_route.key_norm");
+    check_finite_difference(model, "model.route_streams.1.conv");
+    check_finite_difference(model, "model.layers.1.attn_route.mix_bias");
+    check_finite_difference(model, "model.layers.0.mlp_route.mix_proj");
+    model_destroy(model);
+}
+
+Test(model_route, finite_differences_match_the_routing_gradients_of_the_delta_form)
+{
+    ResidualConfig attnres = route_test_attnres(2, 0, FORM_DELTA);
+    Model *model = route_test_model(&attnres, 19);
+    route_test_randomize_routing(model, 19);
+    check_finite_difference(model, "model.layers.1.attn_route.query");
+    check_finite_difference(model, "model.final_route.key_norm");
+    check_finite_difference(model, "model.layers.0.mlp_route.alpha");
+    check_finite_difference(model, "model.route_null");
+    model_destroy(model);
+
+    const int kernels[] = {2, 3};
+    ResidualConfig msar = route_test_msar(2, 2, kernels, FORM_DELTA);
+    model = route_test_model(&msar, 20);
+    route_test_randomize_routing(model, 20);
+    check_finite_difference(model, "model.layers.1.attn_route.query");
+    check_finite_difference(model, "model.final_route.key_norm");
+    check_finite_difference(model, "model.final_route.alpha");
+    check_finite_difference(model, "model.route_null");
+    check_finite_difference(model, "model.route_streams.0.conv");
+    check_finite_difference(model, "model.final_route.mix_bias");
+    check_finite_difference(model, "model.final_route.mix_proj");
+    model_destroy(model);
+}
