@@ -17,7 +17,7 @@ enum {
     MERGE_NARROW_THREADS = 128, /* four warps a block */
     /* the backward's warps, whatever the device, so that the token partition (and the bits
      * of the channel sums) depend on the shapes only: 8 a multiprocessor of an H200, what
-     * it holds at d 1280 (about 150 registers a thread) */
+     * it holds at d 1280 (204 registers a thread: two blocks of four warps) */
     MERGE_NARROW_BACKWARD_WARPS = 132 * 8,
     MERGE_NARROW_HELD = 4, /* phase-one weights a lane loads with its token's rows (N H <= 128) */
 };
