@@ -182,9 +182,12 @@ typedef struct {
     const uint32_t *inputs, *targets;
 } ModelPass;
 
+/* A pass makes fresh gradients, as PyTorch's peer does (its grads set to None each step):
+ * cleared, then written by the backward (runtime/fsdp.h, "written first"). */
 static void model_pass(void *context)
 {
     ModelPass *pass = context;
+    model_zero_grads(pass->model);
     model_forward(pass->model, pass->inputs, pass->targets, 1, 0.0f);
     model_backward(pass->model, 1.0f);
 }

@@ -426,6 +426,8 @@ static void head_backward(Walk *walk, float loss_scale)
         backend->zero(grad_stream, walk->bytes);
     Activation *grad_final = walk->routed ? scratch->grad_input : grad_stream;
     const Activation *final_input = stash->stream[walk->routed ? L2 : stash->end_sublayer];
+    model->head_grads.head_mode = model_unit_gradient_mode(
+        model, model->config.tie_embeddings ? 0 : model->table.unit_head);
     loss_backward(&walk->layer, &model->head_params, &model->head_grads, scratch, &stash->head,
                   stash->targets, final_input, stash->z_loss, loss_scale, grad_final,
                   GRAD_WRITE);
@@ -468,6 +470,7 @@ void chunk_backward(Model *model, const ChunkSpan *span, Stash *stash, SummarySt
             model_unit_acquire(model, routing, true);
         model_unit_acquire(model, 1 + i, true);
         model_unit_prefetch(model, walk_next_unit(span, table, 1 + i, false));
+        model->layer_grads[i].matrix_mode = model_unit_gradient_mode(model, 1 + i);
         layer_backward(&walk, i);
         model_unit_release(model, 1 + i, true);
         if (routing >= 0 && routing_unit_edge(table, span, i, -1))

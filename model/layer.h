@@ -49,6 +49,12 @@ typedef struct {
     float *post_attention_layernorm;
     float *gate_proj, *up_proj;
     float *down_proj;
+    /* How the projections' gradients (q, k, v, o, gate, up, down) enter their buffers:
+     * GRAD_WRITE when none of them holds a contribution since the gradients were cleared
+     * (their buffers are not zeroed then: runtime/fsdp.h, "written first"), else GRAD_ADD.
+     * Set by the caller before each layer's backward; the norms' gradients are always
+     * added. */
+    GradMode matrix_mode;
 } LayerGrads;
 
 /* What every sublayer call needs besides its weights and buffers. */

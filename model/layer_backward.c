@@ -3,9 +3,17 @@
  * Each runs its forward in reverse. A scratch gradient's first contribution is written
  * (GRAD_WRITE, runtime/backend.h), so no scratch buffer is zeroed; the later contributions
  * to the same buffer (grad_normed receives one from each projection that reads the normed
- * input) are added. Weight gradients are always added, so microbatches accumulate.
+ * input) are added. The projections' weight gradients are written or added as
+ * grads->matrix_mode says (the first microbatch after a clear writes them), the norms'
+ * always added.
  */
 #include "model/layer.h"
+
+/* GRAD_WRITE only when the caller said so: a LayerGrads left zeroed adds */
+static GradMode matrix_mode(const LayerGrads *grads)
+{
+    return grads->matrix_mode == GRAD_WRITE ? GRAD_WRITE : GRAD_ADD;
+}
 
 /* The sublayer's input norm, last op of its backward: into dx, and branch (layer.h). */
 static void input_norm_backward(const Backend *backend, Activation *dx, GradMode dx_mode,
@@ -34,7 +42,8 @@ void attention_sublayer_backward(const LayerContext *context, const LayerWeights
     Activation *grad_output = scratch->grad_q[0]; /* d attention_output */
     Activation *grad_q = scratch->grad_q[1], *grad_k = scratch->grad_k[0];
 
-    backend->matmul_backward(grad_output, GRAD_WRITE, grads->o_proj, dout,
+    const GradMode weight_mode = matrix_mode(grads);
+    backend->matmul_backward(grad_output, GRAD_WRITE, grads->o_proj, weight_mode, dout,
                              saved->attention_output, weights->o_proj, rows, q_dim, d);
 
     backend->attention_backward(grad_q, grad_k, scratch->grad_v, GRAD_WRITE, grad_output,
@@ -65,12 +74,12 @@ void attention_sublayer_backward(const LayerContext *context, const LayerWeights
      * other two add theirs */
     Activation *grad_normed = scratch->grad_normed;
     const Activation *n = saved->attention_normed;
-    backend->matmul_backward(grad_normed, GRAD_WRITE, grads->q_proj, grad_q_projected, n,
-                             weights->q_proj, rows, d, q_dim);
-    backend->matmul_backward(grad_normed, GRAD_ADD, grads->k_proj, grad_k_projected, n,
-                             weights->k_proj, rows, d, kv_dim);
-    backend->matmul_backward(grad_normed, GRAD_ADD, grads->v_proj, scratch->grad_v, n,
-                             weights->v_proj, rows, d, kv_dim);
+    backend->matmul_backward(grad_normed, GRAD_WRITE, grads->q_proj, weight_mode,
+                             grad_q_projected, n, weights->q_proj, rows, d, q_dim);
+    backend->matmul_backward(grad_normed, GRAD_ADD, grads->k_proj, weight_mode,
+                             grad_k_projected, n, weights->k_proj, rows, d, kv_dim);
+    backend->matmul_backward(grad_normed, GRAD_ADD, grads->v_proj, weight_mode,
+                             scratch->grad_v, n, weights->v_proj, rows, d, kv_dim);
     input_norm_backward(backend, dx, dx_mode, branch, grads->input_layernorm, grad_normed, x,
                         weights->input_layernorm, saved->attention_rstd, rows, d);
 }
@@ -86,17 +95,19 @@ void mlp_sublayer_backward(const LayerContext *context, const LayerWeights *weig
     const int rows = context->B * context->T, d = config->d_model, F = config->ffn_dim;
     const size_t hidden_count = (size_t)rows * F;
 
-    backend->matmul_backward(scratch->grad_hidden, GRAD_WRITE, grads->down_proj, dout,
-                             saved->hidden, weights->down_proj, rows, F, d);
+    const GradMode weight_mode = matrix_mode(grads);
+    backend->matmul_backward(scratch->grad_hidden, GRAD_WRITE, grads->down_proj, weight_mode,
+                             dout, saved->hidden, weights->down_proj, rows, F, d);
     backend->swiglu_backward(scratch->grad_gate, scratch->grad_up, GRAD_WRITE,
                              scratch->grad_hidden, saved->gate, saved->up, hidden_count);
 
     /* gate_proj and up_proj read the same normed input: written, then added */
     Activation *grad_normed = scratch->grad_normed;
-    backend->matmul_backward(grad_normed, GRAD_WRITE, grads->gate_proj, scratch->grad_gate,
-                             saved->mlp_normed, weights->gate_proj, rows, d, F);
-    backend->matmul_backward(grad_normed, GRAD_ADD, grads->up_proj, scratch->grad_up,
-                             saved->mlp_normed, weights->up_proj, rows, d, F);
+    backend->matmul_backward(grad_normed, GRAD_WRITE, grads->gate_proj, weight_mode,
+                             scratch->grad_gate, saved->mlp_normed, weights->gate_proj, rows, d,
+                             F);
+    backend->matmul_backward(grad_normed, GRAD_ADD, grads->up_proj, weight_mode,
+                             scratch->grad_up, saved->mlp_normed, weights->up_proj, rows, d, F);
     input_norm_backward(backend, dx, dx_mode, branch, grads->post_attention_layernorm,
                         grad_normed, x, weights->post_attention_layernorm, saved->mlp_rstd,
                         rows, d);

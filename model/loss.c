@@ -101,8 +101,10 @@ void loss_backward(const LayerContext *context, const HeadWeights *weights, Head
                                         head->token_lse + first, targets + first, count, V,
                                         z_loss);
         const size_t offset = (size_t)first * d;
+        const GradMode head_mode =
+            first == 0 && grads->head_mode == GRAD_WRITE ? GRAD_WRITE : GRAD_ADD;
         backend->matmul_backward(activation_at(backend, scratch->grad_normed, offset),
-                                 GRAD_WRITE, grads->head, scratch->grad_logits,
+                                 GRAD_WRITE, grads->head, head_mode, scratch->grad_logits,
                                  activation_at_const(backend, head->final_normed, offset),
                                  weights->head, count, d, V);
     }

@@ -36,6 +36,10 @@ typedef struct {
 
 typedef struct {
     float *norm, *head;
+    /* GRAD_WRITE: head holds no contribution since the gradients were cleared and is not
+     * zeroed (runtime/fsdp.h, "written first"): the backward's first chunk writes it. Set
+     * by the caller before each loss_backward; anything else adds. */
+    GradMode head_mode;
 } HeadGrads;
 
 /* Fills head (final_normed, final_rstd, token_losses, token_lse) and the scratch's logits
@@ -44,7 +48,8 @@ ModelLoss loss_forward(const LayerContext *context, const HeadWeights *weights,
                        ModelScratch *scratch, HeadActivations *head, const uint32_t *targets,
                        const Activation *x, float z_loss);
 
-/* dx += or = (dx_mode) d(loss_scale * loss)/dx; grads->norm and grads->head += theirs. */
+/* dx += or = (dx_mode) d(loss_scale * loss)/dx; grads->norm += its gradient, grads->head
+ * += or = its (grads->head_mode). */
 void loss_backward(const LayerContext *context, const HeadWeights *weights, HeadGrads *grads,
                    ModelScratch *scratch, const HeadActivations *head,
                    const uint32_t *targets, const Activation *x, float z_loss,

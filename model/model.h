@@ -121,7 +121,9 @@ ModelLoss model_forward(Model *model, const uint32_t *inputs, const uint32_t *ta
  * forward). May be called more than once per forward; each call adds again. */
 void model_backward(Model *model, float loss_scale);
 
-/* Zeroes every gradient accumulator (fsdp_step_begin without release counts). */
+/* Clears every gradient accumulator (fsdp_step_begin without release counts): the
+ * projections' are not zeroed but written by the next backward, and read as zeros if none
+ * comes (runtime/fsdp.h, "written first"); model_grads always shows the sum so far. */
 void model_zero_grads(Model *model);
 
 /* The logits of the last forward, [B, T, V], converted to fp32 into host_out. Needs the

@@ -70,6 +70,9 @@ void model_units_destroy(Model *model);
  * these; release after a backward hands the gradients to FSDP. */
 void model_unit_acquire(Model *model, int unit, bool for_backward);
 void model_unit_release(Model *model, int unit, bool gradients);
+/* How the backward about to run on the acquired unit enters its projections' gradients:
+ * GRAD_WRITE once after each clear (fsdp_gradient_mode), then GRAD_ADD. */
+GradMode model_unit_gradient_mode(Model *model, int unit);
 void model_unit_prefetch(Model *model, int unit);
 
 #endif

@@ -106,6 +106,10 @@ void model_units_create(Model *model, const ModelSharding *sharding)
             .row_elements = entry->count / (size_t)entry->shape[0],
             .unit = entry->unit,
             .fp32_view = ends_with(entry->name, ".alpha") || ends_with(entry->name, ".mix_bias"),
+            /* every contribution to these comes from matmul_backward, which can write the
+             * first one (the projections, and the untied head; model.h) */
+            .written_first = entry->kind == PARAM_MATRIX ||
+                             !strcmp(entry->name, "lm_head.weight"),
         };
     }
     const FsdpSpec spec = {
@@ -157,6 +161,11 @@ void model_unit_acquire(Model *model, int unit, bool for_backward)
 void model_unit_release(Model *model, int unit, bool gradients)
 {
     fsdp_release(model->fsdp, unit, gradients);
+}
+
+GradMode model_unit_gradient_mode(Model *model, int unit)
+{
+    return fsdp_gradient_mode(model->fsdp, unit);
 }
 
 void model_unit_prefetch(Model *model, int unit)

@@ -15,7 +15,10 @@
  *   Activation is an incomplete type on purpose: the compiler keeps the two kinds apart, and
  *   element offsets go through activation_at() below.
  * - Every backward ADDS into its weight gradients (dweight += ...): gradient accumulation
- *   over microbatches and over the two uses of a tied weight is free. Input gradients
+ *   over microbatches and over the two uses of a tied weight is free. The exception is
+ *   matmul_backward, whose dweight takes a GradMode: the projections' gradients are most of
+ *   the parameters, and writing a microbatch's first contribution spares zeroing them and
+ *   reading the zeros back (runtime/fsdp.h, "written first"). Input gradients
  *   (dx, din, dq ...) are added too, except where an op takes a GradMode for them
  *   (matmul_backward's din; the rmsnorm, rope, attention, swiglu and cross-entropy
  *   backwards): GRAD_ADD
@@ -141,11 +144,13 @@ typedef struct Backend {
      * (the [out, in] layout of Hugging Face Linear weights) ---- */
     void (*matmul_forward)(Activation *out, const Activation *in, const Activation *weight,
                            int rows, int in_dim, int out_dim);
-    /* din += dout @ weight or din = dout @ weight (din_mode); dweight += dout^T @ in (always
-     * added: microbatches accumulate). din may be NULL (no input gradient). */
+    /* din += dout @ weight or din = dout @ weight (din_mode); dweight += dout^T @ in or
+     * dweight = dout^T @ in (dweight_mode: added where microbatches accumulate, written by
+     * the first). din may be NULL (no input gradient). */
     void (*matmul_backward)(Activation *din, GradMode din_mode, float *dweight,
-                            const Activation *dout, const Activation *in,
-                            const Activation *weight, int rows, int in_dim, int out_dim);
+                            GradMode dweight_mode, const Activation *dout,
+                            const Activation *in, const Activation *weight, int rows,
+                            int in_dim, int out_dim);
 
     /* ---- RoPE, rotate-half convention (DESIGN 2): for i < hd/2,
      *   out[i]      = x[i] * cos[t, i] - x[i + hd/2] * sin[t, i]

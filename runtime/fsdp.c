@@ -25,6 +25,12 @@ typedef struct {
     DeviceCommWork *gather;           /* started, not yet waited */
     int releases_expected, releases_seen;
     bool reduced;                     /* persistent: this step's reduce-scatter started */
+    /* "Written first" (fsdp.h): what a clear zeroes, [begin, end) pairs in the full layout
+     * (all but the written_first tensors' rows), and whether those tensors are unwritten
+     * since the last clear */
+    size_t *zero_spans;
+    int n_zero_spans;
+    bool has_written_first, gradients_fresh;
 } Unit;
 
 typedef struct {
@@ -79,6 +85,33 @@ static void *alloc_or_fail(const Backend *backend, size_t bytes, const char *wha
     return pointer;
 }
 
+/* What clearing the unit's full gradient buffer zeroes: everything but the rows of its
+ * written_first tensors, in as few spans as they leave (the padding between them too, so a
+ * pool slot that held another unit's layout before is clean). */
+static void unit_zero_spans(Fsdp *fsdp, const FsdpSpec *spec, Unit *unit)
+{
+    unit->zero_spans = xcalloc(2 * (size_t)unit->n_tensors + 2, sizeof *unit->zero_spans);
+    size_t cursor = 0;
+    for (int t = unit->first_tensor; t < unit->first_tensor + unit->n_tensors; t++) {
+        const FsdpTensorSpec *tensor = &spec->tensors[t];
+        if (!tensor->written_first)
+            continue;
+        const size_t begin = fsdp->places[t].full_offset;
+        if (begin > cursor) {
+            unit->zero_spans[2 * unit->n_zero_spans] = cursor;
+            unit->zero_spans[2 * unit->n_zero_spans + 1] = begin;
+            unit->n_zero_spans++;
+        }
+        cursor = begin + tensor->rows * tensor->row_elements;
+        unit->has_written_first = true;
+    }
+    if (unit->full_count > cursor) {
+        unit->zero_spans[2 * unit->n_zero_spans] = cursor;
+        unit->zero_spans[2 * unit->n_zero_spans + 1] = unit->full_count;
+        unit->n_zero_spans++;
+    }
+}
+
 /* Every tensor's shard geometry and offsets, every unit's ranges (fsdp.h, "Layouts"). */
 static void fsdp_layout(Fsdp *fsdp, const FsdpSpec *spec)
 {
@@ -126,6 +159,7 @@ static void fsdp_layout(Fsdp *fsdp, const FsdpSpec *spec)
         }
         unit->n_tensors = t - unit->first_tensor;
         unit->full_count = full;
+        unit_zero_spans(fsdp, spec, unit);
         unit->fp32_count = fp32;
         unit->local_count = unit->local ? local - unit->local_offset : 0;
         unit->range_count = range;
@@ -255,6 +289,8 @@ void fsdp_destroy(Fsdp *fsdp)
         backend->event_destroy(fsdp->events[i]);
     free(fsdp->events);
     free(fsdp->is_gather);
+    for (int u = 0; u < fsdp->n_units; u++)
+        free(fsdp->units[u].zero_spans);
     free(fsdp->tensors);
     free(fsdp->places);
     free(fsdp->units);
@@ -268,7 +304,15 @@ const FsdpTensorPlace *fsdp_place(const Fsdp *fsdp, int tensor) { return &fsdp->
 bool fsdp_unit_local(const Fsdp *fsdp, int unit) { return fsdp->units[unit].local; }
 size_t fsdp_local_count(const Fsdp *fsdp) { return fsdp->local_count; }
 float *fsdp_local_params(Fsdp *fsdp) { return fsdp->params; }
-float *fsdp_local_grads(Fsdp *fsdp) { return fsdp->grads; }
+static void unit_settle(Fsdp *fsdp, int u, float *grads);
+
+float *fsdp_local_grads(Fsdp *fsdp)
+{
+    for (int u = 0; u < fsdp->n_units && fsdp->size == 1; u++)
+        if (fsdp->units[u].local)
+            unit_settle(fsdp, u, fsdp->units[u].grads);
+    return fsdp->grads;
+}
 Activation *fsdp_local_compute(Fsdp *fsdp) { return fsdp->compute; }
 
 void fsdp_unit_range(const Fsdp *fsdp, int unit, size_t *offset, size_t *count)
@@ -342,6 +386,44 @@ static void timing_collect(Fsdp *fsdp)
     }
     fsdp->times = times;
     fsdp->n_timed = 0;
+}
+
+/* ---- written first (fsdp.h) ---- */
+
+/* Zeroes all of the unit's full gradient buffer but its written_first tensors' rows, which
+ * the next backward writes. */
+static void unit_clear(Fsdp *fsdp, Unit *unit, float *grads)
+{
+    for (int i = 0; i < unit->n_zero_spans; i++) {
+        const size_t begin = unit->zero_spans[2 * i], end = unit->zero_spans[2 * i + 1];
+        fsdp->backend->zero(grads + begin, (end - begin) * sizeof(float));
+    }
+    unit->gradients_fresh = unit->has_written_first;
+}
+
+/* Before the unit's gradients are read: written_first tensors no backward wrote are zero. */
+static void unit_settle(Fsdp *fsdp, int u, float *grads)
+{
+    Unit *unit = &fsdp->units[u];
+    if (!unit->gradients_fresh)
+        return;
+    for (int t = unit->first_tensor; t < unit->first_tensor + unit->n_tensors; t++)
+        if (fsdp->tensors[t].written_first)
+            fsdp->backend->zero(grads + fsdp->places[t].full_offset,
+                                fsdp->tensors[t].rows * fsdp->tensors[t].row_elements *
+                                    sizeof(float));
+    unit->gradients_fresh = false;
+}
+
+GradMode fsdp_gradient_mode(Fsdp *fsdp, int u)
+{
+    Unit *unit = &fsdp->units[u];
+    if (!unit->local || (unit->pooled && unit->slot < 0))
+        fatal(EXIT_CONFIG, "fsdp: the gradient mode of unit %d, which is not acquired", u);
+    if (!unit->gradients_fresh)
+        return GRAD_ADD;
+    unit->gradients_fresh = false;
+    return GRAD_WRITE;
 }
 
 /* ---- gathers ---- */
@@ -464,7 +546,7 @@ FsdpUnitBuffers fsdp_acquire(Fsdp *fsdp, int u, bool for_backward)
     if (for_backward) {
         if (fsdp->pending_work && fsdp->pending_slot == unit->slot)
             pending_finish(fsdp);
-        fsdp->backend->zero(slot->grads, unit->full_count * sizeof(float));
+        unit_clear(fsdp, unit, slot->grads);
     }
     return unit_buffers(fsdp, slot->compute, for_backward ? slot->grads : NULL, slot->fp32);
 }
@@ -473,9 +555,10 @@ FsdpUnitBuffers fsdp_acquire(Fsdp *fsdp, int u, bool for_backward)
 
 /* Starts the reduce-scatter of unit u's full gradients into `target`, a buffer laid out
  * like the unit's range of the local buffers. */
-static DeviceCommWork *reduce_start(Fsdp *fsdp, int u, const float *grads, float *target)
+static DeviceCommWork *reduce_start(Fsdp *fsdp, int u, float *grads, float *target)
 {
     const Unit *unit = &fsdp->units[u];
+    unit_settle(fsdp, u, grads);
     timing_mark(fsdp, true, false);
     device_comm_group_begin(fsdp->group);
     for (int t = unit->first_tensor; t < unit->first_tensor + unit->n_tensors; t++) {
@@ -536,14 +619,16 @@ void fsdp_step_begin(Fsdp *fsdp, const int *releases)
 {
     const Backend *backend = fsdp->backend;
     fsdp->n_timed = 0; /* gathers between steps (an evaluation) are not the step's */
-    backend->zero(fsdp->grads, fsdp->local_count * sizeof(float));
+    /* several ranks: the accumulators are the reduce-scatters' targets, zeroed whole */
+    if (fsdp->size > 1)
+        backend->zero(fsdp->grads, fsdp->local_count * sizeof(float));
     for (int u = 0; u < fsdp->n_units; u++) {
         Unit *unit = &fsdp->units[u];
         unit->releases_expected = releases ? releases[u] : -1;
         unit->releases_seen = 0;
         unit->reduced = false;
-        if (fsdp->size > 1 && unit->local && !unit->pooled)
-            backend->zero(unit->grads, unit->full_count * sizeof(float));
+        if (unit->local && !unit->pooled)
+            unit_clear(fsdp, unit, unit->grads);
     }
 }
 
@@ -563,6 +648,9 @@ void fsdp_step_finish(Fsdp *fsdp)
     for (int w = 0; w < fsdp->n_persistent_works; w++)
         device_comm_work_wait(fsdp->persistent_works[w]);
     fsdp->n_persistent_works = 0;
+    for (int u = 0; u < fsdp->n_units && fsdp->size == 1; u++)
+        if (fsdp->units[u].local) /* one rank: the accumulators are the units' buffers */
+            unit_settle(fsdp, u, fsdp->units[u].grads);
     if (fsdp->timing)
         timing_collect(fsdp);
 }

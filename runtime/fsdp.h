@@ -26,6 +26,18 @@
  * With one rank (D = 1) nothing is gathered or reduced: a unit's full buffers ARE the
  * local shard buffers, so the one-process run is exactly what it was.
  *
+ * Written first. A tensor marked written_first (the projections: every contribution to
+ * their gradients comes from matmul_backward, which can write instead of add) is not zeroed
+ * when its unit's gradient buffer is cleared (fsdp_step_begin; a pooled unit's acquire for
+ * a backward). The first backward after a clear asks fsdp_gradient_mode, gets GRAD_WRITE,
+ * and must then write every written_first tensor of the unit; later backwards get
+ * GRAD_ADD. A unit whose written_first tensors were not written by the time its gradients
+ * are read (its reduce-scatter, fsdp_step_finish, fsdp_local_grads) has them zeroed then.
+ * At Llama-3-8B (all but the embedding and the norms: 93% of the parameters) this spares
+ * zeroing those gradients and reading the zeros back in the first microbatch's products,
+ * 8 bytes a parameter a step. Everything
+ * else (the padding, the norms, the embedding, the routing weights) is zeroed as before.
+ *
  * Layouts (elements). Local: units in order, each starting on a multiple of `alignment`,
  * its tensors' shards one after another, each on a multiple of `alignment` too; with D = 1
  * and every unit local this is the model's flat parameter layout. Full: per unit, each
@@ -52,7 +64,8 @@
 typedef struct {
     size_t rows, row_elements;
     int unit;
-    bool fp32_view; /* the kernels read it as fp32: gathered in fp32 as well */
+    bool fp32_view;     /* the kernels read it as fp32: gathered in fp32 as well */
+    bool written_first; /* its gradient is written by the first backward after a clear */
 } FsdpTensorSpec;
 
 typedef struct {
@@ -97,6 +110,8 @@ bool fsdp_unit_local(const Fsdp *fsdp, int unit);
 /* Elements of the local buffers (padding included), and the local buffers themselves. */
 size_t fsdp_local_count(const Fsdp *fsdp);
 float *fsdp_local_params(Fsdp *fsdp);
+/* The gradient accumulators, holding every contribution so far (with one rank, the
+ * written_first tensors no backward wrote since the last clear are zeroed first). */
 float *fsdp_local_grads(Fsdp *fsdp);
 /* The local compute copy, or NULL when it is the master itself (fp32 backends). */
 Activation *fsdp_local_compute(Fsdp *fsdp);
@@ -114,8 +129,9 @@ void fsdp_refresh_compute(Fsdp *fsdp);
 /* The optimizer wrote the shards (and their compute copy): every gathered unit is stale. */
 void fsdp_params_changed(Fsdp *fsdp);
 
-/* The start of a training step: zeroes every gradient accumulator and full gradient
- * buffer. `releases` [n_units]: how many fsdp_release(..., gradients = true) each unit
+/* The start of a training step: clears every gradient accumulator and full gradient
+ * buffer (zeroes all but the written_first tensors, "Written first" above). `releases`
+ * [n_units]: how many fsdp_release(..., gradients = true) each unit
  * will see this step (NULL: not counted; persistent units then reduce at
  * fsdp_step_finish only). */
 void fsdp_step_begin(Fsdp *fsdp, const int *releases);
@@ -138,8 +154,12 @@ void fsdp_set_timing(Fsdp *fsdp, bool enabled);
 FsdpTimes fsdp_step_times(const Fsdp *fsdp);
 
 /* The unit's full buffers, gathered if stale or pooled; for_backward also hands out a
- * zeroed full gradient buffer (pooled) or the step's (persistent). */
+ * cleared full gradient buffer (pooled) or the step's (persistent). */
 FsdpUnitBuffers fsdp_acquire(Fsdp *fsdp, int unit, bool for_backward);
+/* For the backward about to run on the unit, acquired for one: GRAD_WRITE the first time
+ * after its gradients were cleared, if it has written_first tensors (the caller then
+ * writes every one of them), else GRAD_ADD. */
+GradMode fsdp_gradient_mode(Fsdp *fsdp, int unit);
 /* Starts the unit's gather if it will need one and a pool slot is free; never waits. */
 void fsdp_prefetch(Fsdp *fsdp, int unit);
 /* The caller is done with the unit. gradients: its full gradient buffer holds a backward's

@@ -42,9 +42,10 @@ static GradModeCase case_begin(const char *op, void (*run)(const Backend *, Grad
     return c;
 }
 
+/* dweight takes the mode too (runtime/backend.h): it is checked as the input gradient is */
 static void run_matmul(const Backend *b, GradMode mode, void *const *p, const int *shape)
 {
-    b->matmul_backward(p[0], mode, p[1], p[2], p[3], p[4], shape[0], shape[1], shape[2]);
+    b->matmul_backward(p[0], mode, p[1], mode, p[2], p[3], p[4], shape[0], shape[1], shape[2]);
 }
 
 GradModeCase grad_mode_case_matmul(int rows, int in_dim, int out_dim)
@@ -52,7 +53,7 @@ GradModeCase grad_mode_case_matmul(int rows, int in_dim, int out_dim)
     GradModeCase c = case_begin("matmul_backward", run_matmul);
     c.shape[0] = rows, c.shape[1] = in_dim, c.shape[2] = out_dim;
     case_append(&c, "din", GRAD_MODE_INPUT_GRADIENT, true, (size_t)rows * in_dim);
-    case_append(&c, "dweight", GRAD_MODE_WEIGHT_GRADIENT, false, (size_t)out_dim * in_dim);
+    case_append(&c, "dweight", GRAD_MODE_INPUT_GRADIENT, false, (size_t)out_dim * in_dim);
     case_input(&c, "dout", true, (size_t)rows * out_dim, 1, 0);
     case_input(&c, "in", true, (size_t)rows * in_dim, 1, 0);
     case_input(&c, "weight", true, (size_t)out_dim * in_dim, 0.5f, 0);

@@ -12,7 +12,8 @@
  *   3. GRAD_ADD onto random input gradients whose RMS is that of 1's: start + 1 within
  *      `add_tolerance` (relative, whole array), so the add still adds: an op that wrote
  *      instead misses by about 70%.
- * Weight gradients start from zeros in every run and must repeat their bits in 1 and 2.
+ * Weight gradients start from zeros in every run and must repeat their bits in 1 and 2;
+ * matmul's dweight, which takes the mode, is checked as an input gradient.
  * An array of no elements is passed as NULL.
  */
 #ifndef FATHOM_TESTS_GRAD_MODE_SUPPORT_H
@@ -27,7 +28,7 @@
 typedef enum GradModeRole {
     GRAD_MODE_INPUT,           /* random: offset + uniform(-scale, scale) */
     GRAD_MODE_PREPARED,        /* written by `prepare` (a forward's statistics) */
-    GRAD_MODE_INPUT_GRADIENT,  /* an output under the mode */
+    GRAD_MODE_INPUT_GRADIENT,  /* an output under the mode (matmul's dweight too) */
     GRAD_MODE_WEIGHT_GRADIENT, /* fp32, always added */
 } GradModeRole;
 

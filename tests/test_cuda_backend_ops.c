@@ -263,13 +263,13 @@ static void run_matmul_forward(const Backend *b, void *const *p, const OpCase *c
 
 static void run_matmul_backward(const Backend *b, void *const *p, const OpCase *c)
 {
-    b->matmul_backward(p[0], GRAD_ADD, p[1], p[2], p[3], p[4], c->shape[0], c->shape[1],
+    b->matmul_backward(p[0], GRAD_ADD, p[1], GRAD_ADD, p[2], p[3], p[4], c->shape[0], c->shape[1],
                        c->shape[2]);
 }
 
 static void run_matmul_backward_without_din(const Backend *b, void *const *p, const OpCase *c)
 {
-    b->matmul_backward(NULL, GRAD_ADD, p[0], p[1], p[2], p[3], c->shape[0], c->shape[1],
+    b->matmul_backward(NULL, GRAD_ADD, p[0], GRAD_ADD, p[1], p[2], p[3], c->shape[0], c->shape[1],
                        c->shape[2]);
 }
 

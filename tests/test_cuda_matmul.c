@@ -70,8 +70,8 @@ static void gpu_backward(const MatmulCase *c, int with_din, float **din_out, flo
     size_t in_count = (size_t)c->rows * c->in_dim, weight_count = (size_t)c->out_dim * c->in_dim;
     bf16 *din = with_din ? gpu_upload_bf16(c->din, in_count) : NULL;
     float *dweight = gpu_upload_floats(c->dweight, weight_count);
-    cuda_matmul_backward(din, GRAD_ADD, dweight, c->device_dout, c->device_in, c->device_weight,
-                         c->rows, c->in_dim, c->out_dim, 0);
+    cuda_matmul_backward(din, GRAD_ADD, dweight, GRAD_ADD, c->device_dout, c->device_in,
+                         c->device_weight, c->rows, c->in_dim, c->out_dim, 0);
     *din_out = with_din ? gpu_download_bf16(din, in_count) : NULL;
     *dweight_out = gpu_download_floats(dweight, weight_count);
 }
@@ -103,8 +103,8 @@ Test(cuda_matmul, backward_adds_both_cpu_gradients)
                                    100 + 10 * s);
         float *got_din, *got_dweight;
         gpu_backward(&c, 1, &got_din, &got_dweight);
-        cpu_matmul_backward(c.din, GRAD_ADD, c.dweight, c.dout, c.in, c.weight, c.rows, c.in_dim,
-                            c.out_dim);
+        cpu_matmul_backward(c.din, GRAD_ADD, c.dweight, GRAD_ADD, c.dout, c.in, c.weight, c.rows,
+                            c.in_dim, c.out_dim);
         expect_close(got_din, c.din, (size_t)c.rows * c.in_dim, BF16_TOLERANCE, "din", c.rows,
                      c.in_dim, c.out_dim);
         expect_close(got_dweight, c.dweight, (size_t)c.out_dim * c.in_dim, FP32_TOLERANCE,
@@ -120,8 +120,8 @@ Test(cuda_matmul, backward_without_din_adds_only_dweight)
     MatmulCase c = matmul_case(333, 96, 200, 200);
     float *got_din, *got_dweight;
     gpu_backward(&c, 0, &got_din, &got_dweight);
-    cpu_matmul_backward(NULL, GRAD_ADD, c.dweight, c.dout, c.in, c.weight, c.rows, c.in_dim,
-                        c.out_dim);
+    cpu_matmul_backward(NULL, GRAD_ADD, c.dweight, GRAD_ADD, c.dout, c.in, c.weight, c.rows,
+                        c.in_dim, c.out_dim);
     expect_close(got_dweight, c.dweight, (size_t)c.out_dim * c.in_dim, FP32_TOLERANCE,
                  "dweight", c.rows, c.in_dim, c.out_dim);
     free(got_dweight);
@@ -136,11 +136,11 @@ Test(cuda_matmul, two_backward_calls_double_dweight)
     float *once = gpu_poisoned_floats(weight_count), *twice = gpu_poisoned_floats(weight_count);
     CUDA_CHECK(cudaMemset(once, 0, weight_count * sizeof(float)));
     CUDA_CHECK(cudaMemset(twice, 0, weight_count * sizeof(float)));
-    cuda_matmul_backward(NULL, GRAD_ADD, once, c.device_dout, c.device_in, c.device_weight, c.rows,
-                         c.in_dim, c.out_dim, 0);
+    cuda_matmul_backward(NULL, GRAD_ADD, once, GRAD_ADD, c.device_dout, c.device_in,
+                         c.device_weight, c.rows, c.in_dim, c.out_dim, 0);
     for (int call = 0; call < 2; call++)
-        cuda_matmul_backward(NULL, GRAD_ADD, twice, c.device_dout, c.device_in, c.device_weight,
-                             c.rows, c.in_dim, c.out_dim, 0);
+        cuda_matmul_backward(NULL, GRAD_ADD, twice, GRAD_ADD, c.device_dout, c.device_in,
+                             c.device_weight, c.rows, c.in_dim, c.out_dim, 0);
     float *got_once = gpu_download_floats(once, weight_count);
     float *got_twice = gpu_download_floats(twice, weight_count);
     for (size_t i = 0; i < weight_count; i++)
@@ -239,8 +239,8 @@ Test(cuda_matmul, large_backward_matches_cpu_on_sampled_rows)
     float *in_rows = gather_rows(c.in, rows, c.in_dim);
     float *expected_din = gather_rows(c.din, rows, c.in_dim);
     float *discarded = calloc((size_t)c.out_dim * c.in_dim, sizeof(float));
-    cpu_matmul_backward(expected_din, GRAD_ADD, discarded, dout_rows, in_rows, c.weight, SAMPLES,
-                        c.in_dim, c.out_dim);
+    cpu_matmul_backward(expected_din, GRAD_ADD, discarded, GRAD_ADD, dout_rows, in_rows, c.weight,
+                        SAMPLES, c.in_dim, c.out_dim);
     float *got_din_rows = gather_rows(got_din, rows, c.in_dim);
     expect_close(got_din_rows, expected_din, (size_t)SAMPLES * c.in_dim, BF16_TOLERANCE, "din",
                  c.rows, c.in_dim, c.out_dim);

@@ -279,8 +279,8 @@ Test(kernels_cpu_backward, matmul_backward_matches_finite_differences)
         float *probe = random_floats(out_count, 1, 60 + c);
         float *din = zero_floats(in_count), *dweight = zero_floats(weight_count);
         Objective objective = {matmul_op_forward, &op, op.out, probe, out_count};
-        cpu_matmul_backward(din, GRAD_ADD, dweight, probe, op.in, op.weight, op.rows, op.in_dim,
-                            op.out_dim);
+        cpu_matmul_backward(din, GRAD_ADD, dweight, GRAD_ADD, probe, op.in, op.weight, op.rows,
+                            op.in_dim, op.out_dim);
         expect_gradient(&objective, op.in, din, in_count, 1e-2, "din");
         expect_gradient(&objective, op.weight, dweight, weight_count, 1e-2, "dweight");
         free_all(op.out, op.in, op.weight, probe, din, dweight, NULL);
@@ -293,8 +293,8 @@ Test(kernels_cpu_backward, matmul_backward_without_din_matches_finite_difference
     size_t weight_count = op.weight_count, out_count = op.out_count;
     float *probe = random_floats(out_count, 1, 72), *dweight = zero_floats(weight_count);
     Objective objective = {matmul_op_forward, &op, op.out, probe, out_count};
-    cpu_matmul_backward(NULL, GRAD_ADD, dweight, probe, op.in, op.weight, op.rows, op.in_dim,
-                        op.out_dim);
+    cpu_matmul_backward(NULL, GRAD_ADD, dweight, GRAD_ADD, probe, op.in, op.weight, op.rows,
+                        op.in_dim, op.out_dim);
     expect_gradient(&objective, op.weight, dweight, weight_count, 1e-2, "dweight");
     free_all(op.out, op.in, op.weight, probe, dweight, NULL);
 }
@@ -306,11 +306,11 @@ Test(kernels_cpu_backward, matmul_backward_accumulates)
     float *dout = random_floats((size_t)op.rows * op.out_dim, 1, 82);
     float *din_once = zero_floats(in_count), *dweight_once = zero_floats(weight_count);
     float *din_twice = zero_floats(in_count), *dweight_twice = zero_floats(weight_count);
-    cpu_matmul_backward(din_once, GRAD_ADD, dweight_once, dout, op.in, op.weight, op.rows,
+    cpu_matmul_backward(din_once, GRAD_ADD, dweight_once, GRAD_ADD, dout, op.in, op.weight, op.rows,
                         op.in_dim, op.out_dim);
     for (int call = 0; call < 2; call++)
-        cpu_matmul_backward(din_twice, GRAD_ADD, dweight_twice, dout, op.in, op.weight, op.rows,
-                            op.in_dim, op.out_dim);
+        cpu_matmul_backward(din_twice, GRAD_ADD, dweight_twice, GRAD_ADD, dout, op.in, op.weight,
+                            op.rows, op.in_dim, op.out_dim);
     expect_doubled(din_twice, din_once, in_count, "din");
     expect_doubled(dweight_twice, dweight_once, weight_count, "dweight");
     free_all(op.out, op.in, op.weight, dout, din_once, dweight_once, din_twice, dweight_twice,
@@ -325,11 +325,11 @@ Test(kernels_cpu_backward, matmul_backward_is_bitwise_identical_for_1_and_2_thre
     float *din_one = zero_floats(in_count), *dweight_one = zero_floats(weight_count);
     float *din_two = zero_floats(in_count), *dweight_two = zero_floats(weight_count);
     omp_set_num_threads(1);
-    cpu_matmul_backward(din_one, GRAD_ADD, dweight_one, dout, op.in, op.weight, op.rows, op.in_dim,
-                        op.out_dim);
+    cpu_matmul_backward(din_one, GRAD_ADD, dweight_one, GRAD_ADD, dout, op.in, op.weight, op.rows,
+                        op.in_dim, op.out_dim);
     omp_set_num_threads(2);
-    cpu_matmul_backward(din_two, GRAD_ADD, dweight_two, dout, op.in, op.weight, op.rows, op.in_dim,
-                        op.out_dim);
+    cpu_matmul_backward(din_two, GRAD_ADD, dweight_two, GRAD_ADD, dout, op.in, op.weight, op.rows,
+                        op.in_dim, op.out_dim);
     expect_bitwise_equal(din_one, din_two, in_count, "din");
     expect_bitwise_equal(dweight_one, dweight_two, weight_count, "dweight");
     free_all(op.out, op.in, op.weight, dout, din_one, dweight_one, din_two, dweight_two, NULL);

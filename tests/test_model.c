@@ -383,6 +383,53 @@ Test(model, backward_twice_doubles_the_gradients)
     model_destroy(model);
 }
 
+/* The projections' gradients are not zeroed by model_zero_grads but written by the next
+ * backward (runtime/fsdp.h, "written first"; the untied head in chunks: its first chunk
+ * writes, the others add): cleared gradients read as zeros, a backward after a clear gives
+ * the bits of the first one, and one more adds to it. */
+Test(model, cleared_gradients_read_as_zeros_and_the_next_backward_writes_them)
+{
+    ModelConfig config = small_config(true, false);
+    const int B = 2, T = 5;
+    Model *model = model_create(backend_cpu(), &config, NULL, B, T);
+    model_init_params(model, 4, 0.2);
+    model_set_logit_rows(model, 3); /* four chunks of the head's gradient */
+    uint32_t inputs[10], targets[10];
+    fill_tokens(inputs, 10, config.vocab_size, 7);
+    fill_tokens(targets, 10, config.vocab_size, 8);
+    const size_t total = model_param_table(model)->total;
+    float *first = xmalloc(total * sizeof(float)), *again = xmalloc(total * sizeof(float));
+    model_forward(model, inputs, targets, B, 1e-3f);
+    model_backward(model, 1.0f);
+    model_zero_grads(model);
+    backend_cpu()->download(again, model_grads(model), total * sizeof(float));
+    for (size_t i = 0; i < total; i++)
+        cr_assert_eq(again[i], 0.0f, "element %zu after model_zero_grads: %g", i, again[i]);
+
+    fill_tokens(inputs, 10, config.vocab_size, 9); /* another batch over stale gradients */
+    model_forward(model, inputs, targets, B, 1e-3f);
+    model_backward(model, 0.5f);
+    backend_cpu()->download(first, model_grads(model), total * sizeof(float));
+    model_zero_grads(model);
+    model_backward(model, 0.5f);
+    backend_cpu()->download(again, model_grads(model), total * sizeof(float));
+    cr_assert_eq(memcmp(first, again, total * sizeof(float)), 0,
+                 "a backward after a clear differs from the first");
+    model_backward(model, 0.5f);
+    backend_cpu()->download(again, model_grads(model), total * sizeof(float));
+    const ParamTable *table = model_param_table(model);
+    for (int p = 0; p < table->n_params; p++) {
+        const ParamEntry *entry = &table->params[p];
+        for (size_t i = entry->offset; i < entry->offset + entry->count; i++)
+            cr_assert_float_eq(again[i], 2.0f * first[i], 1e-6f * (1.0f + fabsf(first[i])),
+                               "%s: %g after two backwards, %g after one", entry->name,
+                               again[i], first[i]);
+    }
+    free(first);
+    free(again);
+    model_destroy(model);
+}
+
 Test(model, loss_scale_scales_the_gradients)
 {
     ModelConfig config = small_config(false, false);

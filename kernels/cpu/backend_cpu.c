@@ -178,11 +178,12 @@ static void table_matmul_forward(Activation *out, const Activation *in,
 }
 
 static void table_matmul_backward(Activation *din, GradMode din_mode, float *dweight,
-                                  const Activation *dout, const Activation *in,
-                                  const Activation *weight, int rows, int in_dim, int out_dim)
+                                  GradMode dweight_mode, const Activation *dout,
+                                  const Activation *in, const Activation *weight, int rows,
+                                  int in_dim, int out_dim)
 {
-    cpu_matmul_backward(F(din), din_mode, dweight, CF(dout), CF(in), CF(weight), rows, in_dim,
-                        out_dim);
+    cpu_matmul_backward(F(din), din_mode, dweight, dweight_mode, CF(dout), CF(in), CF(weight),
+                        rows, in_dim, out_dim);
 }
 
 static void table_rope_forward(Activation *out, const Activation *x, const float *cos,

@@ -58,9 +58,9 @@ void cpu_rmsnorm_backward_branch(float *dx, float *branch, float *dweight, const
 /* matmul_cpu.c */
 void cpu_matmul_forward(float *out, const float *in, const float *weight, int rows, int in_dim,
                         int out_dim);
-void cpu_matmul_backward(float *din, GradMode din_mode, float *dweight, const float *dout,
-                         const float *in, const float *weight, int rows, int in_dim,
-                         int out_dim);
+void cpu_matmul_backward(float *din, GradMode din_mode, float *dweight, GradMode dweight_mode,
+                         const float *dout, const float *in, const float *weight, int rows,
+                         int in_dim, int out_dim);
 
 /* rope_cpu.c; head_dim is even */
 void cpu_rope_forward(float *out, const float *x, const float *cos, const float *sin, int B,

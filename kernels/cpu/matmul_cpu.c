@@ -135,14 +135,15 @@ static void accumulate_rows(float *target, bool accumulate, const float *source,
         }
 }
 
-void cpu_matmul_backward(float *din, GradMode din_mode, float *dweight, const float *dout,
-                         const float *in, const float *weight, int rows, int in_dim,
-                         int out_dim)
+void cpu_matmul_backward(float *din, GradMode din_mode, float *dweight, GradMode dweight_mode,
+                         const float *dout, const float *in, const float *weight, int rows,
+                         int in_dim, int out_dim)
 {
     /* din[r, i] (+)= sum_o dout[r, o] * weight[o, i]: k = o, m = r */
     if (din)
         accumulate_rows(din, din_mode == GRAD_ADD, weight, dout, 1, (size_t)out_dim, rows,
                         in_dim, out_dim);
-    /* dweight[o, i] += sum_r dout[r, o] * in[r, i]: k = r, m = o */
-    accumulate_rows(dweight, true, in, dout, (size_t)out_dim, 1, out_dim, in_dim, rows);
+    /* dweight[o, i] (+)= sum_r dout[r, o] * in[r, i]: k = r, m = o */
+    accumulate_rows(dweight, dweight_mode == GRAD_ADD, in, dout, (size_t)out_dim, 1, out_dim,
+                    in_dim, rows);
 }

@@ -389,10 +389,11 @@ static void op_matmul_forward(Activation *out, const Activation *in, const Activ
 }
 
 static void op_matmul_backward(Activation *din, GradMode din_mode, float *dweight,
-                               const Activation *dout, const Activation *in,
-                               const Activation *weight, int rows, int in_dim, int out_dim)
+                               GradMode dweight_mode, const Activation *dout,
+                               const Activation *in, const Activation *weight, int rows,
+                               int in_dim, int out_dim)
 {
-    cuda_matmul_backward(as_bf16(din), din_mode, dweight, as_bf16_const(dout),
+    cuda_matmul_backward(as_bf16(din), din_mode, dweight, dweight_mode, as_bf16_const(dout),
                          as_bf16_const(in), as_bf16_const(weight), rows, in_dim, out_dim,
                          compute_stream());
 }

@@ -139,7 +139,7 @@ void cuda_cross_entropy_backward(bf16 *dlogits, GradMode mode, const float *dlos
  * in_dim]^T, bf16 in / weight / out, fp32 accumulation (CUBLAS_COMPUTE_32F).
  * Backward: din (bf16, may be NULL) += dout @ weight with beta = 1 (GRAD_ADD: one rounding of
  * the fp32 sum), or = with beta = 0 (GRAD_WRITE: din is not read); dweight (fp32) +=
- * dout^T @ in, beta = 1.
+ * dout^T @ in (beta = 1) or = (beta = 0), by dweight_mode.
  * One cuBLASLt handle and one 32 MiB workspace per process: cuda_matmul_init makes them
  * (the first matmul calls it if nobody did), cuda_matmul_destroy frees them. The algorithm
  * is chosen once per shape (and operand alignment) by cuBLASLt's heuristic and cached, so
@@ -150,9 +150,9 @@ void cuda_matmul_init(void);
 void cuda_matmul_destroy(void);
 void cuda_matmul_forward(bf16 *out, const bf16 *in, const bf16 *weight, int rows, int in_dim,
                          int out_dim, cudaStream_t stream);
-void cuda_matmul_backward(bf16 *din, GradMode din_mode, float *dweight, const bf16 *dout,
-                          const bf16 *in, const bf16 *weight, int rows, int in_dim, int out_dim,
-                          cudaStream_t stream);
+void cuda_matmul_backward(bf16 *din, GradMode din_mode, float *dweight, GradMode dweight_mode,
+                          const bf16 *dout, const bf16 *in, const bf16 *weight, int rows,
+                          int in_dim, int out_dim, cudaStream_t stream);
 
 /* ---- optimizer_cuda.cu, over flat fp32 ranges (DESIGN 3) ---- */
 /* AdamW of runtime/backend.h with the scalars s (g = grads[i] * s->grad_scale), and in the

@@ -2,15 +2,18 @@
  *
  *   forward:          out[rows, out_dim]  = in[rows, in_dim] @ weight[out_dim, in_dim]^T
  *   input gradient:   din[rows, in_dim]  += or = dout[rows, out_dim] @ weight
- *   weight gradient:  dweight[out_dim, in_dim] += dout^T @ in        (fp32 C and D)
+ *   weight gradient:  dweight[out_dim, in_dim] += or = dout^T @ in   (fp32 C and D)
  * A, B and the bf16 outputs are bf16, accumulation and alpha / beta fp32
- * (CUBLAS_COMPUTE_32F). "+=" is beta = 1 with C = D, so a bf16 din is rounded once; din's
- * GRAD_WRITE is beta = 0, for which cuBLASLt does not read C (the forward relies on the same:
- * its out is C = D too). Both run the plan's algorithm, and D = alpha * sum + beta * C in
- * fp32 adds exactly 0 to the sum when C is zeros, so beta = 0 gives the bits of beta = 1 on
- * a zeroed din, except the sign of a zero: a sum that is -0.0 (an fp32 sum of products that
- * underflows from below; an exact cancellation gives +0.0) stays -0.0 where the add onto
- * zeros gives +0.0. No later op tells the two apart (every sum they enter starts from +0.0).
+ * (CUBLAS_COMPUTE_32F). "+=" is beta = 1 with C = D, so a bf16 din is rounded once; a
+ * GRAD_WRITE (din's or dweight's) is beta = 0, for which cuBLASLt does not read C (the
+ * forward relies on the same: its out is C = D too). Both run the plan's algorithm, and
+ * D = alpha * sum + beta * C in fp32 adds exactly 0 to the sum when C is zeros, so beta = 0
+ * gives the bits of beta = 1 on a zeroed output, except the sign of a zero: a sum that is
+ * -0.0 (an fp32 sum of products that underflows from below; an exact cancellation gives
+ * +0.0) stays -0.0 where the add onto zeros gives +0.0. No later op tells the two apart
+ * (every sum they enter starts from +0.0; AdamW's update of a -0.0 gradient is the update of
+ * +0.0). Writing a weight gradient spares the read of its fp32 C: 4 bytes a parameter, about
+ * 3% of the product at the Llama-3-8B projections (docs/performance.md).
  *
  * Row-major through a column-major library: a row-major [r, c] matrix is the column-major
  * [c, r] matrix with leading dimension c, i.e. its transpose. Each product is therefore
@@ -24,11 +27,11 @@
  *             m = in_dim, n = out_dim, k = rows
  *
  * Plans: the descriptors and the algorithm of each (product, shape, operand alignments) are
- * made once, with cuBLASLt's heuristic (the first, best-ranked answer) under the 32 MiB
- * workspace, and kept in a small table for the life of the process, so a shape always runs
- * the same algorithm (same bits). beta is not part of the key: it is a run-time argument of
- * cublasLtMatmul that the heuristic is not asked about, so din's two modes share one plan
- * (one algorithm, one order of the sums). Split-K variants whose partial sums would be added
+ * made once, with cuBLASLt's heuristic (its first, best-ranked answer; matmul_rank) under
+ * the 32 MiB workspace, and kept in a small table for the life of the process, so a shape
+ * always runs the same algorithm (same bits). beta is not part of the key: it is a run-time
+ * argument of cublasLtMatmul that the heuristic is not asked about, so the two modes of din
+ * and of dweight share one plan (one algorithm, one order of the sums). Split-K variants whose partial sums would be added
  * in the output type (bf16 for out and din) are excluded: only no split or a reduction in
  * the fp32 compute type. A shape beyond the table's capacity gets a plan made and dropped on
  * every call (the heuristic is deterministic, so the algorithm is the same).
@@ -40,11 +43,13 @@
 #include <cublasLt.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 enum {
     MATMUL_WORKSPACE_BYTES = 32 << 20,
     MATMUL_PLANS_MAX = 128,
+    MATMUL_RANKS_MAX = 8, /* FATHOM_MATMUL_RANK's range */
 };
 
 typedef enum MatmulProduct {
@@ -126,6 +131,25 @@ static void set_preference(cublasLtMatmulPreference_t preference,
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, which, value, size));
 }
 
+/* Which of the heuristic's ranked answers a plan takes: 0, its first, unless
+ * FATHOM_MATMUL_RANK names another (0 to 7; past the last answer, the last). A diagnostic
+ * for comparing cuBLASLt's candidates (launch/bench/layers_gpu.sh); any fixed rank keeps
+ * a shape on one algorithm, so runs stay bitwise reproducible. Read once. */
+static int matmul_rank(void)
+{
+    static int rank = -1;
+    if (rank < 0) {
+        const char *text = getenv("FATHOM_MATMUL_RANK");
+        char *end = NULL;
+        const long value = text && *text ? strtol(text, &end, 10) : 0;
+        if (text && *text && (*end || value < 0 || value >= MATMUL_RANKS_MAX))
+            fatal(EXIT_CONFIG, "FATHOM_MATMUL_RANK = '%s' (0 to %d)", text,
+                  MATMUL_RANKS_MAX - 1);
+        rank = (int)value;
+    }
+    return rank;
+}
+
 /* Fills the descriptors of `plan` (its product, shape and alignments set) and asks the
  * heuristic for its algorithm. */
 static void plan_build(MatmulPlan *plan)
@@ -184,18 +208,18 @@ static void plan_build(MatmulPlan *plan)
     set_preference(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &plan->alignment_c,
                    sizeof plan->alignment_c);
 
-    cublasLtMatmulHeuristicResult_t result;
-    memset(&result, 0, sizeof result);
+    cublasLtMatmulHeuristicResult_t results[MATMUL_RANKS_MAX];
+    memset(results, 0, sizeof results);
     int found = 0;
-    CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(matmul_handle, plan->operation,
-                                                plan->layout_a, plan->layout_b, plan->layout_c,
-                                                plan->layout_c, preference, 1, &result, &found));
+    CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(
+        matmul_handle, plan->operation, plan->layout_a, plan->layout_b, plan->layout_c,
+        plan->layout_c, preference, matmul_rank() + 1, results, &found));
     CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(preference));
     if (found < 1)
         fatal(EXIT_COMM, "cuBLASLt has no algorithm for the matmul %s of rows %d, in %d, out %d "
               "(%s output)", product_name(plan->product), plan->rows, plan->in_dim,
               plan->out_dim, output_type == CUDA_R_32F ? "fp32" : "bf16");
-    plan->algorithm = result.algo;
+    plan->algorithm = results[matmul_rank() < found ? matmul_rank() : found - 1].algo;
 }
 
 /* Runs one product: D = alpha * op(A) op(B) + beta * C, with C = D. A plan is looked up by
@@ -256,18 +280,23 @@ extern "C" void cuda_matmul_forward(bf16 *out, const bf16 *in, const bf16 *weigh
 }
 
 extern "C" void cuda_matmul_backward(bf16 *din, GradMode din_mode, float *dweight,
-                                     const bf16 *dout, const bf16 *in, const bf16 *weight,
-                                     int rows, int in_dim, int out_dim, cudaStream_t stream)
+                                     GradMode dweight_mode, const bf16 *dout, const bf16 *in,
+                                     const bf16 *weight, int rows, int in_dim, int out_dim,
+                                     cudaStream_t stream)
 {
-    if (rows <= 0 || in_dim <= 0)
+    if (in_dim <= 0)
         return;
-    if (out_dim <= 0) { /* empty sums: only a written din changes, to zeros */
-        if (din && din_mode == GRAD_WRITE)
+    if (rows <= 0 || out_dim <= 0) { /* empty sums: only written gradients change, to zeros */
+        if (din && din_mode == GRAD_WRITE && rows > 0)
             CUDA_CHECK(cudaMemsetAsync(din, 0, (size_t)rows * in_dim * sizeof(bf16), stream));
+        if (dweight_mode == GRAD_WRITE && out_dim > 0)
+            CUDA_CHECK(cudaMemsetAsync(dweight, 0, (size_t)out_dim * in_dim * sizeof(float),
+                                       stream));
         return;
     }
     if (din)
         matmul_run(PRODUCT_INPUT_GRADIENT, rows, in_dim, out_dim, weight, dout, din,
                    din_mode == GRAD_ADD ? 1.0f : 0.0f, stream);
-    matmul_run(PRODUCT_WEIGHT_GRADIENT, rows, in_dim, out_dim, in, dout, dweight, 1.0f, stream);
+    matmul_run(PRODUCT_WEIGHT_GRADIENT, rows, in_dim, out_dim, in, dout, dweight,
+               dweight_mode == GRAD_ADD ? 1.0f : 0.0f, stream);
 }
