@@ -9,7 +9,7 @@
  * `fathom-kernel-bench attention [VARIANT]` times the attention cases alone, at head_dim 128,
  * 80 and 64, with every kernel variant (forwards grouped, specialised; backwards fused,
  * fused_tma, two_pass) or only the one named, so that a variant that faults takes no other
- * with it.
+ * with it. `fathom-kernel-bench matmul` times the matmuls alone.
  */
 #include "kernels/cuda/attention_cuda.h"
 #include "kernels/cuda/kernels_cuda.h"
@@ -101,8 +101,24 @@ static void matmul_forward_case(void *p)
 static void matmul_backward_case(void *p)
 {
     MatmulCase *c = (MatmulCase *)p;
-    cuda_matmul_backward(c->din, GRAD_ADD, c->dweight, c->dout, c->in, c->weight, c->rows,
-                         c->in_dim, c->out_dim, 0);
+    cuda_matmul_backward(c->din, GRAD_ADD, c->dweight, GRAD_ADD, c->dout, c->in, c->weight,
+                         c->rows, c->in_dim, c->out_dim, 0);
+}
+
+/* the weight gradient alone: added into the fp32 accumulator (C read, beta 1) or written
+ * (beta 0: a microbatch's first contribution) */
+static void matmul_weight_add_case(void *p)
+{
+    MatmulCase *c = (MatmulCase *)p;
+    cuda_matmul_backward(NULL, GRAD_ADD, c->dweight, GRAD_ADD, c->dout, c->in, c->weight,
+                         c->rows, c->in_dim, c->out_dim, 0);
+}
+
+static void matmul_weight_write_case(void *p)
+{
+    MatmulCase *c = (MatmulCase *)p;
+    cuda_matmul_backward(NULL, GRAD_ADD, c->dweight, GRAD_WRITE, c->dout, c->in, c->weight,
+                         c->rows, c->in_dim, c->out_dim, 0);
 }
 
 static void bench_matmul(int rows, int in_dim, int out_dim)
@@ -121,6 +137,10 @@ static void bench_matmul(int rows, int in_dim, int out_dim)
     report(name, median_ms(matmul_forward_case, &c), flops, 0);
     snprintf(name, sizeof name, "matmul bwd %dx%dx%d", rows, in_dim, out_dim);
     report(name, median_ms(matmul_backward_case, &c), 2 * flops, 0);
+    snprintf(name, sizeof name, "matmul dweight add %dx%dx%d", rows, in_dim, out_dim);
+    report(name, median_ms(matmul_weight_add_case, &c), flops, 0);
+    snprintf(name, sizeof name, "matmul dweight write %dx%dx%d", rows, in_dim, out_dim);
+    report(name, median_ms(matmul_weight_write_case, &c), flops, 0);
     cudaFree(c.in), cudaFree(c.weight), cudaFree(c.out), cudaFree(c.dout), cudaFree(c.din);
     cudaFree(c.dweight);
 }
@@ -286,6 +306,9 @@ int main(int argc, char **argv)
     /* `fathom-kernel-bench attention [VARIANT]`: the attention cases alone, every kernel
      * variant or the one named */
     bool attention_only = argc > 1 && !strcmp(argv[1], "attention");
+    /* `fathom-kernel-bench matmul`: the matmul cases alone (FATHOM_MATMUL_RANK picks among
+     * cuBLASLt's candidates) */
+    bool matmul_only = argc > 1 && !strcmp(argv[1], "matmul");
     const char *variant = attention_only && argc > 2 ? argv[2] : NULL;
     if (variant && !attention_variant_known(variant)) {
         fprintf(stderr, "fathom-kernel-bench: unknown attention variant %s (grouped, specialised, "
@@ -313,6 +336,12 @@ int main(int argc, char **argv)
     bench_matmul(4096, 4096, 4096);
     bench_matmul(4096, 4096, 14336);
     bench_matmul(4096, 14336, 4096);
+    bench_matmul(4096, 4096, 1024);
+    bench_matmul(4096, 4096, 128256);
+    if (matmul_only) {
+        cuda_matmul_destroy();
+        return 0;
+    }
     bench_attention(1, 4096, 32, 8, 128, NULL);
     bench_attention(32, 1024, 16, 8, 80, NULL);
     bench_rmsnorm(4096, 4096);

@@ -33,6 +33,7 @@ import routing_reference as reference  # noqa: E402
 
 DEVICE = "cuda"
 BF16 = torch.bfloat16
+PROFILE = False  # --profile: each kernel's time in the layers case, and bf16 dW products
 
 
 def time_ms(function, repeat, warmup=3):
@@ -93,7 +94,41 @@ def case_layers(repeat):
         ms = time_ms(step, repeat)
         results.append(dict(case="layers", mode=mode, ms=ms, tflops=flops / ms / 1e9,
                             peak_gib=peak_gib()))
+        if PROFILE:
+            profile_kernels(step, f"layers {mode}")
+    if PROFILE:
+        for rows_, in_dim, out_dim in ((4096, 4096, 4096), (4096, 4096, 1024),
+                                       (4096, 4096, 14336), (4096, 14336, 4096)):
+            dout = torch.randn(rows_, out_dim, device=DEVICE, dtype=BF16)
+            x_in = torch.randn(rows_, in_dim, device=DEVICE, dtype=BF16)
+            gemm = 2 * rows_ * in_dim * out_dim
+            ms = time_ms(lambda: torch.mm(dout.t(), x_in), repeat)
+            results.append(dict(case="dweight", mode=f"bf16 {rows_}x{in_dim}x{out_dim}", ms=ms,
+                                tflops=gemm / ms / 1e9))
     return results
+
+
+def profile_kernels(step, label, steps=5, top=30):
+    """Each kernel's device time a step, summed by name over `steps` profiled steps."""
+    from torch.profiler import ProfilerActivity, profile
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as trace:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    sums, counts = {}, {}
+    for event in trace.events():
+        if event.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        us = getattr(event, "device_time", None)
+        us = event.cuda_time if us is None else us
+        sums[event.name] = sums.get(event.name, 0.0) + us / 1e3
+        counts[event.name] = counts.get(event.name, 0) + 1
+    total = sum(sums.values()) / steps
+    print(f"# kernels of {label}: {total:.3f} ms of device time a step", flush=True)
+    for name, ms in sorted(sums.items(), key=lambda item: -item[1])[:top]:
+        print(f"#   {ms / steps:8.3f} ms {counts[name] // steps:4d}x  {name[:90]}", flush=True)
 
 
 def case_attention(repeat, shape=(1, 4096, 32, 8, 128)):
@@ -259,7 +294,11 @@ def main():
                              "shapes")
     parser.add_argument("--step-modes", default="standard,mhar,msar",
                         help="the residuals of step1b (each runs a 1B model eager, then compiled)")
+    parser.add_argument("--profile", action="store_true",
+                        help="layers: each kernel's device time a step (torch.profiler)")
     arguments = parser.parse_args()
+    global PROFILE
+    PROFILE = arguments.profile
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
     rows = []
     for case in arguments.cases.split(","):

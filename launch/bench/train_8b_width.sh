@@ -7,7 +7,7 @@
 #   launch/bench/train_8b_width.sh LAYERS [STEPS] [RESIDUAL ...]
 # RESIDUAL: standard, mhar_delta (H 8), attnres_delta (H 1), mhar_replace (H 8); default
 # the first three. FATHOM_BINARY names the binary (default build/fathom); logs go to
-# $OUT (or /tmp/train-8b-width). Prints "residual layers tok/s step_ms mem_gib" lines.
+# $OUT (or /tmp/train-8b-width). Prints "tag residual layers tok/s step_ms mem_gib mfu" lines.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 layers=${1:?layers}
@@ -39,8 +39,9 @@ if not steps:
     print(f"{tag} {residual} {layers} FAILED (exit {status})")
     sys.exit(0)
 rate = statistics.median(l["tokens_per_s"] for l in steps)
+mfu = statistics.median(l.get("mfu", float("nan")) for l in steps)
 print(f"{tag} {residual} {layers} {rate / 1e3:.1f}k {4 * 4096 / rate * 1e3:.1f} "
-      f"{steps[-1]['mem_gib']:.1f}")
+      f"{steps[-1]['mem_gib']:.1f} mfu {100 * mfu:.1f}%")
 PY
   rm -rf "$dir"
 done
