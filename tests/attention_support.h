@@ -90,8 +90,8 @@ int attention_backward_repeats_its_bits(const Case *c, const DeviceInputs *d,
 void attention_check_deterministic(AttentionBackwardKernel kernel);
 /* A case whose out and lse come from the GPU forward; host arrays q .. dout only. */
 Case attention_large_case_make(Shape shape, uint64_t seed, DeviceInputs *d);
-/* At large shapes: `kernel` against two_pass; specialised forward against grouped. */
+/* At large shapes: `kernel` against two_pass; a forward `kernel` against grouped. */
 void attention_check_backward_against(Shape shape, uint64_t seed, AttentionBackwardKernel kernel);
-void attention_check_forward_against(Shape shape, uint64_t seed);
+void attention_check_forward_against(Shape shape, uint64_t seed, AttentionForwardKernel kernel);
 
 #endif

@@ -184,6 +184,12 @@ Test(cuda_attention, environment_variables_name_the_other_kernels)
     cr_expect_eq(attention_cuda_backward_kernel(), ATTENTION_BACKWARD_FUSED);
 }
 
+Test(cuda_attention, single_consumer_names_the_specialised_forward_with_one_consumer)
+{
+    setenv("FATHOM_ATTENTION_FORWARD", "single_consumer", 1);
+    cr_expect_eq(attention_cuda_forward_kernel(), ATTENTION_FORWARD_SINGLE_CONSUMER);
+}
+
 static void select_backward_named_fastest(void *unused)
 {
     (void)unused;

@@ -73,12 +73,12 @@ Test(cuda_attention, fused_backward_matches_two_pass_at_the_llama_8b_shape)
 
 Test(cuda_attention, specialised_forward_matches_grouped_at_the_llama_8b_shape)
 {
-    attention_check_forward_against(llama_8b_ragged, 531);
+    attention_check_forward_against(llama_8b_ragged, 531, ATTENTION_FORWARD_SPECIALISED);
 }
 
 Test(cuda_attention, specialised_forward_matches_grouped_at_the_1b_shape)
 {
-    attention_check_forward_against(model_1b_ragged, 541);
+    attention_check_forward_against(model_1b_ragged, 541, ATTENTION_FORWARD_SPECIALISED);
 }
 
 Test(cuda_attention, fused_backward_matches_two_pass_at_the_1b_shape)
@@ -151,4 +151,46 @@ Test(cuda_attention, fused_tma_backward_matches_two_pass_at_the_llama_8b_shape)
 Test(cuda_attention, fused_tma_backward_matches_two_pass_at_the_1b_shape)
 {
     attention_check_backward_against(model_1b_ragged, 613, ATTENTION_BACKWARD_FUSED_TMA);
+}
+
+/* The specialised forward with one consumer warpgroup a CTA, two CTAs a multiprocessor
+ * (FATHOM_ATTENTION_FORWARD=single_consumer): no turns to take, one head a CTA. */
+Test(cuda_attention, single_consumer_forward_matches_cpu_for_a_single_token)
+{
+    attention_check_forward(single_token, 141, ATTENTION_FORWARD_SINGLE_CONSUMER);
+}
+
+Test(cuda_attention, single_consumer_forward_matches_cpu_with_grouped_heads_and_a_ragged_tail)
+{
+    attention_check_forward(grouped_ragged_64, 142, ATTENTION_FORWARD_SINGLE_CONSUMER);
+}
+
+Test(cuda_attention, single_consumer_forward_matches_cpu_for_head_dim_128)
+{
+    attention_check_forward(grouped_ragged_128, 143, ATTENTION_FORWARD_SINGLE_CONSUMER);
+}
+
+Test(cuda_attention, single_consumer_forward_matches_cpu_for_head_dim_80)
+{
+    attention_check_forward(grouped_ragged_80, 144, ATTENTION_FORWARD_SINGLE_CONSUMER);
+}
+
+Test(cuda_attention, single_consumer_forward_matches_cpu_over_many_key_blocks)
+{
+    attention_check_forward(long_64, 147, ATTENTION_FORWARD_SINGLE_CONSUMER);
+}
+
+Test(cuda_attention, single_consumer_forward_matches_cpu_with_groups_of_three_heads)
+{
+    attention_check_forward(groups_of_3_80, 149, ATTENTION_FORWARD_SINGLE_CONSUMER);
+}
+
+Test(cuda_attention, single_consumer_forward_matches_grouped_at_the_1b_shape)
+{
+    attention_check_forward_against(model_1b_ragged, 542, ATTENTION_FORWARD_SINGLE_CONSUMER);
+}
+
+Test(cuda_attention, single_consumer_forward_matches_grouped_at_the_llama_8b_shape)
+{
+    attention_check_forward_against(llama_8b_ragged, 532, ATTENTION_FORWARD_SINGLE_CONSUMER);
 }

@@ -292,8 +292,12 @@ extern "C" AttentionForwardKernel attention_cuda_forward_kernel(void)
             selected_forward = ATTENTION_FORWARD_SPECIALISED;
         else if (!strcmp(name, "grouped"))
             selected_forward = ATTENTION_FORWARD_GROUPED;
+        else if (!strcmp(name, "single_consumer"))
+            selected_forward = ATTENTION_FORWARD_SINGLE_CONSUMER;
         else
-            fatal(EXIT_CONFIG, "FATHOM_ATTENTION_FORWARD = '%s' (grouped or specialised)", name);
+            fatal(EXIT_CONFIG,
+                  "FATHOM_ATTENTION_FORWARD = '%s' (specialised, single_consumer or grouped)",
+                  name);
     }
     return (AttentionForwardKernel)selected_forward;
 }
@@ -314,9 +318,11 @@ extern "C" void attention_forward_cuda(bf16 *out, float *lse, const bf16 *q, con
     if ((T + block_queries - 1) / block_queries > 65535)
         fatal(EXIT_CONFIG, "%s: T = %d is longer than the launch grid allows", op, T);
     attention_check_device(op);
-    if (attention_cuda_forward_kernel() == ATTENTION_FORWARD_SPECIALISED) {
-        attention_forward_specialised_launch(out, lse, q, k, v, B, T, n_heads, n_kv_heads,
-                                             head_dim, stream);
+    const AttentionForwardKernel kernel = attention_cuda_forward_kernel();
+    if (kernel != ATTENTION_FORWARD_GROUPED) {
+        attention_forward_specialised_launch(
+            out, lse, q, k, v, B, T, n_heads, n_kv_heads, head_dim,
+            kernel == ATTENTION_FORWARD_SINGLE_CONSUMER ? 1 : 2, stream);
         return;
     }
     __nv_bfloat16 *out_bf16 = reinterpret_cast<__nv_bfloat16 *>(out);

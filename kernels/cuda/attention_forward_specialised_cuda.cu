@@ -29,6 +29,12 @@
  * (head_dim 80: 32-byte rows, 32-byte swizzle), box after box, every box 1024-byte aligned.
  * head_dim 128: 160 KiB. The output leaves through fp32 staging over the K, V rings once both
  * consumers are past their last product.
+ *
+ * With one consumer (FATHOM_ATTENTION_FORWARD=single_consumer) a CTA holds 64 queries of one
+ * head and takes no turns; two CTAs share a multiprocessor (head_dim 64 and 80: 75 and 92
+ * KiB of shared memory each), so that one's start (barriers, the Q and first K loads) and end
+ * (the output's staging and stores) run under the other's products. At T 1024 a CTA of the
+ * two-consumer kernel walks 4.5 key blocks on average, and those ends are a large part of it.
  */
 #include "kernels/cuda/attention_cuda.h"
 #include "kernels/cuda/attention_tiles.cuh"
@@ -38,14 +44,23 @@
 #include <cuda_runtime.h>
 #include <math.h>
 
-#define SPEC_CONSUMERS 2
-#define SPEC_THREADS ((SPEC_CONSUMERS + 1) * WARPGROUP_THREADS)
-#define SPEC_ROWS (SPEC_CONSUMERS * WARPGROUP_ROWS) /* query rows of a CTA */
-#define SPEC_KEYS 128                              /* keys of a block */
+#define SPEC_KEYS 128 /* keys of a block */
 #define SPEC_STAGES 2
 #define SPEC_PRODUCER_REGISTERS 24
-#define SPEC_CONSUMER_REGISTERS 240 /* 128 x 24 + 256 x 240 <= 65536 */
-#define SPEC_CONSUMER_THREADS (SPEC_CONSUMERS * WARPGROUP_THREADS)
+
+/* The CTA's shape by its consumer warpgroups: two taking turns, one CTA a multiprocessor
+ * (128 x 24 + 256 x 240 <= 65536 registers); or one, two CTAs a multiprocessor, each
+ * launched with 128 registers a thread, of which the producer gives 104 to the consumer
+ * (128 x 24 + 128 x 232 = 256 x 128). */
+template <int CONSUMERS>
+struct SpecShape {
+    static_assert(CONSUMERS == 1 || CONSUMERS == 2, "one or two consumer warpgroups");
+    static constexpr int threads = (CONSUMERS + 1) * WARPGROUP_THREADS;
+    static constexpr int rows = CONSUMERS * WARPGROUP_ROWS; /* query rows of a CTA */
+    static constexpr int consumer_threads = CONSUMERS * WARPGROUP_THREADS;
+    static constexpr int consumer_registers = CONSUMERS == 2 ? 240 : 232;
+    static constexpr int blocks_per_multiprocessor = CONSUMERS == 2 ? 1 : 2;
+};
 
 enum SpecBarrier {
     BARRIER_TURN_FIRST = 1,  /* consumer 0 may issue its products */
@@ -54,19 +69,20 @@ enum SpecBarrier {
 };
 
 /* Shared-memory layout of one head_dim (byte offsets from a 1024-aligned base). */
-template <int HEAD_DIM>
+template <int HEAD_DIM, int CONSUMERS>
 struct SpecTiles : TmaTile<HEAD_DIM> {
     static constexpr size_t q_bytes = (size_t)WARPGROUP_ROWS * HEAD_DIM * 2;
     static constexpr size_t kv_bytes = (size_t)SPEC_KEYS * HEAD_DIM * 2;
     static constexpr size_t q = 0;
-    static constexpr size_t k_ring = q + SPEC_CONSUMERS * q_bytes;
+    static constexpr size_t k_ring = q + CONSUMERS * q_bytes;
     static constexpr size_t v_ring = k_ring + SPEC_STAGES * kv_bytes;
     static constexpr size_t barriers = v_ring + SPEC_STAGES * kv_bytes;
     /* q_full, full_k[2], full_v[2], empty[2] */
     static constexpr size_t bytes = barriers + 8 * 8 + 1024; /* + alignment of the base */
     static_assert(q_bytes % 1024 == 0 && kv_bytes % 1024 == 0,
                   "every box starts on a 1024-byte boundary");
-    static_assert((size_t)SPEC_ROWS * (HEAD_DIM + STAGE_PAD) * 4 <= 2 * SPEC_STAGES * kv_bytes,
+    static_assert((size_t)SpecShape<CONSUMERS>::rows * (HEAD_DIM + STAGE_PAD) * 4 <=
+                      2 * SPEC_STAGES * kv_bytes,
                   "the output staging fits in the K, V rings");
     static_assert(bytes <= 227 * 1024, "shared memory of one CTA");
 };
@@ -102,18 +118,20 @@ static __device__ __forceinline__ void spec_softmax(float (&s)[KEYS / 8][4], flo
     }
 }
 
-/* grid (n_heads / heads_per_block, B, query blocks of SPEC_ROWS / heads_per_block), heaviest
- * first; SPEC_THREADS threads. Tensor maps: [B, T, heads * HEAD_DIM] bf16 with boxes
- * [1, rows, box_columns] (q: 64 rows, k and v: 128). */
-template <int HEAD_DIM>
-__global__ void __launch_bounds__(SPEC_THREADS, 1)
+/* grid (n_heads / heads_per_block, B, query blocks of Shape::rows / heads_per_block),
+ * heaviest first; Shape::threads threads. Tensor maps: [B, T, heads * HEAD_DIM] bf16 with
+ * boxes [1, rows, box_columns] (q: 64 rows, k and v: 128). */
+template <int HEAD_DIM, int CONSUMERS>
+__global__ void __launch_bounds__(SpecShape<CONSUMERS>::threads,
+                                  SpecShape<CONSUMERS>::blocks_per_multiprocessor)
 attention_forward_specialised_kernel(const __grid_constant__ CUtensorMap q_map,
                                      const __grid_constant__ CUtensorMap k_map,
                                      const __grid_constant__ CUtensorMap v_map,
                                      __nv_bfloat16 *out, float *lse, int T, int n_heads,
                                      int n_kv_heads, int heads_per_block, float scale_log2)
 {
-    using Tiles = SpecTiles<HEAD_DIM>;
+    using Tiles = SpecTiles<HEAD_DIM, CONSUMERS>;
+    using Shape = SpecShape<CONSUMERS>;
     extern __shared__ __align__(128) unsigned char shared_window[];
     unsigned char *shared =
         shared_window + ((1024 - shared_address(shared_window) % 1024) % 1024);
@@ -122,7 +140,7 @@ attention_forward_specialised_kernel(const __grid_constant__ CUtensorMap q_map,
     uint64_t *empty = barriers + 5;
 
     int first_head = blockIdx.x * heads_per_block, batch = blockIdx.y;
-    int block_queries = SPEC_ROWS / heads_per_block;
+    int block_queries = Shape::rows / heads_per_block;
     int query0 = (gridDim.z - 1 - blockIdx.z) * block_queries;
     int kv_head = first_head / (n_heads / n_kv_heads);
     /* keys of the CTA: [0, key_end), in blocks [128 j, 128 j + 128) walked from the top */
@@ -134,7 +152,7 @@ attention_forward_specialised_kernel(const __grid_constant__ CUtensorMap q_map,
         for (int s = 0; s < SPEC_STAGES; s++) {
             mbarrier_init(full_k + s, 1);
             mbarrier_init(full_v + s, 1);
-            mbarrier_init(empty + s, SPEC_CONSUMERS);
+            mbarrier_init(empty + s, CONSUMERS);
         }
         mbarrier_init_fence();
     }
@@ -147,8 +165,8 @@ attention_forward_specialised_kernel(const __grid_constant__ CUtensorMap q_map,
             tensor_map_prefetch(&q_map);
             tensor_map_prefetch(&k_map);
             tensor_map_prefetch(&v_map);
-            mbarrier_arrive_expect_bytes(q_full, (uint32_t)(SPEC_CONSUMERS * Tiles::q_bytes));
-            for (int c = 0; c < SPEC_CONSUMERS; c++) {
+            mbarrier_arrive_expect_bytes(q_full, (uint32_t)(CONSUMERS * Tiles::q_bytes));
+            for (int c = 0; c < CONSUMERS; c++) {
                 int head = first_head + c % heads_per_block;
                 int row0 = query0 + c / heads_per_block * WARPGROUP_ROWS;
                 tma_tile_load<HEAD_DIM, WARPGROUP_ROWS>(shared + Tiles::q + c * Tiles::q_bytes,
@@ -170,7 +188,7 @@ attention_forward_specialised_kernel(const __grid_constant__ CUtensorMap q_map,
             }
         }
     } else {
-        warpgroup_registers_claim<SPEC_CONSUMER_REGISTERS>();
+        warpgroup_registers_claim<Shape::consumer_registers>();
         int consumer = role - 1, thread = (int)threadIdx.x - WARPGROUP_THREADS;
         int warp = (thread / 32) % 4, lane = thread % 32, g = lane / 4, c = lane % 4;
         int head = first_head + consumer % heads_per_block;
@@ -179,8 +197,18 @@ attention_forward_specialised_kernel(const __grid_constant__ CUtensorMap q_map,
         const unsigned char *q_tile = shared + Tiles::q + consumer * Tiles::q_bytes;
         int my_turn = consumer == 0 ? BARRIER_TURN_FIRST : BARRIER_TURN_SECOND;
         int other_turn = consumer == 0 ? BARRIER_TURN_SECOND : BARRIER_TURN_FIRST;
-        if (consumer == 1) /* consumer 0 issues first */
-            named_barrier_arrive(BARRIER_TURN_FIRST, SPEC_CONSUMER_THREADS);
+        /* two consumers take turns issuing their products; one alone waits for nobody (the
+         * other CTA on the multiprocessor fills its softmax's gaps) */
+        auto take_turn = [&]() {
+            if (CONSUMERS > 1)
+                named_barrier_sync(my_turn, Shape::consumer_threads);
+        };
+        auto pass_turn = [&]() {
+            if (CONSUMERS > 1)
+                named_barrier_arrive(other_turn, Shape::consumer_threads);
+        };
+        if (CONSUMERS > 1 && consumer == 1) /* consumer 0 issues first */
+            named_barrier_arrive(BARRIER_TURN_FIRST, Shape::consumer_threads);
 
         float o[HEAD_DIM / 8][4];
 #pragma unroll
@@ -235,11 +263,11 @@ attention_forward_specialised_kernel(const __grid_constant__ CUtensorMap q_map,
         mbarrier_wait(q_full, 0);
         /* block 0: the diagonal */
         mbarrier_wait(full_k, 0);
-        named_barrier_sync(my_turn, SPEC_CONSUMER_THREADS);
+        take_turn();
         warpgroup_fence();
         issue_scores(0);
         warpgroup_commit();
-        named_barrier_arrive(other_turn, SPEC_CONSUMER_THREADS);
+        pass_turn();
         warpgroup_wait<0>();
         warpgroup_fence_accumulators(s);
         float correction[2];
@@ -251,13 +279,13 @@ attention_forward_specialised_kernel(const __grid_constant__ CUtensorMap q_map,
             int stage = i % SPEC_STAGES, previous = (i - 1) % SPEC_STAGES;
             mbarrier_wait(full_k + stage, (uint32_t)((i / SPEC_STAGES) & 1));
             mbarrier_wait(full_v + previous, (uint32_t)(((i - 1) / SPEC_STAGES) & 1));
-            named_barrier_sync(my_turn, SPEC_CONSUMER_THREADS);
+            take_turn();
             warpgroup_fence();
             issue_scores(i);
             warpgroup_commit();
             issue_values(i - 1);
             warpgroup_commit();
-            named_barrier_arrive(other_turn, SPEC_CONSUMER_THREADS);
+            pass_turn();
             warpgroup_wait<1>(); /* the scores of block i, while P V of block i - 1 runs */
             warpgroup_fence_accumulators(s);
             mask_scores(i);
@@ -279,12 +307,12 @@ attention_forward_specialised_kernel(const __grid_constant__ CUtensorMap q_map,
         /* the last block's P V; consumer 1 owes consumer 0 no further turn */
         int last = blocks - 1;
         mbarrier_wait(full_v + last % SPEC_STAGES, (uint32_t)((last / SPEC_STAGES) & 1));
-        named_barrier_sync(my_turn, SPEC_CONSUMER_THREADS);
+        take_turn();
         warpgroup_fence();
         issue_values(last);
         warpgroup_commit();
         if (consumer == 0)
-            named_barrier_arrive(other_turn, SPEC_CONSUMER_THREADS);
+            pass_turn();
         warpgroup_wait<0>();
         warpgroup_fence_accumulators(o);
 
@@ -307,7 +335,7 @@ attention_forward_specialised_kernel(const __grid_constant__ CUtensorMap q_map,
 
         /* out through fp32 staging over the K, V rings: every copy has landed (each block was
          * waited for) and both consumers are past their last product */
-        named_barrier_sync(BARRIER_CONSUMERS, SPEC_CONSUMER_THREADS);
+        named_barrier_sync(BARRIER_CONSUMERS, Shape::consumer_threads);
         int warp_row0 = consumer * WARPGROUP_ROWS + warp * 16;
         float *stage = reinterpret_cast<float *>(shared + Tiles::k_ring) +
                        warp_row0 * (HEAD_DIM + STAGE_PAD);
@@ -322,37 +350,42 @@ attention_forward_specialised_kernel(const __grid_constant__ CUtensorMap q_map,
 
 /* ---- host ---- */
 
-template <int HEAD_DIM>
+template <int HEAD_DIM, int CONSUMERS>
 static void specialised_launch(__nv_bfloat16 *out, float *lse, const __nv_bfloat16 *q,
                                const __nv_bfloat16 *k, const __nv_bfloat16 *v, int B, int T,
                                int n_heads, int n_kv_heads, cudaStream_t stream)
 {
-    constexpr size_t shared_bytes = SpecTiles<HEAD_DIM>::bytes;
+    using Shape = SpecShape<CONSUMERS>;
+    constexpr size_t shared_bytes = SpecTiles<HEAD_DIM, CONSUMERS>::bytes;
     static bool configured; /* over 48 KiB of shared memory must be asked for, once */
     if (!configured) {
-        CUDA_CHECK(cudaFuncSetAttribute(attention_forward_specialised_kernel<HEAD_DIM>,
+        CUDA_CHECK(cudaFuncSetAttribute(attention_forward_specialised_kernel<HEAD_DIM, CONSUMERS>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int)shared_bytes));
         configured = true;
     }
-    int heads_per_block = (n_heads / n_kv_heads) % 2 == 0 ? 2 : 1;
-    int block_queries = SPEC_ROWS / heads_per_block;
+    /* two heads of a KV group share a CTA's K, V tiles where there are two consumers */
+    int heads_per_block = CONSUMERS == 2 && (n_heads / n_kv_heads) % 2 == 0 ? 2 : 1;
+    int block_queries = Shape::rows / heads_per_block;
     const char *op = "attention_forward_cuda";
+    if ((T + block_queries - 1) / block_queries > 65535)
+        fatal(EXIT_CONFIG, "%s: T = %d is longer than the launch grid allows", op, T);
     CUtensorMap q_map = tensor_map_rows<HEAD_DIM>(op, q, B, T, n_heads, WARPGROUP_ROWS);
     CUtensorMap k_map = tensor_map_rows<HEAD_DIM>(op, k, B, T, n_kv_heads, SPEC_KEYS);
     CUtensorMap v_map = tensor_map_rows<HEAD_DIM>(op, v, B, T, n_kv_heads, SPEC_KEYS);
     dim3 grid(n_heads / heads_per_block, B, (T + block_queries - 1) / block_queries);
     float scale_log2 = LOG2_E / sqrtf((float)HEAD_DIM);
-    attention_forward_specialised_kernel<HEAD_DIM><<<grid, SPEC_THREADS, shared_bytes, stream>>>(
-        q_map, k_map, v_map, out, lse, T, n_heads, n_kv_heads, heads_per_block, scale_log2);
+    attention_forward_specialised_kernel<HEAD_DIM, CONSUMERS>
+        <<<grid, Shape::threads, shared_bytes, stream>>>(q_map, k_map, v_map, out, lse, T,
+                                                         n_heads, n_kv_heads, heads_per_block,
+                                                         scale_log2);
     CUDA_CHECK_LAUNCH();
 }
 
-/* Shapes checked by attention_forward_cuda; T / 64 blocks fit the grid. */
-extern "C" void attention_forward_specialised_launch(bf16 *out, float *lse, const bf16 *q,
-                                                     const bf16 *k, const bf16 *v, int B, int T,
-                                                     int n_heads, int n_kv_heads, int head_dim,
-                                                     cudaStream_t stream)
+template <int CONSUMERS>
+static void specialised_launch_head_dim(bf16 *out, float *lse, const bf16 *q, const bf16 *k,
+                                        const bf16 *v, int B, int T, int n_heads,
+                                        int n_kv_heads, int head_dim, cudaStream_t stream)
 {
     __nv_bfloat16 *out_bf16 = reinterpret_cast<__nv_bfloat16 *>(out);
     const __nv_bfloat16 *q_bf16 = reinterpret_cast<const __nv_bfloat16 *>(q);
@@ -360,16 +393,30 @@ extern "C" void attention_forward_specialised_launch(bf16 *out, float *lse, cons
     const __nv_bfloat16 *v_bf16 = reinterpret_cast<const __nv_bfloat16 *>(v);
     switch (head_dim) {
     case 64:
-        specialised_launch<64>(out_bf16, lse, q_bf16, k_bf16, v_bf16, B, T, n_heads, n_kv_heads,
-                               stream);
+        specialised_launch<64, CONSUMERS>(out_bf16, lse, q_bf16, k_bf16, v_bf16, B, T, n_heads,
+                                          n_kv_heads, stream);
         break;
     case 80:
-        specialised_launch<80>(out_bf16, lse, q_bf16, k_bf16, v_bf16, B, T, n_heads, n_kv_heads,
-                               stream);
+        specialised_launch<80, CONSUMERS>(out_bf16, lse, q_bf16, k_bf16, v_bf16, B, T, n_heads,
+                                          n_kv_heads, stream);
         break;
     default:
-        specialised_launch<128>(out_bf16, lse, q_bf16, k_bf16, v_bf16, B, T, n_heads,
-                                n_kv_heads, stream);
+        specialised_launch<128, CONSUMERS>(out_bf16, lse, q_bf16, k_bf16, v_bf16, B, T,
+                                           n_heads, n_kv_heads, stream);
         break;
     }
+}
+
+/* Shapes checked by attention_forward_cuda. */
+extern "C" void attention_forward_specialised_launch(bf16 *out, float *lse, const bf16 *q,
+                                                     const bf16 *k, const bf16 *v, int B, int T,
+                                                     int n_heads, int n_kv_heads, int head_dim,
+                                                     int consumers, cudaStream_t stream)
+{
+    if (consumers == 1)
+        specialised_launch_head_dim<1>(out, lse, q, k, v, B, T, n_heads, n_kv_heads, head_dim,
+                                       stream);
+    else
+        specialised_launch_head_dim<2>(out, lse, q, k, v, B, T, n_heads, n_kv_heads, head_dim,
+                                       stream);
 }
