@@ -1,75 +1,13 @@
-/* runtime/fsdp.c — see fsdp.h. Layout first, then the buffers, then gather and reduce. */
+/* runtime/fsdp.c — see fsdp.h. Layout first, then the buffers, then gather and reduce; the
+ * written-first gradients are in fsdp_gradients.c. */
 #include "runtime/fsdp.h"
+#include "runtime/fsdp_internal.h"
 
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "runtime/error.h"
-
-/* Pool slots for pooled units: the unit in use and the one prefetched behind it. */
-enum { POOL_SLOTS = 2 };
-
-typedef struct {
-    bool local, pooled;
-    int first_tensor, n_tensors;
-    size_t local_offset, local_count; /* its range of the local buffers */
-    size_t range_count;               /* that range's length, held or not: the same on
-                                         every stage of one dp rank */
-    size_t full_count, fp32_count;    /* its full buffers (fp32_count 0: no separate views) */
-    Activation *compute;              /* persistent full buffers (aliases of the local ones */
-    float *grads;                     /*  with one rank); NULL for pooled units */
-    float *fp32;
-    bool stale;                       /* the gathered copy predates the shards */
-    int slot;                         /* pooled: the slot holding it, -1 none */
-    DeviceCommWork *gather;           /* started, not yet waited */
-    int releases_expected, releases_seen;
-    bool reduced;                     /* persistent: this step's reduce-scatter started */
-    /* "Written first" (fsdp.h): what a clear zeroes, [begin, end) pairs in the full layout
-     * (all but the written_first tensors' rows), and whether those tensors are unwritten
-     * since the last clear */
-    size_t *zero_spans;
-    int n_zero_spans;
-    bool has_written_first, gradients_fresh;
-} Unit;
-
-typedef struct {
-    Activation *compute;
-    float *grads, *fp32;
-    int unit;                         /* the unit it holds, -1 free */
-    bool acquired;
-} Slot;
-
-struct Fsdp {
-    const Backend *backend;
-    DeviceComm *group;
-    int rank, size;
-    CommType compute_type;            /* what a gather of the compute copy moves */
-    bool separate_fp32;               /* fp32 views need their own gather (bf16 backends) */
-    FsdpTensorSpec *tensors;
-    FsdpTensorPlace *places;
-    int n_tensors, n_units;
-    Unit *units;
-    size_t local_count;
-    float *params, *grads;
-    Activation *compute;              /* NULL: the master is the compute copy */
-    Slot slots[POOL_SLOTS];
-    int n_slots;
-    float *reduce_scratch[2];         /* pooled reduce-scatter targets, used in turn */
-    int next_scratch;
-    /* the pooled reduce-scatter still to be added into the accumulators */
-    DeviceCommWork *pending_work;
-    int pending_unit, pending_scratch, pending_slot;
-    DeviceCommWork **persistent_works; /* [n_units] persistent reduce-scatters this step */
-    int n_persistent_works;
-    size_t full_bytes;
-    /* timing: a pair of events per group of the step, made as needed and kept */
-    bool timing;
-    BackendEvent **events;             /* [2 * capacity]: start, end of group g */
-    bool *is_gather;
-    int n_timed, timed_capacity;
-    FsdpTimes times;
-};
 
 static size_t align_up(size_t elements, size_t alignment)
 {
@@ -83,33 +21,6 @@ static void *alloc_or_fail(const Backend *backend, size_t bytes, const char *wha
         fatal(EXIT_CONFIG, "cannot allocate %.2f GiB for %s on the %s backend",
               (double)bytes / (1 << 30), what, backend->name);
     return pointer;
-}
-
-/* What clearing the unit's full gradient buffer zeroes: everything but the rows of its
- * written_first tensors, in as few spans as they leave (the padding between them too, so a
- * pool slot that held another unit's layout before is clean). */
-static void unit_zero_spans(Fsdp *fsdp, const FsdpSpec *spec, Unit *unit)
-{
-    unit->zero_spans = xcalloc(2 * (size_t)unit->n_tensors + 2, sizeof *unit->zero_spans);
-    size_t cursor = 0;
-    for (int t = unit->first_tensor; t < unit->first_tensor + unit->n_tensors; t++) {
-        const FsdpTensorSpec *tensor = &spec->tensors[t];
-        if (!tensor->written_first)
-            continue;
-        const size_t begin = fsdp->places[t].full_offset;
-        if (begin > cursor) {
-            unit->zero_spans[2 * unit->n_zero_spans] = cursor;
-            unit->zero_spans[2 * unit->n_zero_spans + 1] = begin;
-            unit->n_zero_spans++;
-        }
-        cursor = begin + tensor->rows * tensor->row_elements;
-        unit->has_written_first = true;
-    }
-    if (unit->full_count > cursor) {
-        unit->zero_spans[2 * unit->n_zero_spans] = cursor;
-        unit->zero_spans[2 * unit->n_zero_spans + 1] = unit->full_count;
-        unit->n_zero_spans++;
-    }
 }
 
 /* Every tensor's shard geometry and offsets, every unit's ranges (fsdp.h, "Layouts"). */
@@ -159,7 +70,7 @@ static void fsdp_layout(Fsdp *fsdp, const FsdpSpec *spec)
         }
         unit->n_tensors = t - unit->first_tensor;
         unit->full_count = full;
-        unit_zero_spans(fsdp, spec, unit);
+        fsdp_unit_zero_spans(fsdp, spec, unit);
         unit->fp32_count = fp32;
         unit->local_count = unit->local ? local - unit->local_offset : 0;
         unit->range_count = range;
@@ -304,13 +215,11 @@ const FsdpTensorPlace *fsdp_place(const Fsdp *fsdp, int tensor) { return &fsdp->
 bool fsdp_unit_local(const Fsdp *fsdp, int unit) { return fsdp->units[unit].local; }
 size_t fsdp_local_count(const Fsdp *fsdp) { return fsdp->local_count; }
 float *fsdp_local_params(Fsdp *fsdp) { return fsdp->params; }
-static void unit_settle(Fsdp *fsdp, int u, float *grads);
-
 float *fsdp_local_grads(Fsdp *fsdp)
 {
     for (int u = 0; u < fsdp->n_units && fsdp->size == 1; u++)
         if (fsdp->units[u].local)
-            unit_settle(fsdp, u, fsdp->units[u].grads);
+            fsdp_unit_settle(fsdp, u, fsdp->units[u].grads);
     return fsdp->grads;
 }
 Activation *fsdp_local_compute(Fsdp *fsdp) { return fsdp->compute; }
@@ -386,44 +295,6 @@ static void timing_collect(Fsdp *fsdp)
     }
     fsdp->times = times;
     fsdp->n_timed = 0;
-}
-
-/* ---- written first (fsdp.h) ---- */
-
-/* Zeroes all of the unit's full gradient buffer but its written_first tensors' rows, which
- * the next backward writes. */
-static void unit_clear(Fsdp *fsdp, Unit *unit, float *grads)
-{
-    for (int i = 0; i < unit->n_zero_spans; i++) {
-        const size_t begin = unit->zero_spans[2 * i], end = unit->zero_spans[2 * i + 1];
-        fsdp->backend->zero(grads + begin, (end - begin) * sizeof(float));
-    }
-    unit->gradients_fresh = unit->has_written_first;
-}
-
-/* Before the unit's gradients are read: written_first tensors no backward wrote are zero. */
-static void unit_settle(Fsdp *fsdp, int u, float *grads)
-{
-    Unit *unit = &fsdp->units[u];
-    if (!unit->gradients_fresh)
-        return;
-    for (int t = unit->first_tensor; t < unit->first_tensor + unit->n_tensors; t++)
-        if (fsdp->tensors[t].written_first)
-            fsdp->backend->zero(grads + fsdp->places[t].full_offset,
-                                fsdp->tensors[t].rows * fsdp->tensors[t].row_elements *
-                                    sizeof(float));
-    unit->gradients_fresh = false;
-}
-
-GradMode fsdp_gradient_mode(Fsdp *fsdp, int u)
-{
-    Unit *unit = &fsdp->units[u];
-    if (!unit->local || (unit->pooled && unit->slot < 0))
-        fatal(EXIT_CONFIG, "fsdp: the gradient mode of unit %d, which is not acquired", u);
-    if (!unit->gradients_fresh)
-        return GRAD_ADD;
-    unit->gradients_fresh = false;
-    return GRAD_WRITE;
 }
 
 /* ---- gathers ---- */
@@ -546,7 +417,7 @@ FsdpUnitBuffers fsdp_acquire(Fsdp *fsdp, int u, bool for_backward)
     if (for_backward) {
         if (fsdp->pending_work && fsdp->pending_slot == unit->slot)
             pending_finish(fsdp);
-        unit_clear(fsdp, unit, slot->grads);
+        fsdp_unit_clear(fsdp, unit, slot->grads);
     }
     return unit_buffers(fsdp, slot->compute, for_backward ? slot->grads : NULL, slot->fp32);
 }
@@ -558,7 +429,7 @@ FsdpUnitBuffers fsdp_acquire(Fsdp *fsdp, int u, bool for_backward)
 static DeviceCommWork *reduce_start(Fsdp *fsdp, int u, float *grads, float *target)
 {
     const Unit *unit = &fsdp->units[u];
-    unit_settle(fsdp, u, grads);
+    fsdp_unit_settle(fsdp, u, grads);
     timing_mark(fsdp, true, false);
     device_comm_group_begin(fsdp->group);
     for (int t = unit->first_tensor; t < unit->first_tensor + unit->n_tensors; t++) {
@@ -628,7 +499,7 @@ void fsdp_step_begin(Fsdp *fsdp, const int *releases)
         unit->releases_seen = 0;
         unit->reduced = false;
         if (unit->local && !unit->pooled)
-            unit_clear(fsdp, unit, unit->grads);
+            fsdp_unit_clear(fsdp, unit, unit->grads);
     }
 }
 
@@ -650,7 +521,7 @@ void fsdp_step_finish(Fsdp *fsdp)
     fsdp->n_persistent_works = 0;
     for (int u = 0; u < fsdp->n_units && fsdp->size == 1; u++)
         if (fsdp->units[u].local) /* one rank: the accumulators are the units' buffers */
-            unit_settle(fsdp, u, fsdp->units[u].grads);
+            fsdp_unit_settle(fsdp, u, fsdp->units[u].grads);
     if (fsdp->timing)
         timing_collect(fsdp);
 }
