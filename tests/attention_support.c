@@ -296,9 +296,11 @@ void attention_check_backward_against(Shape shape, uint64_t seed, AttentionBackw
 
 /* A forward against the grouped one at the large shapes: out within bf16, lse within 1e-3
  * of each other. */
-void attention_check_forward_against(Shape shape, uint64_t seed, AttentionForwardKernel kernel)
+/* Two forwards of one random case on the GPU, kernels[run] into poisoned buffers each; the
+ * host copies of out and lse (caller frees). */
+static void forward_pair(Shape shape, uint64_t seed, const AttentionForwardKernel kernels[2],
+                         float *out[2], float *lse[2])
 {
-    gpu_require();
     size_t q_count = (size_t)shape.B * shape.T * shape.n_heads * shape.head_dim;
     size_t kv_count = (size_t)shape.B * shape.T * shape.n_kv_heads * shape.head_dim;
     size_t lse_count = (size_t)shape.B * shape.n_heads * shape.T;
@@ -307,8 +309,6 @@ void attention_check_forward_against(Shape shape, uint64_t seed, AttentionForwar
                       attention_random_bf16(kv_count, seed + 2)};
     bf16 *q = gpu_upload_bf16(host[0], q_count), *k = gpu_upload_bf16(host[1], kv_count);
     bf16 *v = gpu_upload_bf16(host[2], kv_count);
-    float *out[2], *lse[2];
-    AttentionForwardKernel kernels[2] = {kernel, ATTENTION_FORWARD_GROUPED};
     for (int run = 0; run < 2; run++) {
         attention_cuda_select_forward(kernels[run]);
         bf16 *out_device = gpu_poisoned_bf16(q_count);
@@ -319,15 +319,25 @@ void attention_check_forward_against(Shape shape, uint64_t seed, AttentionForwar
         out[run] = gpu_download_bf16(out_device, q_count);
         lse[run] = gpu_download_floats(lse_device, lse_count);
     }
-    double out_error = test_relative_error(out[0], out[1], q_count);
-    double lse_error = test_relative_error(lse[0], lse[1], lse_count);
     for (int i = 0; i < 3; i++)
         free(host[i]);
+    gpu_free_all();
+}
+
+void attention_check_forward_against(Shape shape, uint64_t seed, AttentionForwardKernel kernel)
+{
+    gpu_require();
+    size_t q_count = (size_t)shape.B * shape.T * shape.n_heads * shape.head_dim;
+    size_t lse_count = (size_t)shape.B * shape.n_heads * shape.T;
+    float *out[2], *lse[2];
+    const AttentionForwardKernel kernels[2] = {kernel, ATTENTION_FORWARD_GROUPED};
+    forward_pair(shape, seed, kernels, out, lse);
+    double out_error = test_relative_error(out[0], out[1], q_count);
+    double lse_error = test_relative_error(lse[0], lse[1], lse_count);
     for (int run = 0; run < 2; run++) {
         free(out[run]);
         free(lse[run]);
     }
-    gpu_free_all();
     cr_log_info("out %.3g, lse %.3g", out_error, lse_error);
     cr_expect_leq(out_error, BF16_TOLERANCE, "out: kernel %d against grouped %.3g", (int)kernel,
                   out_error);
@@ -335,3 +345,34 @@ void attention_check_forward_against(Shape shape, uint64_t seed, AttentionForwar
                   lse_error);
 }
 
+/* The index of the first element whose bits differ, or -1; NaN never matches. */
+static long long first_difference(const float *a, const float *b, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(&a[i], &b[i], sizeof a[i]) != 0 || a[i] != a[i])
+            return (long long)i;
+    return -1;
+}
+
+void attention_check_forward_bits(Shape shape, uint64_t seed, AttentionForwardKernel kernel,
+                                  AttentionForwardKernel reference)
+{
+    gpu_require();
+    size_t q_count = (size_t)shape.B * shape.T * shape.n_heads * shape.head_dim;
+    size_t lse_count = (size_t)shape.B * shape.n_heads * shape.T;
+    float *out[2], *lse[2];
+    const AttentionForwardKernel kernels[2] = {kernel, reference};
+    forward_pair(shape, seed, kernels, out, lse);
+    long long out_at = first_difference(out[0], out[1], q_count);
+    long long lse_at = first_difference(lse[0], lse[1], lse_count);
+    cr_expect_eq(out_at, -1, "out: kernel %d differs from kernel %d at %lld (%.9g, %.9g)",
+                 (int)kernel, (int)reference, out_at, out_at < 0 ? 0.0 : out[0][out_at],
+                 out_at < 0 ? 0.0 : out[1][out_at]);
+    cr_expect_eq(lse_at, -1, "lse: kernel %d differs from kernel %d at %lld (%.9g, %.9g)",
+                 (int)kernel, (int)reference, lse_at, lse_at < 0 ? 0.0 : lse[0][lse_at],
+                 lse_at < 0 ? 0.0 : lse[1][lse_at]);
+    for (int run = 0; run < 2; run++) {
+        free(out[run]);
+        free(lse[run]);
+    }
+}

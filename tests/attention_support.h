@@ -93,5 +93,8 @@ Case attention_large_case_make(Shape shape, uint64_t seed, DeviceInputs *d);
 /* At large shapes: `kernel` against two_pass; a forward `kernel` against grouped. */
 void attention_check_backward_against(Shape shape, uint64_t seed, AttentionBackwardKernel kernel);
 void attention_check_forward_against(Shape shape, uint64_t seed, AttentionForwardKernel kernel);
+/* `kernel` and `reference` give out and lse of the same bits, every element written. */
+void attention_check_forward_bits(Shape shape, uint64_t seed, AttentionForwardKernel kernel,
+                                  AttentionForwardKernel reference);
 
 #endif

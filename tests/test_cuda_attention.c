@@ -168,11 +168,11 @@ Test(cuda_attention, kv_heads_not_dividing_heads_exits_with_the_config_code)
 
 /* The kernel selectors (no GPU needed): each test runs in a fresh process, so the variables
  * are read anew. */
-Test(cuda_attention, kernels_default_to_the_specialised_forward_and_the_tma_backward)
+Test(cuda_attention, kernels_default_to_the_persistent_forward_and_the_tma_backward)
 {
     unsetenv("FATHOM_ATTENTION_FORWARD");
     unsetenv("FATHOM_ATTENTION_BACKWARD");
-    cr_expect_eq(attention_cuda_forward_kernel(), ATTENTION_FORWARD_SPECIALISED);
+    cr_expect_eq(attention_cuda_forward_kernel(), ATTENTION_FORWARD_PERSISTENT);
     cr_expect_eq(attention_cuda_backward_kernel(), ATTENTION_BACKWARD_FUSED_TMA);
 }
 
@@ -188,6 +188,12 @@ Test(cuda_attention, single_consumer_names_the_specialised_forward_with_one_cons
 {
     setenv("FATHOM_ATTENTION_FORWARD", "single_consumer", 1);
     cr_expect_eq(attention_cuda_forward_kernel(), ATTENTION_FORWARD_SINGLE_CONSUMER);
+}
+
+Test(cuda_attention, specialised_names_the_forward_of_one_cta_a_tile)
+{
+    setenv("FATHOM_ATTENTION_FORWARD", "specialised", 1);
+    cr_expect_eq(attention_cuda_forward_kernel(), ATTENTION_FORWARD_SPECIALISED);
 }
 
 static void select_backward_named_fastest(void *unused)

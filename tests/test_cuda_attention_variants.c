@@ -1,7 +1,7 @@
-/* tests/test_cuda_attention_variants.c — the attention kernels that are not the default yet
- * (the specialised forward, the fused backward through TMA) against the cpu reference on the
- * shapes of tests/attention_support.h, and every new kernel at the Llama-3-8B and 1B shapes
- * against the earlier kernels and against its own bits.
+/* tests/test_cuda_attention_variants.c — the attention kernels beside the first ones (the
+ * specialised forward, persistent or not, the fused backward through TMA) against the cpu
+ * reference on the shapes of tests/attention_support.h, and every new kernel at the
+ * Llama-3-8B and 1B shapes against the earlier kernels and against its own bits.
  */
 #include "kernels/cuda/attention_cuda.h"
 #include "tests/attention_support.h"
@@ -193,4 +193,64 @@ Test(cuda_attention, single_consumer_forward_matches_grouped_at_the_1b_shape)
 Test(cuda_attention, single_consumer_forward_matches_grouped_at_the_llama_8b_shape)
 {
     attention_check_forward_against(llama_8b_ragged, 532, ATTENTION_FORWARD_SINGLE_CONSUMER);
+}
+
+/* The specialised forward persistent (FATHOM_ATTENTION_FORWARD=persistent): CTAs walk several
+ * tiles, the rings' phases running on across them. At the small shapes three CTAs at most,
+ * so that every CTA walks tiles of different lengths, both ways of its rounds, and stores
+ * some from registers and its last through the staging; the bits must be specialised's. */
+static void persistent_check_forward(Shape shape, uint64_t seed, int ctas)
+{
+    attention_forward_specialised_limit_ctas(ctas);
+    attention_check_forward(shape, seed, ATTENTION_FORWARD_PERSISTENT);
+    attention_check_forward_bits(shape, seed, ATTENTION_FORWARD_PERSISTENT,
+                                 ATTENTION_FORWARD_SPECIALISED);
+    attention_forward_specialised_limit_ctas(0);
+}
+
+Test(cuda_attention, persistent_forward_matches_cpu_for_a_single_token)
+{
+    persistent_check_forward(single_token, 151, 3);
+}
+
+Test(cuda_attention, persistent_forward_matches_cpu_and_specialised_at_head_dim_64)
+{
+    persistent_check_forward(grouped_ragged_64, 152, 3);
+}
+
+Test(cuda_attention, persistent_forward_matches_cpu_and_specialised_at_head_dim_128)
+{
+    persistent_check_forward(grouped_ragged_128, 153, 3);
+}
+
+Test(cuda_attention, persistent_forward_matches_cpu_and_specialised_at_head_dim_80)
+{
+    persistent_check_forward(grouped_ragged_80, 154, 2);
+}
+
+Test(cuda_attention, persistent_forward_matches_cpu_and_specialised_over_many_key_blocks)
+{
+    persistent_check_forward(long_64, 155, 3);
+}
+
+Test(cuda_attention, persistent_forward_matches_cpu_and_specialised_with_groups_of_three)
+{
+    persistent_check_forward(groups_of_3_80, 156, 3);
+}
+
+Test(cuda_attention, persistent_forward_matches_cpu_and_specialised_with_one_cta)
+{
+    persistent_check_forward(groups_of_8_128, 157, 1);
+}
+
+Test(cuda_attention, persistent_forward_repeats_specialised_bits_at_the_1b_shape)
+{
+    attention_check_forward_bits(model_1b_ragged, 552, ATTENTION_FORWARD_PERSISTENT,
+                                 ATTENTION_FORWARD_SPECIALISED);
+}
+
+Test(cuda_attention, persistent_forward_repeats_specialised_bits_at_the_llama_8b_shape)
+{
+    attention_check_forward_bits(llama_8b_ragged, 553, ATTENTION_FORWARD_PERSISTENT,
+                                 ATTENTION_FORWARD_SPECIALISED);
 }

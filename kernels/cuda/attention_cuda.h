@@ -101,25 +101,31 @@ extern "C" {
  * overlapping its softmax with its products) and single_consumer (the same kernel with one
  * consumer warpgroup of 64 queries a CTA and two CTAs a multiprocessor, so that one CTA's
  * start and end run under the other's products: for short sequences, where a CTA has few
- * key blocks). */
+ * key blocks) and persistent (the specialised kernel with one CTA a multiprocessor walking
+ * several tiles: the next tile's loads run under this one's last products and stores; the
+ * same bits as specialised). */
 typedef enum AttentionForwardKernel {
     ATTENTION_FORWARD_GROUPED = 0,
     ATTENTION_FORWARD_SPECIALISED = 1,
     ATTENTION_FORWARD_SINGLE_CONSUMER = 2,
+    ATTENTION_FORWARD_PERSISTENT = 3,
 } AttentionForwardKernel;
 
 /* Chooses the forward for the rest of the process (tests, benchmarks); without a call the
- * first forward reads FATHOM_ATTENTION_FORWARD (specialised when unset; grouped,
- * single_consumer; another value exits 2). */
+ * first forward reads FATHOM_ATTENTION_FORWARD (persistent when unset; specialised,
+ * single_consumer, grouped; another value exits 2). */
 void attention_cuda_select_forward(AttentionForwardKernel kernel);
 AttentionForwardKernel attention_cuda_forward_kernel(void);
 
-/* The specialised forward alone, with 1 or 2 consumer warpgroups a CTA (shapes already
- * checked by attention_forward_cuda). */
+/* The specialised forward alone, with 1 or 2 consumer warpgroups a CTA, one CTA a tile or
+ * persistent (shapes already checked by attention_forward_cuda). */
 void attention_forward_specialised_launch(bf16 *out, float *lse, const bf16 *q, const bf16 *k,
                                           const bf16 *v, int B, int T, int n_heads,
                                           int n_kv_heads, int head_dim, int consumers,
-                                          cudaStream_t stream);
+                                          bool persistent, cudaStream_t stream);
+/* For tests: a persistent launch takes at most `ctas` CTAs (0: as many as the
+ * multiprocessors hold), so that small shapes give each CTA several tiles. */
+void attention_forward_specialised_limit_ctas(int ctas);
 
 /* out, lse from q, k, v (shapes above). Asynchronous on `stream`. */
 void attention_forward_cuda(bf16 *out, float *lse, const bf16 *q, const bf16 *k,

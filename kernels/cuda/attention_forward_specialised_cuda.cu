@@ -27,8 +27,17 @@
  * Shared memory: Q [2][64, hd], K and V rings [2][128, hd], each tile stored as TMA writes it:
  * boxes of 64 columns (head_dim 64, 128: 128-byte rows, 128-byte swizzle) or 16 columns
  * (head_dim 80: 32-byte rows, 32-byte swizzle), box after box, every box 1024-byte aligned.
- * head_dim 128: 160 KiB. The output leaves through fp32 staging over the K, V rings once both
- * consumers are past their last product.
+ * head_dim 128: 160 KiB. The output of a CTA's last tile leaves through fp32 staging over the
+ * K, V rings once both consumers are past their last product.
+ *
+ * Persistent (FATHOM_ATTENTION_FORWARD=persistent, the default): as many CTAs as the
+ * multiprocessors hold, each walking tiles in rounds (spec_tile_index). The producer loads
+ * the next tile's Q once both consumers are past this tile's last score product (q_empty)
+ * and its K, V blocks as the ring's stages are released, so they land while the consumers
+ * run this tile's last P V, normalise and store; those stores go straight from the
+ * registers, since the rings already hold the next tile's blocks. Each tile's arithmetic is
+ * the one-CTA-a-tile launch's: the same bits. At T 1024 a CTA walks 4.5 key blocks a tile
+ * on average, and a tile's start and end were a large part of it (docs/performance.md).
  *
  * With one consumer (FATHOM_ATTENTION_FORWARD=single_consumer) a CTA holds 64 queries of one
  * head and takes no turns; two CTAs share a multiprocessor (head_dim 64 and 80: 75 and 92
@@ -77,7 +86,7 @@ struct SpecTiles : TmaTile<HEAD_DIM> {
     static constexpr size_t k_ring = q + CONSUMERS * q_bytes;
     static constexpr size_t v_ring = k_ring + SPEC_STAGES * kv_bytes;
     static constexpr size_t barriers = v_ring + SPEC_STAGES * kv_bytes;
-    /* q_full, full_k[2], full_v[2], empty[2] */
+    /* q_full, full_k[2], full_v[2], empty[2], q_empty */
     static constexpr size_t bytes = barriers + 8 * 8 + 1024; /* + alignment of the base */
     static_assert(q_bytes % 1024 == 0 && kv_bytes % 1024 == 0,
                   "every box starts on a 1024-byte boundary");
@@ -118,16 +127,62 @@ static __device__ __forceinline__ void spec_softmax(float (&s)[KEYS / 8][4], flo
     }
 }
 
-/* grid (n_heads / heads_per_block, B, query blocks of Shape::rows / heads_per_block),
- * heaviest first; Shape::threads threads. Tensor maps: [B, T, heads * HEAD_DIM] bf16 with
- * boxes [1, rows, box_columns] (q: 64 rows, k and v: 128). */
+/* The tiles of a launch, heaviest first: tile w is query block z = w / (groups B) counted
+ * from the last (the most keys), then batch, then group of heads, so that a launch of one CTA
+ * a tile starts the long tiles first, as the grid (groups, B, blocks) did. A persistent CTA b
+ * of G takes tiles in rounds, forwards and backwards in turn (b, then 2G - 1 - b, then
+ * 2G + b, ...): each round gives the CTAs tiles of about the same length, and a CTA that had
+ * one of the round's longer tiles has one of the next round's shorter ones. */
+struct SpecTile {
+    int first_head, batch, query0;
+};
+
+static __device__ __forceinline__ int spec_tile_index(int round, int cta, int ctas)
+{
+    return round * ctas + (round % 2 ? ctas - 1 - cta : cta);
+}
+
+static __device__ __forceinline__ SpecTile spec_tile(int index, int groups, int B,
+                                                     int query_blocks, int heads_per_block,
+                                                     int block_queries)
+{
+    int z = index / (groups * B), rest = index % (groups * B);
+    return {rest % groups * heads_per_block, rest / groups,
+            (query_blocks - 1 - z) * block_queries};
+}
+
+/* Out of the accumulators straight to global memory (rows at or past T skipped), as bf16
+ * (0.0 + value): the bits warp_store_staged gives, without the staging. */
+template <int HEAD_DIM>
+static __device__ __forceinline__ void spec_store_accumulators(__nv_bfloat16 *global,
+                                                               size_t row_stride,
+                                                               const float (&o)[HEAD_DIM / 8][4],
+                                                               const int (&query_row)[2], int T,
+                                                               int lane)
+{
+    int c = lane & 3;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (query_row[r] >= T)
+            continue;
+        uint32_t *row = reinterpret_cast<uint32_t *>(global + (size_t)query_row[r] * row_stride);
+#pragma unroll
+        for (int t = 0; t < HEAD_DIM / 8; t++)
+            row[(t * 8 + 2 * c) / 2] = pack_bf16x2(0.0f + o[t][2 * r], 0.0f + o[t][2 * r + 1]);
+    }
+}
+
+/* grid: one CTA a tile, or fewer CTAs each walking several (persistent: the next tile's Q and
+ * first K, V blocks load while this one's last products and stores run); Shape::threads
+ * threads. Tensor maps: [B, T, heads * HEAD_DIM] bf16 with boxes [1, rows, box_columns]
+ * (q: 64 rows, k and v: 128). */
 template <int HEAD_DIM, int CONSUMERS>
 __global__ void __launch_bounds__(SpecShape<CONSUMERS>::threads,
                                   SpecShape<CONSUMERS>::blocks_per_multiprocessor)
 attention_forward_specialised_kernel(const __grid_constant__ CUtensorMap q_map,
                                      const __grid_constant__ CUtensorMap k_map,
                                      const __grid_constant__ CUtensorMap v_map,
-                                     __nv_bfloat16 *out, float *lse, int T, int n_heads,
+                                     __nv_bfloat16 *out, float *lse, int B, int T, int n_heads,
                                      int n_kv_heads, int heads_per_block, float scale_log2)
 {
     using Tiles = SpecTiles<HEAD_DIM, CONSUMERS>;
@@ -137,18 +192,20 @@ attention_forward_specialised_kernel(const __grid_constant__ CUtensorMap q_map,
         shared_window + ((1024 - shared_address(shared_window) % 1024) % 1024);
     uint64_t *barriers = reinterpret_cast<uint64_t *>(shared + Tiles::barriers);
     uint64_t *q_full = barriers, *full_k = barriers + 1, *full_v = barriers + 3;
-    uint64_t *empty = barriers + 5;
+    uint64_t *empty = barriers + 5, *q_empty = barriers + 7;
 
-    int first_head = blockIdx.x * heads_per_block, batch = blockIdx.y;
-    int block_queries = Shape::rows / heads_per_block;
-    int query0 = (gridDim.z - 1 - blockIdx.z) * block_queries;
-    int kv_head = first_head / (n_heads / n_kv_heads);
-    /* keys of the CTA: [0, key_end), in blocks [128 j, 128 j + 128) walked from the top */
-    int key_end = min(T, query0 + block_queries);
-    int top_block = (key_end - 1) / SPEC_KEYS, blocks = top_block + 1;
+    const int groups = n_heads / heads_per_block, block_queries = Shape::rows / heads_per_block;
+    const int query_blocks = (T + block_queries - 1) / block_queries;
+    const int tiles = groups * B * query_blocks, cta = blockIdx.x, ctas = gridDim.x;
+    const int group_size = n_heads / n_kv_heads;
+    /* the keys of a tile: [0, key_end), in blocks [128 j, 128 j + 128) walked from the top */
+    auto top_block_of = [&](const SpecTile &tile) {
+        return (min(T, tile.query0 + block_queries) - 1) / SPEC_KEYS;
+    };
 
     if (threadIdx.x == 0) {
         mbarrier_init(q_full, 1);
+        mbarrier_init(q_empty, CONSUMERS);
         for (int s = 0; s < SPEC_STAGES; s++) {
             mbarrier_init(full_k + s, 1);
             mbarrier_init(full_v + s, 1);
@@ -158,57 +215,78 @@ attention_forward_specialised_kernel(const __grid_constant__ CUtensorMap q_map,
     }
     __syncthreads();
 
+    /* Tile r of this CTA fills q_full's phase r and empties q_empty's; key block n of the
+     * CTA's walk (counted over its tiles) takes stage n % 2 in its use n / 2. */
     int role = __shfl_sync(0xffffffffu, (int)threadIdx.x / WARPGROUP_THREADS, 0);
     if (role == 0) {
         warpgroup_registers_release<SPEC_PRODUCER_REGISTERS>();
-        if (threadIdx.x == 0) {
-            tensor_map_prefetch(&q_map);
-            tensor_map_prefetch(&k_map);
-            tensor_map_prefetch(&v_map);
+        if (threadIdx.x != 0)
+            return;
+        tensor_map_prefetch(&q_map);
+        tensor_map_prefetch(&k_map);
+        tensor_map_prefetch(&v_map);
+        int n = 0;
+        for (int round = 0, index = cta; index < tiles;
+             index = spec_tile_index(++round, cta, ctas)) {
+            SpecTile tile = spec_tile(index, groups, B, query_blocks, heads_per_block,
+                                      block_queries);
+            int kv_head = tile.first_head / group_size, top_block = top_block_of(tile);
+            if (round > 0) /* both consumers are past the last tile's scores */
+                mbarrier_wait(q_empty, (uint32_t)((round - 1) & 1));
             mbarrier_arrive_expect_bytes(q_full, (uint32_t)(CONSUMERS * Tiles::q_bytes));
             for (int c = 0; c < CONSUMERS; c++) {
-                int head = first_head + c % heads_per_block;
-                int row0 = query0 + c / heads_per_block * WARPGROUP_ROWS;
+                int head = tile.first_head + c % heads_per_block;
+                int row0 = tile.query0 + c / heads_per_block * WARPGROUP_ROWS;
                 tma_tile_load<HEAD_DIM, WARPGROUP_ROWS>(shared + Tiles::q + c * Tiles::q_bytes,
-                                                        &q_map, head * HEAD_DIM, row0, batch,
-                                                        q_full);
+                                                        &q_map, head * HEAD_DIM, row0,
+                                                        tile.batch, q_full);
             }
-            for (int i = 0; i < blocks; i++) {
-                int stage = i % SPEC_STAGES, key0 = (top_block - i) * SPEC_KEYS;
-                if (i >= SPEC_STAGES) /* both consumers released block i - 2 */
-                    mbarrier_wait(empty + stage, (uint32_t)((i / SPEC_STAGES - 1) & 1));
+            for (int i = 0; i <= top_block; i++, n++) {
+                int stage = n % SPEC_STAGES, key0 = (top_block - i) * SPEC_KEYS;
+                if (n >= SPEC_STAGES) /* both consumers released block n - 2 */
+                    mbarrier_wait(empty + stage, (uint32_t)((n / SPEC_STAGES - 1) & 1));
                 unsigned char *k_tile = shared + Tiles::k_ring + stage * Tiles::kv_bytes;
                 unsigned char *v_tile = shared + Tiles::v_ring + stage * Tiles::kv_bytes;
                 mbarrier_arrive_expect_bytes(full_k + stage, (uint32_t)Tiles::kv_bytes);
                 tma_tile_load<HEAD_DIM, SPEC_KEYS>(k_tile, &k_map, kv_head * HEAD_DIM, key0,
-                                                   batch, full_k + stage);
+                                                   tile.batch, full_k + stage);
                 mbarrier_arrive_expect_bytes(full_v + stage, (uint32_t)Tiles::kv_bytes);
                 tma_tile_load<HEAD_DIM, SPEC_KEYS>(v_tile, &v_map, kv_head * HEAD_DIM, key0,
-                                                   batch, full_v + stage);
+                                                   tile.batch, full_v + stage);
             }
         }
-    } else {
-        warpgroup_registers_claim<Shape::consumer_registers>();
-        int consumer = role - 1, thread = (int)threadIdx.x - WARPGROUP_THREADS;
-        int warp = (thread / 32) % 4, lane = thread % 32, g = lane / 4, c = lane % 4;
-        int head = first_head + consumer % heads_per_block;
-        int row0 = query0 + consumer / heads_per_block * WARPGROUP_ROWS;
-        int query_row[2] = {row0 + warp * 16 + g, row0 + warp * 16 + g + 8};
-        const unsigned char *q_tile = shared + Tiles::q + consumer * Tiles::q_bytes;
-        int my_turn = consumer == 0 ? BARRIER_TURN_FIRST : BARRIER_TURN_SECOND;
-        int other_turn = consumer == 0 ? BARRIER_TURN_SECOND : BARRIER_TURN_FIRST;
-        /* two consumers take turns issuing their products; one alone waits for nobody (the
-         * other CTA on the multiprocessor fills its softmax's gaps) */
-        auto take_turn = [&]() {
-            if (CONSUMERS > 1)
-                named_barrier_sync(my_turn, Shape::consumer_threads);
-        };
-        auto pass_turn = [&]() {
-            if (CONSUMERS > 1)
-                named_barrier_arrive(other_turn, Shape::consumer_threads);
-        };
-        if (CONSUMERS > 1 && consumer == 1) /* consumer 0 issues first */
-            named_barrier_arrive(BARRIER_TURN_FIRST, Shape::consumer_threads);
+        return;
+    }
+
+    warpgroup_registers_claim<Shape::consumer_registers>();
+    int consumer = role - 1, thread = (int)threadIdx.x - WARPGROUP_THREADS;
+    int warp = (thread / 32) % 4, lane = thread % 32, g = lane / 4, c = lane % 4;
+    const unsigned char *q_tile = shared + Tiles::q + consumer * Tiles::q_bytes;
+    int my_turn = consumer == 0 ? BARRIER_TURN_FIRST : BARRIER_TURN_SECOND;
+    int other_turn = consumer == 0 ? BARRIER_TURN_SECOND : BARRIER_TURN_FIRST;
+    /* two consumers take turns issuing their products; one alone waits for nobody (the
+     * other CTA on the multiprocessor fills its softmax's gaps) */
+    auto take_turn = [&]() {
+        if (CONSUMERS > 1)
+            named_barrier_sync(my_turn, Shape::consumer_threads);
+    };
+    auto pass_turn = [&]() {
+        if (CONSUMERS > 1)
+            named_barrier_arrive(other_turn, Shape::consumer_threads);
+    };
+    if (CONSUMERS > 1 && consumer == 1) /* consumer 0 issues first */
+        named_barrier_arrive(BARRIER_TURN_FIRST, Shape::consumer_threads);
+
+    int n0 = 0; /* the CTA's key blocks before this tile's */
+    for (int round = 0, index = cta; index < tiles;) {
+        SpecTile tile = spec_tile(index, groups, B, query_blocks, heads_per_block,
+                                  block_queries);
+        int next = spec_tile_index(round + 1, cta, ctas);
+        const bool last_tile = next >= tiles;
+        const int top_block = top_block_of(tile), blocks = top_block + 1;
+        const int head = tile.first_head + consumer % heads_per_block;
+        const int row0 = tile.query0 + consumer / heads_per_block * WARPGROUP_ROWS;
+        const int query_row[2] = {row0 + warp * 16 + g, row0 + warp * 16 + g + 8};
 
         float o[HEAD_DIM / 8][4];
 #pragma unroll
@@ -218,9 +296,10 @@ attention_forward_specialised_kernel(const __grid_constant__ CUtensorMap q_map,
         uint32_t p[SPEC_KEYS / 16][4];
         float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
 
+        auto stage_of = [&](int i) { return (n0 + i) % SPEC_STAGES; };
+        auto parity_of = [&](int i) { return (uint32_t)(((n0 + i) / SPEC_STAGES) & 1); };
         auto issue_scores = [&](int i) {
-            const unsigned char *k_tile =
-                shared + Tiles::k_ring + (i % SPEC_STAGES) * Tiles::kv_bytes;
+            const unsigned char *k_tile = shared + Tiles::k_ring + stage_of(i) * Tiles::kv_bytes;
 #pragma unroll
             for (int k0 = 0; k0 < HEAD_DIM; k0 += 16)
                 warpgroup_mma_shared<SPEC_KEYS, 0, 0>(
@@ -228,15 +307,14 @@ attention_forward_specialised_kernel(const __grid_constant__ CUtensorMap q_map,
                     swizzled_k_major<HEAD_DIM>(k_tile, SPEC_KEYS, 0, k0), k0 > 0);
         };
         auto issue_values = [&](int i) {
-            const unsigned char *v_tile =
-                shared + Tiles::v_ring + (i % SPEC_STAGES) * Tiles::kv_bytes;
+            const unsigned char *v_tile = shared + Tiles::v_ring + stage_of(i) * Tiles::kv_bytes;
 #pragma unroll
             for (int j = 0; j < SPEC_KEYS / 16; j++)
                 warpgroup_mma_registers<HEAD_DIM, 1>(
                     o, p[j], swizzled_mn_major<HEAD_DIM>(v_tile, SPEC_KEYS, j * 16), true);
         };
-        /* masks the scores of block i where the key follows the row (keys at or past T, zeros
-         * from TMA, are among them) */
+        /* masks the scores of block i where the key follows the row (keys at or past T,
+         * zeros from TMA, are among them) */
         auto mask_scores = [&](int i) {
             int key0 = (top_block - i) * SPEC_KEYS;
             if (key0 + SPEC_KEYS - 1 <= row0)
@@ -257,12 +335,12 @@ attention_forward_specialised_kernel(const __grid_constant__ CUtensorMap q_map,
         };
         auto release = [&](int i) {
             if (thread % WARPGROUP_THREADS == 0)
-                mbarrier_arrive(empty + i % SPEC_STAGES);
+                mbarrier_arrive(empty + stage_of(i));
         };
 
-        mbarrier_wait(q_full, 0);
+        mbarrier_wait(q_full, (uint32_t)(round & 1));
         /* block 0: the diagonal */
-        mbarrier_wait(full_k, 0);
+        mbarrier_wait(full_k + stage_of(0), parity_of(0));
         take_turn();
         warpgroup_fence();
         issue_scores(0);
@@ -276,9 +354,8 @@ attention_forward_specialised_kernel(const __grid_constant__ CUtensorMap q_map,
         pack_probabilities();
 
         for (int i = 1; i < blocks; i++) {
-            int stage = i % SPEC_STAGES, previous = (i - 1) % SPEC_STAGES;
-            mbarrier_wait(full_k + stage, (uint32_t)((i / SPEC_STAGES) & 1));
-            mbarrier_wait(full_v + previous, (uint32_t)(((i - 1) / SPEC_STAGES) & 1));
+            mbarrier_wait(full_k + stage_of(i), parity_of(i));
+            mbarrier_wait(full_v + stage_of(i - 1), parity_of(i - 1));
             take_turn();
             warpgroup_fence();
             issue_scores(i);
@@ -304,20 +381,25 @@ attention_forward_specialised_kernel(const __grid_constant__ CUtensorMap q_map,
             }
             pack_probabilities();
         }
-        /* the last block's P V; consumer 1 owes consumer 0 no further turn */
+        /* every score product of the tile is done: the producer may load the next Q */
+        if (thread % WARPGROUP_THREADS == 0)
+            mbarrier_arrive(q_empty);
+        /* the last block's P V; after the CTA's last one, consumer 1 owes consumer 0 no
+         * further turn */
         int last = blocks - 1;
-        mbarrier_wait(full_v + last % SPEC_STAGES, (uint32_t)((last / SPEC_STAGES) & 1));
+        mbarrier_wait(full_v + stage_of(last), parity_of(last));
         take_turn();
         warpgroup_fence();
         issue_values(last);
         warpgroup_commit();
-        if (consumer == 0)
+        if (consumer == 0 || !last_tile)
             pass_turn();
         warpgroup_wait<0>();
         warpgroup_fence_accumulators(o);
+        release(last);
 
         /* normalise, save lse = ln(sum exp(scaled score)) = ln 2 * (max + log2(sum)) */
-        float *lse_base = lse + ((size_t)batch * n_heads + head) * T;
+        float *lse_base = lse + ((size_t)tile.batch * n_heads + head) * T;
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             float sum = row_sum[r];
@@ -333,59 +415,94 @@ attention_forward_specialised_kernel(const __grid_constant__ CUtensorMap q_map,
                 lse_base[query_row[r]] = (row_max[r] + log2f(sum)) * LN_2;
         }
 
-        /* out through fp32 staging over the K, V rings: every copy has landed (each block was
-         * waited for) and both consumers are past their last product */
-        named_barrier_sync(BARRIER_CONSUMERS, Shape::consumer_threads);
-        int warp_row0 = consumer * WARPGROUP_ROWS + warp * 16;
-        float *stage = reinterpret_cast<float *>(shared + Tiles::k_ring) +
-                       warp_row0 * (HEAD_DIM + STAGE_PAD);
-        warp_stage_accumulators<HEAD_DIM>(stage, o, 1.0f, lane);
-        __syncwarp();
         size_t q_stride = (size_t)n_heads * HEAD_DIM;
-        __nv_bfloat16 *out_base = out + (size_t)batch * T * q_stride + (size_t)head * HEAD_DIM;
-        warp_store_staged<HEAD_DIM>(out_base, q_stride, stage, row0 + warp * 16, T, false,
-                                    lane);
+        __nv_bfloat16 *out_base =
+            out + (size_t)tile.batch * T * q_stride + (size_t)head * HEAD_DIM;
+        if (!last_tile) {
+            /* the rings hold the next tile's blocks: straight from the registers */
+            spec_store_accumulators<HEAD_DIM>(out_base, q_stride, o, query_row, T, lane);
+        } else {
+            /* through fp32 staging over the K, V rings, in 16-byte stores: every copy has
+             * landed (each block was waited for) and both consumers are past their last
+             * product */
+            named_barrier_sync(BARRIER_CONSUMERS, Shape::consumer_threads);
+            int warp_row0 = consumer * WARPGROUP_ROWS + warp * 16;
+            float *stage = reinterpret_cast<float *>(shared + Tiles::k_ring) +
+                           warp_row0 * (HEAD_DIM + STAGE_PAD);
+            warp_stage_accumulators<HEAD_DIM>(stage, o, 1.0f, lane);
+            __syncwarp();
+            warp_store_staged<HEAD_DIM>(out_base, q_stride, stage, row0 + warp * 16, T, false,
+                                        lane);
+        }
+        n0 += blocks;
+        round++;
+        index = next;
     }
 }
 
 /* ---- host ---- */
 
+/* The CTAs of a persistent launch: as many as the multiprocessors hold at once, or fewer
+ * where attention_forward_specialised_limit_ctas asked (tests: several tiles a CTA at small
+ * shapes). */
+static int persistent_cta_limit;
+
+extern "C" void attention_forward_specialised_limit_ctas(int ctas)
+{
+    persistent_cta_limit = ctas;
+}
+
 template <int HEAD_DIM, int CONSUMERS>
 static void specialised_launch(__nv_bfloat16 *out, float *lse, const __nv_bfloat16 *q,
                                const __nv_bfloat16 *k, const __nv_bfloat16 *v, int B, int T,
-                               int n_heads, int n_kv_heads, cudaStream_t stream)
+                               int n_heads, int n_kv_heads, bool persistent,
+                               cudaStream_t stream)
 {
     using Shape = SpecShape<CONSUMERS>;
     constexpr size_t shared_bytes = SpecTiles<HEAD_DIM, CONSUMERS>::bytes;
     static bool configured; /* over 48 KiB of shared memory must be asked for, once */
+    static int multiprocessors;
     if (!configured) {
         CUDA_CHECK(cudaFuncSetAttribute(attention_forward_specialised_kernel<HEAD_DIM, CONSUMERS>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int)shared_bytes));
+        int device;
+        CUDA_CHECK(cudaGetDevice(&device));
+        CUDA_CHECK(cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount,
+                                          device));
         configured = true;
     }
     /* two heads of a KV group share a CTA's K, V tiles where there are two consumers */
     int heads_per_block = CONSUMERS == 2 && (n_heads / n_kv_heads) % 2 == 0 ? 2 : 1;
     int block_queries = Shape::rows / heads_per_block;
     const char *op = "attention_forward_cuda";
-    if ((T + block_queries - 1) / block_queries > 65535)
-        fatal(EXIT_CONFIG, "%s: T = %d is longer than the launch grid allows", op, T);
+    long long tiles = (long long)(n_heads / heads_per_block) * B *
+                      ((T + block_queries - 1) / block_queries);
+    if (tiles > INT_MAX)
+        fatal(EXIT_CONFIG, "%s: B = %d, T = %d make more tiles than the launch grid allows",
+              op, B, T);
+    long long ctas = tiles;
+    if (persistent) {
+        ctas = min(ctas, (long long)multiprocessors * Shape::blocks_per_multiprocessor);
+        if (persistent_cta_limit > 0)
+            ctas = min(ctas, (long long)persistent_cta_limit);
+    }
     CUtensorMap q_map = tensor_map_rows<HEAD_DIM>(op, q, B, T, n_heads, WARPGROUP_ROWS);
     CUtensorMap k_map = tensor_map_rows<HEAD_DIM>(op, k, B, T, n_kv_heads, SPEC_KEYS);
     CUtensorMap v_map = tensor_map_rows<HEAD_DIM>(op, v, B, T, n_kv_heads, SPEC_KEYS);
-    dim3 grid(n_heads / heads_per_block, B, (T + block_queries - 1) / block_queries);
     float scale_log2 = LOG2_E / sqrtf((float)HEAD_DIM);
     attention_forward_specialised_kernel<HEAD_DIM, CONSUMERS>
-        <<<grid, Shape::threads, shared_bytes, stream>>>(q_map, k_map, v_map, out, lse, T,
-                                                         n_heads, n_kv_heads, heads_per_block,
-                                                         scale_log2);
+        <<<(unsigned)ctas, Shape::threads, shared_bytes, stream>>>(
+            q_map, k_map, v_map, out, lse, B, T, n_heads, n_kv_heads, heads_per_block,
+            scale_log2);
     CUDA_CHECK_LAUNCH();
 }
 
 template <int CONSUMERS>
 static void specialised_launch_head_dim(bf16 *out, float *lse, const bf16 *q, const bf16 *k,
                                         const bf16 *v, int B, int T, int n_heads,
-                                        int n_kv_heads, int head_dim, cudaStream_t stream)
+                                        int n_kv_heads, int head_dim, bool persistent,
+                                        cudaStream_t stream)
 {
     __nv_bfloat16 *out_bf16 = reinterpret_cast<__nv_bfloat16 *>(out);
     const __nv_bfloat16 *q_bf16 = reinterpret_cast<const __nv_bfloat16 *>(q);
@@ -394,15 +511,15 @@ static void specialised_launch_head_dim(bf16 *out, float *lse, const bf16 *q, co
     switch (head_dim) {
     case 64:
         specialised_launch<64, CONSUMERS>(out_bf16, lse, q_bf16, k_bf16, v_bf16, B, T, n_heads,
-                                          n_kv_heads, stream);
+                                          n_kv_heads, persistent, stream);
         break;
     case 80:
         specialised_launch<80, CONSUMERS>(out_bf16, lse, q_bf16, k_bf16, v_bf16, B, T, n_heads,
-                                          n_kv_heads, stream);
+                                          n_kv_heads, persistent, stream);
         break;
     default:
         specialised_launch<128, CONSUMERS>(out_bf16, lse, q_bf16, k_bf16, v_bf16, B, T,
-                                           n_heads, n_kv_heads, stream);
+                                           n_heads, n_kv_heads, persistent, stream);
         break;
     }
 }
@@ -411,12 +528,13 @@ static void specialised_launch_head_dim(bf16 *out, float *lse, const bf16 *q, co
 extern "C" void attention_forward_specialised_launch(bf16 *out, float *lse, const bf16 *q,
                                                      const bf16 *k, const bf16 *v, int B, int T,
                                                      int n_heads, int n_kv_heads, int head_dim,
-                                                     int consumers, cudaStream_t stream)
+                                                     int consumers, bool persistent,
+                                                     cudaStream_t stream)
 {
     if (consumers == 1)
         specialised_launch_head_dim<1>(out, lse, q, k, v, B, T, n_heads, n_kv_heads, head_dim,
-                                       stream);
+                                       persistent, stream);
     else
         specialised_launch_head_dim<2>(out, lse, q, k, v, B, T, n_heads, n_kv_heads, head_dim,
-                                       stream);
+                                       persistent, stream);
 }

@@ -7,9 +7,9 @@
  * and written) and the floor on an H200 (790 TFLOP/s bf16 dense, 4.3 TB/s copy, measured
  * here). Inputs are random (never zeros, which run faster than real data). GPU only.
  * `fathom-kernel-bench attention [VARIANT]` times the attention cases alone, at head_dim 128,
- * 80 and 64, with every kernel variant (forwards grouped, specialised, single_consumer;
- * backwards fused, fused_tma, two_pass) or only the one named, so that a variant that faults
- * takes no other with it. `fathom-kernel-bench matmul` times the matmuls alone.
+ * 80 and 64, with every kernel variant (forwards grouped, specialised, single_consumer,
+ * persistent; backwards fused, fused_tma, two_pass) or only the one named, so that a variant
+ * that faults takes no other with it. `fathom-kernel-bench matmul` times the matmuls alone.
  */
 #include "kernels/cuda/attention_cuda.h"
 #include "kernels/cuda/kernels_cuda.h"
@@ -165,10 +165,12 @@ static void attention_backward_case(void *p)
 }
 
 /* The attention variants by name; `only` NULL times them all. */
-static const char *const forward_names[] = {"grouped", "specialised", "single_consumer"};
+static const char *const forward_names[] = {"grouped", "specialised", "single_consumer",
+                                            "persistent"};
 static const AttentionForwardKernel forward_kernels[] = {
-    ATTENTION_FORWARD_GROUPED, ATTENTION_FORWARD_SPECIALISED, ATTENTION_FORWARD_SINGLE_CONSUMER};
-enum { FORWARD_VARIANTS = 3 };
+    ATTENTION_FORWARD_GROUPED, ATTENTION_FORWARD_SPECIALISED, ATTENTION_FORWARD_SINGLE_CONSUMER,
+    ATTENTION_FORWARD_PERSISTENT};
+enum { FORWARD_VARIANTS = 4 };
 static const char *const backward_names[] = {"fused", "fused_tma", "two_pass"};
 static const AttentionBackwardKernel backward_kernels[] = {
     ATTENTION_BACKWARD_FUSED, ATTENTION_BACKWARD_FUSED_TMA, ATTENTION_BACKWARD_TWO_PASS};
@@ -313,7 +315,7 @@ int main(int argc, char **argv)
     const char *variant = attention_only && argc > 2 ? argv[2] : NULL;
     if (variant && !attention_variant_known(variant)) {
         fprintf(stderr, "fathom-kernel-bench: unknown attention variant %s (grouped, specialised, "
-                        "single_consumer, fused, fused_tma, two_pass)\n", variant);
+                        "single_consumer, persistent, fused, fused_tma, two_pass)\n", variant);
         return 2;
     }
     char description[320];

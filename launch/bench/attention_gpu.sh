@@ -6,11 +6,11 @@
 #      bits across runs, the fused backward against the two-pass one at the 8B and 1B shapes);
 #   2. the GPU tests that run attention inside the model (Hugging Face fixtures; 20 training
 #      steps against the cpu, two runs' bits, no allocation after the first step), then the
-#      fixtures again with the variants that are not the default yet
-#      (FATHOM_ATTENTION_FORWARD=specialised, FATHOM_ATTENTION_BACKWARD=fused_tma);
+#      fixtures again with other variants (FATHOM_ATTENTION_FORWARD=specialised,
+#      FATHOM_ATTENTION_BACKWARD=fused_tma);
 #   3. compute-sanitizer memcheck over one test of each new kernel, where the tool is present;
-#   4. fathom-kernel-bench attention: every variant (forwards grouped, specialised; backwards
-#      fused, fused_tma, two_pass) at (b) B1 T4096 32/8 hd128, the 1B shape
+#   4. fathom-kernel-bench attention: every variant (forwards grouped, specialised, persistent;
+#      backwards fused, fused_tma, two_pass) at (b) B1 T4096 32/8 hd128, the 1B shape
 #      B32 T1024 16/8 hd80 and B2 T4096 32/8 hd64; then (a), `fathom bench --cases layers`
 #      (4 Llama-3-8B layers) with each forward;
 #   5. PyTorch SDPA at the same shapes (peer.py); with LAYERS=1 also (a) in PyTorch (eager and
@@ -59,7 +59,7 @@ if command -v compute-sanitizer >/dev/null; then
   stamp "3. compute-sanitizer memcheck, the new kernels"
   timeout 60 compute-sanitizer --tool memcheck --target-processes all \
     build/tests/fathom-tests --jobs=1 \
-    --filter 'cuda_attention/@(backward|specialised_forward|fused_tma_backward)_matches_cpu_with_grouped_heads_and_a_ragged_tail' \
+    --filter 'cuda_attention/@(@(backward|specialised_forward|fused_tma_backward)_matches_cpu_with_grouped_heads_and_a_ragged_tail|persistent_forward_matches_cpu_and_specialised_at_head_dim_80)' \
     >"$out/memcheck.log" 2>&1
   echo "exit $?" >>"$out/memcheck.log"
   grep -E "ERROR SUMMARY|Invalid|Synthesis|^exit" "$out/memcheck.log" | head -10
@@ -67,11 +67,11 @@ fi
 
 stamp "4. fathom-kernel-bench attention"
 : >"$out/kernel-bench.txt"
-for variant in grouped specialised fused fused_tma two_pass; do # one process each: a fault
+for variant in grouped specialised persistent fused fused_tma two_pass; do # one process each: a fault
   timeout 40 build/kernels/fathom-kernel-bench attention $variant 2>&1 | grep -v "^#" \
     | tee -a "$out/kernel-bench.txt"                           # loses one variant's numbers
 done
-for forward in grouped specialised; do
+for forward in grouped specialised persistent; do
   FATHOM_ATTENTION_FORWARD=$forward timeout 60 build/fathom bench --cases layers \
     --json "$out/layers-$forward.jsonl" >"$out/layers-$forward.txt" 2>&1
   echo "(a) forward $forward: $(grep -h layers "$out/layers-$forward.txt" | tail -1)"
