@@ -243,6 +243,21 @@ Test(cuda_attention, persistent_forward_matches_cpu_and_specialised_with_one_cta
     persistent_check_forward(groups_of_8_128, 157, 1);
 }
 
+/* 16 pairs (batch, group) of 4 query tiles: with three CTAs, bands of 6, 6 and 4 pairs */
+Test(cuda_attention, persistent_forward_matches_cpu_and_specialised_over_bands_of_pairs)
+{
+    const Shape banded = {4, 200, 8, 4, 80};
+    persistent_check_forward(banded, 158, 3);
+}
+
+Test(cuda_attention, persistent_forward_repeats_specialised_bits_at_the_1b_shape_in_bands)
+{
+    attention_forward_specialised_limit_ctas(40); /* bands of 20, 20, 20 and 4 pairs */
+    attention_check_forward_bits(model_1b_ragged, 554, ATTENTION_FORWARD_PERSISTENT,
+                                 ATTENTION_FORWARD_SPECIALISED);
+    attention_forward_specialised_limit_ctas(0);
+}
+
 Test(cuda_attention, persistent_forward_repeats_specialised_bits_at_the_1b_shape)
 {
     attention_check_forward_bits(model_1b_ragged, 552, ATTENTION_FORWARD_PERSISTENT,

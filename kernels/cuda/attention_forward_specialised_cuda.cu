@@ -31,8 +31,9 @@
  * K, V rings once both consumers are past their last product.
  *
  * Persistent (FATHOM_ATTENTION_FORWARD=persistent, the default): as many CTAs as the
- * multiprocessors hold, each walking tiles in rounds (spec_tile_index). The producer loads
- * the next tile's Q once both consumers are past this tile's last score product (q_empty)
+ * multiprocessors hold, each walking tiles in rounds (spec_tile_index, spec_tile). The
+ * producer loads the next tile's Q once both consumers are past this tile's last score
+ * product (q_empty)
  * and its K, V blocks as the ring's stages are released, so they land while the consumers
  * run this tile's last P V, normalise and store; those stores go straight from the
  * registers, since the rings already hold the next tile's blocks. Each tile's arithmetic is
@@ -127,12 +128,20 @@ static __device__ __forceinline__ void spec_softmax(float (&s)[KEYS / 8][4], flo
     }
 }
 
-/* The tiles of a launch, heaviest first: tile w is query block z = w / (groups B) counted
- * from the last (the most keys), then batch, then group of heads, so that a launch of one CTA
- * a tile starts the long tiles first, as the grid (groups, B, blocks) did. A persistent CTA b
- * of G takes tiles in rounds, forwards and backwards in turn (b, then 2G - 1 - b, then
- * 2G + b, ...): each round gives the CTAs tiles of about the same length, and a CTA that had
- * one of the round's longer tiles has one of the next round's shorter ones. */
+/* The tiles of a launch. The pairs (batch, group of heads) are taken in bands of
+ * pairs_per_band; within a band the tiles go heaviest first, query block z counted from the
+ * last (the most keys) outermost, then the band's pairs: tile w of a band of P pairs is
+ * query block w / P of its pair w % P. A persistent CTA b of G takes tiles in rounds,
+ * forwards and backwards in turn (b, then 2G - 1 - b, then 2G + b, ...): each round gives
+ * the CTAs tiles of about the same length, and a CTA that had one of the round's longer
+ * tiles has one of the next round's shorter ones.
+ * Why bands: the tiles of a pair read the same K, V. With every pair in one band (the
+ * whole launch heaviest first), a pair's tiles are spread over the launch, and at the
+ * 1B shape (B32 T1024 16/8 hd80: 84 MB of K, V) L2 hit 63% of the reads, DRAM 46% busy.
+ * With a pair's tiles one after another they share L2 (DRAM 16% busy, 0.346 -> 0.313 ms),
+ * but the launch ends on some pair's longest tiles: at the 8B shape (64 tiles of 1 to 32
+ * key blocks a pair) 0.28 -> 0.40 ms. A band of at least 8 rounds of tiles keeps both:
+ * specialised_launch sizes it (docs/performance.md). */
 struct SpecTile {
     int first_head, batch, query0;
 };
@@ -142,12 +151,15 @@ static __device__ __forceinline__ int spec_tile_index(int round, int cta, int ct
     return round * ctas + (round % 2 ? ctas - 1 - cta : cta);
 }
 
-static __device__ __forceinline__ SpecTile spec_tile(int index, int groups, int B,
-                                                     int query_blocks, int heads_per_block,
-                                                     int block_queries)
+static __device__ __forceinline__ SpecTile spec_tile(int index, int groups, int pairs,
+                                                     int pairs_per_band, int query_blocks,
+                                                     int heads_per_block, int block_queries)
 {
-    int z = index / (groups * B), rest = index % (groups * B);
-    return {rest % groups * heads_per_block, rest / groups,
+    int band = index / (pairs_per_band * query_blocks);
+    int first_pair = band * pairs_per_band, w = index - first_pair * query_blocks;
+    int band_pairs = min(pairs_per_band, pairs - first_pair);
+    int pair = first_pair + w % band_pairs, z = w / band_pairs;
+    return {pair % groups * heads_per_block, pair / groups,
             (query_blocks - 1 - z) * block_queries};
 }
 
@@ -183,7 +195,8 @@ attention_forward_specialised_kernel(const __grid_constant__ CUtensorMap q_map,
                                      const __grid_constant__ CUtensorMap k_map,
                                      const __grid_constant__ CUtensorMap v_map,
                                      __nv_bfloat16 *out, float *lse, int B, int T, int n_heads,
-                                     int n_kv_heads, int heads_per_block, float scale_log2)
+                                     int n_kv_heads, int heads_per_block, int pairs_per_band,
+                                     float scale_log2)
 {
     using Tiles = SpecTiles<HEAD_DIM, CONSUMERS>;
     using Shape = SpecShape<CONSUMERS>;
@@ -228,8 +241,8 @@ attention_forward_specialised_kernel(const __grid_constant__ CUtensorMap q_map,
         int n = 0;
         for (int round = 0, index = cta; index < tiles;
              index = spec_tile_index(++round, cta, ctas)) {
-            SpecTile tile = spec_tile(index, groups, B, query_blocks, heads_per_block,
-                                      block_queries);
+            SpecTile tile = spec_tile(index, groups, groups * B, pairs_per_band, query_blocks,
+                                      heads_per_block, block_queries);
             int kv_head = tile.first_head / group_size, top_block = top_block_of(tile);
             if (round > 0) /* both consumers are past the last tile's scores */
                 mbarrier_wait(q_empty, (uint32_t)((round - 1) & 1));
@@ -279,8 +292,8 @@ attention_forward_specialised_kernel(const __grid_constant__ CUtensorMap q_map,
 
     int n0 = 0; /* the CTA's key blocks before this tile's */
     for (int round = 0, index = cta; index < tiles;) {
-        SpecTile tile = spec_tile(index, groups, B, query_blocks, heads_per_block,
-                                  block_queries);
+        SpecTile tile = spec_tile(index, groups, groups * B, pairs_per_band, query_blocks,
+                                  heads_per_block, block_queries);
         int next = spec_tile_index(round + 1, cta, ctas);
         const bool last_tile = next >= tiles;
         const int top_block = top_block_of(tile), blocks = top_block + 1;
@@ -487,6 +500,13 @@ static void specialised_launch(__nv_bfloat16 *out, float *lse, const __nv_bfloat
         if (persistent_cta_limit > 0)
             ctas = min(ctas, (long long)persistent_cta_limit);
     }
+    /* bands of at least 8 rounds of the launch's CTAs (spec_tile): counted on the tile
+     * lengths of the 1B, 8B and head_dim 64 shapes, the rounds then give the CTAs loads
+     * within 3% of one another. One CTA a tile: one band, the whole launch heaviest first. */
+    const int query_blocks = (T + block_queries - 1) / block_queries;
+    const int pairs = n_heads / heads_per_block * B;
+    const int pairs_per_band =
+        (int)min((long long)pairs, (8 * ctas + query_blocks - 1) / query_blocks);
     CUtensorMap q_map = tensor_map_rows<HEAD_DIM>(op, q, B, T, n_heads, WARPGROUP_ROWS);
     CUtensorMap k_map = tensor_map_rows<HEAD_DIM>(op, k, B, T, n_kv_heads, SPEC_KEYS);
     CUtensorMap v_map = tensor_map_rows<HEAD_DIM>(op, v, B, T, n_kv_heads, SPEC_KEYS);
@@ -494,7 +514,7 @@ static void specialised_launch(__nv_bfloat16 *out, float *lse, const __nv_bfloat
     attention_forward_specialised_kernel<HEAD_DIM, CONSUMERS>
         <<<(unsigned)ctas, Shape::threads, shared_bytes, stream>>>(
             q_map, k_map, v_map, out, lse, B, T, n_heads, n_kv_heads, heads_per_block,
-            scale_log2);
+            pairs_per_band, scale_log2);
     CUDA_CHECK_LAUNCH();
 }
 
