@@ -20,9 +20,13 @@
  * every run, and a last kernel scales dq_accum into dq (bf16, + dq when accumulating).
  *
  * Why it cannot deadlock: a CTA takes its tile from an atomic counter, not from blockIdx, and
- * tiles are numbered key block major, so every key block a CTA waits for was taken by a CTA
- * that had already started: it is resident or finished, and by induction on the tile number
- * the lowest unfinished tile never waits. Why it rarely waits: each CTA walks its query blocks
+ * tiles are numbered by bands of pairs (batch, kv head), key block major inside a band, so
+ * every key block a CTA waits for (the same pair's, lower) was taken by a CTA that had
+ * already started: it is resident or finished, and by induction on the tile number the
+ * lowest unfinished tile never waits. Why bands: a band's tiles read the same q and dout
+ * and add into the same dq tiles while those are in L2. With every pair in one band, at
+ * the 1B shape (B32 T1024 16/8 hd80) L2 hit 55% of the reads and DRAM was 56% busy; in
+ * bands of about two rounds of CTAs, DRAM 19% and 1.034 -> 0.928 ms (docs/performance.md). Why it rarely waits: each CTA walks its query blocks
  * from the last down, heads inside, so key blocks j - 1 and j reach a (head, query block) at
  * the same step of their walks; j trails j - 1 by one bulk addition, and the CTAs of later key
  * blocks have fewer steps.
@@ -56,6 +60,7 @@
 #define FUSED_KEYS 128
 #define FUSED_QUERIES ATTENTION_FUSED_QUERIES
 #define FUSED_STAGES 2
+#define FUSED_BAND_ROUNDS 2 /* a band: pairs of about two launches' worth of CTAs */
 #define FUSED_CONSUMER_THREADS (2 * WARPGROUP_THREADS)
 #define FUSED_THREADS (3 * WARPGROUP_THREADS) /* warpgroup 0: the writer; 1, 2: consumers */
 #define FUSED_WRITER_REGISTERS 24
@@ -444,7 +449,8 @@ attention_backward_fused_kernel(const __grid_constant__ CUtensorMap q_map,
                                 const __nv_bfloat16 *dout, const __nv_bfloat16 *q,
                                 const __nv_bfloat16 *k, const __nv_bfloat16 *v, const float *lse,
                                 const float *delta, int B, int T, int n_heads, int n_kv_heads,
-                                float scale, float scale_log2, bool accumulate)
+                                int pairs_per_band, float scale, float scale_log2,
+                                bool accumulate)
 {
     using Layout = FusedLayout<HEAD_DIM, TMA>;
     extern __shared__ __align__(128) unsigned char shared_window[];
@@ -464,12 +470,18 @@ attention_backward_fused_kernel(const __grid_constant__ CUtensorMap q_map,
         }
     }
     __syncthreads();
-    int tile = *claimed;
-    int key_block = tile / (n_kv_heads * B), batch = tile / n_kv_heads % B;
+    /* tile -> (key block, pair (batch, kv head)): key block major inside bands of pairs */
+    const int tile = *claimed, pairs = n_kv_heads * B;
+    const int key_blocks = (T + FUSED_KEYS - 1) / FUSED_KEYS;
+    const int first_pair = tile / (pairs_per_band * key_blocks) * pairs_per_band;
+    const int band_pairs = min(pairs_per_band, pairs - first_pair);
+    const int in_band = tile - first_pair * key_blocks;
+    const int key_block = in_band / band_pairs, pair = first_pair + in_band % band_pairs;
+    const int batch = pair / n_kv_heads;
     FusedWalk walk;
     walk.query_blocks = (T + FUSED_QUERIES - 1) / FUSED_QUERIES;
     walk.heads_per_kv = n_heads / n_kv_heads;
-    walk.kv_head = tile % n_kv_heads;
+    walk.kv_head = pair % n_kv_heads;
     /* query blocks before the key block's first key see none of its keys */
     int items = walk.heads_per_kv * (walk.query_blocks - key_block * (FUSED_KEYS / FUSED_QUERIES));
 
@@ -554,10 +566,15 @@ static void fused_launch(__nv_bfloat16 *dq, __nv_bfloat16 *dk, __nv_bfloat16 *dv
 {
     constexpr size_t shared_bytes = FusedLayout<HEAD_DIM, TMA>::bytes;
     static bool configured; /* over 48 KiB of shared memory must be asked for, once */
+    static int multiprocessors;
     if (!configured) {
         CUDA_CHECK(cudaFuncSetAttribute(attention_backward_fused_kernel<HEAD_DIM, TMA>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int)shared_bytes));
+        int device;
+        CUDA_CHECK(cudaGetDevice(&device));
+        CUDA_CHECK(cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount,
+                                          device));
         configured = true;
     }
     CUtensorMap q_map, dout_map;
@@ -572,10 +589,18 @@ static void fused_launch(__nv_bfloat16 *dq, __nv_bfloat16 *dk, __nv_bfloat16 *dv
     int query_blocks = (T + FUSED_QUERIES - 1) / FUSED_QUERIES;
     float scale = 1.0f / sqrtf((float)HEAD_DIM), scale_log2 = scale * LOG2_E;
     unsigned tiles = (unsigned)key_blocks * (unsigned)(n_kv_heads * B);
+    /* bands of pairs of about FUSED_BAND_ROUNDS rounds of CTAs (one a multiprocessor): at
+     * the 8B shape (32 key blocks a pair, 8 pairs) that is one band. Measured at the 1B
+     * shape: bands of one round (17 pairs) 0.976 ms, of two 0.928; at the 8B shape, where
+     * one round makes two bands of its 8 pairs, 0.83 -> 1.10 ms. Bands change which CTA
+     * takes a tile, not a sum's order: the bits stay. */
+    const int pairs = n_kv_heads * B;
+    const int pairs_per_band =
+        max(1, min(pairs, (FUSED_BAND_ROUNDS * multiprocessors + key_blocks - 1) / key_blocks));
     attention_backward_fused_kernel<HEAD_DIM, TMA>
         <<<tiles, FUSED_THREADS, shared_bytes, stream>>>(
             q_map, dout_map, dk, dv, w->dq_accum, w->semaphores, w->counter, dout, q, k, v, lse,
-            w->delta, B, T, n_heads, n_kv_heads, scale, scale_log2, accumulate);
+            w->delta, B, T, n_heads, n_kv_heads, pairs_per_band, scale, scale_log2, accumulate);
     CUDA_CHECK_LAUNCH();
     attention_backward_dq_convert_kernel<HEAD_DIM>
         <<<dim3(query_blocks, n_heads, B), CONVERT_THREADS, 0, stream>>>(
