@@ -296,48 +296,58 @@ void attention_check_backward_against(Shape shape, uint64_t seed, AttentionBackw
 
 /* A forward against the grouped one at the large shapes: out within bf16, lse within 1e-3
  * of each other. */
-/* Two forwards of one random case on the GPU, kernels[run] into poisoned buffers each; the
- * host copies of out and lse (caller frees). */
-static void forward_pair(Shape shape, uint64_t seed, const AttentionForwardKernel kernels[2],
-                         float *out[2], float *lse[2])
+/* Two forwards of one random case on the GPU, kernels[run] into poisoned buffers each: the
+ * host copies of out and lse. */
+typedef struct ForwardPair {
+    size_t q_count, lse_count;
+    float *out[2], *lse[2];
+} ForwardPair;
+
+static ForwardPair forward_pair(Shape shape, uint64_t seed, AttentionForwardKernel first,
+                                AttentionForwardKernel second)
 {
-    size_t q_count = (size_t)shape.B * shape.T * shape.n_heads * shape.head_dim;
+    ForwardPair pair = {
+        .q_count = (size_t)shape.B * shape.T * shape.n_heads * shape.head_dim,
+        .lse_count = (size_t)shape.B * shape.n_heads * shape.T,
+    };
     size_t kv_count = (size_t)shape.B * shape.T * shape.n_kv_heads * shape.head_dim;
-    size_t lse_count = (size_t)shape.B * shape.n_heads * shape.T;
-    float *host[3] = {attention_random_bf16(q_count, seed),
+    float *host[3] = {attention_random_bf16(pair.q_count, seed),
                       attention_random_bf16(kv_count, seed + 1),
                       attention_random_bf16(kv_count, seed + 2)};
-    bf16 *q = gpu_upload_bf16(host[0], q_count), *k = gpu_upload_bf16(host[1], kv_count);
+    bf16 *q = gpu_upload_bf16(host[0], pair.q_count), *k = gpu_upload_bf16(host[1], kv_count);
     bf16 *v = gpu_upload_bf16(host[2], kv_count);
+    const AttentionForwardKernel kernels[2] = {first, second};
     for (int run = 0; run < 2; run++) {
         attention_cuda_select_forward(kernels[run]);
-        bf16 *out_device = gpu_poisoned_bf16(q_count);
-        float *lse_device = gpu_poisoned_floats(lse_count);
+        bf16 *out_device = gpu_poisoned_bf16(pair.q_count);
+        float *lse_device = gpu_poisoned_floats(pair.lse_count);
         attention_forward_cuda(out_device, lse_device, q, k, v, shape.B, shape.T, shape.n_heads,
                                shape.n_kv_heads, shape.head_dim, 0);
         CUDA_CHECK(cudaDeviceSynchronize());
-        out[run] = gpu_download_bf16(out_device, q_count);
-        lse[run] = gpu_download_floats(lse_device, lse_count);
+        pair.out[run] = gpu_download_bf16(out_device, pair.q_count);
+        pair.lse[run] = gpu_download_floats(lse_device, pair.lse_count);
     }
     for (int i = 0; i < 3; i++)
         free(host[i]);
     gpu_free_all();
+    return pair;
+}
+
+static void forward_pair_free(ForwardPair *pair)
+{
+    for (int run = 0; run < 2; run++) {
+        free(pair->out[run]);
+        free(pair->lse[run]);
+    }
 }
 
 void attention_check_forward_against(Shape shape, uint64_t seed, AttentionForwardKernel kernel)
 {
     gpu_require();
-    size_t q_count = (size_t)shape.B * shape.T * shape.n_heads * shape.head_dim;
-    size_t lse_count = (size_t)shape.B * shape.n_heads * shape.T;
-    float *out[2], *lse[2];
-    const AttentionForwardKernel kernels[2] = {kernel, ATTENTION_FORWARD_GROUPED};
-    forward_pair(shape, seed, kernels, out, lse);
-    double out_error = test_relative_error(out[0], out[1], q_count);
-    double lse_error = test_relative_error(lse[0], lse[1], lse_count);
-    for (int run = 0; run < 2; run++) {
-        free(out[run]);
-        free(lse[run]);
-    }
+    ForwardPair pair = forward_pair(shape, seed, kernel, ATTENTION_FORWARD_GROUPED);
+    double out_error = test_relative_error(pair.out[0], pair.out[1], pair.q_count);
+    double lse_error = test_relative_error(pair.lse[0], pair.lse[1], pair.lse_count);
+    forward_pair_free(&pair);
     cr_log_info("out %.3g, lse %.3g", out_error, lse_error);
     cr_expect_leq(out_error, BF16_TOLERANCE, "out: kernel %d against grouped %.3g", (int)kernel,
                   out_error);
@@ -358,21 +368,14 @@ void attention_check_forward_bits(Shape shape, uint64_t seed, AttentionForwardKe
                                   AttentionForwardKernel reference)
 {
     gpu_require();
-    size_t q_count = (size_t)shape.B * shape.T * shape.n_heads * shape.head_dim;
-    size_t lse_count = (size_t)shape.B * shape.n_heads * shape.T;
-    float *out[2], *lse[2];
-    const AttentionForwardKernel kernels[2] = {kernel, reference};
-    forward_pair(shape, seed, kernels, out, lse);
-    long long out_at = first_difference(out[0], out[1], q_count);
-    long long lse_at = first_difference(lse[0], lse[1], lse_count);
+    ForwardPair pair = forward_pair(shape, seed, kernel, reference);
+    long long out_at = first_difference(pair.out[0], pair.out[1], pair.q_count);
+    long long lse_at = first_difference(pair.lse[0], pair.lse[1], pair.lse_count);
     cr_expect_eq(out_at, -1, "out: kernel %d differs from kernel %d at %lld (%.9g, %.9g)",
-                 (int)kernel, (int)reference, out_at, out_at < 0 ? 0.0 : out[0][out_at],
-                 out_at < 0 ? 0.0 : out[1][out_at]);
+                 (int)kernel, (int)reference, out_at, out_at < 0 ? 0.0 : pair.out[0][out_at],
+                 out_at < 0 ? 0.0 : pair.out[1][out_at]);
     cr_expect_eq(lse_at, -1, "lse: kernel %d differs from kernel %d at %lld (%.9g, %.9g)",
-                 (int)kernel, (int)reference, lse_at, lse_at < 0 ? 0.0 : lse[0][lse_at],
-                 lse_at < 0 ? 0.0 : lse[1][lse_at]);
-    for (int run = 0; run < 2; run++) {
-        free(out[run]);
-        free(lse[run]);
-    }
+                 (int)kernel, (int)reference, lse_at, lse_at < 0 ? 0.0 : pair.lse[0][lse_at],
+                 lse_at < 0 ? 0.0 : pair.lse[1][lse_at]);
+    forward_pair_free(&pair);
 }
