@@ -57,6 +57,7 @@
 #define SPEC_KEYS 128 /* keys of a block */
 #define SPEC_STAGES 2
 #define SPEC_PRODUCER_REGISTERS 24
+#define SPEC_BAND_ROUNDS 8 /* a band: pairs of at least 8 rounds of a launch's CTAs */
 
 /* The CTA's shape by its consumer warpgroups: two taking turns, one CTA a multiprocessor
  * (128 x 24 + 256 x 240 <= 65536 registers); or one, two CTAs a multiprocessor, each
@@ -506,7 +507,8 @@ static void specialised_launch(__nv_bfloat16 *out, float *lse, const __nv_bfloat
     const int query_blocks = (T + block_queries - 1) / block_queries;
     const int pairs = n_heads / heads_per_block * B;
     const int pairs_per_band =
-        (int)min((long long)pairs, (8 * ctas + query_blocks - 1) / query_blocks);
+        (int)min((long long)pairs,
+                 (SPEC_BAND_ROUNDS * ctas + query_blocks - 1) / query_blocks);
     CUtensorMap q_map = tensor_map_rows<HEAD_DIM>(op, q, B, T, n_heads, WARPGROUP_ROWS);
     CUtensorMap k_map = tensor_map_rows<HEAD_DIM>(op, k, B, T, n_kv_heads, SPEC_KEYS);
     CUtensorMap v_map = tensor_map_rows<HEAD_DIM>(op, v, B, T, n_kv_heads, SPEC_KEYS);

@@ -7,9 +7,10 @@
  * and written) and the floor on an H200 (790 TFLOP/s bf16 dense, 4.3 TB/s copy, measured
  * here). Inputs are random (never zeros, which run faster than real data). GPU only.
  * `fathom-kernel-bench attention [VARIANT]` times the attention cases alone, at head_dim 128,
- * 80 and 64, with every kernel variant (forwards grouped, specialised, single_consumer,
- * persistent; backwards fused, fused_tma, two_pass) or only the one named, so that a variant
- * that faults takes no other with it. `fathom-kernel-bench matmul` times the matmuls alone.
+ * 80 (the 1B shape at B32, and at B8: its step's microbatch) and 64, with every kernel
+ * variant (forwards grouped, specialised, single_consumer, persistent; backwards fused,
+ * fused_tma, two_pass) or only the one named, so that a variant that faults takes no other
+ * with it. `fathom-kernel-bench matmul` times the matmuls alone.
  */
 #include "kernels/cuda/attention_cuda.h"
 #include "kernels/cuda/kernels_cuda.h"
@@ -332,6 +333,7 @@ int main(int argc, char **argv)
     if (attention_only) {
         bench_attention(1, 4096, 32, 8, 128, variant);
         bench_attention(32, 1024, 16, 8, 80, variant);
+        bench_attention(8, 1024, 16, 8, 80, variant); /* the 1B step's microbatch */
         bench_attention(2, 4096, 32, 8, 64, variant);
         return 0;
     }
