@@ -20,16 +20,16 @@
  * every run, and a last kernel scales dq_accum into dq (bf16, + dq when accumulating).
  *
  * Why it cannot deadlock: a CTA takes its tile from an atomic counter, not from blockIdx, and
- * tiles are numbered by bands of pairs (batch, kv head), key block major inside a band, so
- * every key block a CTA waits for (the same pair's, lower) was taken by a CTA that had
- * already started: it is resident or finished, and by induction on the tile number the
- * lowest unfinished tile never waits. Why bands: a band's tiles read the same q and dout
- * and add into the same dq tiles while those are in L2. With every pair in one band, at
- * the 1B shape (B32 T1024 16/8 hd80) L2 hit 55% of the reads and DRAM was 56% busy; in
- * bands of about two rounds of CTAs, DRAM 19% and 1.034 -> 0.928 ms (docs/performance.md). Why it rarely waits: each CTA walks its query blocks
- * from the last down, heads inside, so key blocks j - 1 and j reach a (head, query block) at
- * the same step of their walks; j trails j - 1 by one bulk addition, and the CTAs of later key
- * blocks have fewer steps.
+ * tiles are numbered by bands of pairs (batch, kv head), key block major inside a band, so every
+ * key block a CTA waits for (the same pair's, lower) was taken by a CTA that had already started:
+ * it is resident or finished, and by induction on the tile number the lowest unfinished tile never
+ * waits. Why bands: a band's tiles read the same q and dout and add into the same dq tiles while
+ * those are in L2. With every pair in one band, at the 1B shape (B32 T1024 16/8 hd80) L2 hit 55%
+ * of the reads and DRAM was 56% busy; in bands of about two rounds of CTAs, DRAM 19% and 1.034 ->
+ * 0.928 ms (docs/performance.md). Why it rarely waits: each CTA walks its query blocks from the
+ * last down, heads inside, so key blocks j - 1 and j reach a (head, query block) at the same step
+ * of their walks; j trails j - 1 by one bulk addition, and the CTAs of later key blocks have fewer
+ * steps.
  *
  * Ordering. Consumers write the staging tile with ordinary stores, fence the async proxy and
  * arrive on DQ_FULL; the writer syncs on it, acquires the semaphore (ld.acquire.gpu), fences
@@ -470,13 +470,10 @@ attention_backward_fused_kernel(const __grid_constant__ CUtensorMap q_map,
         }
     }
     __syncthreads();
-    /* tile -> (key block, pair (batch, kv head)): key block major inside bands of pairs */
-    const int tile = *claimed, pairs = n_kv_heads * B;
-    const int key_blocks = (T + FUSED_KEYS - 1) / FUSED_KEYS;
-    const int first_pair = tile / (pairs_per_band * key_blocks) * pairs_per_band;
-    const int band_pairs = min(pairs_per_band, pairs - first_pair);
-    const int in_band = tile - first_pair * key_blocks;
-    const int key_block = in_band / band_pairs, pair = first_pair + in_band % band_pairs;
+    /* tile -> (pair (batch, kv head), key block): key block major inside bands of pairs */
+    int pair, key_block;
+    band_tile(*claimed, n_kv_heads * B, pairs_per_band, (T + FUSED_KEYS - 1) / FUSED_KEYS, &pair,
+              &key_block);
     const int batch = pair / n_kv_heads;
     FusedWalk walk;
     walk.query_blocks = (T + FUSED_QUERIES - 1) / FUSED_QUERIES;
@@ -566,15 +563,10 @@ static void fused_launch(__nv_bfloat16 *dq, __nv_bfloat16 *dk, __nv_bfloat16 *dv
 {
     constexpr size_t shared_bytes = FusedLayout<HEAD_DIM, TMA>::bytes;
     static bool configured; /* over 48 KiB of shared memory must be asked for, once */
-    static int multiprocessors;
     if (!configured) {
         CUDA_CHECK(cudaFuncSetAttribute(attention_backward_fused_kernel<HEAD_DIM, TMA>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int)shared_bytes));
-        int device;
-        CUDA_CHECK(cudaGetDevice(&device));
-        CUDA_CHECK(cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount,
-                                          device));
         configured = true;
     }
     CUtensorMap q_map, dout_map;
@@ -594,9 +586,8 @@ static void fused_launch(__nv_bfloat16 *dq, __nv_bfloat16 *dk, __nv_bfloat16 *dv
      * shape: bands of one round (17 pairs) 0.976 ms, of two 0.928; at the 8B shape, where
      * one round makes two bands of its 8 pairs, 0.83 -> 1.10 ms. Bands change which CTA
      * takes a tile, not a sum's order: the bits stay. */
-    const int pairs = n_kv_heads * B;
-    const int pairs_per_band =
-        max(1, min(pairs, (FUSED_BAND_ROUNDS * multiprocessors + key_blocks - 1) / key_blocks));
+    const int pairs_per_band = band_pairs_for(n_kv_heads * B, key_blocks,
+                                              cuda_multiprocessor_count(), FUSED_BAND_ROUNDS);
     attention_backward_fused_kernel<HEAD_DIM, TMA>
         <<<tiles, FUSED_THREADS, shared_bytes, stream>>>(
             q_map, dout_map, dk, dv, w->dq_accum, w->semaphores, w->counter, dout, q, k, v, lse,

@@ -31,14 +31,13 @@
  * K, V rings once both consumers are past their last product.
  *
  * Persistent (FATHOM_ATTENTION_FORWARD=persistent, the default): as many CTAs as the
- * multiprocessors hold, each walking tiles in rounds (spec_tile_index, spec_tile). The
- * producer loads the next tile's Q once both consumers are past this tile's last score
- * product (q_empty)
- * and its K, V blocks as the ring's stages are released, so they land while the consumers
- * run this tile's last P V, normalise and store; those stores go straight from the
- * registers, since the rings already hold the next tile's blocks. Each tile's arithmetic is
- * the one-CTA-a-tile launch's: the same bits. At T 1024 a CTA walks 4.5 key blocks a tile
- * on average, and a tile's start and end were a large part of it (docs/performance.md).
+ * multiprocessors hold, each walking tiles in rounds (spec_tile_index, spec_tile). The producer
+ * loads the next tile's Q once both consumers are past this tile's last score product (q_empty)
+ * and its K, V blocks as the ring's stages are released, so they land while the consumers run this
+ * tile's last P V, normalise and store; those stores go straight from the registers, since the
+ * rings already hold the next tile's blocks. Each tile's arithmetic is the one-CTA-a-tile
+ * launch's: the same bits. At T 1024 a CTA walks 4.5 key blocks a tile on average, and a tile's
+ * start and end were a large part of it (docs/performance.md).
  *
  * With one consumer (FATHOM_ATTENTION_FORWARD=single_consumer) a CTA holds 64 queries of one
  * head and takes no turns; two CTAs share a multiprocessor (head_dim 64 and 80: 75 and 92
@@ -129,10 +128,9 @@ static __device__ __forceinline__ void spec_softmax(float (&s)[KEYS / 8][4], flo
     }
 }
 
-/* The tiles of a launch. The pairs (batch, group of heads) are taken in bands of
- * pairs_per_band; within a band the tiles go heaviest first, query block z counted from the
- * last (the most keys) outermost, then the band's pairs: tile w of a band of P pairs is
- * query block w / P of its pair w % P. A persistent CTA b of G takes tiles in rounds,
+/* The tiles of a launch: bands of pairs (batch, group of heads), attention_tiles.cuh's
+ * band_tile, the item a query block z counted from the last (the most keys), so that a
+ * band goes heaviest first. A persistent CTA b of G takes tiles in rounds,
  * forwards and backwards in turn (b, then 2G - 1 - b, then 2G + b, ...): each round gives
  * the CTAs tiles of about the same length, and a CTA that had one of the round's longer
  * tiles has one of the next round's shorter ones.
@@ -156,10 +154,8 @@ static __device__ __forceinline__ SpecTile spec_tile(int index, int groups, int 
                                                      int pairs_per_band, int query_blocks,
                                                      int heads_per_block, int block_queries)
 {
-    int band = index / (pairs_per_band * query_blocks);
-    int first_pair = band * pairs_per_band, w = index - first_pair * query_blocks;
-    int band_pairs = min(pairs_per_band, pairs - first_pair);
-    int pair = first_pair + w % band_pairs, z = w / band_pairs;
+    int pair, z;
+    band_tile(index, pairs, pairs_per_band, query_blocks, &pair, &z);
     return {pair % groups * heads_per_block, pair / groups,
             (query_blocks - 1 - z) * block_queries};
 }
@@ -475,40 +471,32 @@ static void specialised_launch(__nv_bfloat16 *out, float *lse, const __nv_bfloat
     using Shape = SpecShape<CONSUMERS>;
     constexpr size_t shared_bytes = SpecTiles<HEAD_DIM, CONSUMERS>::bytes;
     static bool configured; /* over 48 KiB of shared memory must be asked for, once */
-    static int multiprocessors;
     if (!configured) {
         CUDA_CHECK(cudaFuncSetAttribute(attention_forward_specialised_kernel<HEAD_DIM, CONSUMERS>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int)shared_bytes));
-        int device;
-        CUDA_CHECK(cudaGetDevice(&device));
-        CUDA_CHECK(cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount,
-                                          device));
         configured = true;
     }
     /* two heads of a KV group share a CTA's K, V tiles where there are two consumers */
     int heads_per_block = CONSUMERS == 2 && (n_heads / n_kv_heads) % 2 == 0 ? 2 : 1;
     int block_queries = Shape::rows / heads_per_block;
     const char *op = "attention_forward_cuda";
-    long long tiles = (long long)(n_heads / heads_per_block) * B *
-                      ((T + block_queries - 1) / block_queries);
-    if (tiles > INT_MAX)
+    const int query_blocks = (T + block_queries - 1) / block_queries;
+    const long long pairs = (long long)(n_heads / heads_per_block) * B;
+    if (pairs * query_blocks > INT_MAX)
         fatal(EXIT_CONFIG, "%s: B = %d, T = %d make more tiles than the launch grid allows",
               op, B, T);
-    long long ctas = tiles;
+    long long ctas = pairs * query_blocks; /* one a tile */
     if (persistent) {
-        ctas = min(ctas, (long long)multiprocessors * Shape::blocks_per_multiprocessor);
+        const int resident = cuda_multiprocessor_count() * Shape::blocks_per_multiprocessor;
+        ctas = min(ctas, (long long)resident);
         if (persistent_cta_limit > 0)
             ctas = min(ctas, (long long)persistent_cta_limit);
     }
     /* bands of at least 8 rounds of the launch's CTAs (spec_tile): counted on the tile
      * lengths of the 1B, 8B and head_dim 64 shapes, the rounds then give the CTAs loads
      * within 3% of one another. One CTA a tile: one band, the whole launch heaviest first. */
-    const int query_blocks = (T + block_queries - 1) / block_queries;
-    const int pairs = n_heads / heads_per_block * B;
-    const int pairs_per_band =
-        (int)min((long long)pairs,
-                 (SPEC_BAND_ROUNDS * ctas + query_blocks - 1) / query_blocks);
+    const int pairs_per_band = band_pairs_for((int)pairs, query_blocks, ctas, SPEC_BAND_ROUNDS);
     CUtensorMap q_map = tensor_map_rows<HEAD_DIM>(op, q, B, T, n_heads, WARPGROUP_ROWS);
     CUtensorMap k_map = tensor_map_rows<HEAD_DIM>(op, k, B, T, n_kv_heads, SPEC_KEYS);
     CUtensorMap v_map = tensor_map_rows<HEAD_DIM>(op, v, B, T, n_kv_heads, SPEC_KEYS);

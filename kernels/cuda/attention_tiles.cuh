@@ -1,7 +1,7 @@
 /* kernels/cuda/attention_tiles.cuh — tile plumbing shared by the attention kernels
- * (attention_cuda.cu, attention_backward_cuda.cu, attention_backward_fused_cuda.cu) and their
- * host-side shape checks; CUDA C++ only, never included from C. sm_90a: the products are
- * Hopper warpgroup MMAs (wgmma).
+ * (attention_cuda.cu, attention_forward_specialised_cuda.cu, attention_backward_cuda.cu,
+ * attention_backward_fused_cuda.cu) and their host-side shape checks; CUDA C++ only, never
+ * included from C. sm_90a: the products are Hopper warpgroup MMAs (wgmma).
  *
  * The products and their register fragments are described in warpgroup_mma.cuh;
  * accumulators_to_operand packs accumulator tiles 2j, 2j+1 of one product into the A operand
@@ -280,6 +280,31 @@ static inline void attention_check_aligned(const char *op, const char *name, con
 {
     if ((uintptr_t)pointer % 16 != 0)
         fatal(EXIT_CONFIG, "%s: %s is not 16-byte aligned", op, name);
+}
+
+/* ---- tiles in bands of pairs ----
+ * A launch's tiles are (pair, item): a pair is a (batch, head group) whose tiles read the
+ * same K, V (forward) or q, dout and dq (backward); an item is a query block (forward) or a
+ * key block (backward). Tiles are numbered by bands of pairs_per_band pairs, item-major
+ * inside a band: tiles of one pair run close together and share L2, and inside a band the
+ * items keep their order (heaviest first; key blocks in the order the dq additions need).
+ * The last band may hold fewer pairs. */
+static __host__ __device__ __forceinline__ void band_tile(int tile, int pairs,
+                                                          int pairs_per_band, int items,
+                                                          int *pair, int *item)
+{
+    const int first_pair = tile / (pairs_per_band * items) * pairs_per_band;
+    const int band_pairs = min(pairs_per_band, pairs - first_pair);
+    const int in_band = tile - first_pair * items;
+    *pair = first_pair + in_band % band_pairs;
+    *item = in_band / band_pairs;
+}
+
+/* Pairs a band: enough for `rounds` rounds of `ctas` CTAs, at most every pair. */
+static inline int band_pairs_for(int pairs, int items, long long ctas, int rounds)
+{
+    const long long wanted = (rounds * ctas + items - 1) / items;
+    return (int)(wanted < 1 ? 1 : wanted < pairs ? wanted : pairs);
 }
 
 #endif
