@@ -56,36 +56,58 @@ __host__ __device__ static constexpr size_t backward_shared_bytes(void)
            (size_t)2 * BACKWARD_STAGES * BACKWARD_BLOCK_WALK * sizeof(float);
 }
 
-/* delta[b, h, t] = sum_i dout[b,t,h,i] * out[b,t,h,i] in fp32; rows = B * T * n_heads, one
- * warp a row of head_dim (<= 128: one 16-byte piece per lane). Also zeroes zeroed[0 ..
- * zeroed_words) (the fused kernel's semaphores and tile counter; fewer than the threads). */
+/* delta[b, h, t] = sum_i dout[b,t,h,i] * out[b,t,h,i] in fp32; rows = B * T * n_heads.
+ * A row's head_dim / 8 pieces of 16 bytes go to the first lanes of a segment of SEGMENT
+ * lanes (16 at head_dim 80 and 128, 8 at 64; the segment's other lanes add zero), 32 /
+ * SEGMENT rows a warp at once, and a warp takes DELTA_STEPS such groups with all their loads
+ * issued first. (A warp a row, one piece a lane, left half the lanes idle at head_dim 128
+ * and 32 bytes a thread in flight: 72 us for the 134 MB of B2 T4096 32 heads, twice the copy
+ * rate.) The sum is the same xor tree over a segment's lanes as a warp a row gave. Also
+ * zeroes zeroed[0 .. zeroed_words) (the fused kernel's semaphores and tile counter). */
+enum { DELTA_STEPS = 4 };
+
+template <int SEGMENT>
 __global__ void __launch_bounds__(PREPROCESS_THREADS)
 attention_backward_delta_kernel(float *delta, uint32_t *zeroed, size_t zeroed_words,
                                 const __nv_bfloat16 *dout, const __nv_bfloat16 *out, int rows,
                                 int T, int n_heads, int head_dim)
 {
-    size_t global_thread = (size_t)blockIdx.x * PREPROCESS_THREADS + threadIdx.x;
-    if (global_thread < zeroed_words)
-        zeroed[global_thread] = 0u;
-    int row = blockIdx.x * (PREPROCESS_THREADS / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (row >= rows)
-        return; /* the whole warp leaves together */
-    float sum = 0.0f;
-    if (lane < head_dim / 8) {
-        size_t offset = (size_t)row * head_dim + lane * 8;
-        float dout_values[8], out_values[8];
-        unpack_bf16x8(dout_values, *reinterpret_cast<const uint4 *>(dout + offset));
-        unpack_bf16x8(out_values, *reinterpret_cast<const uint4 *>(out + offset));
+    constexpr int ROWS_AT_ONCE = 32 / SEGMENT;
+    const size_t global_thread = (size_t)blockIdx.x * PREPROCESS_THREADS + threadIdx.x;
+    for (size_t word = global_thread; word < zeroed_words;
+         word += (size_t)gridDim.x * PREPROCESS_THREADS)
+        zeroed[word] = 0u;
+    const int lane = threadIdx.x % 32, piece = lane % SEGMENT;
+    const long long first = (long long)(global_thread / 32) * ROWS_AT_ONCE * DELTA_STEPS +
+                            lane / SEGMENT;
+    uint4 dout_pieces[DELTA_STEPS], out_pieces[DELTA_STEPS];
+#pragma unroll
+    for (int step = 0; step < DELTA_STEPS; step++) {
+        const long long row = first + step * ROWS_AT_ONCE;
+        dout_pieces[step] = out_pieces[step] = make_uint4(0u, 0u, 0u, 0u);
+        if (row < rows && piece < head_dim / 8) {
+            const size_t offset = (size_t)row * head_dim + piece * 8;
+            dout_pieces[step] = *reinterpret_cast<const uint4 *>(dout + offset);
+            out_pieces[step] = *reinterpret_cast<const uint4 *>(out + offset);
+        }
+    }
+#pragma unroll
+    for (int step = 0; step < DELTA_STEPS; step++) {
+        const long long row = first + step * ROWS_AT_ONCE;
+        float dout_values[8], out_values[8], sum = 0.0f;
+        unpack_bf16x8(dout_values, dout_pieces[step]);
+        unpack_bf16x8(out_values, out_pieces[step]);
 #pragma unroll
         for (int i = 0; i < 8; i++)
             sum += dout_values[i] * out_values[i];
-    }
 #pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2)
-        sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-    if (lane == 0) {
-        int head = row % n_heads, t = (row / n_heads) % T, batch = row / (n_heads * T);
-        delta[((size_t)batch * n_heads + head) * T + t] = sum;
+        for (int offset = SEGMENT / 2; offset > 0; offset /= 2)
+            sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+        if (piece == 0 && row < rows) {
+            const int head = (int)(row % n_heads), t = (int)((row / n_heads) % T);
+            const long long batch = row / ((long long)n_heads * T);
+            delta[((size_t)batch * n_heads + head) * T + t] = sum;
+        }
     }
 }
 
@@ -498,11 +520,15 @@ extern "C" void attention_backward_cuda(bf16 *dq, bf16 *dk, bf16 *dv, GradMode m
         attention_backward_workspace(workspace, B, T, n_heads, head_dim, fused);
 
     int rows = B * T * n_heads;
-    int preprocess_blocks = (rows + PREPROCESS_THREADS / 32 - 1) / (PREPROCESS_THREADS / 32);
-    attention_backward_delta_kernel<<<preprocess_blocks, PREPROCESS_THREADS, 0, stream>>>(
-        parts.delta, parts.semaphores, parts.zeroed_words,
-        reinterpret_cast<const __nv_bfloat16 *>(dout),
-        reinterpret_cast<const __nv_bfloat16 *>(out), rows, T, n_heads, head_dim);
+    /* segments of 16 lanes (head_dim 80, 128) or 8 (64) */
+    const int segment = head_dim == 64 ? 8 : 16;
+    const int rows_a_block = PREPROCESS_THREADS / 32 * (32 / segment) * DELTA_STEPS;
+    const int preprocess_blocks = (rows + rows_a_block - 1) / rows_a_block;
+    (segment == 8 ? attention_backward_delta_kernel<8> : attention_backward_delta_kernel<16>)
+        <<<preprocess_blocks, PREPROCESS_THREADS, 0, stream>>>(
+            parts.delta, parts.semaphores, parts.zeroed_words,
+            reinterpret_cast<const __nv_bfloat16 *>(dout),
+            reinterpret_cast<const __nv_bfloat16 *>(out), rows, T, n_heads, head_dim);
     CUDA_CHECK_LAUNCH();
     if (fused) {
         attention_backward_fused_launch(dq, dk, dv, dout, q, k, v, lse, &parts, B, T, n_heads,
