@@ -396,7 +396,8 @@ typedef struct Backend {
      * then, when ema is not NULL, the weight EMA of the new p in the same pass:
      *   ema = s.ema_decay * ema + (1 - s.ema_decay) * p
      * and, when compute_copy is not NULL, compute_copy[i] = p[i] in the activation dtype
-     * (the weights the next forward reads; cpu passes NULL, its compute copy IS params). */
+     * (the weights the next forward reads; cpu passes NULL, its compute copy IS params).
+     * The six buffers do not overlap. */
     void (*adamw_update)(float *params, const float *grads, float *exp_avg, float *exp_avg_sq,
                          float *ema, size_t n, const AdamwScalars *s, Activation *compute_copy);
 } Backend;

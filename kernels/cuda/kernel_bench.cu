@@ -10,7 +10,8 @@
  * 80 (the 1B shape at B32, and at B8: its step's microbatch) and 64, with every kernel
  * variant (forwards grouped, specialised, single_consumer, persistent; backwards fused,
  * fused_tma, two_pass) or only the one named, so that a variant that faults takes no other
- * with it. `fathom-kernel-bench matmul` times the matmuls alone.
+ * with it. `fathom-kernel-bench matmul` times the matmuls alone, `fathom-kernel-bench
+ * optimizer` AdamW and the clipping norm alone.
  */
 #include "kernels/cuda/attention_cuda.h"
 #include "kernels/cuda/kernels_cuda.h"
@@ -305,6 +306,68 @@ static void bench_swiglu(int rows, int ffn)
     cudaFree(c.dup);
 }
 
+typedef struct {
+    size_t n;
+    float *params, *grads, *exp_avg, *exp_avg_sq, *ema, *copy_from;
+    bf16 *compute_copy;
+    double *sum, *workspace;
+    AdamwScalars scalars;
+} OptimizerCase;
+
+static void adamw_case(void *p)
+{
+    OptimizerCase *c = (OptimizerCase *)p;
+    cuda_adamw_update(c->params, c->grads, c->exp_avg, c->exp_avg_sq, c->ema, c->n,
+                      &c->scalars, c->compute_copy, 0);
+}
+
+static void sum_squares_case(void *p)
+{
+    OptimizerCase *c = (OptimizerCase *)p;
+    cuda_sum_squares(c->sum, c->grads, c->n, c->workspace, 0);
+}
+
+/* The copy rate on the same buffers, for the floor of the two above. */
+static void copy_case(void *p)
+{
+    OptimizerCase *c = (OptimizerCase *)p;
+    CUDA_CHECK(cudaMemcpyAsync(c->params, c->copy_from, c->n * sizeof(float),
+                               cudaMemcpyDeviceToDevice, 0));
+}
+
+/* The optimizer's passes over n parameters (a decoder layer of the 8B model holds 218 M):
+ * AdamW with the EMA and the bf16 copy moves 38 bytes a parameter, without the EMA 30. */
+static void bench_optimizer(size_t n)
+{
+    OptimizerCase c = {};
+    c.n = n;
+    c.params = device_floats(n, 0.01f);
+    c.grads = device_floats(n, 0.001f);
+    c.exp_avg = device_floats(n, 0.0f);
+    c.exp_avg_sq = device_floats(n, 0.0f);
+    c.ema = device_floats(n, 0.01f);
+    c.copy_from = device_floats(n, 0.02f);
+    CUDA_CHECK(cudaMalloc(&c.compute_copy, n * sizeof(bf16)));
+    CUDA_CHECK(cudaMalloc(&c.sum, sizeof(double)));
+    CUDA_CHECK(cudaMalloc(&c.workspace, CUDA_SUM_SQUARES_PARTIALS * sizeof(double)));
+    c.scalars = (AdamwScalars){3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, 0.999f, 10};
+    char name[64];
+    snprintf(name, sizeof name, "adamw + ema + bf16 copy, %zu M", n >> 20);
+    report(name, median_ms(adamw_case, &c), 0, 38.0 * n);
+    float *ema = c.ema;
+    c.ema = NULL;
+    snprintf(name, sizeof name, "adamw + bf16 copy, %zu M", n >> 20);
+    report(name, median_ms(adamw_case, &c), 0, 30.0 * n);
+    c.ema = ema;
+    snprintf(name, sizeof name, "sum_squares, %zu M", n >> 20);
+    report(name, median_ms(sum_squares_case, &c), 0, 4.0 * n);
+    snprintf(name, sizeof name, "copy (cudaMemcpyAsync), %zu M floats", n >> 20);
+    report(name, median_ms(copy_case, &c), 0, 8.0 * n);
+    cudaFree(c.params), cudaFree(c.grads), cudaFree(c.exp_avg), cudaFree(c.exp_avg_sq);
+    cudaFree(c.ema), cudaFree(c.copy_from), cudaFree(c.compute_copy), cudaFree(c.sum);
+    cudaFree(c.workspace);
+}
+
 int main(int argc, char **argv)
 {
     /* `fathom-kernel-bench attention [VARIANT]`: the attention cases alone, every kernel
@@ -313,6 +376,8 @@ int main(int argc, char **argv)
     /* `fathom-kernel-bench matmul`: the matmul cases alone (FATHOM_MATMUL_RANK picks among
      * cuBLASLt's candidates) */
     bool matmul_only = argc > 1 && !strcmp(argv[1], "matmul");
+    /* `fathom-kernel-bench optimizer`: AdamW and the clipping norm alone */
+    bool optimizer_only = argc > 1 && !strcmp(argv[1], "optimizer");
     const char *variant = attention_only && argc > 2 ? argv[2] : NULL;
     if (variant && !attention_variant_known(variant)) {
         fprintf(stderr, "fathom-kernel-bench: unknown attention variant %s (grouped, specialised, "
@@ -337,6 +402,10 @@ int main(int argc, char **argv)
         bench_attention(2, 4096, 32, 8, 64, variant);
         return 0;
     }
+    if (optimizer_only) {
+        bench_optimizer((size_t)218 << 20);
+        return 0;
+    }
     cuda_matmul_init();
     bench_matmul(4096, 4096, 4096);
     bench_matmul(4096, 4096, 14336);
@@ -351,6 +420,7 @@ int main(int argc, char **argv)
     bench_attention(32, 1024, 16, 8, 80, NULL);
     bench_rmsnorm(4096, 4096);
     bench_swiglu(4096, 14336);
+    bench_optimizer((size_t)218 << 20);
     cuda_matmul_destroy();
     return 0;
 }
