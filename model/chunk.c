@@ -54,15 +54,17 @@ static RouteContext route_context(Model *model, int B)
     };
 }
 
-/* Sublayer j: layer j/2's attention (j even) or MLP (j odd), x -> out (model/layer.h). */
+/* Sublayer j: layer j/2's attention (j even) or MLP (j odd), x -> out, x formed first from
+ * the gate where one is given (model/layer.h). */
 static void sublayer_forward(Model *model, const LayerContext *context, int j,
-                             LayerActivations *saved, const Activation *x, Activation *out)
+                             LayerActivations *saved, Activation *x, const InputGate *gate,
+                             Activation *out)
 {
     const LayerWeights *weights = &model->layer_params[j / 2];
     if (j % 2 == 0)
-        attention_sublayer_forward(context, weights, saved, x, out);
+        attention_sublayer_forward(context, weights, saved, x, gate, out);
     else
-        mlp_sublayer_forward(context, weights, saved, x, out);
+        mlp_sublayer_forward(context, weights, saved, x, gate, out);
 }
 
 /* dx += J_j^T dout (GRAD_ADD; dx may be dout) or dx = J_j^T dout (GRAD_WRITE), or with a
@@ -127,10 +129,15 @@ static void walk_end(Walk *walk)
         route_walk_end(&walk->sites);
 }
 
-/* Site j's forward into x (base: p in the delta form). */
-static void site_forward(Walk *walk, int j, const Activation *base, Activation *x)
+/* Site j's forward into x (base: p in the delta form), or, where the site is a gate, into
+ * *gate for the sublayer's norm to form x: returns the gate then, else NULL. */
+static const InputGate *site_forward(Walk *walk, int j, const Activation *base, Activation *x,
+                                     InputGate *gate)
 {
+    if (route_walk_site_gate(&walk->sites, j, base, gate))
+        return gate;
     route_walk_site_forward(&walk->sites, j, base, x);
+    return NULL;
 }
 
 /* Site j's backward from d x = grad_x (route_walk_grad_x). */
@@ -145,11 +152,13 @@ static void routed_sublayer_forward(Walk *walk, int j, LayerActivations *saved, 
     const Backend *backend = walk->backend;
     const ResidualPlan *plan = walk->plan;
     SummaryStore *store = walk->store;
-    site_forward(walk, j, walk->delta ? store->stream : NULL, x);
+    InputGate gate_storage;
+    const InputGate *gate =
+        site_forward(walk, j, walk->delta ? store->stream : NULL, x, &gate_storage);
     const bool starts_block = residual_sublayer_starts_block(plan, j);
     Activation *partial = store->summaries[plan->sublayer_buffer[j]];
     Activation *out = starts_block ? partial : walk->model->scratch.layer.sublayer_output;
-    sublayer_forward(walk->model, &walk->layer, j, saved, x, out);
+    sublayer_forward(walk->model, &walk->layer, j, saved, x, gate, out);
     const Activation *previous = starts_block ? NULL
                                               : store->summaries[plan->sublayer_buffer[j - 1]];
     if (previous && walk->delta) /* f_j into the partial and into p, read once */
@@ -179,12 +188,11 @@ static void layer_forward(Walk *walk, int i)
             continue;
         }
         /* standard: checkpointed keeps stream[2i] and the layer's output only */
-        const Activation *in = checkpointed && j % 2 ? scratch->recompute_stream
-                                                     : stash->stream[j];
+        Activation *in = checkpointed && j % 2 ? scratch->recompute_stream : stash->stream[j];
         Activation *next = checkpointed && j % 2 == 0 ? scratch->recompute_stream
                                                       : stash->stream[j + 1];
         Activation *out = scratch->layer.sublayer_output;
-        sublayer_forward(model, &walk->layer, j, saved, in, out);
+        sublayer_forward(model, &walk->layer, j, saved, in, NULL, out);
         backend->add(next, in, out, walk->count);
     }
 }
@@ -202,8 +210,8 @@ static void layer_recompute(Walk *walk, int i)
     for (int j = 2 * i; j <= 2 * i + 1; j++) {
         const int k = j - 2 * i;
         if (!walk->routed) {
-            const Activation *in = k ? scratch->recompute_stream : stash->stream[j];
-            sublayer_forward(model, &walk->layer, j, &scratch->recompute, in, out);
+            Activation *in = k ? scratch->recompute_stream : stash->stream[j];
+            sublayer_forward(model, &walk->layer, j, &scratch->recompute, in, NULL, out);
             if (k == 0)
                 backend->add(scratch->recompute_stream, in, out, walk->count);
             continue;
@@ -211,9 +219,11 @@ static void layer_recompute(Walk *walk, int i)
         const Activation *base = NULL;
         if (walk->delta)
             base = k ? scratch->recompute_stream : stash->layer_stream[i];
-        site_forward(walk, j, base, scratch->recompute_x[k]);
+        InputGate gate_storage;
+        const InputGate *gate = site_forward(walk, j, base, scratch->recompute_x[k],
+                                             &gate_storage);
         sublayer_forward(model, &walk->layer, j, &scratch->recompute, scratch->recompute_x[k],
-                         out);
+                         gate, out);
         if (walk->delta && k == 0)
             backend->add(scratch->recompute_stream, base, out, walk->count);
     }
@@ -352,8 +362,9 @@ ModelLoss chunk_forward(Model *model, const ChunkSpan *span, Stash *stash,
     if (span->has_head) {
         head_acquire(model, false);
         Activation *final_input = stash->stream[walk.routed ? L2 : span->end_sublayer];
-        if (walk.routed)
-            site_forward(&walk, L2, walk.delta ? store->stream : NULL, final_input);
+        if (walk.routed) /* the final site routes alone: never a gate */
+            route_walk_site_forward(&walk.sites, L2, walk.delta ? store->stream : NULL,
+                                    final_input);
         loss = loss_forward(&walk.layer, &model->head_params, &model->scratch, &stash->head,
                             stash->targets, final_input, z_loss);
         head_release(model, false);

@@ -70,8 +70,21 @@ void layer_weights_resolve(LayerWeights *weights, const Backend *backend,
         *fields[i] = offsets[i] == SIZE_MAX ? NULL : activation_at(backend, flat, offsets[i]);
 }
 
+/* The sublayer's input norm, first op of its forward: x normed into normed, or formed from
+ * the gate first. */
+static void input_norm_forward(const Backend *backend, Activation *normed, float *rstd,
+                               Activation *x, const InputGate *gate, const Activation *weight,
+                               int rows, int d, float eps)
+{
+    if (gate)
+        backend->add_scaled_rmsnorm_forward(x, normed, rstd, gate->base, gate->route,
+                                            gate->alpha, weight, rows, d, eps);
+    else
+        backend->rmsnorm_forward(normed, rstd, x, weight, rows, d, eps);
+}
+
 void attention_sublayer_forward(const LayerContext *context, const LayerWeights *weights,
-                                LayerActivations *saved, const Activation *x,
+                                LayerActivations *saved, Activation *x, const InputGate *gate,
                                 Activation *out)
 {
     const Backend *backend = context->backend;
@@ -82,8 +95,8 @@ void attention_sublayer_forward(const LayerContext *context, const LayerWeights 
     const int q_dim = heads * hd, kv_dim = kv_heads * hd;
     const float eps = (float)config->norm_eps;
 
-    backend->rmsnorm_forward(saved->attention_normed, saved->attention_rstd, x,
-                             weights->input_layernorm, rows, d, eps);
+    input_norm_forward(backend, saved->attention_normed, saved->attention_rstd, x, gate,
+                       weights->input_layernorm, rows, d, eps);
     const Activation *n = saved->attention_normed;
     backend->matmul_forward(saved->v, n, weights->v_proj, rows, d, kv_dim);
     if (config->qk_norm) {
@@ -109,15 +122,15 @@ void attention_sublayer_forward(const LayerContext *context, const LayerWeights 
 }
 
 void mlp_sublayer_forward(const LayerContext *context, const LayerWeights *weights,
-                          LayerActivations *saved, const Activation *x, Activation *out)
+                          LayerActivations *saved, Activation *x, const InputGate *gate,
+                          Activation *out)
 {
     const Backend *backend = context->backend;
     const ModelConfig *config = context->config;
     const int rows = context->B * context->T, d = config->d_model, F = config->ffn_dim;
 
-    backend->rmsnorm_forward(saved->mlp_normed, saved->mlp_rstd, x,
-                             weights->post_attention_layernorm, rows, d,
-                             (float)config->norm_eps);
+    input_norm_forward(backend, saved->mlp_normed, saved->mlp_rstd, x, gate,
+                       weights->post_attention_layernorm, rows, d, (float)config->norm_eps);
     backend->matmul_forward(saved->gate, saved->mlp_normed, weights->gate_proj, rows, d, F);
     backend->matmul_forward(saved->up, saved->mlp_normed, weights->up_proj, rows, d, F);
     backend->swiglu_forward(saved->hidden, saved->gate, saved->up, (size_t)rows * F);

@@ -77,13 +77,23 @@ void layer_weights_resolve(LayerWeights *weights, const Backend *backend,
 void layer_views_add(UnitViews *views, LayerWeights *weights, LayerGrads *grads,
                      const ParamTable *table, int layer, const ModelConfig *config);
 
-/* The sublayers: out = f(x) [rows, d]. A backward gives the input's gradient
+/* A sublayer input that the sublayer's norm forms: x = base + *alpha * route, rounded once
+ * and written to x, then normed (runtime/backend.h add_scaled_rmsnorm_forward). The delta
+ * form's x_j = p_j + alpha_j * Route (DESIGN 2.1) takes one pass over the row where
+ * add_scaled and the norm took two; the bits are the same. */
+typedef struct {
+    const Activation *base, *route;
+    const float *alpha; /* fp32 [1], backend memory */
+} InputGate;
+
+/* The sublayers: out = f(x) [rows, d]; with a gate (not NULL) x is written first, as
+ * InputGate says, otherwise read. A backward gives the input's gradient
  * J^T dout: branch NULL, dx += it (GRAD_ADD; dx may be dout: the standard stream) or dx = it
  * (GRAD_WRITE: a fresh buffer, not read); otherwise dx = it, written (dx_mode GRAD_WRITE),
  * and branch += it (the delta form's site x_j = p_j + alpha_j * Route, whose gradient goes
  * both to the site's route, dx, and to the stream p_j, branch). */
 void attention_sublayer_forward(const LayerContext *context, const LayerWeights *weights,
-                                LayerActivations *saved, const Activation *x,
+                                LayerActivations *saved, Activation *x, const InputGate *gate,
                                 Activation *out);
 void attention_sublayer_backward(const LayerContext *context, const LayerWeights *weights,
                                  LayerGrads *grads, const LayerActivations *saved,
@@ -91,7 +101,8 @@ void attention_sublayer_backward(const LayerContext *context, const LayerWeights
                                  GradMode dx_mode, Activation *branch);
 
 void mlp_sublayer_forward(const LayerContext *context, const LayerWeights *weights,
-                          LayerActivations *saved, const Activation *x, Activation *out);
+                          LayerActivations *saved, Activation *x, const InputGate *gate,
+                          Activation *out);
 void mlp_sublayer_backward(const LayerContext *context, const LayerWeights *weights,
                            LayerGrads *grads, const LayerActivations *saved,
                            const Activation *x, const Activation *dout, Activation *dx,

@@ -452,6 +452,19 @@ static bool routes_alone(const RouteWalk *walk, int j)
     return !walk->two_phase || j == walk->plan->n_sublayers;
 }
 
+bool route_walk_site_gate(RouteWalk *walk, int j, const Activation *base, InputGate *gate)
+{
+    if (routes_alone(walk, j) || walk->streams || !base)
+        return false;
+    const int block = walk->plan->sublayer_block[j];
+    if (walk->open_block != block)
+        block_open(walk, block);
+    Model *model = walk->model;
+    *gate = (InputGate){base, model->scratch.route.block_results[j - block_first_site(walk, block)],
+                        model->site_params[j].alpha};
+    return true;
+}
+
 void route_walk_site_forward(RouteWalk *walk, int j, const Activation *base, Activation *x)
 {
     Model *model = walk->model;

@@ -82,6 +82,13 @@ void route_walk_end(RouteWalk *walk);
  * the stream p in the delta form, NULL in the replace form. Writes the site's saved state. */
 void route_walk_site_forward(RouteWalk *walk, int j, const Activation *base, Activation *x);
 
+/* Site j's x as a gate the sublayer's norm can form (model/layer.h InputGate), where it is
+ * one: the delta form of a one-stream block in two phases, x = p + alpha_j * (phase one's
+ * Route), whose phase one this opens when the walk enters the block. Returns false where the
+ * site's x needs route_walk_site_forward (a site routed alone, the replace form, MSAR's
+ * mixes). Either way the site's saved state is the same. */
+bool route_walk_site_gate(RouteWalk *walk, int j, const Activation *base, InputGate *gate);
+
 /* Where sublayer j's backward leaves d x_j (zeroed by the caller before it adds): the
  * block's buffer of that site, or the scratch's grad_input for a site routed alone. */
 Activation *route_walk_grad_x(RouteWalk *walk, int j);

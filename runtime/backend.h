@@ -256,6 +256,14 @@ typedef struct Backend {
      * x_j = p + alpha_j * (a phase-one result). out may alias base. */
     void (*add_scaled)(Activation *out, const Activation *base, const Activation *x,
                        const float *alpha, size_t n);
+    /* add_scaled into x [rows, d] (n = rows * d; x may alias base), then rmsnorm_forward of
+     * that x into out and rstd, in one pass: the delta form's x_j = p + alpha_j * Route
+     * formed by the sublayer's norm (model/layer.h InputGate). The same bits as the two ops
+     * one after the other; x is written, for the norm's backward. */
+    void (*add_scaled_rmsnorm_forward)(Activation *x, Activation *out, float *rstd,
+                                       const Activation *base, const Activation *route,
+                                       const float *alpha, const Activation *weight, int rows,
+                                       int d, float eps);
     /* add_scaled's backward through its x term: dx = alpha * dout (WRITTEN; base's gradient
      * is dout itself, the caller's) and *dalpha += sum_i dout[i] x[i] (fp32 backend memory
      * [1], summed in a fixed order). dx must not alias dout or x. */

@@ -105,9 +105,9 @@ static float *per_sublayer_logits(Model *model, bool delta)
         outputs[j + 1] = xmalloc(bytes);
         Activation *out = AS_ACTIVATIONS(outputs[j + 1]);
         if (j % 2 == 0)
-            attention_sublayer_forward(&context, &layer, &act.layers[j / 2], x, out);
+            attention_sublayer_forward(&context, &layer, &act.layers[j / 2], x, NULL, out);
         else
-            mlp_sublayer_forward(&context, &layer, &act.layers[j / 2], x, out);
+            mlp_sublayer_forward(&context, &layer, &act.layers[j / 2], x, NULL, out);
         backend->add_inplace(AS_ACTIVATIONS(p), out, (size_t)rows * d);
     }
     HeadWeights head = {AS_ACTIVATIONS(tensor_of(model, "model.norm.weight")),

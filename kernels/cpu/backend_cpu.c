@@ -371,6 +371,15 @@ static void table_add_scaled(Activation *out, const Activation *base, const Acti
     cpu_add_scaled(F(out), CF(base), CF(x), *alpha, n);
 }
 
+static void table_add_scaled_rmsnorm_forward(Activation *x, Activation *out, float *rstd,
+                                             const Activation *base, const Activation *route,
+                                             const float *alpha, const Activation *weight,
+                                             int rows, int d, float eps)
+{
+    cpu_add_scaled(F(x), CF(base), CF(route), *alpha, (size_t)rows * d);
+    cpu_rmsnorm_forward(F(out), rstd, CF(x), CF(weight), rows, d, eps);
+}
+
 static void table_add_scaled_backward(Activation *dx, float *dalpha, const Activation *dout,
                                       const Activation *x, const float *alpha, size_t n)
 {
@@ -463,6 +472,7 @@ static const Backend cpu_backend = {
     .route_backward = table_route_backward,
     .route_block_forward = table_route_block_forward,
     .add_scaled = table_add_scaled,
+    .add_scaled_rmsnorm_forward = table_add_scaled_rmsnorm_forward,
     .add_scaled_backward = table_add_scaled_backward,
     .route_merge_forward = table_route_merge_forward,
     .route_merge_backward = table_route_merge_backward,

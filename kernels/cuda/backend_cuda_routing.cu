@@ -12,6 +12,7 @@
  * its kernels, whose floors route_cuda.h gives.
  */
 #include "kernels/cuda/backend_cuda_routing.h"
+#include "kernels/cuda/kernels_cuda.h"
 
 #include "kernels/cuda/route_block_cuda.h"
 #include "kernels/cuda/route_cuda.h"
@@ -161,6 +162,16 @@ static void op_add_scaled(Activation *out, const Activation *base, const Activat
                     backend_cuda_compute_stream());
 }
 
+static void op_add_scaled_rmsnorm_forward(Activation *x, Activation *out, float *rstd,
+                                          const Activation *base, const Activation *route,
+                                          const float *alpha, const Activation *weight, int rows,
+                                          int d, float eps)
+{
+    cuda_add_scaled_rmsnorm_forward(as_bf16(x), as_bf16(out), rstd, as_bf16_const(base),
+                                    as_bf16_const(route), alpha, as_bf16_const(weight), rows, d,
+                                    eps, backend_cuda_compute_stream());
+}
+
 static void op_add_scaled_backward(Activation *dx, float *dalpha, const Activation *dout,
                                    const Activation *x, const float *alpha, size_t n)
 {
@@ -228,6 +239,7 @@ extern "C" void backend_cuda_fill_routing(Backend *table, size_t table_bytes)
               sizeof *table, table_bytes);
     table->route_block_forward = op_route_block_forward;
     table->add_scaled = op_add_scaled;
+    table->add_scaled_rmsnorm_forward = op_add_scaled_rmsnorm_forward;
     table->add_scaled_backward = op_add_scaled_backward;
     table->route_merge_forward = op_route_merge_forward;
     table->route_merge_backward = op_route_merge_backward;

@@ -73,24 +73,45 @@ __device__ __forceinline__ void load8(float out[8], const bfloat *base, size_t i
     unpack8(out, load8_raw<VECTOR>(base, index, count));
 }
 
+/* 8 fp32 rounded once to bf16 (nearest even), as their raw bits. */
+__device__ __forceinline__ uint4 pack8(const float in[8])
+{
+    uint4 raw;
+    __nv_bfloat162 *pairs = reinterpret_cast<__nv_bfloat162 *>(&raw);
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+        pairs[k] = __floats2bfloat162_rn(in[2 * k], in[2 * k + 1]);
+    return raw;
+}
+
+/* 8 bf16 given as their raw bits stored; nothing past `count`. */
+template <bool VECTOR>
+__device__ __forceinline__ void store8_raw(bfloat *base, size_t index, size_t count, uint4 raw)
+{
+    if (VECTOR && index + 8 <= count) {
+        *reinterpret_cast<uint4 *>(base + index) = raw;
+        return;
+    }
+    const bfloat *halves = reinterpret_cast<const bfloat *>(&raw);
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+        if (index + k < count)
+            base[index + k] = halves[k];
+}
+
 /* 8 fp32 rounded once to bf16 (nearest even) and stored; nothing past `count`. */
 template <bool VECTOR>
 __device__ __forceinline__ void store8(bfloat *base, size_t index, size_t count,
                                        const float in[8])
 {
-    if (VECTOR && index + 8 <= count) {
-        uint4 raw;
-        __nv_bfloat162 *pairs = reinterpret_cast<__nv_bfloat162 *>(&raw);
-#pragma unroll
-        for (int k = 0; k < 4; k++)
-            pairs[k] = __floats2bfloat162_rn(in[2 * k], in[2 * k + 1]);
-        *reinterpret_cast<uint4 *>(base + index) = raw;
-        return;
-    }
-#pragma unroll
-    for (int k = 0; k < 8; k++)
-        if (index + k < count)
-            base[index + k] = __float2bfloat16_rn(in[k]);
+    store8_raw<VECTOR>(base, index, count, pack8(in));
+}
+
+/* base + scale * x in one rounding (a fused multiply-add): the delta form's gate, the same
+ * bits wherever it is formed (add_scaled, add_scaled_rmsnorm_forward). */
+__device__ __forceinline__ float scaled_add(float base, float scale, float x)
+{
+    return __fmaf_rn(scale, x, base);
 }
 
 /* 8 fp32, 0 past `count`. */

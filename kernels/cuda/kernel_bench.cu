@@ -15,6 +15,7 @@
  */
 #include "kernels/cuda/attention_cuda.h"
 #include "kernels/cuda/kernels_cuda.h"
+#include "kernels/cuda/route_block_cuda.h"
 
 #include <algorithm>
 #include <cuda_runtime.h>
@@ -230,14 +231,29 @@ static void bench_attention(int B, int T, int H, int KV, int hd, const char *onl
 
 typedef struct {
     int rows, d;
-    bf16 *x, *weight, *out, *dout, *dx;
-    float *rstd, *dweight, *workspace;
+    bf16 *x, *weight, *out, *dout, *dx, *base, *route;
+    float *rstd, *dweight, *workspace, *alpha;
 } NormCase;
 
 static void rmsnorm_forward_case(void *p)
 {
     NormCase *c = (NormCase *)p;
     cuda_rmsnorm_forward(c->out, c->rstd, c->x, c->weight, c->rows, c->d, 1e-5f, 0);
+}
+
+/* the delta form's gate, alone and inside the norm (runtime/backend.h
+ * add_scaled_rmsnorm_forward) */
+static void add_scaled_case(void *p)
+{
+    NormCase *c = (NormCase *)p;
+    cuda_add_scaled(c->x, c->base, c->route, c->alpha, (size_t)c->rows * c->d, 0);
+}
+
+static void gated_rmsnorm_forward_case(void *p)
+{
+    NormCase *c = (NormCase *)p;
+    cuda_add_scaled_rmsnorm_forward(c->x, c->out, c->rstd, c->base, c->route, c->alpha,
+                                    c->weight, c->rows, c->d, 1e-5f, 0);
 }
 
 static void rmsnorm_backward_case(void *p)
@@ -260,14 +276,22 @@ static void bench_rmsnorm(int rows, int d)
     c.rstd = device_floats(rows, 1.0f);
     c.dweight = device_floats(d, 0.0f);
     c.workspace = device_floats(cuda_rmsnorm_backward_workspace_floats(rows, d), 0.0f);
+    c.base = (bf16 *)device_random_bf16(n, 26);
+    c.route = (bf16 *)device_random_bf16(n, 27);
+    c.alpha = device_floats(1, 0.5f);
     char name[64];
     snprintf(name, sizeof name, "rmsnorm fwd %dx%d", rows, d);
     report(name, median_ms(rmsnorm_forward_case, &c), 0, 2.0 * n * 2);
+    snprintf(name, sizeof name, "add_scaled %dx%d", rows, d);
+    report(name, median_ms(add_scaled_case, &c), 0, 3.0 * n * 2);
+    snprintf(name, sizeof name, "add_scaled in rmsnorm fwd %dx%d", rows, d);
+    report(name, median_ms(gated_rmsnorm_forward_case, &c), 0, 4.0 * n * 2);
     rmsnorm_forward_case(&c);
     snprintf(name, sizeof name, "rmsnorm bwd %dx%d", rows, d);
     report(name, median_ms(rmsnorm_backward_case, &c), 0, 4.0 * n * 2);
     cudaFree(c.x), cudaFree(c.weight), cudaFree(c.out), cudaFree(c.dout), cudaFree(c.dx);
-    cudaFree(c.rstd), cudaFree(c.dweight), cudaFree(c.workspace);
+    cudaFree(c.rstd), cudaFree(c.dweight), cudaFree(c.workspace), cudaFree(c.base);
+    cudaFree(c.route), cudaFree(c.alpha);
 }
 
 typedef struct {
@@ -419,6 +443,7 @@ int main(int argc, char **argv)
     bench_attention(1, 4096, 32, 8, 128, NULL);
     bench_attention(32, 1024, 16, 8, 80, NULL);
     bench_rmsnorm(4096, 4096);
+    bench_rmsnorm(8192, 4096); /* the graft's microbatch */
     bench_swiglu(4096, 14336);
     bench_optimizer((size_t)218 << 20);
     cuda_matmul_destroy();

@@ -92,6 +92,12 @@ void cuda_sum_rows(float *out, const bf16 *x, int rows, int d, float *workspace,
  * grouping depends only on rows and d. */
 void cuda_rmsnorm_forward(bf16 *out, float *rstd, const bf16 *x, const bf16 *weight, int rows,
                           int d, float eps, cudaStream_t stream);
+/* x = bf16(base + *alpha * route) (route_block_cuda.h cuda_add_scaled's bits; x may alias
+ * base), then cuda_rmsnorm_forward of that x, in one pass (runtime/backend.h
+ * add_scaled_rmsnorm_forward); alpha fp32 [1], device. */
+void cuda_add_scaled_rmsnorm_forward(bf16 *x, bf16 *out, float *rstd, const bf16 *base,
+                                     const bf16 *route, const float *alpha, const bf16 *weight,
+                                     int rows, int d, float eps, cudaStream_t stream);
 size_t cuda_rmsnorm_backward_workspace_floats(int rows, int d);
 void cuda_rmsnorm_backward(bf16 *dx, GradMode dx_mode, float *dweight, const bf16 *dout,
                            const bf16 *x, const bf16 *weight, const float *rstd, int rows,

@@ -3,6 +3,8 @@
  *
  * Forward: rstd = rsqrt(mean(x^2) + eps) in fp32, out = bf16(weight * bf16(x * rstd)), the
  * product order of Hugging Face's LlamaRMSNorm (cast to the activation dtype, then weight).
+ * The gated forward (add_scaled_rmsnorm_forward) first forms x = bf16(base + alpha * route)
+ * in the registers that hold the row, stores it, and norms it as above.
  * Backward, with xhat = x * rstd and dxhat = dout * weight (fp32):
  *   g        = rstd * (dxhat - xhat * mean(dxhat * xhat))
  *   dx      += g, or = +0.0 + g without reading dx (GRAD_WRITE: the bits of an add into
@@ -61,10 +63,19 @@ static int rmsnorm_rows_per_group(int rows, RmsnormShape shape)
     return per_group < 1 ? 1 : per_group;
 }
 
+/* The norm's input row, with a gate (route not NULL: add_scaled_rmsnorm_forward) formed
+ * first: x = bf16(base + *alpha * route), scaled_add's rounding, stored to gated. */
+struct NormInput {
+    const bfloat *x; /* or the gate's base */
+    const bfloat *route;
+    const float *alpha;
+    bfloat *gated;
+};
+
 template <int ROW_THREADS, int CHUNKS, bool VECTOR>
 __global__ void __launch_bounds__(RMSNORM_THREADS)
-    rmsnorm_forward_kernel(bfloat *out, float *rstd, const bfloat *x, const bfloat *weight,
-                           int rows, int d, float eps)
+    rmsnorm_forward_kernel(bfloat *out, float *rstd, const NormInput input,
+                           const bfloat *weight, int rows, int d, float eps)
 {
     __shared__ float scratch[RMSNORM_THREADS / 32];
     int lane = threadIdx.x % ROW_THREADS;
@@ -72,11 +83,30 @@ __global__ void __launch_bounds__(RMSNORM_THREADS)
     if (row >= rows)
         return; /* a whole team leaves together (a whole block when ROW_THREADS = 256) */
 
-    const bfloat *x_row = x + (size_t)row * d;
-    uint4 raw[CHUNKS];
+    const bfloat *x_row = input.x + (size_t)row * d;
+    uint4 raw[CHUNKS], route_raw[CHUNKS];
 #pragma unroll
-    for (int chunk = 0; chunk < CHUNKS; chunk++)
+    for (int chunk = 0; chunk < CHUNKS; chunk++) {
         raw[chunk] = load8_raw<VECTOR>(x_row, (chunk * ROW_THREADS + lane) * 8, d);
+        if (input.route)
+            route_raw[chunk] = load8_raw<VECTOR>(input.route + (size_t)row * d,
+                                                 (chunk * ROW_THREADS + lane) * 8, d);
+    }
+    if (input.route) { /* the gate, rounded once: the norm reads the rounded x */
+        const float scale = *input.alpha;
+#pragma unroll
+        for (int chunk = 0; chunk < CHUNKS; chunk++) {
+            float sums[8], others[8];
+            unpack8(sums, raw[chunk]);
+            unpack8(others, route_raw[chunk]);
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                sums[k] = scaled_add(sums[k], scale, others[k]);
+            raw[chunk] = pack8(sums);
+            store8_raw<VECTOR>(input.gated + (size_t)row * d, (chunk * ROW_THREADS + lane) * 8,
+                               d, raw[chunk]);
+        }
+    }
 
     float sum_squares = 0.0f;
 #pragma unroll
@@ -251,8 +281,8 @@ __global__ void __launch_bounds__(REDUCE_COLUMNS *REDUCE_SLICES)
 /* The kernels are instantiated for each row-team shape; these tables pick the instance.
  * Index: [row_threads == 32 ? 0 : 1][chunks 1, 2, 4 -> 0, 1, 2]. */
 typedef void (*ForwardLaunch)(bool vector, unsigned blocks, cudaStream_t stream, bfloat *out,
-                              float *rstd, const bfloat *x, const bfloat *weight, int rows,
-                              int d, float eps);
+                              float *rstd, const NormInput &input, const bfloat *weight,
+                              int rows, int d, float eps);
 typedef void (*BackwardLaunch)(bool vector, unsigned blocks, cudaStream_t stream, bfloat *dx,
                                bool accumulate, bfloat *branch, float *partials,
                                const bfloat *dout, const bfloat *x, const bfloat *weight,
@@ -260,15 +290,15 @@ typedef void (*BackwardLaunch)(bool vector, unsigned blocks, cudaStream_t stream
 
 template <int ROW_THREADS, int CHUNKS>
 static void launch_forward(bool vector, unsigned blocks, cudaStream_t stream, bfloat *out,
-                           float *rstd, const bfloat *x, const bfloat *weight, int rows, int d,
-                           float eps)
+                           float *rstd, const NormInput &input, const bfloat *weight, int rows,
+                           int d, float eps)
 {
     if (vector)
         rmsnorm_forward_kernel<ROW_THREADS, CHUNKS, true>
-            <<<blocks, RMSNORM_THREADS, 0, stream>>>(out, rstd, x, weight, rows, d, eps);
+            <<<blocks, RMSNORM_THREADS, 0, stream>>>(out, rstd, input, weight, rows, d, eps);
     else
         rmsnorm_forward_kernel<ROW_THREADS, CHUNKS, false>
-            <<<blocks, RMSNORM_THREADS, 0, stream>>>(out, rstd, x, weight, rows, d, eps);
+            <<<blocks, RMSNORM_THREADS, 0, stream>>>(out, rstd, input, weight, rows, d, eps);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -308,18 +338,38 @@ static int chunk_index(RmsnormShape shape)
     return shape.chunks == 1 ? 0 : shape.chunks == 2 ? 1 : 2;
 }
 
-extern "C" void cuda_rmsnorm_forward(bf16 *out, float *rstd, const bf16 *x, const bf16 *weight,
-                                     int rows, int d, float eps, cudaStream_t stream)
+static void rmsnorm_forward_launch(bf16 *out, float *rstd, const NormInput &input,
+                                   const bf16 *weight, int rows, int d, float eps,
+                                   cudaStream_t stream)
 {
     if (rows <= 0 || d <= 0)
         return;
     RmsnormShape shape = rmsnorm_shape(d);
     int rows_per_block = RMSNORM_THREADS / shape.row_threads;
     unsigned blocks = (unsigned)((rows + rows_per_block - 1) / rows_per_block);
-    bool vector = d % 8 == 0 && is_aligned_16(out) && is_aligned_16(x) && is_aligned_16(weight);
+    bool vector = d % 8 == 0 && is_aligned_16(out) && is_aligned_16(input.x) &&
+                  is_aligned_16(weight) && is_aligned_16(input.route) &&
+                  is_aligned_16(input.gated);
     forward_launches[team_index(shape)][chunk_index(shape)](
-        vector, blocks, stream, (bfloat *)out, rstd, (const bfloat *)x, (const bfloat *)weight,
-        rows, d, eps);
+        vector, blocks, stream, (bfloat *)out, rstd, input, (const bfloat *)weight, rows, d, eps);
+}
+
+extern "C" void cuda_rmsnorm_forward(bf16 *out, float *rstd, const bf16 *x, const bf16 *weight,
+                                     int rows, int d, float eps, cudaStream_t stream)
+{
+    const NormInput input = {(const bfloat *)x, NULL, NULL, NULL};
+    rmsnorm_forward_launch(out, rstd, input, weight, rows, d, eps, stream);
+}
+
+/* One pass where add_scaled then rmsnorm_forward took two: 4 rows moved instead of 5 (base
+ * and route read, x and out written). */
+extern "C" void cuda_add_scaled_rmsnorm_forward(bf16 *x, bf16 *out, float *rstd,
+                                                const bf16 *base, const bf16 *route,
+                                                const float *alpha, const bf16 *weight, int rows,
+                                                int d, float eps, cudaStream_t stream)
+{
+    const NormInput input = {(const bfloat *)base, (const bfloat *)route, alpha, (bfloat *)x};
+    rmsnorm_forward_launch(out, rstd, input, weight, rows, d, eps, stream);
 }
 
 extern "C" size_t cuda_rmsnorm_backward_workspace_floats(int rows, int d)

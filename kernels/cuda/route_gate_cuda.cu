@@ -38,7 +38,7 @@ __global__ void __launch_bounds__(GATE_THREADS)
         load8<VECTOR>(other, x, i, n);
 #pragma unroll
         for (int k = 0; k < 8; k++)
-            sum[k] += scale * other[k];
+            sum[k] = scaled_add(sum[k], scale, other[k]);
         store8<VECTOR>(out, i, n, sum);
     }
 }
