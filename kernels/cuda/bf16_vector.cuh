@@ -114,36 +114,73 @@ __device__ __forceinline__ float scaled_add(float base, float scale, float x)
     return __fmaf_rn(scale, x, base);
 }
 
-/* 8 fp32, 0 past `count`. */
+/* COUNT fp32 (a multiple of 4), 0 past `count`: COUNT / 4 16-byte loads on the vector
+ * path. */
+template <int COUNT, bool VECTOR>
+__device__ __forceinline__ void load_floats(float out[COUNT], const float *base, size_t index,
+                                            size_t count)
+{
+    if (VECTOR && index + COUNT <= count) {
+#pragma unroll
+        for (int q = 0; q < COUNT / 4; q++) {
+            const float4 v = *reinterpret_cast<const float4 *>(base + index + 4 * q);
+            out[4 * q] = v.x, out[4 * q + 1] = v.y, out[4 * q + 2] = v.z, out[4 * q + 3] = v.w;
+        }
+        return;
+    }
+#pragma unroll
+    for (int k = 0; k < COUNT; k++)
+        out[k] = index + k < count ? base[index + k] : 0.0f;
+}
+
+/* COUNT fp32 stored (COUNT / 4 16-byte stores on the vector path); nothing past `count`. */
+template <int COUNT, bool VECTOR>
+__device__ __forceinline__ void store_floats(float *base, size_t index, size_t count,
+                                             const float in[COUNT])
+{
+    if (VECTOR && index + COUNT <= count) {
+#pragma unroll
+        for (int q = 0; q < COUNT / 4; q++)
+            *reinterpret_cast<float4 *>(base + index + 4 * q) =
+                make_float4(in[4 * q], in[4 * q + 1], in[4 * q + 2], in[4 * q + 3]);
+        return;
+    }
+#pragma unroll
+    for (int k = 0; k < COUNT; k++)
+        if (index + k < count)
+            base[index + k] = in[k];
+}
+
 template <bool VECTOR>
 __device__ __forceinline__ void load8_float(float out[8], const float *base, size_t index,
                                             size_t count)
 {
-    if (VECTOR && index + 8 <= count) {
-        float4 low = *reinterpret_cast<const float4 *>(base + index);
-        float4 high = *reinterpret_cast<const float4 *>(base + index + 4);
-        out[0] = low.x, out[1] = low.y, out[2] = low.z, out[3] = low.w;
-        out[4] = high.x, out[5] = high.y, out[6] = high.z, out[7] = high.w;
-        return;
-    }
-#pragma unroll
-    for (int k = 0; k < 8; k++)
-        out[k] = index + k < count ? base[index + k] : 0.0f;
+    load_floats<8, VECTOR>(out, base, index, count);
 }
 
 template <bool VECTOR>
 __device__ __forceinline__ void store8_float(float *base, size_t index, size_t count,
                                              const float in[8])
 {
-    if (VECTOR && index + 8 <= count) {
-        *reinterpret_cast<float4 *>(base + index) = make_float4(in[0], in[1], in[2], in[3]);
-        *reinterpret_cast<float4 *>(base + index + 4) = make_float4(in[4], in[5], in[6], in[7]);
+    store_floats<8, VECTOR>(base, index, count, in);
+}
+
+/* 4 fp32 rounded once to bf16 (nearest even) and stored, one 8-byte store on the vector
+ * path; nothing past `count`. */
+template <bool VECTOR>
+__device__ __forceinline__ void store4(bfloat *base, size_t index, size_t count,
+                                       const float in[4])
+{
+    if (VECTOR && index + 4 <= count) {
+        const __nv_bfloat162 pairs[2] = {__floats2bfloat162_rn(in[0], in[1]),
+                                         __floats2bfloat162_rn(in[2], in[3])};
+        *reinterpret_cast<uint2 *>(base + index) = *reinterpret_cast<const uint2 *>(pairs);
         return;
     }
 #pragma unroll
-    for (int k = 0; k < 8; k++)
+    for (int k = 0; k < 4; k++)
         if (index + k < count)
-            base[index + k] = in[k];
+            base[index + k] = __float2bfloat16_rn(in[k]);
 }
 
 /* Sum of `value` over the ROW_THREADS consecutive threads of a row (32: one warp; a multiple

@@ -30,51 +30,6 @@ struct AdamwKernelScalars {
     float beta1, beta2, eps, decay, step_size, bias_correction2_sqrt, grad_scale, ema_decay;
 };
 
-/* Four fp32 values at `index` (one 16-byte access on the vector path), 0 past `count`. */
-template <bool VECTOR>
-__device__ __forceinline__ float4 load4_float(const float *base, size_t index, size_t count)
-{
-    if (VECTOR && index + 4 <= count)
-        return *reinterpret_cast<const float4 *>(base + index);
-    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    float *lanes = reinterpret_cast<float *>(&v);
-#pragma unroll
-    for (int k = 0; k < 4; k++)
-        lanes[k] = index + k < count ? base[index + k] : 0.0f;
-    return v;
-}
-
-template <bool VECTOR>
-__device__ __forceinline__ void store4_float(float *base, size_t index, size_t count, float4 v)
-{
-    if (VECTOR && index + 4 <= count) {
-        *reinterpret_cast<float4 *>(base + index) = v;
-        return;
-    }
-    const float *lanes = reinterpret_cast<const float *>(&v);
-#pragma unroll
-    for (int k = 0; k < 4; k++)
-        if (index + k < count)
-            base[index + k] = lanes[k];
-}
-
-/* Four fp32 rounded once to bf16 (nearest even), one 8-byte access on the vector path. */
-template <bool VECTOR>
-__device__ __forceinline__ void store4_bf16(bfloat *base, size_t index, size_t count, float4 v)
-{
-    if (VECTOR && index + 4 <= count) {
-        __nv_bfloat162 pairs[2] = {__floats2bfloat162_rn(v.x, v.y),
-                                   __floats2bfloat162_rn(v.z, v.w)};
-        *reinterpret_cast<uint2 *>(base + index) = *reinterpret_cast<const uint2 *>(pairs);
-        return;
-    }
-    const float *lanes = reinterpret_cast<const float *>(&v);
-#pragma unroll
-    for (int k = 0; k < 4; k++)
-        if (index + k < count)
-            base[index + k] = __float2bfloat16_rn(lanes[k]);
-}
-
 /* One parameter's update, the formulas of kernels/cpu/optimizer_cpu.c term by term. */
 __device__ __forceinline__ void adamw_one(float &p, float g, float &m, float &v,
                                           const AdamwKernelScalars &s)
@@ -101,26 +56,27 @@ __global__ void __launch_bounds__(OPTIMIZER_THREADS)
 {
     const size_t stride = (size_t)gridDim.x * blockDim.x * 4;
     for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 4; i < n; i += stride) {
-        float4 p = load4_float<VECTOR>(params, i, n);
-        const float4 g = load4_float<VECTOR>(grads, i, n);
-        float4 m = load4_float<VECTOR>(exp_avg, i, n);
-        float4 v = load4_float<VECTOR>(exp_avg_sq, i, n);
-        float4 e = ema ? load4_float<VECTOR>(ema, i, n) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        adamw_one(p.x, g.x, m.x, v.x, s);
-        adamw_one(p.y, g.y, m.y, v.y, s);
-        adamw_one(p.z, g.z, m.z, v.z, s);
-        adamw_one(p.w, g.w, m.w, v.w, s);
-        store4_float<VECTOR>(params, i, n, p);
-        store4_float<VECTOR>(exp_avg, i, n, m);
-        store4_float<VECTOR>(exp_avg_sq, i, n, v);
+        float p[4], g[4], m[4], v[4], e[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        load_floats<4, VECTOR>(p, params, i, n);
+        load_floats<4, VECTOR>(g, grads, i, n);
+        load_floats<4, VECTOR>(m, exp_avg, i, n);
+        load_floats<4, VECTOR>(v, exp_avg_sq, i, n);
+        if (ema)
+            load_floats<4, VECTOR>(e, ema, i, n);
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            adamw_one(p[k], g[k], m[k], v[k], s);
+        store_floats<4, VECTOR>(params, i, n, p);
+        store_floats<4, VECTOR>(exp_avg, i, n, m);
+        store_floats<4, VECTOR>(exp_avg_sq, i, n, v);
         if (ema) {
-            const float keep = s.ema_decay, take = 1.0f - s.ema_decay;
-            e = make_float4(keep * e.x + take * p.x, keep * e.y + take * p.y,
-                            keep * e.z + take * p.z, keep * e.w + take * p.w);
-            store4_float<VECTOR>(ema, i, n, e);
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                e[k] = s.ema_decay * e[k] + (1.0f - s.ema_decay) * p[k];
+            store_floats<4, VECTOR>(ema, i, n, e);
         }
         if (compute_copy)
-            store4_bf16<VECTOR>(compute_copy, i, n, p);
+            store4<VECTOR>(compute_copy, i, n, p);
     }
 }
 
