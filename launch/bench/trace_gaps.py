@@ -2,7 +2,7 @@
 """launch/bench/trace_gaps.py — where the GPU waits, from a timeline written by
 launch/tools/kernel_trace.c (launch/bench/trace_step.sh runs it).
 
-    trace_gaps.py TRACE.csv [--marker NAME] [--every K]
+    trace_gaps.py TRACE.csv [--marker NAME] [--every K] [--against OTHER.csv]
 
 The window is one period of the run: from the start of the K-th-from-last launch of the
 first kernel whose name contains NAME to the start of the last one (by default the
@@ -12,6 +12,9 @@ launch it twice a microbatch: K = 8). Within it: the GPU's busy time (the union 
 copies and memsets), its idle time, the time of each kind of activity, and the gaps between
 consecutive GPU activities summed by what came before and after them, and by the host's
 CUDA runtime calls that were under way while the GPU waited.
+With --against, the same window of another run's timeline (another build, say) is read too,
+and each kernel's time in this window is printed beside its time there, largest changes
+first: what moved between two builds, kernel by kernel, one step each.
 """
 import argparse
 import collections
@@ -23,17 +26,10 @@ def short(name, width=48):
     return name.split("(")[0][:width]
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("trace")
-    parser.add_argument("--marker", default="embedding_forward")
-    parser.add_argument("--every", type=int, default=4)
-    parser.add_argument("--gap-us", type=float, default=5.0, help="gaps listed from this size")
-    parser.add_argument("--top", type=int, default=25, help="activities listed by time")
-    args = parser.parse_args()
-
+def read_trace(path):
+    """The GPU's activities and the host's runtime calls, (start, end, name), sorted."""
     gpu, host = [], []
-    for line in open(args.trace, errors="replace"):
+    for line in open(path, errors="replace"):
         fields = line.rstrip("\n").split(",", 3)
         if len(fields) < 3:
             continue
@@ -52,11 +48,57 @@ def main():
             host.append((start, end, rest))
     gpu.sort()
     host.sort()
-    marks = [s for s, _, name in gpu if args.marker in name]
-    if len(marks) < args.every + 1:
-        sys.exit(f"trace_gaps: {len(marks)} launches of '{args.marker}', need {args.every + 1}")
-    begin, finish = marks[-1 - args.every], marks[-1]
-    window = [a for a in gpu if begin <= a[0] < finish]
+    return gpu, host
+
+
+def step_window(gpu, marker, every, path):
+    """(begin, finish, activities) of the window the module's docstring names."""
+    marks = [s for s, _, name in gpu if marker in name]
+    if len(marks) < every + 1:
+        sys.exit(f"trace_gaps: {path}: {len(marks)} launches of '{marker}', need {every + 1}")
+    begin, finish = marks[-1 - every], marks[-1]
+    return begin, finish, [a for a in gpu if begin <= a[0] < finish]
+
+
+def kernel_times(window):
+    """Each activity's summed time and launch count in the window."""
+    times, counts = collections.Counter(), collections.Counter()
+    for start, end, name in window:
+        times[name] += end - start
+        counts[name] += 1
+    return times, counts
+
+
+def print_against(times, counts, other_times, other_counts, at_least_us):
+    names = set(times) | set(other_times)
+    moved = sorted(names, key=lambda n: times[n] - other_times[n])
+    print(f"\nagainst the other run (this window less the other's, changes of at least "
+          f"{at_least_us:g} us):")
+    for name in moved:
+        change = times[name] - other_times[name]
+        if abs(change) < at_least_us * 1e3:
+            continue
+        print(f"{change / 1e6:+8.2f} ms   {times[name] / 1e6:8.2f} ms {counts[name]:5d}x   "
+              f"against {other_times[name] / 1e6:8.2f} ms {other_counts[name]:5d}x   {name}")
+    total, other_total = sum(times.values()), sum(other_times.values())
+    print(f"{(total - other_total) / 1e6:+8.2f} ms   {total / 1e6:8.2f} ms in all against "
+          f"{other_total / 1e6:8.2f} ms")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("trace")
+    parser.add_argument("--marker", default="embedding_forward")
+    parser.add_argument("--every", type=int, default=4)
+    parser.add_argument("--gap-us", type=float, default=5.0, help="gaps listed from this size")
+    parser.add_argument("--top", type=int, default=25, help="activities listed by time")
+    parser.add_argument("--against", help="another run's timeline: kernel times compared")
+    parser.add_argument("--moved-us", type=float, default=150.0,
+                        help="the smallest change --against lists")
+    args = parser.parse_args()
+
+    gpu, host = read_trace(args.trace)
+    begin, finish, window = step_window(gpu, args.marker, args.every, args.trace)
 
     busy, covered_until = 0, begin
     gaps = []
@@ -74,10 +116,7 @@ def main():
     print(f"window {span / 1e6:.1f} ms ({len(window)} GPU activities): busy {busy / 1e6:.1f} ms, "
           f"idle {idle / 1e6:.1f} ms ({100 * idle / span:.1f}%)")
 
-    by_kernel, count_kernel = collections.Counter(), collections.Counter()
-    for start, end, name in window:
-        by_kernel[name] += end - start
-        count_kernel[name] += 1
+    by_kernel, count_kernel = kernel_times(window)
     print(f"\nthe GPU's time by activity (in the stream, at the clocks of a running step):")
     for name, size in by_kernel.most_common(args.top):
         print(f"{size / 1e6:8.2f} ms {count_kernel[name]:5d}x  {name}")
@@ -113,6 +152,11 @@ def main():
           f"{args.gap_us:g} us):")
     for call, size in by_call.most_common(12):
         print(f"{size / 1e6:8.2f} ms  {call}")
+
+    if args.against:
+        other_gpu, _ = read_trace(args.against)
+        _, _, other_window = step_window(other_gpu, args.marker, args.every, args.against)
+        print_against(by_kernel, count_kernel, *kernel_times(other_window), args.moved_us)
 
 
 if __name__ == "__main__":
