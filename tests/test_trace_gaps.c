@@ -12,12 +12,15 @@
 /* Two periods opened by "embedding_forward": each a 1 us embedding, two 100 us matmuls that
  * overlap by 10 us (their union counts once: 190 us), then a 50 us host copy call during
  * which the GPU waits 40 us and copies for 10 us (device to host, 4096 bytes). Times in ns. */
-static const char trace[] =
-    "K,0,1000,void embedding_forward_kernel<1>(x)\n"
-    "K,1000,101000,matmul\n"
-    "K,91000,191000,matmul\n"
-    "R,191000,241000,cudaMemcpy\n"
+#define FIRST_PERIOD                                                   \
+    "K,0,1000,void embedding_forward_kernel<1>(x)\n"                   \
+    "K,1000,101000,matmul\n"                                           \
+    "K,91000,191000,matmul\n"                                          \
+    "R,191000,241000,cudaMemcpy\n"                                     \
     "C,231000,241000,4096,2\n"
+
+static const char trace[] =
+    FIRST_PERIOD
     "K,241000,242000,void embedding_forward_kernel<1>(x)\n"
     "K,242000,342000,matmul\n"
     "K,332000,432000,matmul\n"
@@ -50,11 +53,7 @@ Test(trace_gaps, gives_the_busy_and_idle_time_of_a_period_and_the_host_calls_in_
  * (300 us against 200) and whose copy is unchanged: --against lists the matmuls' change
  * and the totals, and leaves out what did not move. */
 static const char slower_trace[] =
-    "K,0,1000,void embedding_forward_kernel<1>(x)\n"
-    "K,1000,101000,matmul\n"
-    "K,91000,191000,matmul\n"
-    "R,191000,241000,cudaMemcpy\n"
-    "C,231000,241000,4096,2\n"
+    FIRST_PERIOD
     "K,241000,242000,void embedding_forward_kernel<1>(x)\n"
     "K,242000,392000,matmul\n"
     "K,392000,542000,matmul\n"
