@@ -476,15 +476,16 @@ void route_walk_site_forward(RouteWalk *walk, int j, const Activation *base, Act
                            base, x);
         return;
     }
+    InputGate gate;
+    if (route_walk_site_gate(walk, j, base, &gate)) { /* x = p + alpha * Route */
+        walk->backend->add_scaled(x, gate.base, gate.route, gate.alpha,
+                                  (size_t)walk->rows * walk->d);
+        return;
+    }
     const int block = walk->plan->sublayer_block[j];
     const int i = j - block_first_site(walk, block);
     if (walk->open_block != block)
         block_open(walk, block);
-    if (!walk->streams) { /* x = p + alpha * Route */
-        walk->backend->add_scaled(x, base, model->scratch.route.block_results[i],
-                                  model->site_params[j].alpha, (size_t)walk->rows * walk->d);
-        return;
-    }
     /* a merge needs the site's partial, complete now; the backward's reopening merged */
     if (walk->replace && i > 0 && !walk->backward)
         site_merge(walk, block, i);
