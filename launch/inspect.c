@@ -2,6 +2,7 @@
  * (see inspect.h). */
 #include "launch/inspect.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,9 +14,18 @@
 #include "runtime/config.h"
 #include "runtime/error.h"
 
-/* Measured bytes per step of one stage, from its object in metrics.jsonl's comm array. */
+enum { TIME_FIELDS = 8 };
+static const char *const time_keys[TIME_FIELDS] = {
+    "fsdp_allgather_ms", "fsdp_allgather_exposed_ms", "fsdp_reducescatter_ms",
+    "fsdp_reducescatter_exposed_ms", "pp_send_ms", "pp_send_exposed_ms", "pp_recv_ms",
+    "pp_recv_exposed_ms",
+};
+
+/* What one stage measured a step, from its object in metrics.jsonl's comm array: bytes, and
+ * the times of runtime/metrics.h (NAN where a line has none: logs written before them). */
 typedef struct {
     long long send, recv, summary, summary_uncached, allgather, reducescatter, allreduce;
+    double times[TIME_FIELDS];
 } StageBytes;
 
 static const char usage[] = "usage: fathom inspect DIR [--json] | fathom inspect --comm RUN_DIR";
@@ -30,6 +40,19 @@ static long long field_in(const char *object, const char *end, const char *key,
     if (!at || at >= end)
         fatal(EXIT_DATA, "%s: a comm object has no %s", path, key);
     return atoll(at + strlen(pattern));
+}
+
+/* The number after "key": inside [object, end); NAN where it is absent or null. */
+static double time_in(const char *object, const char *end, const char *key)
+{
+    char pattern[64];
+    snprintf(pattern, sizeof pattern, "\"%s\":", key);
+    const char *at = strstr(object, pattern);
+    if (!at || at >= end)
+        return NAN;
+    char *after;
+    const double value = strtod(at + strlen(pattern), &after);
+    return after == at + strlen(pattern) ? NAN : value;
 }
 
 /* The last step line of metrics.jsonl that carries `comm`, its step and stages. */
@@ -57,15 +80,18 @@ static int read_measured(const char *run_dir, StageBytes *stages, int capacity, 
         const char *end = strchr(object, '}');
         if (!end)
             fatal(EXIT_DATA, "%s: a truncated comm object", path);
-        stages[n++] = (StageBytes){
-            field_in(object, end, "pp_send_bytes", path),
-            field_in(object, end, "pp_recv_bytes", path),
-            field_in(object, end, "pp_summary_bytes", path),
-            field_in(object, end, "pp_summary_bytes_uncached", path),
-            field_in(object, end, "fsdp_allgather_bytes", path),
-            field_in(object, end, "fsdp_reducescatter_bytes", path),
-            field_in(object, end, "allreduce_bytes", path),
+        stages[n] = (StageBytes){
+            .send = field_in(object, end, "pp_send_bytes", path),
+            .recv = field_in(object, end, "pp_recv_bytes", path),
+            .summary = field_in(object, end, "pp_summary_bytes", path),
+            .summary_uncached = field_in(object, end, "pp_summary_bytes_uncached", path),
+            .allgather = field_in(object, end, "fsdp_allgather_bytes", path),
+            .reducescatter = field_in(object, end, "fsdp_reducescatter_bytes", path),
+            .allreduce = field_in(object, end, "allreduce_bytes", path),
         };
+        for (int k = 0; k < TIME_FIELDS; k++)
+            stages[n].times[k] = time_in(object, end, time_keys[k]);
+        n++;
         if (end[1] == ']')
             break;
     }
@@ -80,6 +106,26 @@ static void print_bytes(long long bytes)
         printf(" %11.2f MB", bytes / 1e6);
     else
         printf(" %11lld  B", bytes);
+}
+
+/* The communication times of the last logged step, where the log has them. */
+static void print_times(const StageBytes *measured, int stages)
+{
+    for (int stage = 0; stage < stages; stage++)
+        for (int k = 0; k < TIME_FIELDS; k++)
+            if (isnan(measured[stage].times[k]))
+                return;
+    printf("\ncommunication time per step, ms (a rank's, the mean over the stage's ranks; "
+           "exposed: the compute stream waited for it)\n");
+    printf("%5s %11s %8s %12s %8s %9s %8s %9s %8s\n", "stage", "all-gather", "exposed",
+           "reduce-scat.", "exposed", "pp send", "exposed", "pp recv", "exposed");
+    for (int stage = 0; stage < stages; stage++) {
+        printf("%5d", stage);
+        for (int k = 0; k < TIME_FIELDS; k++)
+            printf(" %*.2f", k == 0 ? 11 : k == 2 ? 12 : k % 2 ? 8 : 9,
+                   measured[stage].times[k]);
+        printf("\n");
+    }
 }
 
 int inspect_main(int argc, char **argv)
@@ -165,6 +211,7 @@ int inspect_main(int argc, char **argv)
     }
     printf(mismatches ? "%d measured values differ from the prediction\n"
                       : "every measured value equals the prediction\n", mismatches);
+    print_times(measured, P);
     free(spans);
     free(measured);
     residual_plan_free(&plan);

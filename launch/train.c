@@ -5,6 +5,7 @@
 #include "launch/backend_select.h"
 #include "launch/memory_plan.h"
 #include "launch/step_budget.h"
+#include "launch/train_comm.h"
 #include "launch/run_state.h"
 #include "model/model.h"
 #include "model/params.h"
@@ -278,32 +279,6 @@ static void print_config_summary(const Config *config, const char *path, int n_o
            residual->form == FORM_DELTA ? "delta" : "replace");
 }
 
-/* The comm array of metrics.jsonl (DESIGN 6): each rank's counters since the last log,
- * summed per stage over its dp ranks, on every rank. stages: [pp]. */
-static void gather_comm(const RankGrid *grid, MetricsComm *stages)
-{
-    enum { FIELDS = 7 };
-    static const CommKind kinds[FIELDS] = {
-        COMM_KIND_PP_SEND, COMM_KIND_PP_RECV, COMM_KIND_PP_SUMMARY,
-        COMM_KIND_PP_SUMMARY_UNCACHED, COMM_KIND_FSDP_ALLGATHER,
-        COMM_KIND_FSDP_REDUCESCATTER, COMM_KIND_ALLREDUCE,
-    };
-    int64_t *mine = xcalloc((size_t)grid->pp * FIELDS, sizeof *mine);
-    int64_t *total = xcalloc((size_t)grid->pp * FIELDS, sizeof *total);
-    for (int k = 0; k < FIELDS; k++)
-        mine[grid->stage * FIELDS + k] = (int64_t)comm_counter(kinds[k]);
-    comm_counters_reset();
-    comm_allreduce_sum(grid->world, mine, total, (size_t)grid->pp * FIELDS, COMM_INT64,
-                       COMM_KIND_OTHER);
-    comm_counters_reset(); /* the metrics' own sum is not the run's traffic */
-    for (int s = 0; s < grid->pp; s++) {
-        const int64_t *t = total + s * FIELDS;
-        stages[s] = (MetricsComm){t[0], t[1], t[2], t[3], t[4], t[5], t[6]};
-    }
-    free(mine);
-    free(total);
-}
-
 /* Whether any rank was asked to stop: every rank leaves after the same step. */
 static bool stop_agreed(const RankGrid *grid)
 {
@@ -410,14 +385,10 @@ int train_main(int argc, char **argv)
     int64_t tokens_per_step = (int64_t)config.train.global_batch_size * config.train.seq_len;
     LogWindow window = {0};
     bool hops_reported = false;
-    /* FSDP's share of the steps, from events around its groups (printed at the end) */
-    FsdpTimes fsdp_total = {0};
-    double step_seconds = 0;
-    int timed_steps = 0;
-    fsdp_set_timing(model_fsdp(model), grid.dp > 1);
     MetricsComm *comm = xcalloc((size_t)grid.pp, sizeof *comm);
+    TrainComm train_comm;
+    train_comm_begin(&train_comm, &grid);
     bool saved_last = false, stopping = false;
-    comm_counters_reset();
 
     if (leader && state.step >= config.train.steps)
         printf("fathom: %s is at step %lld already and train.steps = %d: nothing to train "
@@ -433,6 +404,7 @@ int train_main(int argc, char **argv)
     }
     while (state.step < config.train.steps && !stopping) {
         int step_number = (int)state.step + 1;
+        train_comm_step_start(&train_comm);
         double started = timer_seconds();
         double lr = lr_at_step(&config.optim, step_number, config.train.steps);
 
@@ -447,6 +419,7 @@ int train_main(int argc, char **argv)
             optim_check_skipped(&optimizer, config.train.max_skipped);
         }
         backend->synchronize();
+        train_comm_step_end(&train_comm, step_number, timer_seconds() - started);
         if (leader && !hops_reported) {
             report_held_hops(&config, backend, &grid, &step);
             hops_reported = true;
@@ -464,23 +437,10 @@ int train_main(int argc, char **argv)
         window.zloss_sum += result.zloss;
         window.seconds += timer_seconds() - started;
         window.steps++;
-        if (grid.dp > 1 && step_number > 1) { /* the first step pays for warm-up */
-            const FsdpTimes times = fsdp_step_times(model_fsdp(model));
-            fsdp_total.gather_ms += times.gather_ms;
-            fsdp_total.reduce_ms += times.reduce_ms;
-            fsdp_total.gathers += times.gathers;
-            fsdp_total.reduces += times.reduces;
-            step_seconds += timer_seconds() - started;
-            timed_steps++;
-        }
 
         bool last = step_number == config.train.steps;
         if (step_number % config.log.every == 0 || last || stopping) {
-            gather_comm(&grid, comm);
-            for (int s = 0; s < grid.pp; s++) /* per step, as DESIGN 6 counts them */
-                for (int64_t *field = &comm[s].pp_send_bytes;
-                     field <= &comm[s].allreduce_bytes; field++)
-                    *field /= window.steps;
+            train_comm_gather(&train_comm, &grid, window.steps, comm);
             MetricsStep line = {
                 .step = step_number,
                 .loss = window.loss_sum / window.steps,
@@ -529,12 +489,7 @@ int train_main(int argc, char **argv)
         save_checkpoint(&step, &state, model, &config);
     }
 
-    if (leader && timed_steps > 0)
-        printf("fathom: fsdp on rank 0, per step (mean of %d): gathers %.2f ms in %d groups, "
-               "reduce-scatters %.2f ms in %d groups, of a %.2f ms step\n", timed_steps,
-               fsdp_total.gather_ms / timed_steps, fsdp_total.gathers / timed_steps,
-               fsdp_total.reduce_ms / timed_steps, fsdp_total.reduces / timed_steps,
-               1e3 * step_seconds / timed_steps);
+    train_comm_report(&train_comm, &grid);
     free(comm);
     step_destroy(&step);
     free((void *)optimizer.ranges);

@@ -150,7 +150,12 @@ const NcclTable *cuda_module_nccl(char *why, size_t capacity)
             snprintf(why, capacity, "the CUDA module was built without NCCL");
         return NULL;
     }
-    return getter();
+    const NcclTable *table = getter();
+    if (table->table_bytes != sizeof(NcclTable))
+        fatal(EXIT_CONFIG, "%s was built against another NCCL table (%zu bytes, this binary's "
+              "%zu): rebuild the CUDA module with this fathom, or use device: cpu",
+              cuda_module_probe()->path, table->table_bytes, sizeof(NcclTable));
+    return table;
 }
 
 bool cuda_module_device_bus_id(int ordinal, char *bus_id, size_t capacity)

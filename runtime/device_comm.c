@@ -9,6 +9,9 @@
  * Byte counters: comm.h books the mpi and host-staged bytes itself; nccl's are booked here
  * when the group starts, by the same rule ((n-1) * count_per_rank * element size for both
  * collectives); a group of one moves nothing.
+ * Timing (device_comm.h): a synchronous group is marked on the compute stream around its
+ * run at group_end; an nccl group on the communication stream around the group, and on the
+ * compute stream around the wait at device_comm_work_wait.
  */
 #include "runtime/device_comm.h"
 
@@ -28,6 +31,7 @@
 struct DeviceCommWork {
     DeviceComm *comm;
     NcclWork *nccl;
+    int timed;          /* its timing slot: exposed is marked at the wait */
     DeviceCommWork *next_spare;
 };
 static DeviceCommWork completed_work;
@@ -219,8 +223,11 @@ static DeviceCommWork *start_nccl(DeviceComm *comm)
     else
         work = xcalloc(1, sizeof *work);
     work->comm = comm;
+    work->timed = device_comm_timing_open(comm->backend, comm->queued[0].counter);
+    BackendEvent *begin, *end;
+    device_comm_timing_stream_marks(work->timed, &begin, &end);
     work->nccl = comm->nccl->start(comm->communicator, comm->started, comm->n_queued,
-                                   comm_timeout());
+                                   comm_timeout(), begin, end);
     return work;
 }
 
@@ -231,11 +238,16 @@ DeviceCommWork *device_comm_group_end(DeviceComm *comm)
     if (--comm->depth > 0 || comm->n_queued == 0)
         return &completed_work;
     DeviceCommWork *work = &completed_work;
-    if (comm->communicator)
+    if (comm->communicator) {
         work = start_nccl(comm);
-    else
+    } else {
+        const int timed = device_comm_timing_open(comm->backend, comm->queued[0].counter);
+        device_comm_timing_mark_compute(timed);
         for (int i = 0; i < comm->n_queued; i++)
             run(comm, &comm->queued[i]);
+        device_comm_timing_mark_compute(timed);
+        device_comm_timing_close(timed);
+    }
     comm->n_queued = 0;
     return work;
 }
@@ -245,7 +257,10 @@ void device_comm_work_wait(DeviceCommWork *work)
     if (work == &completed_work)
         return; /* synchronous methods: complete at group_end */
     DeviceComm *comm = work->comm;
+    device_comm_timing_mark_compute(work->timed);
     comm->backend->event_wait(comm->nccl->work_event(work->nccl));
+    device_comm_timing_mark_compute(work->timed);
+    device_comm_timing_close(work->timed);
     comm->nccl->work_release(work->nccl);
     work->nccl = NULL;
     work->next_spare = comm->spare_works;

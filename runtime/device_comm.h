@@ -126,6 +126,40 @@ void device_comm_flush(DeviceComm *comm);
 /* The bytes of the held buffers, and whether they are backend (device) memory. */
 size_t device_comm_held_bytes(const DeviceComm *comm, bool *backend_memory);
 
+/* ---- timing (runtime/device_comm_timing.c) ----
+ *
+ * How long the communication of every DeviceComm of the process ran, and how long the
+ * compute stream stood still for it, by the kind the caller books its bytes under (a group
+ * under its first operation's kind). Process-wide, as comm.h's byte counters are. Off until
+ * device_comm_timing_enable(true); a timed operation then records two events on the compute
+ * stream around the point where it can hold the stream up, and on nccl two more on the
+ * communication stream around the NCCL group:
+ *
+ *   busy     the communication itself. nccl: the communication stream's time from the
+ *            group's start (once the compute it follows has been reached) to its end,
+ *            including any wait for a late peer. The synchronous methods (mpi,
+ *            host-staged, a group of one): the same as exposed.
+ *   exposed  the time the compute stream stood still for it. nccl: from the moment the
+ *            compute stream reached its wait for the work to the work's end, zero when
+ *            the work ended first (hidden behind compute). A send never holds the stream
+ *            up on nccl: its copy into the held buffer is compute. The synchronous
+ *            methods: the whole operation, downloads and uploads included.
+ * busy - exposed is what overlapped compute. A pipeline receive's times include the wait
+ * for the sender to reach its send: the pipeline's bubble shows there.
+ *
+ * device_comm_timing_collect reads the events of every operation timed since the last
+ * collect whose wait has happened (waiting for the device, and for sends to leave) and
+ * starts over; an nccl group not yet waited for is read by a later collect. */
+typedef struct {
+    double busy_ms, exposed_ms;
+    int operations; /* groups, sends and receives timed */
+} DeviceCommTime;
+
+void device_comm_timing_enable(bool enabled);
+bool device_comm_timing_enabled(void);
+/* times[COMM_KIND_COUNT]: what was timed since the last collect, by kind. */
+void device_comm_timing_collect(DeviceCommTime *times);
+
 /* ---- the choice of method, a pure function of what the ranks report (tested alone) ---- */
 
 typedef enum { DEVICE_COMM_MPI, DEVICE_COMM_NCCL, DEVICE_COMM_HOST_STAGED } DeviceCommMethod;

@@ -15,6 +15,9 @@
  * The compute stream orders a held buffer's reuse: its copy-in is queued after everything
  * that read it before (the NCCL send is ordered after the compute stream's ops when it
  * starts, and a group of one copies out on the compute stream itself).
+ * Timing (device_comm.h): every send and receive is a slot of its own; the synchronous
+ * paths are marked on the compute stream around their copies and MPI calls, an NCCL send
+ * on the communication stream only, an NCCL receive on both.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -74,9 +77,22 @@ static int held_take(DeviceComm *comm, size_t bytes)
     return chosen;
 }
 
-static NcclWork *start_one(DeviceComm *comm, NcclOperation *operations, int count)
+/* Starts one NCCL group, timed in slot `timed` on the communication stream. */
+static NcclWork *start_one(DeviceComm *comm, NcclOperation *operations, int count, int timed)
 {
-    return comm->nccl->start(comm->communicator, operations, count, comm_timeout());
+    BackendEvent *begin, *end;
+    device_comm_timing_stream_marks(timed, &begin, &end);
+    return comm->nccl->start(comm->communicator, operations, count, comm_timeout(), begin,
+                             end);
+}
+
+/* The compute stream waits for an NCCL receive; the wait is its exposed time. */
+static void wait_for_receive(DeviceComm *comm, NcclWork *work, int timed)
+{
+    device_comm_timing_mark_compute(timed);
+    comm->backend->event_wait(comm->nccl->work_event(work));
+    device_comm_timing_mark_compute(timed);
+    comm->nccl->work_release(work);
 }
 
 static void check_peer(const DeviceComm *comm, int peer, const char *operation)
@@ -110,8 +126,12 @@ void device_comm_send(DeviceComm *comm, const void *send, size_t bytes, int peer
     DeviceCommHops *hops = &comm->hops;
     const int index = held_take(comm, bytes);
     HeldBuffer *held = &hops->held[index];
+    const int timed = device_comm_timing_open(comm->backend, kind);
     if (comm_size(comm->group) == 1) {
+        device_comm_timing_mark_compute(timed);
         comm->backend->copy(held->memory, send, bytes);
+        device_comm_timing_mark_compute(timed);
+        device_comm_timing_close(timed);
         hops->queue = xrealloc(hops->queue, (size_t)(hops->queue_head + hops->queue_length + 1) *
                                                 sizeof *hops->queue);
         hops->queue[hops->queue_head + hops->queue_length++] = index;
@@ -125,14 +145,18 @@ void device_comm_send(DeviceComm *comm, const void *send, size_t bytes, int peer
         comm->backend->copy(held->memory, send, bytes);
         NcclOperation operation = {NCCL_OPERATION_SEND, held->memory, NULL, bytes, COMM_BYTE,
                                    peer};
-        held->work = start_one(comm, &operation, 1);
+        held->work = start_one(comm, &operation, 1, timed);
+        device_comm_timing_close(timed); /* nothing waits for a send: nothing exposed */
         hops->sent[peer]++;
         comm_count(kind, bytes);
         return;
     }
+    device_comm_timing_mark_compute(timed);
     comm->backend->download(held->memory, send, bytes);
     held->request = comm_send_start(comm->group, held->memory, bytes, peer,
                                     sequence_tag(&hops->sent[peer]), kind);
+    device_comm_timing_mark_compute(timed);
+    device_comm_timing_close(timed);
 }
 
 /* A group of one: the oldest queued message, which must be `bytes` long. */
@@ -156,6 +180,7 @@ void device_comm_recv(DeviceComm *comm, void *recv, size_t bytes, int peer, Comm
     check_peer(comm, peer, "recv");
     ensure_counters(comm);
     DeviceCommHops *hops = &comm->hops;
+    const int timed = device_comm_timing_open(comm->backend, kind);
     if (comm_size(comm->group) == 1) {
         HeldBuffer *held = &hops->held[queue_pop(comm, bytes)];
         if (comm->communicator) { /* forced NCCL: the send and its receive as one group */
@@ -163,12 +188,13 @@ void device_comm_recv(DeviceComm *comm, void *recv, size_t bytes, int peer, Comm
                 {NCCL_OPERATION_SEND, held->memory, NULL, bytes, COMM_BYTE, 0},
                 {NCCL_OPERATION_RECV, NULL, recv, bytes, COMM_BYTE, 0},
             };
-            NcclWork *work = start_one(comm, operations, 2);
-            comm->backend->event_wait(comm->nccl->work_event(work));
-            comm->nccl->work_release(work);
+            wait_for_receive(comm, start_one(comm, operations, 2, timed), timed);
         } else {
+            device_comm_timing_mark_compute(timed);
             comm->backend->copy(recv, held->memory, bytes);
+            device_comm_timing_mark_compute(timed);
         }
+        device_comm_timing_close(timed);
         held->busy = false; /* its reuse is queued after the copy-out on the compute stream */
         hops->received[peer]++;
         comm_count(kind, bytes);
@@ -176,9 +202,8 @@ void device_comm_recv(DeviceComm *comm, void *recv, size_t bytes, int peer, Comm
     }
     if (comm->communicator) {
         NcclOperation operation = {NCCL_OPERATION_RECV, NULL, recv, bytes, COMM_BYTE, peer};
-        NcclWork *work = start_one(comm, &operation, 1);
-        comm->backend->event_wait(comm->nccl->work_event(work));
-        comm->nccl->work_release(work);
+        wait_for_receive(comm, start_one(comm, &operation, 1, timed), timed);
+        device_comm_timing_close(timed);
         hops->received[peer]++;
         comm_count(kind, bytes);
         return;
@@ -188,9 +213,12 @@ void device_comm_recv(DeviceComm *comm, void *recv, size_t bytes, int peer, Comm
         hops->host_recv = xmalloc(bytes + 1);
         hops->host_recv_bytes = bytes;
     }
+    device_comm_timing_mark_compute(timed);
     comm_wait(comm_recv_start(comm->group, hops->host_recv, bytes, peer,
                               sequence_tag(&hops->received[peer]), kind));
     comm->backend->upload(recv, hops->host_recv, bytes);
+    device_comm_timing_mark_compute(timed);
+    device_comm_timing_close(timed);
 }
 
 void device_comm_flush(DeviceComm *comm)

@@ -62,4 +62,16 @@ struct DeviceComm {
 /* Called by device_comm_destroy: flushes and frees the point-to-point state. */
 void device_comm_hops_destroy(DeviceComm *comm);
 
+/* ---- timing slots (runtime/device_comm_timing.c; device_comm.h, "timing") ----
+ * open gives a slot for one operation, or DEVICE_COMM_UNTIMED while timing is off (every
+ * call below then does nothing). mark_compute records on the compute stream: the first
+ * call where the operation can start holding the stream up, the second where it no longer
+ * does. stream_marks hands out the two events for the NCCL table's start() to record on the
+ * communication stream (NULLs when untimed). close: the slot is complete and may be read. */
+enum { DEVICE_COMM_UNTIMED = -1 };
+int device_comm_timing_open(const Backend *backend, CommKind kind);
+void device_comm_timing_mark_compute(int timed);
+void device_comm_timing_stream_marks(int timed, BackendEvent **begin, BackendEvent **end);
+void device_comm_timing_close(int timed);
+
 #endif

@@ -196,10 +196,6 @@ void fsdp_destroy(Fsdp *fsdp)
     backend->release(fsdp->grads);
     if (fsdp->compute)
         backend->release(fsdp->compute);
-    for (int i = 0; i < 2 * fsdp->timed_capacity; i++)
-        backend->event_destroy(fsdp->events[i]);
-    free(fsdp->events);
-    free(fsdp->is_gather);
     for (int u = 0; u < fsdp->n_units; u++)
         free(fsdp->units[u].zero_spans);
     free(fsdp->tensors);
@@ -253,50 +249,6 @@ void fsdp_refresh_compute(Fsdp *fsdp)
 
 void fsdp_params_changed(Fsdp *fsdp) { mark_stale(fsdp); }
 
-/* ---- timing ---- */
-
-void fsdp_set_timing(Fsdp *fsdp, bool enabled) { fsdp->timing = enabled && fsdp->size > 1; }
-FsdpTimes fsdp_step_times(const Fsdp *fsdp) { return fsdp->times; }
-
-/* Marks the start (start = true) or end of the group being timed. */
-static void timing_mark(Fsdp *fsdp, bool start, bool gather)
-{
-    if (!fsdp->timing)
-        return;
-    const Backend *backend = fsdp->backend;
-    if (start && fsdp->n_timed == fsdp->timed_capacity) {
-        const int capacity = fsdp->timed_capacity ? 2 * fsdp->timed_capacity : 64;
-        fsdp->events = xrealloc(fsdp->events, 2 * (size_t)capacity * sizeof *fsdp->events);
-        fsdp->is_gather = xrealloc(fsdp->is_gather, (size_t)capacity * sizeof *fsdp->is_gather);
-        for (int i = 2 * fsdp->timed_capacity; i < 2 * capacity; i++)
-            fsdp->events[i] = backend->event_create();
-        fsdp->timed_capacity = capacity;
-    }
-    if (start)
-        fsdp->is_gather[fsdp->n_timed] = gather;
-    backend->event_record(fsdp->events[2 * fsdp->n_timed + (start ? 0 : 1)]);
-    if (!start)
-        fsdp->n_timed++;
-}
-
-static void timing_collect(Fsdp *fsdp)
-{
-    FsdpTimes times = {0};
-    for (int g = 0; g < fsdp->n_timed; g++) {
-        const float ms = fsdp->backend->event_elapsed_ms(fsdp->events[2 * g],
-                                                         fsdp->events[2 * g + 1]);
-        if (fsdp->is_gather[g]) {
-            times.gather_ms += ms;
-            times.gathers++;
-        } else {
-            times.reduce_ms += ms;
-            times.reduces++;
-        }
-    }
-    fsdp->times = times;
-    fsdp->n_timed = 0;
-}
-
 /* ---- gathers ---- */
 
 /* Starts the all-gather of unit u's shards into the given full buffers. */
@@ -305,7 +257,6 @@ static DeviceCommWork *gather_start(Fsdp *fsdp, int u, Activation *compute, floa
     const Backend *backend = fsdp->backend;
     const Unit *unit = &fsdp->units[u];
     const Activation *local = fsdp->compute ? fsdp->compute : (Activation *)fsdp->params;
-    timing_mark(fsdp, true, true);
     device_comm_group_begin(fsdp->group);
     for (int t = unit->first_tensor; t < unit->first_tensor + unit->n_tensors; t++) {
         const FsdpTensorPlace *place = &fsdp->places[t];
@@ -320,7 +271,6 @@ static DeviceCommWork *gather_start(Fsdp *fsdp, int u, Activation *compute, floa
                                   COMM_KIND_FSDP_ALLGATHER);
     }
     DeviceCommWork *work = device_comm_group_end(fsdp->group);
-    timing_mark(fsdp, false, true);
     return work;
 }
 
@@ -430,7 +380,6 @@ static DeviceCommWork *reduce_start(Fsdp *fsdp, int u, float *grads, float *targ
 {
     const Unit *unit = &fsdp->units[u];
     fsdp_unit_settle(fsdp, u, grads);
-    timing_mark(fsdp, true, false);
     device_comm_group_begin(fsdp->group);
     for (int t = unit->first_tensor; t < unit->first_tensor + unit->n_tensors; t++) {
         const FsdpTensorPlace *place = &fsdp->places[t];
@@ -440,7 +389,6 @@ static DeviceCommWork *reduce_start(Fsdp *fsdp, int u, float *grads, float *targ
                                        shard, COMM_FLOAT32, COMM_KIND_FSDP_REDUCESCATTER);
     }
     DeviceCommWork *work = device_comm_group_end(fsdp->group);
-    timing_mark(fsdp, false, false);
     return work;
 }
 
@@ -489,7 +437,6 @@ void fsdp_release(Fsdp *fsdp, int u, bool gradients)
 void fsdp_step_begin(Fsdp *fsdp, const int *releases)
 {
     const Backend *backend = fsdp->backend;
-    fsdp->n_timed = 0; /* gathers between steps (an evaluation) are not the step's */
     /* several ranks: the accumulators are the reduce-scatters' targets, zeroed whole */
     if (fsdp->size > 1)
         backend->zero(fsdp->grads, fsdp->local_count * sizeof(float));
@@ -522,6 +469,4 @@ void fsdp_step_finish(Fsdp *fsdp)
     for (int u = 0; u < fsdp->n_units && fsdp->size == 1; u++)
         if (fsdp->units[u].local) /* one rank: the accumulators are the units' buffers */
             fsdp_unit_settle(fsdp, u, fsdp->units[u].grads);
-    if (fsdp->timing)
-        timing_collect(fsdp);
 }

@@ -140,19 +140,6 @@ void fsdp_step_begin(Fsdp *fsdp, const int *releases);
  * fewer times than announced is a bug (fatal, naming it). */
 void fsdp_step_finish(Fsdp *fsdp);
 
-/* Time spent in the step's gathers and reduce-scatters, from backend events around each
- * (device events on cuda: the time the compute stream's timeline spent from a group's start
- * to its end; on host-staged communication that includes the host's MPI time), read at
- * fsdp_step_finish. The compute is the rest of the step. */
-typedef struct {
-    double gather_ms, reduce_ms;
-    int gathers, reduces;      /* groups of the step */
-} FsdpTimes;
-/* Starts timing (off by default: reading the events waits for the device at step end). */
-void fsdp_set_timing(Fsdp *fsdp, bool enabled);
-/* The last finished step's times (zeros without timing). */
-FsdpTimes fsdp_step_times(const Fsdp *fsdp);
-
 /* The unit's full buffers, gathered if stale or pooled; for_backward also hands out a
  * cleared full gradient buffer (pooled) or the step's (persistent). */
 FsdpUnitBuffers fsdp_acquire(Fsdp *fsdp, int unit, bool for_backward);

@@ -64,12 +64,6 @@ struct Fsdp {
     DeviceCommWork **persistent_works; /* [n_units] persistent reduce-scatters this step */
     int n_persistent_works;
     size_t full_bytes;
-    /* timing: a pair of events per group of the step, made as needed and kept */
-    bool timing;
-    BackendEvent **events;             /* [2 * capacity]: start, end of group g */
-    bool *is_gather;
-    int n_timed, timed_capacity;
-    FsdpTimes times;
 };
 
 /* Fills the unit's zero spans from its tensors' places (its layout made). */

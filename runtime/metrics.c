@@ -127,6 +127,16 @@ static void json_write_comm(FILE *file, const MetricsComm *comm)
     json_write_integer(file, "fsdp_reducescatter_bytes", comm->fsdp_reducescatter_bytes,
                        false);
     json_write_integer(file, "allreduce_bytes", comm->allreduce_bytes, false);
+    json_write_number(file, "fsdp_allgather_ms", comm->fsdp_allgather_ms, false);
+    json_write_number(file, "fsdp_allgather_exposed_ms", comm->fsdp_allgather_exposed_ms,
+                      false);
+    json_write_number(file, "fsdp_reducescatter_ms", comm->fsdp_reducescatter_ms, false);
+    json_write_number(file, "fsdp_reducescatter_exposed_ms",
+                      comm->fsdp_reducescatter_exposed_ms, false);
+    json_write_number(file, "pp_send_ms", comm->pp_send_ms, false);
+    json_write_number(file, "pp_send_exposed_ms", comm->pp_send_exposed_ms, false);
+    json_write_number(file, "pp_recv_ms", comm->pp_recv_ms, false);
+    json_write_number(file, "pp_recv_exposed_ms", comm->pp_recv_exposed_ms, false);
     fputc('}', file);
 }
 

@@ -9,14 +9,20 @@
  *   tflops_per_device mfu mem_gib skipped comm
  * where comm is an array with one object per pipeline stage:
  *   {pp_send_bytes, pp_recv_bytes, pp_summary_bytes, pp_summary_bytes_uncached,
- *    fsdp_allgather_bytes, fsdp_reducescatter_bytes, allreduce_bytes}
+ *    fsdp_allgather_bytes, fsdp_reducescatter_bytes, allreduce_bytes,
+ *    fsdp_allgather_ms, fsdp_allgather_exposed_ms, fsdp_reducescatter_ms,
+ *    fsdp_reducescatter_exposed_ms, pp_send_ms, pp_send_exposed_ms, pp_recv_ms,
+ *    pp_recv_exposed_ms}
  * An eval line has exactly step, val_loss, val_ppl (= exp(val_loss)). A number that is not
  * finite (NaN loss, infinite norm) is written as null, so every line stays valid JSON.
  *
  * Units: tokens = tokens consumed by the run so far (all ranks); tokens_per_s over the
  * interval since the previous line; mfu is a fraction (0.513, shown as 51.3% on the console;
  * NaN, written null and left off the console, where no peak is known: a cpu run);
- * mem_gib in GiB (2^30 bytes); comm counters are bytes per training step, per stage.
+ * mem_gib in GiB (2^30 bytes); comm counters are bytes per training step, per stage, summed
+ * over its ranks; comm times are milliseconds per training step of one of the stage's ranks
+ * (their mean): *_ms the time the communication ran, *_exposed_ms the part of it the compute
+ * stream waited for (the rest overlapped compute; runtime/device_comm.h, "timing").
  *
  * MFU: flops per token = 6 * (layer_matrix_params + vocab * d) + 6 * layers * seq_len *
  * n_heads * head_dim (causal attention counted once); tflops_per_device = flops per token *
@@ -37,12 +43,18 @@
 /* Dense bf16 peak of one H100 / H200 SXM, TFLOP/s: the denominator of MFU (DESIGN 6). */
 #define METRICS_PEAK_TFLOPS 989.0
 
-/* Bytes one pipeline stage moved during one training step. */
+/* What one pipeline stage's communication did during one training step. */
 typedef struct {
+    /* bytes, summed over the stage's ranks */
     int64_t pp_send_bytes, pp_recv_bytes;
     int64_t pp_summary_bytes;           /* block summaries sent, with the cross-stage cache */
     int64_t pp_summary_bytes_uncached;  /* what the same hops would carry without it */
     int64_t fsdp_allgather_bytes, fsdp_reducescatter_bytes, allreduce_bytes;
+    /* milliseconds, a rank's (the mean over the stage's ranks; runtime/device_comm.h,
+     * "timing"): how long each kind ran, and how long the compute stream waited for it */
+    double fsdp_allgather_ms, fsdp_allgather_exposed_ms;
+    double fsdp_reducescatter_ms, fsdp_reducescatter_exposed_ms;
+    double pp_send_ms, pp_send_exposed_ms, pp_recv_ms, pp_recv_exposed_ms;
 } MetricsComm;
 
 typedef struct {

@@ -61,6 +61,7 @@ typedef struct NcclCommunicator NcclCommunicator;
 typedef struct NcclWork NcclWork;
 
 typedef struct NcclTable {
+    size_t table_bytes; /* sizeof(NcclTable) as the module was built: a stale module is refused */
     int version; /* NCCL_VERSION_CODE of the loaded libnccl (22809 for 2.28.9) */
     /* rank 0 of a group: a fresh id, to be broadcast to the others */
     void (*unique_id)(unsigned char id[NCCL_TABLE_ID_BYTES]);
@@ -72,9 +73,13 @@ typedef struct NcclTable {
     /* Waits (with the deadline) for the communicator's works, then ncclCommFinalize and
      * ncclCommDestroy. Every work must have been released. Collective, as create. */
     void (*destroy)(NcclCommunicator *communicator);
-    /* Starts `count` operations as one group (see above); never NULL. */
+    /* Starts `count` operations as one group (see above); never NULL. begin and end, when
+     * not NULL, are the caller's events (made by the op table's event_create), recorded on
+     * the communication stream just before the group (after its wait for the compute
+     * stream) and just after it: the group's time on that stream (device_comm.h,
+     * "timing"). */
     NcclWork *(*start)(NcclCommunicator *communicator, const NcclOperation *operations,
-                       int count, double timeout_s);
+                       int count, double timeout_s, BackendEvent *begin, BackendEvent *end);
     /* The point on the communication stream where the work ends. */
     const BackendEvent *(*work_event)(const NcclWork *work);
     /* Whether the work has ended (its event has passed); never waits. A send's buffer may

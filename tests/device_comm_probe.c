@@ -21,6 +21,12 @@
  *                Prints the wrong values, the pp byte counters and the held bytes.
  *   hops-short   the same, but the first receive asks for one element less than was sent:
  *                the job must end with exit 5.
+ *   timing       device_comm.h's timing: the last rank comes LATE_MS late to a group of two
+ *                all-gathers, then a reduce-scatter, then rank 0 comes LATE_MS late to send
+ *                a hop to rank 1 (alone: to itself); the times of each kind are printed
+ *                ("late"), collected again ("again": nothing), on cuda for an all-gather
+ *                started before a long compute and waited for after it ("hidden"), and for
+ *                a group with timing off ("off").
  * parallel.timeout_s is 30 s unless a scenario says otherwise. Every line starts with
  * "rank R " (world rank); tests/test_device_comm.c and tests/test_cuda_device_comm.c read
  * them. The CUDA module is found as fathom finds it (runtime/cuda_module.h; the tests set
@@ -31,6 +37,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "runtime/comm.h"
 #include "runtime/comm_reduce.h"
@@ -368,6 +375,103 @@ static void scenario_deadline(const Backend *backend)
     SAY("deadline did not happen");
 }
 
+/* ---- timing ---- */
+
+enum { LATE_MS = 300, TIMING_COUNT = 1 << 18 };
+
+static const struct {
+    CommKind kind;
+    const char *name;
+} probe_timed[] = {
+    {COMM_KIND_FSDP_ALLGATHER, "fsdp_allgather"},
+    {COMM_KIND_FSDP_REDUCESCATTER, "fsdp_reducescatter"},
+    {COMM_KIND_PP_SEND, "pp_send"},
+    {COMM_KIND_PP_RECV, "pp_recv"},
+};
+
+/* Collects what was timed and prints it, one line a kind: "time WHEN KIND busy B exposed E
+ * operations N". */
+static void say_times(const char *when)
+{
+    DeviceCommTime times[COMM_KIND_COUNT];
+    device_comm_timing_collect(times);
+    for (size_t k = 0; k < sizeof probe_timed / sizeof probe_timed[0]; k++) {
+        const DeviceCommTime *time = &times[probe_timed[k].kind];
+        SAY("time %s %s busy %.3f exposed %.3f operations %d", when, probe_timed[k].name,
+            time->busy_ms, time->exposed_ms, time->operations);
+    }
+}
+
+static void gather_and_wait(DeviceComm *comm, const void *send, void *recv)
+{
+    device_comm_group_begin(comm);
+    device_comm_allgather(comm, send, recv, TIMING_COUNT / 2, COMM_FLOAT32,
+                          COMM_KIND_FSDP_ALLGATHER);
+    device_comm_allgather(comm, send, recv, TIMING_COUNT / 2, COMM_FLOAT32,
+                          COMM_KIND_FSDP_ALLGATHER);
+    device_comm_work_wait(device_comm_group_end(comm));
+}
+
+static void scenario_timing(const Backend *backend)
+{
+    Comm *world = comm_world();
+    const int n = comm_size(world), me = comm_rank(world);
+    DeviceComm *comm = device_comm_create(world, backend);
+    Comm *pair_group;
+    DeviceComm *pair = hop_link(backend, 0, &pair_group);
+    SAY("method %s", device_comm_method(comm));
+    void *send = backend->alloc((size_t)n * TIMING_COUNT * sizeof(float));
+    void *recv = backend->alloc((size_t)n * TIMING_COUNT * sizeof(float));
+    backend->synchronize();
+    device_comm_timing_enable(true);
+
+    /* the last rank is late to a group of two all-gathers; then a reduce-scatter */
+    if (n > 1 && me == n - 1)
+        usleep(1000 * LATE_MS);
+    gather_and_wait(comm, send, recv);
+    device_comm_group_begin(comm);
+    device_comm_reduce_scatter_sum(comm, send, recv, TIMING_COUNT / n, COMM_FLOAT32,
+                                   COMM_KIND_FSDP_REDUCESCATTER);
+    device_comm_work_wait(device_comm_group_end(comm));
+    /* rank 0 is late to send a hop to rank 1 (alone: to itself) */
+    if (pair) {
+        const int peer = comm_size(pair_group) - 1;
+        if (me == 0) {
+            if (n > 1)
+                usleep(1000 * LATE_MS);
+            device_comm_send(pair, send, TIMING_COUNT * sizeof(float), peer, COMM_KIND_PP_SEND);
+        }
+        if (comm_rank(pair_group) == peer)
+            device_comm_recv(pair, recv, TIMING_COUNT * sizeof(float), 0, COMM_KIND_PP_RECV);
+        device_comm_flush(pair);
+    }
+    backend->synchronize();
+    say_times("late");
+    say_times("again"); /* nothing since */
+
+    if (backend != backend_cpu()) { /* started, then compute queued, then waited for */
+        device_comm_group_begin(comm);
+        device_comm_allgather(comm, send, recv, TIMING_COUNT, COMM_FLOAT32,
+                              COMM_KIND_FSDP_ALLGATHER);
+        DeviceCommWork *work = device_comm_group_end(comm);
+        keep_compute_busy(backend, 4);
+        device_comm_work_wait(work);
+        backend->synchronize();
+        say_times("hidden");
+    }
+
+    device_comm_timing_enable(false);
+    gather_and_wait(comm, send, recv);
+    backend->synchronize();
+    say_times("off");
+
+    device_comm_destroy(pair);
+    comm_free(pair_group);
+    device_comm_destroy(comm);
+    backend->release(send);
+    backend->release(recv);
+}
+
 int main(int argc, char **argv)
 {
     comm_init(&argc, &argv);
@@ -383,9 +487,11 @@ int main(int argc, char **argv)
         scenario_deadline(backend);
     else if (!strcmp(scenario, "hops") || !strcmp(scenario, "hops-short"))
         scenario_hops(backend, !strcmp(scenario, "hops-short"));
+    else if (!strcmp(scenario, "timing"))
+        scenario_timing(backend);
     else
         fatal(EXIT_CONFIG, "usage: fathom-device-comm-probe "
-              "collectives|ordering|deadline|hops|hops-short cpu|cuda [PP DP]");
+              "collectives|ordering|deadline|hops|hops-short|timing cpu|cuda [PP DP]");
     comm_finalize();
     return 0;
 }

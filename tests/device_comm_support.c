@@ -103,3 +103,49 @@ char *device_probe_output(void)
     output[0] = '\0';
     return output;
 }
+
+DeviceProbeTime device_probe_time(const char *output, int rank, const char *when,
+                                  const char *kind)
+{
+    char key[96], value[256];
+    snprintf(key, sizeof key, "time %s %s", when, kind);
+    cr_assert_not_null(device_probe_line(output, rank, key, value, sizeof value),
+                       "rank %d has no '%s' line: %s", rank, key, output);
+    DeviceProbeTime time;
+    cr_assert_eq(sscanf(value, "busy %lf exposed %lf operations %d", &time.busy_ms,
+                        &time.exposed_ms, &time.operations), 3,
+                 "rank %d %s: '%s'", rank, key, value);
+    return time;
+}
+
+void device_probe_expect_synchronous_times(const char *output, double late_ms)
+{
+    static const char *const kinds[4] = {"fsdp_allgather", "fsdp_reducescatter", "pp_send",
+                                         "pp_recv"};
+    for (int rank = 0; rank < 2; rank++) {
+        /* each rank gathers and reduce-scatters once; rank 0 sends, rank 1 receives */
+        const int operations[4] = {1, 1, rank == 0, rank == 1};
+        for (int k = 0; k < 4; k++) {
+            const DeviceProbeTime late = device_probe_time(output, rank, "late", kinds[k]);
+            cr_expect_eq(late.operations, operations[k], "rank %d %s: %d operations", rank,
+                         kinds[k], late.operations);
+            cr_expect_eq(late.busy_ms, late.exposed_ms, "rank %d %s: busy %.3f, exposed %.3f",
+                         rank, kinds[k], late.busy_ms, late.exposed_ms);
+            cr_expect_geq(late.exposed_ms, 0, "rank %d %s", rank, kinds[k]);
+            for (int w = 0; w < 2; w++) {
+                const DeviceProbeTime none =
+                    device_probe_time(output, rank, w ? "off" : "again", kinds[k]);
+                cr_expect_eq(none.operations, 0, "rank %d %s %s", rank, w ? "off" : "again",
+                             kinds[k]);
+                cr_expect_eq(none.busy_ms, 0, "rank %d %s", rank, kinds[k]);
+            }
+        }
+    }
+    const DeviceProbeTime gathered = device_probe_time(output, 0, "late", "fsdp_allgather");
+    cr_expect_geq(gathered.exposed_ms, 0.8 * late_ms,
+                  "rank 0 waited %.3f ms for a rank %.0f ms late", gathered.exposed_ms, late_ms);
+    const DeviceProbeTime received = device_probe_time(output, 1, "late", "pp_recv");
+    cr_expect_geq(received.exposed_ms, 0.8 * late_ms,
+                  "rank 1 waited %.3f ms for a sender %.0f ms late", received.exposed_ms,
+                  late_ms);
+}

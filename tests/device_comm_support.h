@@ -25,4 +25,19 @@ const char *device_probe_line(const char *output, int rank, const char *key, cha
 /* A fresh empty output buffer (caller frees). */
 char *device_probe_output(void);
 
+/* The timing scenario's line "rank R time WHEN KIND busy B exposed E operations N" (the
+ * probe's say_times), read into its three numbers; fails the test when it is missing. */
+typedef struct {
+    double busy_ms, exposed_ms;
+    int operations;
+} DeviceProbeTime;
+DeviceProbeTime device_probe_time(const char *output, int rank, const char *when,
+                                  const char *kind);
+
+/* The timing scenario on two ranks of a synchronous method (mpi, host-staged), whose
+ * communication holds the compute stream up for all its time (busy equals exposed): each
+ * kind timed once where it happened; the waits for the late rank (rank 0 in the all-gather,
+ * rank 1 in the receive) at least late_ms * 0.8; nothing in "again" and "off". */
+void device_probe_expect_synchronous_times(const char *output, double late_ms);
+
 #endif

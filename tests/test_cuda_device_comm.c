@@ -164,6 +164,47 @@ Test(cuda_device_comm, two_ranks_on_one_gpu_stage_through_host_memory_exactly,
     free(output);
 }
 
+/* ---- timing (device_comm.h) ---- */
+
+Test(cuda_device_comm, nccl_timing_reads_the_communication_stream_and_sees_a_hidden_gather,
+     .timeout = 90)
+{
+    gpu_require();
+    char *output = device_probe_output();
+    const int status = device_probe_run(0, "FATHOM_DEVICE_COMM=nccl", "timing cuda", output);
+    cr_assert_eq(status, 0, "exit %d: %s", status, output);
+    static const char *const kinds[4] = {"fsdp_allgather", "fsdp_reducescatter", "pp_send",
+                                         "pp_recv"};
+    for (int k = 0; k < 4; k++) {
+        /* waited for at once: the compute stream stood still for about all of it */
+        const DeviceProbeTime late = device_probe_time(output, 0, "late", kinds[k]);
+        cr_expect_eq(late.operations, 1, "%s: %d operations", kinds[k], late.operations);
+        cr_expect_gt(late.busy_ms, 0, "%s", kinds[k]);
+        cr_expect_leq(late.exposed_ms, late.busy_ms + 0.05, "%s: exposed %.4f, busy %.4f",
+                      kinds[k], late.exposed_ms, late.busy_ms);
+        cr_expect_eq(device_probe_time(output, 0, "again", kinds[k]).operations, 0);
+        cr_expect_eq(device_probe_time(output, 0, "off", kinds[k]).operations, 0);
+    }
+    /* started before four large matmuls and waited for after them: it ran beside them, and
+     * the wait found it ended (its busy counts none of the matmuls it did not wait for) */
+    const DeviceProbeTime hidden = device_probe_time(output, 0, "hidden", "fsdp_allgather");
+    cr_expect_eq(hidden.operations, 1);
+    cr_expect_gt(hidden.busy_ms, 0);
+    cr_expect_lt(hidden.exposed_ms, 1.0, "a hidden gather exposed %.4f ms", hidden.exposed_ms);
+    free(output);
+}
+
+Test(cuda_device_comm, host_staged_timing_is_all_exposed_and_finds_the_late_rank,
+     .timeout = 90)
+{
+    gpu_require();
+    char *output = device_probe_output();
+    const int status = device_probe_run(2, "", "timing cuda", output);
+    cr_assert_eq(status, 0, "exit %d: %s", status, output);
+    device_probe_expect_synchronous_times(output, 300);
+    free(output);
+}
+
 Test(cuda_device_comm, two_ranks_forced_onto_nccl_on_one_gpu_end_with_exit_5_from_init,
      .timeout = 90)
 {

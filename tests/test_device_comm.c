@@ -137,6 +137,20 @@ Test(device_comm, a_receive_that_disagrees_with_its_message_is_exit_5)
     expect_short_receive_fails(2);
 }
 
+/* ---- timing ------------------------------------------------------------------------ */
+
+Test(device_comm, timing_on_mpi_finds_the_waits_for_a_late_rank_all_exposed, .timeout = 60)
+{
+    char *output = device_probe_output();
+    const int status = device_probe_run(2, "", "timing cpu", output);
+    cr_assert_eq(status, 0, "exit %d: %s", status, output);
+    device_probe_expect_synchronous_times(output, 300);
+    /* the rank that came late waited for nobody in the gather */
+    const DeviceProbeTime late = device_probe_time(output, 1, "late", "fsdp_allgather");
+    cr_expect_lt(late.exposed_ms, 200, "the late rank waited %.3f ms", late.exposed_ms);
+    free(output);
+}
+
 /* ---- the choice of method ----------------------------------------------------------- */
 
 static DeviceCommRank gpu_rank(int world_rank, const char *host, const char *bus_id)

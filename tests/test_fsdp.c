@@ -278,7 +278,31 @@ Test(fsdp, a_dp_that_does_not_divide_the_batch_into_whole_microbatches_is_exit_2
     expect_config_error(3, "--set parallel.dp=3", "train.global_batch_size");
 }
 
-/* ---- bytes ---- */
+/* ---- bytes and times ---- */
+
+/* Every logged step of the run in `dir` carries each stage's communication times: on the cpu
+ * (mpi, synchronous) all of it exposed; every stage gathered for a while, and with pp > 1
+ * every stage received hops. */
+static void expect_comm_times(const char *dir, bool pipelined, char *output)
+{
+    char command[2048];
+    snprintf(command, sizeof command,
+             "python3 -c \"import json, sys\n"
+             "lines = [json.loads(l) for l in open(sys.argv[1]) if '\\\"comm\\\"' in l]\n"
+             "assert lines\n"
+             "for line in lines:\n"
+             "    for stage in line['comm']:\n"
+             "        for kind in ('fsdp_allgather', 'fsdp_reducescatter', 'pp_send', "
+             "'pp_recv'):\n"
+             "            busy, exposed = stage[kind + '_ms'], stage[kind + '_exposed_ms']\n"
+             "            assert busy >= 0 and abs(busy - exposed) <= 1e-6 * busy, (kind, stage)\n"
+             "        assert stage['fsdp_allgather_ms'] > 0, stage\n"
+             "        assert stage['fsdp_reducescatter_ms'] > 0, stage\n"
+             "        assert (stage['pp_recv_ms'] > 0) == %s, stage\n"
+             "print('ok', len(lines))\" '%s/metrics.jsonl'",
+             pipelined ? "True" : "False", dir);
+    cr_expect_eq(test_run_command(command, output, LAYOUT_OUTPUT_CAPACITY), 0, "%s", output);
+}
 
 Test(fsdp, inspect_comm_shows_fsdp_bytes_equal_to_the_prediction_with_evaluations_between,
      .timeout = 120)
@@ -296,6 +320,8 @@ Test(fsdp, inspect_comm_shows_fsdp_bytes_equal_to_the_prediction_with_evaluation
         test_remove_tree(runs.layout);
         cr_assert_eq(layout_train(layouts[l].ranks, "demo_mhar_delta", layouts[l].overrides,
                                   runs.layout, runs.output), 0, "%s", runs.output);
+        cr_expect(strstr(runs.output, "fathom: communication a step, ms"), "%s", runs.output);
+        expect_comm_times(runs.layout, l == 1, runs.output);
         char arguments[512];
         snprintf(arguments, sizeof arguments, "inspect --comm '%s'", runs.layout);
         cr_expect_eq(test_run_fathom(arguments, runs.output, LAYOUT_OUTPUT_CAPACITY), 0, "%s",
@@ -303,6 +329,7 @@ Test(fsdp, inspect_comm_shows_fsdp_bytes_equal_to_the_prediction_with_evaluation
         cr_expect(strstr(runs.output, "every measured value equals the prediction"), "%s",
                   runs.output);
         cr_expect(!strstr(runs.output, "all-gather           0  B"), "%s", runs.output);
+        cr_expect(strstr(runs.output, "communication time per step, ms"), "%s", runs.output);
     }
     runs_end(&runs);
 }

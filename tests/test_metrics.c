@@ -23,7 +23,10 @@ static const char *const strict_json_checker =
     "        'comm'}\n"
     "COMM = {'pp_send_bytes', 'pp_recv_bytes', 'pp_summary_bytes',\n"
     "        'pp_summary_bytes_uncached', 'fsdp_allgather_bytes',\n"
-    "        'fsdp_reducescatter_bytes', 'allreduce_bytes'}\n"
+    "        'fsdp_reducescatter_bytes', 'allreduce_bytes', 'fsdp_allgather_ms',\n"
+    "        'fsdp_allgather_exposed_ms', 'fsdp_reducescatter_ms',\n"
+    "        'fsdp_reducescatter_exposed_ms', 'pp_send_ms', 'pp_send_exposed_ms',\n"
+    "        'pp_recv_ms', 'pp_recv_exposed_ms'}\n"
     "EVAL = {'step', 'val_loss', 'val_ppl'}\n"
     "path, stages, check = sys.argv[1], int(sys.argv[2]), sys.argv[3]\n"
     "lines = [json.loads(l, parse_constant=refuse) for l in open(path)]\n"
@@ -58,6 +61,10 @@ static MetricsComm comm_of_stage(int stage)
         .pp_summary_bytes = 500, .pp_summary_bytes_uncached = 800,
         .fsdp_allgather_bytes = 1 << 20, .fsdp_reducescatter_bytes = 1 << 19,
         .allreduce_bytes = 8,
+        .fsdp_allgather_ms = 12.5, .fsdp_allgather_exposed_ms = 1.25,
+        .fsdp_reducescatter_ms = 20, .fsdp_reducescatter_exposed_ms = 0,
+        .pp_send_ms = 3, .pp_send_exposed_ms = 0, .pp_recv_ms = 7.5 * (stage + 1),
+        .pp_recv_exposed_ms = 7.5,
     };
     return comm;
 }
@@ -88,6 +95,8 @@ Test(metrics, jsonl_lines_parse_as_json_with_exactly_the_design_keys)
     int code = check_metrics_file(dir, 3,
         "assert len(lines) == 3; assert lines[1]['step'] == 121; "
         "assert lines[0]['comm'][2]['pp_send_bytes'] == 3000; "
+        "assert lines[0]['comm'][2]['pp_recv_ms'] == 22.5; "
+        "assert lines[0]['comm'][0]['fsdp_allgather_exposed_ms'] == 1.25; "
         "assert lines[0]['tokens'] == 120 * 524288", output, sizeof output);
     cr_assert_eq(code, 0, "%s", output);
     test_remove_tree(dir);

@@ -7,7 +7,8 @@
  *
  * start(). Record the event on the compute stream, make the communication stream wait for
  * it, then ncclGroupStart, one ncclAllGather / ncclReduceScatter / ncclSend / ncclRecv per
- * operation, ncclGroupEnd.
+ * operation, ncclGroupEnd; the caller's timing events, if given, on either side of the
+ * group on the communication stream.
  * In non-blocking mode ncclGroupEnd may answer ncclInProgress while NCCL is still launching;
  * the calling thread polls until ncclSuccess (the kernels are then queued on the stream),
  * with the deadline, before any other NCCL call on the communicator. Then the work's end
@@ -402,7 +403,7 @@ static NcclWork *take_work(void)
 }
 
 static NcclWork *nccl_start(NcclCommunicator *communicator, const NcclOperation *operations,
-                            int count, double timeout_s)
+                            int count, double timeout_s, BackendEvent *begin, BackendEvent *end)
 {
     NcclWork *work = take_work();
     communicator->timeout_s = timeout_s;
@@ -410,6 +411,8 @@ static NcclWork *nccl_start(NcclCommunicator *communicator, const NcclOperation 
     cudaStream_t compute = backend_cuda_compute_stream();
     CUDA_CHECK(cudaEventRecord(communicator->compute_reached, compute));
     CUDA_CHECK(cudaStreamWaitEvent(communicator->stream, communicator->compute_reached, 0));
+    if (begin)
+        CUDA_CHECK(cudaEventRecord(begin->event, communicator->stream));
     const double started = now_seconds();
     pthread_mutex_lock(&communicator->calls);
     NCCL_CHECK(communicator, ncclGroupStart());
@@ -440,6 +443,8 @@ static NcclWork *nccl_start(NcclCommunicator *communicator, const NcclOperation 
     if (NCCL_CHECK(communicator, ncclGroupEnd()) == ncclInProgress)
         wait_until_ready(communicator, work->what, timeout_s);
     pthread_mutex_unlock(&communicator->calls);
+    if (end)
+        CUDA_CHECK(cudaEventRecord(end->event, communicator->stream));
     CUDA_CHECK(cudaEventRecord(work->end.event, communicator->stream));
     work->communicator = communicator;
     work->started = started;
@@ -522,6 +527,7 @@ extern "C" const NcclTable *nccl_cuda(void)
     if (table->unique_id)
         return table;
     NCCL_CHECK(NULL, ncclGetVersion(&table->version));
+    table->table_bytes = sizeof *table;
     table->create = nccl_create;
     table->destroy = nccl_destroy;
     table->start = nccl_start;
