@@ -68,6 +68,14 @@ void comm_rollcall_free(void);
 void comm_rollcall_answer(void);
 void comm_rollcall_silent(char *text, size_t capacity);
 
+/* The ranks of this host that are gone (comm_neighbours.c): every rank's (host, pid),
+ * gathered once by comm_init; then, from any thread and without MPI, "rank 1 (pid 4242)
+ * has exited; rank 3 (pid 4250) is stopped" for those of this host whose process has
+ * exited or is stopped. Returns how many it named. */
+void comm_neighbours_init(MPI_Comm world, int size);
+void comm_neighbours_free(void);
+int comm_neighbours_describe(char *text, size_t capacity);
+
 /* The world rank of a communicator's rank: what messages name. */
 int comm_world_rank_of(const Comm *comm, int rank);
 /* bytes as an MPI int count, or exit 5 naming the operation. */

@@ -58,9 +58,17 @@ static bool comm_launched_by_mpi_launcher(void)
     return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK");
 }
 
-/* fatal()'s hook in a job of several ranks: end every rank, with this exit code. */
+/* fatal()'s hook in a job of several ranks: end every rank, with this exit code. A
+ * communication failure first names the ranks of this host that are gone, which the NCCL
+ * watchdog's message (from a thread of its own, without a roll call) cannot. */
 static void comm_abort_job(int exit_code)
 {
+    char lost[512];
+    if (exit_code == EXIT_COMM && comm_neighbours_describe(lost, sizeof lost) > 0) {
+        fprintf(stderr, "fathom: error: rank %d: on this host, %s\n", comm_state.world.rank,
+                lost);
+        fflush(stderr);
+    }
     MPI_Abort(MPI_COMM_WORLD, exit_code);
     exit(exit_code);
 }
@@ -84,6 +92,7 @@ void comm_init(int *argc, char ***argv)
         error_set_rank(comm_state.world.rank);
         error_set_abort(comm_abort_job);
         comm_rollcall_init();
+        comm_neighbours_init(MPI_COMM_WORLD, comm_state.world.size);
     }
     if (provided < MPI_THREAD_SERIALIZED)
         fatal(EXIT_COMM, "MPI provides thread level %d; fathom needs MPI_THREAD_SERIALIZED",
@@ -97,6 +106,7 @@ void comm_finalize(void)
     error_set_abort(NULL);
     MPI_CHECK(MPI_Comm_free(&comm_state.world.collectives));
     comm_rollcall_free();
+    comm_neighbours_free();
     MPI_CHECK(MPI_Finalize());
     comm_state.mpi_active = false;
     comm_state.world.handle = MPI_COMM_NULL;

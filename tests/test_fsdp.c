@@ -172,6 +172,9 @@ Test(fsdp, a_stopped_rank_ends_the_job_with_exit_5_naming_it, .timeout = 120)
                                       runs.output, &seconds);
     cr_expect_eq(code, 5, "exit %d:\n%s", code, runs.output);
     cr_expect(strstr(runs.output, "rank 1 does not answer a roll call"), "%s", runs.output);
+    /* asked of the kernel, as the NCCL watchdog's path asks, without a roll call */
+    cr_expect(strstr(runs.output, "fathom: error: rank 0: on this host, rank 1 (pid ") &&
+              strstr(runs.output, ") is stopped"), "%s", runs.output);
     /* the deadline (2 s) and the roll call (2 s), with room for a loaded machine */
     cr_expect(seconds < 30, "took %.1f s", seconds);
     runs_end(&runs);
@@ -195,6 +198,8 @@ Test(fsdp, a_killed_rank_ends_the_job_naming_it, .timeout = 120)
                             runs.output, &seconds);
     cr_expect(strstr(runs.output, "rank 1 does not answer a roll call"), "%s", runs.output);
     cr_expect(strstr(runs.output, "fathom: error: rank 0"), "%s", runs.output);
+    cr_expect(strstr(runs.output, "fathom: error: rank 0: on this host, rank 1 (pid ") &&
+              strstr(runs.output, ") has exited"), "%s", runs.output);
     cr_expect(seconds < 30, "took %.1f s", seconds);
     runs_end(&runs);
 }
@@ -215,6 +220,7 @@ Test(fsdp, a_rank_that_stops_in_a_pipeline_hop_ends_the_job_with_exit_5_naming_i
     cr_expect(strstr(runs.output, "rank 1: recv of"), "%s", runs.output);
     cr_expect(strstr(runs.output, "from rank 3"), "%s", runs.output);
     cr_expect(strstr(runs.output, "rank 3 does not answer a roll call"), "%s", runs.output);
+    cr_expect(strstr(runs.output, "on this host, rank 3 (pid "), "%s", runs.output);
     cr_expect(seconds < 30, "took %.1f s", seconds);
     test_remove_tree(runs.layout);
     train_with_fault_in(4, pp2_dp2, "rank=3,step=2,kind=exit,during=hop",
