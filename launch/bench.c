@@ -8,9 +8,11 @@
 #include "model/params.h"
 #include "pipeline/step.h"
 #include "runtime/config.h"
-#include "runtime/grid.h"
+#include "runtime/comm.h"
 #include "runtime/error.h"
+#include "runtime/grid.h"
 #include "runtime/optim.h"
+#include "runtime/topo.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -19,7 +21,9 @@
 
 static const char bench_usage[] =
     "usage: fathom bench [--cases layers,attention,route,msar,step,step8b,graft] [--repeat N] "
-    "[--device auto|cpu|cuda] [--small] [--json OUT.jsonl]";
+    "[--device auto|cpu|cuda] [--small] [--json OUT.jsonl]\n"
+    "       mpirun -np D fathom bench --cases comm [--repeat N] [--device ...] [--small] "
+    "[--json OUT.jsonl]";
 
 const int bench_kernels[BENCH_STREAMS] = {1, 2, 4, 8};
 
@@ -128,7 +132,9 @@ void bench_add(Bench *bench, const char *case_name, const char *mode, double ms,
     snprintf(row->case_name, sizeof row->case_name, "%s", case_name);
     snprintf(row->mode, sizeof row->mode, "%s", mode);
     row->ms = ms, row->rate = rate, row->unit = unit, row->peak_gib = peak;
-    printf("bench: %-10s %-18s %9.3f ms  %8.1f %s\n", case_name, mode, ms, rate, unit);
+    if (bench->quiet)
+        return;
+    printf("bench: %-10s %-20s %9.3f ms  %8.1f %s\n", case_name, mode, ms, rate, unit);
     fflush(stdout);
     if (bench->json) {
         fprintf(bench->json, "{\"case\": \"%s\", \"mode\": \"%s\", \"ms\": %.4f, \"rate\": %.4f, "
@@ -279,14 +285,14 @@ static void case_attention(Bench *bench)
 
 static void print_table(const Bench *bench)
 {
-    printf("\n%-10s %-18s %10s %18s %9s\n", "case", "mode", "ms", "rate", "peak GiB");
+    printf("\n%-10s %-20s %10s %18s %9s\n", "case", "mode", "ms", "rate", "peak GiB");
     for (int i = 0; i < bench->n_rows; i++) {
         const BenchRow *row = &bench->rows[i];
         char rate[32], peak[16] = "-";
         snprintf(rate, sizeof rate, "%.1f %s", row->rate, row->unit);
         if (isfinite(row->peak_gib))
             snprintf(peak, sizeof peak, "%.2f", row->peak_gib);
-        printf("%-10s %-18s %10.3f %18s %9s\n", row->case_name, row->mode, row->ms, rate, peak);
+        printf("%-10s %-20s %10.3f %18s %9s\n", row->case_name, row->mode, row->ms, rate, peak);
     }
 }
 
@@ -326,15 +332,32 @@ int bench_main(int argc, char **argv)
             fatal(EXIT_CONFIG, "bench: unknown option '%s'\n%s", option, bench_usage);
         }
     }
+    /* under mpirun: the comm case alone, its ranks placed as fathom train places them */
+    const int ranks = comm_size(comm_world());
+    RankGrid grid;
+    if (ranks > 1) {
+        if (strcmp(cases, "comm"))
+            fatal(EXIT_CONFIG, "bench: under mpirun (%d ranks) only --cases comm runs; the "
+                  "other cases time one process", ranks);
+        Config placing;
+        config_defaults(&placing);
+        placing.device = device;
+        placing.parallel.dp = ranks;
+        grid_create(&grid, 1, ranks);
+        TopoPlacement placement;
+        topo_place(&grid, &placing, &placement);
+        topo_print_map(&grid, &placement);
+    }
     Bench bench = {.backend = backend_select(device, NULL), .shapes = bench_shapes(small),
-                   .repeat = repeat};
+                   .repeat = repeat, .quiet = comm_rank(comm_world()) != 0};
     if (!small && bench.backend->activation_bytes == sizeof(float))
         fatal(EXIT_CONFIG, "bench: the full shapes (8B layers, a 1B model) are for a GPU; "
               "the %s backend runs them with --small", bench.backend->name);
-    if (json_path && !(bench.json = fopen(json_path, "w")))
+    if (json_path && !bench.quiet && !(bench.json = fopen(json_path, "w")))
         fatal(EXIT_DATA, "bench: cannot open %s for writing", json_path);
-    printf("bench: %s backend, %s shapes, median of %d\n", bench.backend->name,
-           small ? "small" : "full", repeat);
+    if (!bench.quiet)
+        printf("bench: %s backend, %s shapes, median of %d\n", bench.backend->name,
+               small ? "small" : "full", repeat);
 
     char list[256];
     snprintf(list, sizeof list, "%s", cases);
@@ -353,14 +376,19 @@ int bench_main(int argc, char **argv)
             bench_case_route(&bench, false, true);
         else if (!strcmp(name, "msar"))
             bench_case_route(&bench, true, false);
+        else if (!strcmp(name, "comm"))
+            bench_case_comm(&bench);
         else if (!bench_step_case(&bench, name))
             fatal(EXIT_CONFIG, "bench: unknown case '%s' (layers, attention, route, msar, step, "
                   "step8b, graft, or one of route-1b, route-sites, route-1b-sites, step-MODE, "
                   "step8b-MODE, graft-MODE with MODE standard, mhar, msar, mhar-delta, "
-                  "msar-delta)", name);
+                  "msar-delta, or comm under mpirun)", name);
     }
-    print_table(&bench);
+    if (!bench.quiet)
+        print_table(&bench);
     if (bench.json)
         fclose(bench.json);
+    if (ranks > 1)
+        grid_destroy(&grid);
     return EXIT_DONE;
 }

@@ -3,6 +3,7 @@
  *
  *   fathom bench [--cases layers,attention,route,msar,step,step8b,graft] [--repeat N]
  *                [--device auto|cpu|cuda] [--small] [--json OUT.jsonl]
+ *   mpirun -np D fathom bench --cases comm [...]
  *
  * Cases, at the shapes launch/bench/peer.py gives PyTorch (same GPU, same run):
  *   layers     4 Llama-3-8B decoder layers (d 4096, 32/8 heads, hd 128, FFN 14336), forward +
@@ -33,6 +34,11 @@
  * and route-1b-sites (the same routing a site at a time, as before the two-phase ops),
  * step-MODE, step8b-MODE and graft-MODE (one mode of a step: standard, mhar, msar,
  * mhar-delta, msar-delta).
+ * Under mpirun, one case alone: comm, FSDP's grouped all-gather (compute copy) and
+ * reduce-scatter (fp32) of a unit over the world's ranks, placed and communicating as
+ * `fathom train` would (NCCL with a GPU a rank): a decoder layer of the 1B step and of
+ * Llama-3-8B, and the 8B embedding; the slowest rank's time and bus GB/s as nccl-tests
+ * count them (launch/bench_comm.c; launch/bench/peer_comm.py times torch.distributed).
  * --small shrinks every shape (a smoke test that runs on the cpu in seconds). Times are
  * medians of --repeat runs after two warm-ups, between backend events. One line per result
  * goes to --json; the table is printed last.

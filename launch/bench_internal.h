@@ -51,6 +51,7 @@ typedef struct {
     BenchRow rows[BENCH_MAX_ROWS];
     int n_rows;
     FILE *json;
+    bool quiet; /* a rank other than 0 under mpirun: keeps its rows, prints nothing */
 } Bench;
 
 typedef void (*BenchWork)(void *context);
@@ -81,6 +82,9 @@ void bench_case_route_blocks(Bench *bench, bool step_routing);
  * when it is a step case: a shape's name runs its modes, NAME-MODE that one mode; false when
  * `name` is no step case. */
 void bench_case_step(Bench *bench, int shape, const char *mode);
+/* bench_comm.c, under mpirun: FSDP's grouped all-gather and reduce-scatter of a 1B layer,
+ * an 8B layer and the 8B embedding over the world; bus GB/s. */
+void bench_case_comm(Bench *bench);
 bool bench_step_case(Bench *bench, const char *name);
 
 #endif

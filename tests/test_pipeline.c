@@ -419,3 +419,40 @@ Test(pipeline, a_pp2_run_resumed_from_its_checkpoint_equals_the_straight_run_bit
     cr_expect(checkpoints_bitwise_equal(runs.a, runs.b), "the resumed pp2 v2 run moved");
     runs_end(&runs);
 }
+
+/* ---- launch/bench/gpus_nccl.sh, rehearsed on the cpu ---- */
+
+/* The script a machine of two GPUs runs (issue of NCCL across GPUs) works end to end on the
+ * cpu: two ranks against one in dp2, pp2 and pp2 v2 follow the one-rank losses, every byte as
+ * predicted, and the bandwidth part reports fathom's six unit collectives. */
+Test(pipeline, the_two_gpu_script_rehearsed_on_the_cpu_finds_every_layout_equal, .timeout = 240)
+{
+    char directory[256], command[1024];
+    test_make_temp_dir(directory, "gpus-nccl");
+    char *output = malloc(LAYOUT_OUTPUT_CAPACITY);
+    snprintf(command, sizeof command,
+             "cd '%s' && OUT='%s' DEVICE=cpu FATHOM_BINARY='%s' "
+             "launch/bench/gpus_nccl.sh equivalence 1b mhar_delta 2>&1 && OUT='%s' DEVICE=cpu "
+             "FATHOM_BINARY='%s' launch/bench/gpus_nccl.sh bandwidth 2>&1",
+             test_source_dir(), directory, test_fathom_binary(), directory,
+             test_fathom_binary());
+    cr_assert_eq(test_run_command(command, output, LAYOUT_OUTPUT_CAPACITY), 0, "%s", output);
+    static const char *const layouts[3] = {"dp2", "pp2", "pp2v2"};
+    for (int l = 0; l < 3; l++) {
+        char prefix[64];
+        snprintf(prefix, sizeof prefix, "mhar_delta  %-6s ", layouts[l]);
+        const char *row = strstr(output, prefix);
+        cr_assert_not_null(row, "no %s row:\n%s", layouts[l], output);
+        double deviation = 1;
+        cr_expect_eq(sscanf(row + strlen(prefix), "%lf", &deviation), 1, "%.80s", row);
+        cr_expect_leq(deviation, 1e-5, "%.80s", row);
+        const char *end = strchr(row, '\n');
+        cr_expect(end && strstr(row, "as-predicted") && strstr(row, "as-predicted") < end,
+                  "%.80s", row);
+        cr_expect(strstr(row, " mpi ") && strstr(row, " mpi ") < end, "%.80s", row);
+    }
+    cr_expect_not_null(strstr(output, "fathom bench --cases comm: exit 0"), "%s", output);
+    cr_expect_not_null(strstr(output, "scatter 8B embedding"), "%s", output);
+    free(output);
+    test_remove_tree(directory);
+}
