@@ -6,6 +6,7 @@
 #include "launch/eval.h"
 #include "launch/help.h"
 #include "launch/inspect.h"
+#include "launch/plan.h"
 #include "launch/probe.h"
 #include "launch/train.h"
 #include "runtime/error.h"
@@ -44,6 +45,8 @@ int cli_main(int argc, char **argv)
         return inspect_main(argc, argv);
     if (!strcmp(command, "convert"))
         return convert_main(argc, argv);
+    if (!strcmp(command, "plan"))
+        return plan_main(argc, argv);
     help_print_overview(stderr);
     fatal(EXIT_CONFIG, "unknown command '%s' (fathom --help lists the commands)", command);
 }

@@ -56,7 +56,19 @@ static const CommandHelp commands[] = {
      "  --device D          the backend (default auto: the GPU when there is one)\n"
      "  --small             small shapes (the only ones the cpu takes)\n"
      "  --json OUT.jsonl    also write one JSON object a case\n"
+     "  Under mpirun -np D: --cases comm alone, FSDP's all-gather and reduce-scatter of a 1B\n"
+     "  layer, an 8B layer and the 8B embedding over the ranks, in bus GB/s.\n"
      "example: fathom bench --cases step --small\n"},
+    {"plan",
+     "usage: fathom plan CONFIG.yaml [--set key=value ...] [--gpu-memory GIB]\n"
+     "  What each rank of CONFIG.yaml's job will hold, stage by stage (parameters,\n"
+     "  gradients, compute copy, optimizer, activations, host), from the config alone: no\n"
+     "  GPU and no mpirun needed, at any parallel.pp x parallel.dp. The plan fathom train\n"
+     "  checks on each rank before it allocates.\n"
+     "  --set key=value     overrides one config key, as for train (FATHOM_SET too)\n"
+     "  --gpu-memory GIB    also say whether each stage fits a GPU of GIB GiB, naming the keys\n"
+     "                      that shrink one that does not (exit 2 then)\n"
+     "example: fathom plan launch/configs/marin8b_block_mhar.yaml --gpu-memory 80\n"},
     {"inspect",
      "usage: fathom inspect DIR [--json] | fathom inspect --comm RUN_DIR\n"
      "  DIR (a run_dir, its checkpoints/ or one step directory): the step and counters, the\n"
@@ -66,7 +78,9 @@ static const CommandHelp commands[] = {
      "  (file and tensor) and the exit code is 3.\n"
      "  --json              the same as one JSON object\n"
      "  --comm RUN_DIR      per pipeline stage: the pp bytes of the run's last logged step\n"
-     "                      beside the prediction, with and without the cross-stage cache\n"
+     "                      beside the prediction, with and without the cross-stage cache,\n"
+     "                      the FSDP bytes beside theirs, and each kind's time and exposed\n"
+     "                      time\n"
      "example: fathom inspect runs/demo --json\n"},
     {"convert",
      "usage: fathom convert --from-hf DIR --config CONFIG.yaml --to RUN_DIR\n"

@@ -3,6 +3,7 @@
 
 #include "checkpoints/checkpoint.h"
 #include "launch/backend_select.h"
+#include "launch/config_arguments.h"
 #include "launch/memory_plan.h"
 #include "launch/step_budget.h"
 #include "launch/train_comm.h"
@@ -36,8 +37,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define MAX_OVERRIDES 256
-
 static volatile sig_atomic_t stop_requested;
 
 /* SIGTERM, SIGUSR1 and a first SIGINT (Ctrl-C): finish the step, save, exit 0. A second
@@ -63,36 +62,6 @@ static void make_directories(const char *path)
     }
     if (mkdir(partial, 0755) && errno != EEXIST)
         fatal(EXIT_DATA, "cannot create run_dir %s: %s", partial, strerror(errno));
-}
-
-static void parse_arguments(int argc, char **argv, const char **config_path,
-                            const char **overrides, int *n_overrides)
-{
-    *config_path = NULL;
-    *n_overrides = config_environment_overrides(overrides, MAX_OVERRIDES); /* FATHOM_SET */
-    for (int i = 2; i < argc; i++) {
-        if (!strcmp(argv[i], "--set")) {
-            if (i + 1 >= argc)
-                fatal(EXIT_CONFIG, "--set needs key=value");
-            if (*n_overrides == MAX_OVERRIDES)
-                fatal(EXIT_CONFIG, "more than %d --set overrides", MAX_OVERRIDES);
-            overrides[(*n_overrides)++] = argv[++i];
-        } else if (!strncmp(argv[i], "--set=", 6)) {
-            if (*n_overrides == MAX_OVERRIDES)
-                fatal(EXIT_CONFIG, "more than %d --set overrides", MAX_OVERRIDES);
-            overrides[(*n_overrides)++] = argv[i] + 6;
-        } else if (argv[i][0] == '-') {
-            fatal(EXIT_CONFIG, "train: unknown option '%s' (usage: fathom train CONFIG.yaml "
-                  "[--set key=value ...])", argv[i]);
-        } else if (!*config_path) {
-            *config_path = argv[i];
-        } else {
-            fatal(EXIT_CONFIG, "train: more than one config file ('%s' and '%s')",
-                  *config_path, argv[i]);
-        }
-    }
-    if (!*config_path)
-        fatal(EXIT_CONFIG, "usage: fathom train CONFIG.yaml [--set key=value ...]");
 }
 
 /* "1.23 GiB", "45.6 MiB" or "789 KiB" */
@@ -299,15 +268,17 @@ static void save_checkpoint(TrainingStep *step, RunState *state, Model *model,
 int train_main(int argc, char **argv)
 {
     const double process_started = timer_seconds();
-    const char *config_path, *overrides[MAX_OVERRIDES];
-    int n_overrides;
-    parse_arguments(argc, argv, &config_path, overrides, &n_overrides);
+    static ConfigArguments arguments; /* 2 KiB of pointers: off the stack */
+    config_arguments_parse(&arguments, argc, argv,
+                           "usage: fathom train CONFIG.yaml [--set key=value ...]", NULL, NULL);
+    const char *config_path = arguments.path;
+    const int n_overrides = arguments.n_overrides;
     signal(SIGTERM, request_stop);
     signal(SIGUSR1, request_stop);
     signal(SIGINT, request_stop);
 
     Config config;
-    config_load(&config, config_path, overrides, n_overrides, comm_size(comm_world()));
+    config_load(&config, config_path, arguments.overrides, n_overrides, comm_size(comm_world()));
     data_resolve_vocab_size(&config); /* model.vocab_size: auto */
     comm_set_timeout(config.parallel.timeout_s);
     RankGrid grid;

@@ -1,0 +1,88 @@
+/* tests/test_plan.c — `fathom plan`: a job's memory plan, stage by stage, from its config
+ * alone (launch/plan.h), equal to launch/memory_plan.h's, and its verdict against a GPU.
+ */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "launch/memory_plan.h"
+#include "runtime/config.h"
+#include "tests/support.h"
+
+static int run_plan(const char *arguments, char *output, size_t capacity)
+{
+    char command[1024];
+    snprintf(command, sizeof command, "plan '%s/launch/configs/marin8b_block_mhar.yaml' %s",
+             test_source_dir(), arguments);
+    return test_run_fathom(command, output, capacity);
+}
+
+/* The largest stage of the 8B job, as memory_plan_build sizes it for the cuda backend. */
+static double largest_stage_gib(const char *override)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/launch/configs/marin8b_block_mhar.yaml",
+             test_source_dir());
+    const char *overrides[1] = {override};
+    Config config;
+    config_load(&config, path, overrides, override ? 1 : 0, CONFIG_ANY_WORLD);
+    Backend cuda_like = *backend_cpu();
+    cuda_like.name = "cuda";
+    cuda_like.activation_bytes = 2;
+    double largest = 0;
+    for (int stage = 0; stage < config.parallel.pp; stage++) {
+        MemoryPlan plan;
+        memory_plan_build(&plan, &config, &cuda_like,
+                          (RankLayout){config.parallel.pp, config.parallel.dp, stage, 0});
+        const double bytes = memory_plan_backend_bytes(&plan);
+        largest = bytes > largest ? bytes : largest;
+    }
+    return largest / (1 << 30);
+}
+
+Test(plan, the_8b_job_is_planned_stage_by_stage_and_fits_an_80_gib_gpu)
+{
+    char output[16384], want[128];
+    const int code = run_plan("--gpu-memory 80", output, sizeof output);
+    cr_assert_eq(code, 0, "exit %d: %s", code, output);
+    cr_expect(strstr(output, "parallel.pp 2 x parallel.dp 4 = 8 ranks, cuda (bf16)"), "%s",
+              output);
+    cr_expect(strstr(output, "(stage 0, dp rank 0 of parallel.pp 2 x parallel.dp 4)"), "%s",
+              output);
+    cr_expect(strstr(output, "(stage 1, dp rank 0 of parallel.pp 2 x parallel.dp 4)"), "%s",
+              output);
+    snprintf(want, sizeof want, "the largest stage holds %.2f GiB a rank on its GPU; "
+             "--gpu-memory 80: fits", largest_stage_gib(NULL));
+    cr_expect(strstr(output, want), "'%s' not in:\n%s", want, output);
+}
+
+Test(plan, activations_past_the_gpu_are_exit_2_naming_the_keys_that_shrink_them)
+{
+    char output[16384], want[128];
+    const int code = run_plan("--set train.activation_checkpointing=none --gpu-memory 80",
+                              output, sizeof output);
+    cr_assert_eq(code, 2, "exit %d: %s", code, output);
+    cr_expect(strstr(output, "stage 0 does not fit"), "%s", output);
+    cr_expect(strstr(output, "train.activation_checkpointing: full"), "%s", output);
+    cr_expect(strstr(output, "train.microbatch_size = 2"), "%s", output);
+    snprintf(want, sizeof want, "the largest stage holds %.2f GiB a rank",
+             largest_stage_gib("train.activation_checkpointing=none"));
+    cr_expect(strstr(output, want), "'%s' not in:\n%s", want, output);
+    /* without a GPU size there is no verdict, only the plan */
+    cr_assert_eq(run_plan("--set train.activation_checkpointing=none", output,
+                          sizeof output), 0, "%s", output);
+    cr_expect_null(strstr(output, "fit"), "%s", output);
+}
+
+Test(plan, bad_arguments_are_usage_errors)
+{
+    char output[8192];
+    cr_expect_eq(test_run_fathom("plan", output, sizeof output), 2, "%s", output);
+    cr_expect(strstr(output, "usage: fathom plan CONFIG.yaml"), "%s", output);
+    cr_expect_eq(run_plan("--gpu-memory -3", output, sizeof output), 2, "%s", output);
+    cr_expect(strstr(output, "--gpu-memory -3 is not a positive number"), "%s", output);
+    cr_expect_eq(run_plan("--set device=cpu --gpu-memory 80", output, sizeof output), 2,
+                 "%s", output);
+    cr_expect_eq(run_plan("--frobnicate", output, sizeof output), 2, "%s", output);
+    cr_expect(strstr(output, "plan: unknown option '--frobnicate'"), "%s", output);
+}
