@@ -165,8 +165,22 @@ def check_comm(comm_dir: str, out: str) -> None:
         expect(f"stage {stage}: bytes per step by kind" in titles, str(titles))
         expect(f"stage {stage}: pp block summaries, cached vs uncached" in titles,
                str(titles))
-    expect(all(axes.get_ylabel() == "bytes per step" for axes in figure.axes),
+    byte_axes = [axes for axes in figure.axes if "bytes" in axes.get_title()
+                 or "summaries" in axes.get_title()]
+    expect(len(byte_axes) == 2 * stages and
+           all(axes.get_ylabel() == "bytes per step" for axes in byte_axes),
            str([axes.get_ylabel() for axes in figure.axes]))
+    # the run's hops were timed: a third panel a stage, each hop kind ran and, through
+    # MPI, was all exposed
+    for stage in range(stages):
+        expect(f"stage {stage}: communication time per step" in titles, str(titles))
+    expect(all(entry["comm"][stage]["pp_recv_ms"] > 0 and
+               entry["comm"][stage]["pp_recv_exposed_ms"] == entry["comm"][stage]["pp_recv_ms"]
+               for entry in steps for stage in range(stages)),
+           "a stage's hop receives were not timed, or not all exposed on the cpu")
+    times = legend_texts(figure.axes[2])
+    expect(times[-2:] == ["ran", "exposed (compute waited)"] and "pp receive" in times,
+           str(times))
     kinds = legend_texts(figure.axes[0])
     for kind in ["pp send", "pp receive"]:
         expect(kind in kinds, f"comm legend {kinds} lacks {kind}")
@@ -177,7 +191,7 @@ def check_comm(comm_dir: str, out: str) -> None:
                                             "uncached (every summary)"],
            str(legend_texts(figure.axes[1])))
     run_plot(comm_dir, "--out", out)
-    expect_png(Path(out) / "comm.png", (1200, 80 + 320 * stages))
+    expect_png(Path(out) / "comm.png", (1800, 80 + 320 * stages))
 
 
 def check_probe_pngs(probe_json: str, out: str) -> None:

@@ -9,7 +9,9 @@ Run directories (each with the metrics.jsonl that `fathom train` writes) give
   loss.png        train loss and val_loss against tokens (--log-x: log-scale tokens)
   throughput.png  tokens/s per device, peak memory and MFU against step
   grad_norm.png   gradient norm and learning rate against step, skipped steps marked
-  comm.png        per pipeline stage, when the metrics carry non-zero `comm` bytes
+  comm.png        per pipeline stage, when the metrics carry non-zero `comm` bytes: bytes
+                  by kind, summaries cached vs uncached, and (where logged) the time of
+                  each kind and its part exposed to compute
 Several run directories are overlaid, each labelled with its residual mode (read from the
 config saved in its newest checkpoint; a run without a checkpoint is labelled by its
 directory name). Output goes to --out, by default RUN_DIR/plots of the first run.

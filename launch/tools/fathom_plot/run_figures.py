@@ -12,7 +12,10 @@ Every figure overlays the runs it is given, one colour per run, with the run's l
                                     (non-finite) steps marked by red crosses
     comm.png        1200 x (80 + 320 * stages) px   one row per pipeline stage: pp, FSDP
                                     all-gather and reduce-scatter bytes per step; pp summary
-                                    bytes measured beside the uncached count
+                                    bytes measured beside the uncached count; 1800 px wide
+                                    when the metrics carry communication times: a third
+                                    panel of each kind's time per step, faint, and the part
+                                    of it the compute waited for (exposed), solid
 """
 from __future__ import annotations
 
@@ -182,6 +185,10 @@ TRAFFIC = (("pp_send_bytes", "pp send", "C0"), ("pp_recv_bytes", "pp receive", "
            ("fsdp_reducescatter_bytes", "FSDP reduce-scatter", "C3"),
            ("allreduce_bytes", "all-reduce (shared tensors)", "C4"))
 RUN_STYLES = ("-", "--", ":", "-.")
+# the timed kinds (metrics' `*_ms` and `*_exposed_ms`), coloured as their bytes
+TIMES = (("pp_send", "pp send", "C0"), ("pp_recv", "pp receive", "C1"),
+         ("fsdp_allgather", "FSDP all-gather", "C2"),
+         ("fsdp_reducescatter", "FSDP reduce-scatter", "C3"))
 
 
 def _stage_series(run: Run, stage: int, key: str) -> tuple[list[float], list[float]]:
@@ -201,12 +208,18 @@ def comm_figure(runs: list[Run]) -> Figure:
     Colour is the kind of traffic; the line style tells the runs apart when there are
     several (solid, dashed, dotted, dash-dot in argument order)."""
     stages = max(run.stage_count() for run in runs)
-    figure = new_figure(12, 0.8 + 3.2 * stages)
-    rows = figure.subplots(stages, 2, squeeze=False, sharex=True)
+    timed = [key for key, _, _ in TIMES
+             if any(value > 0 for run in runs for stage in range(stages)
+                    for value in _stage_series(run, stage, key + "_ms")[1])]
+    figure = new_figure(18 if timed else 12, 0.8 + 3.2 * stages)
+    rows = figure.subplots(stages, 3 if timed else 2, squeeze=False, sharex=True)
     drawn = [key for key, _, _ in TRAFFIC
              if any(value > 0 for run in runs for stage in range(stages)
                     for value in _stage_series(run, stage, key)[1])]
-    for stage, (traffic_axes, summary_axes) in enumerate(rows):
+    for stage, row in enumerate(rows):
+        traffic_axes, summary_axes = row[0], row[1]
+        if timed:
+            _draw_times(row[2], runs, stage, timed, stage == stages - 1)
         for index, run in enumerate(runs):
             style = RUN_STYLES[index % len(RUN_STYLES)]
             for key, _, colour in TRAFFIC:
@@ -238,6 +251,33 @@ def comm_figure(runs: list[Run]) -> Figure:
                       ["measured (with the cross-stage cache)", "uncached (every summary)"]
                       + [run.label for run in runs][:len(run_handles)],
                       fontsize=8, loc="best")
+    if timed:
+        kinds = [(text, colour) for key, text, colour in TIMES if key in timed]
+        rows[0][2].legend([Line2D([], [], color=colour) for _, colour in kinds]
+                          + [Line2D([], [], color="black", alpha=0.35),
+                             Line2D([], [], color="black", linewidth=2.0)],
+                          [text for text, _ in kinds] + ["ran", "exposed (compute waited)"],
+                          fontsize=8, loc="best")
     figure.suptitle("Communication per step" + (f": {runs[0].label}" if len(runs) == 1
                                                   else ""))
     return figure
+
+
+def _draw_times(axes: Axes, runs: list[Run], stage: int, timed: list[str], last: bool) -> None:
+    """One stage's communication times per step: each kind's time (faint) and its exposed
+    part (solid), in milliseconds of one of the stage's ranks."""
+    for index, run in enumerate(runs):
+        style = RUN_STYLES[index % len(RUN_STYLES)]
+        for key, _, colour in TIMES:
+            if key not in timed:
+                continue
+            axes.plot(*_stage_series(run, stage, key + "_ms"), color=colour, alpha=0.35,
+                      linestyle=style, linewidth=1.5)
+            axes.plot(*_stage_series(run, stage, key + "_exposed_ms"), color=colour,
+                      linestyle=style, linewidth=2.0)
+    axes.set_title(f"stage {stage}: communication time per step")
+    axes.set_ylabel("ms per step (a rank)")
+    axes.set_ylim(bottom=0)
+    axes.grid(True, alpha=0.3)
+    if last:
+        axes.set_xlabel("step")
