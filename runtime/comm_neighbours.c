@@ -7,10 +7,14 @@
  * tell without MPI is the state of the processes on its own host, which on one node of
  * eight GPUs is every rank. So comm_init gathers every rank's (host, pid) once, and when a
  * job ends with exit 5, fatal()'s hook (comm_mpi.c) names the ranks of this host whose
- * process has exited (no such pid, or a zombie) or is stopped (state T or t in
- * /proc/PID/stat). Nothing here calls MPI after the gather, so any thread may ask.
+ * process has exited (no such pid, a zombie, or the pid of a newer process) or is stopped
+ * (state T or t in /proc/PID/stat). A peer is watched only if this rank could see it at the
+ * gather, with the start time it reported: ranks in PID namespaces of their own (some
+ * container launchers) are not named at all rather than named wrongly. Nothing here calls
+ * MPI after the gather, so any thread may ask.
  */
 #include <errno.h>
+#include <stdbool.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,10 +28,40 @@
 typedef struct {
     char host[64];
     int pid;
+    unsigned long long started; /* /proc/PID/stat's starttime, clock ticks after boot */
 } Neighbour;
 
 static Neighbour *neighbours; /* [world size], from comm_neighbours_init */
+static bool *watched;         /* [world size]: on this host and seen as reported */
 static int n_neighbours;
+
+/* The state ('R', 'S', 'T', 'Z', ...) and start time of a process; false when there is no
+ * such process to read. */
+static bool read_process(int pid, char *state, unsigned long long *started)
+{
+    if (kill((pid_t)pid, 0) != 0 && errno == ESRCH)
+        return false;
+    char path[64], line[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    FILE *file = fopen(path, "r");
+    if (!file)
+        return false;
+    const size_t length = fread(line, 1, sizeof line - 1, file);
+    fclose(file);
+    line[length] = '\0';
+    const char *name_end = strrchr(line, ')'); /* the name may hold spaces and parentheses */
+    if (!name_end || name_end[1] != ' ')
+        return false;
+    /* after the name: state (field 3) ... starttime (field 22), the 20th token */
+    const char *field = name_end + 2;
+    *state = field[0];
+    for (int token = 1; token < 20 && field; token++) {
+        field = strchr(field, ' ');
+        if (field)
+            field++;
+    }
+    return field && sscanf(field, "%llu", started) == 1;
+}
 
 void comm_neighbours_init(MPI_Comm world, int size)
 {
@@ -36,53 +70,49 @@ void comm_neighbours_init(MPI_Comm world, int size)
     if (gethostname(mine.host, sizeof mine.host - 1) != 0)
         snprintf(mine.host, sizeof mine.host, "unknown");
     mine.pid = (int)getpid();
+    char state;
+    if (!read_process(mine.pid, &state, &mine.started))
+        mine.started = 0;
     neighbours = xcalloc((size_t)size, sizeof *neighbours);
+    watched = xcalloc((size_t)size, sizeof *watched);
     MPI_CHECK(MPI_Allgather(&mine, (int)sizeof mine, MPI_BYTE, neighbours, (int)sizeof mine,
                             MPI_BYTE, world));
     n_neighbours = size;
+    for (int rank = 0; rank < size; rank++) {
+        const Neighbour *neighbour = &neighbours[rank];
+        unsigned long long started;
+        watched[rank] = neighbour->pid != mine.pid && !strcmp(neighbour->host, mine.host) &&
+                        neighbour->started != 0 &&
+                        read_process(neighbour->pid, &state, &started) &&
+                        started == neighbour->started;
+    }
 }
 
 void comm_neighbours_free(void)
 {
     free(neighbours);
+    free(watched);
     neighbours = NULL;
+    watched = NULL;
     n_neighbours = 0;
-}
-
-/* 'R', 'S', 'T', 'Z', ... of /proc/PID/stat; 0 when the process is not there. */
-static char process_state(int pid)
-{
-    if (kill((pid_t)pid, 0) != 0 && errno == ESRCH)
-        return 0;
-    char path[64], line[512];
-    snprintf(path, sizeof path, "/proc/%d/stat", pid);
-    FILE *file = fopen(path, "r");
-    if (!file)
-        return 0;
-    const size_t length = fread(line, 1, sizeof line - 1, file);
-    fclose(file);
-    line[length] = '\0';
-    const char *name_end = strrchr(line, ')'); /* the name may hold spaces and parentheses */
-    return name_end && name_end[1] == ' ' ? name_end[2] : '?';
 }
 
 int comm_neighbours_describe(char *text, size_t capacity)
 {
     text[0] = '\0';
-    char here[64] = "";
-    if (gethostname(here, sizeof here - 1) != 0 || !neighbours)
-        return 0;
-    const int me = (int)getpid();
     int found = 0;
     size_t used = 0;
     for (int rank = 0; rank < n_neighbours; rank++) {
         const Neighbour *neighbour = &neighbours[rank];
-        if (neighbour->pid == me || strcmp(neighbour->host, here))
+        if (!watched[rank])
             continue;
-        const char state = process_state(neighbour->pid);
-        const char *what = state == 0 || state == 'Z' || state == 'X' ? "has exited"
-                           : state == 'T' || state == 't'            ? "is stopped"
-                                                                      : NULL;
+        char state = 0;
+        unsigned long long started = 0;
+        const bool there = read_process(neighbour->pid, &state, &started) &&
+                           started == neighbour->started;
+        const char *what = !there || state == 'Z' || state == 'X' ? "has exited"
+                           : state == 'T' || state == 't'        ? "is stopped"
+                                                                  : NULL;
         if (!what)
             continue;
         const int written = snprintf(text + used, capacity - used, "%srank %d (pid %d) %s",
