@@ -384,3 +384,27 @@ Test(fsdp, the_8b_jobs_layout_at_a_tiny_width_on_8_ranks_equals_one_rank, .timeo
     printf("%s", runs.output); /* the rehearsal's comm table, for the record */
     runs_end(&runs);
 }
+
+/* launch/bench/job_8b.sh, the script the eight-GPU node runs, rehearsed on the cpu at a tiny
+ * width: the job's layout trains, resumes bit for bit, and reports its bytes as predicted,
+ * its communication table, and its save and load times. */
+Test(fsdp, the_8b_job_script_rehearsed_on_the_cpu_reports_a_bitwise_resume, .timeout = 300)
+{
+    char directory[256], command[1024];
+    test_make_temp_dir(directory, "job-8b");
+    char *output = malloc(LAYOUT_OUTPUT_CAPACITY);
+    snprintf(command, sizeof command,
+             "cd '%s' && OUT='%s' DEVICE=cpu FATHOM_BINARY='%s' launch/bench/job_8b.sh 4 2>&1",
+             test_source_dir(), directory, test_fathom_binary());
+    cr_assert_eq(test_run_command(command, output, LAYOUT_OUTPUT_CAPACITY), 0, "%s", output);
+    static const char *const lines[] = {
+        "run A: exit 0", "run B, first half: exit 0", "run B, resumed: exit 0",
+        "bytes            every measured value equals the prediction",
+        "fathom: communication a step, ms", "save             saved step 4:",
+        "load             loaded ", "resume           bitwise (losses of steps 3-4: equal",
+    };
+    for (size_t i = 0; i < sizeof lines / sizeof lines[0]; i++)
+        cr_expect_not_null(strstr(output, lines[i]), "no '%s' in:\n%s", lines[i], output);
+    free(output);
+    test_remove_tree(directory);
+}
