@@ -8,9 +8,7 @@
 #include <string.h>
 
 #include "launch/inspect_checkpoint.h"
-#include "model/chunk.h"
-#include "pipeline/fsdp_bytes.h"
-#include "pipeline/payload.h"
+#include "pipeline/traffic.h"
 #include "runtime/config.h"
 #include "runtime/error.h"
 
@@ -153,23 +151,19 @@ int inspect_main(int argc, char **argv)
     Config config;
     config_load(&config, path, NULL, 0, CONFIG_ANY_WORLD);
 
-    const int P = config.parallel.pp, chunks = P * config.parallel.virtual_stages;
+    const int P = config.parallel.pp;
     StageBytes *measured = xcalloc((size_t)P, sizeof *measured);
     int step = 0;
     const int n = read_measured(run_dir, measured, P, &step);
     if (n != P)
         fatal(EXIT_DATA, "%s/metrics.jsonl has %d comm objects, parallel.pp = %d", run_dir, n,
               P);
-    ResidualPlan plan;
-    residual_plan_build(&plan, &config.model, &config.residual);
-    ChunkSpan *spans = xcalloc((size_t)chunks, sizeof *spans);
-    chunk_spans_build(spans, chunks, &config.model, &plan, config.parallel.layer_split,
-                      config.parallel.n_layer_split);
     /* DESIGN 3 precision: payloads are activations, fp32 on the cpu and bf16 on cuda */
-    const uint64_t element = config.device == DEVICE_CUDA ? 2 : 4;
-    const uint64_t tensor = (uint64_t)config.train.microbatch_size * config.train.seq_len *
-                            config.model.d_model * element;
+    const size_t element = config.device == DEVICE_CUDA ? 2 : 4;
     const int dp = config.parallel.dp, M = config_microbatches_per_rank(&config);
+    RankTraffic *predicted = xcalloc((size_t)P, sizeof *predicted);
+    for (int stage = 0; stage < P; stage++)
+        predicted[stage] = traffic_predict_rank(&config, stage, element);
 
     printf("pp bytes per step at step %d of %s (parallel.pp %d, dp %d, virtual_stages %d, "
            "%d microbatches a rank)\n", step, run_dir, P, dp, config.parallel.virtual_stages, M);
@@ -177,11 +171,10 @@ int inspect_main(int argc, char **argv)
            "predicted", "uncached", "predicted");
     int mismatches = 0;
     for (int stage = 0; stage < P; stage++) {
-        PayloadBytes predicted = payload_predict(&plan, spans, chunks, P, stage, M, tensor);
         /* a stage's measured bytes are summed over its dp ranks */
-        const long long expected[3] = {(long long)predicted.send_bytes * dp,
-                                       (long long)predicted.summary_bytes * dp,
-                                       (long long)predicted.summary_bytes_uncached * dp};
+        const long long expected[3] = {(long long)predicted[stage].pp_send * dp,
+                                       (long long)predicted[stage].pp_summary * dp,
+                                       (long long)predicted[stage].pp_summary_uncached * dp};
         const long long got[3] = {measured[stage].send, measured[stage].summary,
                                   measured[stage].summary_uncached};
         printf("%5d", stage);
@@ -196,9 +189,8 @@ int inspect_main(int argc, char **argv)
     printf("%5s %14s %14s %14s %14s %14s\n", "stage", "all-gather", "predicted",
            "reduce-scat.", "predicted", "allreduce");
     for (int stage = 0; stage < P; stage++) {
-        const FsdpBytes predicted = fsdp_predict_step_bytes(&config, stage, (size_t)element);
-        const long long expected[2] = {(long long)predicted.allgather * dp,
-                                       (long long)predicted.reducescatter * dp};
+        const long long expected[2] = {(long long)predicted[stage].fsdp_allgather * dp,
+                                       (long long)predicted[stage].fsdp_reducescatter * dp};
         const long long got[2] = {measured[stage].allgather, measured[stage].reducescatter};
         printf("%5d", stage);
         for (int k = 0; k < 2; k++) {
@@ -212,8 +204,7 @@ int inspect_main(int argc, char **argv)
     printf(mismatches ? "%d measured values differ from the prediction\n"
                       : "every measured value equals the prediction\n", mismatches);
     print_times(measured, P);
-    free(spans);
+    free(predicted);
     free(measured);
-    residual_plan_free(&plan);
     return mismatches ? EXIT_DATA : EXIT_DONE;
 }

@@ -10,6 +10,7 @@
  */
 #include "launch/plan.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +18,7 @@
 #include "launch/config_arguments.h"
 #include "launch/machine.h"
 #include "launch/memory_plan.h"
+#include "pipeline/traffic.h"
 #include "runtime/backend.h"
 #include "runtime/config.h"
 #include "runtime/error.h"
@@ -42,6 +44,38 @@ static int plan_option(void *context, int argc, char **argv, int i)
         fatal(EXIT_CONFIG, "plan: --gpu-memory %s is not a positive number of GiB",
               argv[i + 1]);
     return 2;
+}
+
+/* bytes in B, kB, MB or GB (powers of 1000, as the console line counts pp bytes) */
+static void print_size(uint64_t bytes)
+{
+    static const char *const units[] = {"B", "kB", "MB", "GB"};
+    double value = (double)bytes;
+    int unit = 0;
+    while (value >= 1000 && unit < 3) {
+        value /= 1000;
+        unit++;
+    }
+    printf(" %13.2f %-2s", value, units[unit]);
+}
+
+/* What each rank will send a step, by stage (pipeline/traffic.h). */
+static void print_traffic(const Config *config, size_t activation_bytes)
+{
+    printf("fathom plan: bytes a rank sends a step, predicted (fathom inspect --comm sets a "
+           "run's measured bytes beside them)\n");
+    printf("fathom: %5s %16s %16s %16s %16s %16s\n", "stage", "pp sent", "summaries",
+           "uncached", "all-gather", "reduce-scat.");
+    for (int stage = 0; stage < config->parallel.pp; stage++) {
+        const RankTraffic traffic = traffic_predict_rank(config, stage, activation_bytes);
+        printf("fathom: %5d", stage);
+        print_size(traffic.pp_send);
+        print_size(traffic.pp_summary);
+        print_size(traffic.pp_summary_uncached);
+        print_size(traffic.fsdp_allgather);
+        print_size(traffic.fsdp_reducescatter);
+        printf("\n");
+    }
 }
 
 int plan_main(int argc, char **argv)
@@ -94,6 +128,7 @@ int plan_main(int argc, char **argv)
             too_large++;
         }
     }
+    print_traffic(&config, cpu ? sizeof(float) : 2);
     printf("fathom plan: the largest stage holds %.2f GiB a rank%s", largest / (1 << 30),
            cpu ? " (host memory)" : " on its GPU");
     if (device.bytes > 0)

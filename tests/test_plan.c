@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "launch/memory_plan.h"
+#include "pipeline/traffic.h"
 #include "runtime/config.h"
 #include "tests/support.h"
 
@@ -54,6 +55,20 @@ Test(plan, the_8b_job_is_planned_stage_by_stage_and_fits_an_80_gib_gpu)
     snprintf(want, sizeof want, "the largest stage holds %.2f GiB a rank on its GPU; "
              "--gpu-memory 80: fits", largest_stage_gib(NULL));
     cr_expect(strstr(output, want), "'%s' not in:\n%s", want, output);
+    /* each stage's bytes a rank sends, as pipeline/traffic.h predicts them in bf16 */
+    char path[512];
+    snprintf(path, sizeof path, "%s/launch/configs/marin8b_block_mhar.yaml",
+             test_source_dir());
+    Config config;
+    config_load(&config, path, NULL, 0, CONFIG_ANY_WORLD);
+    for (int stage = 0; stage < 2; stage++) {
+        const RankTraffic traffic = traffic_predict_rank(&config, stage, 2);
+        snprintf(want, sizeof want, "fathom: %5d %13.2f GB %13.2f GB %13.2f GB %13.2f GB "
+                 "%13.2f GB", stage, traffic.pp_send / 1e9, traffic.pp_summary / 1e9,
+                 traffic.pp_summary_uncached / 1e9, traffic.fsdp_allgather / 1e9,
+                 traffic.fsdp_reducescatter / 1e9);
+        cr_expect(strstr(output, want), "'%s' not in:\n%s", want, output);
+    }
 }
 
 Test(plan, activations_past_the_gpu_are_exit_2_naming_the_keys_that_shrink_them)
