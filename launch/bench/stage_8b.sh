@@ -6,11 +6,15 @@
 # shards it over 4). It carries both the embedding and the head, which the job splits
 # between its two stages. Prints the steps' tok/s, MFU and peak memory (the mean of the
 # steps after the first).
-#   launch/bench/stage_8b.sh [STEPS]
-# FATHOM_BINARY names the binary (default build/fathom); logs go to $OUT (or /tmp).
+#   launch/bench/stage_8b.sh [STEPS] [--set key=value ...]
+# The overrides go last, e.g. --set train.activation_checkpointing=none --set
+# train.microbatch_size=1 --set train.global_batch_size=4 for the stage without recompute
+# (docs/performance.md, "The 8B job's memory and traffic, planned"). FATHOM_BINARY names the
+# binary (default build/fathom); logs go to $OUT (or /tmp).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 steps=${1:-5}
+shift $(($# > 0 ? 1 : 0))
 binary=${FATHOM_BINARY:-build/fathom}
 out=${OUT:-/tmp}
 run=/tmp/stage-8b
@@ -20,7 +24,7 @@ rm -rf "$run"
   --set parallel.virtual_stages=1 --set parallel.schedule=1f1b --set data.source=synthetic \
   --set train.global_batch_size=8 --set train.steps="$steps" --set log.every=1 \
   --set checkpoint.every=0 --set checkpoint.save_final=false --set optim.warmup_steps=1 \
-  >"$out/stage-8b.log" 2>&1
+  "$@" >"$out/stage-8b.log" 2>&1
 echo "exit $? (16 layers of the 8B model, one GPU)"
 grep -E "memory plan|ready to train" "$out/stage-8b.log"
 python3 - "$run/metrics.jsonl" <<'PY'
