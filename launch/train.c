@@ -169,10 +169,12 @@ typedef struct {
 
 static double evaluate_during_training(Model *model, DataSet *val, const Config *config)
 {
-    /* the evaluation's gathers are not a step's: the metrics' comm counts stay the steps',
-     * and the next step gathers afresh, as `fathom inspect --comm` predicts */
+    /* the evaluation's gathers are not a step's: the metrics' comm counts and times stay
+     * the steps', and the next step gathers afresh, as `fathom inspect --comm` predicts */
     uint64_t counters[COMM_KIND_COUNT];
     comm_counters_save(counters);
+    const bool timing = device_comm_timing_enabled();
+    device_comm_timing_enable(false);
     int64_t windows = config->eval.samples;
     if ((uint64_t)windows > data_window_count(val))
         windows = (int64_t)data_window_count(val);
@@ -180,6 +182,7 @@ static double evaluate_during_training(Model *model, DataSet *val, const Config 
                                       config->train.seq_len, (float)config->train.z_loss,
                                       NULL, NULL);
     comm_counters_restore(counters);
+    device_comm_timing_enable(timing);
     fsdp_params_changed(model_fsdp(model));
     return result.loss;
 }
@@ -375,7 +378,6 @@ int train_main(int argc, char **argv)
     }
     while (state.step < config.train.steps && !stopping) {
         int step_number = (int)state.step + 1;
-        train_comm_step_start(&train_comm);
         double started = timer_seconds();
         double lr = lr_at_step(&config.optim, step_number, config.train.steps);
 

@@ -30,13 +30,6 @@ void train_comm_begin(TrainComm *train_comm, const RankGrid *grid)
     comm_counters_reset();
 }
 
-void train_comm_step_start(TrainComm *train_comm)
-{
-    (void)train_comm;
-    DeviceCommTime dropped[COMM_KIND_COUNT];
-    device_comm_timing_collect(dropped);
-}
-
 static void add_times(DeviceCommTime *sum, const DeviceCommTime *times)
 {
     for (int k = 0; k < COMM_KIND_COUNT; k++) {
@@ -48,14 +41,15 @@ static void add_times(DeviceCommTime *sum, const DeviceCommTime *times)
 
 void train_comm_step_end(TrainComm *train_comm, int step_number, double step_seconds)
 {
-    DeviceCommTime times[COMM_KIND_COUNT];
-    device_comm_timing_collect(times);
-    add_times(train_comm->window, times);
-    if (train_comm->first_step < 0)
+    if (train_comm->first_step < 0) {
+        /* warm-up: plans, pools and communicators are made during the first step; its
+         * times go to the first metrics line, not to the run's table */
         train_comm->first_step = step_number;
-    if (step_number == train_comm->first_step)
-        return; /* warm-up: plans, pools and communicators are made during the first step */
-    add_times(train_comm->run, times);
+        DeviceCommTime times[COMM_KIND_COUNT];
+        device_comm_timing_collect(times);
+        add_times(train_comm->window, times);
+        return;
+    }
     train_comm->run_step_ms += 1e3 * step_seconds;
     train_comm->run_steps++;
 }
@@ -77,6 +71,10 @@ static void sum_times(const RankGrid *grid, const DeviceCommTime *times, double 
 void train_comm_gather(TrainComm *train_comm, const RankGrid *grid, int steps,
                        MetricsComm *stages)
 {
+    DeviceCommTime since[COMM_KIND_COUNT]; /* the steps since the last collect */
+    device_comm_timing_collect(since);
+    add_times(train_comm->window, since);
+    add_times(train_comm->run, since);
     int64_t *mine = xcalloc((size_t)grid->pp * BYTE_FIELDS, sizeof *mine);
     int64_t *total = xcalloc((size_t)grid->pp * BYTE_FIELDS, sizeof *total);
     double *times = xcalloc((size_t)grid->pp * TIME_FIELDS, sizeof *times);

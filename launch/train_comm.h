@@ -5,8 +5,10 @@
  * Times are a rank's: the busy and exposed milliseconds of its all-gathers, reduce-scatters,
  * pipeline sends and receives (device_comm.h, "timing"), a step's worth, the mean over the
  * stage's ranks. Bytes are summed over the stage's ranks. Timing runs only with more than
- * one rank (nothing communicates otherwise). What happens between steps (an evaluation, a
- * save) is not a step's and is dropped at the next step's start.
+ * one rank (nothing communicates otherwise). The events are read at the end of the first
+ * step and at each metrics line, not after every step: reading them is host work while the
+ * device waits. An evaluation between steps is not timed (the caller turns timing off
+ * around it, as it keeps its bytes out of the counters).
  *
  * Every rank calls every function, in the same order; train_comm_gather and
  * train_comm_report are collective over the world.
@@ -23,17 +25,15 @@
 
 typedef struct {
     DeviceCommTime window[COMM_KIND_COUNT]; /* this rank, since the last metrics line */
-    DeviceCommTime run[COMM_KIND_COUNT];    /* this rank, every step but the first */
+    DeviceCommTime run[COMM_KIND_COUNT];    /* this rank, the logged steps but the first */
     double run_step_ms;                     /* those steps' wall time, summed */
     int run_steps, first_step;
 } TrainComm;
 
 /* Starts counting and, with more than one rank, timing. */
 void train_comm_begin(TrainComm *train_comm, const RankGrid *grid);
-/* Before a step: drops what was timed since the last step ended. */
-void train_comm_step_start(TrainComm *train_comm);
-/* After a step, once the backend has synchronized: adds the step's times. The first step
- * the run takes pays for warm-up and is left out of the run's table. */
+/* After a step, once the backend has synchronized. The first step the run takes pays for
+ * warm-up and is left out of the run's table (its times are read now, apart). */
 void train_comm_step_end(TrainComm *train_comm, int step_number, double step_seconds);
 /* Collective: stages[pp] = each stage's bytes and times, a step's worth over the last
  * `steps` steps (the window since the previous call), on every rank; starts a new window. */
