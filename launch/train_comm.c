@@ -8,6 +8,9 @@
 #include "runtime/error.h"
 
 enum { BYTE_FIELDS = 7, TIMED_KINDS = 4, TIME_FIELDS = 2 * TIMED_KINDS };
+/* Timed operations kept between reads at most (about 4 events each): a long log window of
+ * a large job is read early, at a step's end, rather than holding millions of events. */
+enum { PENDING_MAX = 8192 };
 
 /* metrics.jsonl's byte counters, in MetricsComm's order */
 static const CommKind byte_kinds[BYTE_FIELDS] = {
@@ -39,19 +42,30 @@ static void add_times(DeviceCommTime *sum, const DeviceCommTime *times)
     }
 }
 
+/* Reads what was timed since the last read into the window, and into the run's table
+ * unless it is the first step's. */
+static void read_times(TrainComm *train_comm, bool for_the_run)
+{
+    DeviceCommTime times[COMM_KIND_COUNT];
+    device_comm_timing_collect(times);
+    add_times(train_comm->window, times);
+    if (for_the_run)
+        add_times(train_comm->run, times);
+}
+
 void train_comm_step_end(TrainComm *train_comm, int step_number, double step_seconds)
 {
     if (train_comm->first_step < 0) {
         /* warm-up: plans, pools and communicators are made during the first step; its
          * times go to the first metrics line, not to the run's table */
         train_comm->first_step = step_number;
-        DeviceCommTime times[COMM_KIND_COUNT];
-        device_comm_timing_collect(times);
-        add_times(train_comm->window, times);
+        read_times(train_comm, false);
         return;
     }
     train_comm->run_step_ms += 1e3 * step_seconds;
     train_comm->run_steps++;
+    if (device_comm_timing_pending() > PENDING_MAX)
+        read_times(train_comm, true);
 }
 
 /* A stage's times, summed over the world into totals[pp][TIME_FIELDS]: busy then exposed
@@ -71,10 +85,7 @@ static void sum_times(const RankGrid *grid, const DeviceCommTime *times, double 
 void train_comm_gather(TrainComm *train_comm, const RankGrid *grid, int steps,
                        MetricsComm *stages)
 {
-    DeviceCommTime since[COMM_KIND_COUNT]; /* the steps since the last collect */
-    device_comm_timing_collect(since);
-    add_times(train_comm->window, since);
-    add_times(train_comm->run, since);
+    read_times(train_comm, true);
     int64_t *mine = xcalloc((size_t)grid->pp * BYTE_FIELDS, sizeof *mine);
     int64_t *total = xcalloc((size_t)grid->pp * BYTE_FIELDS, sizeof *total);
     double *times = xcalloc((size_t)grid->pp * TIME_FIELDS, sizeof *times);

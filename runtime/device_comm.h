@@ -157,6 +157,8 @@ typedef struct {
 
 void device_comm_timing_enable(bool enabled);
 bool device_comm_timing_enabled(void);
+/* Operations timed and not yet collected (each holds four events until it is). */
+int device_comm_timing_pending(void);
 /* times[COMM_KIND_COUNT]: what was timed since the last collect, by kind. */
 void device_comm_timing_collect(DeviceCommTime *times);
 

@@ -27,11 +27,14 @@ static struct {
     bool enabled;
     TimedOperation *slots;
     int n_slots, first_free; /* first_free: -1 when every slot is in use */
+    int in_use;
 } timing = {.first_free = -1};
 
 void device_comm_timing_enable(bool enabled) { timing.enabled = enabled; }
 
 bool device_comm_timing_enabled(void) { return timing.enabled; }
+
+int device_comm_timing_pending(void) { return timing.in_use; }
 
 /* The slot's events belong to `backend` (made now, or again if another backend made them). */
 static void slot_events(TimedOperation *slot, const Backend *backend)
@@ -69,6 +72,7 @@ int device_comm_timing_open(const Backend *backend, CommKind kind)
     slot->compute_marks = 0;
     slot->stream_marked = slot->closed = false;
     slot->in_use = true;
+    timing.in_use++;
     return index;
 }
 
@@ -128,6 +132,7 @@ void device_comm_timing_collect(DeviceCommTime *times)
         times[slot->kind].exposed_ms += exposed;
         times[slot->kind].operations++;
         slot->in_use = false;
+        timing.in_use--;
         slot->next_free = timing.first_free;
         timing.first_free = i;
     }

@@ -446,7 +446,9 @@ static void scenario_timing(const Backend *backend)
         device_comm_flush(pair);
     }
     backend->synchronize();
+    SAY("pending %d", device_comm_timing_pending());
     say_times("late");
+    SAY("pending after %d", device_comm_timing_pending());
     say_times("again"); /* nothing since */
 
     if (backend != backend_cpu()) { /* started, then compute queued, then waited for */

@@ -145,6 +145,15 @@ Test(device_comm, timing_on_mpi_finds_the_waits_for_a_late_rank_all_exposed, .ti
     const int status = device_probe_run(2, "", "timing cpu", output);
     cr_assert_eq(status, 0, "exit %d: %s", status, output);
     device_probe_expect_synchronous_times(output, 300);
+    /* each rank timed three operations (a gather, a reduce-scatter, its hop), read once */
+    char value[64];
+    for (int rank = 0; rank < 2; rank++) {
+        cr_assert_not_null(device_probe_line(output, rank, "pending", value, sizeof value));
+        cr_expect_str_eq(value, "3", "rank %d", rank);
+        cr_assert_not_null(device_probe_line(output, rank, "pending after", value,
+                                             sizeof value));
+        cr_expect_str_eq(value, "0", "rank %d", rank);
+    }
     /* the rank that came late waited for nobody in the gather */
     const DeviceProbeTime late = device_probe_time(output, 1, "late", "fsdp_allgather");
     cr_expect_lt(late.exposed_ms, 200, "the late rank waited %.3f ms", late.exposed_ms);
