@@ -400,8 +400,9 @@ Test(fsdp, the_8b_job_script_rehearsed_on_the_cpu_reports_a_bitwise_resume, .tim
     static const char *const lines[] = {
         "run A: exit 0", "run B, first half: exit 0", "run B, resumed: exit 0",
         "bytes            every measured value equals the prediction",
-        "fathom: communication a step, ms", "save             saved step 4:",
-        "load             loaded ", "resume           bitwise (losses of steps 3-4: equal",
+        "fathom: communication a step, ms", "save             saved step 2:",
+        "load             loaded ",
+        "resume           bitwise (loss and gradient norm of steps 3-4: equal",
     };
     for (size_t i = 0; i < sizeof lines / sizeof lines[0]; i++)
         cr_expect_not_null(strstr(output, lines[i]), "no '%s' in:\n%s", lines[i], output);

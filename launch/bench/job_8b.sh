@@ -6,15 +6,16 @@
 #
 #   1. a random-weight Llama-3.1-8B written as Hugging Face safetensors (make_hf_8b.py) and
 #      imported with `fathom convert` as the delta graft's step 0;
-#   2. run A: STEPS steps on eight ranks (synthetic data; a checkpoint at STEPS / 2 and at
-#      the end);
-#   3. run B: the same step 0, STEPS / 2 steps, then resumed to STEPS;
+#   2. run A: STEPS steps from step 0 on eight ranks (synthetic data), saving nothing;
+#   3. run B: from the same step 0, STEPS / 2 steps and a checkpoint, then resumed to STEPS
+#      (one checkpoint of the 8B job is about 130 GB: model, EMA and both moments in fp32;
+#      the disk holds the import, step 0 and that one);
 #   4. the report: tokens/s a GPU and MFU (the mean of A's steps after the first), the peak
 #      memory of every GPU (nvidia-smi, sampled through A), pp and FSDP bytes a stage beside
-#      the prediction (`fathom inspect --comm`), each stage's communication time and its
-#      exposed share of the step (A's closing table), checkpoint save and load times, and
-#      whether B's steps after the resume equal A's bit for bit (losses and the final
-#      weights' norms).
+#      the prediction (`fathom inspect --comm` on A), each stage's communication time and
+#      its exposed share of the step (A's closing table), the checkpoint's save and load
+#      times, and whether B's steps after the resume equal A's bit for bit (loss and
+#      gradient norm of every step).
 #
 #   launch/bench/job_8b.sh [STEPS] [--set key=value ...]      (STEPS even, default 10)
 #
@@ -35,10 +36,11 @@ out=${OUT:-/tmp/job-8b}
 device=${DEVICE:-cuda}
 binary=${FATHOM_BINARY:-build/fathom}
 config=launch/configs/marin8b_block_mhar.yaml
+job=$out/job
 mkdir -p "$out"
-rm -rf "$out/A" "$out/B"
+rm -rf "$job"
 launcher=(mpirun --oversubscribe -np 8)
-common=(--set data.source=synthetic --set checkpoint.every="$half" --set checkpoint.keep_last=2
+common=(--set data.source=synthetic --set checkpoint.every=0 --set checkpoint.keep_last=1
         --set log.every=1 --set eval.every=0 --set optim.warmup_steps=2)
 if [ "$device" = cuda ]; then
   . launch/bench/gpu_env.sh
@@ -54,10 +56,9 @@ if [ "$device" = cuda ]; then
     python3 launch/bench/make_hf_8b.py "$out/hf" 2>&1 | tail -1
   fi
   sed -e 's/source: shards/source: synthetic/' "$config" >"$out/job.yaml"
-  "$binary" convert --from-hf "$out/hf" --config "$out/job.yaml" --to "$out/A" \
+  "$binary" convert --from-hf "$out/hf" --config "$out/job.yaml" --to "$job" \
     >"$out/convert.log" 2>&1
   echo "convert: exit $? ($(tail -1 "$out/convert.log"))"
-  cp -r "$out/A" "$out/B"
 else
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
   common+=(--set device=cpu --set model.vocab_size=256 --set model.d_model=32
@@ -66,9 +67,9 @@ else
            --set train.global_batch_size=16)
 fi
 
-train() { # RUN_DIR STEPS LOG
-  "${launcher[@]}" "$binary" train "$config" --set run_dir="$1" --set train.steps="$2" \
-    "${common[@]}" "${extra[@]}" >"$3" 2>&1 </dev/null
+train() { # STEPS SAVE LOG: the job's run directory to STEPS, saving the last step or not
+  "${launcher[@]}" "$binary" train "$config" --set run_dir="$job" --set train.steps="$1" \
+    --set checkpoint.save_final="$2" "${common[@]}" "${extra[@]}" >"$3" 2>&1 </dev/null
 }
 
 sampler=
@@ -77,20 +78,18 @@ if [ "$device" = cuda ]; then
     >"$out/gpu-memory.csv" 2>/dev/null &
   sampler=$!
 fi
-echo "== run A: $steps steps"
-train "$out/A" "$steps" "$out/A.log"
+echo "== run A: $steps steps from step 0"
+train "$steps" false "$out/A.log"
 echo "run A: exit $?"
 [ -n "$sampler" ] && kill "$sampler" 2>/dev/null
-echo "== run B: $half steps, then resumed to $steps"
-train "$out/B" "$half" "$out/B1.log"
-echo "run B, first half: exit $?"
-train "$out/B" "$steps" "$out/B2.log"
-echo "run B, resumed: exit $?"
-"$binary" inspect --comm "$out/A" >"$out/comm.log" 2>&1
+cp "$job/metrics.jsonl" "$out/A-metrics.jsonl" 2>/dev/null
+"$binary" inspect --comm "$job" >"$out/comm.log" 2>&1
 echo "inspect --comm: exit $?"
-for run in A B; do
-  "$binary" inspect "$out/$run" --json >"$out/$run-inspect.json" 2>"$out/$run-inspect.err"
-done
+echo "== run B: $half steps from step 0 and a checkpoint, then resumed to $steps"
+train "$half" true "$out/B1.log"
+echo "run B, first half: exit $?"
+train "$steps" false "$out/B2.log"
+echo "run B, resumed: exit $?"
 
 echo
 echo "=== the 8B job on $device ($steps steps; B resumed at step $half)"
@@ -99,13 +98,13 @@ import json, re, sys
 from pathlib import Path
 out, half = Path(sys.argv[1]), int(sys.argv[2])
 
-def steps(run):
+def steps(path):
     try:
-        return [json.loads(l) for l in open(out / run / "metrics.jsonl") if '"loss"' in l]
+        return [json.loads(l) for l in open(path) if '"loss"' in l]
     except OSError:
         return []
 
-a, b = steps("A"), steps("B")
+a, b = steps(out / "A-metrics.jsonl"), steps(out / "job" / "metrics.jsonl")
 steady = a[1:] or a
 if steady:
     mean = lambda key: sum(l[key] for l in steady if l[key] is not None) / len(steady)
@@ -123,7 +122,7 @@ if memory.exists():
     print("peak memory      " + ", ".join(f"GPU {i} {mib / 1024:.1f} GiB"
                                           for i, mib in sorted(peaks.items())))
 log = (out / "A.log").read_text(errors="replace")
-for line in re.findall(r"fathom: saved step .*", log)[-1:]:
+for line in re.findall(r"fathom: saved step .*", (out / "B1.log").read_text(errors="replace")):
     print("save             " + line.removeprefix("fathom: "))
 for line in re.findall(r"fathom: loaded .*", (out / "B2.log").read_text(errors="replace")):
     print("load             " + line.removeprefix("fathom: "))
@@ -134,23 +133,9 @@ print("bytes            " + ("every measured value equals the prediction"
 table = log[log.find("fathom: communication a step"):].splitlines()[:4]
 for line in table:
     print("                 " + line)
-later = {l["step"]: l["loss"] for l in a if l["step"] > half}
-resumed = {l["step"]: l["loss"] for l in b if l["step"] > half}
-same_losses = bool(later) and later == resumed
-
-def norms(run):
-    try:
-        document = json.loads((out / f"{run}-inspect.json").read_text())
-    except (OSError, ValueError):
-        return None
-    # every tensor's norm in /model, /ema and the moments, and the step's counters
-    return json.dumps([document.get(key) for key in ("groups", "step", "consumed_samples",
-                                                     "tokens_seen", "optimizer_steps")],
-                      sort_keys=True)
-
-same_weights = norms("A") is not None and norms("A") == norms("B")
-print(f"resume           {'bitwise' if same_losses and same_weights else 'NOT bitwise'} "
-      f"(losses of steps {half + 1}-{max(later, default=half)}: "
-      f"{'equal' if same_losses else 'differ'}; final norms of every tensor: "
-      f"{'equal' if same_weights else 'differ'})")
+later = {l["step"]: (l["loss"], l["grad_norm"]) for l in a if l["step"] > half}
+resumed = {l["step"]: (l["loss"], l["grad_norm"]) for l in b if l["step"] > half}
+same = bool(later) and later == resumed
+print(f"resume           {'bitwise' if same else 'NOT bitwise'} (loss and gradient norm of "
+      f"steps {half + 1}-{max(later, default=half)}: {'equal' if same else 'differ'})")
 PY
