@@ -12,7 +12,8 @@
 #     copies bit for bit; pp2, pp2 v2 and pp2 x dp2 with ranks sharing the GPU follow one rank;
 #   - tests/test_cuda_topo.c: `fathom train` under mpirun: bound near the GPU, ranks sharing
 #     it, a launcher's binding kept;
-#   - the cuda op table has every entry (event_wait included).
+#   - the cuda op table has every entry (event_wait included);
+#   - `fathom bench --cases comm` on two ranks sharing the GPU (host-staged).
 # Arguments, if any, replace the test filters. A few minutes on one H200. Logs in $OUT (or
 # /tmp/devcomm-gpu).
 set -uo pipefail
@@ -35,6 +36,11 @@ for filter in "${filters[@]}"; do
     >>"$out/tests.log" 2>&1
   echo "fathom-tests --filter '$filter': exit $?" >>"$out/tests.log"
 done
+# the comm bench on two ranks sharing the GPU (host-staged): a smoke test of the case that a
+# machine of several GPUs times through NCCL (launch/bench/gpus_nccl.sh bandwidth)
+timeout 300 mpirun --oversubscribe -np 2 -x LD_LIBRARY_PATH -x FATHOM_CUDA_MODULE \
+  build/fathom bench --cases comm --repeat 3 >"$out/bench-comm.log" 2>&1
+echo "fathom bench --cases comm on 2 ranks sharing the GPU: exit $?" >>"$out/tests.log"
 echo
 echo "=== details (full log: $out/tests.log)"
 grep -E "^cuda_topo: |relative loss deviation|Assertion|\[FAIL\]|exit [1-9]" "$out/tests.log" \
@@ -45,3 +51,6 @@ printf '%-6s %-9s %s\n' result seconds test
 grep -E "^\[(PASS|FAIL|SKIP|ERR )\]" "$out/tests.log" | grep -v "is disabled" \
   | sed -E 's/^\[(....?)\] ([^:]+::[^:]+)(: \(([0-9.]+)s\))?.*/\1|\4|\2/' \
   | awk -F'|' '{printf "%-6s %-9s %s\n", $1, ($2 == "" ? "-" : $2), $3}'
+echo
+echo "=== fathom bench --cases comm, 2 ranks on one GPU (host-staged)"
+grep -E "^bench: comm over|^comm " "$out/bench-comm.log"
