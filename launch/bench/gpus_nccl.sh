@@ -7,7 +7,7 @@
 #       SHAPE 1b (d 1280, 36 layers, 16/8 heads of 80, FFN 5120, 32 x 1024 tokens a step) or
 #       8b4 (4 layers of the 8B width, 4 x 4096 tokens); 20 steps on one GPU, then dp2, pp2
 #       and pp2 v2 (interleaved, cross-stage cache) on two: the worst relative loss deviation
-#       from the one-GPU run, the communication method, the exposed share of the step, and
+#       from the one-GPU run ("(FAR)" past bf16's 1e-2), the communication method, the exposed share of the step, and
 #       whether `fathom inspect --comm` finds every byte as predicted. RESIDUAL: standard,
 #       attnres, mhar, msar, mhar_delta, msar_delta (default: all).
 #   gpus_nccl.sh overlap [RESIDUAL ...]
@@ -105,7 +105,8 @@ train() {
   fi
 }
 
-# compare ONE MANY: the worst relative loss deviation of MANY's steps from ONE's
+# compare ONE MANY: the worst relative loss deviation of MANY's steps from ONE's, and
+# whether it is within bf16 tolerance (1e-2, the cuda pipeline tests' bound)
 compare() {
   python3 - "$1/metrics.jsonl" "$2/metrics.jsonl" <<'PY'
 import json, sys
@@ -118,7 +119,8 @@ one, many = losses(sys.argv[1]), losses(sys.argv[2])
 if not one or set(one) != set(many):
     print("missing")
 else:
-    print(f"{max(abs(many[s] - one[s]) / abs(one[s]) for s in one):.3g}")
+    worst = max(abs(many[s] - one[s]) / abs(one[s]) for s in one)
+    print(f"{worst:.3g}{'' if worst <= 1e-2 else '(FAR)'}")
 PY
 }
 
