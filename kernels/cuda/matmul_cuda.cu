@@ -97,6 +97,26 @@ extern "C" void cuda_matmul_init(void)
     CUDA_CHECK(cudaMalloc(&matmul_workspace, MATMUL_WORKSPACE_BYTES));
 }
 
+/* The workspace the heuristic may plan for and the products may use: MATMUL_WORKSPACE_BYTES
+ * unless FATHOM_MATMUL_WORKSPACE_MIB names less (0 to 32; 0 keeps to algorithms without a
+ * workspace). A diagnostic: cuBLASLt sets a flag in its workspace before most products (a
+ * memset each, docs/performance.md, 2026-12-02 tenth run), and this is how a run asks what
+ * the algorithms that need none cost. Read once. */
+static uint64_t matmul_workspace_bytes(void)
+{
+    static int64_t bytes = -1;
+    if (bytes < 0) {
+        const char *text = getenv("FATHOM_MATMUL_WORKSPACE_MIB");
+        char *end = NULL;
+        const long mib = text && *text ? strtol(text, &end, 10) : MATMUL_WORKSPACE_BYTES >> 20;
+        if (text && *text && (*end || mib < 0 || mib > (MATMUL_WORKSPACE_BYTES >> 20)))
+            fatal(EXIT_CONFIG, "FATHOM_MATMUL_WORKSPACE_MIB = '%s' (0 to %d)", text,
+                  MATMUL_WORKSPACE_BYTES >> 20);
+        bytes = (int64_t)mib << 20;
+    }
+    return (uint64_t)bytes;
+}
+
 static void plan_release(MatmulPlan *plan)
 {
     CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(plan->layout_a));
@@ -193,7 +213,7 @@ static void plan_build(MatmulPlan *plan)
 
     cublasLtMatmulPreference_t preference;
     CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
-    uint64_t workspace_bytes = MATMUL_WORKSPACE_BYTES;
+    uint64_t workspace_bytes = matmul_workspace_bytes();
     uint32_t reduction = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE; /* or none: never in bf16 */
     set_preference(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
                    sizeof workspace_bytes);
@@ -265,7 +285,7 @@ static void matmul_run(MatmulProduct product, int rows, int in_dim, int out_dim,
     float alpha = 1.0f;
     CUBLAS_CHECK(cublasLtMatmul(matmul_handle, plan->operation, &alpha, a, plan->layout_a, b,
                                 plan->layout_b, &beta, c, plan->layout_c, c, plan->layout_c,
-                                &plan->algorithm, matmul_workspace, MATMUL_WORKSPACE_BYTES,
+                                &plan->algorithm, matmul_workspace, matmul_workspace_bytes(),
                                 stream));
     if (temporary)
         plan_release(plan);
