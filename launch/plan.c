@@ -21,6 +21,7 @@
 #include "pipeline/traffic.h"
 #include "runtime/backend.h"
 #include "runtime/config.h"
+#include "runtime/data.h"
 #include "runtime/error.h"
 
 static const char usage[] =
@@ -86,6 +87,7 @@ int plan_main(int argc, char **argv)
     Config config;
     config_load(&config, arguments.path, arguments.overrides, arguments.n_overrides,
                 CONFIG_ANY_WORLD);
+    data_resolve_vocab_size(&config); /* model.vocab_size: auto, from the data as train does */
     const bool cpu = config.device == DEVICE_CPU;
     /* the cuda backend as a plan sees it: its name and its activation size are all that
      * memory_plan_build and memory_plan_fits read of a backend (they size, never allocate;

@@ -101,3 +101,22 @@ Test(plan, bad_arguments_are_usage_errors)
     cr_expect_eq(run_plan("--frobnicate", output, sizeof output), 2, "%s", output);
     cr_expect(strstr(output, "plan: unknown option '--frobnicate'"), "%s", output);
 }
+
+Test(plan, a_vocabulary_size_of_auto_is_read_from_the_data_as_train_reads_it)
+{
+    char output[16384], auto_plan[16384], arguments[1024];
+    snprintf(arguments, sizeof arguments,
+             "plan '%s/launch/configs/demo.yaml' --set model.vocab_size=auto",
+             test_source_dir());
+    cr_assert_eq(test_run_fathom(arguments, auto_plan, sizeof auto_plan), 0, "%s", auto_plan);
+    /* the synthetic corpus is byte-level: auto is 256 */
+    snprintf(arguments, sizeof arguments,
+             "plan '%s/launch/configs/demo.yaml' --set model.vocab_size=256",
+             test_source_dir());
+    cr_assert_eq(test_run_fathom(arguments, output, sizeof output), 0, "%s", output);
+    const char *largest = strstr(output, "the largest stage holds");
+    cr_assert_not_null(largest, "%s", output);
+    char line[128];
+    snprintf(line, sizeof line, "%.*s", (int)strcspn(largest, "\n"), largest);
+    cr_expect(strstr(auto_plan, line), "'%s' not in the auto plan:\n%s", line, auto_plan);
+}
