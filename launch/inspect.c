@@ -53,8 +53,10 @@ static double time_in(const char *object, const char *end, const char *key)
     return after == at + strlen(pattern) ? NAN : value;
 }
 
-/* The last step line of metrics.jsonl that carries `comm`, its step and stages. */
-static int read_measured(const char *run_dir, StageBytes *stages, int capacity, int *step)
+/* The last step line of metrics.jsonl that carries `comm`: its step, its tokens_per_s
+ * (NAN if null) and its stages. */
+static int read_measured(const char *run_dir, StageBytes *stages, int capacity, int *step,
+                         double *tokens_per_s)
 {
     char path[CONFIG_PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/metrics.jsonl", run_dir);
@@ -72,6 +74,7 @@ static int read_measured(const char *run_dir, StageBytes *stages, int capacity, 
     if (!at)
         fatal(EXIT_DATA, "%s has no step line with comm bytes yet", path);
     *step = atoi(strstr(last, "\"step\":") + 7);
+    *tokens_per_s = time_in(last, at, "tokens_per_s");
     int n = 0;
     for (const char *object = strchr(at, '{'); object && n < capacity;
          object = strchr(object + 1, '{')) {
@@ -106,8 +109,9 @@ static void print_bytes(long long bytes)
         printf(" %11lld  B", bytes);
 }
 
-/* The communication times of the last logged step, where the log has them. */
-static void print_times(const StageBytes *measured, int stages)
+/* The communication times of the last logged step, where the log has them, and each
+ * stage's exposed share of the step (step_ms: from the line's tokens_per_s; NAN unknown). */
+static void print_times(const StageBytes *measured, int stages, double step_ms)
 {
     for (int stage = 0; stage < stages; stage++)
         for (int k = 0; k < TIME_FIELDS; k++)
@@ -115,14 +119,22 @@ static void print_times(const StageBytes *measured, int stages)
                 return;
     printf("\ncommunication time per step, ms (a rank's, the mean over the stage's ranks; "
            "exposed: the compute stream waited for it)\n");
-    printf("%5s %11s %8s %12s %8s %9s %8s %9s %8s\n", "stage", "all-gather", "exposed",
-           "reduce-scat.", "exposed", "pp send", "exposed", "pp recv", "exposed");
+    printf("%5s %11s %8s %12s %8s %9s %8s %9s %8s %10s %8s\n", "stage", "all-gather",
+           "exposed", "reduce-scat.", "exposed", "pp send", "exposed", "pp recv", "exposed",
+           "step", "exposed");
     for (int stage = 0; stage < stages; stage++) {
+        double exposed = 0;
         printf("%5d", stage);
-        for (int k = 0; k < TIME_FIELDS; k++)
+        for (int k = 0; k < TIME_FIELDS; k++) {
             printf(" %*.2f", k == 0 ? 11 : k == 2 ? 12 : k % 2 ? 8 : 9,
                    measured[stage].times[k]);
-        printf("\n");
+            if (k % 2)
+                exposed += measured[stage].times[k];
+        }
+        if (step_ms > 0)
+            printf(" %10.2f %7.1f%%\n", step_ms, 100 * exposed / step_ms);
+        else
+            printf(" %10s %8s\n", "-", "-");
     }
 }
 
@@ -154,7 +166,8 @@ int inspect_main(int argc, char **argv)
     const int P = config.parallel.pp;
     StageBytes *measured = xcalloc((size_t)P, sizeof *measured);
     int step = 0;
-    const int n = read_measured(run_dir, measured, P, &step);
+    double tokens_per_s = NAN;
+    const int n = read_measured(run_dir, measured, P, &step, &tokens_per_s);
     if (n != P)
         fatal(EXIT_DATA, "%s/metrics.jsonl has %d comm objects, parallel.pp = %d", run_dir, n,
               P);
@@ -203,7 +216,9 @@ int inspect_main(int argc, char **argv)
     }
     printf(mismatches ? "%d measured values differ from the prediction\n"
                       : "every measured value equals the prediction\n", mismatches);
-    print_times(measured, P);
+    /* a step consumes global_batch_size sequences over all ranks (DESIGN 6) */
+    const double step_tokens = (double)config.train.global_batch_size * config.train.seq_len;
+    print_times(measured, P, tokens_per_s > 0 ? 1e3 * step_tokens / tokens_per_s : NAN);
     free(predicted);
     free(measured);
     return mismatches ? EXIT_DATA : EXIT_DONE;

@@ -336,6 +336,8 @@ Test(fsdp, inspect_comm_shows_fsdp_bytes_equal_to_the_prediction_with_evaluation
                   runs.output);
         cr_expect(!strstr(runs.output, "all-gather           0  B"), "%s", runs.output);
         cr_expect(strstr(runs.output, "communication time per step, ms"), "%s", runs.output);
+        cr_expect(strstr(runs.output, "pp recv  exposed       step  exposed"), "%s",
+                  runs.output);
     }
     runs_end(&runs);
 }
