@@ -24,6 +24,7 @@
 
 #include "launch/bench_internal.h"
 #include "model/params.h"
+#include "pipeline/fsdp_bytes.h"
 #include "runtime/comm.h"
 #include "runtime/config.h"
 #include "runtime/device_comm.h"
@@ -41,19 +42,12 @@ typedef struct {
     float *gradients, *reduced;    /* the reduce-scatter's send and recv */
 } UnitTransfer;
 
-/* Elements of tensor p's shard: ceil(rows / D) rows. */
-static size_t shard_elements(const ParamEntry *entry, int ranks)
-{
-    const size_t rows = (size_t)entry->shape[0];
-    return (rows + (size_t)ranks - 1) / (size_t)ranks * (entry->count / rows);
-}
-
 static size_t unit_shard_elements(const UnitTransfer *transfer)
 {
     const ParamUnit *unit = &transfer->table->units[transfer->unit];
     size_t total = 0;
     for (int p = unit->first_param; p < unit->first_param + unit->n_params; p++)
-        total += shard_elements(&transfer->table->params[p], transfer->ranks);
+        total += fsdp_shard_elements(&transfer->table->params[p], transfer->ranks);
     return total;
 }
 
@@ -66,7 +60,7 @@ static void transfer_run(UnitTransfer *transfer)
     size_t offset = 0; /* of the tensor's shard in this rank's shards */
     device_comm_group_begin(transfer->comm);
     for (int p = unit->first_param; p < unit->first_param + unit->n_params; p++) {
-        const size_t shard = shard_elements(&transfer->table->params[p], transfer->ranks);
+        const size_t shard = fsdp_shard_elements(&transfer->table->params[p], transfer->ranks);
         if (transfer->gather)
             device_comm_allgather(transfer->comm,
                                   (char *)transfer->shards + offset * transfer->compute_bytes,

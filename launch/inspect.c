@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "launch/inspect_checkpoint.h"
+#include "launch/train_comm.h"
 #include "pipeline/traffic.h"
 #include "runtime/config.h"
 #include "runtime/error.h"
@@ -113,29 +114,19 @@ static void print_bytes(long long bytes)
  * stage's exposed share of the step (step_ms: from the line's tokens_per_s; NAN unknown). */
 static void print_times(const StageBytes *measured, int stages, double step_ms)
 {
+    double *times = xcalloc((size_t)stages * TIME_FIELDS, sizeof *times);
     for (int stage = 0; stage < stages; stage++)
-        for (int k = 0; k < TIME_FIELDS; k++)
-            if (isnan(measured[stage].times[k]))
+        for (int k = 0; k < TIME_FIELDS; k++) {
+            if (isnan(measured[stage].times[k])) {
+                free(times);
                 return;
+            }
+            times[stage * TIME_FIELDS + k] = measured[stage].times[k];
+        }
     printf("\ncommunication time per step, ms (a rank's, the mean over the stage's ranks; "
            "exposed: the compute stream waited for it)\n");
-    printf("%5s %11s %8s %12s %8s %9s %8s %9s %8s %10s %8s\n", "stage", "all-gather",
-           "exposed", "reduce-scat.", "exposed", "pp send", "exposed", "pp recv", "exposed",
-           "step", "exposed");
-    for (int stage = 0; stage < stages; stage++) {
-        double exposed = 0;
-        printf("%5d", stage);
-        for (int k = 0; k < TIME_FIELDS; k++) {
-            printf(" %*.2f", k == 0 ? 11 : k == 2 ? 12 : k % 2 ? 8 : 9,
-                   measured[stage].times[k]);
-            if (k % 2)
-                exposed += measured[stage].times[k];
-        }
-        if (step_ms > 0)
-            printf(" %10.2f %7.1f%%\n", step_ms, 100 * exposed / step_ms);
-        else
-            printf(" %10s %8s\n", "-", "-");
-    }
+    train_comm_print_table(times, stages, step_ms);
+    free(times);
 }
 
 int inspect_main(int argc, char **argv)

@@ -392,7 +392,7 @@ int train_main(int argc, char **argv)
             optim_check_skipped(&optimizer, config.train.max_skipped);
         }
         backend->synchronize();
-        train_comm_step_end(&train_comm, step_number, timer_seconds() - started);
+        train_comm_step_end(&train_comm, timer_seconds() - started);
         if (leader && !hops_reported) {
             report_held_hops(&config, backend, &grid, &step);
             hops_reported = true;

@@ -28,7 +28,6 @@ static const CommKind timed_kinds[TIMED_KINDS] = {
 void train_comm_begin(TrainComm *train_comm, const RankGrid *grid)
 {
     memset(train_comm, 0, sizeof *train_comm);
-    train_comm->first_step = -1;
     device_comm_timing_enable(grid->world_size > 1);
     comm_counters_reset();
 }
@@ -53,12 +52,12 @@ static void read_times(TrainComm *train_comm, bool for_the_run)
         add_times(train_comm->run, times);
 }
 
-void train_comm_step_end(TrainComm *train_comm, int step_number, double step_seconds)
+void train_comm_step_end(TrainComm *train_comm, double step_seconds)
 {
-    if (train_comm->first_step < 0) {
+    if (!train_comm->warmed_up) {
         /* warm-up: plans, pools and communicators are made during the first step; its
          * times go to the first metrics line, not to the run's table */
-        train_comm->first_step = step_number;
+        train_comm->warmed_up = true;
         read_times(train_comm, false);
         return;
     }
@@ -139,25 +138,34 @@ void train_comm_report(const TrainComm *train_comm, const RankGrid *grid)
     if (grid->rank == 0) {
         const double per_rank_step = 1.0 / ((double)grid->dp * (double)fewest);
         step_ms /= (double)grid->world_size * (double)fewest;
+        for (int f = 0; f < grid->pp * TIME_FIELDS; f++)
+            times[f] *= per_rank_step;
         printf("fathom: communication a step, ms (the mean over %lld steps after the first "
                "and over each stage's ranks; exposed: the compute stream waited for it)\n",
                (long long)fewest);
-        printf("%5s %11s %8s %12s %8s %9s %8s %9s %8s %10s %8s\n", "stage", "all-gather",
-               "exposed", "reduce-scat.", "exposed", "pp send", "exposed", "pp recv",
-               "exposed", "step", "exposed");
-        for (int s = 0; s < grid->pp; s++) {
-            const double *t = times + s * TIME_FIELDS;
-            double exposed = 0;
-            printf("%5d", s);
-            for (int f = 0; f < TIME_FIELDS; f++) {
-                printf(" %*.2f", f == 0 ? 11 : f == 2 ? 12 : f % 2 ? 8 : 9,
-                       t[f] * per_rank_step);
-                if (f % 2)
-                    exposed += t[f] * per_rank_step;
-            }
-            printf(" %10.2f %7.1f%%\n", step_ms, step_ms > 0 ? 100 * exposed / step_ms : 0.0);
-        }
+        train_comm_print_table(times, grid->pp, step_ms);
         fflush(stdout);
     }
     free(times);
+}
+
+void train_comm_print_table(const double *times, int stages, double step_ms)
+{
+    printf("%5s %11s %8s %12s %8s %9s %8s %9s %8s %10s %8s\n", "stage", "all-gather",
+           "exposed", "reduce-scat.", "exposed", "pp send", "exposed", "pp recv", "exposed",
+           "step", "exposed");
+    for (int stage = 0; stage < stages; stage++) {
+        const double *t = times + stage * TIME_FIELDS;
+        double exposed = 0;
+        printf("%5d", stage);
+        for (int f = 0; f < TIME_FIELDS; f++) {
+            printf(" %*.2f", f == 0 ? 11 : f == 2 ? 12 : f % 2 ? 8 : 9, t[f]);
+            if (f % 2)
+                exposed += t[f];
+        }
+        if (step_ms > 0)
+            printf(" %10.2f %7.1f%%\n", step_ms, 100 * exposed / step_ms);
+        else
+            printf(" %10s %8s\n", "-", "-");
+    }
 }

@@ -16,6 +16,12 @@ static bool ends_with(const char *name, const char *suffix)
     return length >= suffix_length && !strcmp(name + length - suffix_length, suffix);
 }
 
+size_t fsdp_shard_elements(const ParamEntry *entry, int D)
+{
+    const size_t rows = (size_t)entry->shape[0];
+    return (rows + (size_t)D - 1) / (size_t)D * (entry->count / rows);
+}
+
 /* Per rank, one gather and one reduce-scatter of unit u. */
 static void unit_bytes(const ParamTable *table, int u, uint64_t D, size_t activation_bytes,
                        uint64_t *gather, uint64_t *reduce)
@@ -24,8 +30,7 @@ static void unit_bytes(const ParamTable *table, int u, uint64_t D, size_t activa
     *gather = *reduce = 0;
     for (int p = unit->first_param; p < unit->first_param + unit->n_params; p++) {
         const ParamEntry *entry = &table->params[p];
-        const uint64_t rows = (uint64_t)entry->shape[0];
-        const uint64_t shard = (rows + D - 1) / D * (entry->count / rows);
+        const uint64_t shard = fsdp_shard_elements(entry, (int)D);
         *gather += (D - 1) * shard * activation_bytes;
         const bool fp32_view = ends_with(entry->name, ".alpha") ||
                                ends_with(entry->name, ".mix_bias");

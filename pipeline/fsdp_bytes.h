@@ -19,11 +19,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "model/params.h"
 #include "runtime/config.h"
 
 typedef struct {
     uint64_t allgather, reducescatter;
 } FsdpBytes;
+
+/* The elements of one rank's shard of a tensor: ceil(rows / D) of its first dimension's rows
+ * (runtime/fsdp.c pads every tensor so). */
+size_t fsdp_shard_elements(const ParamEntry *entry, int D);
 
 /* One rank of `stage`, one step; activation_bytes: 4 on the cpu backend, 2 on cuda. */
 FsdpBytes fsdp_predict_step_bytes(const Config *config, int stage, size_t activation_bytes);
