@@ -310,6 +310,39 @@ static void expect_comm_times(const char *dir, bool pipelined, char *output)
     cr_expect_eq(test_run_command(command, output, LAYOUT_OUTPUT_CAPACITY), 0, "%s", output);
 }
 
+/* inspect --comm's time table, in `inspected` (its output for the run in `dir`): each row's
+ * step is the last logged line's (tokens a step / tokens_per_s), its times that line's
+ * (to the table's 2 decimals), and its share the exposed times over the step. */
+static void expect_inspected_shares(const char *dir, char *inspected)
+{
+    char table[1024], command[3072];
+    const char *at = strstr(inspected, "communication time per step");
+    cr_assert_not_null(at, "%s", inspected);
+    snprintf(table, sizeof table, "%s", at);
+    for (char *c = table; *c; c++) /* one shell word: rows split by ';', no quote */
+        if (*c == '\n' || *c == '\'')
+            *c = *c == '\n' ? ';' : ' ';
+    snprintf(command, sizeof command,
+             "python3 -c \"import json, sys\n"
+             "lines = [json.loads(l) for l in open(sys.argv[1]) if '\\\"comm\\\"' in l]\n"
+             "last, before = lines[-1], lines[-2]\n"
+             "per_step = (last['tokens'] - before['tokens']) / (last['step'] - before['step'])\n"
+             "step_ms = 1e3 * per_step / last['tokens_per_s']\n"
+             "rows = [r.split() for r in sys.argv[2].split(';') if r.split()[:1] and "
+             "r.split()[0].isdigit()]\n"
+             "assert len(rows) == len(last['comm']), rows\n"
+             "keys = ['fsdp_allgather', 'fsdp_reducescatter', 'pp_send', 'pp_recv']\n"
+             "for row, stage in zip(rows, last['comm']):\n"
+             "    times = [stage[k + s] for k in keys for s in ('_ms', '_exposed_ms')]\n"
+             "    assert all(abs(float(a) - b) <= 0.006 for a, b in zip(row[1:9], times)), row\n"
+             "    assert abs(float(row[9]) - step_ms) <= 0.006, (row, step_ms)\n"
+             "    share = 100 * sum(times[1::2]) / step_ms\n"
+             "    assert abs(float(row[10].rstrip('%%')) - share) <= 0.06, (row, share)\n"
+             "print('ok')\" '%s/metrics.jsonl' '%s'", dir, table);
+    cr_expect_eq(test_run_command(command, inspected, LAYOUT_OUTPUT_CAPACITY), 0, "%s",
+                 inspected);
+}
+
 Test(fsdp, inspect_comm_shows_fsdp_bytes_equal_to_the_prediction_with_evaluations_between,
      .timeout = 120)
 {
@@ -338,6 +371,7 @@ Test(fsdp, inspect_comm_shows_fsdp_bytes_equal_to_the_prediction_with_evaluation
         cr_expect(strstr(runs.output, "communication time per step, ms"), "%s", runs.output);
         cr_expect(strstr(runs.output, "pp recv  exposed       step  exposed"), "%s",
                   runs.output);
+        expect_inspected_shares(runs.layout, runs.output);
     }
     runs_end(&runs);
 }
