@@ -295,7 +295,9 @@ int probe_main(int argc, char **argv)
         fatal(EXIT_CONFIG, "probe: --slices %d must divide model.d_model = %d",
               arguments.slices, config->model.d_model);
 
-    /* one forward over the batch: the sites keep their weights and inputs */
+    /* one forward over the batch: the sites keep their weights and inputs (each site routed
+     * alone: msar's two-phase walk keeps no per-site depth weights) */
+    model_route_sites_alone(inference.model, true);
     DataSet *data = data_open_eval(config, arguments.data);
     int T = config->train.seq_len;
     long long batch = arguments.samples > 0 ? arguments.samples : config->train.microbatch_size;

@@ -105,8 +105,10 @@ static void site_layout(SiteActivations *site, Carver *carver, const ResidualPla
     const size_t H = (size_t)plan->heads, m = (size_t)plan->streams;
     const size_t sources = (size_t)plan->sites[j].n_sources;
     const bool msar = plan->mode == RESIDUAL_MSAR;
-    site->weights = carve_floats(carver, m * sources * N * H);
-    site->rstd = carve_floats(carver, m * sources * N);
+    if (residual_site_keeps_weights(plan, j)) {
+        site->weights = carve_floats(carver, m * sources * N * H);
+        site->rstd = carve_floats(carver, m * sources * N);
+    }
     if (msar && m > 1) {
         site->mix_gates = carve_floats(carver, N * m);
         site->mix_rstd = carve_floats(carver, N * m);
@@ -174,8 +176,11 @@ static void route_scratch_layout(ModelScratch *scratch, Carver *carver,
                 route->conv_rows[k] = block_row(&rows);
                 route->grad_conv_rows[k] = block_row(&rows);
             }
-            route->block_weights = carve_floats(carver, S * M * N * H);
-            route->block_rstd = carve_floats(carver, S * M * N);
+            /* the open block's depth weights and key statistics: every stream's in the
+             * replace form, one stream's at a time in the delta form (route_block.c) */
+            const size_t regions = (plan->form == FORM_REPLACE ? m : 1) * S;
+            route->block_weights = carve_floats(carver, regions * M * N * H);
+            route->block_rstd = carve_floats(carver, regions * M * N);
             if (plan->form == FORM_REPLACE) {
                 route->block_lse = carve_floats(carver, m * S * N * H);
                 route->block_means = carve_floats(carver, m * S * N * H);

@@ -33,7 +33,9 @@
  *                    kv_dim) and their rstd (n_heads + n_kv_heads);
  *                    MLP: normed d, rstd 1, gate, up and silu(gate) * up 3 F
  *   per site         m N_j (H + 1) (depth weights and key rstd per stream), msar m > 1 adds
- *                    2m (mix gates and rstd)
+ *                    2m (mix gates and rstd); msar's sites walked in two phases keep only
+ *                    the mix's (residual_site_keeps_weights: their depth weights live in
+ *                    the scratch for the open block, and the backward makes them again)
  *   head (last)      normed d, rstd 1, token losses and lse 2; tokens: inputs (chunk 0),
  *                    targets (last chunk)
  * With activation checkpointing (train.activation_checkpointing: full, DESIGN 3) a stash
@@ -57,7 +59,8 @@
  * and S d more with checkpointing (both live in a checkpointed backward); msar: routed
  * streams and their gradients 2 m d, the mix d, recomputed weights M (H + 1), and in the
  * delta form the streams of a block's sites m (S + 1) d, the
- * convolved sources and their gradients 2 M d and the recomputed phase one S M (H + 1).
+ * convolved sources and their gradients 2 M d and the open block's depth weights and key
+ * statistics S M (H + 1), m S M (H + 1) in the replace form.
  * The rows of the two-phase walk take the logits' gradient as far as it goes, the rest is
  * carved (it is idle outside the head's backward, they outside the layers' walk). With
  * checkpointing one layer's intermediates and 3d. The logits and their gradient are two
@@ -144,8 +147,10 @@ typedef struct {
     Activation **stream_slots;   /* [m (S + 1)] [N, d] */
     Activation **conv_rows;      /* [M] [N, d] E_r of each convolved source of the block */
     Activation **grad_conv_rows; /* [M] [N, d] their gradients */
-    float *block_weights;        /* [S, M, N, H] the backward's recompute of phase one */
-    float *block_rstd;           /* [S, M, N] */
+    float *block_weights;        /* msar: the open block's depth weights, [S, M, N, H] a
+                                    region, one region a site (delta: the stream being
+                                    walked) or a site and stream (replace) */
+    float *block_rstd;           /* [S, M, N] the same regions' key statistics */
     float *block_lse;            /* [m, S, N, H] msar replace: phase one's lse, for the merges */
     float *block_means;          /* [m, S, N, H] msar replace: the sites' softmax centres */
 } RouteScratch;

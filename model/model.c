@@ -125,7 +125,12 @@ void model_set_activation_checkpointing(Model *model, bool enabled)
 
 void model_route_sites_alone(Model *model, bool alone)
 {
-    model->route_sites_alone = alone;
+    if (model->plan.sites_alone == alone)
+        return;
+    /* the stashes are sized by the walk (residual_site_keeps_weights) */
+    if (model->whole_ready)
+        fatal(EXIT_CONFIG, "model_route_sites_alone is chosen before the first forward");
+    model->plan.sites_alone = alone;
 }
 
 bool model_activation_checkpointing(const Model *model)

@@ -98,7 +98,9 @@ bool model_activation_checkpointing(const Model *model);
 
 /* Routes every site one at a time (model/route_site.h) instead of the delta form's blocks in
  * two phases (model/route_block.h): the per-site reference the two-phase walk is held to in
- * the tests. The same math; sums may differ in order. Any time between steps. */
+ * the tests and what `fathom probe` reads sites from (the two-phase walk of msar keeps no
+ * per-site depth weights). The same math; sums may differ in order. Chosen before the first
+ * forward and before a pipeline step is made (EXIT_CONFIG after the first forward). */
 void model_route_sites_alone(Model *model, bool alone);
 /* What the one-chunk case's stash and store take, with or without checkpointing (the memory
  * plan prints both). */
@@ -151,7 +153,8 @@ const char *model_site_name(const Model *model, int site);
 int model_site_sources(const Model *model, int site); /* N */
 int model_site_heads(const Model *model);             /* H = residual.heads */
 int model_site_streams(const Model *model);           /* m for msar, else 1 */
-/* The depth weights of `stream` (0 unless msar) at `site`: host_out [N, tokens, H]. */
+/* The depth weights of `stream` (0 unless msar) at `site`: host_out [N, tokens, H]. A site
+ * that keeps none (msar walked in two phases: residual_site_keeps_weights) is EXIT_CONFIG. */
 void model_site_weights(const Model *model, int site, int stream, float *host_out);
 /* The source buffers the site read, backend pointers [N] to [tokens, d], in Route order
  * (model/residual.h). For msar these are the single-stream sources before expansion. */

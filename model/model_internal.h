@@ -43,7 +43,6 @@ struct Model {
     Activation *route_null;         /* [d] (delta) */
     float *grad_route_null;
     ModelScratch scratch;           /* per rank, shared by every chunk (activations.h) */
-    bool route_sites_alone;         /* model_route_sites_alone: no two-phase walk */
     /* the one-chunk case of model.h (model_forward / model_backward): the whole network as
      * one span, with its stash and store, made at the first forward */
     ChunkSpan whole;

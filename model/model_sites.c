@@ -88,6 +88,9 @@ void model_site_weights(const Model *model, int site, int stream, float *host_ou
     if (stream < 0 || stream >= model->plan.streams)
         fatal(EXIT_CONFIG, "routing stream %d does not exist (residual.streams = %d)", stream,
               model->plan.streams);
+    if (!residual_site_keeps_weights(&model->plan, site))
+        fatal(EXIT_CONFIG, "model_site_weights: msar's two-phase walk keeps no depth weights "
+              "of site %d; choose model_route_sites_alone before the forward", site);
     const size_t rows = model_last_rows(model);
     const size_t max_rows = (size_t)model->scratch.max_batch * model->scratch.T;
     const size_t per_source = (size_t)model->plan.heads, N = (size_t)plan->n_sources;

@@ -153,3 +153,10 @@ bool residual_two_phase(const ResidualPlan *plan)
     return plan->mode == RESIDUAL_MSAR ||
            (plan->mode != RESIDUAL_STANDARD && plan->form == FORM_DELTA);
 }
+
+bool residual_site_keeps_weights(const ResidualPlan *plan, int j)
+{
+    const bool in_a_block = j < plan->n_sublayers; /* the final site routes alone */
+    return !(plan->mode == RESIDUAL_MSAR && residual_two_phase(plan) && !plan->sites_alone &&
+             in_a_block);
+}

@@ -73,6 +73,7 @@ typedef struct {
     int n_sites;            /* 2L + 1; 0 for mode standard */
     SitePlan *sites;        /* [n_sites] */
     int max_sources;        /* over all sites */
+    bool sites_alone;       /* model_route_sites_alone: no two-phase walk (false when built) */
 } ResidualPlan;
 
 /* Refuses, with EXIT_CONFIG and a message naming the keys, what the model cannot build:
@@ -100,6 +101,12 @@ void residual_plan_free(ResidualPlan *plan);
  * 2026-12-02); msar's per-site route convolves every source inside each site's read, which
  * costs more than the merges. */
 bool residual_two_phase(const ResidualPlan *plan);
+
+/* True when site j's depth weights and key statistics are kept in the stash from its forward
+ * to its backward (activations.h SiteActivations). False for msar's sites walked in two
+ * phases: the walk's backward makes phase one again (the streams are not kept), so those
+ * statistics live in the scratch for the one block being walked (model/route_block.h). */
+bool residual_site_keeps_weights(const ResidualPlan *plan, int j);
 
 /* True when sublayer j starts its block (i = 0): it writes f_j instead of adding it. */
 bool residual_sublayer_starts_block(const ResidualPlan *plan, int j);

@@ -41,7 +41,7 @@ void route_walk_begin(RouteWalk *walk, Model *model, Stash *stash, SummaryStore 
         .store = store,
         .rows = rows,
         .d = model->config.d_model,
-        .two_phase = residual_two_phase(plan) && !model->route_sites_alone,
+        .two_phase = residual_two_phase(plan) && !plan->sites_alone,
         .streams = plan->mode == RESIDUAL_MSAR,
         .replace = plan->form == FORM_REPLACE,
         .backward = backward,
@@ -189,34 +189,37 @@ static void sources_convolve(RouteWalk *walk, const SitePlan *first, int r)
                                       : source_convolve(walk, first, k, r);
 }
 
-/* Where site i's depth weights and key rstd of stream r go: its saved state, or in msar's
- * backward the scratch, which only takes them (they are the saved ones bit for bit, and a
- * replace-form merge rescales them in place: the saved ones are merged already). attnres
- * writes the same bits into its saved state again. A site's region holds all its sources,
- * the partial's row last in the replace form. */
-static bool phase_one_to_scratch(const RouteWalk *walk)
+/* Where site i's depth weights and key rstd of stream r are: msar's in the scratch, which
+ * holds them for the one block being walked, since the backward makes phase one again for
+ * its streams anyway (residual_site_keeps_weights); attnres's in the site's saved state,
+ * which its block backward reads. A site's region holds all its sources, the partial's row
+ * last in the replace form. The replace form's backward holds every stream of the block at
+ * once (its merges rescale the weights in place): [m, S, M, rows, H]; the delta form's goes
+ * a stream at a time, phase one again for each, so its streams share one region
+ * (activations.c sizes both). */
+static size_t site_region_of(const RouteWalk *walk, int i, int r)
 {
-    return walk->backward && walk->streams;
+    const size_t S = (size_t)walk->plan->sublayers_per_block;
+    return (walk->replace ? (size_t)r * S : 0) + (size_t)i;
 }
 
 static float *site_weights_of(const RouteWalk *walk, int block, int i, int r)
 {
     const int j = block_first_site(walk, block) + i;
-    const size_t rows = (size_t)walk->route->max_rows, M = (size_t)walk->plan->max_sources;
-    if (phase_one_to_scratch(walk))
-        return walk->model->scratch.route.block_weights + (size_t)i * M * rows * walk->plan->heads;
-    return walk->stash->sites[j].weights +
-           route_stream_weights_at(walk->route, walk->plan->sites[j].n_sources, r);
+    if (!walk->streams)
+        return walk->stash->sites[j].weights;
+    const size_t region = (size_t)walk->plan->max_sources * (size_t)walk->route->max_rows *
+                          (size_t)walk->plan->heads;
+    return walk->model->scratch.route.block_weights + site_region_of(walk, i, r) * region;
 }
 
 static float *site_rstd_of(const RouteWalk *walk, int block, int i, int r)
 {
     const int j = block_first_site(walk, block) + i;
-    if (phase_one_to_scratch(walk))
-        return walk->model->scratch.route.block_rstd +
-               (size_t)i * walk->plan->max_sources * walk->route->max_rows;
-    return walk->stash->sites[j].rstd +
-           route_stream_rstd_at(walk->route, walk->plan->sites[j].n_sources, r);
+    if (!walk->streams)
+        return walk->stash->sites[j].rstd;
+    const size_t region = (size_t)walk->plan->max_sources * (size_t)walk->route->max_rows;
+    return walk->model->scratch.route.block_rstd + site_region_of(walk, i, r) * region;
 }
 
 /* Phase one of stream r of block n (attnres: its one stream, r = 0): every site's Route
@@ -315,8 +318,7 @@ static void stream_block_backward(RouteWalk *walk, int block, int r)
     }
     for (int i = 0; i < G; i++) {
         const int j = first + i;
-        walk->const_weights[i] = walk->stash->sites[j].weights +
-                                 route_stream_weights_at(route, walk->plan->sites[j].n_sources, r);
+        walk->const_weights[i] = site_weights_of(walk, block, i, r);
         walk->queries[i] = route_stream_row(route, model->site_params[j].query, r);
         walk->key_norms[i] = route_stream_row(route, model->site_params[j].key_norm, r);
         walk->grad_queries[i] = model->site_grads[j].query + (size_t)r * d;
@@ -324,9 +326,7 @@ static void stream_block_backward(RouteWalk *walk, int block, int r)
     }
     backend->route_block_backward(grad_stream_sources, walk->grad_queries, walk->grad_key_norms,
                                   NULL, walk->douts, walk->stream_sources, N,
-                                  walk->const_weights,
-                                  walk->stash->sites[first].rstd +
-                                      route_stream_rstd_at(route, N, r),
+                                  walk->const_weights, site_rstd_of(walk, block, 0, r),
                                   walk->queries, walk->key_norms, NULL,
                                   walk->replace ? (const float *const *)walk->means : NULL, G,
                                   scratch->route_backward, walk->rows, d, walk->plan->heads);
@@ -417,8 +417,7 @@ static void site_merge_backward(RouteWalk *walk, int block, int i)
             partial ? scratch->grad_conv_rows[last] : NULL, grads->query + (size_t)r * d,
             grads->key_norm + (size_t)r * d, site_stream_floats(walk, scratch->block_means, r, i),
             site_grad_stream(walk, r, i), stream_slot(walk, r, i + 1), partial, site->n_sources,
-            saved->weights + route_stream_weights_at(route, site->n_sources, r),
-            saved->rstd + route_stream_rstd_at(route, site->n_sources, r),
+            site_weights_of(walk, block, i, r), site_rstd_of(walk, block, i, r),
             route_stream_row(route, weights->query, r),
             route_stream_row(route, weights->key_norm, r), scratch->route_backward, walk->rows, d,
             walk->plan->heads);

@@ -27,6 +27,9 @@
  * the walk leaves the block. attnres's replace form and the final site (a block of its own)
  * route one site at a time through model/route_site.h, as does every site after
  * model_route_sites_alone.
+ * MSAR's sites walked in two phases keep their depth weights in the scratch for the open
+ * block, not in the stash (residual_site_keeps_weights): both backwards make phase one again
+ * for every stream anyway.
  *
  * A chunk starts and ends on block edges (chunk.h), so a block is always walked whole, in one
  * chunk call. The phase-one results live in the scratch (activations.h) for the duration of
@@ -56,8 +59,8 @@ typedef struct {
     bool two_phase;                /* residual_two_phase */
     bool streams;                  /* msar: phase one a stream at a time */
     bool replace;                  /* the replace form (msar: sites merge their partials) */
-    bool backward;                 /* a backward walk: phase one writes the scratch, never
-                                      the sites' saved state */
+    bool backward;                 /* a backward walk: the replace form's merges run when
+                                      the block reopens, not in each site's turn */
     int open_block;                /* whose phase-one results the scratch holds; -1: none */
     /* host arrays of backend pointers for the ops, [max_sources + 1] or [S] */
     const Activation **sources;

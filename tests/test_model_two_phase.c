@@ -16,9 +16,15 @@
  * The cases cover N (1 to 4 sources with the null), S (blocks of 1 and 2 layers, a short
  * last block of 3 layers), H (1, 2, 4), d (16, 24: not a multiple of 16), m (1 to 3) and
  * kernel sizes (1 to 5 over sequences of 6 tokens), with and without checkpointing.
+ *
+ * msar's sites walked in two phases keep no depth weights in the stash (the walk's backward
+ * makes phase one again, so they live in the scratch for the open block): the stash is
+ * smaller by exactly those, and reading them is refused by name.
  */
+#include "model/activations.h"
 #include "model/model.h"
 #include "model/params.h"
+#include "model/residual.h"
 #include "runtime/backend.h"
 #include "runtime/error.h"
 #include "tests/route_support.h"
@@ -146,4 +152,104 @@ Test(model_two_phase, msar_replace_blocks_merge_the_partial_as_each_site_alone)
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
         check_case(&cases[k]);
+}
+
+/* Bytes the whole network's stash takes for ROUTE_TEST_B x ROUTE_TEST_T tokens, with msar's
+ * block sites walked in two phases or each alone. */
+static size_t whole_stash_bytes(const ModelConfig *config, const ResidualConfig *residual,
+                                bool alone)
+{
+    ResidualPlan plan;
+    residual_plan_build(&plan, config, residual);
+    plan.sites_alone = alone;
+    const StashShape whole = {0, plan.n_sublayers, true, true, false};
+    const size_t bytes =
+        stash_bytes(backend_cpu(), config, &plan, ROUTE_TEST_B, ROUTE_TEST_T, whole);
+    residual_plan_free(&plan);
+    return bytes;
+}
+
+Test(model_two_phase, msar_block_sites_keep_no_depth_weights_in_the_stash)
+{
+    const int kernels[] = {2, 1, 3};
+    ModelConfig config = route_test_model_config();
+    config.n_layers = 3;
+    for (int replace = 0; replace <= 1; replace++) {
+        ResidualConfig residual =
+            route_test_msar(2, 3, kernels, replace ? FORM_REPLACE : FORM_DELTA);
+        residual.layers_per_block = 1;
+        ResidualPlan plan;
+        residual_plan_build(&plan, &config, &residual);
+        /* every site but the final one: m N_j (H + 1) floats a token */
+        size_t floats = 0;
+        for (int j = 0; j < plan.n_sublayers; j++)
+            floats += (size_t)plan.streams * plan.sites[j].n_sources * (plan.heads + 1) *
+                      ROUTE_TEST_ROWS;
+        const size_t sites = (size_t)plan.n_sublayers;
+        residual_plan_free(&plan);
+        const size_t saved = whole_stash_bytes(&config, &residual, true) -
+                             whole_stash_bytes(&config, &residual, false);
+        /* each carve rounds up to 256 bytes: two a site */
+        cr_expect_geq(saved, floats * sizeof(float), "%s: the stash is %zu bytes smaller, the "
+                      "sites' statistics are %zu", replace ? "replace" : "delta", saved,
+                      floats * sizeof(float));
+        cr_expect_leq(saved, floats * sizeof(float) + 2 * 256 * sites);
+    }
+    /* attnres's block backward reads the weights its forward saved: the stash keeps them */
+    ResidualConfig attnres = route_test_attnres(2, 1, FORM_DELTA);
+    cr_expect_eq(whole_stash_bytes(&config, &attnres, true),
+                 whole_stash_bytes(&config, &attnres, false));
+}
+
+static Model *msar_after_forward(bool alone)
+{
+    const int kernels[] = {2, 1};
+    ResidualConfig residual = route_test_msar(2, 2, kernels, FORM_DELTA);
+    Model *model = route_test_model(&residual, 16);
+    model_route_sites_alone(model, alone);
+    route_test_forward(model);
+    return model;
+}
+
+static void read_a_two_phase_site(void *unused)
+{
+    (void)unused;
+    Model *model = msar_after_forward(false);
+    float weights[4 * ROUTE_TEST_ROWS * 2];
+    model_site_weights(model, 1, 0, weights);
+}
+
+Test(model_two_phase, reading_a_two_phase_msar_sites_weights_names_the_choice_that_keeps_them)
+{
+    test_expect_fatal(read_a_two_phase_site, NULL, EXIT_CONFIG,
+                      "choose model_route_sites_alone before the forward");
+    /* routed alone, the same site's weights are kept: a softmax over its sources */
+    Model *model = msar_after_forward(true);
+    const int n = model_site_sources(model, 1);
+    float weights[4 * ROUTE_TEST_ROWS * 2];
+    cr_assert_leq((size_t)n * ROUTE_TEST_ROWS * 2, sizeof weights / sizeof weights[0]);
+    for (int stream = 0; stream < 2; stream++) {
+        model_site_weights(model, 1, stream, weights);
+        for (int t = 0; t < ROUTE_TEST_ROWS * 2; t++) { /* token t / 2, head t % 2 */
+            double sum = 0;
+            for (int source = 0; source < n; source++)
+                sum += weights[(size_t)source * ROUTE_TEST_ROWS * 2 + t];
+            cr_expect_float_eq(sum, 1.0, 1e-5, "stream %d, token and head %d: %g", stream, t,
+                               sum);
+        }
+    }
+    model_destroy(model);
+}
+
+static void choose_sites_alone_after_a_forward(void *unused)
+{
+    (void)unused;
+    Model *model = msar_after_forward(false);
+    model_route_sites_alone(model, true);
+}
+
+Test(model_two_phase, choosing_sites_alone_after_the_first_forward_is_a_config_error)
+{
+    test_expect_fatal(choose_sites_alone_after_a_forward, NULL, EXIT_CONFIG,
+                      "model_route_sites_alone is chosen before the first forward");
 }
