@@ -10,7 +10,6 @@
 #include "launch/run_state.h"
 #include "model/model.h"
 #include "model/params.h"
-#include "pipeline/evaluate.h"
 #include "pipeline/executor.h"
 #include "pipeline/step.h"
 #include "runtime/comm.h"
@@ -167,7 +166,31 @@ typedef struct {
     int steps, skipped;
 } LogWindow;
 
-static double evaluate_during_training(Model *model, DataSet *val, const Config *config)
+/* The windows each evaluation during training reads: eval.samples, or as many as the
+ * validation data holds; through the pipeline (pp > 1), whole microbatches on every dp rank
+ * (pipeline/step.h step_evaluate). */
+static int64_t evaluation_windows(const Config *config, DataSet *val, bool leader)
+{
+    const uint64_t held = data_window_count(val);
+    if ((uint64_t)config->eval.samples <= held)
+        return config->eval.samples;
+    if (config->parallel.pp == 1)
+        return (int64_t)held;
+    const int64_t per_step = (int64_t)config->train.microbatch_size * config->parallel.dp;
+    const int64_t windows = (int64_t)held / per_step * per_step;
+    if (windows == 0)
+        fatal(EXIT_DATA, "the validation data holds %llu windows of train.seq_len + 1 tokens, "
+              "fewer than one microbatch on every dp rank (train.microbatch_size * "
+              "parallel.dp = %lld) for an evaluation through the pipeline",
+              (unsigned long long)held, (long long)per_step);
+    if (leader)
+        printf("fathom: eval.samples = %d, but the validation data holds %llu windows: each "
+               "evaluation reads %lld (whole microbatches on every dp rank)\n",
+               config->eval.samples, (unsigned long long)held, (long long)windows);
+    return windows;
+}
+
+static double evaluate_during_training(TrainingStep *step, DataSet *val, int64_t windows)
 {
     /* the evaluation's gathers are not a step's: the metrics' comm counts and times stay
      * the steps', and the next step gathers afresh, as `fathom inspect --comm` predicts */
@@ -175,16 +198,11 @@ static double evaluate_during_training(Model *model, DataSet *val, const Config 
     comm_counters_save(counters);
     const bool timing = device_comm_timing_enabled();
     device_comm_timing_enable(false);
-    int64_t windows = config->eval.samples;
-    if ((uint64_t)windows > data_window_count(val))
-        windows = (int64_t)data_window_count(val);
-    EvalResult result = evaluate_loss(model, val, windows, config->train.microbatch_size,
-                                      config->train.seq_len, (float)config->train.z_loss,
-                                      NULL, NULL);
+    const double loss = step_evaluate(step, val, windows);
     comm_counters_restore(counters);
     device_comm_timing_enable(timing);
-    fsdp_params_changed(model_fsdp(model));
-    return result.loss;
+    fsdp_params_changed(model_fsdp(step->model));
+    return loss;
 }
 
 /* One training a run directory: rank 0 holds an exclusive lock on <run_dir>/.lock for the
@@ -287,10 +305,6 @@ int train_main(int argc, char **argv)
     RankGrid grid;
     grid_create(&grid, config.parallel.pp, config.parallel.dp);
     const bool leader = grid.rank == 0;
-    if (config.parallel.pp > 1 && config.eval.every > 0)
-        fatal(EXIT_CONFIG, "eval.every = %d: evaluation during training runs on one pipeline "
-              "stage only for now; set eval.every: 0 with parallel.pp = %d and evaluate the "
-              "checkpoints with fathom eval", config.eval.every, config.parallel.pp);
     /* set-up's phases, timed for the line before step 1 (start-up is a cost users pay at
      * every launch and resume) */
     double phase_started = timer_seconds(), placing, starting_backend, allocating, filling;
@@ -347,6 +361,7 @@ int train_main(int argc, char **argv)
 
     DataSet *train_data = data_open_train(&config);
     DataSet *val_data = config.eval.every > 0 ? data_open_eval(&config, NULL) : NULL;
+    const int64_t val_windows = val_data ? evaluation_windows(&config, val_data, leader) : 0;
     MetricsLog *metrics = NULL;
     if (leader)
         metrics = resumed ? metrics_open_resumed(config.run_dir, state.step)
@@ -441,7 +456,7 @@ int train_main(int argc, char **argv)
             window = (LogWindow){0};
         }
         if (val_data && (step_number % config.eval.every == 0 || last)) {
-            double val_loss = evaluate_during_training(model, val_data, &config);
+            double val_loss = evaluate_during_training(&step, val_data, val_windows);
             if (leader) {
                 metrics_write_eval(metrics, step_number, val_loss);
                 printf("eval step %d | val_loss %.4f | ppl %.2f\n", step_number, val_loss,

@@ -37,6 +37,7 @@ struct Executor {
     bool *needed;             /* the summary buffers this stage touches (NULL: standard) */
     Activation *grad_staging; /* [rows, d] where a received gradient lands before the add */
     uint32_t *inputs, *targets;
+    uint32_t *window;         /* [T + 1] one evaluation window */
     size_t tensor_bytes;      /* one [rows, d] activation tensor of a full microbatch */
     /* links[direction][s]: the hops stage s sends in that direction (forward to s+1,
      * backward to s-1, mod P); only those this stage sends or receives are made */
@@ -129,6 +130,7 @@ static void executor_allocate(Executor *executor)
     const size_t tokens = (size_t)max_batch * T * sizeof(uint32_t);
     executor->inputs = xmalloc(tokens);
     executor->targets = xmalloc(tokens);
+    executor->window = xmalloc(((size_t)T + 1) * sizeof(uint32_t));
 }
 
 Executor *executor_create(Model *model, const Config *config, Comm *pp, int stage)
@@ -202,6 +204,7 @@ void executor_destroy(Executor *executor)
     free(executor->actions);
     free(executor->inputs);
     free(executor->targets);
+    free(executor->window);
     free(executor);
 }
 
@@ -387,8 +390,39 @@ static uint64_t hop_summary_bytes(HopPayload hop, size_t bytes)
     return (uint64_t)(hop.end_block - hop.first_block) * bytes;
 }
 
-static void run_forward(Executor *executor, const Action *action, DataSet *data,
-                        uint64_t consumed_samples, int dp_rank, int dp_size, StepLoss *loss)
+/* Where a forward's tokens come from: the step's share of the training samples, or an
+ * evaluation's windows in file order. */
+typedef struct {
+    DataSet *data;
+    bool evaluation;
+    uint64_t consumed_samples; /* training: the step's first global sample */
+    int64_t first_microbatch;  /* evaluation: this rank's microbatches before this group */
+    int dp_rank, dp_size;
+} ForwardInput;
+
+/* Microbatch mb's tokens into executor->inputs and targets. The evaluation's microbatch i of
+ * dp rank r is the (i D + r)-th run of B windows: the windows a one-rank evaluation reads
+ * as its (i D + r)-th batch. */
+static void read_microbatch(Executor *executor, const ForwardInput *input, int mb)
+{
+    const Config *config = executor->config;
+    const int B = config->train.microbatch_size, T = config->train.seq_len;
+    if (!input->evaluation) {
+        data_read_microbatch(input->data, input->consumed_samples,
+                             config->train.global_batch_size, input->dp_rank, input->dp_size,
+                             mb, B, executor->inputs, executor->targets);
+        return;
+    }
+    const int64_t batch = (input->first_microbatch + mb) * input->dp_size + input->dp_rank;
+    for (int row = 0; row < B; row++) {
+        data_read_window(input->data, (uint64_t)(batch * B + row), executor->window);
+        memcpy(executor->inputs + (size_t)row * T, executor->window, T * sizeof(uint32_t));
+        memcpy(executor->targets + (size_t)row * T, executor->window + 1, T * sizeof(uint32_t));
+    }
+}
+
+static void run_forward(Executor *executor, const Action *action, const ForwardInput *input,
+                        StepLoss *loss)
 {
     Model *model = executor->model;
     const Config *config = executor->config;
@@ -407,8 +441,7 @@ static void run_forward(Executor *executor, const Action *action, DataSet *data,
         recv_tensors(executor, DIRECTION_FORWARD, tensors, n, bytes, n);
     }
     if (span->has_embedding || span->has_head)
-        data_read_microbatch(data, consumed_samples, config->train.global_batch_size, dp_rank,
-                             dp_size, mb, B, executor->inputs, executor->targets);
+        read_microbatch(executor, input, mb);
     ModelLoss result = chunk_forward(model, span, stash, store, executor->inputs,
                                      executor->targets, B, (float)config->train.z_loss);
     if (span->has_head) {
@@ -465,14 +498,66 @@ StepLoss executor_run_step(Executor *executor, DataSet *data, uint64_t consumed_
     if (executor->n_chunks > 1 && !executor->links[0])
         fatal(EXIT_CONFIG, "executor of %d chunks without a pipeline communicator runs no step",
               executor->n_chunks);
+    const ForwardInput input = {data, false, consumed_samples, 0, dp_rank, dp_size};
     StepLoss loss = {0};
     for (int a = 0; a < executor->n_actions; a++) {
         const Action *action = &executor->actions[a];
         if (action->kind == ACTION_FORWARD)
-            run_forward(executor, action, data, consumed_samples, dp_rank, dp_size, &loss);
+            run_forward(executor, action, &input, &loss);
         else
             run_backward(executor, action, loss_scale);
     }
     links_flush(executor); /* the step's messages have all left, its counts are complete */
+    return loss;
+}
+
+/* Microbatches an evaluation takes through the pipeline at once: a group's forward-only
+ * list holds a store for each on every stage (schedule_evaluation_actions), so as many as
+ * the stage with the fewest stores has. Every stage must walk the same groups: its hops to
+ * a neighbour are matched in order, and one link carries all of them (two chunks' hops, with
+ * virtual stages), so stages that grouped differently would exchange wrong tensors. Each
+ * stage's count is the schedule's (pure), so no stage needs to ask another. */
+static int evaluation_group(const Executor *executor)
+{
+    const PipelineSchedule schedule = executor->config->parallel.schedule;
+    const int P = executor->P, v = executor->v, M = executor->M;
+    const int n = schedule_actions(schedule, P, v, M, 0, NULL, 0);
+    Action *actions = xcalloc((size_t)n, sizeof *actions);
+    int *slots = xcalloc((size_t)v, sizeof *slots), group = executor->n_stores;
+    for (int s = 0; s < P; s++) {
+        int open;
+        schedule_actions(schedule, P, v, M, s, actions, n);
+        schedule_count_in_flight(actions, n, P, v, M, slots, &open);
+        group = open < group ? open : group;
+    }
+    free(actions);
+    free(slots);
+    return group;
+}
+
+StepLoss executor_run_evaluation(Executor *executor, DataSet *data, int64_t microbatches,
+                                 int dp_rank, int dp_size)
+{
+    if (executor->n_chunks > 1 && !executor->links[0])
+        fatal(EXIT_CONFIG, "executor of %d chunks without a pipeline communicator evaluates "
+              "nothing", executor->n_chunks);
+    const int group = evaluation_group(executor);
+    Action *actions = xcalloc((size_t)group * executor->v, sizeof *actions);
+    StepLoss loss = {0};
+    for (int64_t first = 0; first < microbatches; first += group) {
+        const int count = (int)(microbatches - first < group ? microbatches - first : group);
+        const int n = schedule_evaluation_actions(executor->P, executor->v, count,
+                                                  executor->stage, actions, group * executor->v);
+        const ForwardInput input = {data, true, 0, first, dp_rank, dp_size};
+        for (int a = 0; a < n; a++) {
+            const int local = actions[a].chunk / executor->P, mb = actions[a].microbatch;
+            run_forward(executor, &actions[a], &input, &loss);
+            stash_find(executor, local, mb, true); /* nothing of a forward is kept */
+            if (local == executor->v - 1)
+                store_release(executor, mb);
+        }
+    }
+    free(actions);
+    links_flush(executor);
     return loss;
 }

@@ -1,6 +1,7 @@
 /* pipeline/executor.h — runs one stage's share of a training step's microbatches
  * (DESIGN 1, 3): the stage's actions from pipeline/schedule.h, in order, with the hops of
- * pipeline/payload.h sent and received through runtime/comm.h.
+ * pipeline/payload.h sent and received through runtime/comm.h; and the forward-only pass of
+ * an evaluation through the same stages (executor_run_evaluation).
  *
  * Per action:
  *   forward (mb, c)   c > 0: wait for the payload from stage (c-1) % P and put it in place;
@@ -73,6 +74,17 @@ size_t executor_plan_bytes(const Executor *executor, bool checkpointed);
  * parallel rank dp_rank of dp_size. */
 StepLoss executor_run_step(Executor *executor, DataSet *data, uint64_t consumed_samples,
                            int dp_rank, int dp_size, float loss_scale);
+
+/* A forward-only pass over an evaluation's windows, read in file order: `microbatches` of
+ * train.microbatch_size windows for this dp rank, whose microbatch i is the (i * dp_size +
+ * dp_rank)-th run of microbatch_size windows, through the stage's chunks with their hops
+ * (schedule_evaluation_actions, in groups of as many microbatches as the stage has summary
+ * stores). Nothing is kept for a backward. The loss returned is the sum over the stage's
+ * microbatches of their means, on the stage that holds the last chunk, zero elsewhere.
+ * Collective over the pipeline, and over each stage's dp group (FSDP gathers): every rank
+ * passes the same `microbatches`. */
+StepLoss executor_run_evaluation(Executor *executor, DataSet *data, int64_t microbatches,
+                                 int dp_rank, int dp_size);
 
 /* How this stage's forward hops travel ("nccl", "host-staged" or "mpi") and why
  * (runtime/device_comm.h); NULL with one chunk or no links. */

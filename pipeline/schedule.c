@@ -189,3 +189,15 @@ void schedule_count_in_flight(const Action *actions, int n_actions, int P, int v
     free(live);
     free(seen);
 }
+
+int schedule_evaluation_actions(int P, int v, int M, int stage, Action *out, int capacity)
+{
+    if (P < 1 || v < 1 || M < 1 || stage < 0 || stage >= P)
+        return -1;
+    int n = 0;
+    for (int local = 0; local < v; local++)
+        for (int mb = 0; mb < M; mb++, n++)
+            if (n < capacity)
+                out[n] = (Action){ACTION_FORWARD, mb, local * P + stage};
+    return n;
+}

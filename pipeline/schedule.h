@@ -64,6 +64,16 @@ typedef struct {
 int schedule_actions(PipelineSchedule kind, int P, int v, int M, int stage, Action *out,
                      int capacity);
 
+/* The forward-only pass of an evaluation (pipeline/executor.h executor_run_evaluation):
+ * `stage`'s M * v forwards, chunk-major (every microbatch of its first chunk, then of its
+ * next, ...), into out[0..min(count, capacity)); returns the count, or -1 for P, v, M < 1 or
+ * a stage outside 0..P-1. Deadlock free under the execution model above: a forward (mb, c)
+ * waits only for (mb, c - 1), and every list is ordered by (c, mb), so every wait and every
+ * earlier action of a list is smaller in (c, mb) order: nothing waits in a cycle. Any M and
+ * v (there is no backward to interleave); a stage holds each microbatch's summary store from
+ * its first chunk to its last, M at once. Pure. */
+int schedule_evaluation_actions(int P, int v, int M, int stage, Action *out, int capacity);
+
 /* NULL when (kind, P, v, M) can run; else a message naming the config keys and their
  * values, and what is needed. */
 const char *schedule_check(PipelineSchedule kind, int P, int v, int M);

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "model/chunk.h"
+#include "pipeline/evaluate.h"
 #include "runtime/error.h"
 #include "runtime/fault.h"
 
@@ -212,4 +213,27 @@ StepResult step_run(TrainingStep *step, DataSet *data, uint64_t consumed_samples
     if (result.applied)
         fsdp_params_changed(fsdp);
     return result;
+}
+
+double step_evaluate(TrainingStep *step, DataSet *data, int64_t windows)
+{
+    const Config *config = step->config;
+    const RankGrid *grid = step->grid;
+    const int B = config->train.microbatch_size;
+    if (grid->pp == 1)
+        return evaluate_loss(step->model, data, windows, B, config->train.seq_len,
+                             (float)config->train.z_loss, NULL, NULL)
+            .loss;
+    const int64_t per_rank = (int64_t)B * grid->dp;
+    if (windows <= 0 || windows % per_rank)
+        fatal(EXIT_CONFIG, "an evaluation through the pipeline takes whole microbatches on "
+              "every dp rank: %lld windows is not a multiple of train.microbatch_size * "
+              "parallel.dp = %lld", (long long)windows, (long long)per_rank);
+    const int64_t microbatches = windows / per_rank;
+    const StepLoss loss =
+        executor_run_evaluation(step->executor, data, microbatches, grid->dp_rank, grid->dp);
+    /* every microbatch holds B T tokens, so the mean of their means is the token mean */
+    double sum = loss.loss, total;
+    comm_allreduce_sum(grid->world, &sum, &total, 1, COMM_FLOAT64, COMM_KIND_OTHER);
+    return total / (double)(microbatches * grid->dp);
 }

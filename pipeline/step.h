@@ -69,4 +69,13 @@ void step_destroy(TrainingStep *step);
 StepResult step_run(TrainingStep *step, DataSet *data, uint64_t consumed_samples, double lr,
                     int step_number);
 
+/* The mean loss (cross-entropy + z-loss over every token, the training objective) of the
+ * first `windows` windows of `data` in file order, with the current weights; every rank
+ * gets it. With one stage every rank runs the one-chunk model over all the windows
+ * (pipeline/evaluate.h); with pp > 1 they go through the pipeline, each dp rank its share
+ * (executor_run_evaluation), and `windows` must be a multiple of train.microbatch_size x
+ * parallel.dp. The same windows give the same mean on any layout, to the rounding of the
+ * weights a layout trained. Collective over the world. */
+double step_evaluate(TrainingStep *step, DataSet *data, int64_t windows);
+
 #endif

@@ -162,6 +162,13 @@ static void validate_combinations(const Config *config, const char *origin, int 
         fatal(EXIT_CONFIG, "%s: train.global_batch_size = %d is not divisible by "
               "train.microbatch_size * parallel.dp = %lld", origin, train->global_batch_size,
               per_step);
+    /* through the pipeline an evaluation runs whole microbatches on every dp rank
+     * (pipeline/step.h step_evaluate) */
+    if (parallel->pp > 1 && config->eval.every > 0 && config->eval.samples % per_step != 0)
+        fatal(EXIT_CONFIG, "%s: eval.samples = %d is not a multiple of train.microbatch_size * "
+              "parallel.dp = %lld: with parallel.pp = %d an evaluation runs whole "
+              "microbatches through the pipeline on every dp rank", origin,
+              config->eval.samples, per_step, parallel->pp);
 
     if (config->data.source == DATA_SHARDS && !config->data.train[0])
         fatal(EXIT_CONFIG, "%s: data.source is shards but data.train is empty", origin);

@@ -135,7 +135,7 @@ static const char full_yaml[] =
     "  every: 1\n"
     "eval:\n"
     "  every: 25\n"
-    "  samples: 3\n"
+    "  samples: 6\n"
     "run_dir: \"runs/full: \\\"quoted\\\" \\\\ path\\t# not a comment\"\n"
     "seed: 18446744073709551615\n"
     "device: cpu\n";

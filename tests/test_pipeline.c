@@ -343,9 +343,11 @@ Test(pipeline, virtual_stages_without_interleaved_are_refused)
                         "parallel.virtual_stages");
 }
 
-Test(pipeline, evaluation_during_a_pipeline_run_is_refused)
+/* an evaluation through the pipeline runs whole microbatches on every dp rank (2 x 2) */
+Test(pipeline, eval_samples_that_leave_a_dp_rank_part_of_a_microbatch_are_refused)
 {
-    expect_layout_error(2, "demo", "--set parallel.pp=2 --set eval.every=2", "eval.every");
+    expect_layout_error(4, "demo", "--set parallel.pp=2 --set parallel.dp=2 "
+                        "--set eval.every=2 --set eval.samples=6", "eval.samples = 6");
 }
 
 /* ---- fathom inspect --comm ---- */

@@ -4,6 +4,7 @@
 #include "tests/support.h"
 
 #include <criterion/criterion.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,26 +48,40 @@ int tiny_train(const char *directory, const char *arguments, char *output, size_
     return test_run_fathom(command, output, capacity);
 }
 
-int metrics_read_losses(const char *run_dir, double *losses, int *steps, int capacity)
+/* The `key` values of metrics.jsonl's step lines (evaluation false) or evaluation lines
+ * (true), with their steps, up to `capacity`. */
+static int metrics_read(const char *run_dir, bool evaluation, const char *key, double *values,
+                        int *steps, int capacity)
 {
-    char path[512], line[8192];
+    char path[512], line[8192], quoted[64];
     snprintf(path, sizeof path, "%s/metrics.jsonl", run_dir);
+    snprintf(quoted, sizeof quoted, "\"%s\":", key);
     FILE *file = fopen(path, "r");
     cr_assert_not_null(file, "no %s", path);
     int count = 0;
     while (count < capacity && fgets(line, sizeof line, file)) {
-        if (strstr(line, "\"val_loss\""))
+        if ((strstr(line, "\"val_loss\"") != NULL) != evaluation)
             continue;
-        const char *loss = strstr(line, "\"loss\":");
+        const char *value = strstr(line, quoted);
         const char *step = strstr(line, "\"step\":");
-        cr_assert(loss && step, "metrics line without step/loss: %s", line);
-        losses[count] = strtod(loss + 7, NULL);
+        cr_assert(value && step, "metrics line without step/%s: %s", key, line);
+        values[count] = strtod(value + strlen(quoted), NULL);
         if (steps)
-            steps[count] = atoi(step + 7);
+            steps[count] = atoi(step + strlen("\"step\":"));
         count++;
     }
     fclose(file);
     return count;
+}
+
+int metrics_read_losses(const char *run_dir, double *losses, int *steps, int capacity)
+{
+    return metrics_read(run_dir, false, "loss", losses, steps, capacity);
+}
+
+int metrics_read_val_losses(const char *run_dir, double *losses, int *steps, int capacity)
+{
+    return metrics_read(run_dir, true, "val_loss", losses, steps, capacity);
 }
 
 int checkpoints_bitwise_equal(const char *step_dir_a, const char *step_dir_b)

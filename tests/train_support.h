@@ -16,6 +16,10 @@ int tiny_train(const char *directory, const char *arguments, char *output, size_
  * returns how many. */
 int metrics_read_losses(const char *run_dir, double *losses, int *steps, int capacity);
 
+/* Reads up to `capacity` "val_loss" values of metrics.jsonl evaluation lines, with their
+ * steps; returns how many. */
+int metrics_read_val_losses(const char *run_dir, double *losses, int *steps, int capacity);
+
 /* 1 when every tensor of every group of two committed step directories is bitwise equal. */
 int checkpoints_bitwise_equal(const char *step_dir_a, const char *step_dir_b);
 
