@@ -1,7 +1,8 @@
 /* tests/test_cuda_pipeline.c — pipeline stages and FSDP on the cuda backend with ranks
  * sharing one GPU (DESIGN 3: hops and gathers go through host copies, which is what lets
  * one GPU run every distributed path). pp2, pp2 v2, dp2 and pp2 x dp2 follow the one-rank
- * cuda run within bf16 tolerance over 5 steps. SKIP where no GPU answers.
+ * cuda run within bf16 tolerance over 5 steps, and so does an evaluation through pp2 v2.
+ * SKIP where no GPU answers.
  */
 #include <criterion/criterion.h>
 
@@ -82,6 +83,36 @@ Test(cuda_pipeline, pp2_v2_on_one_gpu_follows_one_rank_mhar_delta)
                                         "--set parallel.pp=2 --set parallel.virtual_stages=2 "
                                         "--set parallel.schedule=interleaved",
                                         "cuda-pp2v2");
+}
+
+/* An evaluation through two stages of two chunks (forward only, the hops host-staged) logs
+ * the one-rank cuda run's val_loss within bf16 tolerance. */
+Test(cuda_pipeline, pp2_v2_evaluation_on_one_gpu_follows_one_rank_mhar_delta)
+{
+    gpu_require();
+    char root[256], single[300], multi[300];
+    test_make_temp_dir(root, "cuda-pp2v2-eval");
+    snprintf(single, sizeof single, "%s/single", root);
+    snprintf(multi, sizeof multi, "%s/layout", root);
+    const char *evaluation = "--set eval.every=5 --set eval.samples=8";
+    char layout[512];
+    snprintf(layout, sizeof layout, "%s --set parallel.pp=2 --set parallel.virtual_stages=2 "
+             "--set parallel.schedule=interleaved", evaluation);
+    char *output = malloc(OUTPUT_CAPACITY);
+    cr_assert_eq(pipeline_train(1, "demo_mhar_delta", COMMON, evaluation, single, output,
+                                OUTPUT_CAPACITY), 0, "%s", output);
+    cr_assert_eq(pipeline_train(2, "demo_mhar_delta", COMMON, layout, multi, output,
+                                OUTPUT_CAPACITY), 0, "%s", output);
+    double one, two;
+    int step;
+    cr_assert_eq(metrics_read_val_losses(single, &one, &step, 1), 1);
+    cr_assert_eq(metrics_read_val_losses(multi, &two, &step, 1), 1);
+    const double relative = fabs(two - one) / fabs(one);
+    printf("cuda pipeline evaluation pp2 v2: val_loss %.6g, one rank %.6g, relative %.3g\n",
+           two, one, relative);
+    cr_expect(relative <= 1e-2, "val_loss %.6g against one rank %.6g", two, one);
+    free(output);
+    test_remove_tree(root);
 }
 
 Test(cuda_pipeline, pp2_with_checkpointing_on_one_gpu_follows_one_rank_block_mhar)
