@@ -33,9 +33,16 @@ void inference_open(Inference *inference, const char *checkpoint, const char *we
                                        : "optim.ema_decay was 0");
     inference->weights = use_ema ? "ema" : "raw";
 
-    inference->model = model_create(backend_select(config->device, config), &config->model,
-                                    &config->residual, config->train.microbatch_size,
-                                    config->train.seq_len);
+    /* forward only: no gradient buffers, and each layer's intermediates remade in one
+     * layer's buffers (activation checkpointing keeps only the layers' inputs; the forward
+     * computes the same bits): an 8B model's eval then holds about half of what its
+     * training would on one GPU */
+    const ModelSharding forward_only = {.forward_only = true};
+    inference->model = model_create_sharded(backend_select(config->device, config),
+                                            &config->model, &config->residual,
+                                            config->train.microbatch_size,
+                                            config->train.seq_len, &forward_only);
+    model_set_activation_checkpointing(inference->model, true);
     run_state_load_weights(inference->model, inference->step_dir, use_ema);
 }
 

@@ -100,7 +100,7 @@ void model_memory_bytes(const Model *model, size_t *parameter_bytes, size_t *act
     if (model->whole_ready)
         *activation_bytes += model->whole_stash.bytes + model->whole_store.bytes;
     else
-        *activation_bytes += model_whole_stash_bytes(model, false);
+        *activation_bytes += model_whole_stash_bytes(model, model->scratch.checkpointing);
 }
 
 size_t model_whole_stash_bytes(const Model *model, bool checkpointed)

@@ -49,6 +49,8 @@ typedef struct {
     const ChunkSpan *spans;     /* the chunks this rank runs (model/chunk.h); NULL: all */
     int n_spans;
     bool reshard_after_forward; /* fsdp.reshard_after_forward: pool the decoder layers */
+    bool forward_only;          /* eval, probe: no gradient buffers (runtime/fsdp.h); a
+                                   backward or model_zero_grads is EXIT_CONFIG */
 } ModelSharding;
 
 /* Allocates parameters, gradients (backend memory, zeroed) and activations for up to

@@ -121,6 +121,7 @@ void model_units_create(Model *model, const ModelSharding *sharding)
         .local_units = local,
         .pooled_units = pooled,
         .alignment = PARAM_ALIGNMENT,
+        .without_gradients = sharding && sharding->forward_only,
     };
     model->fsdp = fsdp_create(&spec);
     free(tensors);
@@ -138,7 +139,7 @@ void model_units_bind_fixed(Model *model)
     for (int u = 0; u < model->table.n_units; u++)
         if (fsdp_unit_local(model->fsdp, u))
             unit_views_bind(&model->unit_views[u], model->backend, model->fsdp,
-                            fsdp_acquire(model->fsdp, u, true));
+                            fsdp_acquire(model->fsdp, u, fsdp_has_gradients(model->fsdp)));
 }
 
 void model_units_destroy(Model *model)

@@ -87,8 +87,10 @@ static void fsdp_allocate(Fsdp *fsdp)
 {
     const Backend *backend = fsdp->backend;
     const size_t count = fsdp->local_count ? fsdp->local_count : 1;
+    const bool gradients = !fsdp->without_gradients;
     fsdp->params = alloc_or_fail(backend, count * sizeof(float), "the parameter shards");
-    fsdp->grads = alloc_or_fail(backend, count * sizeof(float), "the gradient shards");
+    if (gradients)
+        fsdp->grads = alloc_or_fail(backend, count * sizeof(float), "the gradient shards");
     if (backend->activation_bytes != sizeof(float))
         fsdp->compute = alloc_or_fail(backend, count * backend->activation_bytes,
                                       "the compute copy of the parameter shards");
@@ -100,7 +102,7 @@ static void fsdp_allocate(Fsdp *fsdp)
             continue;
         if (fsdp->size == 1) {
             unit->compute = activation_at(backend, local_compute, unit->local_offset);
-            unit->grads = fsdp->grads + unit->local_offset;
+            unit->grads = gradients ? fsdp->grads + unit->local_offset : NULL;
             unit->fp32 = fsdp->params + unit->local_offset;
             continue;
         }
@@ -112,9 +114,12 @@ static void fsdp_allocate(Fsdp *fsdp)
         }
         unit->compute = alloc_or_fail(backend, unit->full_count * backend->activation_bytes,
                                       "a gathered unit");
-        unit->grads = alloc_or_fail(backend, unit->full_count * sizeof(float),
-                                    "a gathered unit's gradients");
-        fsdp->full_bytes += unit->full_count * (backend->activation_bytes + sizeof(float));
+        fsdp->full_bytes += unit->full_count * backend->activation_bytes;
+        if (gradients) {
+            unit->grads = alloc_or_fail(backend, unit->full_count * sizeof(float),
+                                        "a gathered unit's gradients");
+            fsdp->full_bytes += unit->full_count * sizeof(float);
+        }
         if (unit->fp32_count) {
             unit->fp32 = alloc_or_fail(backend, unit->fp32_count * sizeof(float),
                                        "a gathered unit's fp32 values");
@@ -129,13 +134,17 @@ static void fsdp_allocate(Fsdp *fsdp)
         Slot *slot = &fsdp->slots[s];
         slot->compute = alloc_or_fail(backend, slot_full * backend->activation_bytes,
                                       "a pool slot");
-        slot->grads = alloc_or_fail(backend, slot_full * sizeof(float), "a pool slot");
+        if (gradients)
+            slot->grads = alloc_or_fail(backend, slot_full * sizeof(float), "a pool slot");
         if (slot_fp32)
             slot->fp32 = alloc_or_fail(backend, slot_fp32 * sizeof(float), "a pool slot");
         slot->unit = -1;
-        fsdp->full_bytes += slot_full * (backend->activation_bytes + sizeof(float)) +
+        fsdp->full_bytes += slot_full * (backend->activation_bytes +
+                                         (gradients ? sizeof(float) : 0)) +
                             slot_fp32 * sizeof(float);
     }
+    if (!gradients)
+        return;
     for (int k = 0; k < 2; k++)
         fsdp->reduce_scratch[k] = alloc_or_fail(backend, slot_local * sizeof(float),
                                                 "the reduce-scatter scratch");
@@ -147,6 +156,7 @@ Fsdp *fsdp_create(const FsdpSpec *spec)
     Fsdp *fsdp = xcalloc(1, sizeof *fsdp);
     fsdp->backend = spec->backend;
     fsdp->group = spec->group;
+    fsdp->without_gradients = spec->without_gradients;
     fsdp->rank = 0;
     fsdp->size = 1;
     if (spec->group) {
@@ -211,8 +221,11 @@ const FsdpTensorPlace *fsdp_place(const Fsdp *fsdp, int tensor) { return &fsdp->
 bool fsdp_unit_local(const Fsdp *fsdp, int unit) { return fsdp->units[unit].local; }
 size_t fsdp_local_count(const Fsdp *fsdp) { return fsdp->local_count; }
 float *fsdp_local_params(Fsdp *fsdp) { return fsdp->params; }
+bool fsdp_has_gradients(const Fsdp *fsdp) { return !fsdp->without_gradients; }
 float *fsdp_local_grads(Fsdp *fsdp)
 {
+    if (fsdp->without_gradients)
+        return NULL;
     for (int u = 0; u < fsdp->n_units && fsdp->size == 1; u++)
         if (fsdp->units[u].local)
             fsdp_unit_settle(fsdp, u, fsdp->units[u].grads);
@@ -228,7 +241,7 @@ void fsdp_unit_range(const Fsdp *fsdp, int unit, size_t *offset, size_t *count)
 
 void fsdp_memory_bytes(const Fsdp *fsdp, size_t *shard_bytes, size_t *full_bytes)
 {
-    *shard_bytes = fsdp->local_count * (2 * sizeof(float) +
+    *shard_bytes = fsdp->local_count * ((fsdp->without_gradients ? 1 : 2) * sizeof(float) +
                                         (fsdp->compute ? fsdp->backend->activation_bytes : 0));
     *full_bytes = fsdp->full_bytes;
 }
@@ -338,6 +351,9 @@ FsdpUnitBuffers fsdp_acquire(Fsdp *fsdp, int u, bool for_backward)
 {
     if (u < 0 || u >= fsdp->n_units || !fsdp->units[u].local)
         fatal(EXIT_CONFIG, "fsdp: unit %d is not held by this rank", u);
+    if (for_backward && fsdp->without_gradients)
+        fatal(EXIT_CONFIG, "fsdp: unit %d acquired for a backward, but the model was made "
+              "for the forward only (no gradients)", u);
     Unit *unit = &fsdp->units[u];
     if (fsdp->size == 1) /* the local buffers themselves; the fp32 views are the master */
         return (FsdpUnitBuffers){unit->compute, for_backward ? unit->grads : NULL, unit->fp32};
@@ -437,6 +453,9 @@ void fsdp_release(Fsdp *fsdp, int u, bool gradients)
 void fsdp_step_begin(Fsdp *fsdp, const int *releases)
 {
     const Backend *backend = fsdp->backend;
+    if (fsdp->without_gradients)
+        fatal(EXIT_CONFIG, "fsdp: a training step on a model made for the forward only (no "
+              "gradients)");
     /* several ranks: the accumulators are the reduce-scatters' targets, zeroed whole */
     if (fsdp->size > 1)
         backend->zero(fsdp->grads, fsdp->local_count * sizeof(float));

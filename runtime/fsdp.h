@@ -77,6 +77,8 @@ typedef struct {
     const bool *local_units;      /* [n_units]: this rank's stage reads it; NULL: every unit */
     const bool *pooled_units;     /* [n_units]: the pooled policy; NULL: none */
     size_t alignment;             /* elements */
+    bool without_gradients;       /* forward only (eval, probe): no gradient buffers at all;
+                                     a step or an acquire for a backward is refused */
 } FsdpSpec;
 
 /* Where a tensor lives. */
@@ -119,6 +121,8 @@ Activation *fsdp_local_compute(Fsdp *fsdp);
  * length, which every stage of one dp rank computes alike, held or not (the shared
  * tensors' gradients are summed over stages range by range). */
 void fsdp_unit_range(const Fsdp *fsdp, int unit, size_t *offset, size_t *count);
+/* False for a forward-only instance (FsdpSpec.without_gradients). */
+bool fsdp_has_gradients(const Fsdp *fsdp);
 /* Backend bytes: local shards (master, gradients, compute copy), and full buffers (the
  * persistent units' and the pool's). */
 void fsdp_memory_bytes(const Fsdp *fsdp, size_t *shard_bytes, size_t *full_bytes);

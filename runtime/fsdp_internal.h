@@ -52,7 +52,7 @@ struct Fsdp {
     int n_tensors, n_units;
     Unit *units;
     size_t local_count;
-    float *params, *grads;
+    float *params, *grads;            /* grads NULL: without gradients (forward only) */
     Activation *compute;              /* NULL: the master is the compute copy */
     Slot slots[POOL_SLOTS];
     int n_slots;
@@ -64,6 +64,7 @@ struct Fsdp {
     DeviceCommWork **persistent_works; /* [n_units] persistent reduce-scatters this step */
     int n_persistent_works;
     size_t full_bytes;
+    bool without_gradients;           /* FsdpSpec.without_gradients */
 };
 
 /* Fills the unit's zero spans from its tensors' places (its layout made). */

@@ -90,7 +90,8 @@ static void expect_plan_equals_allocation(const Config *config, RankLayout layou
     int n_mine = 0;
     for (int c = layout.stage; c < C; c += layout.pp)
         mine[n_mine++] = spans[c];
-    const ModelSharding sharding = {NULL, mine, n_mine, config->fsdp.reshard_after_forward};
+    const ModelSharding sharding = {NULL, mine, n_mine, config->fsdp.reshard_after_forward,
+                                    false};
     Model *model = model_create_sharded(backend, &config->model, &config->residual,
                                         config->train.microbatch_size, config->train.seq_len,
                                         &sharding);
