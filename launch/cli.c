@@ -9,10 +9,22 @@
 #include "launch/plan.h"
 #include "launch/probe.h"
 #include "launch/train.h"
+#include "runtime/comm.h"
 #include "runtime/error.h"
 
 #include <stdio.h>
 #include <string.h>
+
+/* train and bench run as one job of the ranks mpirun starts; every other command is one
+ * process's work, which several ranks would each do whole (eval and probe each loading the
+ * whole model onto one GPU, convert writing one run directory at once). */
+static void require_one_process(const char *command)
+{
+    const int ranks = comm_size(comm_world());
+    if (ranks > 1)
+        fatal(EXIT_CONFIG, "fathom %s runs on one process, and mpirun started %d: run it "
+              "without mpirun", command, ranks);
+}
 
 int cli_main(int argc, char **argv)
 {
@@ -35,18 +47,20 @@ int cli_main(int argc, char **argv)
         return EXIT_DONE;
     if (!strcmp(command, "train"))
         return train_main(argc, argv);
-    if (!strcmp(command, "eval"))
-        return eval_main(argc, argv);
-    if (!strcmp(command, "probe"))
-        return probe_main(argc, argv);
     if (!strcmp(command, "bench"))
         return bench_main(argc, argv);
-    if (!strcmp(command, "inspect"))
-        return inspect_main(argc, argv);
-    if (!strcmp(command, "convert"))
-        return convert_main(argc, argv);
-    if (!strcmp(command, "plan"))
-        return plan_main(argc, argv);
+    static const struct {
+        const char *name;
+        int (*run)(int argc, char **argv);
+    } one_process[] = {
+        {"eval", eval_main},       {"probe", probe_main}, {"inspect", inspect_main},
+        {"convert", convert_main}, {"plan", plan_main},
+    };
+    for (size_t i = 0; i < sizeof one_process / sizeof one_process[0]; i++)
+        if (!strcmp(command, one_process[i].name)) {
+            require_one_process(command);
+            return one_process[i].run(argc, argv);
+        }
     help_print_overview(stderr);
     fatal(EXIT_CONFIG, "unknown command '%s' (fathom --help lists the commands)", command);
 }

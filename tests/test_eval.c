@@ -93,3 +93,17 @@ Test(eval, missing_checkpoint_exits_3)
     cr_assert_eq(code, 3, "exit %d:\n%s", code, output);
     cr_assert(strstr(output, "/nonexistent/run"), "%s", output);
 }
+
+/* Several ranks would each load the whole model onto one GPU and evaluate it all: eval (and
+ * probe, inspect, convert, plan) refuse mpirun, naming it. */
+Test(eval, under_mpirun_is_a_usage_error_naming_the_ranks, .timeout = 60)
+{
+    char command[1024];
+    snprintf(command, sizeof command,
+             "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe "
+             "-np 2 '%s' eval --checkpoint /nonexistent 2>&1", test_fathom_binary());
+    const int code = test_run_command(command, output, sizeof output);
+    cr_expect_eq(code, 2, "exit %d: %s", code, output);
+    cr_expect(strstr(output, "fathom eval runs on one process, and mpirun started 2"), "%s",
+              output);
+}
