@@ -420,3 +420,34 @@ double memory_plan_backend_bytes(const MemoryPlan *plan)
     return plan->parameters + plan->gradients + plan->compute_copy + plan->optimizer +
            plan->activations;
 }
+
+double memory_plan_evaluation_bytes(const Config *config, const Backend *backend)
+{
+    const ModelConfig *model = &config->model;
+    ParameterCount count;
+    memory_plan_count_parameters(&count, config);
+    const double E = memory_plan_rank_elements(&count, config, (RankLayout){1, 1, 0, 0});
+    const double compute = backend->activation_bytes == sizeof(float)
+                               ? 0 : (double)backend->activation_bytes;
+    ResidualPlan residual;
+    residual_plan_build(&residual, model, &config->residual);
+    ChunkSpan whole;
+    chunk_spans_build(&whole, 1, model, &residual, NULL, 0);
+    const StashShape shape = chunk_stash_shape(&whole, true);
+    /* sized per token first, as plan_activations does: exactly only where the size_t sums
+     * cannot wrap */
+    const int B = config->train.microbatch_size, T = config->train.seq_len;
+    const double rows = (double)B * T;
+    double activations =
+        ((double)stash_bytes(backend, model, &residual, 1, MEMORY_PLAN_ESTIMATE_ROWS, shape) +
+         (double)store_bytes(backend, model, &residual, 1, MEMORY_PLAN_ESTIMATE_ROWS, NULL) +
+         (double)scratch_bytes(backend, model, &residual, 1, MEMORY_PLAN_ESTIMATE_ROWS, true)) *
+        (rows / MEMORY_PLAN_ESTIMATE_ROWS);
+    if (activations < MEMORY_PLAN_BEYOND_ANY_MACHINE)
+        activations = (double)stash_bytes(backend, model, &residual, B, T, shape) +
+                      (double)store_bytes(backend, model, &residual, B, T, NULL) +
+                      (double)scratch_bytes(backend, model, &residual, B, T, true);
+    residual_plan_free(&residual);
+    const double rope = 2.0 * fmax((double)T * (model->head_dim / 2), 1) * sizeof(float);
+    return E * (sizeof(float) + compute) + activations + rope;
+}

@@ -84,6 +84,12 @@ typedef struct {
 void memory_plan_build(MemoryPlan *plan, const Config *config, const Backend *backend,
                        RankLayout layout);
 
+/* What `fathom eval` of a checkpoint of this config holds on its one
+ * process's backend (launch/inference.c): every parameter's fp32 master and compute copy,
+ * no gradients, and the whole network's checkpointed stash, its summary store and the
+ * checkpointed scratch for train.microbatch_size sequences. */
+double memory_plan_evaluation_bytes(const Config *config, const Backend *backend);
+
 /* What the backend holds (every category but host). */
 double memory_plan_backend_bytes(const MemoryPlan *plan);
 

@@ -131,6 +131,10 @@ int plan_main(int argc, char **argv)
         }
     }
     print_traffic(&config, cpu ? sizeof(float) : 2);
+    printf("fathom plan: fathom eval of a checkpoint of this config holds %.2f GiB "
+           "%s (the model for the forward only, microbatches of %d)\n",
+           memory_plan_evaluation_bytes(&config, backend) / (1 << 30),
+           cpu ? "of host memory" : "on one GPU", config.train.microbatch_size);
     printf("fathom plan: the largest stage holds %.2f GiB a rank%s", largest / (1 << 30),
            cpu ? " (host memory)" : " on its GPU");
     if (device.bytes > 0)

@@ -3,9 +3,11 @@
  */
 #include <criterion/criterion.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "launch/memory_plan.h"
+#include "model/model.h"
 #include "pipeline/traffic.h"
 #include "runtime/config.h"
 #include "tests/support.h"
@@ -119,4 +121,36 @@ Test(plan, a_vocabulary_size_of_auto_is_read_from_the_data_as_train_reads_it)
     char line[128];
     snprintf(line, sizeof line, "%.*s", (int)strcspn(largest, "\n"), largest);
     cr_expect(strstr(auto_plan, line), "'%s' not in the auto plan:\n%s", line, auto_plan);
+}
+
+/* `fathom eval` builds the model for the forward only, checkpointed (launch/inference.c):
+ * the plan's figure is what that model holds, byte for byte (its parameters, scratch, whole
+ * stash and store, and the RoPE tables), and the 8B job's checkpoint fits one 80 GB GPU. */
+Test(plan, the_evaluation_of_a_checkpoint_is_planned_as_the_forward_only_model_holds_it)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/launch/configs/demo_mhar_delta.yaml", test_source_dir());
+    const char *overrides[] = {"model.d_model=64", "model.head_dim=16", "train.seq_len=48",
+                               "train.microbatch_size=3", "train.global_batch_size=6"};
+    Config config;
+    config_load(&config, path, overrides, 5, 1);
+    const ModelSharding forward_only = {.forward_only = true};
+    Model *model = model_create_sharded(backend_cpu(), &config.model, &config.residual,
+                                        config.train.microbatch_size, config.train.seq_len,
+                                        &forward_only);
+    model_set_activation_checkpointing(model, true);
+    size_t parameters, activations;
+    model_memory_bytes(model, &parameters, &activations);
+    const double rope = 2.0 * config.train.seq_len * (config.model.head_dim / 2) * sizeof(float);
+    cr_expect_eq(memory_plan_evaluation_bytes(&config, backend_cpu()),
+                 (double)parameters + (double)activations + rope);
+    model_destroy(model);
+
+    char output[16384];
+    cr_assert_eq(run_plan("", output, sizeof output), 0, "%s", output);
+    const char *line = strstr(output, "fathom eval of a checkpoint of this config holds ");
+    cr_assert_not_null(line, "%s", output);
+    const double gib = strtod(line + strlen("fathom eval of a checkpoint of this config holds "),
+                              NULL);
+    cr_expect(gib > 40 && gib < 80, "the 8B job's checkpoint: %g GiB", gib);
 }
