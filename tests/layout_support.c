@@ -59,6 +59,17 @@ int layout_weights_agree(const char *run_a, const char *run_b, char *output)
     return test_run_command(command, output, LAYOUT_OUTPUT_CAPACITY);
 }
 
+void expect_step_losses_equal(const char *run_dir, const double *single, const char *label)
+{
+    double losses[LAYOUT_STEPS];
+    int steps[LAYOUT_STEPS];
+    cr_assert_eq(metrics_read_losses(run_dir, losses, steps, LAYOUT_STEPS), LAYOUT_STEPS,
+                 "%s", label);
+    for (int s = 0; s < LAYOUT_STEPS; s++)
+        cr_expect(fabs(losses[s] - single[s]) <= 1e-5 * fabs(single[s]),
+                  "%s: step %d loss %.9g, one rank %.9g", label, s + 1, losses[s], single[s]);
+}
+
 /* Trains `config` + `network` on one rank, then on each layout (ranks, overrides), and
  * holds every layout's losses and step-5 weights to the one-rank run's. */
 void expect_layouts_equal_single(const char *config, const char *network,
@@ -68,7 +79,7 @@ void expect_layouts_equal_single(const char *config, const char *network,
     runs_begin(&runs, tag);
     cr_assert_eq(layout_train(1, config, network, runs.single, runs.output), 0, "%s",
                  runs.output);
-    double single[LAYOUT_STEPS], losses[LAYOUT_STEPS];
+    double single[LAYOUT_STEPS];
     int steps[LAYOUT_STEPS];
     cr_assert_eq(metrics_read_losses(runs.single, single, steps, LAYOUT_STEPS), LAYOUT_STEPS);
     for (int l = 0; l < n; l++) {
@@ -77,11 +88,9 @@ void expect_layouts_equal_single(const char *config, const char *network,
         test_remove_tree(runs.layout);
         cr_assert_eq(layout_train(layouts[l].ranks, config, extra, runs.layout, runs.output), 0,
                      "%s %s\n%s", config, extra, runs.output);
-        cr_assert_eq(metrics_read_losses(runs.layout, losses, steps, LAYOUT_STEPS), LAYOUT_STEPS);
-        for (int s = 0; s < LAYOUT_STEPS; s++)
-            cr_expect(fabs(losses[s] - single[s]) <= 1e-5 * fabs(single[s]),
-                      "%s %s: step %d loss %.9g, one rank %.9g", config, extra, s + 1,
-                      losses[s], single[s]);
+        char label[1300];
+        snprintf(label, sizeof label, "%s %s", config, extra);
+        expect_step_losses_equal(runs.layout, single, label);
         cr_expect_eq(layout_weights_agree(runs.layout, runs.single, runs.output), 0, "%s %s: %s",
                      config, extra, runs.output);
     }

@@ -44,6 +44,10 @@ typedef struct {
     const char *overrides;
 } Layout;
 
+/* Expects the LAYOUT_STEPS step losses of `run_dir` to be `single`'s, to relative 1e-5
+ * (Criterion expectations naming `label`). */
+void expect_step_losses_equal(const char *run_dir, const double *single, const char *label);
+
 /* Trains `config` + `network` on one rank, then on each layout, and expects every layout's
  * losses (each step) and last weights to equal the one-rank run's (Criterion expectations). */
 void expect_layouts_equal_single(const char *config, const char *network,

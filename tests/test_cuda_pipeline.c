@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "tests/gpu_support.h"
+#include "tests/layout_support.h"
 #include "tests/pipeline_support.h"
 #include "tests/support.h"
 #include "tests/train_support.h"
@@ -90,29 +91,25 @@ Test(cuda_pipeline, pp2_v2_on_one_gpu_follows_one_rank_mhar_delta)
 Test(cuda_pipeline, pp2_v2_evaluation_on_one_gpu_follows_one_rank_mhar_delta)
 {
     gpu_require();
-    char root[256], single[300], multi[300];
-    test_make_temp_dir(root, "cuda-pp2v2-eval");
-    snprintf(single, sizeof single, "%s/single", root);
-    snprintf(multi, sizeof multi, "%s/layout", root);
+    Runs runs;
+    runs_begin(&runs, "cuda-pp2v2-eval");
     const char *evaluation = "--set eval.every=5 --set eval.samples=8";
     char layout[512];
     snprintf(layout, sizeof layout, "%s --set parallel.pp=2 --set parallel.virtual_stages=2 "
              "--set parallel.schedule=interleaved", evaluation);
-    char *output = malloc(OUTPUT_CAPACITY);
-    cr_assert_eq(pipeline_train(1, "demo_mhar_delta", COMMON, evaluation, single, output,
-                                OUTPUT_CAPACITY), 0, "%s", output);
-    cr_assert_eq(pipeline_train(2, "demo_mhar_delta", COMMON, layout, multi, output,
-                                OUTPUT_CAPACITY), 0, "%s", output);
+    cr_assert_eq(pipeline_train(1, "demo_mhar_delta", COMMON, evaluation, runs.single,
+                                runs.output, LAYOUT_OUTPUT_CAPACITY), 0, "%s", runs.output);
+    cr_assert_eq(pipeline_train(2, "demo_mhar_delta", COMMON, layout, runs.layout, runs.output,
+                                LAYOUT_OUTPUT_CAPACITY), 0, "%s", runs.output);
     double one, two;
     int step;
-    cr_assert_eq(metrics_read_val_losses(single, &one, &step, 1), 1);
-    cr_assert_eq(metrics_read_val_losses(multi, &two, &step, 1), 1);
+    cr_assert_eq(metrics_read_val_losses(runs.single, &one, &step, 1), 1);
+    cr_assert_eq(metrics_read_val_losses(runs.layout, &two, &step, 1), 1);
     const double relative = fabs(two - one) / fabs(one);
     printf("cuda pipeline evaluation pp2 v2: val_loss %.6g, one rank %.6g, relative %.3g\n",
            two, one, relative);
     cr_expect(relative <= 1e-2, "val_loss %.6g against one rank %.6g", two, one);
-    free(output);
-    test_remove_tree(root);
+    runs_end(&runs);
 }
 
 Test(cuda_pipeline, pp2_with_checkpointing_on_one_gpu_follows_one_rank_block_mhar)

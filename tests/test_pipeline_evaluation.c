@@ -28,8 +28,7 @@ static void expect_layouts_evaluate_as_single(const char *config, const Layout *
     runs_begin(&runs, tag);
     cr_assert_eq(layout_train(1, config, EVALUATION, runs.single, runs.output), 0, "%s",
                  runs.output);
-    double single[EVALUATIONS + 1], got[EVALUATIONS + 1];
-    double single_losses[LAYOUT_STEPS], losses[LAYOUT_STEPS];
+    double single[EVALUATIONS + 1], got[EVALUATIONS + 1], single_losses[LAYOUT_STEPS];
     int steps[EVALUATIONS + 1], got_steps[EVALUATIONS + 1], loss_steps[LAYOUT_STEPS];
     cr_assert_eq(metrics_read_val_losses(runs.single, single, steps, EVALUATIONS + 1),
                  EVALUATIONS);
@@ -49,12 +48,9 @@ static void expect_layouts_evaluate_as_single(const char *config, const Layout *
                       "%s %s: val_loss after step %d %.9g, one rank %.9g", config, extra,
                       steps[e], got[e], single[e]);
         }
-        cr_assert_eq(metrics_read_losses(runs.layout, losses, loss_steps, LAYOUT_STEPS),
-                     LAYOUT_STEPS);
-        for (int s = 0; s < LAYOUT_STEPS; s++)
-            cr_expect(fabs(losses[s] - single_losses[s]) <= 1e-5 * fabs(single_losses[s]),
-                      "%s %s: step %d loss %.9g, one rank %.9g", config, extra, s + 1,
-                      losses[s], single_losses[s]);
+        char label[1300];
+        snprintf(label, sizeof label, "%s %s", config, extra);
+        expect_step_losses_equal(runs.layout, single_losses, label);
     }
     runs_end(&runs);
 }
