@@ -81,73 +81,83 @@ __host__ __device__ __forceinline__ int block_walk_rows(int n_sources, int n_sit
  * coefficients do: loaded where they were used, they left the walker waiting on DRAM for a
  * third of its stall samples (2026-12-02). Unrolled to MAXN and G_MAX, so that every row's
  * address comes from the kernel's parameters where it is used. */
-template <int MAXN>
+template <int MAXN, int SITES>
 __device__ __forceinline__ void block_walk_fetch(float *stage, BfVector<BLOCK_WALK_VEC> *rows,
                                                  const BlockWalkArgs &args, long long t,
                                                  int last, int first_head, int span, bool valid)
 {
-    constexpr int VEC = BLOCK_WALK_VEC;
-    const int N = args.n_sources, G = args.n_sites, per_head = 2 * G;
-    const int row = span * per_head, count = N * row + N, source_stride = args.heads * per_head;
+    constexpr int VEC = BLOCK_WALK_VEC, THREADS = BLOCK_WALK_THREADS;
+    constexpr int G_LOOP = SITES ? SITES : CUDA_BLOCK_MAX_SITES;
+    const int N = args.n_sources, G = SITES ? SITES : args.n_sites, per_head = 2 * G;
+    const int row = span * per_head, source_stride = args.heads * per_head;
     if (t < last) {
         const float *coefficients =
             args.coefficients + (t * N * args.heads + first_head) * per_head;
-        const float *self_terms = args.self_terms + t * N;
-        for (int j = threadIdx.x; j < count; j += blockDim.x) {
-            const int n = j / row;
-            const float *from = n < N ? coefficients + (long long)n * source_stride + (j - n * row)
-                                      : self_terms + (j - N * row);
-            const unsigned to = (unsigned)__cvta_generic_to_shared(stage + j);
-            asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(to), "l"(from)
-                         : "memory");
+        /* source by source (no division to find a float's source), then the self terms */
+#pragma unroll
+        for (int n = 0; n <= MAXN; n++) {
+            if (n > N)
+                continue;
+            const bool self = n == N;
+            const float *from = self ? args.self_terms + t * N
+                                     : coefficients + (long long)n * source_stride;
+            float *to_floats = stage + n * row;
+#pragma unroll 1
+            for (int j = threadIdx.x; j < (self ? N : row); j += THREADS) {
+                const unsigned to = (unsigned)__cvta_generic_to_shared(to_floats + j);
+                asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(to),
+                             "l"(from + j)
+                             : "memory");
+            }
         }
         if (valid) {
-            const long long at = t * (args.d / VEC) + blockIdx.x * blockDim.x + threadIdx.x;
+            const long long at = t * (args.d / VEC) + blockIdx.x * THREADS + threadIdx.x;
             BfVector<VEC> *mine = rows + threadIdx.x;
 #pragma unroll
-            for (int i = 0; i < CUDA_BLOCK_MAX_SITES; i++)
-                if (i < G)
-                    copy_vector_async<VEC>(mine + i * blockDim.x, args.douts[i], at);
+            for (int i = 0; i < G_LOOP; i++)
+                if (SITES || i < G)
+                    copy_vector_async<VEC>(mine + i * THREADS, args.douts[i], at);
 #pragma unroll
             for (int n = 0; n < MAXN; n++) {
                 if (n >= N)
                     continue;
-                copy_vector_async<VEC>(mine + (G + n) * blockDim.x, args.sources[n], at);
+                copy_vector_async<VEC>(mine + (G + n) * THREADS, args.sources[n], at);
                 if (args.dsources[n])
-                    copy_vector_async<VEC>(mine + (G + N + n) * blockDim.x, args.dsources[n], at);
+                    copy_vector_async<VEC>(mine + (G + N + n) * THREADS, args.dsources[n], at);
             }
         }
     }
     copy_async_commit();
 }
 
-template <int MAXN>
+template <int MAXN, int SITES>
 __global__ void __launch_bounds__(BLOCK_WALK_THREADS, 4)
     route_block_walk_kernel(const __grid_constant__ BlockWalkArgs args)
 {
-    constexpr int G_MAX = CUDA_BLOCK_MAX_SITES, VEC = BLOCK_WALK_VEC;
+    constexpr int G_MAX = SITES ? SITES : CUDA_BLOCK_MAX_SITES, VEC = BLOCK_WALK_VEC;
+    constexpr int THREADS = BLOCK_WALK_THREADS;
     /* [2][count] floats: a token's coefficients, then e_n; then [2][G + 2N][threads] rows */
     extern __shared__ __align__(16) float staged[];
-    const int N = args.n_sources, G = args.n_sites, d = args.d;
+    const int N = args.n_sources, G = SITES ? SITES : args.n_sites, d = args.d;
     int first_head, last_head;
     block_walk_heads(blockIdx.x, d, args.head_dim, &first_head, &last_head);
     const int span = last_head - first_head + 1;
     const int count = N * span * 2 * G + N;
-    const int stage_rows = block_walk_rows(N, G) * blockDim.x;
+    const int stage_rows = block_walk_rows(N, G) * THREADS;
     BfVector<VEC> *rows = reinterpret_cast<BfVector<VEC> *>(staged + 2 * count);
-    const int u = blockIdx.x * blockDim.x + threadIdx.x; /* this thread's vector */
+    const int u = blockIdx.x * THREADS + threadIdx.x; /* this thread's vector */
     const int range = blockIdx.y;
     const bool valid = u * VEC < d; /* idle threads still stage and meet the barriers */
     const int h = valid ? u * VEC / args.head_dim : 0;
     const int first = (int)((long long)args.tokens * range / args.ranges);
     const int last = (int)((long long)args.tokens * (range + 1) / args.ranges);
     /* the first token travels while q*g is made */
-    block_walk_fetch<MAXN>(staged, rows, args, first, last, first_head, span, valid);
+    block_walk_fetch<MAXN, SITES>(staged, rows, args, first, last, first_head, span, valid);
     float key_weight[G_MAX][VEC], channel_sums[G_MAX][VEC];
 #pragma unroll
     for (int i = 0; i < G_MAX; i++) {
         float q[VEC] = {0}, g[VEC] = {0};
-        if (i < G && valid) {
+        if ((SITES || i < G) && valid) {
             vector_to_floats<VEC>(vector_load<VEC>(args.query[i], u), q);
             vector_to_floats<VEC>(vector_load<VEC>(args.key_norm[i], u), g);
         }
@@ -162,8 +172,8 @@ __global__ void __launch_bounds__(BLOCK_WALK_THREADS, 4)
         const int half = (int)((t - first) & 1);
         /* every thread is done with the other half (token t - 1) before it is refilled */
         __syncthreads();
-        block_walk_fetch<MAXN>(staged + (half ^ 1) * count, rows + (half ^ 1) * stage_rows, args,
-                               t + 1, last, first_head, span, valid);
+        block_walk_fetch<MAXN, SITES>(staged + (half ^ 1) * count, rows + (half ^ 1) * stage_rows,
+                                      args, t + 1, last, first_head, span, valid);
         copy_async_wait<1>(); /* this thread's share of token t has landed */
         __syncthreads();      /* and everyone's */
         const long long at = t * vectors + u;
@@ -172,7 +182,8 @@ __global__ void __launch_bounds__(BLOCK_WALK_THREADS, 4)
         float dy[G_MAX][VEC]; /* converted once: every source reads every site's d x */
 #pragma unroll
         for (int i = 0; i < G_MAX; i++)
-            vector_to_floats<VEC>(i < G && valid ? mine[i * blockDim.x] : vector_zero<VEC>(),
+            vector_to_floats<VEC>((SITES || i < G) && valid ? mine[i * THREADS]
+                                                            : vector_zero<VEC>(),
                                   dy[i]);
 #pragma unroll
         for (int n = 0; n < MAXN; n++) {
@@ -181,18 +192,20 @@ __global__ void __launch_bounds__(BLOCK_WALK_THREADS, 4)
             const float *coefficient = stage + (n * span + h - first_head) * (2 * G);
             const float self = stage[count - N + n];
             float x[VEC], grad[VEC];
-            vector_to_floats<VEC>(mine[(G + n) * blockDim.x], x);
-            vector_to_floats<VEC>(args.dsources[n] ? mine[(G + N + n) * blockDim.x]
+            vector_to_floats<VEC>(mine[(G + n) * THREADS], x);
+            vector_to_floats<VEC>(args.dsources[n] ? mine[(G + N + n) * THREADS]
                                                    : vector_zero<VEC>(),
                                   grad);
 #pragma unroll
             for (int i = 0; i < G_MAX; i++) {
-                if (i >= G)
+                if (!SITES && i >= G)
                     continue;
                 const float value = coefficient[i], key = coefficient[G + i];
 #pragma unroll
                 for (int k = 0; k < VEC; k++) {
-                    grad[k] += value * dy[i][k] + key * key_weight[i][k];
+                    /* two fused multiply-adds, not (value dy + key q g) added: a third
+                     * fewer operations in the walker's inner loop */
+                    grad[k] = fmaf(key, key_weight[i][k], fmaf(value, dy[i][k], grad[k]));
                     channel_sums[i][k] += key * x[k];
                 }
             }
@@ -208,7 +221,7 @@ __global__ void __launch_bounds__(BLOCK_WALK_THREADS, 4)
         return;
 #pragma unroll
     for (int i = 0; i < G_MAX; i++) {
-        if (i >= G)
+        if (!SITES && i >= G)
             continue;
         float *partial = args.partials + ((long long)i * args.ranges + range) * d + u * VEC;
 #pragma unroll
@@ -275,6 +288,28 @@ static size_t block_walk_shared_bytes(int n_sources, int n_sites, int span)
                                BLOCK_WALK_THREADS * BLOCK_WALK_VEC * 2;
 }
 
+template <int MAXN, int SITES>
+static void block_walk_launch_sites(const BlockWalkArgs &walk, dim3 grid, size_t staged,
+                                    cudaStream_t stream)
+{
+    static bool attribute_set; /* one flag for each instance */
+    if (!attribute_set) {
+        CUDA_CHECK(cudaFuncSetAttribute(route_block_walk_kernel<MAXN, SITES>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)block_walk_shared_bytes(MAXN, CUDA_BLOCK_MAX_SITES,
+                                                                     BLOCK_WALK_MAX_SPAN)));
+        attribute_set = true;
+    }
+    route_block_walk_kernel<MAXN, SITES><<<grid, BLOCK_WALK_THREADS, staged, stream>>>(walk);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* The blocks of 2 and 4 layers (4 and 8 sites) take kernels with their site count fixed
+ * at compile time: the loops over sites lose their tests and the rows' offsets become
+ * constants (at N 3, G 4 a token took about 700 instructions a thread with G known only at
+ * run time, the FP work being a third of them; docs/performance.md, 2026-12-05). Other
+ * counts (a short last block) take the kernel that reads G from its arguments. The sums
+ * are the same in the same order: the same bits either way. */
 template <int MAXN>
 static void block_walk_launch(const BlockWalkArgs &walk, int n_sources, int n_sites,
                               cudaStream_t stream)
@@ -288,16 +323,12 @@ static void block_walk_launch(const BlockWalkArgs &walk, int n_sources, int n_si
     }
     const dim3 grid((unsigned)chunks, (unsigned)walk.ranges);
     const size_t staged = block_walk_shared_bytes(n_sources, n_sites, span);
-    static bool attribute_set; /* one flag for each MAXN */
-    if (!attribute_set) {
-        CUDA_CHECK(cudaFuncSetAttribute(route_block_walk_kernel<MAXN>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)block_walk_shared_bytes(MAXN, CUDA_BLOCK_MAX_SITES,
-                                                                     BLOCK_WALK_MAX_SPAN)));
-        attribute_set = true;
-    }
-    route_block_walk_kernel<MAXN><<<grid, BLOCK_WALK_THREADS, staged, stream>>>(walk);
-    CUDA_CHECK_LAUNCH();
+    if (n_sites == 4)
+        block_walk_launch_sites<MAXN, 4>(walk, grid, staged, stream);
+    else if (n_sites == 8)
+        block_walk_launch_sites<MAXN, 8>(walk, grid, staged, stream);
+    else
+        block_walk_launch_sites<MAXN, 0>(walk, grid, staged, stream);
 }
 
 void route_block_backward_fast(bf16 *const *dsources, float *const *dqueries,
