@@ -93,17 +93,17 @@ __device__ __forceinline__ void block_walk_fetch(float *stage, BfVector<BLOCK_WA
     if (t < last) {
         const float *coefficients =
             args.coefficients + (t * N * args.heads + first_head) * per_head;
-        /* source by source (no division to find a float's source), then the self terms */
-#pragma unroll
-        for (int n = 0; n <= MAXN; n++) {
-            if (n > N)
-                continue;
+        /* warp w stages sources w, w + 4, ... (a float's source found without a division,
+         * and each warp walks a quarter of them), the self terms as source N */
+        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll 1
+        for (int n = warp; n <= N; n += THREADS / 32) {
             const bool self = n == N;
             const float *from = self ? args.self_terms + t * N
                                      : coefficients + (long long)n * source_stride;
             float *to_floats = stage + n * row;
 #pragma unroll 1
-            for (int j = threadIdx.x; j < (self ? N : row); j += THREADS) {
+            for (int j = lane; j < (self ? N : row); j += 32) {
                 const unsigned to = (unsigned)__cvta_generic_to_shared(to_floats + j);
                 asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(to),
                              "l"(from + j)
