@@ -156,7 +156,9 @@ Test(cuda_backend_ops, sum_rows_adds_the_cpu_column_sums)
 
 /* ---- RMSNorm: shape rows, d ---- */
 
-static const int rmsnorm_shapes[][2] = {{7, 40}, {33, 100}};
+/* rows of a warp (d <= 1024), of a warp over five chunks (d <= 1280: the 1B width, and a
+ * width that is not a multiple of 8), of a block */
+static const int rmsnorm_shapes[][2] = {{7, 40}, {33, 100}, {9, 1280}, {6, 1100}, {3, 2056}};
 
 static void run_rmsnorm_forward(const Backend *b, void *const *p, const OpCase *c)
 {
@@ -184,7 +186,7 @@ static void prepare_rmsnorm_backward(OpCase *c)
 Test(cuda_backend_ops, rmsnorm_forward_matches_cpu)
 {
     gpu_require();
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < (int)(sizeof rmsnorm_shapes / sizeof rmsnorm_shapes[0]); i++) {
         const int rows = rmsnorm_shapes[i][0], d = rmsnorm_shapes[i][1];
         OpCase c = op_case("rmsnorm_forward", run_rmsnorm_forward);
         c.shape[0] = rows, c.shape[1] = d;
@@ -199,7 +201,7 @@ Test(cuda_backend_ops, rmsnorm_forward_matches_cpu)
 Test(cuda_backend_ops, rmsnorm_backward_adds_the_cpu_gradients)
 {
     gpu_require();
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < (int)(sizeof rmsnorm_shapes / sizeof rmsnorm_shapes[0]); i++) {
         const int rows = rmsnorm_shapes[i][0], d = rmsnorm_shapes[i][1];
         OpCase c = op_case("rmsnorm_backward", run_rmsnorm_backward);
         c.shape[0] = rows, c.shape[1] = d;
@@ -230,12 +232,13 @@ static void prepare_rmsnorm_backward_branch(OpCase *c)
 
 /* dx is an output (poisoned first: the op must write it), the branch accumulates; rows
  * of a warp (d <= 1024) and of a whole block, vector and not */
-static const int rmsnorm_branch_shapes[][2] = {{7, 40}, {33, 100}, {5, 2056}, {3, 4100}};
+static const int rmsnorm_branch_shapes[][2] = {{7, 40}, {33, 100}, {5, 2056}, {3, 4100},
+                                               {9, 1280}, {6, 1100}};
 
 Test(cuda_backend_ops, rmsnorm_backward_branch_writes_the_cpu_gradient_and_adds_it_to_the_branch)
 {
     gpu_require();
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < (int)(sizeof rmsnorm_branch_shapes / sizeof rmsnorm_branch_shapes[0]); i++) {
         const int rows = rmsnorm_branch_shapes[i][0], d = rmsnorm_branch_shapes[i][1];
         OpCase c = op_case("rmsnorm_backward_branch", run_rmsnorm_backward_branch);
         c.shape[0] = rows, c.shape[1] = d;

@@ -443,8 +443,8 @@ static void check_add_scaled_rmsnorm(int rows, int d, float alpha, uint64_t seed
     op_check(&c, seed);
 }
 
-/* rows of a block of 256 threads (d 4096 and 1280, two and one chunk), of a warp (d 24),
- * and a width that is no multiple of 8 (the scalar path) */
+/* rows of a block of 256 threads (d 4096, two chunks), of a warp over five chunks (d 1280),
+ * of a warp (d 24), and a width that is no multiple of 8 (the scalar path) */
 static const int gate_norm_shapes[][2] = {{33, 4096}, {17, 1280}, {5, 24}, {9, 100}};
 
 Test(cuda_route_block, add_scaled_rmsnorm_forward_is_the_gate_then_the_norm)

@@ -402,6 +402,8 @@ int main(int argc, char **argv)
     bool matmul_only = argc > 1 && !strcmp(argv[1], "matmul");
     /* `fathom-kernel-bench optimizer`: AdamW and the clipping norm alone */
     bool optimizer_only = argc > 1 && !strcmp(argv[1], "optimizer");
+    /* `fathom-kernel-bench norm`: RMSNorm alone, at the 8B width and the 1B microbatch */
+    bool norm_only = argc > 1 && !strcmp(argv[1], "norm");
     const char *variant = attention_only && argc > 2 ? argv[2] : NULL;
     if (variant && !attention_variant_known(variant)) {
         fprintf(stderr, "fathom-kernel-bench: unknown attention variant %s (grouped, specialised, "
@@ -426,6 +428,11 @@ int main(int argc, char **argv)
         bench_attention(2, 4096, 32, 8, 64, variant);
         return 0;
     }
+    if (norm_only) {
+        bench_rmsnorm(4096, 4096);
+        bench_rmsnorm(8192, 1280);
+        return 0;
+    }
     if (optimizer_only) {
         bench_optimizer((size_t)218 << 20);
         return 0;
@@ -444,6 +451,7 @@ int main(int argc, char **argv)
     bench_attention(32, 1024, 16, 8, 80, NULL);
     bench_rmsnorm(4096, 4096);
     bench_rmsnorm(8192, 4096); /* the graft's microbatch */
+    bench_rmsnorm(8192, 1280); /* the 1B step's microbatch */
     bench_swiglu(4096, 14336);
     bench_optimizer((size_t)218 << 20);
     cuda_matmul_destroy();

@@ -14,8 +14,11 @@
  *
  * Layout: a "row team" of ROW_THREADS threads handles one row at a time, each thread CHUNKS
  * groups of 8 columns held in registers, so a row is read from memory once. Narrow rows
- * (d <= 1024, e.g. per-head q/k norms) get a warp each, eight rows to a block; wide rows
- * (d <= 8192) get the whole 256-thread block. The row sums use row_sum (fixed order).
+ * (d <= 1024, e.g. per-head q/k norms) get a warp each, eight rows to a block; so do rows of
+ * up to 1280 (the 1B model's width), five chunks a lane: as a block's row they left 96 of
+ * 256 threads idle and a block barrier in every row sum, and the backward at 8192 x 1280
+ * moved 1.6 TB/s (docs/performance.md, 2026-12-05). Wider rows (d <= 8192) get the whole
+ * 256-thread block. The row sums use row_sum (fixed order).
  *
  * dweight without atomics: rows are cut into groups of consecutive rows, one team per group;
  * a team adds its rows' dout * xhat per column in row order in registers and writes the
@@ -32,6 +35,10 @@ enum {
     RMSNORM_THREADS = 256,      /* every launch of the first pass */
     RMSNORM_MAX_D = 8192,       /* 256 threads x 4 chunks x 8 columns */
     RMSNORM_TARGET_WARPS = 4096, /* first-pass work, in warps, that sets the group size */
+    RMSNORM_WARP_MAX_D = 1280,   /* the widest row a warp takes (5 chunks a lane) */
+    /* groups of the backward at warp teams of more than 4 chunks: each group writes a
+     * partial row of d floats, so fewer, longer groups (8 rows each at 8192 rows) */
+    RMSNORM_WIDE_WARP_GROUPS = 1024,
     REDUCE_COLUMNS = 32,        /* second pass: columns of a block ... */
     REDUCE_SLICES = 32,         /* ... and interleaved slices of the partials */
 };
@@ -39,7 +46,7 @@ enum {
 /* The row-team shape for a width d. */
 typedef struct RmsnormShape {
     int row_threads; /* 32 or RMSNORM_THREADS */
-    int chunks;      /* 1, 2 or 4 */
+    int chunks;      /* 1, 2 or 4; 5 for a warp team over 1024 < d <= 1280 */
 } RmsnormShape;
 
 static RmsnormShape rmsnorm_shape(int d)
@@ -49,16 +56,17 @@ static RmsnormShape rmsnorm_shape(int d)
               "rmsnorm on the cuda backend takes rows of at most %d values, got d = %d",
               RMSNORM_MAX_D, d);
     RmsnormShape shape;
-    shape.row_threads = d <= 32 * 4 * 8 ? 32 : RMSNORM_THREADS;
+    shape.row_threads = d <= RMSNORM_WARP_MAX_D ? 32 : RMSNORM_THREADS;
     int needed = (d + shape.row_threads * 8 - 1) / (shape.row_threads * 8);
-    shape.chunks = needed <= 1 ? 1 : needed <= 2 ? 2 : 4;
+    shape.chunks = needed <= 1 ? 1 : needed <= 2 ? 2 : needed <= 4 ? 4 : 5;
     return shape;
 }
 
 /* Rows per group in the backward: enough groups for RMSNORM_TARGET_WARPS warps of work. */
 static int rmsnorm_rows_per_group(int rows, RmsnormShape shape)
 {
-    int target_groups = RMSNORM_TARGET_WARPS / (shape.row_threads / 32);
+    int target_groups = shape.chunks == 5 ? RMSNORM_WIDE_WARP_GROUPS
+                                          : RMSNORM_TARGET_WARPS / (shape.row_threads / 32);
     int per_group = (rows + target_groups - 1) / target_groups;
     return per_group < 1 ? 1 : per_group;
 }
@@ -193,10 +201,13 @@ __global__ void __launch_bounds__(RMSNORM_THREADS)
             dweight_sum[chunk][k] = 0.0f;
     }
 
+    /* a warp over 5 chunks holds no second row: with it, more than 255 registers (spills);
+     * without it 255, so eight warps a multiprocessor, each with its own row in flight */
+    constexpr bool PREFETCH = CHUNKS <= 4;
     NormRowInputs<CHUNKS> current, next;
     norm_row_load<ROW_THREADS, CHUNKS, VECTOR>(current, x, dout, extra, rstd, first, d, lane);
     for (int row = first; row < last; row++) {
-        if (row + 1 < last)
+        if (PREFETCH && row + 1 < last)
             norm_row_load<ROW_THREADS, CHUNKS, VECTOR>(next, x, dout, extra, rstd, row + 1, d,
                                                        lane);
         bfloat *dx_row = dx + (size_t)row * d;
@@ -246,7 +257,11 @@ __global__ void __launch_bounds__(RMSNORM_THREADS)
             }
             store8<VECTOR>(dx_row, column, d, dxs);
         }
-        current = next;
+        if (PREFETCH)
+            current = next;
+        else if (row + 1 < last)
+            norm_row_load<ROW_THREADS, CHUNKS, VECTOR>(current, x, dout, extra, rstd, row + 1,
+                                                       d, lane);
     }
 
     float *partial_row = partials + (size_t)group * d;
@@ -279,7 +294,8 @@ __global__ void __launch_bounds__(REDUCE_COLUMNS *REDUCE_SLICES)
 }
 
 /* The kernels are instantiated for each row-team shape; these tables pick the instance.
- * Index: [row_threads == 32 ? 0 : 1][chunks 1, 2, 4 -> 0, 1, 2]. */
+ * Index: [row_threads == 32 ? 0 : 1][chunks 1, 2, 4, 5 -> 0, 1, 2, 3]; a block team never
+ * takes 5 chunks (rmsnorm_shape). */
 typedef void (*ForwardLaunch)(bool vector, unsigned blocks, cudaStream_t stream, bfloat *out,
                               float *rstd, const NormInput &input, const bfloat *weight,
                               int rows, int d, float eps);
@@ -317,15 +333,16 @@ static void launch_backward(bool vector, unsigned blocks, cudaStream_t stream, b
     CUDA_CHECK_LAUNCH();
 }
 
-static const ForwardLaunch forward_launches[2][3] = {
-    {launch_forward<32, 1>, launch_forward<32, 2>, launch_forward<32, 4>},
+static const ForwardLaunch forward_launches[2][4] = {
+    {launch_forward<32, 1>, launch_forward<32, 2>, launch_forward<32, 4>, launch_forward<32, 5>},
     {launch_forward<RMSNORM_THREADS, 1>, launch_forward<RMSNORM_THREADS, 2>,
-     launch_forward<RMSNORM_THREADS, 4>},
+     launch_forward<RMSNORM_THREADS, 4>, NULL},
 };
-static const BackwardLaunch backward_launches[2][3] = {
-    {launch_backward<32, 1>, launch_backward<32, 2>, launch_backward<32, 4>},
+static const BackwardLaunch backward_launches[2][4] = {
+    {launch_backward<32, 1>, launch_backward<32, 2>, launch_backward<32, 4>,
+     launch_backward<32, 5>},
     {launch_backward<RMSNORM_THREADS, 1>, launch_backward<RMSNORM_THREADS, 2>,
-     launch_backward<RMSNORM_THREADS, 4>},
+     launch_backward<RMSNORM_THREADS, 4>, NULL},
 };
 
 static int team_index(RmsnormShape shape)
@@ -335,7 +352,7 @@ static int team_index(RmsnormShape shape)
 
 static int chunk_index(RmsnormShape shape)
 {
-    return shape.chunks == 1 ? 0 : shape.chunks == 2 ? 1 : 2;
+    return shape.chunks == 1 ? 0 : shape.chunks == 2 ? 1 : shape.chunks == 4 ? 2 : 3;
 }
 
 static void rmsnorm_forward_launch(bf16 *out, float *rstd, const NormInput &input,
