@@ -74,13 +74,14 @@ __host__ __device__ __forceinline__ int block_walk_rows(int n_sources, int n_sit
 }
 
 /* Starts the copies of token t's coefficients of this block's heads, [N][span][2G] out of
- * [N][H][2G], and its self terms [N] into `stage` (every thread a share, 4 bytes each), and
+ * [N][H][2G], and its self terms [N] into `stage` (a warp a source, 4 bytes a lane), and
  * of this thread's vector of the token's rows into its own slots of `rows`, then commits;
  * an empty group past the range. A block of 512 channels at H 8 stages one head of the
  * eight, an eighth of the token's coefficients. The rows travel a token ahead as the
  * coefficients do: loaded where they were used, they left the walker waiting on DRAM for a
  * third of its stall samples (2026-12-02). Unrolled to MAXN and G_MAX, so that every row's
- * address comes from the kernel's parameters where it is used. */
+ * address comes from the kernel's parameters where it is used. SITES: G when the launch
+ * fixed it (block_walk_launch), 0 when it is read from the arguments. */
 template <int MAXN, int SITES>
 __device__ __forceinline__ void block_walk_fetch(float *stage, BfVector<BLOCK_WALK_VEC> *rows,
                                                  const BlockWalkArgs &args, long long t,
