@@ -152,7 +152,8 @@ struct NormRowInputs {
     float rstd;
 };
 
-template <int ROW_THREADS, int CHUNKS, bool VECTOR>
+/* Loads x, dout and rstd of `row`, and the extra row too where WITH_EXTRA. */
+template <int ROW_THREADS, int CHUNKS, bool VECTOR, bool WITH_EXTRA>
 __device__ __forceinline__ void norm_row_load(NormRowInputs<CHUNKS> &in, const bfloat *x,
                                               const bfloat *dout, const bfloat *extra,
                                               const float *rstd, int row, int d, int lane)
@@ -163,10 +164,23 @@ __device__ __forceinline__ void norm_row_load(NormRowInputs<CHUNKS> &in, const b
         const int column = (chunk * ROW_THREADS + lane) * 8;
         in.x[chunk] = load8_raw<VECTOR>(x + at, column, d);
         in.dout[chunk] = load8_raw<VECTOR>(dout + at, column, d);
-        in.extra[chunk] = extra ? load8_raw<VECTOR>(extra + at, column, d)
-                                : make_uint4(0u, 0u, 0u, 0u);
+        if (WITH_EXTRA)
+            in.extra[chunk] = extra ? load8_raw<VECTOR>(extra + at, column, d)
+                                    : make_uint4(0u, 0u, 0u, 0u);
     }
     in.rstd = rstd[row];
+}
+
+template <int ROW_THREADS, int CHUNKS, bool VECTOR>
+__device__ __forceinline__ void norm_row_load_extra(NormRowInputs<CHUNKS> &in,
+                                                    const bfloat *extra, int row, int d,
+                                                    int lane)
+{
+#pragma unroll
+    for (int chunk = 0; chunk < CHUNKS; chunk++)
+        in.extra[chunk] = extra ? load8_raw<VECTOR>(extra + (size_t)row * d,
+                                                    (chunk * ROW_THREADS + lane) * 8, d)
+                                : make_uint4(0u, 0u, 0u, 0u);
 }
 
 /* First pass of the backward: dx of every row, partial dweight of every group of rows.
@@ -201,15 +215,18 @@ __global__ void __launch_bounds__(RMSNORM_THREADS)
             dweight_sum[chunk][k] = 0.0f;
     }
 
-    /* a warp over 5 chunks holds no second row: with it, more than 255 registers (spills);
-     * without it 255, so eight warps a multiprocessor, each with its own row in flight */
-    constexpr bool PREFETCH = CHUNKS <= 4;
+    /* a warp over 5 chunks requests the next row's x and dout only, and this row's extra row
+     * as the row begins: the whole next row made more than 255 registers (spills) */
+    constexpr bool WHOLE_NEXT_ROW = CHUNKS <= 4;
     NormRowInputs<CHUNKS> current, next;
-    norm_row_load<ROW_THREADS, CHUNKS, VECTOR>(current, x, dout, extra, rstd, first, d, lane);
+    norm_row_load<ROW_THREADS, CHUNKS, VECTOR, WHOLE_NEXT_ROW>(current, x, dout, extra, rstd,
+                                                               first, d, lane);
     for (int row = first; row < last; row++) {
-        if (PREFETCH && row + 1 < last)
-            norm_row_load<ROW_THREADS, CHUNKS, VECTOR>(next, x, dout, extra, rstd, row + 1, d,
-                                                       lane);
+        if (!WHOLE_NEXT_ROW)
+            norm_row_load_extra<ROW_THREADS, CHUNKS, VECTOR>(current, extra, row, d, lane);
+        if (row + 1 < last)
+            norm_row_load<ROW_THREADS, CHUNKS, VECTOR, WHOLE_NEXT_ROW>(next, x, dout, extra,
+                                                                       rstd, row + 1, d, lane);
         bfloat *dx_row = dx + (size_t)row * d;
         const float row_rstd = current.rstd;
 
@@ -257,11 +274,7 @@ __global__ void __launch_bounds__(RMSNORM_THREADS)
             }
             store8<VECTOR>(dx_row, column, d, dxs);
         }
-        if (PREFETCH)
-            current = next;
-        else if (row + 1 < last)
-            norm_row_load<ROW_THREADS, CHUNKS, VECTOR>(current, x, dout, extra, rstd, row + 1,
-                                                       d, lane);
+        current = next;
     }
 
     float *partial_row = partials + (size_t)group * d;
