@@ -23,6 +23,25 @@ struct BlockForwardArgs {
     int warp_heads_max; /* the most heads one warp's vectors touch */
 };
 
+/* Where site i's outputs go: its result rows and softmax records, for the lane's own i, so
+ * that a kernel can fetch them once (the pair kernel: from a table in shared memory) where
+ * selecting them from the parameter arrays took some 30 instructions a call. */
+struct BlockSitePointers {
+    bf16 *result;
+    float *weights, *rstd, *lse;
+};
+
+__device__ __forceinline__ BlockSitePointers block_site_pointers(const BlockForwardArgs &args,
+                                                                 int i)
+{
+    BlockSitePointers site;
+    site.result = block_site_pointer(args.results, i);
+    site.weights = block_site_pointer(args.weights, i);
+    site.rstd = block_site_pointer(args.rstd, i);
+    site.lse = block_site_pointer(args.lse, i);
+    return site;
+}
+
 /* The heads that warp w's vectors touch: first .. last. */
 __host__ __device__ __forceinline__ void block_warp_heads(const BlockHeads &layout, int warp,
                                                           int *first, int *last)
@@ -38,11 +57,13 @@ __host__ __device__ __forceinline__ void block_warp_heads(const BlockHeads &layo
  * and the sources q, q + 4, q + 8, ..; the site's max and sum over its four lanes go through
  * two xor shuffles, whose additions are commutative, so the four lanes, and every warp of the
  * head, hold the same bits. r of source n is summed by lanes 2n and 2n + 1 (the even and the
- * odd warps' squares). (The per-thread kernel's loop, a lane a (site, head), kept 8 of 32
- * lanes busy at H 8 and walked the N sources, the warps' squares and the parts one after
- * another: a quarter of the kernel's stalls, 2026-12-02.) */
+ * odd warps' squares). `site_out` holds site i's pointers (block_site_pointers). (The
+ * per-thread kernel's loop, a lane a (site, head), kept 8 of 32 lanes busy at H 8 and walked
+ * the N sources, the warps' squares and the parts one after another: a quarter of the
+ * kernel's stalls, 2026-12-02.) */
 template <int MAXN>
 __device__ __forceinline__ void block_forward_mma_softmax(const BlockForwardArgs &args,
+                                                          const BlockSitePointers &site_out,
                                                           const float *square_parts,
                                                           const float *dot_parts,
                                                           float *warp_coefficients, long long t)
@@ -54,14 +75,20 @@ __device__ __forceinline__ void block_forward_mma_softmax(const BlockForwardArgs
     const int parts = layout.parts, stride = args.warp_heads_max;
     const int h = warp / layout.warps_per_head, i = lane >> 2, q = lane & 3;
     const bool writer = warp == h * layout.warps_per_head, site = i < G;
-    float *const rstd = block_site_pointer(args.rstd, i);
-    float *const weights = block_site_pointer(args.weights, i);
-    float *const lse = block_site_pointer(args.lse, i);
+    float *const rstd = site_out.rstd, *const weights = site_out.weights;
+    float *const lse = site_out.lse;
 
-    float square = 0.0f; /* lanes 2n, 2n + 1: source n */
-    if (lane >> 1 < N)
-        for (int w = lane & 1; w < warps; w += 2)
-            square += square_parts[(lane >> 1) * warps + w];
+    float square = 0.0f; /* lanes 2n, 2n + 1: source n; unrolled to the most warps a block
+                          * has, predicated (a loop to `warps` took some 70 instructions) */
+    if (lane >> 1 < N) {
+        const float *parts_of_source = square_parts + (lane >> 1) * warps;
+#pragma unroll
+        for (int k = 0; k < BLOCK_MAX_THREADS / 64; k++) {
+            const int w = 2 * k + (lane & 1);
+            if (w < warps)
+                square += parts_of_source[w];
+        }
+    }
     square += __shfl_xor_sync(0xffffffffu, square, 1);
     const float r_of_lane = rsqrtf(square * args.inverse_width + args.eps);
 

@@ -354,7 +354,8 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
         __syncthreads(); /* the parts are complete (double-buffered, as above) */
 
         /* 2. the warp's softmax, all lanes at work */
-        block_forward_mma_softmax<MAXN>(args, squares, dot, warp_coefficients, t);
+        const BlockSitePointers site_out = block_site_pointers(args, g);
+        block_forward_mma_softmax<MAXN>(args, site_out, squares, dot, warp_coefficients, t);
 
         /* 3. the mix: A = the weights of site g over sources 2c, 2c+1 (+8), in two halves */
         uint32_t weights_high[4] = {0, 0, 0, 0}, weights_low[4] = {0, 0, 0, 0};
@@ -368,7 +369,7 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
             block_mma_split(w[0], w[1], &weights_high[0], &weights_low[0]);
             block_mma_split(w[2], w[3], &weights_high[2], &weights_low[2]);
         }
-        bf16 *result = g < G ? block_site_pointer(args.results, g) + t * V * 8 + 2 * c : NULL;
+        bf16 *result = g < G ? site_out.result + t * V * 8 + 2 * c : NULL;
         /* Not unrolled, so nothing spills (at unroll 2 or 4 ptxas spilled 16-56 bytes a
          * thread, into an L1 the shared memory leaves at 28 KB); instead the next tiles' load
          * is issued a step ahead, and the four products of a step are independent (hi and lo

@@ -29,9 +29,11 @@ enum { PAIR_BUFFERS = 4 };
 
 /* Shared memory, in bytes: rows [4][N][threads] x 16, then per buffer b (pair parity x 2 +
  * token) the square parts [MAXN][warps] and dot parts [G][N][parts] floats, then each warp's
- * softmax weights for both tokens [warps][2][G][N][stride], then the zero row. */
+ * softmax weights for both tokens [warps][2][G][N][stride], the sites' output pointers
+ * [CUDA_BLOCK_MAX_SITES], and the zero row: 32 zero vectors, so that a lane whose row is past
+ * the sources reads zeros at every offset a row's 32 vectors take (pair_lane_offsets). */
 struct PairLayout {
-    size_t squares, dots, coefficients, zero, total;
+    size_t squares, dots, coefficients, sites, zero, total;
     size_t square_buffer, dot_buffer, warp_coefficients; /* floats */
 };
 
@@ -45,26 +47,41 @@ static PairLayout pair_layout(const BlockForwardArgs &args, int threads)
     layout.squares = (size_t)PAIR_BUFFERS * N * threads * 16;
     layout.dots = layout.squares + round_up_16(PAIR_BUFFERS * layout.square_buffer * 4);
     layout.coefficients = layout.dots + round_up_16(PAIR_BUFFERS * layout.dot_buffer * 4);
-    layout.zero = layout.coefficients + round_up_16(warps * layout.warp_coefficients * 4);
-    layout.total = layout.zero + 16;
+    layout.sites = layout.coefficients + round_up_16(warps * layout.warp_coefficients * 4);
+    layout.zero = layout.sites + CUDA_BLOCK_MAX_SITES * sizeof(BlockSitePointers);
+    layout.total = layout.zero + 32 * 16;
     return layout;
 }
 
-/* The row address lane `lane` gives an x4 ldmatrix over the pair's rows: matrices 0 and 2
- * (rows 0-7) from token a's buffer, 1 and 3 (rows 8-15) from token b's, at vectors `vector`
- * (matrices 0, 1) and `vector + 1` (2, 3); sources at or past n_a (a's) or n_b (b's: 0 for a
- * pair without a second token, whose buffer holds stale rows or none) read the zero row, so
- * that no NaN of an unwritten buffer meets a zero weight in a product. */
-__device__ __forceinline__ const BfVector<8> *pair_row_address(const BfVector<8> *rows_a,
-                                                               const BfVector<8> *rows_b,
-                                                               const BfVector<8> *zero, int n_a,
-                                                               int n_b, int vector, int lane)
+/* The lane's part of an x4 ldmatrix over the pair's rows: matrices 0 and 2 (rows 0-7) from
+ * token a's buffer, 1 and 3 (rows 8-15) from token b's, at vectors v (matrices 0, 1) and
+ * v + 1 (2, 3) of the warp's 32, v even. Lane (matrix, r) = (lane / 8, lane % 8) reads row r
+ * of its token at vector v + matrix / 2, whose swizzled slot (route_block_mma.cuh) lies
+ * (v + matrix / 2) ^ r vectors past the row's first: with v even, (v | matrix / 2) ^ r, and
+ * for v = 8 k + 2 e, 8 k + ((2 e + matrix / 2) ^ r). So the dots' 16 k-steps take four byte
+ * offsets a lane (e 0-3), made once, and an immediate 128 k; the mix's step one LOP3. (Made
+ * per k-step from the lane index, the addresses took some 300 integer instructions a pair,
+ * 2026-12-05.) */
+__device__ __forceinline__ void pair_lane_offsets(unsigned (&offsets)[4])
 {
-    const int matrix = lane >> 3, r = lane & 7;
-    const bool second = matrix & 1;
+    const int lane = threadIdx.x & 31, half = (lane >> 4) & 1, r = lane & 7;
+#pragma unroll
+    for (int e = 0; e < 4; e++)
+        offsets[e] = 16u * (unsigned)((2 * e + half) ^ r);
+}
+
+/* The shared address of the first of the warp's 32 vectors in the lane's row: token a's
+ * (rows_a) or b's, or the zero row where the row is at or past n_a (a's) or n_b (b's: 0 for a
+ * pair without a second token, whose buffer holds stale rows or none), so that no NaN of an
+ * unwritten buffer meets a zero weight in a product. */
+__device__ __forceinline__ unsigned pair_row_base(unsigned rows_a, unsigned rows_b,
+                                                  unsigned zero, int n_a, int n_b,
+                                                  int first_vector)
+{
+    const int lane = threadIdx.x & 31, r = lane & 7;
+    const bool second = (lane >> 3) & 1;
     return r < (second ? n_b : n_a)
-               ? (second ? rows_b : rows_a) + block_mma_slot(r, vector + (matrix >> 1),
-                                                             blockDim.x)
+               ? (second ? rows_b : rows_a) + 16u * (unsigned)(r * blockDim.x + first_vector)
                : zero;
 }
 
@@ -83,6 +100,13 @@ __device__ __forceinline__ void pair_weight_halves(const float *coefficients, in
     block_mma_split(w[0], w[1], high, low);
 }
 
+/* A 32-bit store to global memory: st.global, where a pointer read from shared memory (the
+ * sites' table) would make a generic store. */
+__device__ __forceinline__ void block_store_global(unsigned *to, unsigned value)
+{
+    asm volatile("st.global.b32 [%0], %1;\n" : : "l"(to), "r"(value));
+}
+
 template <int MAXN>
 __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
     route_block_forward_pair_kernel(const __grid_constant__ BlockForwardArgs args,
@@ -91,6 +115,7 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
     extern __shared__ __align__(16) unsigned char shared_bytes[];
     BfVector<8> *rows = reinterpret_cast<BfVector<8> *>(shared_bytes);
     BfVector<8> *zero = reinterpret_cast<BfVector<8> *>(shared_bytes + shared.zero);
+    BlockSitePointers *sites = reinterpret_cast<BlockSitePointers *>(shared_bytes + shared.sites);
     float *square_parts = reinterpret_cast<float *>(shared_bytes + shared.squares);
     float *dot_parts = reinterpret_cast<float *>(shared_bytes + shared.dots);
     const int N = args.n_sources, G = args.n_sites, tokens = args.tokens;
@@ -102,11 +127,21 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
                           warp * shared.warp_coefficients; /* [2][G][N][stride] */
     float *coefficients_b = coefficients + shared.warp_coefficients / 2;
     const long long grid = gridDim.x;
+    const unsigned rows_address = (unsigned)__cvta_generic_to_shared(rows);
+    const unsigned zero_address = (unsigned)__cvta_generic_to_shared(zero);
+    /* the lane's matrix half and row, for the mix's slot (pair_lane_offsets) */
+    const int lane_half = (lane >> 4) & 1, lane_row = lane & 7;
+    unsigned offsets[4];
+    pair_lane_offsets(offsets);
 
     /* the first pair's rows travel while q*g's fragments are made */
     block_mma_fetch_rows<MAXN>(rows, args.sources, N, blockIdx.x, tokens, V);
     block_mma_fetch_rows<MAXN>(rows + buffer_vectors, args.sources, N, blockIdx.x + grid,
                                tokens, V);
+    if (threadIdx.x < 32)
+        zero[threadIdx.x] = vector_zero<8>();
+    if (threadIdx.x < CUDA_BLOCK_MAX_SITES)
+        sites[threadIdx.x] = block_site_pointers(args, threadIdx.x);
     uint32_t key_weights[16][4];
     block_mma_begin(zero, key_weights, args.query, args.key_norm, G);
 
@@ -120,9 +155,9 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
                                    tokens, V);
         copy_async_wait<2>(); /* this pair's rows have landed */
         __syncwarp();
-        const BfVector<8> *rows_a = rows + (size_t)parity * 2 * buffer_vectors;
-        const BfVector<8> *rows_b = rows_a + buffer_vectors;
-        const int n_b = has_b ? N : 0;
+        const unsigned rows_a = rows_address + 16u * (unsigned)(parity * 2 * buffer_vectors);
+        const unsigned base = pair_row_base(rows_a, rows_a + 16u * (unsigned)buffer_vectors,
+                                            zero_address, N, has_b ? N : 0, first_vector);
 
         /* 1. dots and squares of both tokens: rows 0-7 a's, 8-15 b's */
         float dots_high[4] = {0, 0, 0, 0}, dots_low[4] = {0, 0, 0, 0};
@@ -130,8 +165,7 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
 #pragma unroll
         for (int s = 0; s < 16; s++) {
             uint32_t a[4];
-            block_ldmatrix_x4(a, pair_row_address(rows_a, rows_b, zero, N, n_b,
-                                                  first_vector + 2 * s, lane));
+            block_ldmatrix_x4_at(a, base + offsets[s & 3] + 128u * (s >> 2));
             block_mma(dots_high, a, key_weights[s][0], key_weights[s][1]);
             block_mma(dots_low, a, key_weights[s][2], key_weights[s][3]);
             block_mma(gram_a, a, a[0], a[2]); /* against a's rows */
@@ -157,10 +191,12 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
         }
         __syncthreads(); /* both tokens' parts are complete (double-buffered by pair) */
 
-        /* 2. each token's softmax, all lanes at work */
-        block_forward_mma_softmax<MAXN>(args, squares_a, dots_a, coefficients, t);
+        /* 2. each token's softmax, all lanes at work; site g's pointers from the table */
+        const BlockSitePointers site_out = sites[g];
+        block_forward_mma_softmax<MAXN>(args, site_out, squares_a, dots_a, coefficients, t);
         if (has_b)
-            block_forward_mma_softmax<MAXN>(args, squares_b, dots_b, coefficients_b, t_b);
+            block_forward_mma_softmax<MAXN>(args, site_out, squares_b, dots_b, coefficients_b,
+                                            t_b);
 
         /* 3. the mix: A = diag(W_a, W_b) in two halves; a1, a2 stay zero */
         uint32_t weights_high[4] = {0, 0, 0, 0}, weights_low[4] = {0, 0, 0, 0};
@@ -168,36 +204,31 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
         if (has_b)
             pair_weight_halves(coefficients_b, g, c, N, G, stride, &weights_high[3],
                                &weights_low[3]);
-        bf16 *result = g < G ? block_site_pointer(args.results, g) + 2 * c : NULL;
-        bf16 *result_a = result ? result + t * V * 8 : NULL;
-        bf16 *result_b = result && has_b ? result + t_b * V * 8 : NULL;
-        /* as the one-token kernel: not unrolled (no spills), the next tiles a step ahead,
-         * the four products of a step independent */
+        const bool write_a = g < G, write_b = write_a && has_b;
+        bf16 *result = site_out.result + first_vector * 8 + 2 * c; /* site g's, where g < G */
+        unsigned *result_a = reinterpret_cast<unsigned *>(result + t * V * 8);
+        unsigned *result_b = reinterpret_cast<unsigned *>(result + t_b * V * 8);
+        /* as the one-token kernel: not unrolled (no spills: at unroll 2 ptxas spilled at N
+         * 6), the four products of a step independent; the next tiles load into b as soon
+         * as the products have read it, ahead of this step's sums and stores (loaded into
+         * registers of their own, a step ahead, they cost eight moves a step) */
         uint32_t b[4]; /* tile j: b[0], b[1] (a's, b's sources); tile j + 1: b[2], b[3] */
-        block_ldmatrix_x4_trans(b, pair_row_address(rows_a, rows_b, zero, N, n_b,
-                                                    first_vector, lane));
+        block_ldmatrix_x4_trans_at(b, base + offsets[0]);
 #pragma unroll 1
-        for (int j = 0; j < 32; j += 2) {
-            uint32_t next_b[4];
-            if (j + 2 < 32)
-                block_ldmatrix_x4_trans(next_b, pair_row_address(rows_a, rows_b, zero, N, n_b,
-                                                                 first_vector + j + 2, lane));
+        for (int j = 0; j < 32; j += 2, result_a += 8, result_b += 8) {
             float tiles[2][4];
             block_mma_mix_step(tiles, weights_high, weights_low, b);
-            const int offset = (first_vector + j) * 8;
-            if (result_a) { /* rows 0-7: a's site g, channels 2c, 2c + 1 of tiles j, j + 1 */
-                uint32_t *to = reinterpret_cast<uint32_t *>(result_a + offset);
-                to[0] = block_mma_pack(tiles[0][0], tiles[0][1]);
-                to[4] = block_mma_pack(tiles[1][0], tiles[1][1]);
+            if (j + 2 < 32)
+                block_ldmatrix_x4_trans_at(
+                    b, base + 16u * (unsigned)(((j + 2) | lane_half) ^ lane_row));
+            if (write_a) { /* rows 0-7: a's site g, channels 2c, 2c + 1 of tiles j, j + 1 */
+                block_store_global(result_a, block_mma_pack(tiles[0][0], tiles[0][1]));
+                block_store_global(result_a + 4, block_mma_pack(tiles[1][0], tiles[1][1]));
             }
-            if (result_b) { /* rows 8-15: b's */
-                uint32_t *to = reinterpret_cast<uint32_t *>(result_b + offset);
-                to[0] = block_mma_pack(tiles[0][2], tiles[0][3]);
-                to[4] = block_mma_pack(tiles[1][2], tiles[1][3]);
+            if (write_b) { /* rows 8-15: b's */
+                block_store_global(result_b, block_mma_pack(tiles[0][2], tiles[0][3]));
+                block_store_global(result_b + 4, block_mma_pack(tiles[1][2], tiles[1][3]));
             }
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                b[e] = next_b[e];
         }
         __syncwarp(); /* this pair's slots are read before the pair after next refills them */
     }

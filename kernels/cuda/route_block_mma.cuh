@@ -91,20 +91,30 @@ __device__ __forceinline__ void block_mma(float (&d)[4], const uint32_t (&a)[4],
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ void block_ldmatrix_x4(uint32_t (&r)[4], const void *row)
+/* An x4 ldmatrix whose lane's row lies at `address`, a shared-memory address (the _at forms:
+ * for kernels that keep their row addresses as 32-bit shared offsets). */
+__device__ __forceinline__ void block_ldmatrix_x4_at(uint32_t (&r)[4], unsigned address)
 {
-    const unsigned address = (unsigned)__cvta_generic_to_shared(row);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(address));
 }
 
-__device__ __forceinline__ void block_ldmatrix_x4_trans(uint32_t (&r)[4], const void *row)
+__device__ __forceinline__ void block_ldmatrix_x4_trans_at(uint32_t (&r)[4], unsigned address)
 {
-    const unsigned address = (unsigned)__cvta_generic_to_shared(row);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(address));
+}
+
+__device__ __forceinline__ void block_ldmatrix_x4(uint32_t (&r)[4], const void *row)
+{
+    block_ldmatrix_x4_at(r, (unsigned)__cvta_generic_to_shared(row));
+}
+
+__device__ __forceinline__ void block_ldmatrix_x4_trans(uint32_t (&r)[4], const void *row)
+{
+    block_ldmatrix_x4_trans_at(r, (unsigned)__cvta_generic_to_shared(row));
 }
 
 /* One step of a mix: tiles j (b[0], b[1]) and j + 1 (b[2], b[3]) of B against A in its hi
