@@ -107,6 +107,27 @@ __device__ __forceinline__ void block_store_global(unsigned *to, unsigned value)
     asm volatile("st.global.b32 [%0], %1;\n" : : "l"(to), "r"(value));
 }
 
+/* One step of the mix: tiles j, j + 1 (b) against diag(W_a, W_b) in hi and lo halves, rows
+ * 0-7 (token a's site g, channels 2c, 2c + 1 of each tile) to result_a, rows 8-15 to
+ * result_b. */
+__device__ __forceinline__ void pair_mix_store(const uint32_t (&b)[4],
+                                               const uint32_t (&weights_high)[4],
+                                               const uint32_t (&weights_low)[4],
+                                               unsigned *result_a, unsigned *result_b,
+                                               bool write_a, bool write_b)
+{
+    float tiles[2][4];
+    block_mma_mix_step(tiles, weights_high, weights_low, b);
+    if (write_a) {
+        block_store_global(result_a, block_mma_pack(tiles[0][0], tiles[0][1]));
+        block_store_global(result_a + 4, block_mma_pack(tiles[1][0], tiles[1][1]));
+    }
+    if (write_b) {
+        block_store_global(result_b, block_mma_pack(tiles[0][2], tiles[0][3]));
+        block_store_global(result_b + 4, block_mma_pack(tiles[1][2], tiles[1][3]));
+    }
+}
+
 template <int MAXN>
 __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
     route_block_forward_pair_kernel(const __grid_constant__ BlockForwardArgs args,
@@ -208,27 +229,24 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
         bf16 *result = site_out.result + first_vector * 8 + 2 * c; /* site g's, where g < G */
         unsigned *result_a = reinterpret_cast<unsigned *>(result + t * V * 8);
         unsigned *result_b = reinterpret_cast<unsigned *>(result + t_b * V * 8);
-        /* as the one-token kernel: not unrolled (no spills: at unroll 2 ptxas spilled at N
-         * 6), the four products of a step independent; the next tiles load into b as soon
-         * as the products have read it, ahead of this step's sums and stores (loaded into
-         * registers of their own, a step ahead, they cost eight moves a step) */
-        uint32_t b[4]; /* tile j: b[0], b[1] (a's, b's sources); tile j + 1: b[2], b[3] */
-        block_ldmatrix_x4_trans_at(b, base + offsets[0]);
+        /* two steps an iteration, the tiles of one loading while the other's products run:
+         * b_even holds tiles j, j + 1 and b_odd j + 2, j + 3, each loaded a step ahead of its
+         * products (loaded right after the products read the last, the loads stalled the
+         * next step: 17% of the stall samples, ncu 2026-12-05); the four products of a step
+         * are independent */
+        uint32_t b_even[4], b_odd[4]; /* b[0], b[1]: tile j (a's, b's sources); b[2], b[3]: j + 1 */
+        block_ldmatrix_x4_trans_at(b_even, base + offsets[0]);
 #pragma unroll 1
-        for (int j = 0; j < 32; j += 2, result_a += 8, result_b += 8) {
-            float tiles[2][4];
-            block_mma_mix_step(tiles, weights_high, weights_low, b);
-            if (j + 2 < 32)
+        for (int j = 0; j < 32; j += 4, result_a += 16, result_b += 16) {
+            block_ldmatrix_x4_trans_at(
+                b_odd, base + 16u * (unsigned)(((j + 2) | lane_half) ^ lane_row));
+            pair_mix_store(b_even, weights_high, weights_low, result_a, result_b, write_a,
+                           write_b);
+            if (j + 4 < 32)
                 block_ldmatrix_x4_trans_at(
-                    b, base + 16u * (unsigned)(((j + 2) | lane_half) ^ lane_row));
-            if (write_a) { /* rows 0-7: a's site g, channels 2c, 2c + 1 of tiles j, j + 1 */
-                block_store_global(result_a, block_mma_pack(tiles[0][0], tiles[0][1]));
-                block_store_global(result_a + 4, block_mma_pack(tiles[1][0], tiles[1][1]));
-            }
-            if (write_b) { /* rows 8-15: b's */
-                block_store_global(result_b, block_mma_pack(tiles[0][2], tiles[0][3]));
-                block_store_global(result_b + 4, block_mma_pack(tiles[1][2], tiles[1][3]));
-            }
+                    b_even, base + 16u * (unsigned)(((j + 4) | lane_half) ^ lane_row));
+            pair_mix_store(b_odd, weights_high, weights_low, result_a + 8, result_b + 8,
+                           write_a, write_b);
         }
         __syncwarp(); /* this pair's slots are read before the pair after next refills them */
     }
