@@ -76,6 +76,18 @@ __device__ __forceinline__ void delta_store(float *delta, long long row, float s
     delta[((size_t)batch * n_heads + head) * T + t] = sum;
 }
 
+/* The dot of one 16-byte piece of dout and out: 8 products added in order, in fp32. */
+__device__ __forceinline__ float delta_piece_dot(uint4 dout_piece, uint4 out_piece)
+{
+    float dout_values[8], out_values[8], sum = 0.0f;
+    unpack_bf16x8(dout_values, dout_piece);
+    unpack_bf16x8(out_values, out_piece);
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        sum += dout_values[i] * out_values[i];
+    return sum;
+}
+
 /* head_dim 64 and 128 (8 and 16 pieces): a row's pieces go to a segment of SEGMENT lanes,
  * 32 / SEGMENT rows a warp at once, and a warp takes DELTA_STEPS such groups with all their
  * loads issued first. (A warp a row, one piece a lane, left half the lanes idle at head_dim
@@ -107,12 +119,7 @@ attention_backward_delta_kernel(float *delta, uint32_t *zeroed, size_t zeroed_wo
 #pragma unroll
     for (int step = 0; step < DELTA_STEPS; step++) {
         const long long row = first + step * ROWS_AT_ONCE;
-        float dout_values[8], out_values[8], sum = 0.0f;
-        unpack_bf16x8(dout_values, dout_pieces[step]);
-        unpack_bf16x8(out_values, out_pieces[step]);
-#pragma unroll
-        for (int i = 0; i < 8; i++)
-            sum += dout_values[i] * out_values[i];
+        float sum = delta_piece_dot(dout_pieces[step], out_pieces[step]);
 #pragma unroll
         for (int offset = SEGMENT / 2; offset > 0; offset /= 2)
             sum += __shfl_xor_sync(0xffffffffu, sum, offset);
@@ -152,13 +159,7 @@ attention_backward_delta_rows_kernel(float *delta, uint32_t *zeroed, size_t zero
     }
 #pragma unroll
     for (int i = 0; i < PIECES; i++) {
-        float dout_values[8], out_values[8], sum = 0.0f;
-        unpack_bf16x8(dout_values, dout_pieces[i]);
-        unpack_bf16x8(out_values, out_pieces[i]);
-#pragma unroll
-        for (int k = 0; k < 8; k++)
-            sum += dout_values[k] * out_values[k];
-        dots[lane + 32 * i] = sum;
+        dots[lane + 32 * i] = delta_piece_dot(dout_pieces[i], out_pieces[i]);
     }
     __syncwarp();
     const long long row = first_row + lane;
