@@ -1,6 +1,7 @@
-/* kernels/cuda/attention_backward_internal.h — what the two attention backward files share
- * (attention_backward_cuda.cu: the entry, the delta pass and the two-pass kernels;
- * attention_backward_fused_cuda.cu: the one-pass kernel). Not part of the module's interface.
+/* kernels/cuda/attention_backward_internal.h — what the three attention backward files share
+ * (attention_backward_cuda.cu: the entry and the two-pass kernels;
+ * attention_backward_delta_cuda.cu: the delta pass; attention_backward_fused_cuda.cu: the
+ * one-pass kernel). Not part of the module's interface.
  *
  * Workspace (one buffer, attention_backward_cuda_workspace_bytes()):
  *   delta      [B, n_heads, T] fp32        rowsum(dout * out), both kernels
@@ -59,6 +60,12 @@ static inline AttentionBackwardWorkspace attention_backward_workspace(void *base
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* The delta pass (attention_backward_delta_cuda.cu): w->delta = rowsum(dout * out), and the
+ * fused kernel's semaphores and counter zeroed. dout, out [B, T, n_heads, head_dim]. */
+void attention_backward_delta_launch(const AttentionBackwardWorkspace *w, const bf16 *dout,
+                                     const bf16 *out, int B, int T, int n_heads, int head_dim,
+                                     cudaStream_t stream);
 
 /* The one-pass backward after the delta pass: dk, dv (+)= their gradients, dq (+)= its
  * gradient through w->dq_accum; `tma`: q, dout arrive through TMA from a producer warp.
