@@ -232,9 +232,10 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
         /* two steps an iteration, the tiles of one loading while the other's products run:
          * b_even holds tiles j, j + 1 and b_odd j + 2, j + 3, each loaded a step ahead of its
          * products (loaded right after the products read the last, the loads stalled the
-         * next step: 17% of the stall samples, ncu 2026-12-05); the four products of a step
-         * are independent */
-        uint32_t b_even[4], b_odd[4]; /* b[0], b[1]: tile j (a's, b's sources); b[2], b[3]: j + 1 */
+         * next step: 17% of the stall samples, ncu 2026-12-05; at N <= 6 ptxas spills 12
+         * bytes for it, reloaded three times a pair); the four products of a step are
+         * independent. In each, b[0], b[1] are tile j (a's, b's sources), b[2], b[3] j + 1. */
+        uint32_t b_even[4], b_odd[4];
         block_ldmatrix_x4_trans_at(b_even, base + offsets[0]);
 #pragma unroll 1
         for (int j = 0; j < 32; j += 4, result_a += 16, result_b += 16) {
