@@ -152,6 +152,15 @@ struct NormRowInputs {
     float rstd;
 };
 
+/* One chunk of the extra row at `column` of the row starting at `at`: zeros where there is no
+ * extra row. */
+template <bool VECTOR>
+__device__ __forceinline__ uint4 norm_extra_chunk(const bfloat *extra, size_t at, int column,
+                                                  int d)
+{
+    return extra ? load8_raw<VECTOR>(extra + at, column, d) : make_uint4(0u, 0u, 0u, 0u);
+}
+
 /* Loads x, dout and rstd of `row`, and the extra row too where WITH_EXTRA. */
 template <int ROW_THREADS, int CHUNKS, bool VECTOR, bool WITH_EXTRA>
 __device__ __forceinline__ void norm_row_load(NormRowInputs<CHUNKS> &in, const bfloat *x,
@@ -165,8 +174,7 @@ __device__ __forceinline__ void norm_row_load(NormRowInputs<CHUNKS> &in, const b
         in.x[chunk] = load8_raw<VECTOR>(x + at, column, d);
         in.dout[chunk] = load8_raw<VECTOR>(dout + at, column, d);
         if (WITH_EXTRA)
-            in.extra[chunk] = extra ? load8_raw<VECTOR>(extra + at, column, d)
-                                    : make_uint4(0u, 0u, 0u, 0u);
+            in.extra[chunk] = norm_extra_chunk<VECTOR>(extra, at, column, d);
     }
     in.rstd = rstd[row];
 }
@@ -178,9 +186,8 @@ __device__ __forceinline__ void norm_row_load_extra(NormRowInputs<CHUNKS> &in,
 {
 #pragma unroll
     for (int chunk = 0; chunk < CHUNKS; chunk++)
-        in.extra[chunk] = extra ? load8_raw<VECTOR>(extra + (size_t)row * d,
-                                                    (chunk * ROW_THREADS + lane) * 8, d)
-                                : make_uint4(0u, 0u, 0u, 0u);
+        in.extra[chunk] =
+            norm_extra_chunk<VECTOR>(extra, (size_t)row * d, (chunk * ROW_THREADS + lane) * 8, d);
 }
 
 /* First pass of the backward: dx of every row, partial dweight of every group of rows.

@@ -62,12 +62,12 @@ static PairLayout pair_layout(const BlockForwardArgs &args, int threads)
  * offsets a lane (e 0-3), made once, and an immediate 128 k; the mix's step one LOP3. (Made
  * per k-step from the lane index, the addresses took some 300 integer instructions a pair,
  * 2026-12-05.) */
-__device__ __forceinline__ void pair_lane_offsets(unsigned (&offsets)[4])
+__device__ __forceinline__ void pair_lane_offsets(unsigned (&offsets)[4], int lane_half,
+                                                  int lane_row)
 {
-    const int lane = threadIdx.x & 31, half = (lane >> 4) & 1, r = lane & 7;
 #pragma unroll
     for (int e = 0; e < 4; e++)
-        offsets[e] = 16u * (unsigned)((2 * e + half) ^ r);
+        offsets[e] = 16u * (unsigned)((2 * e + lane_half) ^ lane_row);
 }
 
 /* The shared address of the first of the warp's 32 vectors in the lane's row: token a's
@@ -150,10 +150,10 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
     const long long grid = gridDim.x;
     const unsigned rows_address = (unsigned)__cvta_generic_to_shared(rows);
     const unsigned zero_address = (unsigned)__cvta_generic_to_shared(zero);
-    /* the lane's matrix half and row, for the mix's slot (pair_lane_offsets) */
+    /* the lane's matrix half (matrix / 2) and row (pair_lane_offsets) */
     const int lane_half = (lane >> 4) & 1, lane_row = lane & 7;
     unsigned offsets[4];
-    pair_lane_offsets(offsets);
+    pair_lane_offsets(offsets, lane_half, lane_row);
 
     /* the first pair's rows travel while q*g's fragments are made */
     block_mma_fetch_rows<MAXN>(rows, args.sources, N, blockIdx.x, tokens, V);

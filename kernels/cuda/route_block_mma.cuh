@@ -186,9 +186,8 @@ block_mma_key_weights(uint32_t (&fragments)[16][4],
                 const int channel = first + 16 * s + column + 8 * half;
                 const unsigned q = *reinterpret_cast<const unsigned *>(query + channel);
                 const unsigned k = *reinterpret_cast<const unsigned *>(key_norm + channel);
-                w[2 * half] = __uint_as_float(q << 16) * __uint_as_float(k << 16);
-                w[2 * half + 1] = __uint_as_float(q & 0xffff0000u) *
-                                  __uint_as_float(k & 0xffff0000u);
+                w[2 * half] = bf16_bits_to_float(q & 0xffffu) * bf16_bits_to_float(k & 0xffffu);
+                w[2 * half + 1] = bf16_bits_to_float(q >> 16) * bf16_bits_to_float(k >> 16);
             }
         block_mma_split(w[0], w[1], &fragments[s][0], &fragments[s][2]);
         block_mma_split(w[2], w[3], &fragments[s][1], &fragments[s][3]);
