@@ -238,7 +238,8 @@ static const int rmsnorm_branch_shapes[][2] = {{7, 40}, {33, 100}, {5, 2056}, {3
 Test(cuda_backend_ops, rmsnorm_backward_branch_writes_the_cpu_gradient_and_adds_it_to_the_branch)
 {
     gpu_require();
-    for (int i = 0; i < (int)(sizeof rmsnorm_branch_shapes / sizeof rmsnorm_branch_shapes[0]); i++) {
+    const int count = (int)(sizeof rmsnorm_branch_shapes / sizeof rmsnorm_branch_shapes[0]);
+    for (int i = 0; i < count; i++) {
         const int rows = rmsnorm_branch_shapes[i][0], d = rmsnorm_branch_shapes[i][1];
         OpCase c = op_case("rmsnorm_backward_branch", run_rmsnorm_backward_branch);
         c.shape[0] = rows, c.shape[1] = d;

@@ -39,7 +39,7 @@ Test(cuda_grad_mode, rmsnorm_backward_writes_what_it_adds_into_zeros)
     /* rows of a warp (d <= 1024), of a warp over five chunks (d <= 1280) and of a whole
      * block, vector and not */
     const int shapes[][2] = {{7, 40}, {33, 100}, {5, 2056}, {3, 4100}, {9, 1280}, {4, 1100}};
-    for (int i = 0; i < 6; i++) {
+    for (int i = 0; i < (int)(sizeof shapes / sizeof shapes[0]); i++) {
         GradModeCase c = grad_mode_case_rmsnorm(shapes[i][0], shapes[i][1]);
         grad_mode_check(backend_cuda(), &c, 120 + (uint64_t)i, BF16_OUT);
     }
