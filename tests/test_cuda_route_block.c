@@ -557,34 +557,32 @@ Test(cuda_route_block, block_backward_on_tensor_cores_is_each_sites_route_backwa
             check_block_backward(tensor_core_shapes[i], form, 1100 + 10 * (uint64_t)form + i);
 }
 
-/* The selector (no GPU needed). */
-Test(cuda_route_block, the_tensor_core_kernels_are_the_default)
+/* ---- the split layout (FATHOM_ROUTE_BLOCK=mma_all, kernels/cuda/route_block_device.cuh):
+ * heads of 16, 20 or 24 vectors a warp (head_dim 128: d 1024 H 8; 160: the 1B graft's d 1280
+ * H 8, and d 640 H 2 with two warps a head; 192: d 1536 H 8), through the pair forward (N <=
+ * 6, one token: a pair without a second) and the one-token kernel (N 7-12), tokens past the
+ * multiprocessors; and under mma_all the layouts it leaves as they were (head_dim 80: the
+ * per-thread kernels; d 4096 H 8: heads of whole warps). ---- */
+
+static const BlockShape split_shapes[] = {
+    {5, 8, 33, 1280, 8}, {9, 8, 300, 1280, 8}, {10, 4, 33, 1280, 8}, {2, 8, 1, 1280, 8},
+    {3, 3, 17, 1024, 8}, {7, 5, 20, 1536, 8},  {4, 2, 7, 640, 2},    {12, 8, 41, 1536, 8},
+    {5, 4, 33, 1280, 16}, {6, 4, 41, 4096, 8},
+};
+
+Test(cuda_route_block, block_forward_in_the_split_layout_is_each_sites_route)
 {
-    unsetenv("FATHOM_ROUTE_BLOCK");
-    cr_expect(cuda_route_block_tensor_cores());
+    gpu_require();
+    setenv("FATHOM_ROUTE_BLOCK", "mma_all", 1);
+    for (int i = 0; i < COUNT(split_shapes); i++)
+        check_block_forward(split_shapes[i], i % 2 == 1, 1200 + (uint64_t)i);
 }
 
-Test(cuda_route_block, simt_names_the_per_thread_kernels)
+Test(cuda_route_block, block_backward_in_the_split_layout_is_each_sites_route_backward)
 {
-    setenv("FATHOM_ROUTE_BLOCK", "simt", 1);
-    cr_expect_not(cuda_route_block_tensor_cores());
-}
-
-Test(cuda_route_block, mma_names_the_tensor_core_kernels)
-{
-    setenv("FATHOM_ROUTE_BLOCK", "mma", 1);
-    cr_expect(cuda_route_block_tensor_cores());
-}
-
-static void select_kernels_named_fastest(void *unused)
-{
-    (void)unused;
-    setenv("FATHOM_ROUTE_BLOCK", "fastest", 1);
-    cuda_route_block_tensor_cores();
-}
-
-Test(cuda_route_block, an_unknown_kernel_name_exits_with_the_config_code)
-{
-    test_expect_fatal(select_kernels_named_fastest, NULL, EXIT_CONFIG,
-                      "FATHOM_ROUTE_BLOCK = 'fastest'");
+    gpu_require();
+    setenv("FATHOM_ROUTE_BLOCK", "mma_all", 1);
+    for (int form = 0; form < 3; form++)
+        for (int i = 0; i < COUNT(split_shapes); i++)
+            check_block_backward(split_shapes[i], form, 1300 + 20 * (uint64_t)form + i);
 }

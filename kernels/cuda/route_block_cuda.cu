@@ -59,6 +59,17 @@ void route_block_reduce(const BlockReduceArgs &args, int n_sites, cudaStream_t s
 
 /* ---- phase one: the block kernels, or the per-site kernels once a site ---- */
 
+extern "C" CudaRouteBlockLayout cuda_route_block_layout(int d, int heads)
+{
+    const BlockHeads layout = block_heads(d, heads);
+    CudaRouteBlockLayout out;
+    out.kernels = !layout.tensor_cores ? "simt" : layout.warp_vectors < 32 ? "mma_split" : "mma";
+    out.threads = layout.threads;
+    out.warp_vectors = layout.warp_vectors;
+    out.k_steps = layout.tensor_cores ? layout.k_steps : 0;
+    return out;
+}
+
 static bool block_pointers_fit(const void *const *pointers, int count)
 {
     for (int i = 0; i < count; i++)

@@ -59,11 +59,28 @@ enum {
     CUDA_BLOCK_MAX_SITES = 8,   /* blocks of 4 layers */
 };
 
-/* Whether the block kernels run on tensor cores (route_block_mma.cuh) where a head is whole
- * warps (head_dim a multiple of 256): FATHOM_ROUTE_BLOCK = mma (unset: the tensor-core
- * kernels) or simt (the per-thread kernels, which every other shape takes). Read once; any
- * other value exits 2. */
+/* Which block kernels run, from FATHOM_ROUTE_BLOCK, read once (any other value exits 2):
+ *   mma (or unset)  tensor cores (route_block_mma.cuh) where a head is whole warps (head_dim a
+ *                   multiple of 256), the per-thread kernels elsewhere;
+ *   mma_all         tensor cores also where a head splits evenly into warps of 16, 20 or 24
+ *                   vectors (route_block_device.cuh's split layout: d 1280 with H 8);
+ *   simt            the per-thread kernels everywhere.
+ * cuda_route_block_tensor_cores: mma or mma_all; cuda_route_block_split_heads: mma_all. */
 bool cuda_route_block_tensor_cores(void);
+bool cuda_route_block_split_heads(void);
+
+/* The block kernels' layout at (d, heads) under that choice (no GPU needed; for the tests and
+ * the benches): kernels "mma" (heads of whole warps), "mma_split" (the split layout,
+ * route_block_device.cuh) or "simt"; the threads of a block, the vectors each warp owns and
+ * its k-steps of 16 channels (0 for simt). Any (d, heads) with d % heads == 0 and d % 8 == 0;
+ * whether a call takes the block kernels at all is route_block_fits's (the sources, the
+ * sites, shared memory). */
+typedef struct {
+    const char *kernels;
+    int threads, warp_vectors, k_steps;
+} CudaRouteBlockLayout;
+
+CudaRouteBlockLayout cuda_route_block_layout(int d, int heads);
 
 /* ---- phase one ---- */
 

@@ -10,6 +10,13 @@
  * once and the parts of head h are its warps; otherwise each sum goes through
  * warp_segment_sum and the parts are the segments of route_device.cuh. The parts of a sum
  * are added in their order: every thread that reads a sum gets the same bits.
+ *
+ * The split layout (tensor cores only, FATHOM_ROUTE_BLOCK=mma_all): where a head is not whole
+ * warps but splits evenly into warps of 16, 20 or 24 vectors (head_dim 128, 160 or 192, or
+ * twice that), warp w owns the warp_vectors vectors from w * warp_vectors on, its lanes past
+ * them idle in the loads, so that every warp again lies in one head and its products run
+ * over whole k-steps of 16 channels: at d 1280 with H 8, eight warps of 20 vectors, where the
+ * row layout puts heads inside warps and only the per-thread kernels take it.
  */
 #ifndef FATHOM_KERNELS_CUDA_ROUTE_BLOCK_DEVICE_CUH
 #define FATHOM_KERNELS_CUDA_ROUTE_BLOCK_DEVICE_CUH
@@ -41,10 +48,18 @@ struct BlockReduceArgs {
 
 void route_block_reduce(const BlockReduceArgs &args, int n_sites, cudaStream_t stream);
 
-/* Where a token's per-head sums over the block's threads go (see the top of this file). */
+/* Where a token's per-head sums over the block's threads go, and which kernels run (see the
+ * top of this file). warp_vectors: the vectors a warp owns (32, or the split layout's);
+ * tensor_cores: the kernels of route_block_mma.cuh, k_steps a warp (warp_vectors / 2). */
 struct BlockHeads {
     int vectors, head_vectors, segment_period, parts, warp_heads, warps_per_head;
+    int warp_vectors, threads, tensor_cores, k_steps;
 };
+
+/* The split layout's warp widths, in k-steps of 16 channels (route_block_mma.cuh's kernels
+ * are built for each): head_dim 128, 160 (the 1B graft, d 1280 with H 8) and 192. Even, so
+ * that the pair forward's mix takes two k-steps an iteration. */
+enum { BLOCK_SPLIT_STEPS_MIN = 8, BLOCK_SPLIT_STEPS_MAX = 12 };
 
 static inline BlockHeads block_heads(int d, int heads)
 {
@@ -59,6 +74,28 @@ static inline BlockHeads block_heads(int d, int heads)
     layout.parts = layout.warp_heads
                        ? threads / 32
                        : last / 32 + last / layout.head_vectors - last / layout.segment_period + 1;
+    layout.warp_vectors = 32;
+    layout.threads = threads;
+    layout.tensor_cores = cuda_route_block_tensor_cores() && layout.warp_heads &&
+                          layout.vectors % 32 == 0;
+    layout.k_steps = 16;
+    if (layout.warp_heads || !cuda_route_block_split_heads())
+        return layout;
+    /* the split layout: the head over the fewest warps of at most 32 vectors each */
+    const int warps_per_head = (layout.head_vectors + 31) / 32;
+    const int warp_vectors = layout.head_vectors / warps_per_head;
+    const int warps = heads * warps_per_head;
+    if (layout.head_vectors % warps_per_head != 0 || warp_vectors % 4 != 0 ||
+        warp_vectors / 2 < BLOCK_SPLIT_STEPS_MIN || warp_vectors / 2 > BLOCK_SPLIT_STEPS_MAX ||
+        warps * 32 > BLOCK_MAX_THREADS)
+        return layout;
+    layout.warp_heads = 1;
+    layout.warps_per_head = warps_per_head;
+    layout.parts = warps;
+    layout.warp_vectors = warp_vectors;
+    layout.threads = warps * 32;
+    layout.tensor_cores = 1;
+    layout.k_steps = warp_vectors / 2;
     return layout;
 }
 
@@ -134,10 +171,6 @@ struct BlockDotsArgs {
     float inverse_width;
     int n_sources, n_sites, tokens, heads;
 };
-
-/* Whether the tensor-core kernels run for this layout (FATHOM_ROUTE_BLOCK=mma, heads of whole
- * warps; route_block_forward_cuda.cu). */
-bool route_block_mma_selected(const BlockHeads &layout);
 
 /* The floats of BlockDotsArgs.parts. */
 size_t route_block_parts_floats(int n_sources, int n_sites, int tokens, int d, int heads);

@@ -50,8 +50,7 @@ static size_t block_dots_shared(int n_sources, int n_sites, int threads)
 
 size_t route_block_dots_shared_bytes(int n_sources, int n_sites, int d, int heads)
 {
-    const BlockHeads layout = block_heads(d, heads);
-    return block_dots_shared(n_sources, n_sites, (layout.vectors + 31) / 32 * 32);
+    return block_dots_shared(n_sources, n_sites, block_heads(d, heads).threads);
 }
 
 template <int MAXN>
@@ -111,13 +110,13 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
     copy_async_wait<0>();
 }
 
-/* On tensor cores (FATHOM_ROUTE_BLOCK=mma, route_block_mma.cuh): per k-step of a warp's 256
- * channels, A = the sources, B = the sites' d x (staged, swizzled) for D and q*g in two halves
- * for P. The same parts, in the same places. Where shared memory holds two tokens of both
- * (douts_stages 2: N + G <= 6 + 8 at d 4096), the d x rows are double-buffered as the sources
- * are: refetched after a token's products, they left the next token waiting on DRAM (43% of
- * the kernel's stall samples at the training step's N 2-5, 2026-12-02). */
-template <int MAXN>
+/* On tensor cores (FATHOM_ROUTE_BLOCK=mma, route_block_mma.cuh): per k-step of a warp's
+ * K_STEPS x 16 channels, A = the sources, B = the sites' d x (staged, swizzled) for D and q*g
+ * in two halves for P. The same parts, in the same places. Where shared memory holds two
+ * tokens of both (douts_stages 2: N + G <= 6 + 8 at d 4096), the d x rows are double-buffered
+ * as the sources are: refetched after a token's products, they left the next token waiting
+ * on DRAM (43% of the kernel's stall samples at the training step's N 2-5, 2026-12-02). */
+template <int MAXN, int K_STEPS>
 __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
     route_block_dots_mma_kernel(const __grid_constant__ BlockDotsArgs args, size_t douts_offset,
                                 size_t zero_offset, int douts_stages)
@@ -129,21 +128,22 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
     const int N = args.n_sources, G = args.n_sites, tokens = args.tokens;
     const int V = args.layout.vectors, part_stride = G * 2 * N;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int g = lane >> 2, c = lane & 3, first_vector = warp * 32;
+    const int g = lane >> 2, c = lane & 3;
+    const int first_slot = warp * 32; /* the warp's first slot of a staged row */
     const int half_vectors = N * blockDim.x, douts_half = douts_stages == 2 ? G * blockDim.x : 0;
     /* the first token's rows travel while q*g's fragments are made */
-    block_mma_fetch_rows<1>(rows, args.sources, N, blockIdx.x, tokens, V);
-    block_mma_fetch_rows<1>(douts, args.douts, G, blockIdx.x, tokens, V);
-    uint32_t key_weights[16][4];
-    block_mma_begin(zero, key_weights, args.query, args.key_norm, G);
+    block_mma_fetch_rows<1, K_STEPS>(rows, args.sources, N, blockIdx.x, tokens, V);
+    block_mma_fetch_rows<1, K_STEPS>(douts, args.douts, G, blockIdx.x, tokens, V);
+    uint32_t key_weights[K_STEPS][4];
+    block_mma_begin<K_STEPS>(zero, key_weights, args.query, args.key_norm, G);
 
     int half = 0;
     for (long long t = blockIdx.x; t < tokens; t += gridDim.x, half ^= 1) {
-        block_mma_fetch_rows<1>(rows + (half ^ 1) * half_vectors, args.sources, N,
-                                t + gridDim.x, tokens, V);
+        block_mma_fetch_rows<1, K_STEPS>(rows + (half ^ 1) * half_vectors, args.sources, N,
+                                         t + gridDim.x, tokens, V);
         if (douts_half) {
-            block_mma_fetch_rows<1>(douts + (half ^ 1) * douts_half, args.douts, G,
-                                    t + gridDim.x, tokens, V);
+            block_mma_fetch_rows<1, K_STEPS>(douts + (half ^ 1) * douts_half, args.douts, G,
+                                             t + gridDim.x, tokens, V);
             copy_async_wait<2>(); /* this token's rows and d x have landed */
         } else {
             copy_async_wait<1>();
@@ -151,23 +151,24 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
         __syncwarp(); /* every lane's */
         const BfVector<8> *token_rows = rows + half * half_vectors;
         const BfVector<8> *token_douts = douts + half * douts_half;
-        /* q*g's hi and lo halves in accumulators of their own: three chains of 16 dependent
-         * mma, not one of 32 (as the forward) */
+        /* q*g's hi and lo halves in accumulators of their own: three chains of K_STEPS
+         * dependent mma, not one of twice as many (as the forward) */
         float value[4] = {0, 0, 0, 0}, key_high[4] = {0, 0, 0, 0}, key_low[4] = {0, 0, 0, 0};
 #pragma unroll
-        for (int s = 0; s < 16; s++) {
+        for (int s = 0; s < K_STEPS; s++) {
             uint32_t a[4], b[4]; /* b[0], b[2]: sites 0-7 at the k-step's two vectors */
-            block_ldmatrix_x4(a, block_mma_row_address(token_rows, zero, N, first_vector + 2 * s,
+            block_ldmatrix_x4(a, block_mma_row_address(token_rows, zero, N, first_slot + 2 * s,
                                                        lane));
             block_ldmatrix_x4(b, block_mma_row_address(token_douts, zero, G,
-                                                       first_vector + 2 * s, lane));
+                                                       first_slot + 2 * s, lane));
             block_mma(value, a, b[0], b[2]);
             block_mma(key_high, a, key_weights[s][0], key_weights[s][1]);
             block_mma(key_low, a, key_weights[s][2], key_weights[s][3]);
         }
         __syncwarp(); /* the warp's slots are read: the next token's may come */
         if (!douts_half)
-            block_mma_fetch_rows<1>(douts, args.douts, G, t + gridDim.x, tokens, V);
+            block_mma_fetch_rows<1, K_STEPS>(douts, args.douts, G, t + gridDim.x, tokens,
+                                             V);
         float *token_parts = args.parts + block_parts_at(args, t) + (size_t)warp * part_stride;
 #pragma unroll
         for (int e = 0; e < 4; e++) {
@@ -272,20 +273,32 @@ size_t route_block_parts_floats(int n_sources, int n_sites, int tokens, int d, i
     return (size_t)tokens * block_heads(d, heads).parts * n_sites * 2 * n_sources;
 }
 
+template <int MAXN, int K_STEPS>
+static void block_dots_mma_launch(const BlockDotsArgs &args, int threads, size_t shared,
+                                  cudaStream_t stream)
+{
+    const size_t douts_bytes = (size_t)args.n_sites * threads * 16;
+    const int douts_stages = shared + douts_bytes + 16 <= BLOCK_SHARED_LIMIT ? 2 : 1;
+    shared += (size_t)(douts_stages - 1) * douts_bytes;
+    const size_t bytes = shared + 16; /* and the zero row */
+    const int blocks = block_persistent_grid<route_block_dots_mma_kernel<MAXN, K_STEPS>>(
+        threads, bytes, args.tokens, "the cuda block route backward");
+    route_block_dots_mma_kernel<MAXN, K_STEPS><<<blocks, threads, bytes, stream>>>(
+        args, block_dots_douts_offset(args.n_sources, threads), shared, douts_stages);
+}
+
 template <int MAXN>
 static void block_dots_launch(const BlockDotsArgs &args, cudaStream_t stream)
 {
-    const int threads = (args.layout.vectors + 31) / 32 * 32;
+    const int threads = args.layout.threads;
     size_t shared = block_dots_shared(args.n_sources, args.n_sites, threads);
-    if (route_block_mma_selected(args.layout)) {
-        const size_t douts_bytes = (size_t)args.n_sites * threads * 16;
-        const int douts_stages = shared + douts_bytes + 16 <= BLOCK_SHARED_LIMIT ? 2 : 1;
-        shared += (size_t)(douts_stages - 1) * douts_bytes;
-        const size_t bytes = shared + 16; /* and the zero row */
-        const int blocks = block_persistent_grid<route_block_dots_mma_kernel<MAXN>>(
-            threads, bytes, args.tokens, "the cuda block route backward");
-        route_block_dots_mma_kernel<MAXN><<<blocks, threads, bytes, stream>>>(
-            args, block_dots_douts_offset(args.n_sources, threads), shared, douts_stages);
+    if (args.layout.tensor_cores) {
+        switch (args.layout.k_steps) { /* route_block_device.cuh's split layout, or 16 */
+        case 8: block_dots_mma_launch<MAXN, 8>(args, threads, shared, stream); break;
+        case 10: block_dots_mma_launch<MAXN, 10>(args, threads, shared, stream); break;
+        case 12: block_dots_mma_launch<MAXN, 12>(args, threads, shared, stream); break;
+        default: block_dots_mma_launch<MAXN, 16>(args, threads, shared, stream); break;
+        }
     } else {
         size_t key_weights = 0; /* staged where they fit (route_block_device.cuh) */
         if (shared + block_key_weights_bytes(args.n_sites, threads) <= BLOCK_SHARED_LIMIT) {

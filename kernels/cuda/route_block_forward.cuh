@@ -46,8 +46,8 @@ __device__ __forceinline__ BlockSitePointers block_site_pointers(const BlockForw
 __host__ __device__ __forceinline__ void block_warp_heads(const BlockHeads &layout, int warp,
                                                           int *first, int *last)
 {
-    const int from = warp * 32;
-    const int to = warp * 32 + 31 < layout.vectors ? warp * 32 + 31 : layout.vectors - 1;
+    const int from = warp * layout.warp_vectors, end = from + layout.warp_vectors - 1;
+    const int to = end < layout.vectors ? end : layout.vectors - 1;
     *first = from / layout.head_vectors;
     *last = to / layout.head_vectors;
 }

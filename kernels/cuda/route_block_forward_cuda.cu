@@ -2,8 +2,9 @@
  * Route of every site of a block over the block's N completed sources, each source read
  * once (contract: route_block_cuda.h; the math is route_cuda.cu's, site by site). Which
  * kernel runs: on tensor cores (FATHOM_ROUTE_BLOCK=mma, the default, where heads are whole
- * warps) two tokens a block where N <= 6 (route_block_forward_pair_cuda.cu), else the
- * tensor-core kernel below; otherwise the per-thread kernel.
+ * warps; mma_all, also in route_block_device.cuh's split layout) two tokens a block where
+ * N <= 6 (route_block_forward_pair_cuda.cu), else the tensor-core kernel below; otherwise
+ * the per-thread kernel.
  *
  * A block a token (persistent grid; layout in route_block_device.cuh: thread t owns vector t
  * of the row). Per token:
@@ -52,7 +53,7 @@ struct BlockForwardLayout {
 static int block_warp_heads_max(const BlockHeads &layout)
 {
     int most = 1;
-    for (int w = 0; w * 32 < layout.vectors; w++) {
+    for (int w = 0; w * layout.warp_vectors < layout.vectors; w++) {
         int first, last;
         block_warp_heads(layout, w, &first, &last);
         most = last - first + 1 > most ? last - first + 1 : most;
@@ -63,7 +64,7 @@ static int block_warp_heads_max(const BlockHeads &layout)
 static BlockForwardLayout block_forward_layout(int n_sources, int n_sites, int d, int heads)
 {
     const BlockHeads heads_layout = block_heads(d, heads);
-    const int threads = (heads_layout.vectors + 31) / 32 * 32, warps = threads / 32;
+    const int threads = heads_layout.threads, warps = threads / 32;
     BlockForwardLayout layout;
     layout.square_half = (size_t)CUDA_BLOCK_MAX_SOURCES * warps;
     layout.dot_half = (size_t)n_sites * n_sources * heads_layout.parts;
@@ -274,13 +275,14 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
     copy_async_wait<0>(); /* the empty groups past the last token */
 }
 
-/* ---- on tensor cores (FATHOM_ROUTE_BLOCK=mma): the same steps, a warp's 256 channels at a
- * time (route_block_mma.cuh). Heads of whole warps only; N <= 16, G <= 8. Per token and warp:
- * 16 ldmatrix and 48-64 mma for the dots and the squares (the diagonal of the rows' Gram
- * product), 16 ldmatrix and 64 mma for the mix, against some 3,400 instructions a thread on
- * the kernel above. ---- */
+/* ---- on tensor cores (FATHOM_ROUTE_BLOCK=mma): the same steps, a warp's K_STEPS x 16
+ * channels at a time (route_block_mma.cuh): 256 where heads are whole warps, 128-192 in the
+ * split layout (mma_all). N <= 16, G <= 8. Per token and warp at 16 k-steps: 16 ldmatrix and
+ * 48-64 mma for the dots and the squares (the diagonal of the rows' Gram product), 16
+ * ldmatrix and 64 mma for the mix, against some 3,400 instructions a thread on the kernel
+ * above. ---- */
 
-template <int MAXN>
+template <int MAXN, int K_STEPS>
 __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
     route_block_forward_mma_kernel(const __grid_constant__ BlockForwardArgs args,
                                    BlockForwardLayout shared)
@@ -293,34 +295,36 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
     const int N = args.n_sources, G = args.n_sites, tokens = args.tokens;
     const int V = args.layout.vectors, parts = args.layout.parts, stride = args.warp_heads_max;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    const int g = lane >> 2, c = lane & 3, first_vector = warp * 32;
+    const int g = lane >> 2, c = lane & 3;
+    /* the warp's first slot of a staged row (32 a warp) and its first vector of the row */
+    const int first_slot = warp * 32, first_vector = warp * 2 * K_STEPS;
     float *warp_coefficients = reinterpret_cast<float *>(shared_bytes + shared.coefficients) +
                                warp * shared.warp_coefficients;
     const int half_vectors = N * blockDim.x;
     /* the first token's rows travel while q*g's fragments are made */
-    block_mma_fetch_rows<MAXN>(rows, args.sources, N, blockIdx.x, tokens, V);
-    uint32_t key_weights[16][4];
-    block_mma_begin(zero, key_weights, args.query, args.key_norm, G);
+    block_mma_fetch_rows<MAXN, K_STEPS>(rows, args.sources, N, blockIdx.x, tokens, V);
+    uint32_t key_weights[K_STEPS][4];
+    block_mma_begin<K_STEPS>(zero, key_weights, args.query, args.key_norm, G);
 
     int half = 0;
     for (long long t = blockIdx.x; t < tokens; t += gridDim.x, half ^= 1) {
-        block_mma_fetch_rows<MAXN>(rows + (half ^ 1) * half_vectors, args.sources, N,
-                                   t + gridDim.x, tokens, V);
+        block_mma_fetch_rows<MAXN, K_STEPS>(rows + (half ^ 1) * half_vectors, args.sources,
+                                            N, t + gridDim.x, tokens, V);
         copy_async_wait<1>();
         __syncwarp(); /* the warp's slots, each copied by one of its lanes, have landed */
         const BfVector<8> *token_rows = rows + half * half_vectors;
 
         /* 1. D[n][i]: the warp's part of < s_n, q_i g_i >; the Gram product's diagonal:
          * its part of sum s_n^2 */
-        /* q*g's hi and lo halves go into accumulators of their own, so that the 16 k-steps
-         * are two chains of dependent mma, not one of 32 (`wait` was the kernel's second
-         * stall, 2026-12-02); they are added once, in fp32 */
+        /* q*g's hi and lo halves go into accumulators of their own, so that the K_STEPS
+         * k-steps are two chains of dependent mma, not one of twice as many (`wait` was the
+         * kernel's second stall, 2026-12-02); they are added once, in fp32 */
         float dots_high[4] = {0, 0, 0, 0}, dots_low[4] = {0, 0, 0, 0};
         float gram_low[4] = {0, 0, 0, 0}, gram_high[4] = {0, 0, 0, 0};
 #pragma unroll
-        for (int s = 0; s < 16; s++) {
+        for (int s = 0; s < K_STEPS; s++) {
             uint32_t a[4];
-            block_ldmatrix_x4(a, block_mma_row_address(token_rows, zero, N, first_vector + 2 * s,
+            block_ldmatrix_x4(a, block_mma_row_address(token_rows, zero, N, first_slot + 2 * s,
                                                        lane));
             block_mma(dots_high, a, key_weights[s][0], key_weights[s][1]);
             /* (past 8 sources the Gram's second half needs the registers: one chain) */
@@ -375,14 +379,14 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
          * is issued a step ahead, and the four products of a step are independent (hi and lo
          * added after, in fp32), so a step waits for one mma, not two in a row. */
         uint32_t b[4]; /* tile j: b[0], b[1] (sources 0-7, 8-15); tile j + 1: b[2], b[3] */
-        block_ldmatrix_x4_trans(b, block_mma_row_address(token_rows, zero, N, first_vector,
+        block_ldmatrix_x4_trans(b, block_mma_row_address(token_rows, zero, N, first_slot,
                                                          lane));
 #pragma unroll 1
-        for (int j = 0; j < 32; j += 2) {
+        for (int j = 0; j < 2 * K_STEPS; j += 2) {
             uint32_t next[4];
-            if (j + 2 < 32)
+            if (j + 2 < 2 * K_STEPS)
                 block_ldmatrix_x4_trans(next, block_mma_row_address(token_rows, zero, N,
-                                                                    first_vector + j + 2, lane));
+                                                                    first_slot + j + 2, lane));
             float tiles[2][4];
             block_mma_mix_step(tiles, weights_high, weights_low, b);
             if (result) {
@@ -399,24 +403,33 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
     copy_async_wait<0>();
 }
 
-extern "C" bool cuda_route_block_tensor_cores(void)
+enum { ROUTE_BLOCK_SIMT, ROUTE_BLOCK_MMA, ROUTE_BLOCK_MMA_ALL };
+
+static int route_block_kernels(void)
 {
     static int selected = -1; /* read once */
     if (selected < 0) {
         const char *name = getenv("FATHOM_ROUTE_BLOCK");
         if (!name || !*name || !strcmp(name, "mma"))
-            selected = 1;
+            selected = ROUTE_BLOCK_MMA;
+        else if (!strcmp(name, "mma_all"))
+            selected = ROUTE_BLOCK_MMA_ALL;
         else if (!strcmp(name, "simt"))
-            selected = 0;
+            selected = ROUTE_BLOCK_SIMT;
         else
-            fatal(EXIT_CONFIG, "FATHOM_ROUTE_BLOCK = '%s' (mma or simt)", name);
+            fatal(EXIT_CONFIG, "FATHOM_ROUTE_BLOCK = '%s' (mma, mma_all or simt)", name);
     }
-    return selected == 1;
+    return selected;
 }
 
-bool route_block_mma_selected(const BlockHeads &layout)
+extern "C" bool cuda_route_block_tensor_cores(void)
 {
-    return cuda_route_block_tensor_cores() && layout.warp_heads && layout.vectors % 32 == 0;
+    return route_block_kernels() != ROUTE_BLOCK_SIMT;
+}
+
+extern "C" bool cuda_route_block_split_heads(void)
+{
+    return route_block_kernels() == ROUTE_BLOCK_MMA_ALL;
 }
 
 bool route_block_fits(int n_sources, int n_sites, int d, int heads)
@@ -429,15 +442,28 @@ bool route_block_fits(int n_sources, int n_sites, int d, int heads)
            route_block_dots_shared_bytes(n_sources, n_sites, d, heads) <= BLOCK_SHARED_LIMIT;
 }
 
+template <int MAXN, int K_STEPS>
+static void block_forward_mma_launch(const BlockForwardArgs &args, int threads,
+                                     const BlockForwardLayout &layout, cudaStream_t stream)
+{
+    const size_t bytes = layout.total + 16; /* and the zero row */
+    const int blocks = block_persistent_grid<route_block_forward_mma_kernel<MAXN, K_STEPS>>(
+        threads, bytes, args.tokens, "the cuda block route forward");
+    route_block_forward_mma_kernel<MAXN, K_STEPS>
+        <<<blocks, threads, bytes, stream>>>(args, layout);
+}
+
 template <int MAXN>
 static void block_forward_launch(const BlockForwardArgs &args, int threads,
                                  const BlockForwardLayout &layout, cudaStream_t stream)
 {
-    if (route_block_mma_selected(args.layout)) {
-        const size_t bytes = layout.total + 16; /* and the zero row */
-        const int blocks = block_persistent_grid<route_block_forward_mma_kernel<MAXN>>(
-            threads, bytes, args.tokens, "the cuda block route forward");
-        route_block_forward_mma_kernel<MAXN><<<blocks, threads, bytes, stream>>>(args, layout);
+    if (args.layout.tensor_cores) {
+        switch (args.layout.k_steps) { /* route_block_device.cuh's split layout, or 16 */
+        case 8: block_forward_mma_launch<MAXN, 8>(args, threads, layout, stream); break;
+        case 10: block_forward_mma_launch<MAXN, 10>(args, threads, layout, stream); break;
+        case 12: block_forward_mma_launch<MAXN, 12>(args, threads, layout, stream); break;
+        default: block_forward_mma_launch<MAXN, 16>(args, threads, layout, stream); break;
+        }
     } else {
         const int blocks = block_persistent_grid<route_block_forward_kernel<MAXN>>(
             threads, layout.launch_bytes, args.tokens, "the cuda block route forward");
@@ -472,7 +498,7 @@ void route_block_forward_fast(bf16 *const *results, float *const *weights, float
     args.tokens = tokens;
     args.heads = heads;
     args.warp_heads_max = block_warp_heads_max(args.layout);
-    const int threads = (args.layout.vectors + 31) / 32 * 32;
+    const int threads = args.layout.threads;
     if (route_block_forward_pairs(args, threads, stream))
         return; /* two tokens a block on tensor cores (route_block_forward_pair_cuda.cu) */
     const BlockForwardLayout layout = block_forward_layout(n_sources, n_sites, d, heads);

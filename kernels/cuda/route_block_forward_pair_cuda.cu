@@ -55,10 +55,10 @@ static PairLayout pair_layout(const BlockForwardArgs &args, int threads)
 
 /* The lane's part of an x4 ldmatrix over the pair's rows: matrices 0 and 2 (rows 0-7) from
  * token a's buffer, 1 and 3 (rows 8-15) from token b's, at vectors v (matrices 0, 1) and
- * v + 1 (2, 3) of the warp's 32, v even. Lane (matrix, r) = (lane / 8, lane % 8) reads row r
- * of its token at vector v + matrix / 2, whose swizzled slot (route_block_mma.cuh) lies
+ * v + 1 (2, 3) of the warp's 32 slots, v even. Lane (matrix, r) = (lane / 8, lane % 8) reads
+ * row r of its token at vector v + matrix / 2, whose swizzled slot (route_block_mma.cuh) lies
  * (v + matrix / 2) ^ r vectors past the row's first: with v even, (v | matrix / 2) ^ r, and
- * for v = 8 k + 2 e, 8 k + ((2 e + matrix / 2) ^ r). So the dots' 16 k-steps take four byte
+ * for v = 8 k + 2 e, 8 k + ((2 e + matrix / 2) ^ r). So the dots' k-steps take four byte
  * offsets a lane (e 0-3), made once, and an immediate 128 k; the mix's step one LOP3. (Made
  * per k-step from the lane index, the addresses took some 300 integer instructions a pair,
  * 2026-12-05.) */
@@ -70,18 +70,18 @@ __device__ __forceinline__ void pair_lane_offsets(unsigned (&offsets)[4], int la
         offsets[e] = 16u * (unsigned)((2 * e + lane_half) ^ lane_row);
 }
 
-/* The shared address of the first of the warp's 32 vectors in the lane's row: token a's
+/* The shared address of the first of the warp's 32 slots in the lane's row: token a's
  * (rows_a) or b's, or the zero row where the row is at or past n_a (a's) or n_b (b's: 0 for a
  * pair without a second token, whose buffer holds stale rows or none), so that no NaN of an
  * unwritten buffer meets a zero weight in a product. */
 __device__ __forceinline__ unsigned pair_row_base(unsigned rows_a, unsigned rows_b,
                                                   unsigned zero, int n_a, int n_b,
-                                                  int first_vector)
+                                                  int first_slot)
 {
     const int lane = threadIdx.x & 31, r = lane & 7;
     const bool second = (lane >> 3) & 1;
     return r < (second ? n_b : n_a)
-               ? (second ? rows_b : rows_a) + 16u * (unsigned)(r * blockDim.x + first_vector)
+               ? (second ? rows_b : rows_a) + 16u * (unsigned)(r * blockDim.x + first_slot)
                : zero;
 }
 
@@ -128,7 +128,7 @@ __device__ __forceinline__ void pair_mix_store(const uint32_t (&b)[4],
     }
 }
 
-template <int MAXN>
+template <int MAXN, int K_STEPS>
 __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
     route_block_forward_pair_kernel(const __grid_constant__ BlockForwardArgs args,
                                     PairLayout shared)
@@ -142,7 +142,9 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
     const int N = args.n_sources, G = args.n_sites, tokens = args.tokens;
     const int V = args.layout.vectors, parts = args.layout.parts, stride = args.warp_heads_max;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    const int g = lane >> 2, c = lane & 3, first_vector = warp * 32;
+    const int g = lane >> 2, c = lane & 3;
+    /* the warp's first slot of a staged row (32 a warp) and its first vector of the row */
+    const int first_slot = warp * 32, first_vector = warp * 2 * K_STEPS;
     const int buffer_vectors = N * blockDim.x;
     float *coefficients = reinterpret_cast<float *>(shared_bytes + shared.coefficients) +
                           warp * shared.warp_coefficients; /* [2][G][N][stride] */
@@ -156,35 +158,35 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
     pair_lane_offsets(offsets, lane_half, lane_row);
 
     /* the first pair's rows travel while q*g's fragments are made */
-    block_mma_fetch_rows<MAXN>(rows, args.sources, N, blockIdx.x, tokens, V);
-    block_mma_fetch_rows<MAXN>(rows + buffer_vectors, args.sources, N, blockIdx.x + grid,
-                               tokens, V);
+    block_mma_fetch_rows<MAXN, K_STEPS>(rows, args.sources, N, blockIdx.x, tokens, V);
+    block_mma_fetch_rows<MAXN, K_STEPS>(rows + buffer_vectors, args.sources, N,
+                                        blockIdx.x + grid, tokens, V);
     if (threadIdx.x < 32)
         zero[threadIdx.x] = vector_zero<8>();
     if (threadIdx.x < CUDA_BLOCK_MAX_SITES)
         sites[threadIdx.x] = block_site_pointers(args, threadIdx.x);
-    uint32_t key_weights[16][4];
-    block_mma_begin(zero, key_weights, args.query, args.key_norm, G);
+    uint32_t key_weights[K_STEPS][4];
+    block_mma_begin<K_STEPS>(zero, key_weights, args.query, args.key_norm, G);
 
     int parity = 0;
     for (long long t = blockIdx.x; t < tokens; t += 2 * grid, parity ^= 1) {
         const long long t_b = t + grid;
         const bool has_b = t_b < tokens;
         BfVector<8> *next = rows + (size_t)(parity ^ 1) * 2 * buffer_vectors;
-        block_mma_fetch_rows<MAXN>(next, args.sources, N, t + 2 * grid, tokens, V);
-        block_mma_fetch_rows<MAXN>(next + buffer_vectors, args.sources, N, t_b + 2 * grid,
-                                   tokens, V);
+        block_mma_fetch_rows<MAXN, K_STEPS>(next, args.sources, N, t + 2 * grid, tokens, V);
+        block_mma_fetch_rows<MAXN, K_STEPS>(next + buffer_vectors, args.sources, N,
+                                            t_b + 2 * grid, tokens, V);
         copy_async_wait<2>(); /* this pair's rows have landed */
         __syncwarp();
         const unsigned rows_a = rows_address + 16u * (unsigned)(parity * 2 * buffer_vectors);
         const unsigned base = pair_row_base(rows_a, rows_a + 16u * (unsigned)buffer_vectors,
-                                            zero_address, N, has_b ? N : 0, first_vector);
+                                            zero_address, N, has_b ? N : 0, first_slot);
 
         /* 1. dots and squares of both tokens: rows 0-7 a's, 8-15 b's */
         float dots_high[4] = {0, 0, 0, 0}, dots_low[4] = {0, 0, 0, 0};
         float gram_a[4] = {0, 0, 0, 0}, gram_b[4] = {0, 0, 0, 0};
 #pragma unroll
-        for (int s = 0; s < 16; s++) {
+        for (int s = 0; s < K_STEPS; s++) {
             uint32_t a[4];
             block_ldmatrix_x4_at(a, base + offsets[s & 3] + 128u * (s >> 2));
             block_mma(dots_high, a, key_weights[s][0], key_weights[s][1]);
@@ -238,12 +240,12 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
         uint32_t b_even[4], b_odd[4];
         block_ldmatrix_x4_trans_at(b_even, base + offsets[0]);
 #pragma unroll 1
-        for (int j = 0; j < 32; j += 4, result_a += 16, result_b += 16) {
+        for (int j = 0; j < 2 * K_STEPS; j += 4, result_a += 16, result_b += 16) {
             block_ldmatrix_x4_trans_at(
                 b_odd, base + 16u * (unsigned)(((j + 2) | lane_half) ^ lane_row));
             pair_mix_store(b_even, weights_high, weights_low, result_a, result_b, write_a,
                            write_b);
-            if (j + 4 < 32)
+            if (j + 4 < 2 * K_STEPS)
                 block_ldmatrix_x4_trans_at(
                     b_even, base + 16u * (unsigned)(((j + 4) | lane_half) ^ lane_row));
             pair_mix_store(b_odd, weights_high, weights_low, result_a + 8, result_b + 8,
@@ -254,30 +256,42 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
     copy_async_wait<0>();
 }
 
-template <int MAXN>
+template <int MAXN, int K_STEPS>
 static void pair_launch(const BlockForwardArgs &args, int threads, const PairLayout &layout,
                         cudaStream_t stream)
 {
     const long long pairs = (args.tokens + 1) / 2;
-    const int blocks = block_persistent_grid<route_block_forward_pair_kernel<MAXN>>(
+    const int blocks = block_persistent_grid<route_block_forward_pair_kernel<MAXN, K_STEPS>>(
         threads, layout.total, pairs, "the cuda block route forward");
-    route_block_forward_pair_kernel<MAXN><<<blocks, threads, layout.total, stream>>>(args,
-                                                                                    layout);
+    route_block_forward_pair_kernel<MAXN, K_STEPS>
+        <<<blocks, threads, layout.total, stream>>>(args, layout);
     CUDA_CHECK_LAUNCH();
+}
+
+template <int MAXN>
+static void pair_launch_steps(const BlockForwardArgs &args, int threads,
+                              const PairLayout &layout, cudaStream_t stream)
+{
+    switch (args.layout.k_steps) { /* route_block_device.cuh's split layout, or 16 */
+    case 8: pair_launch<MAXN, 8>(args, threads, layout, stream); break;
+    case 10: pair_launch<MAXN, 10>(args, threads, layout, stream); break;
+    case 12: pair_launch<MAXN, 12>(args, threads, layout, stream); break;
+    default: pair_launch<MAXN, 16>(args, threads, layout, stream); break;
+    }
 }
 
 bool route_block_forward_pairs(const BlockForwardArgs &args, int threads, cudaStream_t stream)
 {
-    if (!route_block_mma_selected(args.layout) || args.n_sources > ROUTE_BLOCK_PAIR_MAX_SOURCES)
+    if (!args.layout.tensor_cores || args.n_sources > ROUTE_BLOCK_PAIR_MAX_SOURCES)
         return false;
     const PairLayout layout = pair_layout(args, threads);
     if (layout.total > BLOCK_SHARED_LIMIT)
         return false;
     if (args.n_sources <= 2)
-        pair_launch<2>(args, threads, layout, stream);
+        pair_launch_steps<2>(args, threads, layout, stream);
     else if (args.n_sources <= 4)
-        pair_launch<4>(args, threads, layout, stream);
+        pair_launch_steps<4>(args, threads, layout, stream);
     else
-        pair_launch<ROUTE_BLOCK_PAIR_MAX_SOURCES>(args, threads, layout, stream);
+        pair_launch_steps<ROUTE_BLOCK_PAIR_MAX_SOURCES>(args, threads, layout, stream);
     return true;
 }

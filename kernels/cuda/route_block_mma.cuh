@@ -3,11 +3,14 @@
  * route_block_device.cuh). CUDA C++ only.
  *
  * One warp owns 32 consecutive 16-byte vectors of a row: 256 channels, inside one head
- * (the layouts where head_dim is a multiple of 256). Its dots against every source are one
- * mma.m16n8k16 product over 16 k-steps of 16 channels: A = the sources (M 16: N padded with
- * a zero row), B = 8 sites. Its mix is, per 8-channel tile, A = the softmax weights (M 16:
- * G padded), K = the sources, B = the rows' tile. Fragments as the PTX ISA gives them for
- * m16n8k16 (g = lane / 4, c = lane % 4):
+ * (the layouts where head_dim is a multiple of 256), or in the split layout
+ * (route_block_device.cuh) 16, 20 or 24 vectors of one head, its other lanes idle in the
+ * loads. Its dots against every source are one mma.m16n8k16 product over its K_STEPS
+ * k-steps of 16 channels (16 for 32 vectors): A = the sources (M 16: N padded with a zero
+ * row), B = 8 sites. Its mix is, per 8-channel tile, A = the softmax weights (M 16: G
+ * padded), K = the sources, B = the rows' tile. The staged rows keep 32 slots a warp in
+ * either layout (below), so a warp's k-step s reads its slots 2 s and 2 s + 1. Fragments as
+ * the PTX ISA gives them for m16n8k16 (g = lane / 4, c = lane % 4):
  *   A: a0 (row g, cols 2c, 2c+1), a1 (row g+8), a2 (row g, cols +8), a3 (row g+8, cols +8)
  *   B: b0 (rows k = 2c, 2c+1, col g), b1 (rows k + 8)
  *   D: d0, d1 (row g, cols 2c, 2c+1), d2, d3 (row g+8)
@@ -35,18 +38,33 @@ __device__ __forceinline__ int block_mma_slot(int r, int v, int threads)
     return r * threads + (v ^ (r & 7));
 }
 
-/* Starts the copies of this thread's vector of token t of each of `count` rows into their
- * swizzled slots of `to` and commits (an empty group past the tokens). UNROLL (a bound on
- * count) unrolls the loop, so that each row's address is read from the kernel's parameters
- * where it is used: in the forward, a loop to `count` indexed them at run time and ptxas
- * kept them in local memory, whose reloads waited behind the copies (15% of its stalls,
- * 2026-12-02). UNROLL 1 keeps the loop, where unrolling costs more registers than it saves. */
-template <int UNROLL>
+/* The vector of the row that this thread owns in a tensor-core layout of K_STEPS k-steps a
+ * warp, or -1 for a lane past its warp's 2 K_STEPS vectors (the split layout's idle lanes).
+ * Known from K_STEPS alone: both layouts cover the row with whole warps (at 16, threads =
+ * vectors and every lane owns one). */
+template <int K_STEPS>
+__device__ __forceinline__ int block_mma_thread_vector(void)
+{
+    const int lane = threadIdx.x & 31;
+    if constexpr (K_STEPS == 16)
+        return (int)threadIdx.x;
+    return lane < 2 * K_STEPS ? (int)(threadIdx.x >> 5) * 2 * K_STEPS + lane : -1;
+}
+
+/* Starts the copies of this thread's vector (block_mma_thread_vector) of token t of each of
+ * `count` rows into the thread's swizzled slots of `to` and commits (an empty group past the
+ * tokens or for a lane without a vector). UNROLL (a bound on count) unrolls the loop, so
+ * that each row's address is read from the kernel's parameters where it is used: in the
+ * forward, a loop to `count` indexed them at run time and ptxas kept them in local memory,
+ * whose reloads waited behind the copies (15% of its stalls, 2026-12-02). UNROLL 1 keeps the
+ * loop, where unrolling costs more registers than it saves. */
+template <int UNROLL, int K_STEPS>
 __device__ __forceinline__ void block_mma_fetch_rows(BfVector<8> *to, const bf16 *const *rows,
                                                      int count, long long t, int tokens,
                                                      int vectors)
 {
-    if (t >= tokens) {
+    const int vector = block_mma_thread_vector<K_STEPS>();
+    if (t >= tokens || (K_STEPS != 16 && vector < 0)) {
         copy_async_commit();
         return;
     }
@@ -55,11 +73,11 @@ __device__ __forceinline__ void block_mma_fetch_rows(BfVector<8> *to, const bf16
         for (int r = 0; r < UNROLL; r++)
             if (r < count)
                 copy_vector_async<8>(to + block_mma_slot(r, threadIdx.x, blockDim.x), rows[r],
-                                     t * vectors + threadIdx.x);
+                                     t * vectors + vector);
     } else {
         for (int r = 0; r < count; r++)
             copy_vector_async<8>(to + block_mma_slot(r, threadIdx.x, blockDim.x), rows[r],
-                                 t * vectors + threadIdx.x);
+                                 t * vectors + vector);
     }
     copy_async_commit();
 }
@@ -163,22 +181,23 @@ __device__ __forceinline__ T *block_site_pointer(T *const (&array)[CUDA_BLOCK_MA
     return chosen;
 }
 
-/* B fragments of q*g for the warp's 16 k-steps, site g = lane / 4 (zeros past G): per
+/* B fragments of q*g for the warp's K_STEPS k-steps, site g = lane / 4 (zeros past G): per
  * k-step hi b0, hi b1, lo b0, lo b1. Made once a block: the same for every token. */
+template <int K_STEPS>
 __device__ __forceinline__ void
-block_mma_key_weights(uint32_t (&fragments)[16][4],
+block_mma_key_weights(uint32_t (&fragments)[K_STEPS][4],
                       const bf16 *const (&queries)[CUDA_BLOCK_MAX_SITES],
                       const bf16 *const (&key_norms)[CUDA_BLOCK_MAX_SITES], int G)
 {
     const int lane = threadIdx.x & 31, site = lane >> 2, column = 2 * (lane & 3);
-    const int first = (threadIdx.x >> 5) * 256;
+    const int first = (threadIdx.x >> 5) * K_STEPS * 16; /* the warp's first channel */
     const bf16 *query = block_site_pointer(queries, site);
     const bf16 *key_norm = block_site_pointer(key_norms, site);
     /* channels 2c, 2c + 1 (and 8 on) side by side: one 32-bit load a pair, where 2-byte
      * loads (128 a thread) filled the load queue at every block's start (9% of the pair
      * forward's stall samples, ncu 2026-12-05) */
 #pragma unroll
-    for (int s = 0; s < 16; s++) {
+    for (int s = 0; s < K_STEPS; s++) {
         float w[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         if (site < G)
 #pragma unroll
@@ -196,14 +215,15 @@ block_mma_key_weights(uint32_t (&fragments)[16][4],
 
 /* A block's start: the zero row written, q*g's fragments made, and a barrier before any
  * warp reads the zero row. */
+template <int K_STEPS>
 __device__ __forceinline__ void
-block_mma_begin(BfVector<8> *zero, uint32_t (&key_weights)[16][4],
+block_mma_begin(BfVector<8> *zero, uint32_t (&key_weights)[K_STEPS][4],
                 const bf16 *const (&query)[CUDA_BLOCK_MAX_SITES],
                 const bf16 *const (&key_norm)[CUDA_BLOCK_MAX_SITES], int G)
 {
     if (threadIdx.x == 0)
         *zero = vector_zero<8>();
-    block_mma_key_weights(key_weights, query, key_norm, G);
+    block_mma_key_weights<K_STEPS>(key_weights, query, key_norm, G);
     __syncthreads();
 }
 

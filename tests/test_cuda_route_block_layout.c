@@ -1,0 +1,119 @@
+/* tests/test_cuda_route_block_layout.c — which block route kernels FATHOM_ROUTE_BLOCK selects
+ * and the layout they take at a shape (kernels/cuda/route_block_cuda.h; no GPU needed: the
+ * choice is made on the host). Each test runs in a process of its own, so the variable, read
+ * once a process, is read anew. The kernels' results are tests/test_cuda_route_block.c's.
+ */
+#include "kernels/cuda/route_block_cuda.h"
+#include "runtime/error.h"
+#include "tests/support.h"
+
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+Test(cuda_route_block_layout, the_tensor_core_kernels_are_the_default)
+{
+    unsetenv("FATHOM_ROUTE_BLOCK");
+    cr_expect(cuda_route_block_tensor_cores());
+    cr_expect_not(cuda_route_block_split_heads());
+}
+
+Test(cuda_route_block_layout, simt_names_the_per_thread_kernels)
+{
+    setenv("FATHOM_ROUTE_BLOCK", "simt", 1);
+    cr_expect_not(cuda_route_block_tensor_cores());
+    cr_expect_not(cuda_route_block_split_heads());
+}
+
+Test(cuda_route_block_layout, mma_names_the_tensor_core_kernels)
+{
+    setenv("FATHOM_ROUTE_BLOCK", "mma", 1);
+    cr_expect(cuda_route_block_tensor_cores());
+    cr_expect_not(cuda_route_block_split_heads());
+}
+
+Test(cuda_route_block_layout, mma_all_names_the_tensor_core_kernels_and_the_split_layout)
+{
+    setenv("FATHOM_ROUTE_BLOCK", "mma_all", 1);
+    cr_expect(cuda_route_block_tensor_cores());
+    cr_expect(cuda_route_block_split_heads());
+}
+
+static void select_kernels_named_fastest(void *unused)
+{
+    (void)unused;
+    setenv("FATHOM_ROUTE_BLOCK", "fastest", 1);
+    cuda_route_block_tensor_cores();
+}
+
+Test(cuda_route_block_layout, an_unknown_kernel_name_exits_with_the_config_code)
+{
+    test_expect_fatal(select_kernels_named_fastest, NULL, EXIT_CONFIG,
+                      "FATHOM_ROUTE_BLOCK = 'fastest' (mma, mma_all or simt)");
+}
+
+/* the layout at (d, heads) and what it should be */
+typedef struct {
+    int d, heads;
+    const char *kernels;
+    int threads, warp_vectors, k_steps;
+} LayoutCase;
+
+static void expect_layouts(const LayoutCase *cases, int count)
+{
+    for (int i = 0; i < count; i++) {
+        const LayoutCase *c = &cases[i];
+        const CudaRouteBlockLayout got = cuda_route_block_layout(c->d, c->heads);
+        cr_expect_str_eq(got.kernels, c->kernels, "d %d H %d", c->d, c->heads);
+        cr_expect_eq(got.threads, c->threads, "d %d H %d: %d threads", c->d, c->heads,
+                     got.threads);
+        cr_expect_eq(got.warp_vectors, c->warp_vectors, "d %d H %d: %d vectors a warp", c->d,
+                     c->heads, got.warp_vectors);
+        cr_expect_eq(got.k_steps, c->k_steps, "d %d H %d: %d k-steps", c->d, c->heads,
+                     got.k_steps);
+    }
+}
+
+/* Heads of whole warps (8B graft: d 4096 H 8, 16 warps) on tensor cores; heads inside warps
+ * (the 1B graft: d 1280 H 8; head_dim 80, 8 and a row of 24) per thread, a thread a vector. */
+Test(cuda_route_block_layout, mma_splits_no_head)
+{
+    setenv("FATHOM_ROUTE_BLOCK", "mma", 1);
+    const LayoutCase cases[] = {
+        {4096, 8, "mma", 512, 32, 16},   {4096, 1, "mma", 512, 32, 16},
+        {1280, 8, "simt", 160, 32, 0},   {1280, 16, "simt", 160, 32, 0},
+        {1024, 8, "simt", 128, 32, 0},   {256, 32, "simt", 32, 32, 0},
+        {24, 3, "simt", 32, 32, 0},
+    };
+    expect_layouts(cases, (int)(sizeof cases / sizeof cases[0]));
+}
+
+/* The split layout: a warp of 20 vectors a head at the 1B graft (eight warps, 256 threads for
+ * 160 vectors), two warps of 20 for a head of 40 vectors (d 640 H 2), three of 24 for 72
+ * (d 1152 H 2), 16 (head_dim 128) and 24 (192); not where a warp would hold 10 vectors
+ * (head_dim 80: k-steps odd and too few), 1 (head_dim 8) or 18 (a head of 36 vectors, d 576
+ * H 2), nor past 512 threads (d 4096 H 32: 32 warps of 16); heads of whole warps as under
+ * mma. */
+Test(cuda_route_block_layout, mma_all_splits_heads_into_warps_of_16_to_24_vectors)
+{
+    setenv("FATHOM_ROUTE_BLOCK", "mma_all", 1);
+    const LayoutCase cases[] = {
+        {1280, 8, "mma_split", 256, 20, 10}, {640, 2, "mma_split", 128, 20, 10},
+        {1024, 8, "mma_split", 256, 16, 8},  {1536, 8, "mma_split", 256, 24, 12},
+        {1280, 16, "simt", 160, 32, 0},      {256, 32, "simt", 32, 32, 0},
+        {1152, 2, "mma_split", 192, 24, 12}, {576, 2, "simt", 96, 32, 0},
+        {4096, 32, "simt", 512, 32, 0},
+        {4096, 8, "mma", 512, 32, 16},       {2048, 8, "mma", 256, 32, 16},
+    };
+    expect_layouts(cases, (int)(sizeof cases / sizeof cases[0]));
+}
+
+Test(cuda_route_block_layout, simt_splits_no_head)
+{
+    setenv("FATHOM_ROUTE_BLOCK", "simt", 1);
+    const LayoutCase cases[] = {
+        {4096, 8, "simt", 512, 32, 0},
+        {1280, 8, "simt", 160, 32, 0},
+    };
+    expect_layouts(cases, (int)(sizeof cases / sizeof cases[0]));
+}
