@@ -559,23 +559,42 @@ Test(cuda_route_block, block_backward_on_tensor_cores_is_each_sites_route_backwa
 
 /* ---- the split layout (FATHOM_ROUTE_BLOCK=mma_all, kernels/cuda/route_block_device.cuh):
  * heads of 16, 20 or 24 vectors a warp (head_dim 128: d 1024 H 8; 160: the 1B graft's d 1280
- * H 8, and d 640 H 2 with two warps a head; 192: d 1536 H 8), through the pair forward (N <=
- * 6, one token: a pair without a second) and the one-token kernel (N 7-12), tokens past the
- * multiprocessors; and under mma_all the layouts it leaves as they were (head_dim 80: the
- * per-thread kernels; d 4096 H 8: heads of whole warps). ---- */
+ * H 8, and d 640 H 2 with two warps a head; 192: d 1536 H 8), each k-step count through the
+ * pair forward (N <= 6; one token: a pair without a second) and the one-token kernel (N
+ * 7-12), with more tokens than the persistent blocks take at once (pairs and single tokens);
+ * and under mma_all the layouts it leaves as they were (head_dim 80: the per-thread kernels;
+ * d 4096 H 8: heads of whole warps). Each shape's kernels are asked first, so that a shape
+ * the block kernels turned away cannot pass through the per-site ones unseen. ---- */
 
-static const BlockShape split_shapes[] = {
-    {5, 8, 33, 1280, 8}, {9, 8, 300, 1280, 8}, {10, 4, 33, 1280, 8}, {2, 8, 1, 1280, 8},
-    {3, 3, 17, 1024, 8}, {7, 5, 20, 1536, 8},  {4, 2, 7, 640, 2},    {12, 8, 41, 1536, 8},
-    {5, 4, 33, 1280, 16}, {6, 4, 41, 4096, 8},
+static const struct {
+    BlockShape shape;
+    const char *kernels;
+} split_cases[] = {
+    {{5, 8, 33, 1280, 8}, "mma_split"},   {{9, 8, 700, 1280, 8}, "mma_split"},
+    {{10, 4, 33, 1280, 8}, "mma_split"},  {{2, 8, 1, 1280, 8}, "mma_split"},
+    {{4, 4, 1100, 1280, 8}, "mma_split"}, {{3, 3, 17, 1024, 8}, "mma_split"},
+    {{9, 8, 300, 1024, 8}, "mma_split"},  {{7, 5, 20, 1536, 8}, "mma_split"},
+    {{12, 8, 41, 1536, 8}, "mma_split"},  {{5, 8, 1200, 1536, 8}, "mma_split"},
+    {{4, 2, 7, 640, 2}, "mma_split"},     {{9, 4, 300, 640, 2}, "mma_split"},
+    {{5, 4, 33, 1280, 16}, "simt"},       {{6, 4, 41, 4096, 8}, "mma"},
 };
+
+static void expect_split_kernels(int i)
+{
+    const BlockShape s = split_cases[i].shape;
+    const char *kernels =
+        cuda_route_block_layout(s.n_sources, s.n_sites, s.d, s.heads).kernels;
+    cr_expect_str_eq(kernels, split_cases[i].kernels, "case %d: %s", i, kernels);
+}
 
 Test(cuda_route_block, block_forward_in_the_split_layout_is_each_sites_route)
 {
     gpu_require();
     setenv("FATHOM_ROUTE_BLOCK", "mma_all", 1);
-    for (int i = 0; i < COUNT(split_shapes); i++)
-        check_block_forward(split_shapes[i], i % 2 == 1, 1200 + (uint64_t)i);
+    for (int i = 0; i < COUNT(split_cases); i++) {
+        expect_split_kernels(i);
+        check_block_forward(split_cases[i].shape, i % 2 == 1, 1200 + (uint64_t)i);
+    }
 }
 
 Test(cuda_route_block, block_backward_in_the_split_layout_is_each_sites_route_backward)
@@ -583,6 +602,8 @@ Test(cuda_route_block, block_backward_in_the_split_layout_is_each_sites_route_ba
     gpu_require();
     setenv("FATHOM_ROUTE_BLOCK", "mma_all", 1);
     for (int form = 0; form < 3; form++)
-        for (int i = 0; i < COUNT(split_shapes); i++)
-            check_block_backward(split_shapes[i], form, 1300 + 20 * (uint64_t)form + i);
+        for (int i = 0; i < COUNT(split_cases); i++) {
+            expect_split_kernels(i);
+            check_block_backward(split_cases[i].shape, form, 1300 + 20 * (uint64_t)form + i);
+        }
 }

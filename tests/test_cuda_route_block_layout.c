@@ -52,9 +52,9 @@ Test(cuda_route_block_layout, an_unknown_kernel_name_exits_with_the_config_code)
                       "FATHOM_ROUTE_BLOCK = 'fastest' (mma, mma_all or simt)");
 }
 
-/* the layout at (d, heads) and what it should be */
+/* the layout of a call (N sources, G sites, d, H) and what it should be */
 typedef struct {
-    int d, heads;
+    int n_sources, n_sites, d, heads;
     const char *kernels;
     int threads, warp_vectors, k_steps;
 } LayoutCase;
@@ -63,8 +63,10 @@ static void expect_layouts(const LayoutCase *cases, int count)
 {
     for (int i = 0; i < count; i++) {
         const LayoutCase *c = &cases[i];
-        const CudaRouteBlockLayout got = cuda_route_block_layout(c->d, c->heads);
-        cr_expect_str_eq(got.kernels, c->kernels, "d %d H %d", c->d, c->heads);
+        const CudaRouteBlockLayout got =
+            cuda_route_block_layout(c->n_sources, c->n_sites, c->d, c->heads);
+        cr_expect_str_eq(got.kernels, c->kernels, "N %d G %d d %d H %d: %s", c->n_sources,
+                         c->n_sites, c->d, c->heads, got.kernels);
         cr_expect_eq(got.threads, c->threads, "d %d H %d: %d threads", c->d, c->heads,
                      got.threads);
         cr_expect_eq(got.warp_vectors, c->warp_vectors, "d %d H %d: %d vectors a warp", c->d,
@@ -74,46 +76,55 @@ static void expect_layouts(const LayoutCase *cases, int count)
     }
 }
 
+#define COUNT(array) ((int)(sizeof array / sizeof array[0]))
+
 /* Heads of whole warps (8B graft: d 4096 H 8, 16 warps) on tensor cores; heads inside warps
- * (the 1B graft: d 1280 H 8; head_dim 80, 8 and a row of 24) per thread, a thread a vector. */
+ * (the 1B graft: d 1280 H 8; head_dim 80, 8 and a row of 24) per thread, a thread a vector;
+ * past the block kernels' limits (13 sources, 9 sites, head_dim 4, d 8192) the per-site
+ * kernels. */
 Test(cuda_route_block_layout, mma_splits_no_head)
 {
     setenv("FATHOM_ROUTE_BLOCK", "mma", 1);
     const LayoutCase cases[] = {
-        {4096, 8, "mma", 512, 32, 16},   {4096, 1, "mma", 512, 32, 16},
-        {1280, 8, "simt", 160, 32, 0},   {1280, 16, "simt", 160, 32, 0},
-        {1024, 8, "simt", 128, 32, 0},   {256, 32, "simt", 32, 32, 0},
-        {24, 3, "simt", 32, 32, 0},
+        {9, 8, 4096, 8, "mma", 512, 32, 16},   {3, 4, 4096, 1, "mma", 512, 32, 16},
+        {9, 8, 1280, 8, "simt", 160, 32, 0},   {5, 4, 1280, 16, "simt", 160, 32, 0},
+        {3, 3, 1024, 8, "simt", 128, 32, 0},   {2, 3, 256, 32, "simt", 32, 32, 0},
+        {4, 2, 24, 3, "simt", 32, 32, 0},      {13, 2, 256, 8, "per_site", 0, 0, 0},
+        {3, 9, 256, 2, "per_site", 0, 0, 0},   {2, 3, 256, 64, "per_site", 0, 0, 0},
+        {2, 2, 8192, 8, "per_site", 0, 0, 0},
     };
-    expect_layouts(cases, (int)(sizeof cases / sizeof cases[0]));
+    expect_layouts(cases, COUNT(cases));
 }
 
 /* The split layout: a warp of 20 vectors a head at the 1B graft (eight warps, 256 threads for
- * 160 vectors), two warps of 20 for a head of 40 vectors (d 640 H 2), three of 24 for 72
- * (d 1152 H 2), 16 (head_dim 128) and 24 (192); not where a warp would hold 10 vectors
- * (head_dim 80: k-steps odd and too few), 1 (head_dim 8) or 18 (a head of 36 vectors, d 576
- * H 2), nor past 512 threads (d 4096 H 32: 32 warps of 16); heads of whole warps as under
- * mma. */
+ * 160 vectors; N up to 12), two warps of 20 for a head of 40 vectors (d 640 H 2), three of 24
+ * for 72 (d 1152 H 2), 16 (head_dim 128) and 24 (192); not where a warp would hold 10
+ * vectors (head_dim 80: k-steps odd and too few), 1 (head_dim 8) or 18 (a head of 36
+ * vectors, d 576 H 2), nor past 512 threads (d 4096 H 32: 32 warps of 16), nor where its 32
+ * slots a warp would not fit shared memory (d 2560 H 8: 16 warps of 20, whose dots at N 11
+ * and G 8 need 240 KB; the row layout's 150 KB); heads of whole warps as under mma. */
 Test(cuda_route_block_layout, mma_all_splits_heads_into_warps_of_16_to_24_vectors)
 {
     setenv("FATHOM_ROUTE_BLOCK", "mma_all", 1);
     const LayoutCase cases[] = {
-        {1280, 8, "mma_split", 256, 20, 10}, {640, 2, "mma_split", 128, 20, 10},
-        {1024, 8, "mma_split", 256, 16, 8},  {1536, 8, "mma_split", 256, 24, 12},
-        {1280, 16, "simt", 160, 32, 0},      {256, 32, "simt", 32, 32, 0},
-        {1152, 2, "mma_split", 192, 24, 12}, {576, 2, "simt", 96, 32, 0},
-        {4096, 32, "simt", 512, 32, 0},
-        {4096, 8, "mma", 512, 32, 16},       {2048, 8, "mma", 256, 32, 16},
+        {9, 8, 1280, 8, "mma_split", 256, 20, 10},  {12, 8, 1280, 8, "mma_split", 256, 20, 10},
+        {4, 2, 640, 2, "mma_split", 128, 20, 10},   {5, 4, 1152, 2, "mma_split", 192, 24, 12},
+        {9, 8, 1024, 8, "mma_split", 256, 16, 8},   {7, 5, 1536, 8, "mma_split", 256, 24, 12},
+        {5, 4, 1280, 16, "simt", 160, 32, 0},       {2, 3, 256, 32, "simt", 32, 32, 0},
+        {2, 2, 576, 2, "simt", 96, 32, 0},          {2, 2, 4096, 32, "simt", 512, 32, 0},
+        {11, 8, 2560, 8, "simt", 320, 32, 0},       {10, 8, 2560, 8, "mma_split", 512, 20, 10},
+        {9, 8, 4096, 8, "mma", 512, 32, 16},        {6, 7, 2048, 8, "mma", 256, 32, 16},
+        {13, 2, 1280, 8, "per_site", 0, 0, 0},
     };
-    expect_layouts(cases, (int)(sizeof cases / sizeof cases[0]));
+    expect_layouts(cases, COUNT(cases));
 }
 
 Test(cuda_route_block_layout, simt_splits_no_head)
 {
     setenv("FATHOM_ROUTE_BLOCK", "simt", 1);
     const LayoutCase cases[] = {
-        {4096, 8, "simt", 512, 32, 0},
-        {1280, 8, "simt", 160, 32, 0},
+        {9, 8, 4096, 8, "simt", 512, 32, 0},
+        {9, 8, 1280, 8, "simt", 160, 32, 0},
     };
-    expect_layouts(cases, (int)(sizeof cases / sizeof cases[0]));
+    expect_layouts(cases, COUNT(cases));
 }

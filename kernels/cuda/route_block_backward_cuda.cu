@@ -366,7 +366,7 @@ void route_block_backward_fast(bf16 *const *dsources, float *const *dqueries,
     dots.self_terms = workspace + w.self_terms;
     walk.self_terms = workspace + w.self_terms;
     dots.alpha_terms = workspace + w.alpha_terms;
-    dots.layout = block_heads(d, heads);
+    dots.layout = block_heads(n_sources, n_sites, d, heads);
     dots.inverse_width = 1.0f / (float)d;
     dots.n_sources = walk.n_sources = n_sources;
     dots.n_sites = walk.n_sites = n_sites;

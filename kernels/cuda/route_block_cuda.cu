@@ -59,10 +59,23 @@ void route_block_reduce(const BlockReduceArgs &args, int n_sites, cudaStream_t s
 
 /* ---- phase one: the block kernels, or the per-site kernels once a site ---- */
 
-extern "C" CudaRouteBlockLayout cuda_route_block_layout(int d, int heads)
+BlockHeads block_heads(int n_sources, int n_sites, int d, int heads)
 {
-    const BlockHeads layout = block_heads(d, heads);
-    CudaRouteBlockLayout out;
+    BlockHeads split;
+    if (!cuda_route_block_split_heads() || !block_heads_split(d, heads, &split) ||
+        route_block_forward_shared_bytes(split, n_sources, n_sites) > BLOCK_SHARED_LIMIT ||
+        route_block_dots_shared_bytes(split, n_sources, n_sites) > BLOCK_SHARED_LIMIT)
+        return block_heads_rows(d, heads);
+    return split;
+}
+
+extern "C" CudaRouteBlockLayout cuda_route_block_layout(int n_sources, int n_sites, int d,
+                                                        int heads)
+{
+    CudaRouteBlockLayout out = {"per_site", 0, 0, 0};
+    if (!route_block_fits(n_sources, n_sites, d, heads))
+        return out;
+    const BlockHeads layout = block_heads(n_sources, n_sites, d, heads);
     out.kernels = !layout.tensor_cores ? "simt" : layout.warp_vectors < 32 ? "mma_split" : "mma";
     out.threads = layout.threads;
     out.warp_vectors = layout.warp_vectors;

@@ -69,18 +69,18 @@ enum {
 bool cuda_route_block_tensor_cores(void);
 bool cuda_route_block_split_heads(void);
 
-/* The block kernels' layout at (d, heads) under that choice (no GPU needed; for the tests and
- * the benches): kernels "mma" (heads of whole warps), "mma_split" (the split layout,
- * route_block_device.cuh) or "simt"; the threads of a block, the vectors each warp owns and
- * its k-steps of 16 channels (0 for simt). Any (d, heads) with d % heads == 0 and d % 8 == 0;
- * whether a call takes the block kernels at all is route_block_fits's (the sources, the
- * sites, shared memory). */
+/* The kernels a call of N sources and G sites at (d, heads) takes under that choice (no GPU
+ * needed; for the tests and the benches): "mma" (heads of whole warps), "mma_split" (the
+ * split layout, route_block_device.cuh), "simt", or "per_site" (past the block kernels'
+ * limits: the per-site kernels once a site, every other field 0); the threads of a block,
+ * the vectors each warp owns and its k-steps of 16 channels (0 for simt). The pointers'
+ * alignment, also asked for, is not known here. */
 typedef struct {
     const char *kernels;
     int threads, warp_vectors, k_steps;
 } CudaRouteBlockLayout;
 
-CudaRouteBlockLayout cuda_route_block_layout(int d, int heads);
+CudaRouteBlockLayout cuda_route_block_layout(int n_sources, int n_sites, int d, int heads);
 
 /* ---- phase one ---- */
 

@@ -3,7 +3,7 @@
  * route_block_dots_cuda.cu and route_block_backward_cuda.cu: the block kernels). CUDA C++
  * only; the contract is route_block_cuda.h's.
  *
- * The block kernels' layout: a block a token (persistent grid), thread t owning vector t
+ * The block kernels' row layout: a block a token (persistent grid), thread t owning vector t
  * (8 channels, 16 bytes) of the row, threads = d / 8 rounded up to a warp, at most 512. A
  * per-head sum over the block is made as route_cuda.cu makes it: where a warp lies in one
  * head (head_vectors % 32 == 0) warp_transpose_sum gives each warp's share of many sums at
@@ -16,7 +16,9 @@
  * twice that), warp w owns the warp_vectors vectors from w * warp_vectors on, its lanes past
  * them idle in the loads, so that every warp again lies in one head and its products run
  * over whole k-steps of 16 channels: at d 1280 with H 8, eight warps of 20 vectors, where the
- * row layout puts heads inside warps and only the per-thread kernels take it.
+ * row layout puts heads inside warps and only the per-thread kernels take it. A call takes
+ * its layout from block_heads (its N and G: where the split's shared memory does not fit,
+ * the row layout).
  */
 #ifndef FATHOM_KERNELS_CUDA_ROUTE_BLOCK_DEVICE_CUH
 #define FATHOM_KERNELS_CUDA_ROUTE_BLOCK_DEVICE_CUH
@@ -56,12 +58,17 @@ struct BlockHeads {
     int warp_vectors, threads, tensor_cores, k_steps;
 };
 
-/* The split layout's warp widths, in k-steps of 16 channels (route_block_mma.cuh's kernels
- * are built for each): head_dim 128, 160 (the 1B graft, d 1280 with H 8) and 192. Even, so
- * that the pair forward's mix takes two k-steps an iteration. */
+/* The split layout's warp widths, in k-steps of 16 channels: head_dim 128, 160 (the 1B
+ * graft, d 1280 with H 8) and 192. Even, so that the pair forward's mix takes two k-steps an
+ * iteration. The launches of route_block_forward_cuda.cu, route_block_forward_pair_cuda.cu
+ * and route_block_dots_cuda.cu name each (8, 10, 12) and the whole warp's 16. */
 enum { BLOCK_SPLIT_STEPS_MIN = 8, BLOCK_SPLIT_STEPS_MAX = 12 };
+static_assert(BLOCK_SPLIT_STEPS_MIN == 8 && BLOCK_SPLIT_STEPS_MAX == 12,
+              "the block kernels' launches switch over k-steps 8, 10, 12 and 16");
 
-static inline BlockHeads block_heads(int d, int heads)
+/* The row layout (thread t owns vector t; see the top of this file), on tensor cores where
+ * a head is whole warps and the choice allows it. */
+static inline BlockHeads block_heads_rows(int d, int heads)
 {
     BlockHeads layout;
     layout.vectors = d / 8;
@@ -79,25 +86,44 @@ static inline BlockHeads block_heads(int d, int heads)
     layout.tensor_cores = cuda_route_block_tensor_cores() && layout.warp_heads &&
                           layout.vectors % 32 == 0;
     layout.k_steps = 16;
-    if (layout.warp_heads || !cuda_route_block_split_heads())
-        return layout;
-    /* the split layout: the head over the fewest warps of at most 32 vectors each */
-    const int warps_per_head = (layout.head_vectors + 31) / 32;
-    const int warp_vectors = layout.head_vectors / warps_per_head;
-    const int warps = heads * warps_per_head;
-    if (layout.head_vectors % warps_per_head != 0 || warp_vectors % 4 != 0 ||
-        warp_vectors / 2 < BLOCK_SPLIT_STEPS_MIN || warp_vectors / 2 > BLOCK_SPLIT_STEPS_MAX ||
-        warps * 32 > BLOCK_MAX_THREADS)
-        return layout;
-    layout.warp_heads = 1;
-    layout.warps_per_head = warps_per_head;
-    layout.parts = warps;
-    layout.warp_vectors = warp_vectors;
-    layout.threads = warps * 32;
-    layout.tensor_cores = 1;
-    layout.k_steps = warp_vectors / 2;
     return layout;
 }
+
+/* The split layout of (d, heads) into *layout: the head over the fewest warps of at most 32
+ * vectors each; false where those warps would not hold a multiple of 4 vectors from 16 to
+ * 24, or would take more than BLOCK_MAX_THREADS threads. */
+static inline bool block_heads_split(int d, int heads, BlockHeads *layout)
+{
+    *layout = block_heads_rows(d, heads);
+    if (layout->warp_heads || layout->head_vectors < 1)
+        return false;
+    const int warps_per_head = (layout->head_vectors + 31) / 32;
+    const int warp_vectors = layout->head_vectors / warps_per_head;
+    const int warps = heads * warps_per_head;
+    if (layout->head_vectors % warps_per_head != 0 || warp_vectors % 4 != 0 ||
+        warp_vectors / 2 < BLOCK_SPLIT_STEPS_MIN || warp_vectors / 2 > BLOCK_SPLIT_STEPS_MAX ||
+        warps * 32 > BLOCK_MAX_THREADS)
+        return false;
+    layout->warp_heads = 1;
+    layout->warps_per_head = warps_per_head;
+    layout->parts = warps;
+    layout->warp_vectors = warp_vectors;
+    layout->threads = warps * 32;
+    layout->tensor_cores = 1;
+    layout->k_steps = warp_vectors / 2;
+    return true;
+}
+
+/* The shared memory a launch of the forward (the one-token kernel) and of the backward's
+ * dots kernel needs at the least in `layout` for N sources and G sites
+ * (route_block_forward_cuda.cu, route_block_dots_cuda.cu). */
+size_t route_block_forward_shared_bytes(const BlockHeads &layout, int n_sources, int n_sites);
+size_t route_block_dots_shared_bytes(const BlockHeads &layout, int n_sources, int n_sites);
+
+/* The layout of a call with N sources and G sites (route_block_cuda.cu): the split layout
+ * where FATHOM_ROUTE_BLOCK=mma_all, the head splits and both kernels' shared memory fits (the
+ * split layout's 32 slots a warp take more of it than the rows do); else the row layout. */
+BlockHeads block_heads(int n_sources, int n_sites, int d, int heads);
 
 /* The parts of head h: warps h * warps_per_head .. , or its segments. */
 __device__ __forceinline__ void block_head_parts(const BlockHeads &layout, int h, int *from,
@@ -300,8 +326,5 @@ void route_block_backward_fast(bf16 *const *dsources, float *const *dqueries,
                                int n_sites, float *workspace, int tokens, int d, int heads,
                                cudaStream_t stream);
 
-/* shared memory of the two token-layout kernels, for route_block_fits */
-size_t route_block_forward_shared_bytes(int n_sources, int n_sites, int d, int heads);
-size_t route_block_dots_shared_bytes(int n_sources, int n_sites, int d, int heads);
 
 #endif

@@ -48,9 +48,11 @@ static size_t block_dots_shared(int n_sources, int n_sites, int threads)
     return block_dots_douts_offset(n_sources, threads) + (size_t)n_sites * threads * 16;
 }
 
-size_t route_block_dots_shared_bytes(int n_sources, int n_sites, int d, int heads)
+size_t route_block_dots_shared_bytes(const BlockHeads &layout, int n_sources, int n_sites)
 {
-    return block_dots_shared(n_sources, n_sites, block_heads(d, heads).threads);
+    /* one stage of d x, and the tensor-core kernel's zero row */
+    return block_dots_shared(n_sources, n_sites, layout.threads) +
+           (layout.tensor_cores ? 16 : 0);
 }
 
 template <int MAXN>
@@ -270,7 +272,8 @@ __global__ void __launch_bounds__(BLOCK_COEFFICIENT_WARPS * 32)
 
 size_t route_block_parts_floats(int n_sources, int n_sites, int tokens, int d, int heads)
 {
-    return (size_t)tokens * block_heads(d, heads).parts * n_sites * 2 * n_sources;
+    return (size_t)tokens * block_heads(n_sources, n_sites, d, heads).parts * n_sites * 2 *
+           n_sources;
 }
 
 template <int MAXN, int K_STEPS>

@@ -138,8 +138,9 @@ __device__ __forceinline__ void block_forward_mma_softmax(const BlockForwardArgs
 }
 
 /* Two tokens a block on tensor cores (route_block_forward_pair_cuda.cu), where it applies:
- * the heads whole warps, N <= ROUTE_BLOCK_PAIR_MAX_SOURCES, and the four token buffers within
- * shared memory. Returns false, launching nothing, where it does not. */
+ * a tensor-core layout (heads of whole warps, or the split layout), N <=
+ * ROUTE_BLOCK_PAIR_MAX_SOURCES, and the four token buffers within shared memory. Returns
+ * false, launching nothing, where it does not. */
 enum { ROUTE_BLOCK_PAIR_MAX_SOURCES = 6 };
 bool route_block_forward_pairs(const BlockForwardArgs &args, int threads, cudaStream_t stream);
 

@@ -6,8 +6,8 @@
  * N <= 6 (route_block_forward_pair_cuda.cu), else the tensor-core kernel below; otherwise
  * the per-thread kernel.
  *
- * A block a token (persistent grid; layout in route_block_device.cuh: thread t owns vector t
- * of the row). Per token:
+ * A block a token (persistent grid; the row layout of route_block_device.cuh: thread t owns
+ * vector t of the row). Per token:
  *   0. the token's N rows wait in shared memory (cp.async, issued one token ahead into the
  *      other half of a double buffer; a thread reads back only its own copies, so no barrier
  *      guards them) and are read into registers once: N x 16 bytes a thread;
@@ -61,9 +61,9 @@ static int block_warp_heads_max(const BlockHeads &layout)
     return most;
 }
 
-static BlockForwardLayout block_forward_layout(int n_sources, int n_sites, int d, int heads)
+static BlockForwardLayout block_forward_layout(const BlockHeads &heads_layout, int n_sources,
+                                               int n_sites)
 {
-    const BlockHeads heads_layout = block_heads(d, heads);
     const int threads = heads_layout.threads, warps = threads / 32;
     BlockForwardLayout layout;
     layout.square_half = (size_t)CUDA_BLOCK_MAX_SOURCES * warps;
@@ -83,9 +83,11 @@ static BlockForwardLayout block_forward_layout(int n_sources, int n_sites, int d
     return layout;
 }
 
-size_t route_block_forward_shared_bytes(int n_sources, int n_sites, int d, int heads)
+size_t route_block_forward_shared_bytes(const BlockHeads &layout, int n_sources, int n_sites)
 {
-    return block_forward_layout(n_sources, n_sites, d, heads).total;
+    /* the tensor-core kernel's zero row after the rest */
+    return block_forward_layout(layout, n_sources, n_sites).total +
+           (layout.tensor_cores ? 16 : 0);
 }
 
 /* Step 2 of the forward, by one warp for the heads its vectors touch: r of every source from
@@ -438,8 +440,9 @@ bool route_block_fits(int n_sources, int n_sites, int d, int heads)
         n_sites > CUDA_BLOCK_MAX_SITES || d % 8 != 0 || d / 8 > BLOCK_MAX_THREADS ||
         heads < 1 || heads > CUDA_ROUTE_MAX_HEADS || d % heads != 0 || (d / heads) % 8 != 0)
         return false;
-    return route_block_forward_shared_bytes(n_sources, n_sites, d, heads) <= BLOCK_SHARED_LIMIT &&
-           route_block_dots_shared_bytes(n_sources, n_sites, d, heads) <= BLOCK_SHARED_LIMIT;
+    const BlockHeads layout = block_heads(n_sources, n_sites, d, heads);
+    return route_block_forward_shared_bytes(layout, n_sources, n_sites) <= BLOCK_SHARED_LIMIT &&
+           route_block_dots_shared_bytes(layout, n_sources, n_sites) <= BLOCK_SHARED_LIMIT;
 }
 
 template <int MAXN, int K_STEPS>
@@ -490,7 +493,7 @@ void route_block_forward_fast(bf16 *const *results, float *const *weights, float
     }
     for (int n = 0; n < n_sources; n++)
         args.sources[n] = sources[n];
-    args.layout = block_heads(d, heads);
+    args.layout = block_heads(n_sources, n_sites, d, heads);
     args.eps = eps;
     args.inverse_width = 1.0f / (float)d;
     args.n_sources = n_sources;
@@ -501,7 +504,7 @@ void route_block_forward_fast(bf16 *const *results, float *const *weights, float
     const int threads = args.layout.threads;
     if (route_block_forward_pairs(args, threads, stream))
         return; /* two tokens a block on tensor cores (route_block_forward_pair_cuda.cu) */
-    const BlockForwardLayout layout = block_forward_layout(n_sources, n_sites, d, heads);
+    const BlockForwardLayout layout = block_forward_layout(args.layout, n_sources, n_sites);
     if (n_sources <= 2)
         block_forward_launch<2>(args, threads, layout, stream);
     else if (n_sources <= 4)
