@@ -181,10 +181,10 @@ static void route_scratch_layout(ModelScratch *scratch, Carver *carver,
             const size_t regions = (plan->form == FORM_REPLACE ? m : 1) * S;
             route->block_weights = carve_floats(carver, regions * M * N * H);
             route->block_rstd = carve_floats(carver, regions * M * N);
-            if (plan->form == FORM_REPLACE) {
-                route->block_lse = carve_floats(carver, m * S * N * H);
-                route->block_means = carve_floats(carver, m * S * N * H);
-            }
+        }
+        if (plan->form == FORM_REPLACE) { /* each site's lse and softmax centre */
+            route->block_lse = carve_floats(carver, m * S * N * H);
+            route->block_means = carve_floats(carver, m * S * N * H);
         }
     }
     if (plan->mode != RESIDUAL_MSAR)

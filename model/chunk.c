@@ -140,10 +140,11 @@ static const InputGate *site_forward(Walk *walk, int j, const Activation *base, 
     return NULL;
 }
 
-/* Site j's backward from d x = grad_x (route_walk_grad_x). */
-static void site_backward(Walk *walk, int j, const Activation *grad_x)
+/* Site j's backward from d x = grad_x (route_walk_grad_x), x the site's output as its
+ * sublayer read it. */
+static void site_backward(Walk *walk, int j, const Activation *x, const Activation *grad_x)
 {
-    route_walk_site_backward(&walk->sites, j, grad_x);
+    route_walk_site_backward(&walk->sites, j, x, grad_x);
 }
 
 /* Routed sublayer j in the forward: site j into x, f_j into its block (and p). */
@@ -399,7 +400,7 @@ static void sublayer_walk_backward(Walk *walk, int j, const LayerActivations *sa
     Activation *grad_x = route_walk_grad_x(&walk->sites, j);
     sublayer_backward(walk->model, &walk->layer, j, saved, x, grad_f, grad_x, GRAD_WRITE,
                       walk->delta ? grad_stream : NULL);
-    site_backward(walk, j, grad_x);
+    site_backward(walk, j, x, grad_x);
 }
 
 /* Layer i's backward: both sublayers in reverse, after recomputing it when checkpointed. */
@@ -444,7 +445,7 @@ static void head_backward(Walk *walk, float loss_scale)
                   GRAD_WRITE);
     if (!walk->routed)
         return;
-    site_backward(walk, L2, grad_final);
+    site_backward(walk, L2, NULL, grad_final);
     if (walk->delta)
         backend->add_inplace(grad_stream, grad_final, walk->count);
 }

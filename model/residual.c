@@ -85,6 +85,18 @@ static void plan_site(ResidualPlan *plan, int j, int n_layers)
         plan->max_sources = site->n_sources;
 }
 
+/* FATHOM_ROUTE_REPLACE (residual_two_phase): whether attnres's replace form walks its blocks
+ * in two phases. */
+static bool replace_walk_two_phase(void)
+{
+    const char *name = getenv("FATHOM_ROUTE_REPLACE");
+    if (!name || !*name || !strcmp(name, "per_site"))
+        return false;
+    if (!strcmp(name, "two_phase"))
+        return true;
+    fatal(EXIT_CONFIG, "FATHOM_ROUTE_REPLACE = '%s' (per_site or two_phase)", name);
+}
+
 void residual_plan_build(ResidualPlan *plan, const ModelConfig *model,
                          const ResidualConfig *residual)
 {
@@ -98,6 +110,8 @@ void residual_plan_build(ResidualPlan *plan, const ModelConfig *model,
     plan->mode = residual->mode;
     plan->form = residual->form;
     plan->heads = residual->heads;
+    plan->replace_two_phase = residual->mode == RESIDUAL_ATTNRES &&
+                              residual->form == FORM_REPLACE && replace_walk_two_phase();
     plan->streams = residual->mode == RESIDUAL_MSAR ? residual->streams : 1;
     plan->kernel_max = 1;
     for (int r = 0; r < plan->streams; r++) {
@@ -151,7 +165,8 @@ bool residual_sublayer_starts_block(const ResidualPlan *plan, int j)
 bool residual_two_phase(const ResidualPlan *plan)
 {
     return plan->mode == RESIDUAL_MSAR ||
-           (plan->mode != RESIDUAL_STANDARD && plan->form == FORM_DELTA);
+           (plan->mode != RESIDUAL_STANDARD &&
+            (plan->form == FORM_DELTA || plan->replace_two_phase));
 }
 
 bool residual_site_keeps_weights(const ResidualPlan *plan, int j)

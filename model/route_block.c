@@ -99,7 +99,15 @@ static int block_sites(const RouteWalk *walk, int block)
     return left < S ? left : S;
 }
 
-/* The backward of block n when the walk leaves it: every site's d x into the sources. */
+/* attnres's site i's [rows, H] floats in a [S, max_rows, H] scratch array (the replace form's
+ * lse and softmax centres). */
+static float *attnres_site_floats(const RouteWalk *walk, float *base, int i)
+{
+    return base + (size_t)i * walk->route->max_rows * walk->plan->heads;
+}
+
+/* The backward of block n when the walk leaves it: every site's d x into the sources (the
+ * replace form's about each site's softmax centre, from its merge's backward). */
 static void block_backward(RouteWalk *walk, int block)
 {
     Model *model = walk->model;
@@ -118,12 +126,66 @@ static void block_backward(RouteWalk *walk, int block)
         walk->grad_queries[i] = model->site_grads[j].query;
         walk->grad_key_norms[i] = model->site_grads[j].key_norm;
         walk->grad_alphas[i] = model->site_grads[j].alpha;
+        walk->means[i] = walk->replace ? attnres_site_floats(walk, scratch->block_means, i) : NULL;
     }
     walk->backend->route_block_backward(
-        walk->grad_sources, walk->grad_queries, walk->grad_key_norms, walk->grad_alphas,
-        walk->douts, walk->sources, N, walk->const_weights, walk->stash->sites[first].rstd,
-        walk->queries, walk->key_norms, walk->alphas, NULL, G, scratch->route_backward,
+        walk->grad_sources, walk->grad_queries, walk->grad_key_norms,
+        walk->replace ? NULL : walk->grad_alphas, walk->douts, walk->sources, N,
+        walk->const_weights, walk->stash->sites[first].rstd, walk->queries, walk->key_norms,
+        walk->replace ? NULL : walk->alphas,
+        walk->replace ? (const float *const *)walk->means : NULL, G, scratch->route_backward,
         walk->rows, walk->d, walk->plan->heads);
+}
+
+/* ---- attnres's replace form in two phases (FATHOM_ROUTE_REPLACE=two_phase) ----
+ * Phase one leaves site i's Route over the block's completed sources in block_results[i],
+ * its lse in the scratch and its depth weights and rstd in its stash, where the per-site
+ * path keeps them. In its turn the site merges its partial b_n^i into x
+ * (route_merge_forward; the block's first site reads no partial: x is its Route), in the
+ * forward and in a checkpointed backward's recompute alike. Its backward needs no phase one
+ * again: the merge's backward reads x as the sublayer saw it, gives the partial's share at
+ * once (the block's earlier sublayers read it next) and the site's softmax centre; the
+ * block's backward, when the walk leaves it, gives the completed sources theirs. */
+
+static void attnres_replace_forward(RouteWalk *walk, int block, int i, Activation *x)
+{
+    Model *model = walk->model;
+    const int j = block_first_site(walk, block) + i;
+    const SitePlan *site = &walk->plan->sites[j];
+    SiteActivations *saved = &walk->stash->sites[j];
+    const SiteWeights *weights = &model->site_params[j];
+    Activation *result = model->scratch.route.block_results[i];
+    if (i == 0) {
+        walk->backend->copy(x, result,
+                            (size_t)walk->rows * walk->d * walk->backend->activation_bytes);
+        return;
+    }
+    site_sources(walk, j, walk->sources);
+    walk->backend->route_merge_forward(
+        x, saved->weights, saved->rstd, result,
+        attnres_site_floats(walk, model->scratch.route.block_lse, i),
+        walk->sources[site->n_sources - 1], site->n_sources, weights->query, weights->key_norm,
+        walk->rows, walk->d, walk->plan->heads, walk->route->eps);
+}
+
+static void attnres_replace_backward(RouteWalk *walk, int block, int i, const Activation *x,
+                                     const Activation *grad_x)
+{
+    Model *model = walk->model;
+    const int j = block_first_site(walk, block) + i;
+    const SitePlan *site = &walk->plan->sites[j];
+    const SiteActivations *saved = &walk->stash->sites[j];
+    const SiteWeights *weights = &model->site_params[j];
+    const int last = site->n_sources - 1;
+    site_sources(walk, j, walk->sources);
+    site_grad_sources(walk, j, walk->grad_sources);
+    walk->backend->route_merge_backward(
+        i > 0 ? walk->grad_sources[last] : NULL, model->site_grads[j].query,
+        model->site_grads[j].key_norm,
+        attnres_site_floats(walk, model->scratch.route.block_means, i), grad_x, x,
+        i > 0 ? walk->sources[last] : NULL, site->n_sources, saved->weights, saved->rstd,
+        weights->query, weights->key_norm, model->scratch.route.route_backward, walk->rows,
+        walk->d, walk->plan->heads);
 }
 
 /* ---- phase one, and msar's backward a stream at a time ----
@@ -286,7 +348,7 @@ static void block_open(RouteWalk *walk, int block)
     site_sources(walk, block_first_site(walk, block), walk->sources);
     for (int r = 0; r < walk->plan->streams; r++)
         block_phase_one(walk, block, r);
-    if (walk->replace && walk->backward)
+    if (walk->replace && walk->streams && walk->backward)
         for (int i = 1; i < block_sites(walk, block); i++)
             site_merge(walk, block, i);
     walk->open_block = block;
@@ -485,6 +547,10 @@ void route_walk_site_forward(RouteWalk *walk, int j, const Activation *base, Act
     const int i = j - block_first_site(walk, block);
     if (walk->open_block != block)
         block_open(walk, block);
+    if (!walk->streams) { /* attnres's replace form */
+        attnres_replace_forward(walk, block, i, x);
+        return;
+    }
     /* a merge needs the site's partial, complete now; the backward's reopening merged */
     if (walk->replace && i > 0 && !walk->backward)
         site_merge(walk, block, i);
@@ -508,7 +574,8 @@ Activation *route_walk_grad_x(RouteWalk *walk, int j)
     return scratch->route.block_grads[j - block_first_site(walk, block)];
 }
 
-void route_walk_site_backward(RouteWalk *walk, int j, const Activation *grad_x)
+void route_walk_site_backward(RouteWalk *walk, int j, const Activation *x,
+                              const Activation *grad_x)
 {
     Model *model = walk->model;
     const SitePlan *site = &walk->plan->sites[j];
@@ -522,6 +589,12 @@ void route_walk_site_backward(RouteWalk *walk, int j, const Activation *grad_x)
     }
     const int block = walk->plan->sublayer_block[j];
     const int first = block_first_site(walk, block);
+    if (walk->replace && !walk->streams) { /* attnres: the same, from the stash */
+        attnres_replace_backward(walk, block, j - first, x, grad_x);
+        if (j == first)
+            block_backward(walk, block);
+        return;
+    }
     if (walk->replace) { /* msar: the site's own share now, the block's when the walk leaves */
         if (walk->open_block != block)
             block_open(walk, block);

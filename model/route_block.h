@@ -99,7 +99,10 @@ Activation *route_walk_grad_x(RouteWalk *walk, int j);
 /* Site j's backward from d x = grad_x (route_walk_grad_x(walk, j)): adds into the
  * gradients of its sources (the store's block accumulators, the null rows) and of its
  * weights; a two-phase block's sources and weights receive theirs when the walk passes the
- * block's first site. In the delta form d p += d x is the caller's. */
-void route_walk_site_backward(RouteWalk *walk, int j, const Activation *grad_x);
+ * block's first site. x is the site's output as its sublayer read it (attnres's replace form
+ * in two phases reads it; NULL where the site routes alone). In the delta form d p += d x
+ * is the caller's. */
+void route_walk_site_backward(RouteWalk *walk, int j, const Activation *x,
+                              const Activation *grad_x);
 
 #endif

@@ -16,8 +16,9 @@
  *   its gradients differed from the cpu's by up to 0.3 relative, and so did MHAR's replace
  *   form at 2 heads (0.25); the stream route ops are held to the cpu in
  *   tests/test_cuda_route_conv.c.
- * - The delta form's two-phase walk follows the per-site walk on cuda (the same rules), and
- *   its backward repeats bit for bit.
+ * - The two-phase walk follows the per-site walk on cuda (the same rules), and its backward
+ *   repeats bit for bit: the delta forms, MSAR's replace form, and MHAR's replace form
+ *   under FATHOM_ROUTE_REPLACE=two_phase.
  * Each test SKIPs where no GPU answers.
  */
 #include "kernels/cuda/backend_cuda.h"
@@ -291,4 +292,11 @@ Test(cuda_model_route, the_two_phase_walk_follows_each_site_alone_and_repeats_bi
     check_two_phase_follows_the_sites_alone(RESIDUAL_ATTNRES, FORM_DELTA);
     check_two_phase_follows_the_sites_alone(RESIDUAL_MSAR, FORM_DELTA);
     check_two_phase_follows_the_sites_alone(RESIDUAL_MSAR, FORM_REPLACE);
+}
+
+Test(cuda_model_route, mhar_replace_in_two_phases_follows_each_site_alone_and_repeats)
+{
+    gpu_require();
+    setenv("FATHOM_ROUTE_REPLACE", "two_phase", 1); /* read when each model's plan is built */
+    check_two_phase_follows_the_sites_alone(RESIDUAL_ATTNRES, FORM_REPLACE);
 }

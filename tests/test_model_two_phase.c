@@ -1,6 +1,7 @@
 /* tests/test_model_two_phase.c — the two-phase walk (model/route_block.h) against the
  * per-site reference (model_route_sites_alone), on the cpu backend: the delta form of
- * attnres and msar, and msar's replace form.
+ * attnres and msar, msar's replace form, and attnres's replace form where
+ * FATHOM_ROUTE_REPLACE=two_phase asks for it.
  *
  * Both run the same network from the same weights and batch: one routes a block's sites
  * together (attnres: route_block_forward / route_block_backward; msar: each stream's
@@ -40,7 +41,7 @@ typedef struct {
     int heads, layers_per_block, d, streams;
     int kernels[4];
     bool checkpointing;
-    bool replace; /* the replace form (msar) */
+    bool replace; /* the replace form (attnres's under FATHOM_ROUTE_REPLACE=two_phase) */
 } TwoPhaseCase;
 
 static Model *case_model(const TwoPhaseCase *c, bool alone)
@@ -52,7 +53,8 @@ static Model *case_model(const TwoPhaseCase *c, bool alone)
     ResidualConfig residual = c->mode == RESIDUAL_MSAR
                                   ? route_test_msar(c->heads, c->streams, c->kernels,
                                                     c->replace ? FORM_REPLACE : FORM_DELTA)
-                                  : route_test_attnres(c->heads, 1, FORM_DELTA);
+                                  : route_test_attnres(c->heads, 1,
+                                                       c->replace ? FORM_REPLACE : FORM_DELTA);
     residual.layers_per_block = c->layers_per_block;
     Model *model = model_create(backend_cpu(), &config, &residual, ROUTE_TEST_B, ROUTE_TEST_T);
     model_init_params(model, 61, config.init_std);
@@ -109,6 +111,26 @@ Test(model_two_phase, attnres_delta_blocks_route_as_each_site_alone)
          false, false},
         {"mhar H 2, blocks of 2 layers, checkpointed", RESIDUAL_ATTNRES, 2, 2, 16, 1, {1}, true,
          false},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+        check_case(&cases[k]);
+}
+
+/* attnres's replace form in two phases (FATHOM_ROUTE_REPLACE=two_phase, model/route_block.c):
+ * each site merges its partial in its turn; the backward reads x and the stash, no phase one
+ * again (with checkpointing, the recompute's). */
+Test(model_two_phase, attnres_replace_blocks_merge_the_partial_as_each_site_alone)
+{
+    setenv("FATHOM_ROUTE_REPLACE", "two_phase", 1);
+    const TwoPhaseCase cases[] = {
+        {"attnres replace H 1, blocks of 1 layer", RESIDUAL_ATTNRES, 1, 1, 16, 1, {1}, false,
+         true},
+        {"mhar replace H 4, blocks of 2 layers (one short), d 24", RESIDUAL_ATTNRES, 4, 2, 24,
+         1, {1}, false, true},
+        {"mhar replace H 2, blocks of 2 layers, checkpointed", RESIDUAL_ATTNRES, 2, 2, 16, 1,
+         {1}, true, true},
+        {"mhar replace H 4, blocks of 1 layer, checkpointed", RESIDUAL_ATTNRES, 4, 1, 24, 1,
+         {1}, true, true},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
         check_case(&cases[k]);
@@ -252,4 +274,42 @@ Test(model_two_phase, choosing_sites_alone_after_the_first_forward_is_a_config_e
 {
     test_expect_fatal(choose_sites_alone_after_a_forward, NULL, EXIT_CONFIG,
                       "model_route_sites_alone is chosen before the first forward");
+}
+
+static void build_a_replace_plan_named_fastest(void *unused)
+{
+    (void)unused;
+    setenv("FATHOM_ROUTE_REPLACE", "fastest", 1);
+    const ModelConfig config = route_test_model_config();
+    const ResidualConfig residual = route_test_attnres(2, 1, FORM_REPLACE);
+    ResidualPlan plan;
+    residual_plan_build(&plan, &config, &residual);
+}
+
+Test(model_two_phase, an_unknown_replace_walk_name_exits_with_the_config_code)
+{
+    test_expect_fatal(build_a_replace_plan_named_fastest, NULL, EXIT_CONFIG,
+                      "FATHOM_ROUTE_REPLACE = 'fastest' (per_site or two_phase)");
+}
+
+/* The choice is the replace form's of attnres: msar walks in two phases anyway, and the
+ * delta form too; unset, attnres's replace form routes a site at a time. */
+Test(model_two_phase, two_phase_replace_is_chosen_for_attnres_replace_only)
+{
+    const ModelConfig config = route_test_model_config();
+    const ResidualConfig replace = route_test_attnres(2, 1, FORM_REPLACE);
+    const ResidualConfig delta = route_test_attnres(2, 1, FORM_DELTA);
+    ResidualPlan plan;
+    unsetenv("FATHOM_ROUTE_REPLACE");
+    residual_plan_build(&plan, &config, &replace);
+    cr_expect_not(residual_two_phase(&plan));
+    residual_plan_free(&plan);
+    setenv("FATHOM_ROUTE_REPLACE", "two_phase", 1);
+    residual_plan_build(&plan, &config, &replace);
+    cr_expect(residual_two_phase(&plan));
+    residual_plan_free(&plan);
+    residual_plan_build(&plan, &config, &delta);
+    cr_expect(residual_two_phase(&plan));
+    cr_expect_not(plan.replace_two_phase);
+    residual_plan_free(&plan);
 }
