@@ -59,8 +59,10 @@ typedef struct {
     int threads, warp_vectors, k_steps;
 } LayoutCase;
 
-static void expect_layouts(const LayoutCase *cases, int count)
+/* each case's layout under FATHOM_ROUTE_BLOCK = choice */
+static void expect_layouts(const char *choice, const LayoutCase *cases, int count)
 {
+    setenv("FATHOM_ROUTE_BLOCK", choice, 1);
     for (int i = 0; i < count; i++) {
         const LayoutCase *c = &cases[i];
         const CudaRouteBlockLayout got =
@@ -84,7 +86,6 @@ static void expect_layouts(const LayoutCase *cases, int count)
  * kernels. */
 Test(cuda_route_block_layout, mma_splits_no_head)
 {
-    setenv("FATHOM_ROUTE_BLOCK", "mma", 1);
     const LayoutCase cases[] = {
         {9, 8, 4096, 8, "mma", 512, 32, 16},   {3, 4, 4096, 1, "mma", 512, 32, 16},
         {9, 8, 1280, 8, "simt", 160, 32, 0},   {5, 4, 1280, 16, "simt", 160, 32, 0},
@@ -93,7 +94,7 @@ Test(cuda_route_block_layout, mma_splits_no_head)
         {3, 9, 256, 2, "per_site", 0, 0, 0},   {2, 3, 256, 64, "per_site", 0, 0, 0},
         {2, 2, 8192, 8, "per_site", 0, 0, 0},
     };
-    expect_layouts(cases, COUNT(cases));
+    expect_layouts("mma", cases, COUNT(cases));
 }
 
 /* The split layout: a warp of 20 vectors a head at the 1B graft (eight warps, 256 threads for
@@ -105,7 +106,6 @@ Test(cuda_route_block_layout, mma_splits_no_head)
  * and G 8 need 240 KB; the row layout's 150 KB); heads of whole warps as under mma. */
 Test(cuda_route_block_layout, mma_all_splits_heads_into_warps_of_16_to_24_vectors)
 {
-    setenv("FATHOM_ROUTE_BLOCK", "mma_all", 1);
     const LayoutCase cases[] = {
         {9, 8, 1280, 8, "mma_split", 256, 20, 10},  {12, 8, 1280, 8, "mma_split", 256, 20, 10},
         {4, 2, 640, 2, "mma_split", 128, 20, 10},   {5, 4, 1152, 2, "mma_split", 192, 24, 12},
@@ -116,15 +116,14 @@ Test(cuda_route_block_layout, mma_all_splits_heads_into_warps_of_16_to_24_vector
         {9, 8, 4096, 8, "mma", 512, 32, 16},        {6, 7, 2048, 8, "mma", 256, 32, 16},
         {13, 2, 1280, 8, "per_site", 0, 0, 0},
     };
-    expect_layouts(cases, COUNT(cases));
+    expect_layouts("mma_all", cases, COUNT(cases));
 }
 
 Test(cuda_route_block_layout, simt_splits_no_head)
 {
-    setenv("FATHOM_ROUTE_BLOCK", "simt", 1);
     const LayoutCase cases[] = {
         {9, 8, 4096, 8, "simt", 512, 32, 0},
         {9, 8, 1280, 8, "simt", 160, 32, 0},
     };
-    expect_layouts(cases, COUNT(cases));
+    expect_layouts("simt", cases, COUNT(cases));
 }
