@@ -87,6 +87,15 @@ Test(pipeline, pp2_dp2_block_mhar_equals_one_rank)
                                 "pp-dp");
 }
 
+/* The replace form walked in two phases (model/route_block.h; the ranks inherit the
+ * variable from mpirun): each stage's chunk opens its own blocks. */
+Test(pipeline, pp2_dp2_block_mhar_in_two_phases_equals_one_rank)
+{
+    setenv("FATHOM_ROUTE_REPLACE", "two_phase", 1);
+    expect_layout_equals_single("demo_block_mhar", 4, "--set parallel.pp=2 --set parallel.dp=2",
+                                "pp-dp-two-phase");
+}
+
 /* The same layout with and without checkpointing: the same bits, in losses and weights. */
 static void expect_checkpointing_changes_nothing(const char *config, const char *extra,
                                                  const char *tag)
