@@ -99,11 +99,13 @@ static int block_sites(const RouteWalk *walk, int block)
     return left < S ? left : S;
 }
 
-/* attnres's site i's [rows, H] floats in a [S, max_rows, H] scratch array (the replace form's
- * lse and softmax centres). */
-static float *attnres_site_floats(const RouteWalk *walk, float *base, int i)
+/* Site i's [rows, H] floats of stream r in a [m, S, max_rows, H] scratch array (the replace
+ * form's lse and softmax centres; attnres's stream is r = 0). */
+static float *site_stream_floats(const RouteWalk *walk, float *base, int r, int i)
 {
-    return base + (size_t)i * walk->route->max_rows * walk->plan->heads;
+    const size_t S = (size_t)walk->plan->sublayers_per_block;
+    const size_t per_site = (size_t)walk->route->max_rows * walk->plan->heads;
+    return base + ((size_t)r * S + (size_t)i) * per_site;
 }
 
 /* The backward of block n when the walk leaves it: every site's d x into the sources (the
@@ -126,7 +128,8 @@ static void block_backward(RouteWalk *walk, int block)
         walk->grad_queries[i] = model->site_grads[j].query;
         walk->grad_key_norms[i] = model->site_grads[j].key_norm;
         walk->grad_alphas[i] = model->site_grads[j].alpha;
-        walk->means[i] = walk->replace ? attnres_site_floats(walk, scratch->block_means, i) : NULL;
+        walk->means[i] =
+            walk->replace ? site_stream_floats(walk, scratch->block_means, 0, i) : NULL;
     }
     walk->backend->route_block_backward(
         walk->grad_sources, walk->grad_queries, walk->grad_key_norms,
@@ -163,7 +166,7 @@ static void attnres_replace_forward(RouteWalk *walk, int block, int i, Activatio
     site_sources(walk, j, walk->sources);
     walk->backend->route_merge_forward(
         x, saved->weights, saved->rstd, result,
-        attnres_site_floats(walk, model->scratch.route.block_lse, i),
+        site_stream_floats(walk, model->scratch.route.block_lse, 0, i),
         walk->sources[site->n_sources - 1], site->n_sources, weights->query, weights->key_norm,
         walk->rows, walk->d, walk->plan->heads, walk->route->eps);
 }
@@ -182,7 +185,7 @@ static void attnres_replace_backward(RouteWalk *walk, int block, int i, const Ac
     walk->backend->route_merge_backward(
         i > 0 ? walk->grad_sources[last] : NULL, model->site_grads[j].query,
         model->site_grads[j].key_norm,
-        attnres_site_floats(walk, model->scratch.route.block_means, i), grad_x, x,
+        site_stream_floats(walk, model->scratch.route.block_means, 0, i), grad_x, x,
         i > 0 ? walk->sources[last] : NULL, site->n_sources, saved->weights, saved->rstd,
         weights->query, weights->key_norm, model->scratch.route.route_backward, walk->rows,
         walk->d, walk->plan->heads);
@@ -205,15 +208,6 @@ static Activation *stream_slot(const RouteWalk *walk, int r, int k)
 {
     const size_t S = (size_t)walk->plan->sublayers_per_block;
     return walk->model->scratch.route.stream_slots[(size_t)r * (S + 1) + (size_t)k];
-}
-
-/* Site i's [rows, H] floats of stream r in a [m, S, max_rows, H] scratch array (the replace
- * form's lse and softmax centres). */
-static float *site_stream_floats(const RouteWalk *walk, float *base, int r, int i)
-{
-    const size_t S = (size_t)walk->plan->sublayers_per_block;
-    const size_t per_site = (size_t)walk->route->max_rows * walk->plan->heads;
-    return base + ((size_t)r * S + (size_t)i) * per_site;
 }
 
 /* E_r of walk->sources[k] (source k of `site`, which has a conv slot) into the scratch's

@@ -326,5 +326,4 @@ void route_block_backward_fast(bf16 *const *dsources, float *const *dqueries,
                                int n_sites, float *workspace, int tokens, int d, int heads,
                                cudaStream_t stream);
 
-
 #endif
