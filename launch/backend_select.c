@@ -3,9 +3,11 @@
 
 #include "runtime/cuda_module.h"
 #include "runtime/error.h"
+#include "runtime/matmul_table.h"
 
 #include <stdbool.h>
 #include <stdio.h>
+#include <string.h>
 
 /* The cuda kernels' limits (backend_select.h names the headers they come from). */
 enum {
@@ -51,7 +53,37 @@ bool backend_cuda_takes(const Config *config, int compute_capability, char *why,
     return true;
 }
 
-const Backend *backend_select(DeviceKind device, const Config *config)
+/* The config's matmul_algorithms table, handed to the cuda backend (backend_select.h). */
+static void matmul_algorithms_apply(const Config *config, const Backend *backend)
+{
+    if (!config || !config->matmul_algorithms[0])
+        return;
+    const char *path = config->matmul_algorithms;
+    if (strcmp(backend->name, "cuda"))
+        fatal(EXIT_CONFIG, "matmul_algorithms names %s, a table of the cuda backend's "
+              "algorithms, but this run is on the %s backend: remove the key, or run on a GPU",
+              path, backend->name);
+    MatmulTable table;
+    matmul_table_init(&table);
+    matmul_table_read(&table, path);
+    char why[512];
+    if (!cuda_module_matmul_table_use(&table, why, sizeof why))
+        fatal(EXIT_CONFIG, "matmul_algorithms: %s cannot be used here: %s; run fathom tune "
+              "again", path, why);
+    const char *description = cuda_module_probe()->description;
+    char multiprocessors[32];
+    snprintf(multiprocessors, sizeof multiprocessors, " %d SMs", table.multiprocessors);
+    if (strncmp(description, table.device, strlen(table.device)) ||
+        !strstr(description, multiprocessors))
+        warn("matmul_algorithms: %s was tuned on %s with %d multiprocessors and this run is on "
+             "%s: its algorithms run, but may not be the fastest here", path, table.device,
+             table.multiprocessors, description);
+    printf("fathom: matmul algorithms from %s (%d products, tuned on %s)\n", path, table.count,
+           table.device);
+    matmul_table_free(&table);
+}
+
+static const Backend *backend_choose(DeviceKind device, const Config *config)
 {
     if (device == DEVICE_CPU)
         return backend_cpu();
@@ -76,4 +108,11 @@ const Backend *backend_select(DeviceKind device, const Config *config)
     }
     printf("fathom: device cuda (%s)\n", info->description);
     return cuda;
+}
+
+const Backend *backend_select(DeviceKind device, const Config *config)
+{
+    const Backend *backend = backend_choose(device, config);
+    matmul_algorithms_apply(config, backend);
+    return backend;
 }

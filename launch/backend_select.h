@@ -10,6 +10,10 @@
  *                (kernels/cuda/route_cuda.h)
  * auto: cuda when all three hold, else the cpu, saying why when a GPU was there.
  * cuda: exit 2 naming what is missing.
+ * A config naming `matmul_algorithms` (runtime/matmul_table.h) gets that table on the cuda
+ * backend: exit 2 when the run lands on the cpu (whose products have no algorithms to
+ * choose), when the file cannot be read, or when the table was tuned with another cuBLASLt;
+ * a table tuned on another device is used with a warning.
  */
 #ifndef FATHOM_LAUNCH_BACKEND_SELECT_H
 #define FATHOM_LAUNCH_BACKEND_SELECT_H

@@ -9,6 +9,7 @@
 #include "launch/plan.h"
 #include "launch/probe.h"
 #include "launch/train.h"
+#include "launch/tune.h"
 #include "runtime/comm.h"
 #include "runtime/error.h"
 
@@ -17,7 +18,8 @@
 
 /* train and bench run as one job of the ranks mpirun starts; every other command is one
  * process's work, which several ranks would each do whole (eval and probe each loading the
- * whole model onto one GPU, convert writing one run directory at once). */
+ * whole model onto one GPU, convert writing one run directory at once, tune timing one
+ * GPU's products). */
 static void require_one_process(const char *command)
 {
     const int ranks = comm_size(comm_world());
@@ -54,7 +56,7 @@ int cli_main(int argc, char **argv)
         int (*run)(int argc, char **argv);
     } one_process[] = {
         {"eval", eval_main},       {"probe", probe_main}, {"inspect", inspect_main},
-        {"convert", convert_main}, {"plan", plan_main},
+        {"convert", convert_main}, {"plan", plan_main},   {"tune", tune_main},
     };
     for (size_t i = 0; i < sizeof one_process / sizeof one_process[0]; i++)
         if (!strcmp(command, one_process[i].name)) {

@@ -73,6 +73,20 @@ static const CommandHelp commands[] = {
      "  --gpu-memory GIB    also say whether each stage fits a GPU of GIB GiB, naming the keys\n"
      "                      that shrink one that does not (exit 2 then)\n"
      "example: fathom plan launch/configs/marin8b_block_mhar.yaml --gpu-memory 80\n"},
+    {"tune",
+     "usage: fathom tune CONFIG.yaml [--set key=value ...] [--out FILE] [--candidates N] "
+     "[--repeats N]\n"
+     "  Chooses the cuda backend's matrix product algorithms for CONFIG.yaml once, and writes\n"
+     "  them to FILE (default matmul_algorithms.txt) for runs to name with matmul_algorithms:\n"
+     "  the same file, the same algorithms and bits in every run and resume. Runs one step\n"
+     "  of the config's model on one GPU (one process, one microbatch, one block of layers:\n"
+     "  a layer's products do not depend on the depth or the layout), then times cuBLASLt's\n"
+     "  candidates for each product and keeps the fastest that repeats its bits, where it\n"
+     "  leads the heuristic's choice by 1% or more. Exit 2 without a GPU.\n"
+     "  --out FILE          where the table goes (written whole, or not at all)\n"
+     "  --candidates N      the heuristic's first N answers a product (default 16, up to 32)\n"
+     "  --repeats N         timed runs of each (default 20, up to 200); the median counts\n"
+     "example: fathom tune launch/configs/marin8b_block_mhar.yaml --out marin8b.matmul\n"},
     {"inspect",
      "usage: fathom inspect DIR [--json] | fathom inspect --comm RUN_DIR\n"
      "  DIR (a run_dir, its checkpoints/ or one step directory): the step and counters, the\n"

@@ -17,6 +17,7 @@
 #include "runtime/config.h"
 #include "runtime/data.h"
 #include "runtime/device_comm.h"
+#include "runtime/cuda_module.h"
 #include "runtime/error.h"
 #include "runtime/fault.h"
 #include "runtime/lr_schedule.h"
@@ -90,6 +91,19 @@ static void report_held_hops(const Config *config, const Backend *backend,
            "%s, %.0f bytes)\n", format_bytes(measured, sizeof measured, held), held,
            format_bytes(bound, sizeof bound, (size_t)plan.held_bytes), plan.held_bytes);
     fflush(stdout);
+}
+
+/* After the first step: how many of its products the matmul_algorithms table chose; one it
+ * lacks (a shape or operand alignment the tuned step did not have) took the heuristic's. */
+static void report_matmul_algorithms(const Config *config)
+{
+    if (!config->matmul_algorithms[0])
+        return;
+    int from_table, from_heuristic;
+    cuda_module_matmul_table_counts(&from_table, &from_heuristic);
+    printf("fathom: matmul products: %d from %s, %d by cuBLASLt's heuristic%s\n", from_table,
+           config->matmul_algorithms, from_heuristic,
+           from_heuristic ? " (not in the table: fathom tune of this config adds them)" : "");
 }
 
 static void print_banner(const Config *config, const Backend *backend, Model *model,
@@ -410,6 +424,7 @@ int train_main(int argc, char **argv)
         train_comm_step_end(&train_comm, timer_seconds() - started);
         if (leader && !hops_reported) {
             report_held_hops(&config, backend, &grid, &step);
+            report_matmul_algorithms(&config);
             hops_reported = true;
         }
         state.step = step_number;

@@ -124,6 +124,9 @@ typedef struct {
     char run_dir[CONFIG_PATH_MAX];
     unsigned long long seed;
     DeviceKind device;
+    /* the cuda products' algorithms chosen by `fathom tune` (runtime/matmul_table.h); "":
+     * cuBLASLt's heuristic */
+    char matmul_algorithms[CONFIG_PATH_MAX];
 } Config;
 
 /* The defaults: a small baseline model on the synthetic corpus. */

@@ -143,6 +143,7 @@ const ConfigKey config_key_table[] = {
     STRING("run_dir", run_dir),
     SEED("seed", seed),
     ENUM("device", device, DeviceKind, device_names),
+    STRING("matmul_algorithms", matmul_algorithms),
 };
 
 const int config_key_count = (int)(sizeof config_key_table / sizeof config_key_table[0]);

@@ -191,3 +191,37 @@ bool cuda_module_memory(size_t *free_bytes, size_t *total_bytes)
     MemoryFunction memory = (MemoryFunction)(uintptr_t)dlsym(module_handle, "cuda_memory_info");
     return memory && memory(free_bytes, total_bytes);
 }
+
+/* The module with a device, for an op of the matrix products' algorithms: fatal without. */
+static void *matmul_module(const char *what)
+{
+    void *handle = module_with_device();
+    if (!handle)
+        fatal(EXIT_CONFIG, "%s needs the cuda backend, but %s", what,
+              cuda_module_probe()->description);
+    return handle;
+}
+
+bool cuda_module_matmul_table_use(const MatmulTable *table, char *why, size_t capacity)
+{
+    typedef int (*UseFunction)(const MatmulTable *, char *, size_t);
+    UseFunction use = (UseFunction)(uintptr_t)required_symbol(matmul_module("matmul_algorithms"),
+                                                              "cuda_matmul_table_use");
+    return use(table, why, capacity) == 0;
+}
+
+void cuda_module_matmul_table_counts(int *from_table, int *from_heuristic)
+{
+    typedef void (*CountsFunction)(int *, int *);
+    CountsFunction counts = (CountsFunction)(uintptr_t)required_symbol(
+        matmul_module("matmul_algorithms"), "cuda_matmul_table_counts");
+    counts(from_table, from_heuristic);
+}
+
+void cuda_module_matmul_tune(MatmulTable *table, int candidates, int repeats)
+{
+    typedef void (*TuneFunction)(MatmulTable *, int, int);
+    TuneFunction tune = (TuneFunction)(uintptr_t)required_symbol(matmul_module("fathom tune"),
+                                                                 "cuda_matmul_tune");
+    tune(table, candidates, repeats);
+}

@@ -11,6 +11,7 @@
 #define FATHOM_RUNTIME_CUDA_MODULE_H
 
 #include "runtime/backend.h"
+#include "runtime/matmul_table.h"
 #include "runtime/nccl_table.h"
 
 #include <stdbool.h>
@@ -46,5 +47,14 @@ void cuda_module_device_use(int ordinal);
 /* Free and total bytes of the GPU the cuda backend uses; false when the module is not
  * loaded, sees no device, or cannot say. */
 bool cuda_module_memory(size_t *free_bytes, size_t *total_bytes);
+
+/* The cuda backend's matrix products' algorithms (runtime/matmul_table.h; the module's
+ * cuda_matmul_* of kernels/cuda/cuda_module.h): use a table from now on (false with the
+ * reason in `why` when it cannot be honoured here), count which plans took it, and time the
+ * candidates of every product run so far into a table. Each needs a loaded module with a
+ * device (fatal, exit 2, without). */
+bool cuda_module_matmul_table_use(const MatmulTable *table, char *why, size_t capacity);
+void cuda_module_matmul_table_counts(int *from_table, int *from_heuristic);
+void cuda_module_matmul_tune(MatmulTable *table, int candidates, int repeats);
 
 #endif

@@ -145,3 +145,41 @@ Test(cli, device_cuda_without_a_gpu_exits_2_with_the_reason)
     /* the reason differs (no module in a build without nvcc, no device or driver here) */
     expect_failure("", "--set device=cuda", 2, "device: cuda, but");
 }
+
+/* A table of cuda algorithms on the cpu backend is a key the run cannot honour. */
+Test(cli, matmul_algorithms_on_the_cpu_exits_2_naming_the_key)
+{
+    expect_failure("", "--set device=cpu --set matmul_algorithms=/tmp/fathom.matmul", 2,
+                   "matmul_algorithms names /tmp/fathom.matmul");
+}
+
+Test(cli, tune_of_a_cpu_config_exits_2)
+{
+    char dir[256], arguments[600];
+    test_make_temp_dir(dir, "cli_tune");
+    tiny_config_write(dir, "");
+    snprintf(arguments, sizeof arguments, "tune %s/config.yaml --set device=cpu", dir);
+    cr_assert_eq(test_run_fathom(arguments, output, sizeof output), 2, "%s", output);
+    cr_assert(strstr(output, "device: cpu"), "%s", output);
+    snprintf(arguments, sizeof arguments, "tune %s/config.yaml --candidates 33", dir);
+    cr_assert_eq(test_run_fathom(arguments, output, sizeof output), 2, "%s", output);
+    cr_assert(strstr(output, "--candidates 33 is not a count from 1 to 32"), "%s", output);
+    test_remove_tree(dir);
+}
+
+/* Without a GPU fathom tune has nothing to time, whatever the config says. */
+Test(cli, tune_without_a_gpu_exits_2_with_the_reason)
+{
+    const CudaModuleInfo *cuda = cuda_module_probe();
+    if (cuda->devices > 0)
+        cr_skip_test("a GPU is present: %s", cuda->description);
+    char dir[256], arguments[600];
+    test_make_temp_dir(dir, "cli_tune");
+    tiny_config_write(dir, "");
+    snprintf(arguments, sizeof arguments, "tune %s/config.yaml --set device=auto --out "
+             "%s/table.txt", dir, dir);
+    cr_assert_eq(test_run_fathom(arguments, output, sizeof output), 2, "%s", output);
+    cr_assert(strstr(output, "fathom tune times the cuda backend's products, but"), "%s",
+              output);
+    test_remove_tree(dir);
+}

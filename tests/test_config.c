@@ -138,7 +138,8 @@ static const char full_yaml[] =
     "  samples: 6\n"
     "run_dir: \"runs/full: \\\"quoted\\\" \\\\ path\\t# not a comment\"\n"
     "seed: 18446744073709551615\n"
-    "device: cpu\n";
+    "device: cpu\n"
+    "matmul_algorithms: tables/h200.matmul\n";
 
 /* --- defaults and round trips ------------------------------------------------------------ */
 

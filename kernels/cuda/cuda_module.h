@@ -13,6 +13,8 @@
 #ifndef FATHOM_KERNELS_CUDA_CUDA_MODULE_H
 #define FATHOM_KERNELS_CUDA_CUDA_MODULE_H
 
+#include "runtime/matmul_table.h"
+
 #include <stddef.h>
 
 #ifdef __cplusplus
@@ -39,6 +41,21 @@ void cuda_device_use(int ordinal);
 /* cudaMemGetInfo of the current device (device 0 unless the backend chose another): 1 with
  * the free and total bytes, 0 when there is no device or the call fails. */
 int cuda_memory_info(size_t *free_bytes, size_t *total_bytes);
+
+/* ---- the matrix products' algorithms (runtime/matmul_table.h; kernels/cuda/matmul_cuda.cu)
+ * cuda_matmul_table_use: from now on a product whose key the table holds runs the table's
+ * algorithm (plans made before are made again). 0, or -1 with the reason in `why` when the
+ * table cannot be honoured here: another cuBLASLt version, or more workspace than this run
+ * allows. The table is copied.
+ * cuda_matmul_table_counts: of the plans made so far, how many took the table's algorithm
+ * and how many the heuristic's.
+ * cuda_matmul_tune: times up to `candidates` (1..32) of cuBLASLt's algorithms for every plan
+ * made so far, `repeats` (1..200) timed runs each, and adds an entry a plan to `table`
+ * (initialised, empty), with its header; prints a line a plan and the total
+ * (kernels/cuda/matmul_tune_cuda.cu). */
+int cuda_matmul_table_use(const MatmulTable *table, char *why, size_t capacity);
+void cuda_matmul_table_counts(int *from_table, int *from_heuristic);
+void cuda_matmul_tune(MatmulTable *table, int candidates, int repeats);
 
 #ifdef __cplusplus
 }

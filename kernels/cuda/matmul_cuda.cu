@@ -27,16 +27,21 @@
  *             m = in_dim, n = out_dim, k = rows
  *
  * Plans: the descriptors and the algorithm of each (product, shape, operand alignments) are
- * made once, with cuBLASLt's heuristic (its first, best-ranked answer; matmul_rank) under
- * the 32 MiB workspace, and kept in a small table for the life of the process, so a shape
- * always runs the same algorithm (same bits). beta is not part of the key: it is a run-time
- * argument of cublasLtMatmul that the heuristic is not asked about, so the two modes of din
- * and of dweight share one plan (one algorithm, one order of the sums). Split-K variants whose partial sums would be added
- * in the output type (bf16 for out and din) are excluded: only no split or a reduction in
- * the fp32 compute type. A shape beyond the table's capacity gets a plan made and dropped on
- * every call (the heuristic is deterministic, so the algorithm is the same).
+ * made once and kept in a small table for the life of the process, so a shape always runs
+ * the same algorithm (same bits). The algorithm is the one a run's matmul_algorithms table
+ * names for the key (runtime/matmul_table.h; `fathom tune` timed cuBLASLt's candidates and
+ * wrote it), else cuBLASLt's heuristic's first, best-ranked answer (matmul_rank) under the
+ * 32 MiB workspace. beta is not part of the key: it is a run-time argument of
+ * cublasLtMatmul that the heuristic is not asked about, so the two modes of din and of
+ * dweight share one plan (one algorithm, one order of the sums). Split-K variants whose
+ * partial sums would be added in the output type (bf16 for out and din) are excluded: only
+ * no split or a reduction in the fp32 compute type. A shape beyond the table's capacity gets
+ * a plan made and dropped on every call (the heuristic is deterministic, so the algorithm
+ * is the same).
  */
+#include "kernels/cuda/cuda_module.h"
 #include "kernels/cuda/kernels_cuda.h"
+#include "kernels/cuda/matmul_internal.h"
 
 #include "runtime/error.h"
 
@@ -52,41 +57,42 @@ enum {
     MATMUL_RANKS_MAX = 8, /* FATHOM_MATMUL_RANK's range */
 };
 
-typedef enum MatmulProduct {
-    PRODUCT_FORWARD,
-    PRODUCT_INPUT_GRADIENT,
-    PRODUCT_WEIGHT_GRADIENT,
-} MatmulProduct;
-
-typedef struct MatmulPlan {
-    MatmulProduct product;
-    int rows, in_dim, out_dim;
-    uint32_t alignment_a, alignment_b, alignment_c; /* bytes, at most 256 */
-    cublasLtMatmulDesc_t operation;
-    cublasLtMatrixLayout_t layout_a, layout_b, layout_c; /* C and D share layout_c */
-    cublasLtMatmulAlgo_t algorithm;
-} MatmulPlan;
-
 static cublasLtHandle_t matmul_handle;
 static void *matmul_workspace;
 static MatmulPlan matmul_plans[MATMUL_PLANS_MAX];
 static int matmul_plan_count;
+/* the algorithms a run named (matmul_algorithms; cuda_matmul_table_use), or none */
+static MatmulTable matmul_table;
 
-static const char *product_name(MatmulProduct product)
-{
-    return product == PRODUCT_FORWARD          ? "forward"
-           : product == PRODUCT_INPUT_GRADIENT ? "input gradient"
-                                               : "weight gradient";
-}
-
-/* The largest power of two (at most 256) dividing the address: what cuBLASLt may assume. */
-static uint32_t pointer_alignment(const void *pointer)
+uint32_t matmul_pointer_alignment(const void *pointer)
 {
     uintptr_t address = (uintptr_t)pointer;
     uint32_t alignment = 256;
     while (alignment > 1 && address % alignment != 0)
         alignment /= 2;
     return alignment;
+}
+
+cublasLtHandle_t matmul_library(void)
+{
+    cuda_matmul_init();
+    return matmul_handle;
+}
+
+void *matmul_workspace_memory(void)
+{
+    cuda_matmul_init();
+    return matmul_workspace;
+}
+
+int matmul_plan_total(void)
+{
+    return matmul_plan_count;
+}
+
+MatmulPlan *matmul_plan_at(int index)
+{
+    return &matmul_plans[index];
 }
 
 extern "C" void cuda_matmul_init(void)
@@ -102,7 +108,7 @@ extern "C" void cuda_matmul_init(void)
  * workspace). A diagnostic: cuBLASLt sets a flag in its workspace before most products (a
  * memset each, docs/performance.md, 2026-12-02 tenth run), and this is how a run asks what
  * the algorithms that need none cost. Read once. */
-static uint64_t matmul_workspace_bytes(void)
+uint64_t matmul_workspace_bytes(void)
 {
     static int64_t bytes = -1;
     if (bytes < 0) {
@@ -117,6 +123,8 @@ static uint64_t matmul_workspace_bytes(void)
     return (uint64_t)bytes;
 }
 
+static void plans_release(void);
+
 static void plan_release(MatmulPlan *plan)
 {
     CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(plan->layout_a));
@@ -129,9 +137,8 @@ extern "C" void cuda_matmul_destroy(void)
 {
     if (!matmul_handle)
         return;
-    for (int i = 0; i < matmul_plan_count; i++)
-        plan_release(&matmul_plans[i]);
-    matmul_plan_count = 0;
+    plans_release();
+    matmul_table_free(&matmul_table);
     CUDA_CHECK(cudaFree(matmul_workspace));
     matmul_workspace = NULL;
     CUBLAS_CHECK(cublasLtDestroy(matmul_handle));
@@ -170,16 +177,14 @@ static int matmul_rank(void)
     return rank;
 }
 
-/* Fills the descriptors of `plan` (its product, shape and alignments set) and asks the
- * heuristic for its algorithm. */
-static void plan_build(MatmulPlan *plan)
+/* Fills the descriptors of `plan` (its product, shape and alignments set). */
+static void plan_describe(MatmulPlan *plan)
 {
     uint64_t rows = (uint64_t)plan->rows, in_dim = (uint64_t)plan->in_dim,
              out_dim = (uint64_t)plan->out_dim;
-    cudaDataType_t output_type = CUDA_R_16BF;
     cublasOperation_t op_a = CUBLAS_OP_N, op_b = CUBLAS_OP_N;
     switch (plan->product) {
-    case PRODUCT_FORWARD:
+    case MATMUL_FORWARD:
         CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->layout_a, CUDA_R_16BF, in_dim, out_dim,
                                                 (int64_t)in_dim));
         CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->layout_b, CUDA_R_16BF, in_dim, rows,
@@ -188,7 +193,7 @@ static void plan_build(MatmulPlan *plan)
                                                 (int64_t)out_dim));
         op_a = CUBLAS_OP_T;
         break;
-    case PRODUCT_INPUT_GRADIENT:
+    case MATMUL_INPUT_GRADIENT:
         CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->layout_a, CUDA_R_16BF, in_dim, out_dim,
                                                 (int64_t)in_dim));
         CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->layout_b, CUDA_R_16BF, out_dim, rows,
@@ -196,7 +201,7 @@ static void plan_build(MatmulPlan *plan)
         CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->layout_c, CUDA_R_16BF, in_dim, rows,
                                                 (int64_t)in_dim));
         break;
-    case PRODUCT_WEIGHT_GRADIENT:
+    case MATMUL_WEIGHT_GRADIENT:
         CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->layout_a, CUDA_R_16BF, in_dim, rows,
                                                 (int64_t)in_dim));
         CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->layout_b, CUDA_R_16BF, out_dim, rows,
@@ -204,13 +209,16 @@ static void plan_build(MatmulPlan *plan)
         CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->layout_c, CUDA_R_32F, in_dim, out_dim,
                                                 (int64_t)in_dim));
         op_b = CUBLAS_OP_T;
-        output_type = CUDA_R_32F;
         break;
     }
     CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->operation, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     set_operation(plan->operation, CUBLASLT_MATMUL_DESC_TRANSA, op_a);
     set_operation(plan->operation, CUBLASLT_MATMUL_DESC_TRANSB, op_b);
+}
 
+int matmul_heuristic(const MatmulPlan *plan, cublasLtMatmulHeuristicResult_t *results,
+                     int wanted)
+{
     cublasLtMatmulPreference_t preference;
     CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
     uint64_t workspace_bytes = matmul_workspace_bytes();
@@ -227,19 +235,112 @@ static void plan_build(MatmulPlan *plan)
                    sizeof plan->alignment_c);
     set_preference(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &plan->alignment_c,
                    sizeof plan->alignment_c);
-
-    cublasLtMatmulHeuristicResult_t results[MATMUL_RANKS_MAX];
-    memset(results, 0, sizeof results);
+    memset(results, 0, (size_t)wanted * sizeof *results);
     int found = 0;
     CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(
-        matmul_handle, plan->operation, plan->layout_a, plan->layout_b, plan->layout_c,
-        plan->layout_c, preference, matmul_rank() + 1, results, &found));
+        matmul_library(), plan->operation, plan->layout_a, plan->layout_b, plan->layout_c,
+        plan->layout_c, preference, wanted, results, &found));
     CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(preference));
     if (found < 1)
         fatal(EXIT_COMM, "cuBLASLt has no algorithm for the matmul %s of rows %d, in %d, out %d "
-              "(%s output)", product_name(plan->product), plan->rows, plan->in_dim,
-              plan->out_dim, output_type == CUDA_R_32F ? "fp32" : "bf16");
+              "(%s output)", matmul_product_name(plan->product), plan->rows, plan->in_dim,
+              plan->out_dim, plan->product == MATMUL_WEIGHT_GRADIENT ? "fp32" : "bf16");
+    return found;
+}
+
+bool matmul_algorithm_runs(const MatmulPlan *plan, const cublasLtMatmulAlgo_t *algorithm)
+{
+    cublasLtMatmulHeuristicResult_t result;
+    memset(&result, 0, sizeof result);
+    const cublasStatus_t status = cublasLtMatmulAlgoCheck(
+        matmul_library(), plan->operation, plan->layout_a, plan->layout_b, plan->layout_c,
+        plan->layout_c, algorithm, &result);
+    return status == CUBLAS_STATUS_SUCCESS && result.workspaceSize <= matmul_workspace_bytes();
+}
+
+/* The table's entry for `plan`'s key, or NULL. */
+static const MatmulTableEntry *plan_table_entry(const MatmulPlan *plan)
+{
+    MatmulTableEntry key;
+    memset(&key, 0, sizeof key);
+    key.product = plan->product;
+    key.rows = plan->rows;
+    key.in_dim = plan->in_dim;
+    key.out_dim = plan->out_dim;
+    key.alignment_a = plan->alignment_a;
+    key.alignment_b = plan->alignment_b;
+    key.alignment_c = plan->alignment_c;
+    return matmul_table_find(&matmul_table, &key);
+}
+
+/* Fills the descriptors of `plan` and chooses its algorithm: the table's, where the run named
+ * a table with this product (checked with cuBLASLt: an algorithm that does not run here is a
+ * config error, not a silent fallback), else the heuristic's. */
+static void plan_build(MatmulPlan *plan)
+{
+    plan_describe(plan);
+    const MatmulTableEntry *entry = plan_table_entry(plan);
+    if (entry) {
+        static_assert(sizeof plan->algorithm == sizeof entry->algorithm,
+                      "a table entry holds one cublasLtMatmulAlgo_t");
+        memcpy(&plan->algorithm, entry->algorithm, sizeof plan->algorithm);
+        if (!matmul_algorithm_runs(plan, &plan->algorithm))
+            fatal(EXIT_CONFIG, "matmul_algorithms: the algorithm of the %s of rows %d, in %d, "
+                  "out %d does not run on this device and library: run fathom tune again",
+                  matmul_product_name(plan->product), plan->rows, plan->in_dim, plan->out_dim);
+        plan->from_table = true;
+        return;
+    }
+    cublasLtMatmulHeuristicResult_t results[MATMUL_RANKS_MAX];
+    const int found = matmul_heuristic(plan, results, matmul_rank() + 1);
     plan->algorithm = results[matmul_rank() < found ? matmul_rank() : found - 1].algo;
+}
+
+static void plans_release(void)
+{
+    for (int i = 0; i < matmul_plan_count; i++)
+        plan_release(&matmul_plans[i]);
+    matmul_plan_count = 0;
+}
+
+/* Touches no device until plans exist: a run calls this before its backend has chosen the
+ * rank's GPU (backend_cuda.cu starts there on its first op). */
+extern "C" int cuda_matmul_table_use(const MatmulTable *table, char *why, size_t capacity)
+{
+    const uint64_t library = (uint64_t)cublasLtGetVersion();
+    if (table->library_version != library) {
+        snprintf(why, capacity, "it was tuned with cuBLASLt %llu and this CUDA module runs "
+                 "%llu (an algorithm is valid for its own library only)",
+                 (unsigned long long)table->library_version, (unsigned long long)library);
+        return -1;
+    }
+    if (table->workspace_bytes > matmul_workspace_bytes()) {
+        snprintf(why, capacity, "its algorithms may use a workspace of %llu bytes and this "
+                 "run allows %llu (FATHOM_MATMUL_WORKSPACE_MIB)",
+                 (unsigned long long)table->workspace_bytes,
+                 (unsigned long long)matmul_workspace_bytes());
+        return -1;
+    }
+    /* plans made before this call took the heuristic's algorithms: make them again */
+    if (matmul_plan_count > 0) {
+        CUDA_CHECK(cudaDeviceSynchronize());
+        plans_release();
+    }
+    matmul_table_free(&matmul_table);
+    for (int i = 0; i < table->count; i++)
+        *matmul_table_add(&matmul_table) = table->entries[i];
+    matmul_table.library_version = table->library_version;
+    matmul_table.workspace_bytes = table->workspace_bytes;
+    matmul_table.multiprocessors = table->multiprocessors;
+    memcpy(matmul_table.device, table->device, sizeof matmul_table.device);
+    return 0;
+}
+
+extern "C" void cuda_matmul_table_counts(int *from_table, int *from_heuristic)
+{
+    *from_table = *from_heuristic = 0;
+    for (int i = 0; i < matmul_plan_count; i++)
+        ++*(matmul_plans[i].from_table ? from_table : from_heuristic);
 }
 
 /* Runs one product: D = alpha * op(A) op(B) + beta * C, with C = D. A plan is looked up by
@@ -254,9 +355,9 @@ static void matmul_run(MatmulProduct product, int rows, int in_dim, int out_dim,
     key.rows = rows;
     key.in_dim = in_dim;
     key.out_dim = out_dim;
-    key.alignment_a = pointer_alignment(a);
-    key.alignment_b = pointer_alignment(b);
-    key.alignment_c = pointer_alignment(c);
+    key.alignment_a = matmul_pointer_alignment(a);
+    key.alignment_b = matmul_pointer_alignment(b);
+    key.alignment_c = matmul_pointer_alignment(c);
 
     MatmulPlan *plan = NULL;
     for (int i = 0; i < matmul_plan_count && !plan; i++) {
@@ -282,6 +383,7 @@ static void matmul_run(MatmulProduct product, int rows, int in_dim, int out_dim,
             matmul_plan_count++;
     }
 
+    plan->calls++;
     float alpha = 1.0f;
     CUBLAS_CHECK(cublasLtMatmul(matmul_handle, plan->operation, &alpha, a, plan->layout_a, b,
                                 plan->layout_b, &beta, c, plan->layout_c, c, plan->layout_c,
@@ -296,7 +398,7 @@ extern "C" void cuda_matmul_forward(bf16 *out, const bf16 *in, const bf16 *weigh
 {
     if (rows <= 0 || in_dim <= 0 || out_dim <= 0)
         return;
-    matmul_run(PRODUCT_FORWARD, rows, in_dim, out_dim, weight, in, out, 0.0f, stream);
+    matmul_run(MATMUL_FORWARD, rows, in_dim, out_dim, weight, in, out, 0.0f, stream);
 }
 
 extern "C" void cuda_matmul_backward(bf16 *din, GradMode din_mode, float *dweight,
@@ -315,8 +417,8 @@ extern "C" void cuda_matmul_backward(bf16 *din, GradMode din_mode, float *dweigh
         return;
     }
     if (din)
-        matmul_run(PRODUCT_INPUT_GRADIENT, rows, in_dim, out_dim, weight, dout, din,
+        matmul_run(MATMUL_INPUT_GRADIENT, rows, in_dim, out_dim, weight, dout, din,
                    din_mode == GRAD_ADD ? 1.0f : 0.0f, stream);
-    matmul_run(PRODUCT_WEIGHT_GRADIENT, rows, in_dim, out_dim, in, dout, dweight,
+    matmul_run(MATMUL_WEIGHT_GRADIENT, rows, in_dim, out_dim, in, dout, dweight,
                dweight_mode == GRAD_ADD ? 1.0f : 0.0f, stream);
 }

@@ -1,0 +1,147 @@
+/* launch/tune.c — `fathom tune`: the config's matrix products timed, the fastest written to a
+ * table (see tune.h). */
+#include "launch/tune.h"
+
+#include "launch/backend_select.h"
+#include "launch/config_arguments.h"
+#include "launch/run_state.h"
+#include "model/model.h"
+#include "pipeline/step.h"
+#include "runtime/config.h"
+#include "runtime/cuda_module.h"
+#include "runtime/data.h"
+#include "runtime/error.h"
+#include "runtime/grid.h"
+#include "runtime/matmul_table.h"
+#include "runtime/optim.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char usage[] = "usage: fathom tune CONFIG.yaml [--set key=value ...] [--out FILE] "
+                            "[--candidates N] [--repeats N]";
+
+enum {
+    TUNE_CANDIDATES_DEFAULT = 16,
+    TUNE_CANDIDATES_MOST = 32, /* kernels/cuda/matmul_tune_cuda.cu's limits */
+    TUNE_REPEATS_DEFAULT = 20,
+    TUNE_REPEATS_MOST = 200,
+};
+
+typedef struct {
+    const char *out;
+    int candidates, repeats;
+} TuneOptions;
+
+static int parse_count(const char *option, const char *text, int most)
+{
+    char *end;
+    const long value = strtol(text, &end, 10);
+    if (end == text || *end || value < 1 || value > most)
+        fatal(EXIT_CONFIG, "tune: %s %s is not a count from 1 to %d (%s)", option, text, most,
+              usage);
+    return (int)value;
+}
+
+static int tune_option(void *context, int argc, char **argv, int i)
+{
+    TuneOptions *options = context;
+    const bool out = !strcmp(argv[i], "--out");
+    if (!out && strcmp(argv[i], "--candidates") && strcmp(argv[i], "--repeats"))
+        return 0;
+    if (i + 1 >= argc)
+        fatal(EXIT_CONFIG, "tune: %s needs a value (%s)", argv[i], usage);
+    if (out)
+        options->out = argv[i + 1];
+    else if (!strcmp(argv[i], "--candidates"))
+        options->candidates = parse_count(argv[i], argv[i + 1], TUNE_CANDIDATES_MOST);
+    else
+        options->repeats = parse_count(argv[i], argv[i + 1], TUNE_REPEATS_MOST);
+    return 2;
+}
+
+/* The config cut to the step that makes every product of it (tune.h): one process, one
+ * microbatch, synthetic tokens, one block of layers. */
+static void tune_config_reduce(Config *config)
+{
+    Config defaults;
+    config_defaults(&defaults);
+    config->parallel = defaults.parallel;
+    config->fsdp = defaults.fsdp;
+    config->train.global_batch_size = config->train.microbatch_size;
+    config->train.steps = 1;
+    config->data = defaults.data;
+    config->eval.every = 0;
+    config->matmul_algorithms[0] = '\0'; /* tune from the heuristic's choices */
+    const ResidualConfig *residual = &config->residual;
+    int layers = residual->mode != RESIDUAL_STANDARD && residual->granularity == GRANULARITY_BLOCK
+                     ? residual->layers_per_block
+                     : 1;
+    if (layers < config->model.n_layers)
+        config->model.n_layers = layers;
+}
+
+/* One training step of `config`: every product it runs gets its plan in the CUDA module. */
+static void tune_run_step(const Config *config, const Backend *backend)
+{
+    Config step_config = *config;
+    step_config.optim.ema_decay = 0;
+    Model *model = model_create(backend, &step_config.model, &step_config.residual,
+                                step_config.train.microbatch_size, step_config.train.seq_len);
+    model_init_params(model, step_config.seed, step_config.model.init_std);
+    RunState state;
+    run_state_create(&state, model, &step_config);
+    Optimizer optimizer = run_state_optimizer(&state, model, &step_config.optim);
+    RankGrid grid;
+    grid_create(&grid, 1, 1);
+    TrainingStep step;
+    step_create(&step, model, &step_config, &grid, &optimizer);
+    DataSet *data = data_open_train(&step_config);
+    step_run(&step, data, 0, step_config.optim.lr, 1);
+    backend->synchronize();
+    data_close(data);
+    step_destroy(&step);
+    grid_destroy(&grid);
+    free((void *)optimizer.ranges);
+    run_state_destroy(&state, model);
+    model_destroy(model); /* the timings get the memory; the plans stay in the module */
+}
+
+int tune_main(int argc, char **argv)
+{
+    static ConfigArguments arguments; /* 2 KiB of pointers: off the stack */
+    TuneOptions options = {"matmul_algorithms.txt", TUNE_CANDIDATES_DEFAULT,
+                           TUNE_REPEATS_DEFAULT};
+    config_arguments_parse(&arguments, argc, argv, usage, tune_option, &options);
+    Config config;
+    config_load(&config, arguments.path, arguments.overrides, arguments.n_overrides,
+                CONFIG_ANY_WORLD);
+    data_resolve_vocab_size(&config);
+    if (config.device == DEVICE_CPU)
+        fatal(EXIT_CONFIG, "tune: the config says device: cpu, and the cpu backend's products "
+              "have no algorithms to choose: fathom tune times the cuda backend's");
+    if (!cuda_module_backend())
+        fatal(EXIT_CONFIG, "tune: fathom tune times the cuda backend's products, but %s",
+              cuda_module_probe()->description);
+    const int n_layers = config.model.n_layers;
+    tune_config_reduce(&config);
+    const Backend *backend = backend_select(DEVICE_CUDA, &config);
+    printf("fathom tune: one step of %d x %d tokens through %d of the %d layers on one GPU "
+           "(a layer's products do not depend on the depth or the layout), then up to %d "
+           "candidates a product, %d timed runs each\n", config.train.microbatch_size,
+           config.train.seq_len, config.model.n_layers, n_layers, options.candidates,
+           options.repeats);
+    fflush(stdout);
+    tune_run_step(&config, backend);
+
+    MatmulTable table;
+    matmul_table_init(&table);
+    cuda_module_matmul_tune(&table, options.candidates, options.repeats);
+    matmul_table_write(&table, options.out);
+    printf("fathom tune: wrote %d products to %s; a run takes them with matmul_algorithms: %s "
+           "(or --set matmul_algorithms=%s)\n", table.count, options.out, options.out,
+           options.out);
+    matmul_table_free(&table);
+    return EXIT_DONE;
+}
