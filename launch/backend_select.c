@@ -53,12 +53,8 @@ bool backend_cuda_takes(const Config *config, int compute_capability, char *why,
     return true;
 }
 
-/* The config's matmul_algorithms table, handed to the cuda backend (backend_select.h). */
-static void matmul_algorithms_apply(const Config *config, const Backend *backend)
+void backend_use_matmul_algorithms(const Backend *backend, const char *path)
 {
-    if (!config || !config->matmul_algorithms[0])
-        return;
-    const char *path = config->matmul_algorithms;
     if (strcmp(backend->name, "cuda"))
         fatal(EXIT_CONFIG, "matmul_algorithms names %s, a table of the cuda backend's "
               "algorithms, but this run is on the %s backend: remove the key, or run on a GPU",
@@ -113,6 +109,7 @@ static const Backend *backend_choose(DeviceKind device, const Config *config)
 const Backend *backend_select(DeviceKind device, const Config *config)
 {
     const Backend *backend = backend_choose(device, config);
-    matmul_algorithms_apply(config, backend);
+    if (config && config->matmul_algorithms[0])
+        backend_use_matmul_algorithms(backend, config->matmul_algorithms);
     return backend;
 }

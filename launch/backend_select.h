@@ -26,6 +26,11 @@
 
 const Backend *backend_select(DeviceKind device, const Config *config);
 
+/* The matmul_algorithms table at `path` for `backend`'s products from now on (the checks
+ * and exits above); backend_select calls it for a config that names one, `fathom bench
+ * --matmul-algorithms` for its own shapes. */
+void backend_use_matmul_algorithms(const Backend *backend, const char *path);
+
 /* Whether the cuda kernels take `config` (NULL: no network) on a GPU of compute capability
  * 10 * major + minor; false with the reason in `why` when not. */
 bool backend_cuda_takes(const Config *config, int compute_capability, char *why,

@@ -21,7 +21,7 @@
 
 static const char bench_usage[] =
     "usage: fathom bench [--cases layers,attention,route,msar,step,step8b,graft] [--repeat N] "
-    "[--device auto|cpu|cuda] [--small] [--json OUT.jsonl]\n"
+    "[--device auto|cpu|cuda] [--small] [--json OUT.jsonl] [--matmul-algorithms FILE]\n"
     "       mpirun -np D fathom bench --cases comm [--repeat N] [--device ...] [--small] "
     "[--json OUT.jsonl]";
 
@@ -299,6 +299,7 @@ static void print_table(const Bench *bench)
 int bench_main(int argc, char **argv)
 {
     const char *cases = "layers,attention,route,msar,step,step8b,graft", *json_path = NULL;
+    const char *matmul_algorithms = NULL;
     DeviceKind device = DEVICE_AUTO;
     bool small = false;
     int repeat = 10;
@@ -315,6 +316,8 @@ int bench_main(int argc, char **argv)
             cases = value;
         } else if (!strcmp(option, "--json")) {
             json_path = value;
+        } else if (!strcmp(option, "--matmul-algorithms")) {
+            matmul_algorithms = value;
         } else if (!strcmp(option, "--repeat")) {
             repeat = atoi(value);
             if (repeat < 1)
@@ -350,6 +353,8 @@ int bench_main(int argc, char **argv)
     }
     Bench bench = {.backend = backend_select(device, NULL), .shapes = bench_shapes(small),
                    .repeat = repeat, .quiet = comm_rank(comm_world()) != 0};
+    if (matmul_algorithms)
+        backend_use_matmul_algorithms(bench.backend, matmul_algorithms);
     if (!small && bench.backend->activation_bytes == sizeof(float))
         fatal(EXIT_CONFIG, "bench: the full shapes (8B layers, a 1B model) are for a GPU; "
               "the %s backend runs them with --small", bench.backend->name);

@@ -50,7 +50,7 @@ static const CommandHelp commands[] = {
      "example: fathom probe --checkpoint runs/demo_block_mhar --weights raw --json probe.json\n"},
     {"bench",
      "usage: fathom bench [--cases layers,attention,route,msar,step,step8b,graft] [--repeat N] "
-     "[--device auto|cpu|cuda] [--small] [--json OUT.jsonl]\n"
+     "[--device auto|cpu|cuda] [--small] [--json OUT.jsonl] [--matmul-algorithms FILE]\n"
      "  Times the kernels and training steps of docs/performance.md on this machine.\n"
      "  --cases LIST        which cases, comma separated (default: all); also route-1b,\n"
      "                      route-sites, route-1b-sites, step-MODE, step8b-MODE, graft-MODE\n"
@@ -58,6 +58,7 @@ static const CommandHelp commands[] = {
      "  --device D          the backend (default auto: the GPU when there is one)\n"
      "  --small             small shapes (the only ones the cpu takes)\n"
      "  --json OUT.jsonl    also write one JSON object a case\n"
+     "  --matmul-algorithms FILE  the products on a table fathom tune wrote (cuda)\n"
      "  Under mpirun -np D: --cases comm alone, FSDP's all-gather and reduce-scatter of a 1B\n"
      "  layer, an 8B layer and the 8B embedding over the ranks, in bus GB/s.\n"
      "example: fathom bench --cases step --small\n"},
@@ -84,7 +85,7 @@ static const CommandHelp commands[] = {
      "  candidates for each product and keeps the fastest that repeats its bits, where it\n"
      "  leads the heuristic's choice by 1% or more. Exit 2 without a GPU.\n"
      "  --out FILE          where the table goes (written whole, or not at all)\n"
-     "  --candidates N      the heuristic's first N answers a product (default 16, up to 32)\n"
+     "  --candidates N      the heuristic's first N answers a product (default 32, up to 64)\n"
      "  --repeats N         timed runs of each (default 20, up to 200); the median counts\n"
      "example: fathom tune launch/configs/marin8b_block_mhar.yaml --out marin8b.matmul\n"},
     {"inspect",

@@ -23,8 +23,8 @@ static const char usage[] = "usage: fathom tune CONFIG.yaml [--set key=value ...
                             "[--candidates N] [--repeats N]";
 
 enum {
-    TUNE_CANDIDATES_DEFAULT = 16,
-    TUNE_CANDIDATES_MOST = 32, /* kernels/cuda/matmul_tune_cuda.cu's limits */
+    TUNE_CANDIDATES_DEFAULT = 32,
+    TUNE_CANDIDATES_MOST = 64, /* kernels/cuda/matmul_tune_cuda.cu's limits */
     TUNE_REPEATS_DEFAULT = 20,
     TUNE_REPEATS_MOST = 200,
 };

@@ -161,9 +161,9 @@ Test(cli, tune_of_a_cpu_config_exits_2)
     snprintf(arguments, sizeof arguments, "tune %s/config.yaml --set device=cpu", dir);
     cr_assert_eq(test_run_fathom(arguments, output, sizeof output), 2, "%s", output);
     cr_assert(strstr(output, "device: cpu"), "%s", output);
-    snprintf(arguments, sizeof arguments, "tune %s/config.yaml --candidates 33", dir);
+    snprintf(arguments, sizeof arguments, "tune %s/config.yaml --candidates 65", dir);
     cr_assert_eq(test_run_fathom(arguments, output, sizeof output), 2, "%s", output);
-    cr_assert(strstr(output, "--candidates 33 is not a count from 1 to 32"), "%s", output);
+    cr_assert(strstr(output, "--candidates 65 is not a count from 1 to 64"), "%s", output);
     test_remove_tree(dir);
 }
 

@@ -49,7 +49,7 @@ int cuda_memory_info(size_t *free_bytes, size_t *total_bytes);
  * allows. The table is copied.
  * cuda_matmul_table_counts: of the plans made so far, how many took the table's algorithm
  * and how many the heuristic's.
- * cuda_matmul_tune: times up to `candidates` (1..32) of cuBLASLt's algorithms for every plan
+ * cuda_matmul_tune: times up to `candidates` (1..64) of cuBLASLt's algorithms for every plan
  * made so far, `repeats` (1..200) timed runs each, and adds an entry a plan to `table`
  * (initialised, empty), with its header; prints a line a plan and the total
  * (kernels/cuda/matmul_tune_cuda.cu). */
