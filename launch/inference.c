@@ -38,6 +38,10 @@ void inference_open(Inference *inference, const char *checkpoint, const char *we
      * computes the same bits): an 8B model's eval then holds about half of what its
      * training would on one GPU */
     const ModelSharding forward_only = {.forward_only = true};
+    /* the training run's matmul_algorithms table was tuned for its products, not the
+     * forward-only model's, and may not exist or fit here: eval and probe take cuBLASLt's
+     * heuristic */
+    inference->config.matmul_algorithms[0] = '\0';
     inference->model = model_create_sharded(backend_select(config->device, config),
                                             &config->model, &config->residual,
                                             config->train.microbatch_size,

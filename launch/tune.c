@@ -14,6 +14,7 @@
 #include "runtime/grid.h"
 #include "runtime/matmul_table.h"
 #include "runtime/optim.h"
+#include "runtime/synthetic.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -62,7 +63,8 @@ static int tune_option(void *context, int argc, char **argv, int i)
 }
 
 /* The config cut to the step that makes every product of it (tune.h): one process, one
- * microbatch, synthetic tokens, one block of layers. */
+ * microbatch, one block of layers, synthetic tokens (the config's own data where its
+ * vocabulary is smaller than the synthetic corpus's bytes). */
 static void tune_config_reduce(Config *config)
 {
     Config defaults;
@@ -71,7 +73,8 @@ static void tune_config_reduce(Config *config)
     config->fsdp = defaults.fsdp;
     config->train.global_batch_size = config->train.microbatch_size;
     config->train.steps = 1;
-    config->data = defaults.data;
+    if (config->model.vocab_size >= SYNTHETIC_VOCAB_SIZE) /* else the config's own data */
+        config->data = defaults.data;
     config->eval.every = 0;
     config->matmul_algorithms[0] = '\0'; /* tune from the heuristic's choices */
     const ResidualConfig *residual = &config->residual;

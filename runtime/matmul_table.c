@@ -15,7 +15,7 @@ static const char MAGIC[] = "fathom-matmul-algorithms";
 
 enum {
     ENTRY_FIELDS = 10 + MATMUL_ALGORITHM_WORDS, /* product .. tuned_ms, then the words */
-    LINE_TOKENS_MAX = ENTRY_FIELDS + 1,          /* one more: a line too long is an error */
+    LINE_TOKENS_MAX = 2 * ENTRY_FIELDS,          /* more than a line has: counted, refused */
     HEADERS_ALL = 7,                             /* the bits of cublaslt, workspace, device */
 };
 
@@ -77,7 +77,9 @@ static bool parse_failed(ParseState *state, const char *format, ...)
 
 static bool parse_failed(ParseState *state, const char *format, ...)
 {
-    int used = snprintf(state->error, state->capacity, "line %d: ", state->line);
+    int used = state->line > 0 ? snprintf(state->error, state->capacity, "line %d: ",
+                                          state->line)
+                               : 0;
     if (used < 0 || (size_t)used >= state->capacity)
         return false;
     va_list arguments;
@@ -178,7 +180,8 @@ static bool parse_entry(MatmulTable *table, char **tokens, int count, ParseState
                             tokens[9]);
     for (int i = 0; i < MATMUL_ALGORITHM_WORDS; i++) {
         const char *word = tokens[10 + i];
-        if (strlen(word) != 16 || !parse_unsigned(word, 16, &entry.algorithm[i]))
+        if (strlen(word) != 16 || strspn(word, "0123456789abcdefABCDEF") != 16 ||
+            !parse_unsigned(word, 16, &entry.algorithm[i]))
             return parse_failed(state, "algorithm word %d '%s' is not 16 hex digits", i + 1,
                                 word);
     }
@@ -239,7 +242,9 @@ static bool parse_header(MatmulTable *table, const char *key, const char *rest,
     name += strcspn(name, " \t");
     name += strspn(name, " \t");
     snprintf(table->device, sizeof table->device, "%s", name);
-    table->device[strcspn(table->device, "\r")] = '\0';
+    size_t length = strlen(table->device); /* without trailing blanks (or a CR) */
+    while (length > 0 && strchr(" \t\r", table->device[length - 1]))
+        table->device[--length] = '\0';
     return true;
 }
 
@@ -354,6 +359,9 @@ void matmul_table_read(MatmulTable *table, const char *path)
     if (failed)
         fatal(EXIT_CONFIG, "matmul_algorithms: cannot read %s", path);
     text[used] = '\0';
+    if (strlen(text) != used)
+        fatal(EXIT_CONFIG, "matmul_algorithms: %s holds a NUL byte: not a matmul algorithms "
+              "table", path);
     char error[512];
     if (!matmul_table_parse(table, text, error, sizeof error))
         fatal(EXIT_CONFIG, "matmul_algorithms: %s, %s", path, error);

@@ -105,7 +105,7 @@ Test(matmul_table, comments_and_blank_lines_are_skipped)
 {
     char text[1024];
     snprintf(text, sizeof text, "# tuned by hand\n\n%s# a comment\n   \nforward 64 64 64 256 256 "
-             "256 1 0.01 0.01 %s\n", header, words);
+             "256 1 0.01 0.01 %s\r\n", header, words);
     MatmulTable table;
     matmul_table_init(&table);
     char error[512];
@@ -119,6 +119,7 @@ Test(matmul_table, comments_and_blank_lines_are_skipped)
 Test(matmul_table, another_file_or_version_is_refused)
 {
     expect_parse_error("", "empty");
+    expect_parse_error("\n# nothing\n", "line 2: empty");
     expect_parse_error("step 1000\n", "line 1: not a matmul algorithms table");
     expect_parse_error("fathom-matmul-algorithms 2\n", "version 2");
 }
@@ -155,6 +156,10 @@ Test(matmul_table, a_malformed_product_names_its_line_and_field)
                          "fffffffffffffffg 0 0 0 0 0 0", "algorithm word 2");
     expect_product_error("forward 64 64 64 256 256 256 1 0.1 0.1 0000000000000015 "
                          "0000000000000000 15 0 0 0 0 0", "algorithm word 3 '15' is not 16");
+    expect_product_error("forward 64 64 64 256 256 256 1 0.1 0.1 0x00000000000015 "
+                         "0 0 0 0 0 0 0", "algorithm word 1 '0x00000000000015'");
+    snprintf(line, sizeof line, "forward 64 64 64 256 256 256 1 0.1 0.1 %s 0 0 0 0", words);
+    expect_product_error(line, "22 fields where a product has 18");
 }
 
 Test(matmul_table, a_product_given_twice_is_refused)

@@ -135,10 +135,10 @@ static void plan_release(MatmulPlan *plan)
 
 extern "C" void cuda_matmul_destroy(void)
 {
+    matmul_table_free(&matmul_table);
     if (!matmul_handle)
         return;
     plans_release();
-    matmul_table_free(&matmul_table);
     CUDA_CHECK(cudaFree(matmul_workspace));
     matmul_workspace = NULL;
     CUBLAS_CHECK(cublasLtDestroy(matmul_handle));
@@ -248,6 +248,19 @@ int matmul_heuristic(const MatmulPlan *plan, cublasLtMatmulHeuristicResult_t *re
     return found;
 }
 
+/* The least alignment of one operand `algorithm` needs (its capability; 1 where the
+ * library does not say). */
+static uint32_t algorithm_alignment(const cublasLtMatmulAlgo_t *algorithm,
+                                    cublasLtMatmulAlgoCapAttributes_t which)
+{
+    uint32_t bytes = 1;
+    size_t written = 0;
+    if (cublasLtMatmulAlgoCapGetAttribute(algorithm, which, &bytes, sizeof bytes, &written) !=
+        CUBLAS_STATUS_SUCCESS)
+        return 1;
+    return bytes;
+}
+
 bool matmul_algorithm_runs(const MatmulPlan *plan, const cublasLtMatmulAlgo_t *algorithm)
 {
     cublasLtMatmulHeuristicResult_t result;
@@ -255,7 +268,17 @@ bool matmul_algorithm_runs(const MatmulPlan *plan, const cublasLtMatmulAlgo_t *a
     const cublasStatus_t status = cublasLtMatmulAlgoCheck(
         matmul_library(), plan->operation, plan->layout_a, plan->layout_b, plan->layout_c,
         plan->layout_c, algorithm, &result);
-    return status == CUBLAS_STATUS_SUCCESS && result.workspaceSize <= matmul_workspace_bytes();
+    /* the check does not see the pointers: an algorithm (a table's, edited by hand) may need
+     * more alignment than the key's operands have */
+    return status == CUBLAS_STATUS_SUCCESS && result.workspaceSize <= matmul_workspace_bytes() &&
+           algorithm_alignment(algorithm, CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_A_BYTES) <=
+               plan->alignment_a &&
+           algorithm_alignment(algorithm, CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_B_BYTES) <=
+               plan->alignment_b &&
+           algorithm_alignment(algorithm, CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_C_BYTES) <=
+               plan->alignment_c &&
+           algorithm_alignment(algorithm, CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_D_BYTES) <=
+               plan->alignment_c;
 }
 
 /* The table's entry for `plan`'s key, or NULL. */

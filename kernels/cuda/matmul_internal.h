@@ -23,7 +23,7 @@ typedef struct MatmulPlan {
     cublasLtMatrixLayout_t layout_a, layout_b, layout_c; /* C and D share layout_c */
     cublasLtMatmulAlgo_t algorithm;
     bool from_table; /* the algorithm is the matmul_algorithms table's */
-    int calls;       /* products run with this plan so far */
+    int64_t calls;   /* products run with this plan so far */
 } MatmulPlan;
 
 /* The largest power of two (at most 256) dividing the address: what cuBLASLt may assume. */
@@ -45,7 +45,8 @@ MatmulPlan *matmul_plan_at(int index);
 int matmul_heuristic(const MatmulPlan *plan, cublasLtMatmulHeuristicResult_t *results,
                      int wanted);
 
-/* Whether cuBLASLt can run `algorithm` for `plan` here, within the workspace. */
+/* Whether cuBLASLt can run `algorithm` for `plan` here: within the workspace, at the plan's
+ * operand alignments. */
 bool matmul_algorithm_runs(const MatmulPlan *plan, const cublasLtMatmulAlgo_t *algorithm);
 
 #endif
