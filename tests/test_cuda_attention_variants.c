@@ -269,3 +269,12 @@ Test(cuda_attention, persistent_forward_repeats_specialised_bits_at_the_llama_8b
     attention_check_forward_bits(llama_8b_ragged, 553, ATTENTION_FORWARD_PERSISTENT,
                                  ATTENTION_FORWARD_SPECIALISED);
 }
+
+/* head_dim 64, B2 T4000: 32 pairs of 63 query tiles, so bands of 8 rounds would split them,
+ * but K, V (16.4 MB) fit in half the L2: the whole launch is one band */
+Test(cuda_attention, persistent_forward_repeats_specialised_bits_where_k_v_fit_in_l2)
+{
+    const Shape head_dim_64 = {2, 4000, 32, 8, 64};
+    attention_check_forward_bits(head_dim_64, 555, ATTENTION_FORWARD_PERSISTENT,
+                                 ATTENTION_FORWARD_SPECIALISED);
+}

@@ -454,7 +454,8 @@ attention_forward_specialised_kernel(const __grid_constant__ CUtensorMap q_map,
 
 /* The CTAs of a persistent launch: as many as the multiprocessors hold at once, or fewer
  * where attention_forward_specialised_limit_ctas asked (tests: several tiles a CTA at small
- * shapes). */
+ * shapes; the bands then follow the rounds alone, whatever the L2 holds, so that the tests
+ * see bands at shapes whose K, V fit in it). */
 static int persistent_cta_limit;
 
 extern "C" void attention_forward_specialised_limit_ctas(int ctas)
@@ -495,8 +496,14 @@ static void specialised_launch(__nv_bfloat16 *out, float *lse, const __nv_bfloat
     }
     /* bands of at least 8 rounds of the launch's CTAs (spec_tile): counted on the tile
      * lengths of the 1B, 8B and head_dim 64 shapes, the rounds then give the CTAs loads
-     * within 3% of one another. One CTA a tile: one band, the whole launch heaviest first. */
-    const int pairs_per_band = band_pairs_for((int)pairs, query_blocks, ctas, SPEC_BAND_ROUNDS);
+     * within 3% of one another. One CTA a tile: one band, the whole launch heaviest first.
+     * Where the launch's K, V fit in half the L2, bands have nothing to keep there and cost
+     * the rounds' balance: one band (head_dim 64, B2 T4096: 16.8 MB, 0.376 ms in bands,
+     * 0.362 as one; docs/performance.md, eleventh run). */
+    const double kv_bytes = 2.0 * B * T * n_kv_heads * HEAD_DIM * sizeof(__nv_bfloat16);
+    const bool kv_in_l2 = persistent_cta_limit == 0 && kv_bytes <= 0.5 * cuda_l2_bytes();
+    const int pairs_per_band =
+        kv_in_l2 ? (int)pairs : band_pairs_for((int)pairs, query_blocks, ctas, SPEC_BAND_ROUNDS);
     CUtensorMap q_map = tensor_map_rows<HEAD_DIM>(op, q, B, T, n_heads, WARPGROUP_ROWS);
     CUtensorMap k_map = tensor_map_rows<HEAD_DIM>(op, k, B, T, n_kv_heads, SPEC_KEYS);
     CUtensorMap v_map = tensor_map_rows<HEAD_DIM>(op, v, B, T, n_kv_heads, SPEC_KEYS);

@@ -51,6 +51,17 @@ extern "C" void bf16_to_floats(float *out, const bf16 *in, size_t n)
         out[i] = bf16_to_float(in[i]);
 }
 
+extern "C" size_t cuda_l2_bytes(void)
+{
+    static int bytes;
+    if (!bytes) {
+        int device;
+        CUDA_CHECK(cudaGetDevice(&device));
+        CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrL2CacheSize, device));
+    }
+    return (size_t)bytes;
+}
+
 extern "C" int cuda_multiprocessor_count(void)
 {
     static int count;

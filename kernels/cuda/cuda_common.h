@@ -36,6 +36,9 @@ void bf16_to_floats(float *out, const bf16 *in, size_t n);
 /* Number of multiprocessors of the current device (cached). */
 int cuda_multiprocessor_count(void);
 
+/* Bytes of L2 cache of the current device (cached). */
+size_t cuda_l2_bytes(void);
+
 /* The device the backend and NCCL run on (device_probe.cu; cuda_device_use sets it, 0 by
  * default). The first call fixes it: a later cuda_device_use of another device is fatal. */
 int cuda_device_ordinal(void);
