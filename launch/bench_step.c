@@ -20,7 +20,7 @@
  */
 #include "launch/bench_internal.h"
 
-#include "launch/run_state.h"
+#include "launch/solo_step.h"
 #include "model/model.h"
 #include "pipeline/step.h"
 #include "runtime/config.h"
@@ -118,30 +118,17 @@ void bench_case_step(Bench *bench, int shape_index, const char *mode)
     config.train.z_loss = 1e-4;
     config.data.source = DATA_SYNTHETIC;
     step_residual(&config.residual, mode, &config.model, shape->layers_per_block);
-    const int microbatch = shape->microbatch, T = shape->T;
+    config.seed = 1;
+    config.model.init_std = 0.02;
+    const int T = shape->T;
     backend->memory_peak_reset();
-    Model *model = model_create(backend, &config.model, &config.residual, microbatch, T);
-    model_route_sites_alone(model, strstr(mode, "-sites") != NULL);
-    model_init_params(model, 1, 0.02);
-    config.optim.ema_decay = 0; /* the step of the table keeps no EMA */
-    RunState state;
-    run_state_create(&state, model, &config);
-    Optimizer optimizer = run_state_optimizer(&state, model, &config.optim);
-    RankGrid grid;
-    grid_create(&grid, 1, 1);
-    TrainingStep step;
-    step_create(&step, model, &config, &grid, &optimizer);
-    DataSet *data = data_open_train(&config);
-    StepPass pass = {&step, data, 0, config.train.global_batch_size};
+    SoloStep solo;
+    solo_step_create(&solo, backend, &config, strstr(mode, "-sites") != NULL);
+    StepPass pass = {&solo.step, solo.data, 0, config.train.global_batch_size};
     const size_t tokens = (size_t)config.train.global_batch_size * T;
     const int repeat = bench->repeat / 3 > 3 ? bench->repeat / 3 : 3;
     double ms = bench_time_ms(backend, step_pass, &pass, repeat);
     bench_add(bench, shape->name, mode, ms, (double)tokens / ms * 1e3, "tok/s",
               bench_peak_gib(backend));
-    data_close(data);
-    step_destroy(&step);
-    grid_destroy(&grid);
-    free((void *)optimizer.ranges);
-    run_state_destroy(&state, model);
-    model_destroy(model);
+    solo_step_destroy(&solo);
 }

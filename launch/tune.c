@@ -4,16 +4,11 @@
 
 #include "launch/backend_select.h"
 #include "launch/config_arguments.h"
-#include "launch/run_state.h"
-#include "model/model.h"
-#include "pipeline/step.h"
+#include "launch/solo_step.h"
 #include "runtime/config.h"
 #include "runtime/cuda_module.h"
-#include "runtime/data.h"
 #include "runtime/error.h"
-#include "runtime/grid.h"
 #include "runtime/matmul_table.h"
-#include "runtime/optim.h"
 #include "runtime/synthetic.h"
 
 #include <stdio.h>
@@ -88,27 +83,11 @@ static void tune_config_reduce(Config *config)
 /* One training step of `config`: every product it runs gets its plan in the CUDA module. */
 static void tune_run_step(const Config *config, const Backend *backend)
 {
-    Config step_config = *config;
-    step_config.optim.ema_decay = 0;
-    Model *model = model_create(backend, &step_config.model, &step_config.residual,
-                                step_config.train.microbatch_size, step_config.train.seq_len);
-    model_init_params(model, step_config.seed, step_config.model.init_std);
-    RunState state;
-    run_state_create(&state, model, &step_config);
-    Optimizer optimizer = run_state_optimizer(&state, model, &step_config.optim);
-    RankGrid grid;
-    grid_create(&grid, 1, 1);
-    TrainingStep step;
-    step_create(&step, model, &step_config, &grid, &optimizer);
-    DataSet *data = data_open_train(&step_config);
-    step_run(&step, data, 0, step_config.optim.lr, 1);
+    SoloStep solo;
+    solo_step_create(&solo, backend, config, false);
+    step_run(&solo.step, solo.data, 0, config->optim.lr, 1);
     backend->synchronize();
-    data_close(data);
-    step_destroy(&step);
-    grid_destroy(&grid);
-    free((void *)optimizer.ranges);
-    run_state_destroy(&state, model);
-    model_destroy(model); /* the timings get the memory; the plans stay in the module */
+    solo_step_destroy(&solo); /* the timings get the memory; the plans stay in the module */
 }
 
 int tune_main(int argc, char **argv)
