@@ -176,6 +176,8 @@ typedef struct {
     int logit_capacity;           /* the rows its buffers were made for */
     Activation *logits;           /* [logit_rows, V] */
     const void *logits_owner;     /* the HeadActivations whose whole batch `logits` holds */
+    const void *chunk_owner;      /* the HeadActivations of whose batch `logits` holds the */
+    int chunk_first;              /*   chunk from row chunk_first (model/loss.h) */
     Activation *all_logits;       /* [N, V] its own allocation, when asked for (model.h) */
     bool checkpointing;           /* the recompute buffers exist */
     LayerActivations recompute;   /* one layer's intermediates, remade in its backward */

@@ -47,6 +47,8 @@ ModelLoss loss_forward(const LayerContext *context, const HeadWeights *weights,
     }
     /* the logits buffer now holds this batch's whole logits, or only its last chunk's */
     scratch->logits_owner = scratch->all_logits || rows <= chunk ? head : NULL;
+    scratch->chunk_owner = head;
+    scratch->chunk_first = (rows - 1) / chunk * chunk;
 
     /* The means are taken in double on the host, in token order, so they do not depend on
      * the backend's reduction order. ce_t is recovered from loss_t and lse_t. */
@@ -90,11 +92,18 @@ void loss_backward(const LayerContext *context, const HeadWeights *weights, Head
                     (size_t)rows * sizeof *grad_token_loss);
     free(grad_token_loss);
 
-    /* the logits' gradient and each chunk's rows of grad_normed are written: no zeroing */
-    for (int first = 0; first < rows; first += chunk) {
+    /* the logits' gradient and each chunk's rows of grad_normed are written: no zeroing.
+     * Last chunk first: the buffer may still hold it (loss.h) */
+    const int last_first = (rows - 1) / chunk * chunk;
+    for (int first = last_first; first >= 0; first -= chunk) {
         const int count = rows - first < chunk ? rows - first : chunk;
-        if (!logits_kept)
+        const bool chunk_kept = logits_kept || (model_scratch->chunk_owner == head &&
+                                                model_scratch->chunk_first == first);
+        if (!chunk_kept) {
             head_forward_chunk(context, weights, model_scratch, head, first, count);
+            model_scratch->chunk_owner = head;
+            model_scratch->chunk_first = first;
+        }
         backend->cross_entropy_backward(scratch->grad_logits, GRAD_WRITE,
                                         scratch->grad_token_loss + first,
                                         chunk_logits(context, model_scratch, first),
@@ -102,13 +111,13 @@ void loss_backward(const LayerContext *context, const HeadWeights *weights, Head
                                         z_loss);
         const size_t offset = (size_t)first * d;
         const GradMode head_mode =
-            first == 0 && grads->head_mode == GRAD_WRITE ? GRAD_WRITE : GRAD_ADD;
+            first == last_first && grads->head_mode == GRAD_WRITE ? GRAD_WRITE : GRAD_ADD;
         backend->matmul_backward(activation_at(backend, scratch->grad_normed, offset),
                                  GRAD_WRITE, grads->head, head_mode, scratch->grad_logits,
                                  activation_at_const(backend, head->final_normed, offset),
                                  weights->head, count, d, V);
     }
-    /* a remade batch's logits now fill the buffer, or only its last chunk's */
+    /* a remade batch's logits now fill the buffer, or only its first chunk's (chunk_owner) */
     if (!logits_kept)
         model_scratch->logits_owner = model_scratch->all_logits || rows <= chunk ? head : NULL;
     backend->rmsnorm_backward(dx, dx_mode, grads->norm, scratch->grad_normed, x, weights->norm,

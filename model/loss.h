@@ -11,10 +11,13 @@
  *
  * The head and the loss walk the rows in chunks of scratch->logit_rows (model/activations.h):
  * per chunk, the logits [chunk, V] are made, the loss read from them, and they are dropped.
- * The backward makes each chunk's logits again (one more head matmul) unless the whole
- * batch was one chunk whose logits are still there (no other microbatch's forward came in
- * between: scratch->logits_owner); so no [rows, V] array exists at once
- * beyond the chunk. The chunking changes no value: every row is computed alone.
+ * The backward walks the chunks last to first and makes each chunk's logits again (one more
+ * head matmul) unless they are still there: the whole batch's, when it was one chunk
+ * (scratch->logits_owner), or the chunk the buffer was left holding (scratch->chunk_owner,
+ * chunk_first: the forward's last, or the first after a backward), when no other
+ * microbatch's forward came in between. So no [rows, V] array exists at once beyond the
+ * chunk, and a batch of two chunks makes one again, not two. The chunking changes no value
+ * but the order of the head's gradient sums over the chunks: every row is computed alone.
  */
 #ifndef FATHOM_MODEL_LOSS_H
 #define FATHOM_MODEL_LOSS_H

@@ -145,6 +145,7 @@ void model_set_logit_rows(Model *model, int rows)
               model->scratch.logit_capacity);
     model->scratch.logit_rows = rows;
     model->scratch.logits_owner = NULL;
+    model->scratch.chunk_owner = NULL;
 }
 
 void model_keep_all_logits(Model *model)
@@ -159,6 +160,7 @@ void model_keep_all_logits(Model *model)
               (double)(count * model->backend->activation_bytes) / (1 << 30),
               scratch->max_batch, scratch->T);
     scratch->logits_owner = NULL;
+    scratch->chunk_owner = NULL;
 }
 
 int model_last_tokens(const Model *model)

@@ -516,6 +516,42 @@ Test(model, the_loss_in_chunks_of_rows_equals_the_loss_in_one_chunk)
     }
 }
 
+/* The cpu backend, counting the head's matmuls (out_dim == the vocabulary). */
+static Backend counting_backend;
+static int head_matmuls, counted_vocabulary;
+
+static void counting_matmul_forward(Activation *out, const Activation *in,
+                                    const Activation *weight, int rows, int in_dim, int out_dim)
+{
+    if (out_dim == counted_vocabulary)
+        head_matmuls++;
+    backend_cpu()->matmul_forward(out, in, weight, rows, in_dim, out_dim);
+}
+
+/* Two chunks of logits: the backward walks them last to first and takes the last from the
+ * buffer the forward left it in, so it makes one chunk again, not two. */
+Test(model, a_batch_of_two_chunks_makes_one_chunk_again_in_its_backward)
+{
+    ModelConfig config = small_config(false, false);
+    counting_backend = *backend_cpu();
+    counting_backend.matmul_forward = counting_matmul_forward;
+    counted_vocabulary = config.vocab_size;
+    const int B = 2, T = 5;
+    Model *model = model_create(&counting_backend, &config, NULL, B, T);
+    model_init_params(model, 4, 0.2);
+    model_set_logit_rows(model, 6); /* rows 0-5 and 6-9 */
+    uint32_t inputs[10], targets[10];
+    fill_tokens(inputs, 10, config.vocab_size, 7);
+    fill_tokens(targets, 10, config.vocab_size, 8);
+    head_matmuls = 0;
+    model_forward(model, inputs, targets, B, 1e-3f);
+    cr_assert_eq(head_matmuls, 2, "the forward made %d chunks of logits", head_matmuls);
+    head_matmuls = 0;
+    model_backward(model, 1.0f);
+    cr_assert_eq(head_matmuls, 1, "the backward made %d chunks again", head_matmuls);
+    model_destroy(model);
+}
+
 /* Without model_keep_all_logits the chunk buffer holds only the last chunk: reading the
  * whole batch's logits is refused, not answered with stale rows. */
 static void read_logits_made_in_chunks(void *unused)
