@@ -192,16 +192,30 @@ Test(matmul_table, a_written_file_is_read_back)
     test_remove_tree(dir);
 }
 
-Test(matmul_table, a_missing_file_exits_2, .exit_code = EXIT_CONFIG)
+static void read_missing_file(void *unused)
 {
+    (void)unused;
     MatmulTable table;
     matmul_table_init(&table);
     matmul_table_read(&table, "/nonexistent/matmul_algorithms.txt");
 }
 
-Test(matmul_table, a_file_that_cannot_be_written_exits_2, .exit_code = EXIT_CONFIG)
+Test(matmul_table, a_missing_file_exits_2_naming_it)
 {
+    test_expect_fatal(read_missing_file, NULL, EXIT_CONFIG,
+                      "cannot open /nonexistent/matmul_algorithms.txt");
+}
+
+static void write_into_missing_directory(void *unused)
+{
+    (void)unused;
     MatmulTable table;
     two_products(&table);
     matmul_table_write(&table, "/nonexistent/directory/table.txt");
+}
+
+Test(matmul_table, a_file_that_cannot_be_written_exits_2_naming_it)
+{
+    test_expect_fatal(write_into_missing_directory, NULL, EXIT_CONFIG,
+                      "cannot write /nonexistent/directory/table.txt");
 }
