@@ -4,9 +4,10 @@
 # build/ and .gpu-libs/ made by launch/bench/gpu_bundle.sh; builds nothing.
 #   launch/bench/tune_gpu.sh tests   the tuning and table tests (about a minute)
 #   launch/bench/tune_gpu.sh 8b      `fathom tune` of the 8B width (4096 tokens a microbatch),
-#                                    then launch/bench/train_8b_width.sh 8 7 standard
-#                                    mhar_delta without and with the table, two rounds
-#                                    (about 6 minutes)
+#                                    then (a), `fathom bench --cases layers` without and with
+#                                    the table around peer.py's torch.compile layers, and
+#                                    launch/bench/train_8b_width.sh 8 7 standard mhar_delta
+#                                    without and with the table, two rounds (about 8 minutes)
 #   launch/bench/tune_gpu.sh 1b      `fathom tune` of the 1B step's shape, then `fathom bench
 #                                    --cases step-standard,step-mhar-delta` without and with
 #                                    --matmul-algorithms, two rounds (about 6 minutes)
@@ -30,6 +31,12 @@ tests)
     "${train_8b[@]:3}" --out "$out/t8b.matmul" >"$out/tune8b.log" 2>"$out/tune8b.time"
   grep "fathom tune" "$out/tune8b.log" | tail -25
   grep -E "Elapsed|Maximum resident" "$out/tune8b.time"
+  echo "-- (a): 4 Llama-3-8B layers, fathom without and with the table, torch.compile between"
+  layers() { timeout 120 build/fathom bench --device cuda --cases layers --repeat 30 "$@" 2>&1 |
+             grep -E "^layers"; }
+  layers | sed 's/^/heuristic: /'; layers --matmul-algorithms "$out/t8b.matmul" | sed 's/^/tuned: /'
+  timeout 300 python3 launch/bench/peer.py --cases layers --repeat 20 2>&1 | grep -iE "layers" | tail -3
+  layers | sed 's/^/heuristic: /'; layers --matmul-algorithms "$out/t8b.matmul" | sed 's/^/tuned: /'
   for round in 1 2; do
     OUT=$out TRAIN_TAG=heuristic$round launch/bench/train_8b_width.sh 8 7 standard mhar_delta
     FATHOM_SET="matmul_algorithms=$out/t8b.matmul" OUT=$out TRAIN_TAG=tuned$round \
