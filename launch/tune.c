@@ -90,6 +90,28 @@ static void tune_run_step(const Config *config, const Backend *backend)
     solo_step_destroy(&solo); /* the timings get the memory; the plans stay in the module */
 }
 
+/* What the table moves in one microbatch of the config's whole model, counted from the
+ * medians: the tuned step ran `tuned` of the `n_layers` layers, and a layer's products are
+ * the same in every layer (the head's, out_dim = the vocabulary, run once). */
+static void tune_print_total(const MatmulTable *table, const Config *tuned, int n_layers)
+{
+    const double layers = (double)n_layers / tuned->model.n_layers;
+    double heuristic = 0, chosen = 0;
+    for (int i = 0; i < table->count; i++) {
+        const MatmulTableEntry *entry = &table->entries[i];
+        const double times = entry->calls *
+                             (entry->out_dim == tuned->model.vocab_size ? 1.0 : layers);
+        heuristic += times * entry->heuristic_ms;
+        chosen += times * entry->tuned_ms;
+    }
+    if (heuristic > 0)
+        printf("fathom tune: a microbatch of %d x %d tokens through all %d layers and the head, "
+               "counted from these medians: %.2f ms of products with the heuristic's "
+               "algorithms, %.2f ms tuned (%+.1f%%)\n", tuned->train.microbatch_size,
+               tuned->train.seq_len, n_layers, heuristic, chosen,
+               100.0 * (chosen - heuristic) / heuristic);
+}
+
 int tune_main(int argc, char **argv)
 {
     static ConfigArguments arguments; /* 2 KiB of pointers: off the stack */
@@ -120,6 +142,7 @@ int tune_main(int argc, char **argv)
     MatmulTable table;
     matmul_table_init(&table);
     cuda_module_matmul_tune(&table, options.candidates, options.repeats);
+    tune_print_total(&table, &config, n_layers);
     matmul_table_write(&table, options.out);
     printf("fathom tune: wrote %d products to %s; a run takes them with matmul_algorithms: %s "
            "(or --set matmul_algorithms=%s)\n", table.count, options.out, options.out,

@@ -51,7 +51,7 @@ int cuda_memory_info(size_t *free_bytes, size_t *total_bytes);
  * and how many the heuristic's.
  * cuda_matmul_tune: times up to `candidates` (1..64) of cuBLASLt's algorithms for every plan
  * made so far, `repeats` (1..200) timed runs each, and adds an entry a plan to `table`
- * (initialised, empty), with its header; prints a line a plan and the total
+ * (initialised, empty), with its header; prints a line a plan
  * (kernels/cuda/matmul_tune_cuda.cu). */
 int cuda_matmul_table_use(const MatmulTable *table, char *why, size_t capacity);
 void cuda_matmul_table_counts(int *from_table, int *from_heuristic);

@@ -294,21 +294,8 @@ extern "C" void cuda_matmul_tune(MatmulTable *table, int candidates, int repeats
     for (int i = 0; i < 2 * repeats; i++)
         CUDA_CHECK(cudaEventCreate(&events[i]));
 
-    double heuristic_total = 0, tuned_total = 0;
-    for (int i = 0; i < matmul_plan_total(); i++) {
-        const int before = table->count;
+    for (int i = 0; i < matmul_plan_total(); i++)
         plan_tune(matmul_plan_at(i), candidates, repeats, &buffers, stream, events, table);
-        if (table->count == before)
-            continue;
-        const MatmulTableEntry *entry = &table->entries[table->count - 1];
-        heuristic_total += entry->calls * entry->heuristic_ms;
-        tuned_total += entry->calls * entry->tuned_ms;
-    }
-    if (heuristic_total > 0)
-        printf("fathom tune: the tuned step's %d products (one block of layers), each as often "
-               "as it ran: %.2f ms with the heuristic's algorithms, %.2f ms tuned (%+.1f%%)\n",
-               table->count, heuristic_total, tuned_total,
-               100.0 * (tuned_total - heuristic_total) / heuristic_total);
 
     for (int i = 0; i < 2 * repeats; i++)
         CUDA_CHECK(cudaEventDestroy(events[i]));
