@@ -178,6 +178,10 @@ typedef struct {
     const void *logits_owner;     /* the HeadActivations whose whole batch `logits` holds */
     const void *chunk_owner;      /* the HeadActivations of whose batch `logits` holds the */
     int chunk_first;              /*   chunk from row chunk_first (model/loss.h) */
+    bool spare_logits;            /* layer.grad_logits is the head's alone (no two-phase walk
+                                     takes its rows): a forward may keep a chunk there */
+    const void *spare_owner;      /* the HeadActivations of whose batch layer.grad_logits */
+    int spare_first;              /*   holds the chunk from row spare_first (model/loss.h) */
     Activation *all_logits;       /* [N, V] its own allocation, when asked for (model.h) */
     bool checkpointing;           /* the recompute buffers exist */
     LayerActivations recompute;   /* one layer's intermediates, remade in its backward */

@@ -15,16 +15,30 @@ static Activation *chunk_logits(const LayerContext *context, ModelScratch *scrat
                          (size_t)first * context->config->vocab_size);
 }
 
-/* logits of rows [first, first + count) */
+/* logits of rows [first, first + count) into `logits` */
 static void head_forward_chunk(const LayerContext *context, const HeadWeights *weights,
-                               ModelScratch *scratch, const HeadActivations *head, int first,
+                               Activation *logits, const HeadActivations *head, int first,
                                int count)
 {
     const Backend *backend = context->backend;
     const int d = context->config->d_model, V = context->config->vocab_size;
-    backend->matmul_forward(chunk_logits(context, scratch, first),
+    backend->matmul_forward(logits,
                             activation_at_const(backend, head->final_normed, (size_t)first * d),
                             weights->head, count, d, V);
+}
+
+/* The first row of the batch's last chunk, and of the chunk before it that a forward keeps
+ * in the spare buffer (the logits' gradient, idle until the head's backward; loss.h), or -1
+ * where there is none. */
+static int last_chunk_first(int rows, int chunk)
+{
+    return (rows - 1) / chunk * chunk;
+}
+
+static int spare_chunk_first(const ModelScratch *scratch, int rows)
+{
+    const int first = last_chunk_first(rows, scratch->logit_rows) - scratch->logit_rows;
+    return scratch->spare_logits && !scratch->all_logits && first >= 0 ? first : -1;
 }
 
 ModelLoss loss_forward(const LayerContext *context, const HeadWeights *weights,
@@ -37,18 +51,22 @@ ModelLoss loss_forward(const LayerContext *context, const HeadWeights *weights,
 
     backend->rmsnorm_forward(head->final_normed, head->final_rstd, x, weights->norm, rows, d,
                              (float)config->norm_eps);
-    const int chunk = scratch->logit_rows;
+    const int chunk = scratch->logit_rows, spare_first = spare_chunk_first(scratch, rows);
     for (int first = 0; first < rows; first += chunk) {
         const int count = rows - first < chunk ? rows - first : chunk;
-        head_forward_chunk(context, weights, scratch, head, first, count);
+        Activation *logits = first == spare_first ? context->scratch->grad_logits
+                                                  : chunk_logits(context, scratch, first);
+        head_forward_chunk(context, weights, logits, head, first, count);
         backend->cross_entropy_forward(head->token_losses + first, head->token_lse + first,
-                                       chunk_logits(context, scratch, first), targets + first,
-                                       count, V, z_loss);
+                                       logits, targets + first, count, V, z_loss);
     }
-    /* the logits buffer now holds this batch's whole logits, or only its last chunk's */
+    /* the logits buffer now holds this batch's whole logits, or only its last chunk's, and
+     * the spare buffer the chunk before that */
     scratch->logits_owner = scratch->all_logits || rows <= chunk ? head : NULL;
     scratch->chunk_owner = head;
-    scratch->chunk_first = (rows - 1) / chunk * chunk;
+    scratch->chunk_first = last_chunk_first(rows, chunk);
+    scratch->spare_owner = spare_first >= 0 ? head : NULL;
+    scratch->spare_first = spare_first;
 
     /* The means are taken in double on the host, in token order, so they do not depend on
      * the backend's reduction order. ce_t is recovered from loss_t and lse_t. */
@@ -93,30 +111,44 @@ void loss_backward(const LayerContext *context, const HeadWeights *weights, Head
     free(grad_token_loss);
 
     /* the logits' gradient and each chunk's rows of grad_normed are written: no zeroing.
-     * Last chunk first: the buffer may still hold it (loss.h) */
-    const int last_first = (rows - 1) / chunk * chunk;
-    for (int first = last_first; first >= 0; first -= chunk) {
+     * The chunk the spare buffer holds first (its gradient in place), then the last chunk
+     * (the chunk buffer may still hold it), then the others from last to first (loss.h) */
+    /* The order is the batch's shape's, kept chunks or not, so a backward done again adds
+     * the head's gradient in the same order (the same bits). */
+    const int last_first = last_chunk_first(rows, chunk);
+    const int spare_first = spare_chunk_first(model_scratch, rows);
+    GradMode head_mode = grads->head_mode == GRAD_WRITE ? GRAD_WRITE : GRAD_ADD;
+    for (int k = -1; k <= last_first / chunk; k++) {
+        const int first = k < 0 ? spare_first : last_first - k * chunk;
+        if (first < 0 || (k >= 0 && first == spare_first))
+            continue;
         const int count = rows - first < chunk ? rows - first : chunk;
-        const bool chunk_kept = logits_kept || (model_scratch->chunk_owner == head &&
-                                                model_scratch->chunk_first == first);
-        if (!chunk_kept) {
-            head_forward_chunk(context, weights, model_scratch, head, first, count);
-            model_scratch->chunk_owner = head;
-            model_scratch->chunk_first = first;
+        Activation *logits, *grad_logits = scratch->grad_logits;
+        if (model_scratch->spare_owner == head && model_scratch->spare_first == first) {
+            logits = grad_logits; /* the spare chunk: the gradient replaces its logits */
+        } else {
+            model_scratch->spare_owner = NULL; /* the gradient below overwrites it */
+            logits = chunk_logits(context, model_scratch, first);
+            const bool kept = logits_kept || (model_scratch->chunk_owner == head &&
+                                              model_scratch->chunk_first == first);
+            if (!kept) {
+                head_forward_chunk(context, weights, logits, head, first, count);
+                model_scratch->chunk_owner = head;
+                model_scratch->chunk_first = first;
+            }
         }
-        backend->cross_entropy_backward(scratch->grad_logits, GRAD_WRITE,
-                                        scratch->grad_token_loss + first,
-                                        chunk_logits(context, model_scratch, first),
+        backend->cross_entropy_backward(grad_logits, GRAD_WRITE,
+                                        scratch->grad_token_loss + first, logits,
                                         head->token_lse + first, targets + first, count, V,
                                         z_loss);
         const size_t offset = (size_t)first * d;
-        const GradMode head_mode =
-            first == last_first && grads->head_mode == GRAD_WRITE ? GRAD_WRITE : GRAD_ADD;
         backend->matmul_backward(activation_at(backend, scratch->grad_normed, offset),
-                                 GRAD_WRITE, grads->head, head_mode, scratch->grad_logits,
+                                 GRAD_WRITE, grads->head, head_mode, grad_logits,
                                  activation_at_const(backend, head->final_normed, offset),
                                  weights->head, count, d, V);
+        head_mode = GRAD_ADD;
     }
+    model_scratch->spare_owner = NULL; /* it holds a gradient now */
     /* a remade batch's logits now fill the buffer, or only its first chunk's (chunk_owner) */
     if (!logits_kept)
         model_scratch->logits_owner = model_scratch->all_logits || rows <= chunk ? head : NULL;

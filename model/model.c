@@ -146,6 +146,7 @@ void model_set_logit_rows(Model *model, int rows)
     model->scratch.logit_rows = rows;
     model->scratch.logits_owner = NULL;
     model->scratch.chunk_owner = NULL;
+    model->scratch.spare_owner = NULL;
 }
 
 void model_keep_all_logits(Model *model)
@@ -161,6 +162,7 @@ void model_keep_all_logits(Model *model)
               scratch->max_batch, scratch->T);
     scratch->logits_owner = NULL;
     scratch->chunk_owner = NULL;
+    scratch->spare_owner = NULL;
 }
 
 int model_last_tokens(const Model *model)

@@ -194,7 +194,8 @@ typedef struct Backend {
     void (*cross_entropy_forward)(float *losses, float *lse, const Activation *logits,
                                   const uint32_t *targets, int rows, int V, float z_loss);
     /* dlogits[r, :] += or = (mode) dloss[r] * (softmax(logits[r]) * (1 + 2 z_loss lse_r)
-     *                                         - onehot(target)) */
+     *                                         - onehot(target))
+     * dlogits may be logits itself (GRAD_WRITE): the gradient replaces the logits in place. */
     void (*cross_entropy_backward)(Activation *dlogits, GradMode mode, const float *dloss,
                                    const Activation *logits, const float *lse,
                                    const uint32_t *targets, int rows, int V, float z_loss);

@@ -15,6 +15,7 @@
 #include "model/params.h"
 #include "runtime/backend.h"
 #include "runtime/error.h"
+#include "tests/route_support.h"
 #include "tests/support.h"
 
 /* V 11, d 8, 2 layers, 4 query heads of 4 (q_dim 16 != d), 2 KV heads, ffn 12 */
@@ -528,28 +529,53 @@ static void counting_matmul_forward(Activation *out, const Activation *in,
     backend_cpu()->matmul_forward(out, in, weight, rows, in_dim, out_dim);
 }
 
-/* Two chunks of logits: the backward walks them last to first and takes the last from the
- * buffer the forward left it in, so it makes one chunk again, not two. */
-Test(model, a_batch_of_two_chunks_makes_one_chunk_again_in_its_backward)
+/* The head's matmuls of one forward and one backward, with chunks of `logit_rows` rows
+ * (residual NULL: standard). */
+static void count_head_matmuls(const ResidualConfig *residual, int logit_rows, int *forward,
+                               int *backward)
 {
     ModelConfig config = small_config(false, false);
     counting_backend = *backend_cpu();
     counting_backend.matmul_forward = counting_matmul_forward;
     counted_vocabulary = config.vocab_size;
     const int B = 2, T = 5;
-    Model *model = model_create(&counting_backend, &config, NULL, B, T);
+    Model *model = model_create(&counting_backend, &config, residual, B, T);
     model_init_params(model, 4, 0.2);
-    model_set_logit_rows(model, 6); /* rows 0-5 and 6-9 */
+    model_set_logit_rows(model, logit_rows);
     uint32_t inputs[10], targets[10];
     fill_tokens(inputs, 10, config.vocab_size, 7);
     fill_tokens(targets, 10, config.vocab_size, 8);
     head_matmuls = 0;
     model_forward(model, inputs, targets, B, 1e-3f);
-    cr_assert_eq(head_matmuls, 2, "the forward made %d chunks of logits", head_matmuls);
+    *forward = head_matmuls;
     head_matmuls = 0;
     model_backward(model, 1.0f);
-    cr_assert_eq(head_matmuls, 1, "the backward made %d chunks again", head_matmuls);
+    *backward = head_matmuls;
     model_destroy(model);
+}
+
+/* The forward leaves its last chunk in the chunk buffer and the one before it in the spare
+ * (the logits' gradient buffer): two chunks are made again in the backward for none, three
+ * for one (model/loss.h). */
+Test(model, the_backward_makes_again_only_the_chunks_no_buffer_kept)
+{
+    int forward, backward;
+    count_head_matmuls(NULL, 6, &forward, &backward); /* rows 0-5 and 6-9 */
+    cr_assert_eq(forward, 2, "the forward made %d chunks of logits", forward);
+    cr_assert_eq(backward, 0, "two chunks: the backward made %d again", backward);
+    count_head_matmuls(NULL, 4, &forward, &backward); /* rows 0-3, 4-7 and 8-9 */
+    cr_assert_eq(forward, 3, "the forward made %d chunks of logits", forward);
+    cr_assert_eq(backward, 1, "three chunks: the backward made %d again", backward);
+}
+
+/* A two-phase routing walk takes the spare buffer's rows: no chunk is kept there. */
+Test(model, a_two_phase_walk_keeps_no_spare_chunk)
+{
+    const ResidualConfig residual = route_test_attnres(1, 1, FORM_DELTA);
+    int forward, backward;
+    count_head_matmuls(&residual, 6, &forward, &backward);
+    cr_assert_eq(forward, 2, "the forward made %d chunks of logits", forward);
+    cr_assert_eq(backward, 1, "the backward made %d chunks again", backward);
 }
 
 /* Without model_keep_all_logits the chunk buffer holds only the last chunk: reading the
