@@ -9,8 +9,8 @@
 #include "runtime/config_keys.h"
 #include "runtime/config_yaml.h"
 #include "runtime/error.h"
+#include "runtime/text_file.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -243,30 +243,6 @@ void config_load_text(Config *config, const char *yaml_text, const char *origin,
     config_validate(config, where, world_size);
 }
 
-/* The whole file as one NUL-terminated string. */
-static char *read_config_file(const char *path)
-{
-    FILE *file = fopen(path, "rb");
-    if (!file)
-        fatal(EXIT_CONFIG, "cannot open config file %s: %s", path, strerror(errno));
-    size_t length = 0, capacity = 4096;
-    char *text = xmalloc(capacity);
-    for (;;) {
-        length += fread(text + length, 1, capacity - length - 1, file);
-        if (ferror(file))
-            fatal(EXIT_CONFIG, "cannot read config file %s: %s", path, strerror(errno));
-        if (feof(file))
-            break;
-        capacity *= 2;
-        text = xrealloc(text, capacity);
-    }
-    if (fclose(file) != 0)
-        fatal(EXIT_CONFIG, "cannot read config file %s: %s", path, strerror(errno));
-    text[length] = '\0';
-    if (strlen(text) != length)
-        fatal(EXIT_CONFIG, "config file %s holds a NUL byte: not YAML text", path);
-    return text;
-}
 
 void config_load(Config *config, const char *path, const char *const *overrides,
                  int n_overrides, int world_size)
@@ -275,7 +251,7 @@ void config_load(Config *config, const char *path, const char *const *overrides,
         config_load_text(config, "", "defaults", overrides, n_overrides, world_size);
         return;
     }
-    char *text = read_config_file(path);
+    char *text = text_file_read(path, "config file");
     config_load_text(config, text, path, overrides, n_overrides, world_size);
     free(text);
 }

@@ -2,6 +2,7 @@
 #include "runtime/matmul_table.h"
 
 #include "runtime/error.h"
+#include "runtime/text_file.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -342,26 +343,7 @@ char *matmul_table_format(const MatmulTable *table)
 
 void matmul_table_read(MatmulTable *table, const char *path)
 {
-    FILE *file = fopen(path, "rb");
-    if (!file)
-        fatal(EXIT_CONFIG, "matmul_algorithms: cannot open %s: %s (fathom tune writes it)",
-              path, strerror(errno));
-    size_t capacity = 1 << 16, used = 0;
-    char *text = xmalloc(capacity);
-    size_t got;
-    while ((got = fread(text + used, 1, capacity - used - 1, file)) > 0) {
-        used += got;
-        if (used + 1 == capacity)
-            text = xrealloc(text, capacity *= 2);
-    }
-    const bool failed = ferror(file);
-    fclose(file);
-    if (failed)
-        fatal(EXIT_CONFIG, "matmul_algorithms: cannot read %s", path);
-    text[used] = '\0';
-    if (strlen(text) != used)
-        fatal(EXIT_CONFIG, "matmul_algorithms: %s holds a NUL byte: not a matmul algorithms "
-              "table", path);
+    char *text = text_file_read(path, "the matmul_algorithms table");
     char error[512];
     if (!matmul_table_parse(table, text, error, sizeof error))
         fatal(EXIT_CONFIG, "matmul_algorithms: %s, %s", path, error);
