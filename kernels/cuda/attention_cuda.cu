@@ -59,39 +59,6 @@ static int forward_heads_per_block(int n_heads, int n_kv_heads)
     return heads;
 }
 
-/* Base-2 online softmax over one block of scores s [64 rows, 64 keys] (a thread holds two rows
- * of it, r = 0, 1): raises row_max (scaled, base 2) to cover the block, returns in correction[r]
- * the factor that brings what was summed under the old max to the new one (exactly 1 when the
- * max stayed), rescales row_sum (this thread's part of the row sum) and adds the block's
- * probabilities p = 2^(s * scale_log2 - row_max), which replace s. Masked scores are -inf and
- * give exact zeros; every row has at least one finite score in its first block. */
-static __device__ __forceinline__ void softmax_block(float (&s)[FORWARD_BLOCK_KEYS / 8][4],
-                                                     float (&row_max)[2], float (&row_sum)[2],
-                                                     float (&correction)[2], float scale_log2)
-{
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        float maximum = -INFINITY;
-#pragma unroll
-        for (int t = 0; t < FORWARD_BLOCK_KEYS / 8; t++)
-            maximum = fmaxf(maximum, fmaxf(s[t][2 * r], s[t][2 * r + 1]));
-        /* the four lanes of a quad hold the row's 64 columns */
-        maximum = fmaxf(maximum, __shfl_xor_sync(0xffffffffu, maximum, 1));
-        maximum = fmaxf(maximum, __shfl_xor_sync(0xffffffffu, maximum, 2));
-        float new_max = fmaxf(row_max[r], maximum * scale_log2);
-        correction[r] = new_max == row_max[r] ? 1.0f : exp2f(row_max[r] - new_max);
-        row_max[r] = new_max;
-        float sum = row_sum[r] * correction[r];
-#pragma unroll
-        for (int t = 0; t < FORWARD_BLOCK_KEYS / 8; t++) {
-            s[t][2 * r] = exp2f(fmaf(s[t][2 * r], scale_log2, -new_max));
-            s[t][2 * r + 1] = exp2f(fmaf(s[t][2 * r + 1], scale_log2, -new_max));
-            sum += s[t][2 * r] + s[t][2 * r + 1];
-        }
-        row_sum[r] = sum;
-    }
-}
-
 /* out [B, T, n_heads, HEAD_DIM], lse [B, n_heads, T] from q [B, T, n_heads, HEAD_DIM], k, v
  * [B, T, n_kv_heads, HEAD_DIM]; grid (n_heads / heads_per_block, B, query blocks of
  * FORWARD_ROWS / heads_per_block), FORWARD_THREADS threads; heads_per_block divides both
@@ -199,7 +166,7 @@ attention_forward_kernel(__nv_bfloat16 *out, float *lse, const __nv_bfloat16 *q,
                         s[t][e] = -INFINITY;
         }
         float correction[2];
-        softmax_block(s, row_max, row_sum, correction, scale_log2);
+        online_softmax_block<FORWARD_BLOCK_KEYS>(s, row_max, row_sum, correction, scale_log2);
         if (__any_sync(0xffffffffu, correction[0] != 1.0f || correction[1] != 1.0f)) {
 #pragma unroll
             for (int t = 0; t < HEAD_DIM / 8; t++) {

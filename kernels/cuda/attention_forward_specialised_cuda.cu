@@ -97,37 +97,6 @@ struct SpecTiles : TmaTile<HEAD_DIM> {
     static_assert(bytes <= 227 * 1024, "shared memory of one CTA");
 };
 
-/* Online softmax over one block of scores s [64 rows, KEYS] (a thread holds two rows of it),
- * as softmax_block of attention_cuda.cu: raises row_max, returns the factor that brings what
- * was summed under the old max to the new one, rescales row_sum and adds the block's
- * probabilities, which replace s. */
-template <int KEYS>
-static __device__ __forceinline__ void spec_softmax(float (&s)[KEYS / 8][4], float (&row_max)[2],
-                                                    float (&row_sum)[2], float (&correction)[2],
-                                                    float scale_log2)
-{
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        float maximum = -INFINITY;
-#pragma unroll
-        for (int t = 0; t < KEYS / 8; t++)
-            maximum = fmaxf(maximum, fmaxf(s[t][2 * r], s[t][2 * r + 1]));
-        maximum = fmaxf(maximum, __shfl_xor_sync(0xffffffffu, maximum, 1));
-        maximum = fmaxf(maximum, __shfl_xor_sync(0xffffffffu, maximum, 2));
-        float new_max = fmaxf(row_max[r], maximum * scale_log2);
-        correction[r] = new_max == row_max[r] ? 1.0f : exp2f(row_max[r] - new_max);
-        row_max[r] = new_max;
-        float sum = row_sum[r] * correction[r];
-#pragma unroll
-        for (int t = 0; t < KEYS / 8; t++) {
-            s[t][2 * r] = exp2f(fmaf(s[t][2 * r], scale_log2, -new_max));
-            s[t][2 * r + 1] = exp2f(fmaf(s[t][2 * r + 1], scale_log2, -new_max));
-            sum += s[t][2 * r] + s[t][2 * r + 1];
-        }
-        row_sum[r] = sum;
-    }
-}
-
 /* The tiles of a launch: bands of pairs (batch, group of heads), attention_tiles.cuh's
  * band_tile, the item a query block z counted from the last (the most keys), so that a
  * band goes heaviest first. A persistent CTA b of G takes tiles in rounds,
@@ -360,7 +329,7 @@ attention_forward_specialised_kernel(const __grid_constant__ CUtensorMap q_map,
         warpgroup_fence_accumulators(s);
         float correction[2];
         mask_scores(0);
-        spec_softmax<SPEC_KEYS>(s, row_max, row_sum, correction, scale_log2);
+        online_softmax_block<SPEC_KEYS>(s, row_max, row_sum, correction, scale_log2);
         pack_probabilities();
 
         for (int i = 1; i < blocks; i++) {
@@ -376,7 +345,7 @@ attention_forward_specialised_kernel(const __grid_constant__ CUtensorMap q_map,
             warpgroup_wait<1>(); /* the scores of block i, while P V of block i - 1 runs */
             warpgroup_fence_accumulators(s);
             mask_scores(i);
-            spec_softmax<SPEC_KEYS>(s, row_max, row_sum, correction, scale_log2);
+            online_softmax_block<SPEC_KEYS>(s, row_max, row_sum, correction, scale_log2);
             warpgroup_wait<0>();
             warpgroup_fence_accumulators(o);
             release(i - 1);

@@ -5,7 +5,8 @@
  *
  * The products and their register fragments are described in warpgroup_mma.cuh;
  * accumulators_to_operand packs accumulator tiles 2j, 2j+1 of one product into the A operand
- * (k = columns 16j .. 16j+15) of the next.
+ * (k = columns 16j .. 16j+15) of the next; online_softmax_block is the forwards' softmax step
+ * between the two products.
  *
  * Shared-memory tiles are "packed": a tile of `rows` x HEAD_DIM bf16 (rows a multiple of 8) is
  * stored as the no-swizzle core matrices of wgmma, 8 rows x 8 columns (16 bytes a row) each,
@@ -120,6 +121,42 @@ static __device__ __forceinline__ void accumulators_to_operand(uint32_t (&a)[4],
     a[1] = pack_bf16x2(left[2], left[3]);
     a[2] = pack_bf16x2(right[0], right[1]);
     a[3] = pack_bf16x2(right[2], right[3]);
+}
+
+/* Base-2 online softmax over one block of scores s [64 rows, KEYS keys] (a thread holds two
+ * rows of it, r = 0, 1; the four lanes of a quad hold a row's columns): raises row_max
+ * (scaled, base 2) to cover the block, returns in correction[r] the factor that brings what
+ * was summed under the old max to the new one (exactly 1 when the max stayed), rescales
+ * row_sum (this thread's part of the row sum) and adds the block's probabilities
+ * p = 2^(s * scale_log2 - row_max), which replace s. Masked scores are -inf and give exact
+ * zeros; every row has at least one finite score in its first block. */
+template <int KEYS>
+static __device__ __forceinline__ void online_softmax_block(float (&s)[KEYS / 8][4],
+                                                            float (&row_max)[2],
+                                                            float (&row_sum)[2],
+                                                            float (&correction)[2],
+                                                            float scale_log2)
+{
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float maximum = -INFINITY;
+#pragma unroll
+        for (int t = 0; t < KEYS / 8; t++)
+            maximum = fmaxf(maximum, fmaxf(s[t][2 * r], s[t][2 * r + 1]));
+        maximum = fmaxf(maximum, __shfl_xor_sync(0xffffffffu, maximum, 1));
+        maximum = fmaxf(maximum, __shfl_xor_sync(0xffffffffu, maximum, 2));
+        float new_max = fmaxf(row_max[r], maximum * scale_log2);
+        correction[r] = new_max == row_max[r] ? 1.0f : exp2f(row_max[r] - new_max);
+        row_max[r] = new_max;
+        float sum = row_sum[r] * correction[r];
+#pragma unroll
+        for (int t = 0; t < KEYS / 8; t++) {
+            s[t][2 * r] = exp2f(fmaf(s[t][2 * r], scale_log2, -new_max));
+            s[t][2 * r + 1] = exp2f(fmaf(s[t][2 * r + 1], scale_log2, -new_max));
+            sum += s[t][2 * r] + s[t][2 * r + 1];
+        }
+        row_sum[r] = sum;
+    }
 }
 
 /* Copies rows [row0, row0 + ROWS) of a [rows_total, *] global array (row r at
