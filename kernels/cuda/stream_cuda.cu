@@ -57,8 +57,9 @@ struct MixBackwardArgs {
     int add;            /* dstreams: GRAD_ADD (1) or GRAD_WRITE (0) */
 };
 
-/* this thread's vectors of one row (zeros past the row) */
-template <int VEC>
+/* this thread's vectors of one row (zeros past the row); MUTABLE for an array this kernel
+ * also writes (a "+=" target): plain loads, not the read-only path */
+template <int VEC, bool MUTABLE = false>
 __device__ __forceinline__ void load_owned(BfVector<VEC> *row, const bf16 *array,
                                            long long row_start, int vectors, int slots)
 {
@@ -66,22 +67,12 @@ __device__ __forceinline__ void load_owned(BfVector<VEC> *row, const bf16 *array
     for (int slot = 0; slot < ROW_MAX_SLOTS(VEC); slot++) {
         const int v = slot * blockDim.x + threadIdx.x;
         row[slot] = vector_zero<VEC>();
-        if (slot < slots && v < vectors)
-            row[slot] = vector_load<VEC>(array, row_start + v);
-    }
-}
-
-/* the same for an array this kernel also writes (a "+=" target): plain loads */
-template <int VEC>
-__device__ __forceinline__ void load_owned_mutable(BfVector<VEC> *row, const bf16 *array,
-                                                   long long row_start, int vectors, int slots)
-{
-#pragma unroll
-    for (int slot = 0; slot < ROW_MAX_SLOTS(VEC); slot++) {
-        const int v = slot * blockDim.x + threadIdx.x;
-        row[slot] = vector_zero<VEC>();
-        if (slot < slots && v < vectors)
-            row[slot] = vector_load_mutable<VEC>(array, row_start + v);
+        if (slot < slots && v < vectors) {
+            if constexpr (MUTABLE)
+                row[slot] = vector_load_mutable<VEC>(array, row_start + v);
+            else
+                row[slot] = vector_load<VEC>(array, row_start + v);
+        }
     }
 }
 
@@ -205,7 +196,7 @@ stream_mix_backward_kernel(const __grid_constant__ MixBackwardArgs args)
         load_owned<VEC>(o_raw, stream, row_start, args.vectors, slots);
         load_owned<VEC>(dout_raw, args.dout, row_start, args.vectors, slots);
         if (dstream && args.add)
-            load_owned_mutable<VEC>(grad_raw, dstream, row_start, args.vectors, slots);
+            load_owned<VEC, true>(grad_raw, dstream, row_start, args.vectors, slots);
         float o[MAX_SLOTS][VEC], dy[MAX_SLOTS][VEC], gate_dot = 0.0f, theta_dot = 0.0f;
 #pragma unroll
         for (int slot = 0; slot < MAX_SLOTS; slot++) {
