@@ -13,8 +13,9 @@
  *   dw = <dout, o>, dg = dw w (1 - w), mean(du u) = dg rho <theta, o> / d,
  *   do += w dout + rho (dg theta - rho o mean(du u)); dtheta and dbeta per block in
  *   registers, then added over the token ranges in order by a second kernel. A stream not
- *   given is skipped (and the given ones take more token ranges, mix_range_count); with the gate (alpha) dout is d x, d out = alpha dout, and each block
- *   also sums w < dout, o > for d alpha, which the second kernel adds in a fixed order.
+ *   given is skipped (and the given ones take more token ranges, mix_range_count); with
+ *   the gate (alpha) dout is d x, d out = alpha dout, and each block also sums
+ *   w < dout, o > for d alpha, which the second kernel adds in a fixed order.
  */
 #include "kernels/cuda/route_cuda.h"
 #include "kernels/cuda/route_device.cuh"
