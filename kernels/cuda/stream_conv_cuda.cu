@@ -266,7 +266,27 @@ static unsigned conv_blocks(long long threads)
 }
 
 /* kernel<VEC, TAPS> for VEC 4, 2 or 1 and kernel sizes 1, 2, 3-4, 5-8 (TAPS 1, 2, 4, 8) */
-#define CONV_LAUNCH(kernel, vec, kernel_size, threads, ...)                                         do {                                                                                                 const int taps_ = (kernel_size) <= 1 ? 1 : (kernel_size) <= 2 ? 2                                                  : (kernel_size) <= 4 ? 4 : 8;                                                  const unsigned blocks_ = conv_blocks(threads);                                                   switch ((vec) * 16 + taps_) {                                                                    case 4 * 16 + 1: kernel<4, 1><<<blocks_, CONV_THREADS, 0, stream>>>(__VA_ARGS__); break;         case 4 * 16 + 2: kernel<4, 2><<<blocks_, CONV_THREADS, 0, stream>>>(__VA_ARGS__); break;         case 4 * 16 + 4: kernel<4, 4><<<blocks_, CONV_THREADS, 0, stream>>>(__VA_ARGS__); break;         case 4 * 16 + 8: kernel<4, 8><<<blocks_, CONV_THREADS, 0, stream>>>(__VA_ARGS__); break;         case 2 * 16 + 1: kernel<2, 1><<<blocks_, CONV_THREADS, 0, stream>>>(__VA_ARGS__); break;         case 2 * 16 + 2: kernel<2, 2><<<blocks_, CONV_THREADS, 0, stream>>>(__VA_ARGS__); break;         case 2 * 16 + 4: kernel<2, 4><<<blocks_, CONV_THREADS, 0, stream>>>(__VA_ARGS__); break;         case 2 * 16 + 8: kernel<2, 8><<<blocks_, CONV_THREADS, 0, stream>>>(__VA_ARGS__); break;         case 1 * 16 + 1: kernel<1, 1><<<blocks_, CONV_THREADS, 0, stream>>>(__VA_ARGS__); break;         case 1 * 16 + 2: kernel<1, 2><<<blocks_, CONV_THREADS, 0, stream>>>(__VA_ARGS__); break;         case 1 * 16 + 4: kernel<1, 4><<<blocks_, CONV_THREADS, 0, stream>>>(__VA_ARGS__); break;         default: kernel<1, 8><<<blocks_, CONV_THREADS, 0, stream>>>(__VA_ARGS__); break;                 }                                                                                                CUDA_CHECK_LAUNCH();                                                                         } while (0)
+#define CONV_LAUNCH(kernel, vec, kernel_size, threads, ...)                                      \
+    do {                                                                                         \
+        const int taps_ = (kernel_size) <= 1 ? 1 : (kernel_size) <= 2 ? 2                        \
+                        : (kernel_size) <= 4 ? 4 : 8;                                            \
+        const unsigned blocks_ = conv_blocks(threads);                                           \
+        switch ((vec) * 16 + taps_) {                                                            \
+        case 4 * 16 + 1: kernel<4, 1><<<blocks_, CONV_THREADS, 0, stream>>>(__VA_ARGS__); break; \
+        case 4 * 16 + 2: kernel<4, 2><<<blocks_, CONV_THREADS, 0, stream>>>(__VA_ARGS__); break; \
+        case 4 * 16 + 4: kernel<4, 4><<<blocks_, CONV_THREADS, 0, stream>>>(__VA_ARGS__); break; \
+        case 4 * 16 + 8: kernel<4, 8><<<blocks_, CONV_THREADS, 0, stream>>>(__VA_ARGS__); break; \
+        case 2 * 16 + 1: kernel<2, 1><<<blocks_, CONV_THREADS, 0, stream>>>(__VA_ARGS__); break; \
+        case 2 * 16 + 2: kernel<2, 2><<<blocks_, CONV_THREADS, 0, stream>>>(__VA_ARGS__); break; \
+        case 2 * 16 + 4: kernel<2, 4><<<blocks_, CONV_THREADS, 0, stream>>>(__VA_ARGS__); break; \
+        case 2 * 16 + 8: kernel<2, 8><<<blocks_, CONV_THREADS, 0, stream>>>(__VA_ARGS__); break; \
+        case 1 * 16 + 1: kernel<1, 1><<<blocks_, CONV_THREADS, 0, stream>>>(__VA_ARGS__); break; \
+        case 1 * 16 + 2: kernel<1, 2><<<blocks_, CONV_THREADS, 0, stream>>>(__VA_ARGS__); break; \
+        case 1 * 16 + 4: kernel<1, 4><<<blocks_, CONV_THREADS, 0, stream>>>(__VA_ARGS__); break; \
+        default: kernel<1, 8><<<blocks_, CONV_THREADS, 0, stream>>>(__VA_ARGS__); break;         \
+        }                                                                                        \
+        CUDA_CHECK_LAUNCH();                                                                     \
+    } while (0)
 
 /* threads of the forward and dx: a run of CONV_RUN rows of one sequence and a vector each */
 static long long conv_run_threads(int B, int T, int vectors)
