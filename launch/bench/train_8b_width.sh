@@ -7,7 +7,11 @@
 #   launch/bench/train_8b_width.sh LAYERS [STEPS] [RESIDUAL ...]
 # RESIDUAL: standard, mhar_delta (H 8), attnres_delta (H 1), mhar_replace (H 8); default
 # the first three. FATHOM_BINARY names the binary (default build/fathom); logs go to
-# $OUT (or /tmp/train-8b-width). Prints "tag residual layers tok/s step_ms mem_gib mfu" lines.
+# $OUT (or /tmp/train-8b-width). Prints "tag residual layers tok/s step_ms mem_gib mfu" lines;
+# where nvidia-smi is there, each line ends with the run's median SM clock and power draw
+# under load (sampled every 200 ms, samples above 300 W): whether the step ran at its
+# power limit (docs/performance.md, "(seventh run)": kernels 12% slower in the step than
+# one at a time).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 layers=${1:?layers}
@@ -25,11 +29,20 @@ for residual in "${residuals[@]}"; do
   train_8b_command "$binary" "$dir" "$layers" "$steps" "$residual" || exit 2
   rm -rf "$dir"
   log=$out/$tag-$residual-$layers.log
+  clocks=$out/$tag-$residual-$layers.clocks
+  : >"$clocks"
+  sampler=
+  if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=clocks.sm,power.draw,power.limit --format=csv,noheader,nounits \
+      -lms 200 >"$clocks" 2>/dev/null &
+    sampler=$!
+  fi
   "${train_8b[@]}" >"$log" 2>&1
   status=$?
-  python3 - "$dir/metrics.jsonl" "$residual" "$layers" "$status" "$tag" <<'PY'
+  [ -n "$sampler" ] && kill "$sampler" 2>/dev/null
+  python3 - "$dir/metrics.jsonl" "$residual" "$layers" "$status" "$tag" "$clocks" <<'PY'
 import json, statistics, sys
-path, residual, layers, status, tag = sys.argv[1:]
+path, residual, layers, status, tag, clocks = sys.argv[1:]
 try:
     lines = [json.loads(l) for l in open(path)]
 except OSError:
@@ -40,8 +53,18 @@ if not steps:
     sys.exit(0)
 rate = statistics.median(l["tokens_per_s"] for l in steps)
 mfu = statistics.median(l.get("mfu", float("nan")) for l in steps)
+def numbers(line):
+    try:
+        return [float(x) for x in line.split(",")]
+    except ValueError:
+        return []
+load = [n for n in map(numbers, open(clocks)) if len(n) == 3 and n[1] > 300]
+power = ""
+if load:
+    power = (f" sm {statistics.median(n[0] for n in load):.0f} MHz "
+             f"{statistics.median(n[1] for n in load):.0f} W of {load[0][2]:.0f}")
 print(f"{tag} {residual} {layers} {rate / 1e3:.1f}k {4 * 4096 / rate * 1e3:.1f} "
-      f"{steps[-1]['mem_gib']:.1f} mfu {100 * mfu:.1f}%")
+      f"{steps[-1]['mem_gib']:.1f} mfu {100 * mfu:.1f}%{power}")
 PY
   rm -rf "$dir"
 done
