@@ -112,8 +112,8 @@ void loss_backward(const LayerContext *context, const HeadWeights *weights, Head
 
     /* the logits' gradient and each chunk's rows of grad_normed are written: no zeroing.
      * The chunk the spare buffer holds first (its gradient in place), then the last chunk
-     * (the chunk buffer may still hold it), then the others from last to first (loss.h) */
-    /* The order is the batch's shape's, kept chunks or not, so a backward done again adds
+     * (the chunk buffer may still hold it), then the others from last to first (loss.h).
+     * The order is the batch's shape's, kept chunks or not, so a backward done again adds
      * the head's gradient in the same order (the same bits). */
     const int last_first = last_chunk_first(rows, chunk);
     const int spare_first = spare_chunk_first(model_scratch, rows);

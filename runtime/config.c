@@ -243,7 +243,6 @@ void config_load_text(Config *config, const char *yaml_text, const char *origin,
     config_validate(config, where, world_size);
 }
 
-
 void config_load(Config *config, const char *path, const char *const *overrides,
                  int n_overrides, int world_size)
 {

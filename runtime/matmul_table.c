@@ -343,7 +343,7 @@ char *matmul_table_format(const MatmulTable *table)
 
 void matmul_table_read(MatmulTable *table, const char *path)
 {
-    char *text = text_file_read(path, "the matmul_algorithms table");
+    char *text = text_file_read(path, "the matmul_algorithms table, which fathom tune writes");
     char error[512];
     if (!matmul_table_parse(table, text, error, sizeof error))
         fatal(EXIT_CONFIG, "matmul_algorithms: %s, %s", path, error);

@@ -203,7 +203,8 @@ static void read_missing_file(void *unused)
 Test(matmul_table, a_missing_file_exits_2_naming_it)
 {
     test_expect_fatal(read_missing_file, NULL, EXIT_CONFIG,
-                      "cannot open /nonexistent/matmul_algorithms.txt");
+                      "cannot open /nonexistent/matmul_algorithms.txt (the matmul_algorithms "
+                      "table, which fathom tune writes)");
 }
 
 static void write_into_missing_directory(void *unused)
