@@ -66,6 +66,12 @@ void route_walk_begin(RouteWalk *walk, Model *model, Stash *stash, SummaryStore 
     walk->douts = xcalloc(S, sizeof *walk->douts);
     walk->stream_sources = xcalloc(sources, sizeof *walk->stream_sources);
     walk->stream_grad_sources = xcalloc(sources, sizeof *walk->stream_grad_sources);
+    walk->conv.sources = xcalloc(sources, sizeof *walk->conv.sources);
+    walk->conv.taps = xcalloc(sources, sizeof *walk->conv.taps);
+    walk->conv.grad_rows = xcalloc(sources, sizeof *walk->conv.grad_rows);
+    walk->conv.rows = xcalloc(sources, sizeof *walk->conv.rows);
+    walk->conv.grad_sources = xcalloc(sources, sizeof *walk->conv.grad_sources);
+    walk->conv.grad_taps = xcalloc(sources, sizeof *walk->conv.grad_taps);
     walk->site_streams = xcalloc((size_t)plan->streams, sizeof *walk->site_streams);
     walk->site_grad_streams = xcalloc((size_t)plan->streams, sizeof *walk->site_grad_streams);
 }
@@ -78,8 +84,9 @@ void route_walk_end(RouteWalk *walk)
                       walk->grad_key_norms, walk->grad_alphas, walk->const_weights,
                       walk->alphas, walk->queries, walk->key_norms,
                       walk->douts, walk->stream_sources, walk->stream_grad_sources,
-                      walk->site_streams,
-                      walk->site_grad_streams};
+                      walk->site_streams, walk->site_grad_streams, walk->conv.sources,
+                      walk->conv.taps, walk->conv.grad_rows, walk->conv.rows,
+                      walk->conv.grad_sources, walk->conv.grad_taps};
     for (size_t i = 0; i < sizeof arrays / sizeof arrays[0]; i++)
         free(arrays[i]);
 }
@@ -210,39 +217,62 @@ static Activation *stream_slot(const RouteWalk *walk, int r, int k)
     return walk->model->scratch.route.stream_slots[(size_t)r * (S + 1) + (size_t)k];
 }
 
-/* E_r of walk->sources[k] (source k of `site`, which has a conv slot) into the scratch's
- * conv_rows[k]. */
-static Activation *source_convolve(RouteWalk *walk, const SitePlan *site, int k, int r)
+/* The stream_conv ops' rows for stream r of `site`'s sources (all of them, or only source
+ * `only` if >= 0), the null source left out (it is not convolved, DESIGN 2.2): each source,
+ * its taps, its rows of E_r and d E_r in the scratch (conv_rows[k], grad_conv_rows[k]), and
+ * in a backward walk where its gradient and its taps' go. Returns how many rows. */
+static int conv_gather(RouteWalk *walk, const SitePlan *site, int r, int only)
 {
     const RouteContext *route = walk->route;
-    Activation *row = walk->model->scratch.route.conv_rows[k];
-    walk->backend->stream_conv_forward(row, walk->sources[k],
-                                       route_stream_taps(route, site->sources[k].slot, r),
-                                       walk->plan->kernel_sizes[r], route->B, route->T, walk->d);
-    return row;
+    const RouteScratch *scratch = &walk->model->scratch.route;
+    const int first = only < 0 ? 0 : only, end = only < 0 ? site->n_sources : only + 1;
+    int count = 0;
+    for (int k = first; k < end; k++) {
+        const int slot = site->sources[k].slot;
+        if (slot == RESIDUAL_NO_SLOT)
+            continue;
+        walk->conv.sources[count] = walk->sources[k];
+        walk->conv.taps[count] = route_stream_taps(route, slot, r);
+        walk->conv.rows[count] = scratch->conv_rows[k];
+        walk->conv.grad_rows[count] = scratch->grad_conv_rows[k];
+        if (walk->backward) {
+            walk->conv.grad_sources[count] = walk->grad_sources[k];
+            walk->conv.grad_taps[count] = route->grad_conv[slot] + route_stream_taps_at(route, r);
+        }
+        count++;
+    }
+    return count;
 }
 
-/* d E_r of source k (in the scratch's grad_conv_rows[k]) through its convolution: into
- * walk->grad_sources[k] and the slot's taps. */
-static void source_convolve_backward(RouteWalk *walk, const SitePlan *site, int k, int r)
+/* E_r of the gathered sources into their conv rows, one op for all of them. */
+static void conv_forward(RouteWalk *walk, int count, int r)
 {
     const RouteContext *route = walk->route;
-    const int slot = site->sources[k].slot;
-    walk->backend->stream_conv_backward(walk->grad_sources[k],
-                                        route->grad_conv[slot] + route_stream_taps_at(route, r),
-                                        walk->model->scratch.route.grad_conv_rows[k],
-                                        walk->sources[k], route_stream_taps(route, slot, r),
-                                        walk->plan->kernel_sizes[r], route->B, route->T, walk->d);
+    walk->backend->stream_conv_forward(walk->conv.rows, walk->conv.sources, walk->conv.taps,
+                                       count, walk->plan->kernel_sizes[r], route->B, route->T,
+                                       walk->d);
 }
 
-/* walk->stream_sources = E_r of walk->sources (the block's first site's): each convolved
- * source into the scratch's conv_rows; the null source as it is (DESIGN 2.2). */
+/* d E_r of the gathered sources (their grad conv rows) through their convolutions: into the
+ * sources' gradients and the taps'. */
+static void conv_backward(RouteWalk *walk, int count, int r)
+{
+    const RouteContext *route = walk->route;
+    walk->backend->stream_conv_backward(walk->conv.grad_sources, walk->conv.grad_taps,
+                                        walk->conv.grad_rows, walk->conv.sources,
+                                        walk->conv.taps, count, walk->plan->kernel_sizes[r],
+                                        route->B, route->T, walk->d);
+}
+
+/* walk->stream_sources = E_r of walk->sources (the block's first site's): the convolved
+ * sources into the scratch's conv_rows; the null source as it is (DESIGN 2.2). */
 static void sources_convolve(RouteWalk *walk, const SitePlan *first, int r)
 {
+    Activation *const *rows = walk->model->scratch.route.conv_rows;
     for (int k = 0; k < first->n_sources; k++)
-        walk->stream_sources[k] = first->sources[k].slot == RESIDUAL_NO_SLOT
-                                      ? walk->sources[k]
-                                      : source_convolve(walk, first, k, r);
+        walk->stream_sources[k] =
+            first->sources[k].slot == RESIDUAL_NO_SLOT ? walk->sources[k] : rows[k];
+    conv_forward(walk, conv_gather(walk, first, r, -1), r);
 }
 
 /* Where site i's depth weights and key rstd of stream r are: msar's in the scratch, which
@@ -312,7 +342,8 @@ static void block_phase_one(RouteWalk *walk, int block, int r)
 static const Activation *partial_convolve(RouteWalk *walk, int j, int r)
 {
     const SitePlan *site = &walk->plan->sites[j];
-    return source_convolve(walk, site, site->n_sources - 1, r);
+    conv_forward(walk, conv_gather(walk, site, r, site->n_sources - 1), r);
+    return walk->model->scratch.route.conv_rows[site->n_sources - 1];
 }
 
 /* Replace form: site i > 0's partial merged into phase one's o_r of every stream, in place
@@ -386,9 +417,7 @@ static void stream_block_backward(RouteWalk *walk, int block, int r)
                                   walk->queries, walk->key_norms, NULL,
                                   walk->replace ? (const float *const *)walk->means : NULL, G,
                                   scratch->route_backward, walk->rows, d, walk->plan->heads);
-    for (int k = 0; k < N; k++)
-        if (plan->sources[k].slot != RESIDUAL_NO_SLOT)
-            source_convolve_backward(walk, plan, k, r);
+    conv_backward(walk, conv_gather(walk, plan, r, -1), r);
 }
 
 /* The backward of the delta form's block n when the walk leaves it, a stream at a time (a
@@ -478,7 +507,7 @@ static void site_merge_backward(RouteWalk *walk, int block, int i)
             route_stream_row(route, weights->key_norm, r), scratch->route_backward, walk->rows, d,
             walk->plan->heads);
         if (partial)
-            source_convolve_backward(walk, site, last, r);
+            conv_backward(walk, conv_gather(walk, site, r, last), r);
     }
 }
 

@@ -77,6 +77,12 @@ typedef struct {
      * and d o_r [m] */
     const Activation **stream_sources, **site_streams;
     Activation **stream_grad_sources, **site_grad_streams;
+    /* msar: the stream_conv ops' rows, the null source left out [max_sources + 1] */
+    struct {
+        const Activation **sources, **taps, **grad_rows;
+        Activation **rows, **grad_sources;
+        float **grad_taps;
+    } conv;
 } RouteWalk;
 
 /* For one chunk call (forward, or backward) of `stash` and `store`; `route` outlives it. */

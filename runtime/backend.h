@@ -324,15 +324,19 @@ typedef struct Backend {
                                  const float *const *alphas, const float *const *means,
                                  int n_sites, float *scratch, int tokens, int d, int heads);
 
-    /* ---- MSAR stream convolution (DESIGN 2.2): causal depthwise over the sequence,
-     *   out[b,t,c] = sum_{tau < kernel_size, tau <= t} taps[tau, c] * x[b, t - tau, c]
-     * x, out [B, T, d]; taps [kernel_size, d] (the first kernel_size rows of a [k_max, d]
-     * parameter). out must not alias x. ---- */
-    void (*stream_conv_forward)(Activation *out, const Activation *x, const Activation *taps,
-                                int kernel_size, int B, int T, int d);
-    /* dx += ..., dtaps += ... (dx may be NULL) */
-    void (*stream_conv_backward)(Activation *dx, float *dtaps, const Activation *dout,
-                                 const Activation *x, const Activation *taps, int kernel_size,
+    /* ---- MSAR stream convolution (DESIGN 2.2): causal depthwise over the sequence, for
+     * each of `count` rows n (a block's sources, each with its own taps; one launch on the
+     * GPU):
+     *   out[n][b,t,c] = sum_{tau < kernel_size, tau <= t} taps[n][tau, c] * x[n][b, t - tau, c]
+     * x[n], out[n] [B, T, d]; taps[n] [kernel_size, d] (the first kernel_size rows of a
+     * [k_max, d] parameter). No out[n] aliases any x. ---- */
+    void (*stream_conv_forward)(Activation *const *out, const Activation *const *x,
+                                const Activation *const *taps, int count, int kernel_size,
+                                int B, int T, int d);
+    /* dx[n] += ..., dtaps[n] += ... (dx NULL skips every dx; no dx[n] aliases another's) */
+    void (*stream_conv_backward)(Activation *const *dx, float *const *dtaps,
+                                 const Activation *const *dout, const Activation *const *x,
+                                 const Activation *const *taps, int count, int kernel_size,
                                  int B, int T, int d);
 
     /* ---- MSAR stream route (DESIGN 2.2): the Route of one stream over convolved sources,

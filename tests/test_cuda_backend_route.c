@@ -167,29 +167,47 @@ Test(cuda_backend_route, route_backward_adds_the_cpu_gradients_in_the_delta_form
         check_route(true, true, i);
 }
 
-/* ---- MSAR stream convolution: shape B, T, d, kernel_size ---- */
+/* ---- MSAR stream convolution: shape B, T, d, kernel_size, rows (each row's arrays one
+ * after the other in one allocation) ---- */
 
-static const int conv_shapes[][4] = {{2, 11, 20, 3}, {1, 33, 64, 8}};
+static const int conv_shapes[][5] = {{2, 11, 20, 3, 3}, {1, 33, 64, 8, 2}};
 
 static void run_stream_conv_forward(const Backend *b, void *const *p, const OpCase *c)
 {
-    b->stream_conv_forward(p[0], p[1], p[2], c->shape[3], c->shape[0], c->shape[1],
-                           c->shape[2]);
+    const int B = c->shape[0], T = c->shape[1], d = c->shape[2], k = c->shape[3];
+    const int count = c->shape[4];
+    Activation *out[MAX_SOURCES];
+    const Activation *x[MAX_SOURCES], *taps[MAX_SOURCES];
+    split_rows(b, p[0], count, (size_t)B * T * d, out);
+    split_rows_const(b, p[1], count, (size_t)B * T * d, x);
+    split_rows_const(b, p[2], count, (size_t)k * d, taps);
+    b->stream_conv_forward(out, x, taps, count, k, B, T, d);
 }
 
 static void run_stream_conv_backward(const Backend *b, void *const *p, const OpCase *c)
 {
-    b->stream_conv_backward(p[0], p[1], p[2], p[3], p[4], c->shape[3], c->shape[0], c->shape[1],
-                            c->shape[2]);
+    const int B = c->shape[0], T = c->shape[1], d = c->shape[2], k = c->shape[3];
+    const int count = c->shape[4];
+    Activation *dx[MAX_SOURCES];
+    float *dtaps[MAX_SOURCES];
+    const Activation *dout[MAX_SOURCES], *x[MAX_SOURCES], *taps[MAX_SOURCES];
+    split_rows(b, p[0], count, (size_t)B * T * d, dx);
+    for (int n = 0; n < count; n++)
+        dtaps[n] = (float *)p[1] + (size_t)n * k * d;
+    split_rows_const(b, p[2], count, (size_t)B * T * d, dout);
+    split_rows_const(b, p[3], count, (size_t)B * T * d, x);
+    split_rows_const(b, p[4], count, (size_t)k * d, taps);
+    b->stream_conv_backward(dx, dtaps, dout, x, taps, count, k, B, T, d);
 }
 
 static void check_stream_conv(bool backward, int i)
 {
     const int *s = conv_shapes[i];
-    const size_t count = (size_t)s[0] * s[1] * s[2], taps = (size_t)s[3] * s[2];
+    const size_t rows = (size_t)s[4];
+    const size_t count = rows * s[0] * s[1] * s[2], taps = rows * s[3] * s[2];
     OpCase c = op_case(backward ? "stream_conv_backward" : "stream_conv_forward",
                        backward ? run_stream_conv_backward : run_stream_conv_forward);
-    for (int k = 0; k < 4; k++)
+    for (int k = 0; k < 5; k++)
         c.shape[k] = s[k];
     if (backward) {
         op_accumulated(&c, "dx", ARRAY_ACTIVATION, count, BF16_OUT);

@@ -2,7 +2,8 @@
  * cpu reference (DESIGN 2.2; DESIGN 7, "GPU"). Same rules as test_cuda_route.c: fresh
  * inputs rounded to bf16, the cpu reference (kernels/cpu/stream_cpu.c) on the same values,
  * 1e-2 for bf16 outputs, 1e-3 for fp32 ones, outputs poisoned (gradients start at zero),
- * shapes that are not multiples of anything, bitwise determinism of every backward.
+ * shapes that are not multiples of anything, bitwise determinism of every backward. The
+ * convolution takes several rows a call (a block's sources): every row is checked.
  * Identities checked bit for bit: identity taps return x; the mix at init (theta 0,
  * beta = -ln(m-1)) of m equal streams gives gates 1/m and the stream itself.
  */
@@ -38,29 +39,88 @@ static const int conv_shapes[][4] = {
     {1, 1, 256, 4}, {2, 100, 24, 7}, {1, 300, 1280, 3}, {3, 7, 6, 8}, {2, 9, 5, 2},
 };
 #define CONV_SHAPE_COUNT ((int)(sizeof conv_shapes / sizeof conv_shapes[0]))
+#define CONV_ROWS_MAX 14
+
+/* `count` rows of one shape, each with its own input and taps (and dout), as one call sees
+ * them: host values rounded to bf16 and their device copies. With `misaligned`, row 1's input
+ * starts one element past a 16-byte boundary, which narrows the vectors of its whole launch. */
+typedef struct {
+    int count;
+    size_t size, taps_size;
+    float *x[CONV_ROWS_MAX], *taps[CONV_ROWS_MAX], *dout[CONV_ROWS_MAX];
+    const bf16 *device_x[CONV_ROWS_MAX], *device_taps[CONV_ROWS_MAX], *device_dout[CONV_ROWS_MAX];
+} ConvRows;
+
+static const bf16 *upload_misaligned(const float *values, size_t n)
+{
+    float *padded = gpu_test_host_floats(n + 1);
+    memcpy(padded + 1, values, n * sizeof(float));
+    const bf16 *device = gpu_upload_bf16(padded, n + 1) + 1;
+    free(padded);
+    return device;
+}
+
+static ConvRows conv_rows(const int *shape, int count, uint64_t seed, bool misaligned)
+{
+    const int B = shape[0], T = shape[1], d = shape[2], k = shape[3];
+    ConvRows rows = {.count = count, .size = (size_t)B * T * d, .taps_size = (size_t)k * d};
+    for (int n = 0; n < count; n++) {
+        const uint64_t row_seed = seed + 10 * (uint64_t)n;
+        rows.x[n] = gpu_test_rounded_uniform(rows.size, 1.0f, 0.0f, row_seed);
+        rows.taps[n] = gpu_test_rounded_uniform(rows.taps_size, 0.8f, 0.0f, row_seed + 1);
+        rows.dout[n] = gpu_test_rounded_uniform(rows.size, 1.0f, 0.0f, row_seed + 2);
+        rows.device_x[n] = misaligned && n == 1 ? upload_misaligned(rows.x[n], rows.size)
+                                                : gpu_upload_bf16(rows.x[n], rows.size);
+        rows.device_taps[n] = gpu_upload_bf16(rows.taps[n], rows.taps_size);
+        rows.device_dout[n] = gpu_upload_bf16(rows.dout[n], rows.size);
+    }
+    return rows;
+}
+
+static void conv_rows_free(ConvRows *rows)
+{
+    for (int n = 0; n < rows->count; n++) {
+        free(rows->x[n]);
+        free(rows->taps[n]);
+        free(rows->dout[n]);
+    }
+    gpu_free_all();
+}
+
+/* the forward of every row in one call, each against the cpu */
+static void expect_conv_forward(const int *shape, int count, uint64_t seed, bool misaligned)
+{
+    const int B = shape[0], T = shape[1], d = shape[2], k = shape[3];
+    ConvRows rows = conv_rows(shape, count, seed, misaligned);
+    bf16 *out[CONV_ROWS_MAX];
+    for (int n = 0; n < count; n++)
+        out[n] = gpu_poisoned_bf16(rows.size);
+    cuda_stream_conv_forward(out, rows.device_x, rows.device_taps, count, k, B, T, d, 0);
+    float *ref = gpu_test_host_floats(rows.size);
+    for (int n = 0; n < count; n++) {
+        cpu_stream_conv_forward(ref, rows.x[n], rows.taps[n], k, B, T, d);
+        float *got = gpu_download_bf16(out[n], rows.size);
+        expect_close(got, ref, rows.size, BF16_TOLERANCE, "conv out", shape);
+        free(got);
+    }
+    free(ref);
+    conv_rows_free(&rows);
+}
 
 Test(cuda_stream, conv_forward_matches_cpu)
 {
     gpu_require();
-    for (int i = 0; i < CONV_SHAPE_COUNT; i++) {
-        const int *shape = conv_shapes[i];
-        const int B = shape[0], T = shape[1], d = shape[2], k = shape[3];
-        const size_t size = (size_t)B * T * d;
-        float *x = gpu_test_rounded_uniform(size, 1.0f, 0.0f, 100 + (uint64_t)i);
-        float *taps = gpu_test_rounded_uniform((size_t)k * d, 0.8f, 0.0f, 200 + (uint64_t)i);
-        float *ref = gpu_test_host_floats(size);
-        cpu_stream_conv_forward(ref, x, taps, k, B, T, d);
-        bf16 *out = gpu_poisoned_bf16(size);
-        cuda_stream_conv_forward(out, gpu_upload_bf16(x, size), gpu_upload_bf16(taps, (size_t)k * d),
-                                 k, B, T, d, 0);
-        float *got = gpu_download_bf16(out, size);
-        expect_close(got, ref, size, BF16_TOLERANCE, "conv out", shape);
-        free(x);
-        free(taps);
-        free(ref);
-        free(got);
-        gpu_free_all();
-    }
+    for (int i = 0; i < CONV_SHAPE_COUNT; i++)
+        expect_conv_forward(conv_shapes[i], 1 + i % 3, 100 + 37 * (uint64_t)i, false);
+}
+
+/* more rows than a launch takes (12), and a misaligned row narrowing its launch's vectors */
+Test(cuda_stream, conv_forward_of_many_rows_matches_cpu)
+{
+    gpu_require();
+    const int shape[4] = {2, 21, 24, 4}, wide[4] = {1, 40, 256, 8};
+    expect_conv_forward(shape, 14, 150, false);
+    expect_conv_forward(wide, 3, 160, true);
 }
 
 Test(cuda_stream, conv_with_identity_taps_returns_the_input_bit_for_bit)
@@ -73,8 +133,8 @@ Test(cuda_stream, conv_with_identity_taps_returns_the_input_bit_for_bit)
     for (int c = 0; c < D; c++)
         taps[c] = 1.0f;
     bf16 *out = gpu_poisoned_bf16(size);
-    cuda_stream_conv_forward(out, gpu_upload_bf16(x, size), gpu_upload_bf16(taps, (size_t)K * D), K,
-                             B, T, D, 0);
+    const bf16 *device_x = gpu_upload_bf16(x, size), *device_taps = gpu_upload_bf16(taps, (size_t)K * D);
+    cuda_stream_conv_forward(&out, &device_x, &device_taps, 1, K, B, T, D, 0);
     float *got = gpu_download_bf16(out, size);
     cr_assert_eq(memcmp(got, x, size * sizeof(float)), 0, "identity taps changed the input");
     free(x);
@@ -83,73 +143,89 @@ Test(cuda_stream, conv_with_identity_taps_returns_the_input_bit_for_bit)
     gpu_free_all();
 }
 
-/* runs cuda_stream_conv_backward once into zeroed dx (unless without_dx) and dtaps */
-static void gpu_conv_backward(float **dx_got, float **dtaps_got, const float *dout,
-                              const float *x, const float *taps, const int *shape,
-                              bool without_dx)
+/* runs cuda_stream_conv_backward once over every row, into zeroed dx (unless without_dx)
+ * and dtaps; dx_got[n], dtaps_got[n] host copies */
+static void gpu_conv_backward(float **dx_got, float **dtaps_got, const ConvRows *rows,
+                              const int *shape, bool without_dx)
 {
     const int B = shape[0], T = shape[1], d = shape[2], k = shape[3];
-    const size_t size = (size_t)B * T * d;
-    float *zeros = gpu_test_host_floats(size > (size_t)k * d ? size : (size_t)k * d);
-    bf16 *dx = without_dx ? NULL : gpu_upload_bf16(zeros, size);
-    float *dtaps = gpu_upload_floats(zeros, (size_t)k * d);
+    float *zeros = gpu_test_host_floats(rows->size > rows->taps_size ? rows->size : rows->taps_size);
+    bf16 *dx[CONV_ROWS_MAX];
+    float *dtaps[CONV_ROWS_MAX];
+    for (int n = 0; n < rows->count; n++) {
+        dx[n] = gpu_upload_bf16(zeros, rows->size);
+        dtaps[n] = gpu_upload_floats(zeros, rows->taps_size);
+    }
     float *workspace = gpu_poisoned_floats(cuda_stream_conv_backward_workspace_floats(k, B, T, d));
-    cuda_stream_conv_backward(dx, dtaps, gpu_upload_bf16(dout, size), gpu_upload_bf16(x, size),
-                              gpu_upload_bf16(taps, (size_t)k * d), k, B, T, d, workspace, 0);
-    *dx_got = dx ? gpu_download_bf16(dx, size) : NULL;
-    *dtaps_got = gpu_download_floats(dtaps, (size_t)k * d);
+    cuda_stream_conv_backward(without_dx ? NULL : dx, dtaps, rows->device_dout, rows->device_x,
+                              rows->device_taps, rows->count, k, B, T, d, workspace, 0);
+    for (int n = 0; n < rows->count; n++) {
+        dx_got[n] = without_dx ? NULL : gpu_download_bf16(dx[n], rows->size);
+        dtaps_got[n] = gpu_download_floats(dtaps[n], rows->taps_size);
+    }
     free(zeros);
+}
+
+static void expect_conv_backward(const int *shape, int count, uint64_t seed, bool without_dx,
+                                 bool misaligned)
+{
+    const int B = shape[0], T = shape[1], d = shape[2], k = shape[3];
+    ConvRows rows = conv_rows(shape, count, seed, misaligned);
+    float *dx_got[CONV_ROWS_MAX], *dtaps_got[CONV_ROWS_MAX];
+    gpu_conv_backward(dx_got, dtaps_got, &rows, shape, without_dx);
+    float *dx_ref = gpu_test_host_floats(rows.size), *dtaps_ref = gpu_test_host_floats(rows.taps_size);
+    for (int n = 0; n < count; n++) {
+        memset(dx_ref, 0, rows.size * sizeof(float));
+        memset(dtaps_ref, 0, rows.taps_size * sizeof(float));
+        cpu_stream_conv_backward(dx_ref, dtaps_ref, rows.dout[n], rows.x[n], rows.taps[n], k, B,
+                                 T, d);
+        if (dx_got[n])
+            expect_close(dx_got[n], dx_ref, rows.size, BF16_TOLERANCE, "conv dx", shape);
+        expect_close(dtaps_got[n], dtaps_ref, rows.taps_size, FP32_TOLERANCE, "conv dtaps",
+                     shape);
+        free(dx_got[n]);
+        free(dtaps_got[n]);
+    }
+    free(dx_ref);
+    free(dtaps_ref);
+    conv_rows_free(&rows);
 }
 
 Test(cuda_stream, conv_backward_matches_cpu)
 {
     gpu_require();
-    for (int i = 0; i < CONV_SHAPE_COUNT; i++) {
-        const int *shape = conv_shapes[i];
-        const int B = shape[0], T = shape[1], d = shape[2], k = shape[3];
-        const size_t size = (size_t)B * T * d;
-        float *x = gpu_test_rounded_uniform(size, 1.0f, 0.0f, 300 + (uint64_t)i);
-        float *taps = gpu_test_rounded_uniform((size_t)k * d, 0.8f, 0.0f, 400 + (uint64_t)i);
-        float *dout = gpu_test_rounded_uniform(size, 1.0f, 0.0f, 500 + (uint64_t)i);
-        float *dx_ref = gpu_test_host_floats(size), *dtaps_ref = gpu_test_host_floats((size_t)k * d);
-        cpu_stream_conv_backward(dx_ref, dtaps_ref, dout, x, taps, k, B, T, d);
-        float *dx_got, *dtaps_got;
-        gpu_conv_backward(&dx_got, &dtaps_got, dout, x, taps, shape, i % 2 == 1);
-        if (dx_got)
-            expect_close(dx_got, dx_ref, size, BF16_TOLERANCE, "conv dx", shape);
-        expect_close(dtaps_got, dtaps_ref, (size_t)k * d, FP32_TOLERANCE, "conv dtaps", shape);
-        free(x);
-        free(taps);
-        free(dout);
-        free(dx_ref);
-        free(dtaps_ref);
-        free(dx_got);
-        free(dtaps_got);
-        gpu_free_all();
-    }
+    for (int i = 0; i < CONV_SHAPE_COUNT; i++)
+        expect_conv_backward(conv_shapes[i], 1 + i % 3, 300 + 37 * (uint64_t)i, i % 2 == 1,
+                             false);
+}
+
+Test(cuda_stream, conv_backward_of_many_rows_matches_cpu)
+{
+    gpu_require();
+    const int shape[4] = {2, 21, 24, 4}, wide[4] = {1, 40, 256, 8};
+    expect_conv_backward(shape, 13, 350, false, false);
+    expect_conv_backward(wide, 3, 360, false, true);
 }
 
 Test(cuda_stream, conv_backward_is_bitwise_deterministic)
 {
     gpu_require();
     const int shape[4] = {2, 1000, 4096, 8};
-    const size_t size = (size_t)2 * 1000 * 4096;
-    float *x = gpu_test_rounded_uniform(size, 1.0f, 0.0f, 61), *dout = gpu_test_rounded_uniform(size, 1.0f, 0.0f, 62);
-    float *taps = gpu_test_rounded_uniform((size_t)8 * 4096, 0.8f, 0.0f, 63);
-    float *dx_first, *dtaps_first, *dx_second, *dtaps_second;
-    gpu_conv_backward(&dx_first, &dtaps_first, dout, x, taps, shape, false);
-    gpu_conv_backward(&dx_second, &dtaps_second, dout, x, taps, shape, false);
-    cr_assert_eq(memcmp(dx_first, dx_second, size * sizeof(float)), 0, "dx differs");
-    cr_assert_eq(memcmp(dtaps_first, dtaps_second, (size_t)8 * 4096 * sizeof(float)), 0,
-                 "dtaps differs");
-    free(x);
-    free(dout);
-    free(taps);
-    free(dx_first);
-    free(dtaps_first);
-    free(dx_second);
-    free(dtaps_second);
-    gpu_free_all();
+    ConvRows rows = conv_rows(shape, 2, 61, false);
+    float *dx_first[2], *dtaps_first[2], *dx_second[2], *dtaps_second[2];
+    gpu_conv_backward(dx_first, dtaps_first, &rows, shape, false);
+    gpu_conv_backward(dx_second, dtaps_second, &rows, shape, false);
+    for (int n = 0; n < 2; n++) {
+        cr_assert_eq(memcmp(dx_first[n], dx_second[n], rows.size * sizeof(float)), 0,
+                     "dx of row %d differs", n);
+        cr_assert_eq(memcmp(dtaps_first[n], dtaps_second[n], rows.taps_size * sizeof(float)), 0,
+                     "dtaps of row %d differs", n);
+        free(dx_first[n]);
+        free(dtaps_first[n]);
+        free(dx_second[n]);
+        free(dtaps_second[n]);
+    }
+    conv_rows_free(&rows);
 }
 
 /* ---- mix: shapes {m, tokens, d, unused} ---- */

@@ -270,18 +270,23 @@ static void table_route_backward(Activation *const *dsources, float *dquery, flo
                        heads);
 }
 
-static void table_stream_conv_forward(Activation *out, const Activation *x,
-                                      const Activation *taps, int kernel_size, int B, int T,
-                                      int d)
+static void table_stream_conv_forward(Activation *const *out, const Activation *const *x,
+                                      const Activation *const *taps, int count,
+                                      int kernel_size, int B, int T, int d)
 {
-    cpu_stream_conv_forward(F(out), CF(x), CF(taps), kernel_size, B, T, d);
+    for (int n = 0; n < count; n++)
+        cpu_stream_conv_forward(F(out[n]), CF(x[n]), CF(taps[n]), kernel_size, B, T, d);
 }
 
-static void table_stream_conv_backward(Activation *dx, float *dtaps, const Activation *dout,
-                                       const Activation *x, const Activation *taps,
+static void table_stream_conv_backward(Activation *const *dx, float *const *dtaps,
+                                       const Activation *const *dout,
+                                       const Activation *const *x,
+                                       const Activation *const *taps, int count,
                                        int kernel_size, int B, int T, int d)
 {
-    cpu_stream_conv_backward(F(dx), dtaps, CF(dout), CF(x), CF(taps), kernel_size, B, T, d);
+    for (int n = 0; n < count; n++)
+        cpu_stream_conv_backward(dx ? F(dx[n]) : NULL, dtaps[n], CF(dout[n]), CF(x[n]),
+                                 CF(taps[n]), kernel_size, B, T, d);
 }
 
 static void table_route_conv_forward(Activation *out, float *weights, float *rstd,

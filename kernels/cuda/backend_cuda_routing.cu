@@ -54,22 +54,25 @@ static void op_route_backward(Activation *const *dsources, float *dquery, float 
                         tokens, d, heads, backend_cuda_compute_stream());
 }
 
-static void op_stream_conv_forward(Activation *out, const Activation *x, const Activation *taps,
-                                   int kernel_size, int B, int T, int d)
+static void op_stream_conv_forward(Activation *const *out, const Activation *const *x,
+                                   const Activation *const *taps, int count, int kernel_size,
+                                   int B, int T, int d)
 {
-    cuda_stream_conv_forward(as_bf16(out), as_bf16_const(x), as_bf16_const(taps), kernel_size,
-                             B, T, d, backend_cuda_compute_stream());
+    cuda_stream_conv_forward((bf16 *const *)out, (const bf16 *const *)x,
+                             (const bf16 *const *)taps, count, kernel_size, B, T, d,
+                             backend_cuda_compute_stream());
 }
 
-static void op_stream_conv_backward(Activation *dx, float *dtaps, const Activation *dout,
-                                    const Activation *x, const Activation *taps,
-                                    int kernel_size, int B, int T, int d)
+static void op_stream_conv_backward(Activation *const *dx, float *const *dtaps,
+                                    const Activation *const *dout, const Activation *const *x,
+                                    const Activation *const *taps, int count, int kernel_size,
+                                    int B, int T, int d)
 {
     float *workspace =
         backend_cuda_workspace_floats(cuda_stream_conv_backward_workspace_floats(kernel_size, B, T, d));
-    cuda_stream_conv_backward(as_bf16(dx), dtaps, as_bf16_const(dout), as_bf16_const(x),
-                              as_bf16_const(taps), kernel_size, B, T, d, workspace,
-                              backend_cuda_compute_stream());
+    cuda_stream_conv_backward((bf16 *const *)dx, dtaps, (const bf16 *const *)dout,
+                              (const bf16 *const *)x, (const bf16 *const *)taps, count,
+                              kernel_size, B, T, d, workspace, backend_cuda_compute_stream());
 }
 
 static void op_stream_mix_forward(Activation *out, float *gates, float *rstd,

@@ -156,11 +156,11 @@ typedef struct {
 static void msar_expand(Bench *bench, Msar *msar, int site, int stream, const bf16 **sources)
 {
     sources[0] = bench->rows[0];
-    for (int n = 1; n < site_sources(site); n++) {
-        cuda_stream_conv_forward(msar->expanded[n], bench->rows[n], msar->taps[stream][n],
-                                 msar_kernels[stream], 2, BENCH_TOKENS / 2, BENCH_WIDTH, 0);
+    for (int n = 1; n < site_sources(site); n++)
         sources[n] = msar->expanded[n];
-    }
+    cuda_stream_conv_forward(&msar->expanded[1], &bench->rows[1], &msar->taps[stream][1],
+                             site_sources(site) - 1, msar_kernels[stream], 2, BENCH_TOKENS / 2,
+                             BENCH_WIDTH, 0);
 }
 
 static void msar_forward(Bench *bench, Msar *msar)
@@ -214,11 +214,10 @@ static void msar_backward(Bench *bench, Msar *msar)
                                 msar->rstd[site][r], bench->query[site], bench->key_norm[site],
                                 NULL, msar->workspace, BENCH_TOKENS, BENCH_WIDTH,
                                 BENCH_HEADS, 0);
-            for (int n = 1; n < N; n++)
-                cuda_stream_conv_backward(bench->grads[n], msar->dtaps[r][n],
-                                          msar->expanded_grads[n], bench->rows[n],
-                                          msar->taps[r][n], msar_kernels[r], 2, BENCH_TOKENS / 2,
-                                          BENCH_WIDTH, msar->workspace, 0);
+            cuda_stream_conv_backward(&bench->grads[1], &msar->dtaps[r][1],
+                                      &msar->expanded_grads[1], &bench->rows[1],
+                                      &msar->taps[r][1], N - 1, msar_kernels[r], 2,
+                                      BENCH_TOKENS / 2, BENCH_WIDTH, msar->workspace, 0);
         }
 }
 

@@ -186,18 +186,22 @@ void route_backward_centred(bf16 *const *dsources, float *dquery, float *dkey_no
 
 /* ---- MSAR stream convolution (backend.h stream_conv_*) ---- */
 
-/* out[b,t,c] = sum_{tau < kernel_size, tau <= t} taps[tau,c] x[b,t-tau,c]; x, out [B, T, d]
- * bf16, taps [kernel_size, d] bf16; fp32 sum from tau = 0 (identity taps return x bit for bit).
- * out must not alias x. */
-void cuda_stream_conv_forward(bf16 *out, const bf16 *x, const bf16 *taps, int kernel_size,
-                              int B, int T, int d, cudaStream_t stream);
+/* For each of `count` rows n: out[n][b,t,c] = sum_{tau < kernel_size, tau <= t}
+ * taps[n][tau,c] x[n][b,t-tau,c]; x[n], out[n] [B, T, d] bf16, taps[n] [kernel_size, d] bf16;
+ * fp32 sum from tau = 0 (identity taps return x bit for bit). The arrays are HOST arrays of
+ * device pointers; no out[n] aliases any x. Up to 12 rows a launch. */
+void cuda_stream_conv_forward(bf16 *const *out, const bf16 *const *x, const bf16 *const *taps,
+                              int count, int kernel_size, int B, int T, int d,
+                              cudaStream_t stream);
 
 size_t cuda_stream_conv_backward_workspace_floats(int kernel_size, int B, int T, int d);
 
-/* dx += (bf16, NULL skips it), dtaps += (fp32 [kernel_size, d]). */
-void cuda_stream_conv_backward(bf16 *dx, float *dtaps, const bf16 *dout, const bf16 *x,
-                               const bf16 *taps, int kernel_size, int B, int T, int d,
-                               float *workspace, cudaStream_t stream);
+/* For each row n: dx[n] += (bf16; dx NULL skips every dx), dtaps[n] += (fp32 [kernel_size,
+ * d]); no dx[n] aliases another row's dx or any dout. The workspace serves one row at a time. */
+void cuda_stream_conv_backward(bf16 *const *dx, float *const *dtaps, const bf16 *const *dout,
+                               const bf16 *const *x, const bf16 *const *taps, int count,
+                               int kernel_size, int B, int T, int d, float *workspace,
+                               cudaStream_t stream);
 
 /* ---- MSAR mix (backend.h stream_mix_*) ---- */
 

@@ -6,6 +6,11 @@
  * x, out, dout, dx [B, T, d] bf16; taps [k, d] bf16 (k <= CUDA_ROUTE_CONV_MAX_KERNEL); dtaps
  * fp32.
  *
+ * One launch convolves up to CONV_BATCH rows (a block's sources, each with its own taps:
+ * blockIdx.y picks the row), since one row of the 1B width fills 60% of the GPU's threads for
+ * about 10 us of bytes: a launch a row paid its ramp and tail each time (17-23 us a launch,
+ * 5184 launches a step; docs/performance.md, ninth run).
+ *
  * A thread owns VEC channels (4, or fewer when d or the pointers say so) of a run of rows of
  * one sequence, and walks it in time with its taps and the last k - 1 rows it read in
  * registers (TAPS, the kernel size rounded up to 1, 2, 4 or 8): each row is read once and each
@@ -28,6 +33,15 @@ enum {
     CONV_PARTIALS = 128,        /* row ranges of the dtaps partials, at least */
     CONV_RANGES_MAX = 512,      /* and at most */
     CONV_SUM_SLICES = 8,        /* warps splitting the ranges in the partials' sum */
+    CONV_BATCH = 12,            /* rows a launch: a block's sources (CUDA_BLOCK_MAX_SOURCES) */
+};
+
+/* The rows of one launch, by value in the kernel's parameters: row n (blockIdx.y) writes
+ * out[n] (the forward's out, or dx) from in[n] (x, or dout) and taps[n]. */
+struct ConvBatch {
+    bf16 *out[CONV_BATCH];
+    const bf16 *in[CONV_BATCH];
+    const bf16 *taps[CONV_BATCH];
 };
 
 static void conv_check(int kernel_size, int d)
@@ -106,12 +120,13 @@ __device__ __forceinline__ bool conv_run_of(ConvRun *run, int B, int T, int vect
 
 template <int VEC, int TAPS>
 __global__ void __launch_bounds__(CONV_THREADS)
-    conv_forward_kernel(bf16 *out, const bf16 *x, const bf16 *taps, int kernel_size, int B,
-                        int T, int vectors)
+    conv_forward_kernel(ConvBatch batch, int kernel_size, int B, int T, int vectors)
 {
     ConvRun run;
     if (!conv_run_of(&run, B, T, vectors))
         return;
+    bf16 *out = batch.out[blockIdx.y];
+    const bf16 *x = batch.in[blockIdx.y], *taps = batch.taps[blockIdx.y];
     float tap[TAPS][VEC], window[TAPS][VEC] = {};
     conv_load_taps<VEC, TAPS>(tap, taps, kernel_size, run.v, vectors);
     const long long sequence = (long long)run.b * T;
@@ -137,12 +152,13 @@ __global__ void __launch_bounds__(CONV_THREADS)
 
 template <int VEC, int TAPS>
 __global__ void __launch_bounds__(CONV_THREADS)
-    conv_input_grad_kernel(bf16 *dx, const bf16 *dout, const bf16 *taps, int kernel_size, int B,
-                           int T, int vectors)
+    conv_input_grad_kernel(ConvBatch batch, int kernel_size, int B, int T, int vectors)
 {
     ConvRun run;
     if (!conv_run_of(&run, B, T, vectors))
         return;
+    bf16 *dx = batch.out[blockIdx.y];
+    const bf16 *dout = batch.in[blockIdx.y], *taps = batch.taps[blockIdx.y];
     float tap[TAPS][VEC], window[TAPS][VEC] = {};
     conv_load_taps<VEC, TAPS>(tap, taps, kernel_size, run.v, vectors);
     const long long sequence = (long long)run.b * T;
@@ -265,27 +281,28 @@ static unsigned conv_blocks(long long threads)
     return (unsigned)((threads + CONV_THREADS - 1) / CONV_THREADS);
 }
 
-/* kernel<VEC, TAPS> for VEC 4, 2 or 1 and kernel sizes 1, 2, 3-4, 5-8 (TAPS 1, 2, 4, 8) */
-#define CONV_LAUNCH(kernel, vec, kernel_size, threads, ...)                                      \
-    do {                                                                                         \
-        const int taps_ = (kernel_size) <= 1 ? 1 : (kernel_size) <= 2 ? 2                        \
-                        : (kernel_size) <= 4 ? 4 : 8;                                            \
-        const unsigned blocks_ = conv_blocks(threads);                                           \
-        switch ((vec) * 16 + taps_) {                                                            \
-        case 4 * 16 + 1: kernel<4, 1><<<blocks_, CONV_THREADS, 0, stream>>>(__VA_ARGS__); break; \
-        case 4 * 16 + 2: kernel<4, 2><<<blocks_, CONV_THREADS, 0, stream>>>(__VA_ARGS__); break; \
-        case 4 * 16 + 4: kernel<4, 4><<<blocks_, CONV_THREADS, 0, stream>>>(__VA_ARGS__); break; \
-        case 4 * 16 + 8: kernel<4, 8><<<blocks_, CONV_THREADS, 0, stream>>>(__VA_ARGS__); break; \
-        case 2 * 16 + 1: kernel<2, 1><<<blocks_, CONV_THREADS, 0, stream>>>(__VA_ARGS__); break; \
-        case 2 * 16 + 2: kernel<2, 2><<<blocks_, CONV_THREADS, 0, stream>>>(__VA_ARGS__); break; \
-        case 2 * 16 + 4: kernel<2, 4><<<blocks_, CONV_THREADS, 0, stream>>>(__VA_ARGS__); break; \
-        case 2 * 16 + 8: kernel<2, 8><<<blocks_, CONV_THREADS, 0, stream>>>(__VA_ARGS__); break; \
-        case 1 * 16 + 1: kernel<1, 1><<<blocks_, CONV_THREADS, 0, stream>>>(__VA_ARGS__); break; \
-        case 1 * 16 + 2: kernel<1, 2><<<blocks_, CONV_THREADS, 0, stream>>>(__VA_ARGS__); break; \
-        case 1 * 16 + 4: kernel<1, 4><<<blocks_, CONV_THREADS, 0, stream>>>(__VA_ARGS__); break; \
-        default: kernel<1, 8><<<blocks_, CONV_THREADS, 0, stream>>>(__VA_ARGS__); break;         \
-        }                                                                                        \
-        CUDA_CHECK_LAUNCH();                                                                     \
+/* kernel<VEC, TAPS> for VEC 4, 2 or 1 and kernel sizes 1, 2, 3-4, 5-8 (TAPS 1, 2, 4, 8), on
+ * a grid of (the blocks of `threads`, rows) */
+#define CONV_LAUNCH(kernel, vec, kernel_size, threads, rows, ...)                               \
+    do {                                                                                        \
+        const int taps_ = (kernel_size) <= 1 ? 1 : (kernel_size) <= 2 ? 2                       \
+                        : (kernel_size) <= 4 ? 4 : 8;                                           \
+        const dim3 grid_(conv_blocks(threads), (unsigned)(rows));                               \
+        switch ((vec) * 16 + taps_) {                                                           \
+        case 4 * 16 + 1: kernel<4, 1><<<grid_, CONV_THREADS, 0, stream>>>(__VA_ARGS__); break;  \
+        case 4 * 16 + 2: kernel<4, 2><<<grid_, CONV_THREADS, 0, stream>>>(__VA_ARGS__); break;  \
+        case 4 * 16 + 4: kernel<4, 4><<<grid_, CONV_THREADS, 0, stream>>>(__VA_ARGS__); break;  \
+        case 4 * 16 + 8: kernel<4, 8><<<grid_, CONV_THREADS, 0, stream>>>(__VA_ARGS__); break;  \
+        case 2 * 16 + 1: kernel<2, 1><<<grid_, CONV_THREADS, 0, stream>>>(__VA_ARGS__); break;  \
+        case 2 * 16 + 2: kernel<2, 2><<<grid_, CONV_THREADS, 0, stream>>>(__VA_ARGS__); break;  \
+        case 2 * 16 + 4: kernel<2, 4><<<grid_, CONV_THREADS, 0, stream>>>(__VA_ARGS__); break;  \
+        case 2 * 16 + 8: kernel<2, 8><<<grid_, CONV_THREADS, 0, stream>>>(__VA_ARGS__); break;  \
+        case 1 * 16 + 1: kernel<1, 1><<<grid_, CONV_THREADS, 0, stream>>>(__VA_ARGS__); break;  \
+        case 1 * 16 + 2: kernel<1, 2><<<grid_, CONV_THREADS, 0, stream>>>(__VA_ARGS__); break;  \
+        case 1 * 16 + 4: kernel<1, 4><<<grid_, CONV_THREADS, 0, stream>>>(__VA_ARGS__); break;  \
+        default: kernel<1, 8><<<grid_, CONV_THREADS, 0, stream>>>(__VA_ARGS__); break;          \
+        }                                                                                       \
+        CUDA_CHECK_LAUNCH();                                                                    \
     } while (0)
 
 /* threads of the forward and dx: a run of CONV_RUN rows of one sequence and a vector each */
@@ -294,17 +311,46 @@ static long long conv_run_threads(int B, int T, int vectors)
     return (long long)B * ((T + CONV_RUN - 1) / CONV_RUN) * vectors;
 }
 
-extern "C" void cuda_stream_conv_forward(bf16 *out, const bf16 *x, const bf16 *taps,
-                                         int kernel_size, int B, int T, int d,
-                                         cudaStream_t stream)
+/* The widest vector (4, 2, 1) that d and every pointer of rows [first, first + count) allow */
+static int conv_vector(int d, const void *const *const *arrays, int n_arrays, int first,
+                       int count)
+{
+    int vec = 4;
+    for (int a = 0; a < n_arrays; a++)
+        if (arrays[a])
+            for (int n = first; n < first + count; n++)
+                vec = widest_vector(vec, d, &arrays[a][n], 1);
+    return vec;
+}
+
+/* Rows [first, first + count) of the arrays, count <= CONV_BATCH, as a launch's batch */
+static ConvBatch conv_batch(bf16 *const *out, const bf16 *const *in, const bf16 *const *taps,
+                            int first, int count)
+{
+    ConvBatch batch = {};
+    for (int n = 0; n < count; n++) {
+        batch.out[n] = out[first + n];
+        batch.in[n] = in[first + n];
+        batch.taps[n] = taps[first + n];
+    }
+    return batch;
+}
+
+extern "C" void cuda_stream_conv_forward(bf16 *const *out, const bf16 *const *x,
+                                         const bf16 *const *taps, int count, int kernel_size,
+                                         int B, int T, int d, cudaStream_t stream)
 {
     conv_check(kernel_size, d);
     if ((long long)B * T <= 0)
         return;
-    const void *pointers[] = {out, x, taps};
-    const int vec = widest_vector(4, d, pointers, 3), vectors = d / vec;
-    CONV_LAUNCH(conv_forward_kernel, vec, kernel_size, conv_run_threads(B, T, vectors), out, x,
-                taps, kernel_size, B, T, vectors);
+    const void *const *arrays[] = {(const void *const *)out, (const void *const *)x,
+                                   (const void *const *)taps};
+    for (int first = 0; first < count; first += CONV_BATCH) {
+        const int rows = count - first < CONV_BATCH ? count - first : CONV_BATCH;
+        const int vec = conv_vector(d, arrays, 3, first, rows), vectors = d / vec;
+        CONV_LAUNCH(conv_forward_kernel, vec, kernel_size, conv_run_threads(B, T, vectors), rows,
+                    conv_batch(out, x, taps, first, rows), kernel_size, B, T, vectors);
+    }
 }
 
 extern "C" size_t cuda_stream_conv_backward_workspace_floats(int kernel_size, int B, int T, int d)
@@ -314,24 +360,36 @@ extern "C" size_t cuda_stream_conv_backward_workspace_floats(int kernel_size, in
     return rows > 0 ? (size_t)taps_range_count(rows, (d + 3) / 4) * kernel_size * d : 1;
 }
 
-extern "C" void cuda_stream_conv_backward(bf16 *dx, float *dtaps, const bf16 *dout, const bf16 *x,
-                                          const bf16 *taps, int kernel_size, int B, int T, int d,
-                                          float *workspace, cudaStream_t stream)
+extern "C" void cuda_stream_conv_backward(bf16 *const *dx, float *const *dtaps,
+                                          const bf16 *const *dout, const bf16 *const *x,
+                                          const bf16 *const *taps, int count, int kernel_size,
+                                          int B, int T, int d, float *workspace,
+                                          cudaStream_t stream)
 {
     conv_check(kernel_size, d);
     const long long rows = (long long)B * T;
     if (rows <= 0)
         return;
-    const void *pointers[] = {dx, dout, x, taps};
-    const int vec = widest_vector(4, d, pointers, 4), vectors = d / vec;
-    if (dx)
-        CONV_LAUNCH(conv_input_grad_kernel, vec, kernel_size, conv_run_threads(B, T, vectors),
-                    dx, dout, taps, kernel_size, B, T, vectors);
-    const int ranges = taps_range_count(rows, vectors);
-    CONV_LAUNCH(conv_taps_partial_kernel, vec, kernel_size, (long long)ranges * vectors,
-                workspace, dout, x, kernel_size, rows, T, vectors, ranges);
-    const long long count = (long long)kernel_size * d;
-    conv_sum_partials_kernel<<<(unsigned)((count + 31) / 32), CONV_SUM_SLICES * 32, 0, stream>>>(
-        dtaps, workspace, ranges, count);
-    CUDA_CHECK_LAUNCH();
+    const void *const *arrays[] = {(const void *const *)dx, (const void *const *)dout,
+                                   (const void *const *)x, (const void *const *)taps};
+    for (int first = 0; first < count; first += CONV_BATCH) {
+        const int batch = count - first < CONV_BATCH ? count - first : CONV_BATCH;
+        const int vec = conv_vector(d, arrays, 4, first, batch), vectors = d / vec;
+        if (dx)
+            CONV_LAUNCH(conv_input_grad_kernel, vec, kernel_size,
+                        conv_run_threads(B, T, vectors), batch,
+                        conv_batch(dx, dout, taps, first, batch), kernel_size, B, T, vectors);
+        /* dtaps a row at a time: the partials of every row at once would need `batch` times
+         * the workspace, which sits inside the step's peak memory */
+        const int ranges = taps_range_count(rows, vectors);
+        const long long count_floats = (long long)kernel_size * d;
+        for (int n = first; n < first + batch; n++) {
+            CONV_LAUNCH(conv_taps_partial_kernel, vec, kernel_size, (long long)ranges * vectors,
+                        1, workspace, dout[n], x[n], kernel_size, rows, T, vectors, ranges);
+            conv_sum_partials_kernel<<<(unsigned)((count_floats + 31) / 32),
+                                       CONV_SUM_SLICES * 32, 0, stream>>>(dtaps[n], workspace,
+                                                                          ranges, count_floats);
+            CUDA_CHECK_LAUNCH();
+        }
+    }
 }
