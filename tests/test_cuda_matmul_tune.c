@@ -276,8 +276,12 @@ Test(cuda_matmul_tune, an_algorithm_that_does_not_run_exits_2_naming_the_product
     MatmulTable table;
     matmul_table_init(&table);
     matmul_table_read(&table, path);
+    /* every bit of the opaque algorithm set: no id, tile or stage count has all its bits set.
+     * The first word alone was not enough: with it set, cuBLASLt 13.1 on an H200 still took
+     * the algorithm and ran it. */
     for (int i = 0; i < table.count; i++)
-        table.entries[i].algorithm[0] = 0xffffffffull; /* no algorithm has this id */
+        for (int word = 0; word < MATMUL_ALGORITHM_WORDS; word++)
+            table.entries[i].algorithm[word] = ~0ull;
     matmul_table_write(&table, path);
     matmul_table_free(&table);
     snprintf(arguments, sizeof arguments, "%s --set matmul_algorithms=%s", CUDA_TINY, path);

@@ -60,10 +60,11 @@ enum {
 };
 
 /* Which block kernels run, from FATHOM_ROUTE_BLOCK, read once (any other value exits 2):
- *   mma (or unset)  tensor cores (route_block_mma.cuh) where a head is whole warps (head_dim a
- *                   multiple of 256), the per-thread kernels elsewhere;
- *   mma_all         tensor cores also where a head splits evenly into warps of 16, 20 or 24
- *                   vectors (route_block_device.cuh's split layout: d 1280 with H 8);
+ *   mma_all (or unset)  tensor cores (route_block_mma.cuh) where a head is whole warps
+ *                   (head_dim a multiple of 256) and where it splits evenly into warps of
+ *                   16, 20 or 24 vectors (route_block_device.cuh's split layout: d 1280 with
+ *                   H 8); the per-thread kernels elsewhere;
+ *   mma             tensor cores only where a head is whole warps;
  *   simt            the per-thread kernels everywhere.
  * cuda_route_block_tensor_cores: mma or mma_all; cuda_route_block_split_heads: mma_all. */
 bool cuda_route_block_tensor_cores(void);

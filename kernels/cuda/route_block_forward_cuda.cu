@@ -1,8 +1,8 @@
 /* kernels/cuda/route_block_forward_cuda.cu — phase one of the two-phase Route, forward: the
  * Route of every site of a block over the block's N completed sources, each source read
  * once (contract: route_block_cuda.h; the math is route_cuda.cu's, site by site). Which
- * kernel runs: on tensor cores (FATHOM_ROUTE_BLOCK=mma, the default, where heads are whole
- * warps; mma_all, also in route_block_device.cuh's split layout) two tokens a block where
+ * kernel runs: on tensor cores (FATHOM_ROUTE_BLOCK=mma where heads are whole warps; mma_all,
+ * the default, also in route_block_device.cuh's split layout) two tokens a block where
  * N <= 6 (route_block_forward_pair_cuda.cu), else the tensor-core kernel below; otherwise
  * the per-thread kernel.
  *
@@ -412,14 +412,14 @@ static int route_block_kernels(void)
     static int selected = -1; /* read once */
     if (selected < 0) {
         const char *name = getenv("FATHOM_ROUTE_BLOCK");
-        if (!name || !*name || !strcmp(name, "mma"))
-            selected = ROUTE_BLOCK_MMA;
-        else if (!strcmp(name, "mma_all"))
+        if (!name || !*name || !strcmp(name, "mma_all"))
             selected = ROUTE_BLOCK_MMA_ALL;
+        else if (!strcmp(name, "mma"))
+            selected = ROUTE_BLOCK_MMA;
         else if (!strcmp(name, "simt"))
             selected = ROUTE_BLOCK_SIMT;
         else
-            fatal(EXIT_CONFIG, "FATHOM_ROUTE_BLOCK = '%s' (mma, mma_all or simt)", name);
+            fatal(EXIT_CONFIG, "FATHOM_ROUTE_BLOCK = '%s' (mma_all, mma or simt)", name);
     }
     return selected;
 }
