@@ -538,14 +538,21 @@ static bool routes_alone(const RouteWalk *walk, int j)
 
 bool route_walk_site_gate(RouteWalk *walk, int j, const Activation *base, InputGate *gate)
 {
-    if (routes_alone(walk, j) || walk->streams || !base)
+    if (routes_alone(walk, j) || !base)
         return false;
     const int block = walk->plan->sublayer_block[j];
     if (walk->open_block != block)
         block_open(walk, block);
     Model *model = walk->model;
-    *gate = (InputGate){base, model->scratch.route.block_results[j - block_first_site(walk, block)],
-                        model->site_params[j].alpha};
+    const int i = j - block_first_site(walk, block);
+    const Activation *route = model->scratch.route.block_results[i];
+    if (walk->streams) { /* msar: its streams' mix, which the norm gates */
+        for (int r = 0; r < walk->plan->streams; r++)
+            walk->site_streams[r] = stream_slot(walk, r, i + 1);
+        route = route_site_mix(walk->route, &model->site_params[j], &walk->stash->sites[j],
+                               walk->site_streams);
+    }
+    *gate = (InputGate){base, route, model->site_params[j].alpha};
     return true;
 }
 

@@ -95,10 +95,10 @@ void route_walk_end(RouteWalk *walk);
 void route_walk_site_forward(RouteWalk *walk, int j, const Activation *base, Activation *x);
 
 /* Site j's x as a gate the sublayer's norm can form (model/layer.h InputGate), where it is
- * one: the delta form of a one-stream block in two phases, x = p + alpha_j * (phase one's
- * Route), whose phase one this opens when the walk enters the block. Returns false where the
- * site's x needs route_walk_site_forward (a site routed alone, the replace form, MSAR's
- * mixes). Either way the site's saved state is the same. */
+ * one: the delta form of a block in two phases, x = p + alpha_j * (phase one's Route; MSAR:
+ * the mix of its streams, made here into the scratch), whose phase one this opens when the
+ * walk enters the block. Returns false where the site's x needs route_walk_site_forward (a
+ * site routed alone, the replace form). Either way the site's saved state is the same. */
 bool route_walk_site_gate(RouteWalk *walk, int j, const Activation *base, InputGate *gate);
 
 /* Where sublayer j's backward leaves d x_j (zeroed by the caller before it adds): the

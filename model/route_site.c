@@ -67,23 +67,35 @@ static void stream_route_forward(const RouteContext *context, const SitePlan *si
                                          context->plan->heads, context->eps);
 }
 
+/* the mix of the streams into `mixed` (m > 1), saving its gates and rstd; o_0 where m = 1 */
+static const Activation *site_mix_into(const RouteContext *context, const SiteWeights *weights,
+                                       SiteActivations *saved, const Activation *const *streams,
+                                       Activation *mixed)
+{
+    const int m = context->plan->streams;
+    if (m == 1)
+        return streams[0];
+    context->backend->stream_mix_forward(mixed, saved->mix_gates, saved->mix_rstd, streams, m,
+                                         weights->mix_bias, weights->mix_proj,
+                                         context->B * context->T, context->d, context->eps);
+    return mixed;
+}
+
+const Activation *route_site_mix(const RouteContext *context, const SiteWeights *weights,
+                                 SiteActivations *saved, const Activation *const *streams)
+{
+    return site_mix_into(context, weights, saved, streams, context->scratch->mixed);
+}
+
 void route_site_mix_forward(const RouteContext *context, const SiteWeights *weights,
                             SiteActivations *saved, const Activation *const *streams,
                             const Activation *base, Activation *out)
 {
-    const Backend *backend = context->backend;
-    RouteScratch *scratch = context->scratch;
-    const int rows = context->B * context->T, d = context->d, m = context->plan->streams;
-    const Activation *mix = streams[0];
-    if (m > 1) {
-        Activation *mixed = base ? scratch->mixed : out;
-        backend->stream_mix_forward(mixed, saved->mix_gates, saved->mix_rstd, streams, m,
-                                    weights->mix_bias, weights->mix_proj, rows, d,
-                                    context->eps);
-        mix = mixed;
-    }
+    const Activation *mix =
+        site_mix_into(context, weights, saved, streams, base ? context->scratch->mixed : out);
     if (base) /* x = p + alpha * mix */
-        backend->add_scaled(out, base, mix, weights->alpha, (size_t)rows * d);
+        context->backend->add_scaled(out, base, mix, weights->alpha,
+                                     (size_t)context->B * context->T * context->d);
 }
 
 void route_site_forward(const RouteContext *context, const SitePlan *site,
