@@ -466,6 +466,14 @@ static void block_backward_replace(RouteWalk *walk, int block)
 
 /* ---- the sites ---- */
 
+/* walk->site_streams = site i's o_r of every stream, where phase one left them */
+static const Activation *const *site_streams_of(RouteWalk *walk, int i)
+{
+    for (int r = 0; r < walk->plan->streams; r++)
+        walk->site_streams[r] = stream_slot(walk, r, i + 1);
+    return walk->site_streams;
+}
+
 static bool routes_alone(const RouteWalk *walk, int j)
 {
     return !walk->two_phase || j == walk->plan->n_sublayers;
@@ -481,12 +489,9 @@ bool route_walk_site_gate(RouteWalk *walk, int j, const Activation *base, InputG
     Model *model = walk->model;
     const int i = j - block_first_site(walk, block);
     const Activation *route = model->scratch.route.block_results[i];
-    if (walk->streams) { /* msar: its streams' mix, which the norm gates */
-        for (int r = 0; r < walk->plan->streams; r++)
-            walk->site_streams[r] = stream_slot(walk, r, i + 1);
+    if (walk->streams) /* msar: its streams' mix, which the norm gates */
         route = route_site_mix(walk->route, &model->site_params[j], &walk->stash->sites[j],
-                               walk->site_streams);
-    }
+                               site_streams_of(walk, i));
     *gate = (InputGate){base, route, model->site_params[j].alpha};
     return true;
 }
@@ -519,15 +524,13 @@ void route_walk_site_forward(RouteWalk *walk, int j, const Activation *base, Act
     /* a merge needs the site's partial, complete now; the backward's reopening merged */
     if (walk->replace && i > 0 && !walk->backward)
         site_merge(walk, block, i);
-    for (int r = 0; r < walk->plan->streams; r++)
-        walk->site_streams[r] = stream_slot(walk, r, i + 1);
+    const Activation *const *streams = site_streams_of(walk, i);
     if (walk->plan->streams == 1 && !base) { /* x = o_0 */
-        walk->backend->copy(x, walk->site_streams[0],
+        walk->backend->copy(x, streams[0],
                             (size_t)walk->rows * walk->d * walk->backend->activation_bytes);
         return;
     }
-    route_site_mix_forward(walk->route, &model->site_params[j], saved, walk->site_streams, base,
-                           x);
+    route_site_mix_forward(walk->route, &model->site_params[j], saved, streams, base, x);
 }
 
 Activation *route_walk_grad_x(RouteWalk *walk, int j)
