@@ -3,7 +3,8 @@
  * inputs rounded to bf16, the cpu reference (kernels/cpu/stream_cpu.c) on the same values,
  * 1e-2 for bf16 outputs, 1e-3 for fp32 ones, outputs poisoned (gradients start at zero),
  * shapes that are not multiples of anything, bitwise determinism of every backward. The
- * convolution takes several rows a call (a block's sources): every row is checked.
+ * convolution takes several rows a call (a block's sources): every row is checked. The mix
+ * runs in both of its layouts (a warp a token, a block a token; mix_shapes says which).
  * Identities checked bit for bit: identity taps return x; the mix at init (theta 0,
  * beta = -ln(m-1)) of m equal streams gives gates 1/m and the stream itself.
  */
@@ -228,11 +229,16 @@ Test(cuda_stream, conv_backward_is_bitwise_deterministic)
     conv_rows_free(&rows);
 }
 
-/* ---- mix: shapes {m, tokens, d, unused} ---- */
+/* ---- mix: shapes {m, tokens, d, misaligned} ---- */
 
+/* Both layouts (stream_mix.cuh): a warp a token where d % 256 == 0 up to 1536 and every row
+ * is 16-byte aligned (d 256, 512, the 1B width 1280, 1536), a block a token otherwise (d 24,
+ * 1792, 4096, 8192, and the 1B width with its streams starting one element past an aligned
+ * address: misaligned 1). */
 static const int mix_shapes[][4] = {
-    {2, 33, 24, 0}, {4, 1000, 256, 0}, {3, 1, 4096, 0}, {4, 33, 4096, 0}, {3, 1000, 24, 0},
-    {2, 33, 8192, 0},
+    {2, 33, 24, 0},    {4, 1000, 256, 0}, {3, 1, 4096, 0},  {4, 33, 4096, 0},
+    {3, 1000, 24, 0},  {2, 33, 8192, 0},  {4, 1000, 1280, 0}, {3, 77, 1536, 0},
+    {2, 33, 512, 0},   {4, 100, 1280, 1}, {4, 50, 1792, 0},
 };
 #define MIX_SHAPE_COUNT ((int)(sizeof mix_shapes / sizeof mix_shapes[0]))
 
@@ -252,13 +258,14 @@ static MixInputs mix_inputs(const int *shape, uint64_t seed)
     in.tokens = shape[1];
     in.d = shape[2];
     in.size = (size_t)in.tokens * in.d;
-    in.streams = gpu_test_host_floats((size_t)in.m * in.size);
+    in.streams = gpu_test_host_floats((size_t)in.m * in.size + 1);
+    const size_t shift = shape[3] ? 1 : 0; /* one element before the rows on the device */
     for (int r = 0; r < in.m; r++) {
-        float *rows = in.streams + (size_t)r * in.size;
+        float *rows = in.streams + (size_t)r * in.size + shift;
         test_fill_uniform(rows, in.size, 0.5f + 0.5f * r, seed + (uint64_t)r);
         gpu_round_to_bf16(rows, in.size);
         in.stream_rows[r] = rows;
-        in.device_streams[r] = gpu_upload_bf16(rows, in.size);
+        in.device_streams[r] = gpu_upload_bf16(rows - shift, in.size + shift) + shift;
     }
     in.mix_bias = gpu_test_host_floats(in.m);
     test_fill_uniform(in.mix_bias, in.m, 1.0f, seed + 20);
@@ -498,23 +505,28 @@ Test(cuda_stream, mix_backward_matches_cpu)
 Test(cuda_stream, mix_backward_is_bitwise_deterministic)
 {
     gpu_require();
-    const int shape[4] = {4, 1000, 4096, 0};
-    MixInputs in = mix_inputs(shape, 1234);
-    float *dout, *gates, *rstd;
-    MixGrads ref = mix_reference(&in, &dout, &gates, &rstd, 1235);
-    MixGrads first = gpu_mix_backward(&in, dout, gates, rstd);
-    MixGrads second = gpu_mix_backward(&in, dout, gates, rstd);
-    cr_assert_eq(memcmp(first.dstreams, second.dstreams, (size_t)in.m * in.size * sizeof(float)),
-                 0, "dstreams differ");
-    cr_assert_eq(memcmp(first.dmix_bias, second.dmix_bias, in.m * sizeof(float)), 0,
-                 "dmix_bias differs");
-    cr_assert_eq(memcmp(first.dmix_proj, second.dmix_proj, (size_t)in.m * in.d * sizeof(float)),
-                 0, "dmix_proj differs");
-    mix_grads_free(&ref);
-    mix_grads_free(&first);
-    mix_grads_free(&second);
-    free(dout);
-    free(gates);
-    free(rstd);
-    mix_inputs_free(&in);
+    static const int shapes[][4] = {{4, 1000, 4096, 0}, {4, 1000, 1280, 0}}; /* both layouts */
+    for (int i = 0; i < 2; i++) {
+        const int *shape = shapes[i];
+        MixInputs in = mix_inputs(shape, 1234 + (uint64_t)i);
+        float *dout, *gates, *rstd;
+        MixGrads ref = mix_reference(&in, &dout, &gates, &rstd, 1235);
+        MixGrads first = gpu_mix_backward(&in, dout, gates, rstd);
+        MixGrads second = gpu_mix_backward(&in, dout, gates, rstd);
+        cr_assert_eq(memcmp(first.dstreams, second.dstreams,
+                            (size_t)in.m * in.size * sizeof(float)),
+                     0, "dstreams differ (d %d)", shape[2]);
+        cr_assert_eq(memcmp(first.dmix_bias, second.dmix_bias, in.m * sizeof(float)), 0,
+                     "dmix_bias differs (d %d)", shape[2]);
+        cr_assert_eq(memcmp(first.dmix_proj, second.dmix_proj,
+                            (size_t)in.m * in.d * sizeof(float)),
+                     0, "dmix_proj differs (d %d)", shape[2]);
+        mix_grads_free(&ref);
+        mix_grads_free(&first);
+        mix_grads_free(&second);
+        free(dout);
+        free(gates);
+        free(rstd);
+        mix_inputs_free(&in);
+    }
 }

@@ -11,11 +11,13 @@
  * variant (forwards grouped, specialised, single_consumer, persistent; backwards fused,
  * fused_tma, two_pass) or only the one named, so that a variant that faults takes no other
  * with it. `fathom-kernel-bench matmul` times the matmuls alone, `fathom-kernel-bench
- * optimizer` AdamW and the clipping norm alone.
+ * optimizer` AdamW and the clipping norm alone, `fathom-kernel-bench mix` MSAR's stream mix
+ * and convolution.
  */
 #include "kernels/cuda/attention_cuda.h"
 #include "kernels/cuda/kernels_cuda.h"
 #include "kernels/cuda/route_block_cuda.h"
+#include "kernels/cuda/route_cuda.h"
 
 #include <algorithm>
 #include <cuda_runtime.h>
@@ -359,6 +361,124 @@ static void copy_case(void *p)
                                cudaMemcpyDeviceToDevice, 0));
 }
 
+/* MSAR's stream mix (m 4) as the walks call it: the forward over every stream; the
+ * backward a stream at a time with the delta gate (the delta form's block backward) and over
+ * every stream at once (the replace form's), d o_r written. */
+typedef struct {
+    int m, rows, d, only; /* only: the one stream given, or -1 for all */
+    const bf16 *streams[4];
+    bf16 *dstreams[4], *out, *dout, *mix_proj;
+    float *gates, *rstd, *mix_bias, *dmix_bias, *dmix_proj, *dalpha, *alpha, *workspace;
+} MixCase;
+
+static void mix_forward_case(void *p)
+{
+    MixCase *c = (MixCase *)p;
+    cuda_stream_mix_forward(c->out, c->gates, c->rstd, c->streams, c->m, c->mix_bias,
+                            c->mix_proj, c->rows, c->d, 1e-5f, 0);
+}
+
+static void mix_backward_case(void *p)
+{
+    MixCase *c = (MixCase *)p;
+    const bf16 *given[4];
+    for (int r = 0; r < c->m; r++)
+        given[r] = c->only < 0 || c->only == r ? c->streams[r] : NULL;
+    cuda_stream_mix_backward(c->dstreams, GRAD_WRITE, c->dmix_bias, c->dmix_proj, c->dalpha,
+                             c->dout, given, c->m, c->gates, c->rstd, c->mix_bias, c->mix_proj,
+                             c->only < 0 ? NULL : c->alpha, c->rows, c->d, c->workspace, 0);
+}
+
+static void bench_mix(int rows, int d)
+{
+    MixCase c = {};
+    c.m = 4, c.rows = rows, c.d = d;
+    const size_t n = (size_t)rows * d;
+    for (int r = 0; r < c.m; r++) {
+        c.streams[r] = (const bf16 *)device_random_bf16(n, 41 + r);
+        c.dstreams[r] = (bf16 *)device_random_bf16(n, 45 + r);
+    }
+    c.out = (bf16 *)device_random_bf16(n, 49);
+    c.dout = (bf16 *)device_random_bf16(n, 50);
+    c.mix_proj = (bf16 *)device_random_bf16((size_t)c.m * d, 51);
+    c.gates = device_floats((size_t)rows * c.m, 0.25f);
+    c.rstd = device_floats((size_t)rows * c.m, 1.0f);
+    c.mix_bias = device_floats(c.m, -1.0986f);
+    c.dmix_bias = device_floats(c.m, 0.0f);
+    c.dmix_proj = device_floats((size_t)c.m * d, 0.0f);
+    c.dalpha = device_floats(1, 0.0f);
+    c.alpha = device_floats(1, 0.5f);
+    c.workspace = device_floats(cuda_stream_mix_backward_workspace_floats(c.m, rows, d), 0.0f);
+    const double row_bytes = 2.0 * n;
+    char name[64];
+    snprintf(name, sizeof name, "stream mix fwd m4 %dx%d", rows, d);
+    report(name, median_ms(mix_forward_case, &c), 0, (c.m + 1) * row_bytes);
+    c.only = 1;
+    snprintf(name, sizeof name, "stream mix bwd, a stream, gated %dx%d", rows, d);
+    report(name, median_ms(mix_backward_case, &c), 0, 3 * row_bytes);
+    c.only = -1;
+    snprintf(name, sizeof name, "stream mix bwd m4 %dx%d", rows, d);
+    report(name, median_ms(mix_backward_case, &c), 0, (2 * c.m + 1) * row_bytes);
+    for (int r = 0; r < c.m; r++)
+        cudaFree((void *)c.streams[r]), cudaFree(c.dstreams[r]);
+    cudaFree(c.out), cudaFree(c.dout), cudaFree(c.mix_proj), cudaFree(c.gates), cudaFree(c.rstd);
+    cudaFree(c.mix_bias), cudaFree(c.dmix_bias), cudaFree(c.dmix_proj), cudaFree(c.dalpha);
+    cudaFree(c.alpha), cudaFree(c.workspace);
+}
+
+/* MSAR's stream convolution as the walk calls it: a block's five sources at once, each
+ * with its taps, forward and backward (dx added into, dtaps through the partials). */
+typedef struct {
+    int count, kernel_size, B, T, d;
+    bf16 *out[5], *x[5], *dout[5], *dx[5], *taps[5];
+    float *dtaps[5], *workspace;
+} ConvCase;
+
+static void conv_forward_case(void *p)
+{
+    ConvCase *c = (ConvCase *)p;
+    cuda_stream_conv_forward(c->out, (const bf16 *const *)c->x, (const bf16 *const *)c->taps,
+                             c->count, c->kernel_size, c->B, c->T, c->d, 0);
+}
+
+static void conv_backward_case(void *p)
+{
+    ConvCase *c = (ConvCase *)p;
+    cuda_stream_conv_backward(c->dx, c->dtaps, (const bf16 *const *)c->dout,
+                              (const bf16 *const *)c->x, (const bf16 *const *)c->taps, c->count,
+                              c->kernel_size, c->B, c->T, c->d, c->workspace, 0);
+}
+
+static void bench_conv(int B, int T, int d)
+{
+    const size_t n = (size_t)B * T * d;
+    for (int kernel_size = 1; kernel_size <= 8; kernel_size *= 2) {
+        ConvCase c = {};
+        c.count = 5, c.kernel_size = kernel_size, c.B = B, c.T = T, c.d = d;
+        for (int r = 0; r < c.count; r++) {
+            c.out[r] = (bf16 *)device_random_bf16(n, 61 + r);
+            c.x[r] = (bf16 *)device_random_bf16(n, 66 + r);
+            c.dout[r] = (bf16 *)device_random_bf16(n, 71 + r);
+            c.dx[r] = (bf16 *)device_random_bf16(n, 76 + r);
+            c.taps[r] = (bf16 *)device_random_bf16((size_t)kernel_size * d, 81 + r);
+            c.dtaps[r] = device_floats((size_t)kernel_size * d, 0.0f);
+        }
+        c.workspace =
+            device_floats(cuda_stream_conv_backward_workspace_floats(kernel_size, B, T, d), 0.0f);
+        const double row_bytes = 2.0 * n * c.count;
+        char name[64];
+        snprintf(name, sizeof name, "stream conv fwd, 5 rows, k %d, %dx%d", kernel_size, B * T, d);
+        report(name, median_ms(conv_forward_case, &c), 0, 2 * row_bytes);
+        snprintf(name, sizeof name, "stream conv bwd, 5 rows, k %d, %dx%d", kernel_size, B * T, d);
+        report(name, median_ms(conv_backward_case, &c), 0, 4 * row_bytes);
+        for (int r = 0; r < c.count; r++) {
+            cudaFree(c.out[r]), cudaFree(c.x[r]), cudaFree(c.dout[r]), cudaFree(c.dx[r]);
+            cudaFree(c.taps[r]), cudaFree(c.dtaps[r]);
+        }
+        cudaFree(c.workspace);
+    }
+}
+
 /* The optimizer's passes over n parameters (a decoder layer of the 8B model holds 218 M):
  * AdamW with the EMA and the bf16 copy moves 38 bytes a parameter, without the EMA 30. */
 static void bench_optimizer(size_t n)
@@ -404,6 +524,9 @@ int main(int argc, char **argv)
     bool optimizer_only = argc > 1 && !strcmp(argv[1], "optimizer");
     /* `fathom-kernel-bench norm`: RMSNorm alone, at the 8B width and the 1B microbatch */
     bool norm_only = argc > 1 && !strcmp(argv[1], "norm");
+    /* `fathom-kernel-bench mix`: MSAR's stream mix at the 1B and the graft's microbatch, and
+     * its convolution at the 1B microbatch */
+    bool mix_only = argc > 1 && !strcmp(argv[1], "mix");
     const char *variant = attention_only && argc > 2 ? argv[2] : NULL;
     if (variant && !attention_variant_known(variant)) {
         fprintf(stderr, "fathom-kernel-bench: unknown attention variant %s (grouped, specialised, "
@@ -431,6 +554,12 @@ int main(int argc, char **argv)
     if (norm_only) {
         bench_rmsnorm(4096, 4096);
         bench_rmsnorm(8192, 1280);
+        return 0;
+    }
+    if (mix_only) {
+        bench_mix(8192, 1280);
+        bench_mix(8192, 4096);
+        bench_conv(8, 1024, 1280);
         return 0;
     }
     if (optimizer_only) {

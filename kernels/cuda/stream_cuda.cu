@@ -3,6 +3,8 @@
  * is kernels/cuda/stream_conv_cuda.cu's.
  *
  * Mix, m streams o_r [tokens, d] bf16, mix_bias fp32 [m], mix_proj (theta) bf16 [m, d]:
+ * Narrow rows (stream_mix.cuh: d % 256 == 0 up to 1536, aligned) go to the warp-a-token
+ * kernels of stream_mix_narrow_cuda.cu; the kernels here take every other width.
  * - forward: one block a token at a time (persistent grid), one read of each stream:
  *   squares and <theta_r, o_r> in one pass (warp sums, then the warps' sums in order, the
  *   same in every thread), rho = rsqrt(squares / d + eps), g = beta + rho <theta, o>,
@@ -19,6 +21,7 @@
  */
 #include "kernels/cuda/route_cuda.h"
 #include "kernels/cuda/route_device.cuh"
+#include "kernels/cuda/stream_mix.cuh"
 
 enum {
     STREAM_PARTIALS = 128,      /* fixed token ranges of the parameter-gradient sums */
@@ -33,30 +36,6 @@ static void stream_check_width(int d)
 }
 
 /* ---- mix ---- */
-
-struct MixForwardArgs {
-    bf16 *out;
-    float *gates, *rstd; /* [tokens, m] */
-    const bf16 *streams[CUDA_STREAM_MAX_STREAMS];
-    const float *mix_bias;
-    const bf16 *mix_proj;
-    float eps, inverse_width;
-    int m, tokens, vectors, slots;
-};
-
-struct MixBackwardArgs {
-    bf16 *dstreams[CUDA_STREAM_MAX_STREAMS];
-    const bf16 *streams[CUDA_STREAM_MAX_STREAMS]; /* NULL: a stream not given (skipped) */
-    float *partials; /* workspace: [ranges, m, d] dtheta, [ranges, m] dbeta, [ranges, m] the
-                        shares of d alpha */
-    float *dmix_bias, *dmix_proj, *dalpha;
-    const bf16 *dout, *mix_proj;
-    const float *gates, *rstd;
-    const float *alpha; /* NULL: no gate */
-    float inverse_width;
-    int m, tokens, d, vectors, slots, ranges;
-    int add;            /* dstreams: GRAD_ADD (1) or GRAD_WRITE (0) */
-};
 
 /* this thread's vectors of one row (zeros past the row); MUTABLE for an array this kernel
  * also writes (a "+=" target): plain loads, not the read-only path */
@@ -346,6 +325,10 @@ extern "C" void cuda_stream_mix_forward(bf16 *out, float *gates, float *rstd,
     args.tokens = tokens;
     args.vectors = shape.vectors;
     args.slots = shape.slots;
+    if (mix_narrow_fits(d, pointers, count)) {
+        mix_narrow_forward(args, d, stream);
+        return;
+    }
 #define LAUNCH(V)                                                                                \
     do {                                                                                         \
         int blocks = resident_blocks(stream_mix_forward_kernel<V>, shape.threads, 0,             \
@@ -374,8 +357,10 @@ static int mix_range_count(int tokens, int m, int given)
 
 extern "C" size_t cuda_stream_mix_backward_workspace_floats(int m, int tokens, int d)
 {
-    /* the most ranges: one stream given */
-    return tokens > 0 ? (size_t)mix_range_count(tokens, m, 1) * m * ((size_t)d + 2) : 1;
+    /* the most ranges of either layout: one stream given */
+    const int block = mix_range_count(tokens, m, 1), narrow = mix_narrow_ranges(tokens, 1);
+    const int ranges = block > narrow ? block : narrow;
+    return tokens > 0 ? (size_t)ranges * m * ((size_t)d + 2) : 1;
 }
 
 extern "C" void cuda_stream_mix_backward(bf16 *const *dstreams, GradMode dstreams_mode,
@@ -399,7 +384,7 @@ extern "C" void cuda_stream_mix_backward(bf16 *const *dstreams, GradMode dstream
         if (args.streams[r]) {
             pointers[count++] = streams[r];
             pointers[count++] = dstreams[r];
-            given++;
+            args.given_streams[given++] = r;
         }
     }
     if (given == 0)
@@ -407,7 +392,8 @@ extern "C" void cuda_stream_mix_backward(bf16 *const *dstreams, GradMode dstream
     pointers[count++] = dout;
     pointers[count++] = mix_proj;
     RowShape shape = row_shape(d, 1, pointers, count);
-    const int ranges = mix_range_count(tokens, m, given);
+    const bool narrow = mix_narrow_fits(d, pointers, count);
+    const int ranges = narrow ? mix_narrow_ranges(tokens, given) : mix_range_count(tokens, m, given);
     args.partials = workspace;
     args.dmix_bias = dmix_bias;
     args.dmix_proj = dmix_proj;
@@ -424,17 +410,23 @@ extern "C" void cuda_stream_mix_backward(bf16 *const *dstreams, GradMode dstream
     args.vectors = shape.vectors;
     args.slots = shape.slots;
     args.ranges = ranges;
+    args.token_ranges = narrow ? mix_narrow_token_ranges(tokens, given) : ranges;
+    args.given = given;
     args.add = dstreams_mode == GRAD_ADD;
-    dim3 grid(ranges, m);
+    if (narrow) {
+        mix_narrow_backward(args, d, stream);
+    } else {
+        dim3 grid(ranges, m);
 #define LAUNCH(V) stream_mix_backward_kernel<V><<<grid, shape.threads, 0, stream>>>(args)
-    switch (shape.vec) {
-    case 8: LAUNCH(8); break;
-    case 4: LAUNCH(4); break;
-    case 2: LAUNCH(2); break;
-    default: LAUNCH(1); break;
-    }
+        switch (shape.vec) {
+        case 8: LAUNCH(8); break;
+        case 4: LAUNCH(4); break;
+        case 2: LAUNCH(2); break;
+        default: LAUNCH(1); break;
+        }
 #undef LAUNCH
-    CUDA_CHECK_LAUNCH();
+        CUDA_CHECK_LAUNCH();
+    }
     const long long sums = (long long)m * d + m;
     stream_mix_reduce_kernel<<<(unsigned)((sums + 31) / 32), MIX_REDUCE_SLICES * 32, 0,
                                stream>>>(args);

@@ -1,0 +1,66 @@
+/* kernels/cuda/stream_mix.cuh — what MSAR's mix kernels share (CUDA C++ only; the contract is
+ * cuda_stream_mix_forward / cuda_stream_mix_backward's in route_cuda.h, the math
+ * kernels/cpu/stream_cpu.c's): the launch arguments, and the warp-a-token kernels of
+ * stream_mix_narrow_cuda.cu that stream_cuda.cu calls when a shape fits them.
+ *
+ * Two layouts of the same math:
+ * - a block a token (stream_cuda.cu), for any width up to CUDA_ROUTE_MAX_WIDTH: its row sums
+ *   cross warps, so every stream of every token waits at a block barrier;
+ * - a warp a token (stream_mix_narrow_cuda.cu), for narrow rows: d % 256 == 0, d <= 1536,
+ *   every pointer 16-byte aligned. Lane l owns vectors l, l + 32, .. of 8 channels (LV =
+ *   d / 256 of them), so each load of the warp is one coalesced 512-byte piece of the row
+ *   and each row sum is a warp_sum: no barrier. At the 1B width (d 1280, LV 5) the block
+ *   a token ran the forward at 1.8 TB/s and the backward at 1.7 TB/s on an H100, where a
+ *   copy runs near 3 TB/s (docs/performance.md, "The stream mix a warp a token").
+ *
+ * The backward's parameter gradients go through the same per-range partials either way,
+ * [ranges, m, d] dtheta, [ranges, m] dbeta, [ranges, m] the shares of d alpha, which
+ * stream_mix_reduce_kernel adds in range order; the ranges are fixed by the shapes and the
+ * number of streams given, so each layout gives the same bits run after run.
+ */
+#ifndef FATHOM_KERNELS_CUDA_STREAM_MIX_CUH
+#define FATHOM_KERNELS_CUDA_STREAM_MIX_CUH
+
+#include "kernels/cuda/route_cuda.h"
+
+struct MixForwardArgs {
+    bf16 *out;
+    float *gates, *rstd; /* [tokens, m] */
+    const bf16 *streams[CUDA_STREAM_MAX_STREAMS];
+    const float *mix_bias;
+    const bf16 *mix_proj;
+    float eps, inverse_width;
+    int m, tokens, vectors, slots;
+};
+
+struct MixBackwardArgs {
+    bf16 *dstreams[CUDA_STREAM_MAX_STREAMS];
+    const bf16 *streams[CUDA_STREAM_MAX_STREAMS]; /* NULL: a stream not given (skipped) */
+    int given_streams[CUDA_STREAM_MAX_STREAMS];   /* the given ones in order, `given` of them */
+    float *partials; /* workspace: [ranges, m, d] dtheta, [ranges, m] dbeta, [ranges, m] the
+                        shares of d alpha */
+    float *dmix_bias, *dmix_proj, *dalpha;
+    const bf16 *dout, *mix_proj;
+    const float *gates, *rstd;
+    const float *alpha; /* NULL: no gate */
+    float inverse_width;
+    int m, tokens, d, vectors, slots, ranges, given;
+    int token_ranges;   /* the narrow backward: a warp's token ranges (four to a partial) */
+    int add;            /* dstreams: GRAD_ADD (1) or GRAD_WRITE (0) */
+};
+
+/* Whether the warp-a-token kernels take rows of width d with these arrays (NULL entries are
+ * ignored). */
+bool mix_narrow_fits(int d, const void *const *pointers, int count);
+
+/* The narrow backward's partition, a function of the shapes only: its token ranges (a warp's
+ * each, for one given stream) and its partials (`ranges`: one a block of four ranges). */
+int mix_narrow_token_ranges(int tokens, int given);
+int mix_narrow_ranges(int tokens, int given);
+
+/* The forward and the backward's first kernel (the per-range partials; the caller then
+ * launches stream_mix_reduce_kernel) for a shape mix_narrow_fits accepts. */
+void mix_narrow_forward(const MixForwardArgs &args, int d, cudaStream_t stream);
+void mix_narrow_backward(const MixBackwardArgs &args, int d, cudaStream_t stream);
+
+#endif
