@@ -114,7 +114,7 @@ static void block_backward(BlockPass *p, int block)
                                       p->heads);
     }
     point_sources(p, N, false);
-    backend->route_block_backward(p->site_grads, p->grad_query_of, p->grad_key_norm_of,
+    backend->route_block_backward(p->site_grads, 0, p->grad_query_of, p->grad_key_norm_of,
                                   p->replace ? NULL : p->grad_alpha_of, p->dout_of,
                                   p->site_sources, N, p->const_weights_of, p->rstd_of[0],
                                   p->query_of, p->key_norm_of,

@@ -74,7 +74,7 @@ static void block_backward(RouteWalk *walk, int block)
             walk->replace ? site_stream_floats(walk, scratch->block_means, 0, i) : NULL;
     }
     walk->backend->route_block_backward(
-        walk->grad_sources, walk->grad_queries, walk->grad_key_norms,
+        walk->grad_sources, 0, walk->grad_queries, walk->grad_key_norms,
         walk->replace ? NULL : walk->grad_alphas, walk->douts, walk->sources, N,
         walk->const_weights, walk->stash->sites[first].rstd, walk->queries, walk->key_norms,
         walk->replace ? NULL : walk->alphas,
@@ -328,14 +328,14 @@ static void stream_block_backward(RouteWalk *walk, int block, int r)
     const int first = block_first_site(walk, block), G = block_sites(walk, block);
     const SitePlan *plan = &walk->plan->sites[first];
     const int N = plan->n_sources, d = walk->d;
-    const size_t bytes = (size_t)walk->rows * d * backend->activation_bytes;
     Activation **grad_stream_sources = walk->stream_grad_sources;
+    unsigned written = 0; /* d E_r of the convolved sources: written, no zeroing first */
     for (int k = 0; k < N; k++) {
         if (plan->sources[k].slot == RESIDUAL_NO_SLOT) {
             grad_stream_sources[k] = walk->grad_sources[k];
             continue;
         }
-        backend->zero(scratch->grad_conv_rows[k], bytes);
+        written |= 1u << k;
         grad_stream_sources[k] = scratch->grad_conv_rows[k];
     }
     for (int i = 0; i < G; i++) {
@@ -346,7 +346,8 @@ static void stream_block_backward(RouteWalk *walk, int block, int r)
         walk->grad_queries[i] = model->site_grads[j].query + (size_t)r * d;
         walk->grad_key_norms[i] = model->site_grads[j].key_norm + (size_t)r * d;
     }
-    backend->route_block_backward(grad_stream_sources, walk->grad_queries, walk->grad_key_norms,
+    backend->route_block_backward(grad_stream_sources, written, walk->grad_queries,
+                                  walk->grad_key_norms,
                                   NULL, walk->douts, walk->stream_sources, N,
                                   walk->const_weights, site_rstd_of(walk, block, 0, r),
                                   walk->queries, walk->key_norms, NULL,

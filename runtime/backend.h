@@ -305,6 +305,8 @@ typedef struct Backend {
     /* route_block_backward: route_backward of the G sites of a block through their N common
      * sources, each source read once for all of them:
      *   dsources[n] += sum_i ..., dqueries[i] +=, dkey_norms[i] +=, *dalphas[i] +=
+     * except the sources whose bit n is set in dsources_written: those are written (=), not
+     * added into (the caller's scratch rows need no zeroing, and the GPU reads them not).
      * douts[i] [tokens, d]: d x of site i. alphas: NULL (replace form: the mix gradient is
      * d x, dalphas is not read) or G fp32 [1] backend pointers (delta: alpha_i d x).
      * means: NULL (each softmax's centre from these N sources, all the site read) or G
@@ -314,7 +316,8 @@ typedef struct Backend {
      * NULL (no gradient wanted) and must not alias one another. `scratch` holds
      * [N, tokens, heads] floats (a backend with its own workspace may ignore it).
      * Deterministic (fixed-order sums, no atomics). */
-    void (*route_block_backward)(Activation *const *dsources, float *const *dqueries,
+    void (*route_block_backward)(Activation *const *dsources, unsigned dsources_written,
+                                 float *const *dqueries,
                                  float *const *dkey_norms, float *const *dalphas,
                                  const Activation *const *douts,
                                  const Activation *const *sources, int n_sources,

@@ -58,7 +58,7 @@ typedef struct OpArray {
     float *start;        /* accumulated and updated arrays: their starting values */
 } OpArray;
 
-enum { OP_MAX_ARRAYS = 16, OP_MAX_SHAPE = 6 };
+enum { OP_MAX_ARRAYS = 16, OP_MAX_SHAPE = 8 };
 
 typedef struct OpCase OpCase;
 

@@ -183,7 +183,8 @@ Test(cuda_route_block, block_forward_is_each_sites_route_past_the_block_kernels_
 }
 
 /* ---- route_block_backward: shape N, G, tokens, d, H, form (0 delta, 1 replace with the
- * merges' centres, 2 replace without) ---- */
+ * merges' centres, 2 replace without), the sources written rather than added into (a mask)
+ * ---- */
 
 enum { BACKWARD_DSOURCES, BACKWARD_DQUERIES, BACKWARD_DKEY_NORMS, BACKWARD_DALPHAS,
        BACKWARD_DOUTS, BACKWARD_SOURCES, BACKWARD_WEIGHTS, BACKWARD_RSTD, BACKWARD_QUERIES,
@@ -210,7 +211,8 @@ static void run_block_backward(const Backend *b, void *const *p, const OpCase *c
     split_rows_const(b, p[BACKWARD_KEY_NORMS], s.n_sites, (size_t)s.d, key_norms);
     split_floats(p[BACKWARD_ALPHAS], s.n_sites, 1, alphas);
     split_floats(p[BACKWARD_MEANS], s.n_sites, (size_t)s.tokens * s.heads, means);
-    b->route_block_backward(dsources, dqueries, dkey_norms, dalphas, douts, sources,
+    b->route_block_backward(dsources, (unsigned)c->shape[6], dqueries, dkey_norms, dalphas,
+                            douts, sources,
                             s.n_sources, (const float *const *)weights, p[BACKWARD_RSTD],
                             queries, key_norms, form == 0 ? (const float *const *)alphas : NULL,
                             form == 1 ? (const float *const *)means : NULL, s.n_sites,
@@ -226,10 +228,12 @@ static void prepare_block_backward(OpCase *c)
                   op_host(c, BACKWARD_RSTD), NULL, NULL);
 }
 
-static void check_block_backward(BlockShape s, int form, uint64_t seed)
+static void check_block_backward_writing(BlockShape s, int form, unsigned written,
+                                        uint64_t seed)
 {
     OpCase c = op_case("route_block_backward", run_block_backward);
     set_shape(&c, s, form);
+    c.shape[6] = (int)written;
     c.prepare = prepare_block_backward;
     op_accumulated(&c, "dsources", ARRAY_ACTIVATION, (size_t)s.n_sources * rows_of(s), BF16_OUT);
     op_accumulated(&c, "dqueries", ARRAY_FLOAT, (size_t)s.n_sites * s.d, STATISTIC);
@@ -246,6 +250,11 @@ static void check_block_backward(BlockShape s, int form, uint64_t seed)
     op_input(&c, "means", ARRAY_FLOAT, (size_t)s.n_sites * s.tokens * s.heads, 1, 0);
     op_cpu_scratch(&c, "scratch", (size_t)s.n_sources * s.tokens * s.heads);
     op_check(&c, seed);
+}
+
+static void check_block_backward(BlockShape s, int form, uint64_t seed)
+{
+    check_block_backward_writing(s, form, 0, seed);
 }
 
 Test(cuda_route_block, block_backward_is_each_sites_route_backward_in_the_delta_form)
@@ -606,4 +615,28 @@ Test(cuda_route_block, block_backward_in_the_split_layout_is_each_sites_route_ba
             expect_split_kernels(i);
             check_block_backward(split_cases[i].shape, form, 1300 + 20 * (uint64_t)form + i);
         }
+}
+
+/* Sources written rather than added into (MSAR's d E rows, which the walk no longer zeroes):
+ * every kernel set and the per-site kernels past their limits, from the random starts the
+ * "+=" outputs get, so that a kernel adding into a written source, or writing over one it
+ * should add into, fails. */
+Test(cuda_route_block, block_backward_writes_the_sources_it_is_told_to_and_adds_into_the_rest)
+{
+    gpu_require();
+    static const struct {
+        const char *kernels;
+        BlockShape shape;
+    } cases[] = {
+        {"simt", {5, 8, 33, 4096, 8}}, {"simt", {4, 2, 33, 24, 3}},
+        {"mma", {9, 8, 33, 4096, 8}},  {"mma_all", {5, 8, 33, 1280, 8}},
+        {"mma_all", {10, 4, 300, 1280, 8}}, {"mma_all", {13, 2, 33, 256, 8}},
+    };
+    for (int i = 0; i < COUNT(cases); i++) {
+        setenv("FATHOM_ROUTE_BLOCK", cases[i].kernels, 1);
+        const int N = cases[i].shape.n_sources;
+        const unsigned alternate = 0x5555u & ((1u << N) - 1), all_but_first = (1u << N) - 2;
+        check_block_backward_writing(cases[i].shape, i % 3, alternate, 1500 + (uint64_t)i);
+        check_block_backward_writing(cases[i].shape, 0, all_but_first, 1550 + (uint64_t)i);
+    }
 }

@@ -413,7 +413,8 @@ static void table_route_merge_backward(Activation *dpartial, float *dquery, floa
                              scratch, tokens, d, heads);
 }
 
-static void table_route_block_backward(Activation *const *dsources, float *const *dqueries,
+static void table_route_block_backward(Activation *const *dsources, unsigned dsources_written,
+                                       float *const *dqueries,
                                        float *const *dkey_norms, float *const *dalphas,
                                        const Activation *const *douts,
                                        const Activation *const *sources, int n_sources,
@@ -424,6 +425,9 @@ static void table_route_block_backward(Activation *const *dsources, float *const
                                        int n_sites, float *scratch, int tokens, int d,
                                        int heads)
 {
+    for (int n = 0; n < n_sources; n++) /* written: the reference adds into zeros */
+        if (dsources[n] && (dsources_written >> n & 1u))
+            memset(dsources[n], 0, (size_t)tokens * d * sizeof(float));
     cpu_route_block_backward((float *const *)dsources, dqueries, dkey_norms, dalphas,
                              (const float *const *)douts, (const float *const *)sources,
                              n_sources, weights, rstd, (const float *const *)queries,

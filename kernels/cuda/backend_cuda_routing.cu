@@ -212,7 +212,8 @@ static void op_route_merge_backward(Activation *dpartial, float *dquery, float *
                               tokens, d, heads, backend_cuda_compute_stream());
 }
 
-static void op_route_block_backward(Activation *const *dsources, float *const *dqueries,
+static void op_route_block_backward(Activation *const *dsources, unsigned dsources_written,
+                                    float *const *dqueries,
                                     float *const *dkey_norms, float *const *dalphas,
                                     const Activation *const *douts,
                                     const Activation *const *sources, int n_sources,
@@ -225,7 +226,8 @@ static void op_route_block_backward(Activation *const *dsources, float *const *d
     (void)scratch; /* the workspace replaces it */
     float *workspace = backend_cuda_workspace_floats(
         cuda_route_block_backward_workspace_floats(n_sources, n_sites, tokens, d, heads));
-    cuda_route_block_backward((bf16 *const *)dsources, dqueries, dkey_norms, dalphas,
+    cuda_route_block_backward((bf16 *const *)dsources, dsources_written, dqueries, dkey_norms,
+                              dalphas,
                               (const bf16 *const *)douts, (const bf16 *const *)sources,
                               n_sources, weights, rstd, (const bf16 *const *)queries,
                               (const bf16 *const *)key_norms, alphas, means, n_sites,

@@ -49,6 +49,10 @@ struct BlockWalkArgs {
     bf16 *dsources[CUDA_BLOCK_MAX_SOURCES];
     const bf16 *douts[CUDA_BLOCK_MAX_SITES];
     const bf16 *query[CUDA_BLOCK_MAX_SITES], *key_norm[CUDA_BLOCK_MAX_SITES];
+    /* dsources[n] as the walker reads it before adding: NULL where it is written (the
+     * caller's dsources_written) or not wanted, so the token loop tests one pointer, as
+     * before there was a write mode */
+    const bf16 *dsources_read[CUDA_BLOCK_MAX_SOURCES];
     const float *coefficients, *self_terms;
     float *partials; /* [G][ranges][d] */
     int n_sources, n_sites, tokens, heads, head_dim, d, ranges;
@@ -123,7 +127,7 @@ __device__ __forceinline__ void block_walk_fetch(float *stage, BfVector<BLOCK_WA
                 if (n >= N)
                     continue;
                 copy_vector_async<VEC>(mine + (G + n) * THREADS, args.sources[n], at);
-                if (args.dsources[n])
+                if (args.dsources_read[n])
                     copy_vector_async<VEC>(mine + (G + N + n) * THREADS, args.dsources[n], at);
             }
         }
@@ -194,8 +198,8 @@ __global__ void __launch_bounds__(BLOCK_WALK_THREADS, 4)
             const float self = stage[count - N + n];
             float x[VEC], grad[VEC];
             vector_to_floats<VEC>(mine[(G + n) * THREADS], x);
-            vector_to_floats<VEC>(args.dsources[n] ? mine[(G + N + n) * THREADS]
-                                                   : vector_zero<VEC>(),
+            vector_to_floats<VEC>(args.dsources_read[n] ? mine[(G + N + n) * THREADS]
+                                                        : vector_zero<VEC>(),
                                   grad);
 #pragma unroll
             for (int i = 0; i < G_MAX; i++) {
@@ -332,7 +336,8 @@ static void block_walk_launch(const BlockWalkArgs &walk, int n_sources, int n_si
         block_walk_launch_sites<MAXN, 0>(walk, grid, staged, stream);
 }
 
-void route_block_backward_fast(bf16 *const *dsources, float *const *dqueries,
+void route_block_backward_fast(bf16 *const *dsources, unsigned dsources_written,
+                               float *const *dqueries,
                                float *const *dkey_norms, float *const *dalphas,
                                const bf16 *const *douts, const bf16 *const *sources,
                                int n_sources, const float *const *weights, const float *rstd,
@@ -348,6 +353,7 @@ void route_block_backward_fast(bf16 *const *dsources, float *const *dqueries,
     for (int n = 0; n < n_sources; n++) {
         dots.sources[n] = walk.sources[n] = sources[n];
         walk.dsources[n] = dsources[n];
+        walk.dsources_read[n] = dsources_written >> n & 1u ? NULL : dsources[n];
     }
     for (int i = 0; i < n_sites; i++) {
         dots.douts[i] = walk.douts[i] = douts[i];

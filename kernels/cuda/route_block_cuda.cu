@@ -139,7 +139,8 @@ extern "C" size_t cuda_route_block_backward_workspace_floats(int n_sources, int 
     return per_site > fast ? per_site : fast;
 }
 
-extern "C" void cuda_route_block_backward(bf16 *const *dsources, float *const *dqueries,
+extern "C" void cuda_route_block_backward(bf16 *const *dsources, unsigned dsources_written,
+                                          float *const *dqueries,
                                           float *const *dkey_norms, float *const *dalphas,
                                           const bf16 *const *douts, const bf16 *const *sources,
                                           int n_sources, const float *const *weights,
@@ -164,11 +165,15 @@ extern "C" void cuda_route_block_backward(bf16 *const *dsources, float *const *d
         pointers[count++] = key_norms[i];
     }
     if (route_block_fits(n_sources, n_sites, d, heads) && block_pointers_fit(pointers, count)) {
-        route_block_backward_fast(dsources, dqueries, dkey_norms, dalphas, douts, sources,
+        route_block_backward_fast(dsources, dsources_written, dqueries, dkey_norms, dalphas,
+                                  douts, sources,
                                   n_sources, weights, rstd, queries, key_norms, alphas, means,
                                   n_sites, workspace, tokens, d, heads, stream);
         return;
     }
+    for (int n = 0; n < n_sources; n++) /* the per-site kernels add: into zeros */
+        if (dsources[n] && (dsources_written >> n & 1u))
+            CUDA_CHECK(cudaMemsetAsync(dsources[n], 0, (size_t)tokens * d * sizeof(bf16), stream));
     for (int i = 0; i < n_sites; i++)
         route_backward_centred(dsources, dqueries[i], dkey_norms[i], alphas ? dalphas[i] : NULL,
                                douts[i], sources, n_sources, weights[i], rstd, queries[i],

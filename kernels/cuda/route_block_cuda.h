@@ -97,7 +97,8 @@ void cuda_route_block_forward(bf16 *const *results, float *const *weights, float
 size_t cuda_route_block_backward_workspace_floats(int n_sources, int n_sites, int tokens,
                                                   int d, int heads);
 
-void cuda_route_block_backward(bf16 *const *dsources, float *const *dqueries,
+void cuda_route_block_backward(bf16 *const *dsources, unsigned dsources_written,
+                               float *const *dqueries,
                                float *const *dkey_norms, float *const *dalphas,
                                const bf16 *const *douts, const bf16 *const *sources,
                                int n_sources, const float *const *weights, const float *rstd,

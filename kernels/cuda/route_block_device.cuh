@@ -317,7 +317,8 @@ void route_block_forward_fast(bf16 *const *results, float *const *weights, float
 size_t route_block_backward_fast_workspace_floats(int n_sources, int n_sites, int tokens,
                                                   int d, int heads);
 
-void route_block_backward_fast(bf16 *const *dsources, float *const *dqueries,
+void route_block_backward_fast(bf16 *const *dsources, unsigned dsources_written,
+                               float *const *dqueries,
                                float *const *dkey_norms, float *const *dalphas,
                                const bf16 *const *douts, const bf16 *const *sources,
                                int n_sources, const float *const *weights, const float *rstd,
