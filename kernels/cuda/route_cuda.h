@@ -68,8 +68,9 @@
  *
  * MSAR (stream_cuda.cu): the causal depthwise convolution over the sequence (out and dx one
  * thread a vector of channels; dtaps through per-block partials) and the gated mix (one
- * block a token, one read of each stream, forward and backward; parameter gradients through
- * per-block partials). Limits: m <= CUDA_STREAM_MAX_STREAMS, d <= CUDA_ROUTE_MAX_WIDTH.
+ * block a token, or a warp a token for narrow rows (stream_mix.cuh); one read of each
+ * stream, forward and backward; parameter gradients through per-block partials). Limits:
+ * m <= CUDA_STREAM_MAX_STREAMS, d <= CUDA_ROUTE_MAX_WIDTH.
  *
  * MSAR stream route (route_conv_cuda.cu, route_conv_backward_cuda.cu; backend.h route_conv_*,
  * kernels/cpu/route_conv_cpu.c is the reference): the Route of one stream over the convolved

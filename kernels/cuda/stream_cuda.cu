@@ -2,9 +2,9 @@
  * route_cuda.h; the math and its backward are kernels/cpu/stream_cpu.c's). The convolution
  * is kernels/cuda/stream_conv_cuda.cu's.
  *
- * Mix, m streams o_r [tokens, d] bf16, mix_bias fp32 [m], mix_proj (theta) bf16 [m, d]:
- * Narrow rows (stream_mix.cuh: d % 256 == 0 up to 1536, aligned) go to the warp-a-token
- * kernels of stream_mix_narrow_cuda.cu; the kernels here take every other width.
+ * Mix, m streams o_r [tokens, d] bf16, mix_bias fp32 [m], mix_proj (theta) bf16 [m, d]
+ * (narrow rows, stream_mix.cuh: d % 256 == 0 up to 1536 and aligned, go to the warp-a-token
+ * kernels of stream_mix_narrow_cuda.cu; the kernels here take every other width):
  * - forward: one block a token at a time (persistent grid), one read of each stream:
  *   squares and <theta_r, o_r> in one pass (warp sums, then the warps' sums in order, the
  *   same in every thread), rho = rsqrt(squares / d + eps), g = beta + rho <theta, o>,

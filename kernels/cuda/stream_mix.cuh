@@ -11,7 +11,7 @@
  *   d / 256 of them), so each load of the warp is one coalesced 512-byte piece of the row
  *   and each row sum is a warp_sum: no barrier. At the 1B width (d 1280, LV 5) the block
  *   a token ran the forward at 1.8 TB/s and the backward at 1.7 TB/s on an H100, where a
- *   copy runs near 3 TB/s (docs/performance.md, "The stream mix a warp a token").
+ *   copy runs near 3 TB/s (docs/performance.md, 2026-12-05 (afternoon)).
  *
  * The backward's parameter gradients go through the same per-range partials either way,
  * [ranges, m, d] dtheta, [ranges, m] dbeta, [ranges, m] the shares of d alpha, which
