@@ -232,13 +232,15 @@ Test(cuda_stream, conv_backward_is_bitwise_deterministic)
 /* ---- mix: shapes {m, tokens, d, misaligned} ---- */
 
 /* Both layouts (stream_mix.cuh): a warp a token where d % 256 == 0 up to 1536 and every row
- * is 16-byte aligned (d 256, 512, the 1B width 1280, 1536), a block a token otherwise (d 24,
- * 1792, 4096, 8192, and the 1B width with its streams starting one element past an aligned
- * address: misaligned 1). */
+ * is 16-byte aligned (d 256, 512, the 1B width 1280, 1536; the forward also at 2048, 3072 and
+ * the 8B width 4096), a block a token otherwise (d 24, 1792, 8192, the backward past 1536,
+ * and the 1B width with its streams starting one element past an aligned address:
+ * misaligned 1). */
 static const int mix_shapes[][4] = {
-    {2, 33, 24, 0},    {4, 1000, 256, 0}, {3, 1, 4096, 0},  {4, 33, 4096, 0},
+    {2, 33, 24, 0},    {4, 1000, 256, 0}, {3, 1, 4096, 0},    {4, 33, 4096, 0},
     {3, 1000, 24, 0},  {2, 33, 8192, 0},  {4, 1000, 1280, 0}, {3, 77, 1536, 0},
-    {2, 33, 512, 0},   {4, 100, 1280, 1}, {4, 50, 1792, 0},
+    {2, 33, 512, 0},   {4, 100, 1280, 1}, {4, 50, 1792, 0},   {2, 65, 2048, 0},
+    {3, 40, 3072, 0},
 };
 #define MIX_SHAPE_COUNT ((int)(sizeof mix_shapes / sizeof mix_shapes[0]))
 

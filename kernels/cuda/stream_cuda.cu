@@ -325,7 +325,7 @@ extern "C" void cuda_stream_mix_forward(bf16 *out, float *gates, float *rstd,
     args.tokens = tokens;
     args.vectors = shape.vectors;
     args.slots = shape.slots;
-    if (mix_narrow_fits(d, pointers, count)) {
+    if (mix_narrow_fits(d, false, pointers, count)) {
         mix_narrow_forward(args, d, stream);
         return;
     }
@@ -392,7 +392,7 @@ extern "C" void cuda_stream_mix_backward(bf16 *const *dstreams, GradMode dstream
     pointers[count++] = dout;
     pointers[count++] = mix_proj;
     RowShape shape = row_shape(d, 1, pointers, count);
-    const bool narrow = mix_narrow_fits(d, pointers, count);
+    const bool narrow = mix_narrow_fits(d, true, pointers, count);
     const int ranges = narrow ? mix_narrow_ranges(tokens, given) : mix_range_count(tokens, m, given);
     args.partials = workspace;
     args.dmix_bias = dmix_bias;

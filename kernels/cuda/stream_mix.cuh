@@ -50,8 +50,8 @@ struct MixBackwardArgs {
 };
 
 /* Whether the warp-a-token kernels take rows of width d with these arrays (NULL entries are
- * ignored). */
-bool mix_narrow_fits(int d, const void *const *pointers, int count);
+ * ignored): the forward up to d 1536 and at d 2048, 3072 and 4096, the backward up to 1536. */
+bool mix_narrow_fits(int d, bool backward, const void *const *pointers, int count);
 
 /* The narrow backward's partition, a function of the shapes only: its token ranges (a warp's
  * each, for one given stream) and its partials (`ranges`: one a block of four ranges). */

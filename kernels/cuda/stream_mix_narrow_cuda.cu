@@ -17,21 +17,29 @@
 
 enum {
     MIX_NARROW_THREADS = 128,          /* four warps a block */
-    /* d <= 1536: the backward holds two tokens' rows and a lane's dtheta sums in registers,
-     * 224 of them at d 1280 and all 255 at d 1536; wider rows would spill */
-    MIX_NARROW_MAX_LANE_VECTORS = 6,
+    /* the backward up to d 1536: it holds two tokens' rows and a lane's dtheta sums in
+     * registers, 248 of them at d 1280; wider rows would spill */
+    MIX_NARROW_BACKWARD_MAX_LANE_VECTORS = 6,
+    /* the forward up to d 1536 with the next stream's row in flight, and at d 2048, 3072
+     * and 4096 (the 8B width) without it: a warp's row there is 4 to 8 KB, enough bytes in
+     * flight by itself, and the mix's 8 LV floats a lane fill the registers */
+    MIX_NARROW_FORWARD_PREFETCH_LANE_VECTORS = 6,
     /* the backward's warps a call, whatever the device, so that the token partition (and
      * the bits of the parameter gradients) depend on the shapes only: eight a multiprocessor
-     * of an H200's 132 (what 224 registers a thread allow at d 1280), each with two tokens'
+     * of an H200's 132 (what 248 registers a thread allow at d 1280), each with two tokens'
      * rows in flight. Four left a stream's backward at 1.4 TB/s on an H100, bound by the
-     * bytes in flight; each warp adds a partial row of d floats (2.6% of the rows it reads
-     * at the 1B microbatch). */
+     * bytes in flight; a block's four warps add into one partial row of d floats. */
     MIX_NARROW_BACKWARD_WARPS = 132 * 8,
 };
 
-bool mix_narrow_fits(int d, const void *const *pointers, int count)
+bool mix_narrow_fits(int d, bool backward, const void *const *pointers, int count)
 {
-    if (d % 256 != 0 || d / 256 > MIX_NARROW_MAX_LANE_VECTORS)
+    const int lane_vectors = d / 256;
+    if (d % 256 != 0 || lane_vectors < 1)
+        return false;
+    if (backward ? lane_vectors > MIX_NARROW_BACKWARD_MAX_LANE_VECTORS
+                 : lane_vectors > MIX_NARROW_FORWARD_PREFETCH_LANE_VECTORS &&
+                       lane_vectors != 8 && lane_vectors != 12 && lane_vectors != 16)
         return false;
     for (int i = 0; i < count; i++)
         if (!pointer_aligned(pointers[i], 16))
@@ -68,22 +76,24 @@ __global__ void __launch_bounds__(MIX_NARROW_THREADS)
     const int lane = threadIdx.x & 31;
     const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int warps = (gridDim.x * blockDim.x) >> 5;
+    constexpr bool PREFETCH = LV <= MIX_NARROW_FORWARD_PREFETCH_LANE_VECTORS;
     const int m = args.m;
     for (int t = warp; t < args.tokens; t += warps) {
         float mix[8 * LV] = {};
-        BfVector<8> current[LV], next[LV];
+        BfVector<8> current[LV], next[PREFETCH ? LV : 1];
         mix_lane_load<LV>(current, args.streams[0], t, lane);
         for (int r = 0; r < m; r++) {
-            if (r + 1 < m)
+            if (PREFETCH && r + 1 < m)
                 mix_lane_load<LV>(next, args.streams[r + 1], t, lane);
-            BfVector<8> theta_raw[LV];
-            mix_lane_load<LV>(theta_raw, args.mix_proj, r, lane); /* row r of [m, d] */
+            else if (!PREFETCH && r > 0)
+                mix_lane_load<LV>(current, args.streams[r], t, lane);
+            const bf16 *theta_row = args.mix_proj + (long long)r * 32 * 8 * LV; /* through L1 */
             float squares = 0.0f, dot = 0.0f;
 #pragma unroll
             for (int j = 0; j < LV; j++) {
                 float o[8], theta[8];
                 vector_to_floats<8>(current[j], o);
-                vector_to_floats<8>(theta_raw[j], theta);
+                vector_to_floats<8>(vector_load<8>(theta_row, j * 32 + lane), theta);
 #pragma unroll
                 for (int i = 0; i < 8; i++) {
                     squares += o[i] * o[i];
@@ -106,7 +116,8 @@ __global__ void __launch_bounds__(MIX_NARROW_THREADS)
 #pragma unroll
                 for (int i = 0; i < 8; i++)
                     mix[8 * j + i] += w * o[i];
-                current[j] = next[j];
+                if (PREFETCH)
+                    current[j] = next[j];
             }
         }
 #pragma unroll
@@ -272,7 +283,13 @@ static void backward_launch(const MixBackwardArgs &args, cudaStream_t stream)
 
 void mix_narrow_forward(const MixForwardArgs &args, int d, cudaStream_t stream)
 {
-    MIX_NARROW_DISPATCH(forward_launch, d / 256, args);
+    switch (d / 256) {
+    case 8: forward_launch<8>(args, stream); break;
+    case 12: forward_launch<12>(args, stream); break;
+    case 16: forward_launch<16>(args, stream); break;
+    default: MIX_NARROW_DISPATCH(forward_launch, d / 256, args); return;
+    }
+    CUDA_CHECK_LAUNCH();
 }
 
 void mix_narrow_backward(const MixBackwardArgs &args, int d, cudaStream_t stream)
