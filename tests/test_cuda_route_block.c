@@ -1,7 +1,7 @@
 /* tests/test_cuda_route_block.c — the two-phase Route of the cuda op table
- * (route_block_forward / backward, route_merge_forward / backward, add_scaled, its backward
- * and its form inside the norm, add_scaled_rmsnorm_forward; DESIGN 2.1; docs/design-notes.md,
- * "Two-phase routing") against the cpu table's, which loops the per-site Route
+ * (route_block_forward / backward, route_merge_forward / backward; DESIGN 2.1;
+ * docs/design-notes.md, "Two-phase routing"; the delta gate's ops are
+ * tests/test_cuda_route_gate.c's) against the cpu table's, which loops the per-site Route
  * (kernels/cpu/route_block_cpu.c): so each case holds the cuda two-phase ops to the per-site
  * reference.
  *
@@ -19,7 +19,6 @@
  * form) and 12 (the widest source bucket); and the per-site kernels past the limits (N 13,
  * G 9, head_dim 4, d 8192). Each test SKIPs where no GPU answers.
  */
-#include "kernels/cuda/kernels_cuda.h"
 #include "kernels/cuda/route_block_cuda.h"
 #include "runtime/error.h"
 #include "tests/cuda_backend_support.h"
@@ -30,7 +29,6 @@
 #include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
-#include <string.h>
 
 #define BF16_OUT BACKEND_BF16_TOLERANCE
 #define STATISTIC BACKEND_STATISTIC_TOLERANCE
@@ -400,143 +398,6 @@ Test(cuda_route_block, merge_backward_gives_the_centre_and_the_partials_share)
         check_merge_backward(block_kernel_shapes[i], false, 1150 + (uint64_t)i);
     }
     check_merge_backward(per_site_shapes[2], true, 1190);
-}
-
-/* ---- add_scaled: shape n, -, -, -, -, alpha x 4 ---- */
-
-static void run_add_scaled(const Backend *b, void *const *p, const OpCase *c)
-{
-    b->add_scaled(p[0], p[1], p[2], p[3], (size_t)c->shape[0]);
-}
-
-static void check_add_scaled(int n, float alpha, double tolerance, uint64_t seed)
-{
-    OpCase c = op_case("add_scaled", run_add_scaled);
-    c.shape[0] = n;
-    op_output(&c, "out", ARRAY_ACTIVATION, (size_t)n, tolerance);
-    op_input(&c, "base", ARRAY_ACTIVATION, (size_t)n, 1, 0);
-    op_input(&c, "x", ARRAY_ACTIVATION, (size_t)n, 2, 0);
-    op_input(&c, "alpha", ARRAY_FLOAT, 1, 0, alpha);
-    op_check(&c, seed);
-}
-
-Test(cuda_route_block, add_scaled_is_base_plus_alpha_x_and_alpha_zero_returns_base_bit_for_bit)
-{
-    gpu_require();
-    check_add_scaled(4096 * 3 + 5, 0.75f, BF16_OUT, 1200);
-    check_add_scaled(77, -1.5f, BF16_OUT, 1201);
-    check_add_scaled(4096 * 3 + 5, 0.0f, 0.0, 1202); /* exactly the cpu's base */
-}
-
-/* ---- add_scaled_rmsnorm_forward: shape rows, d, -, -, -, alpha x 4; x, out, rstd, base,
- * route, alpha, weight ---- */
-
-static void run_add_scaled_rmsnorm(const Backend *b, void *const *p, const OpCase *c)
-{
-    b->add_scaled_rmsnorm_forward(p[0], p[1], p[2], p[3], p[4], p[5], p[6], c->shape[0],
-                                  c->shape[1], EPS);
-}
-
-static void check_add_scaled_rmsnorm(int rows, int d, float alpha, uint64_t seed)
-{
-    OpCase c = op_case("add_scaled_rmsnorm_forward", run_add_scaled_rmsnorm);
-    c.shape[0] = rows, c.shape[1] = d;
-    const size_t n = (size_t)rows * d;
-    op_output(&c, "x", ARRAY_ACTIVATION, n, BF16_OUT);
-    op_output(&c, "out", ARRAY_ACTIVATION, n, BF16_OUT);
-    op_output(&c, "rstd", ARRAY_FLOAT, (size_t)rows, STATISTIC);
-    op_input(&c, "base", ARRAY_ACTIVATION, n, 1, 0);
-    op_input(&c, "route", ARRAY_ACTIVATION, n, 2, 0);
-    op_input(&c, "alpha", ARRAY_FLOAT, 1, 0, alpha);
-    op_input(&c, "weight", ARRAY_ACTIVATION, (size_t)d, 0.5f, 1);
-    op_check(&c, seed);
-}
-
-/* rows of a block of 256 threads (d 4096, two chunks), of a warp over five chunks (d 1280),
- * of a warp (d 24), and a width that is no multiple of 8 (the scalar path) */
-static const int gate_norm_shapes[][2] = {{33, 4096}, {17, 1280}, {5, 24}, {9, 100}};
-
-Test(cuda_route_block, add_scaled_rmsnorm_forward_is_the_gate_then_the_norm)
-{
-    gpu_require();
-    for (int i = 0; i < COUNT(gate_norm_shapes); i++)
-        check_add_scaled_rmsnorm(gate_norm_shapes[i][0], gate_norm_shapes[i][1],
-                                 i % 2 ? -0.75f : 0.5f, 1250 + (uint64_t)i);
-}
-
-/* The promise of runtime/backend.h: the bits of add_scaled then rmsnorm_forward on the same
- * backend (here its kernels, on the default stream), for x, the normed row and rstd; and x
- * may be base itself. */
-Test(cuda_route_block, add_scaled_rmsnorm_forward_gives_the_bits_of_the_two_ops)
-{
-    gpu_require();
-    for (int i = 0; i < COUNT(gate_norm_shapes); i++) {
-        const int rows = gate_norm_shapes[i][0], d = gate_norm_shapes[i][1];
-        const size_t n = (size_t)rows * d;
-        float *base = gpu_test_rounded_uniform(n, 1.0f, 0.0f, 1260 + (uint64_t)i);
-        float *route = gpu_test_rounded_uniform(n, 2.0f, 0.0f, 1270 + (uint64_t)i);
-        float *weight = gpu_test_rounded_uniform((size_t)d, 0.5f, 1.0f, 1280 + (uint64_t)i);
-        const float alpha_value = i % 2 ? -0.75f : 0.375f;
-        const float *alpha = gpu_upload_floats(&alpha_value, 1);
-        const bf16 *route_device = gpu_upload_bf16(route, n);
-        const bf16 *weight_device = gpu_upload_bf16(weight, (size_t)d);
-        /* the two ops */
-        bf16 *x_two = gpu_poisoned_bf16(n), *out_two = gpu_poisoned_bf16(n);
-        float *rstd_two = gpu_poisoned_floats((size_t)rows);
-        cuda_add_scaled(x_two, gpu_upload_bf16(base, n), route_device, alpha, n, 0);
-        cuda_rmsnorm_forward(out_two, rstd_two, x_two, weight_device, rows, d, EPS, 0);
-        /* one pass, x in place of base */
-        bf16 *x_one = gpu_upload_bf16(base, n), *out_one = gpu_poisoned_bf16(n);
-        float *rstd_one = gpu_poisoned_floats((size_t)rows);
-        cuda_add_scaled_rmsnorm_forward(x_one, out_one, rstd_one, x_one, route_device, alpha,
-                                        weight_device, rows, d, EPS, 0);
-        float *got[3] = {gpu_download_bf16(x_one, n), gpu_download_bf16(out_one, n),
-                         gpu_download_floats(rstd_one, (size_t)rows)};
-        float *want[3] = {gpu_download_bf16(x_two, n), gpu_download_bf16(out_two, n),
-                          gpu_download_floats(rstd_two, (size_t)rows)};
-        const size_t counts[3] = {n, n, (size_t)rows};
-        const char *names[3] = {"x", "out", "rstd"};
-        for (int k = 0; k < 3; k++) {
-            cr_expect_eq(memcmp(got[k], want[k], counts[k] * sizeof(float)), 0,
-                         "%s differs from add_scaled then rmsnorm_forward at rows %d, d %d",
-                         names[k], rows, d);
-            free(got[k]);
-            free(want[k]);
-        }
-        free(base);
-        free(route);
-        free(weight);
-        gpu_free_all();
-    }
-}
-
-/* ---- add_scaled_backward: shape n; dx, dalpha (added to), dout, x, alpha ---- */
-
-static void run_add_scaled_backward(const Backend *b, void *const *p, const OpCase *c)
-{
-    b->add_scaled_backward(p[0], p[1], p[2], p[3], p[4], (size_t)c->shape[0]);
-}
-
-static void check_add_scaled_backward(int n, float alpha, uint64_t seed)
-{
-    OpCase c = op_case("add_scaled_backward", run_add_scaled_backward);
-    c.shape[0] = n;
-    op_output(&c, "dx", ARRAY_ACTIVATION, (size_t)n, BF16_OUT);
-    op_accumulated(&c, "dalpha", ARRAY_FLOAT, 1, BACKEND_STATISTIC_TOLERANCE);
-    op_input(&c, "dout", ARRAY_ACTIVATION, (size_t)n, 1, 0);
-    op_input(&c, "x", ARRAY_ACTIVATION, (size_t)n, 2, 0.25f);
-    op_input(&c, "alpha", ARRAY_FLOAT, 1, 0, alpha);
-    op_check(&c, seed);
-}
-
-/* n past the partial sums' fixed grid (1024 blocks of 256 threads of 8 values), and tails
- * that are not a multiple of the 8-value vector */
-Test(cuda_route_block, add_scaled_backward_is_alpha_dout_and_adds_the_dot_to_dalpha)
-{
-    gpu_require();
-    check_add_scaled_backward(8192 * 1280 + 3, 0.75f, 1210);
-    check_add_scaled_backward(4096 * 3 + 5, -1.5f, 1211);
-    check_add_scaled_backward(77, 0.0f, 1212);
 }
 
 /* ---- the tensor-core kernels (FATHOM_ROUTE_BLOCK=mma, kernels/cuda/route_block_mma.cuh):
