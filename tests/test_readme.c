@@ -91,6 +91,31 @@ static void make_fresh_tree(char *tree)
     cr_assert_eq(test_run_command(command, output, sizeof output), 0, "%s", output);
 }
 
+/* The README walk's set-up (launch/setup.sh) runs ninja in the build under test, linked into
+ * the fresh tree: where that build is older than its sources, it would be rebuilt while the
+ * suite's other tests run from it, which fail to start ("Could not spawn test instance",
+ * "file too short"). So a build whose commit (fathom --version, from `git describe --always
+ * --dirty`, launch/meson.build) is not the tree's stops the test here, saying so: the other
+ * tests would be testing that older build too. */
+static void expect_the_build_is_the_trees(void)
+{
+    char command[1024], built[512], tree_commit[128];
+    snprintf(command, sizeof command, "'%s' --version | head -1", test_fathom_binary());
+    cr_assert_eq(test_run_command(command, built, sizeof built), 0, "%s", built);
+    snprintf(command, sizeof command, "git -C '%s' describe --always --dirty",
+             test_source_dir());
+    cr_assert_eq(test_run_command(command, tree_commit, sizeof tree_commit), 0, "%s",
+                 tree_commit);
+    built[strcspn(built, "\n")] = '\0';
+    tree_commit[strcspn(tree_commit, "\n")] = '\0';
+    char expected[160];
+    snprintf(expected, sizeof expected, "(commit %s)", tree_commit);
+    cr_assert(strstr(built, expected),
+              "the build under test is not the tree's (%s against commit %s): run "
+              "ninja -C build first, as launch/test.sh does; this walk's set-up would "
+              "rebuild it while the suite's other tests run from it", built, tree_commit);
+}
+
 /* "... # resumes at 400": the step the line says it resumes at; 0 when it says none. */
 static long resumes_at(const char *line)
 {
@@ -104,6 +129,7 @@ Test(readme, every_command_runs_as_written_on_a_fresh_clone, .timeout = 900)
     if (getenv("FATHOM_BINARY"))
         cr_skip_test("the build has moved from its sources (FATHOM_BINARY): launch/setup.sh "
                      "cannot rebuild it there");
+    expect_the_build_is_the_trees();
     Commands commands;
     read_readme_commands(&commands);
     char tree[256];
