@@ -83,14 +83,6 @@ extern "C" CudaRouteBlockLayout cuda_route_block_layout(int n_sources, int n_sit
     return out;
 }
 
-static bool block_pointers_fit(const void *const *pointers, int count)
-{
-    for (int i = 0; i < count; i++)
-        if (!pointer_aligned(pointers[i], 16))
-            return false;
-    return true;
-}
-
 extern "C" size_t cuda_route_block_forward_workspace_floats(int n_sources, int n_sites,
                                                             int tokens, int d, int heads)
 {
@@ -119,7 +111,7 @@ extern "C" void cuda_route_block_forward(bf16 *const *results, float *const *wei
         pointers[count++] = queries[i];
         pointers[count++] = key_norms[i];
     }
-    if (route_block_fits(n_sources, n_sites, d, heads) && block_pointers_fit(pointers, count)) {
+    if (route_block_fits(n_sources, n_sites, d, heads) && pointers_aligned(pointers, count, 16)) {
         route_block_forward_fast(results, weights, rstd, lse, sources, n_sources, queries,
                                  key_norms, n_sites, tokens, d, heads, eps, stream);
         return;
@@ -164,7 +156,7 @@ extern "C" void cuda_route_block_backward(bf16 *const *dsources, unsigned dsourc
         pointers[count++] = queries[i];
         pointers[count++] = key_norms[i];
     }
-    if (route_block_fits(n_sources, n_sites, d, heads) && block_pointers_fit(pointers, count)) {
+    if (route_block_fits(n_sources, n_sites, d, heads) && pointers_aligned(pointers, count, 16)) {
         route_block_backward_fast(dsources, dsources_written, dqueries, dkey_norms, dalphas,
                                   douts, sources,
                                   n_sources, weights, rstd, queries, key_norms, alphas, means,

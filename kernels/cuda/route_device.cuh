@@ -336,6 +336,16 @@ static inline bool pointer_aligned(const void *pointer, int bytes)
     return ((uintptr_t)pointer % (uintptr_t)bytes) == 0; /* NULL is aligned: never read */
 }
 
+/* every one of `count` pointers aligned to `bytes` (the 16-byte vectors of the warp and
+ * block kernels) */
+static inline bool pointers_aligned(const void *const *pointers, int count, int bytes)
+{
+    for (int i = 0; i < count; i++)
+        if (!pointer_aligned(pointers[i], bytes))
+            return false;
+    return true;
+}
+
 /* The widest vector of widest, widest / 2, .., 1 bf16 elements that divides head_dim and at
  * which every pointer is aligned. */
 static inline int widest_vector(int widest, int head_dim, const void *const *pointers,

@@ -26,10 +26,7 @@ bool merge_narrow_fits(int d, int heads, const void *const *pointers, int count)
 {
     if (d % 256 != 0 || d / 256 > ROUTE_NARROW_MAX_LANE_VECTORS || 32 % heads != 0)
         return false;
-    for (int i = 0; i < count; i++)
-        if (!pointer_aligned(pointers[i], 16))
-            return false;
-    return true;
+    return pointers_aligned(pointers, count, 16);
 }
 
 /* this lane's LV vectors of row t */

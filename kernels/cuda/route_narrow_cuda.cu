@@ -24,10 +24,8 @@ bool route_narrow_fits(int n_sources, int d, int heads, const void *const *point
     if (d % 256 != 0 || d / 256 > ROUTE_NARROW_MAX_LANE_VECTORS || 32 % heads != 0 ||
         n_sources > ROUTE_NARROW_MAX_SOURCES)
         return false;
-    for (int i = 0; i < count; i++)
-        if (!pointer_aligned(pointers[i], 16))
-            return false;
-    return narrow_backward_bytes(n_sources, d, heads) <= 99 * 1024 &&
+    return pointers_aligned(pointers, count, 16) &&
+           narrow_backward_bytes(n_sources, d, heads) <= 99 * 1024 &&
            narrow_forward_bytes(n_sources, d, heads) <= 99 * 1024;
 }
 

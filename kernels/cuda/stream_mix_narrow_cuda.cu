@@ -41,10 +41,7 @@ bool mix_narrow_fits(int d, bool backward, const void *const *pointers, int coun
                  : lane_vectors > MIX_NARROW_FORWARD_PREFETCH_LANE_VECTORS &&
                        lane_vectors != 8 && lane_vectors != 12 && lane_vectors != 16)
         return false;
-    for (int i = 0; i < count; i++)
-        if (!pointer_aligned(pointers[i], 16))
-            return false;
-    return true;
+    return pointers_aligned(pointers, count, 16);
 }
 
 int mix_narrow_token_ranges(int tokens, int given)
