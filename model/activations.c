@@ -172,10 +172,11 @@ static void route_scratch_layout(ModelScratch *scratch, Carver *carver,
         if (msar_blocks) {
             for (size_t k = 0; k < m * (S + 1); k++)
                 route->stream_slots[k] = block_row(&rows);
-            for (size_t k = 0; k < M; k++) {
+            for (size_t k = 0; k < M; k++)
                 route->conv_rows[k] = block_row(&rows);
+            for (size_t k = 0; k < m * M; k++) /* every stream's: the convolutions'
+                                                 * backward takes them at once */
                 route->grad_conv_rows[k] = block_row(&rows);
-            }
             /* the open block's depth weights and key statistics: every stream's in the
              * replace form, one stream's at a time in the delta form (route_block.c) */
             const size_t regions = (plan->form == FORM_REPLACE ? m : 1) * S;
@@ -244,7 +245,8 @@ static void scratch_arrays_create(ModelScratch *scratch, const ResidualPlan *pla
     route->stream_slots = xcalloc((size_t)plan->streams * (plan->sublayers_per_block + 1),
                                   sizeof *route->stream_slots);
     route->conv_rows = xcalloc((size_t)plan->max_sources, sizeof *route->conv_rows);
-    route->grad_conv_rows = xcalloc((size_t)plan->max_sources, sizeof *route->grad_conv_rows);
+    route->grad_conv_rows = xcalloc((size_t)plan->streams * plan->max_sources,
+                                    sizeof *route->grad_conv_rows);
 }
 
 static void scratch_arrays_destroy(ModelScratch *scratch)

@@ -142,8 +142,11 @@ static void attnres_replace_backward(RouteWalk *walk, int block, int i, const Ac
  * turn (route_site_mix_forward). In the replace form a site i > 0 first merges E_r of its
  * partial b_n^i into each stream (route_merge_forward, from phase one's lse): the partial is
  * complete only when the site's turn comes. The backward goes a stream at a time: E_r again,
- * every site's d o_r into d E_r (route_block_backward) and d E_r through the convolutions
- * into the sources and the taps (stream_conv_backward). */
+ * every site's d o_r into d E_r (route_block_backward, into stream r's own d E rows); then
+ * every stream's d E at once through the convolutions into the sources and the taps
+ * (stream_conv_backward), which reads each source once for all m streams and adds into its
+ * gradient once (docs/design-notes.md, "MSAR's convolution backward, every stream at
+ * once"). */
 
 /* Slot k (0..S) of stream r: phase one leaves o_r of site i in slot i + 1. */
 static Activation *stream_slot(const RouteWalk *walk, int r, int k)
@@ -152,34 +155,51 @@ static Activation *stream_slot(const RouteWalk *walk, int r, int k)
     return walk->model->scratch.route.stream_slots[(size_t)r * (S + 1) + (size_t)k];
 }
 
-/* The stream_conv ops' rows for stream r of `site`'s sources (all of them, or only source
- * `only` if >= 0), the null source left out (it is not convolved, DESIGN 2.2): each source,
- * its taps, its rows of E_r and d E_r in the scratch (conv_rows[k], grad_conv_rows[k]), and
- * in a backward walk where its gradient and its taps' go. Returns how many rows. */
-static int conv_gather(RouteWalk *walk, const SitePlan *site, int r, int only)
+/* Stream r's d E row of the block's source k: the scratch holds every stream's, since the
+ * convolutions' backward takes them all at once. */
+static Activation *stream_grad_conv_row(const RouteWalk *walk, int r, int k)
+{
+    const size_t M = (size_t)walk->plan->max_sources;
+    return walk->model->scratch.route.grad_conv_rows[(size_t)r * M + (size_t)k];
+}
+
+/* The stream_conv ops' rows of `site`'s sources (all of them, or only source `only` if >=
+ * 0), the null source left out (it is not convolved, DESIGN 2.2): each source, its row of
+ * E in the scratch (conv_rows[k], one stream's at a time), in a backward walk where its
+ * gradient goes; and for streams r0 .. r0 + streams - 1, at [(r - r0) * count + n], its
+ * taps, its d E_r row and in a backward walk where its taps' gradient goes. Returns count,
+ * the rows a stream. */
+static int conv_gather(RouteWalk *walk, const SitePlan *site, int r0, int streams, int only)
 {
     const RouteContext *route = walk->route;
     const RouteScratch *scratch = &walk->model->scratch.route;
     const int first = only < 0 ? 0 : only, end = only < 0 ? site->n_sources : only + 1;
-    int count = 0;
+    int count = 0, n = 0;
+    for (int k = first; k < end; k++)
+        count += site->sources[k].slot != RESIDUAL_NO_SLOT;
     for (int k = first; k < end; k++) {
         const int slot = site->sources[k].slot;
         if (slot == RESIDUAL_NO_SLOT)
             continue;
-        walk->conv.sources[count] = walk->sources[k];
-        walk->conv.taps[count] = route_stream_taps(route, slot, r);
-        walk->conv.rows[count] = scratch->conv_rows[k];
-        walk->conv.grad_rows[count] = scratch->grad_conv_rows[k];
-        if (walk->backward) {
-            walk->conv.grad_sources[count] = walk->grad_sources[k];
-            walk->conv.grad_taps[count] = route->grad_conv[slot] + route_stream_taps_at(route, r);
+        walk->conv.sources[n] = walk->sources[k];
+        walk->conv.rows[n] = scratch->conv_rows[k];
+        if (walk->backward)
+            walk->conv.grad_sources[n] = walk->grad_sources[k];
+        for (int s = 0; s < streams; s++) {
+            const int r = r0 + s;
+            const size_t at = (size_t)s * count + n;
+            walk->conv.taps[at] = route_stream_taps(route, slot, r);
+            walk->conv.grad_rows[at] = stream_grad_conv_row(walk, r, k);
+            if (walk->backward)
+                walk->conv.grad_taps[at] = route->grad_conv[slot] + route_stream_taps_at(route, r);
         }
-        count++;
+        n++;
     }
     return count;
 }
 
-/* E_r of the gathered sources into their conv rows, one op for all of them. */
+/* E_r of the gathered sources (conv_gather of stream r alone) into their conv rows, one op
+ * for all of them. */
 static void conv_forward(RouteWalk *walk, int count, int r)
 {
     const RouteContext *route = walk->route;
@@ -188,15 +208,15 @@ static void conv_forward(RouteWalk *walk, int count, int r)
                                        walk->d);
 }
 
-/* d E_r of the gathered sources (their grad conv rows) through their convolutions: into the
- * sources' gradients and the taps'. */
-static void conv_backward(RouteWalk *walk, int count, int r)
+/* d E of the gathered sources (conv_gather of every stream) through their convolutions:
+ * into the sources' gradients and the taps'. */
+static void conv_backward(RouteWalk *walk, int count)
 {
     const RouteContext *route = walk->route;
     walk->backend->stream_conv_backward(walk->conv.grad_sources, walk->conv.grad_taps,
                                         walk->conv.grad_rows, walk->conv.sources,
-                                        walk->conv.taps, count, walk->plan->kernel_sizes[r],
-                                        route->B, route->T, walk->d);
+                                        walk->conv.taps, count, walk->plan->streams,
+                                        walk->plan->kernel_sizes, route->B, route->T, walk->d);
 }
 
 /* walk->stream_sources = E_r of walk->sources (the block's first site's): the convolved
@@ -207,7 +227,7 @@ static void sources_convolve(RouteWalk *walk, const SitePlan *first, int r)
     for (int k = 0; k < first->n_sources; k++)
         walk->stream_sources[k] =
             first->sources[k].slot == RESIDUAL_NO_SLOT ? walk->sources[k] : rows[k];
-    conv_forward(walk, conv_gather(walk, first, r, -1), r);
+    conv_forward(walk, conv_gather(walk, first, r, 1, -1), r);
 }
 
 /* Where site i's depth weights and key rstd of stream r are: msar's in the scratch, which
@@ -277,7 +297,7 @@ static void block_phase_one(RouteWalk *walk, int block, int r)
 static const Activation *partial_convolve(RouteWalk *walk, int j, int r)
 {
     const SitePlan *site = &walk->plan->sites[j];
-    conv_forward(walk, conv_gather(walk, site, r, site->n_sources - 1), r);
+    conv_forward(walk, conv_gather(walk, site, r, 1, site->n_sources - 1), r);
     return walk->model->scratch.route.conv_rows[site->n_sources - 1];
 }
 
@@ -315,10 +335,10 @@ static void block_open(RouteWalk *walk, int block)
 }
 
 /* Stream r's part of the block's backward, from d o_r of each site (walk->douts; the replace
- * form's softmax centres in walk->means): into d E_r (the scratch's grad_conv_rows; the null
- * source's straight into its gradient), the stream's queries and key norms, then through
- * the convolutions into the sources and taps. Expects walk->sources, walk->grad_sources and
- * walk->stream_sources (E_r). */
+ * form's softmax centres in walk->means): into d E_r (stream r's d E rows in the scratch;
+ * the null source's straight into its gradient), the stream's queries and key norms. The
+ * caller takes every stream's d E through the convolutions (block_convolutions_backward).
+ * Expects walk->sources, walk->grad_sources and walk->stream_sources (E_r). */
 static void stream_block_backward(RouteWalk *walk, int block, int r)
 {
     Model *model = walk->model;
@@ -336,7 +356,7 @@ static void stream_block_backward(RouteWalk *walk, int block, int r)
             continue;
         }
         written |= 1u << k;
-        grad_stream_sources[k] = scratch->grad_conv_rows[k];
+        grad_stream_sources[k] = stream_grad_conv_row(walk, r, k);
     }
     for (int i = 0; i < G; i++) {
         const int j = first + i;
@@ -353,7 +373,14 @@ static void stream_block_backward(RouteWalk *walk, int block, int r)
                                   walk->queries, walk->key_norms, NULL,
                                   walk->replace ? (const float *const *)walk->means : NULL, G,
                                   scratch->route_backward, walk->rows, d, walk->plan->heads);
-    conv_backward(walk, conv_gather(walk, plan, r, -1), r);
+}
+
+/* Every stream's d E of block n's sources (stream_block_backward's) through the
+ * convolutions, at once. Expects walk->sources and walk->grad_sources. */
+static void block_convolutions_backward(RouteWalk *walk, int block)
+{
+    const SitePlan *first = &walk->plan->sites[block_first_site(walk, block)];
+    conv_backward(walk, conv_gather(walk, first, 0, walk->plan->streams, -1));
 }
 
 /* The backward of the delta form's block n when the walk leaves it, a stream at a time (a
@@ -385,6 +412,7 @@ static void block_backward_streams(RouteWalk *walk, int block)
         }
         stream_block_backward(walk, block, r);
     }
+    block_convolutions_backward(walk, block);
     walk->open_block = -1; /* the slots hold gradients now */
 }
 
@@ -433,18 +461,18 @@ static void site_merge_backward(RouteWalk *walk, int block, int i)
     for (int r = 0; r < m; r++) {
         const Activation *partial = i > 0 ? partial_convolve(walk, j, r) : NULL;
         if (partial)
-            backend->zero(scratch->grad_conv_rows[last], bytes);
+            backend->zero(stream_grad_conv_row(walk, r, last), bytes);
         backend->route_merge_backward(
-            partial ? scratch->grad_conv_rows[last] : NULL, grads->query + (size_t)r * d,
+            partial ? stream_grad_conv_row(walk, r, last) : NULL, grads->query + (size_t)r * d,
             grads->key_norm + (size_t)r * d, site_stream_floats(walk, scratch->block_means, r, i),
             site_grad_stream(walk, r, i), stream_slot(walk, r, i + 1), partial, site->n_sources,
             site_weights_of(walk, block, i, r), site_rstd_of(walk, block, i, r),
             route_stream_row(route, weights->query, r),
             route_stream_row(route, weights->key_norm, r), scratch->route_backward, walk->rows, d,
             walk->plan->heads);
-        if (partial)
-            conv_backward(walk, conv_gather(walk, site, r, last), r);
     }
+    if (i > 0) /* the partial's d E of every stream through its convolutions, at once */
+        conv_backward(walk, conv_gather(walk, site, 0, m, last));
 }
 
 /* The replace form's block backward when the walk leaves it: per stream, E_r again and every
@@ -462,6 +490,7 @@ static void block_backward_replace(RouteWalk *walk, int block)
         }
         stream_block_backward(walk, block, r);
     }
+    block_convolutions_backward(walk, block);
     walk->open_block = -1; /* the slots hold gradients now */
 }
 

@@ -17,8 +17,8 @@
  * and routes every site over them (route_block_forward); each site mixes its m streams and
  * applies its gate in its turn (route_site_mix_forward). Its backward makes the streams again,
  * takes each site's d x back through the gate and the mix to d o_r, then per stream sends
- * every site's d o_r into d E_r (route_block_backward) and d E_r through the convolution
- * into the sources and the taps (stream_conv_backward).
+ * every site's d o_r into d E_r (route_block_backward), and last every stream's d E through
+ * the convolutions into the sources and the taps, at once (stream_conv_backward).
  * MSAR's replace form routes the same way, and each site i > 0 also merges E_r of its
  * partial b_n^i into each stream in its turn (route_merge_forward, from phase one's lse); its
  * backward reopens the block (phase one and the merges again), takes each site's d x through
@@ -77,7 +77,8 @@ typedef struct {
      * and d o_r [m] */
     const Activation **stream_sources, **site_streams;
     Activation **stream_grad_sources, **site_grad_streams;
-    /* msar: the stream_conv ops' rows, the null source left out [max_sources + 1] */
+    /* msar: the stream_conv ops' rows, the null source left out: sources, rows and
+     * grad_sources [max_sources + 1]; taps, grad_rows and grad_taps [m][max_sources + 1] */
     struct {
         const Activation **sources, **taps, **grad_rows;
         Activation **rows, **grad_sources;

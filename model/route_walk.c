@@ -46,12 +46,13 @@ void route_walk_begin(RouteWalk *walk, Model *model, Stash *stash, SummaryStore 
     walk->douts = xcalloc(S, sizeof *walk->douts);
     walk->stream_sources = xcalloc(sources, sizeof *walk->stream_sources);
     walk->stream_grad_sources = xcalloc(sources, sizeof *walk->stream_grad_sources);
+    const size_t stream_sources = sources * (size_t)(plan->streams > 0 ? plan->streams : 1);
     walk->conv.sources = xcalloc(sources, sizeof *walk->conv.sources);
-    walk->conv.taps = xcalloc(sources, sizeof *walk->conv.taps);
-    walk->conv.grad_rows = xcalloc(sources, sizeof *walk->conv.grad_rows);
+    walk->conv.taps = xcalloc(stream_sources, sizeof *walk->conv.taps);
+    walk->conv.grad_rows = xcalloc(stream_sources, sizeof *walk->conv.grad_rows);
     walk->conv.rows = xcalloc(sources, sizeof *walk->conv.rows);
     walk->conv.grad_sources = xcalloc(sources, sizeof *walk->conv.grad_sources);
-    walk->conv.grad_taps = xcalloc(sources, sizeof *walk->conv.grad_taps);
+    walk->conv.grad_taps = xcalloc(stream_sources, sizeof *walk->conv.grad_taps);
     walk->site_streams = xcalloc((size_t)plan->streams, sizeof *walk->site_streams);
     walk->site_grad_streams = xcalloc((size_t)plan->streams, sizeof *walk->site_grad_streams);
 }

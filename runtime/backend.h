@@ -336,11 +336,17 @@ typedef struct Backend {
     void (*stream_conv_forward)(Activation *const *out, const Activation *const *x,
                                 const Activation *const *taps, int count, int kernel_size,
                                 int B, int T, int d);
-    /* dx[n] += ..., dtaps[n] += ... (dx NULL skips every dx; no dx[n] aliases another's) */
+    /* The backward of `streams` convolutions of the same rows x[n] (stream r with taps
+     * taps[r * count + n] of kernel_sizes[r]; a block's sources in every stream at once, so
+     * that x[n] is read once for all and dx[n] written once):
+     *   dx[n] += sum_r conv_r^T dout[r * count + n]
+     *   dtaps[r * count + n] += sum_{b, t >= tau} dout[r * count + n][b,t,c] x[n][b,t-tau,c]
+     * dout, taps, dtaps [streams * count]; dx NULL skips every dx; no dx[n] aliases another's
+     * or any dout. */
     void (*stream_conv_backward)(Activation *const *dx, float *const *dtaps,
                                  const Activation *const *dout, const Activation *const *x,
-                                 const Activation *const *taps, int count, int kernel_size,
-                                 int B, int T, int d);
+                                 const Activation *const *taps, int count, int streams,
+                                 const int *kernel_sizes, int B, int T, int d);
 
     /* ---- MSAR stream route (DESIGN 2.2): the Route of one stream over convolved sources,
      * the convolution done inside the read (E_k is never stored):

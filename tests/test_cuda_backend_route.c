@@ -167,15 +167,24 @@ Test(cuda_backend_route, route_backward_adds_the_cpu_gradients_in_the_delta_form
         check_route(true, true, i);
 }
 
-/* ---- MSAR stream convolution: shape B, T, d, kernel_size, rows (each row's arrays one
- * after the other in one allocation) ---- */
+/* ---- MSAR stream convolution: shape B, T, d, rows, streams, and the streams' kernel
+ * sizes (the forward: one stream, the first); each (stream, row)'s arrays one after the
+ * other in one allocation, stream-major ---- */
 
-static const int conv_shapes[][5] = {{2, 11, 20, 3, 3}, {1, 33, 64, 8, 2}};
+static const int conv_shapes[][8] = {{2, 11, 20, 3, 1, 3}, {1, 33, 64, 2, 3, 8, 1, 4}};
+
+static size_t conv_stream_taps(const int *shape)
+{
+    size_t taps = 0;
+    for (int r = 0; r < shape[4]; r++)
+        taps += (size_t)shape[5 + r];
+    return taps;
+}
 
 static void run_stream_conv_forward(const Backend *b, void *const *p, const OpCase *c)
 {
-    const int B = c->shape[0], T = c->shape[1], d = c->shape[2], k = c->shape[3];
-    const int count = c->shape[4];
+    const int B = c->shape[0], T = c->shape[1], d = c->shape[2], count = c->shape[3];
+    const int k = c->shape[5];
     Activation *out[MAX_SOURCES];
     const Activation *x[MAX_SOURCES], *taps[MAX_SOURCES];
     split_rows(b, p[0], count, (size_t)B * T * d, out);
@@ -186,37 +195,42 @@ static void run_stream_conv_forward(const Backend *b, void *const *p, const OpCa
 
 static void run_stream_conv_backward(const Backend *b, void *const *p, const OpCase *c)
 {
-    const int B = c->shape[0], T = c->shape[1], d = c->shape[2], k = c->shape[3];
-    const int count = c->shape[4];
+    const int B = c->shape[0], T = c->shape[1], d = c->shape[2], count = c->shape[3];
+    const int streams = c->shape[4], *kernel_sizes = &c->shape[5];
     Activation *dx[MAX_SOURCES];
-    float *dtaps[MAX_SOURCES];
-    const Activation *dout[MAX_SOURCES], *x[MAX_SOURCES], *taps[MAX_SOURCES];
+    float *dtaps[3 * MAX_SOURCES];
+    const Activation *dout[3 * MAX_SOURCES], *x[MAX_SOURCES], *taps[3 * MAX_SOURCES];
     split_rows(b, p[0], count, (size_t)B * T * d, dx);
-    for (int n = 0; n < count; n++)
-        dtaps[n] = (float *)p[1] + (size_t)n * k * d;
-    split_rows_const(b, p[2], count, (size_t)B * T * d, dout);
+    split_rows_const(b, p[2], streams * count, (size_t)B * T * d, dout);
     split_rows_const(b, p[3], count, (size_t)B * T * d, x);
-    split_rows_const(b, p[4], count, (size_t)k * d, taps);
-    b->stream_conv_backward(dx, dtaps, dout, x, taps, count, k, B, T, d);
+    size_t offset = 0; /* taps and dtaps: stream r's rows of k_r * d each */
+    for (int r = 0; r < streams; r++) {
+        const size_t size = (size_t)kernel_sizes[r] * d;
+        for (int n = 0; n < count; n++, offset += size) {
+            dtaps[r * count + n] = (float *)p[1] + offset;
+            taps[r * count + n] = activation_at_const(b, p[4], offset);
+        }
+    }
+    b->stream_conv_backward(dx, dtaps, dout, x, taps, count, streams, kernel_sizes, B, T, d);
 }
 
 static void check_stream_conv(bool backward, int i)
 {
     const int *s = conv_shapes[i];
-    const size_t rows = (size_t)s[4];
-    const size_t count = rows * s[0] * s[1] * s[2], taps = rows * s[3] * s[2];
+    const size_t rows = (size_t)s[3], row = (size_t)s[0] * s[1] * s[2];
+    const size_t taps = rows * (backward ? conv_stream_taps(s) : (size_t)s[5]) * s[2];
     OpCase c = op_case(backward ? "stream_conv_backward" : "stream_conv_forward",
                        backward ? run_stream_conv_backward : run_stream_conv_forward);
-    for (int k = 0; k < 5; k++)
+    for (int k = 0; k < 8; k++)
         c.shape[k] = s[k];
     if (backward) {
-        op_accumulated(&c, "dx", ARRAY_ACTIVATION, count, BF16_OUT);
+        op_accumulated(&c, "dx", ARRAY_ACTIVATION, rows * row, BF16_OUT);
         op_accumulated(&c, "dtaps", ARRAY_FLOAT, taps, STATISTIC);
-        op_input(&c, "dout", ARRAY_ACTIVATION, count, 1, 0);
+        op_input(&c, "dout", ARRAY_ACTIVATION, (size_t)s[4] * rows * row, 1, 0);
     } else {
-        op_output(&c, "out", ARRAY_ACTIVATION, count, BF16_OUT);
+        op_output(&c, "out", ARRAY_ACTIVATION, rows * row, BF16_OUT);
     }
-    op_input(&c, "x", ARRAY_ACTIVATION, count, 1, 0);
+    op_input(&c, "x", ARRAY_ACTIVATION, rows * row, 1, 0);
     op_input(&c, "taps", ARRAY_ACTIVATION, taps, 0.5f, 0);
     op_check(&c, (backward ? 410 : 400) + (uint64_t)i);
 }

@@ -3,7 +3,8 @@
  * inputs rounded to bf16, the cpu reference (kernels/cpu/stream_cpu.c) on the same values,
  * 1e-2 for bf16 outputs, 1e-3 for fp32 ones, outputs poisoned (gradients start at zero),
  * shapes that are not multiples of anything, bitwise determinism of every backward. The
- * convolution takes several rows a call (a block's sources): every row is checked. The mix
+ * convolution takes several rows a call (a block's sources), and its backward every stream
+ * of them at once: every row and stream is checked. The mix
  * runs in both of its layouts (a warp a token, a block a token; mix_shapes says which).
  * Identities checked bit for bit: identity taps return x; the mix at init (theta 0,
  * beta = -ln(m-1)) of m equal streams gives gates 1/m and the stream itself.
@@ -34,22 +35,27 @@ static void expect_close(const float *got, const float *expected, size_t n, doub
 /* ---- convolution: shapes {B, T, d, kernel_size} ---- */
 
 /* runs of 16 rows cut short by T; T below k; d 6 and 5 (vectors of 2 and 1 channels); the
- * 1B width with a kernel of 3 (the 4-tap kernels); ranges of the dtaps sums across sequences */
+ * 1B width with a kernel of 3 (the 4-tap kernels); partials of the dtaps across sequences */
 static const int conv_shapes[][4] = {
     {2, 33, 24, 1}, {1, 1000, 256, 4}, {3, 17, 4096, 8}, {1, 5, 24, 8}, {2, 33, 4096, 2},
     {1, 1, 256, 4}, {2, 100, 24, 7}, {1, 300, 1280, 3}, {3, 7, 6, 8}, {2, 9, 5, 2},
 };
 #define CONV_SHAPE_COUNT ((int)(sizeof conv_shapes / sizeof conv_shapes[0]))
 #define CONV_ROWS_MAX 14
+#define CONV_STREAMS_MAX 10
 
-/* `count` rows of one shape, each with its own input and taps (and dout), as one call sees
- * them: host values rounded to bf16 and their device copies. With `misaligned`, row 1's input
+/* `count` rows of one shape, each with its own input, and for each of `streams` streams
+ * (kernel size kernel_sizes[r]) its own taps and dout, as one call sees them ([r * count +
+ * n]): host values rounded to bf16 and their device copies. With `misaligned`, row 1's input
  * starts one element past a 16-byte boundary, which narrows the vectors of its whole launch. */
 typedef struct {
-    int count;
-    size_t size, taps_size;
-    float *x[CONV_ROWS_MAX], *taps[CONV_ROWS_MAX], *dout[CONV_ROWS_MAX];
-    const bf16 *device_x[CONV_ROWS_MAX], *device_taps[CONV_ROWS_MAX], *device_dout[CONV_ROWS_MAX];
+    int count, streams, kernel_sizes[CONV_STREAMS_MAX];
+    size_t size;
+    float *x[CONV_ROWS_MAX];
+    float *taps[CONV_STREAMS_MAX * CONV_ROWS_MAX], *dout[CONV_STREAMS_MAX * CONV_ROWS_MAX];
+    const bf16 *device_x[CONV_ROWS_MAX];
+    const bf16 *device_taps[CONV_STREAMS_MAX * CONV_ROWS_MAX];
+    const bf16 *device_dout[CONV_STREAMS_MAX * CONV_ROWS_MAX];
 } ConvRows;
 
 static const bf16 *upload_misaligned(const float *values, size_t n)
@@ -61,19 +67,32 @@ static const bf16 *upload_misaligned(const float *values, size_t n)
     return device;
 }
 
-static ConvRows conv_rows(const int *shape, int count, uint64_t seed, bool misaligned)
+static size_t conv_taps_size(const ConvRows *rows, const int *shape, int r)
 {
-    const int B = shape[0], T = shape[1], d = shape[2], k = shape[3];
-    ConvRows rows = {.count = count, .size = (size_t)B * T * d, .taps_size = (size_t)k * d};
+    return (size_t)rows->kernel_sizes[r] * (size_t)shape[2];
+}
+
+/* kernel_sizes NULL: one stream of shape[3] */
+static ConvRows conv_rows(const int *shape, int count, int streams, const int *kernel_sizes,
+                          uint64_t seed, bool misaligned)
+{
+    const int B = shape[0], T = shape[1], d = shape[2];
+    ConvRows rows = {.count = count, .streams = streams, .size = (size_t)B * T * d};
+    for (int r = 0; r < streams; r++)
+        rows.kernel_sizes[r] = kernel_sizes ? kernel_sizes[r] : shape[3];
     for (int n = 0; n < count; n++) {
-        const uint64_t row_seed = seed + 10 * (uint64_t)n;
+        const uint64_t row_seed = seed + 100 * (uint64_t)n;
         rows.x[n] = gpu_test_rounded_uniform(rows.size, 1.0f, 0.0f, row_seed);
-        rows.taps[n] = gpu_test_rounded_uniform(rows.taps_size, 0.8f, 0.0f, row_seed + 1);
-        rows.dout[n] = gpu_test_rounded_uniform(rows.size, 1.0f, 0.0f, row_seed + 2);
         rows.device_x[n] = misaligned && n == 1 ? upload_misaligned(rows.x[n], rows.size)
                                                 : gpu_upload_bf16(rows.x[n], rows.size);
-        rows.device_taps[n] = gpu_upload_bf16(rows.taps[n], rows.taps_size);
-        rows.device_dout[n] = gpu_upload_bf16(rows.dout[n], rows.size);
+        for (int r = 0; r < streams; r++) {
+            const int at = r * count + n;
+            const size_t taps_size = conv_taps_size(&rows, shape, r);
+            rows.taps[at] = gpu_test_rounded_uniform(taps_size, 0.8f, 0.0f, row_seed + 2 * r + 1);
+            rows.dout[at] = gpu_test_rounded_uniform(rows.size, 1.0f, 0.0f, row_seed + 2 * r + 2);
+            rows.device_taps[at] = gpu_upload_bf16(rows.taps[at], taps_size);
+            rows.device_dout[at] = gpu_upload_bf16(rows.dout[at], rows.size);
+        }
     }
     return rows;
 }
@@ -82,8 +101,10 @@ static void conv_rows_free(ConvRows *rows)
 {
     for (int n = 0; n < rows->count; n++) {
         free(rows->x[n]);
-        free(rows->taps[n]);
-        free(rows->dout[n]);
+        for (int r = 0; r < rows->streams; r++) {
+            free(rows->taps[r * rows->count + n]);
+            free(rows->dout[r * rows->count + n]);
+        }
     }
     gpu_free_all();
 }
@@ -92,7 +113,7 @@ static void conv_rows_free(ConvRows *rows)
 static void expect_conv_forward(const int *shape, int count, uint64_t seed, bool misaligned)
 {
     const int B = shape[0], T = shape[1], d = shape[2], k = shape[3];
-    ConvRows rows = conv_rows(shape, count, seed, misaligned);
+    ConvRows rows = conv_rows(shape, count, 1, NULL, seed, misaligned);
     bf16 *out[CONV_ROWS_MAX];
     for (int n = 0; n < count; n++)
         out[n] = gpu_poisoned_bf16(rows.size);
@@ -144,48 +165,59 @@ Test(cuda_stream, conv_with_identity_taps_returns_the_input_bit_for_bit)
     gpu_free_all();
 }
 
-/* runs cuda_stream_conv_backward once over every row, into zeroed dx (unless without_dx)
- * and dtaps; dx_got[n], dtaps_got[n] host copies */
+/* runs cuda_stream_conv_backward once over every row and stream, into zeroed dx (unless
+ * without_dx) and dtaps; dx_got[n], dtaps_got[r * count + n] host copies */
 static void gpu_conv_backward(float **dx_got, float **dtaps_got, const ConvRows *rows,
                               const int *shape, bool without_dx)
 {
-    const int B = shape[0], T = shape[1], d = shape[2], k = shape[3];
-    float *zeros = gpu_test_host_floats(rows->size > rows->taps_size ? rows->size : rows->taps_size);
+    const int B = shape[0], T = shape[1], d = shape[2], count = rows->count;
+    float *zeros = gpu_test_host_floats(rows->size > (size_t)8 * d ? rows->size : (size_t)8 * d);
     bf16 *dx[CONV_ROWS_MAX];
-    float *dtaps[CONV_ROWS_MAX];
-    for (int n = 0; n < rows->count; n++) {
+    float *dtaps[CONV_STREAMS_MAX * CONV_ROWS_MAX];
+    for (int n = 0; n < count; n++) {
         dx[n] = gpu_upload_bf16(zeros, rows->size);
-        dtaps[n] = gpu_upload_floats(zeros, rows->taps_size);
+        for (int r = 0; r < rows->streams; r++)
+            dtaps[r * count + n] = gpu_upload_floats(zeros, conv_taps_size(rows, shape, r));
     }
-    float *workspace = gpu_poisoned_floats(cuda_stream_conv_backward_workspace_floats(k, B, T, d));
+    float *workspace = gpu_poisoned_floats(cuda_stream_conv_backward_workspace_floats(
+        count, rows->streams, rows->kernel_sizes, B, T, d));
     cuda_stream_conv_backward(without_dx ? NULL : dx, dtaps, rows->device_dout, rows->device_x,
-                              rows->device_taps, rows->count, k, B, T, d, workspace, 0);
-    for (int n = 0; n < rows->count; n++) {
+                              rows->device_taps, count, rows->streams, rows->kernel_sizes, B, T,
+                              d, workspace, 0);
+    for (int n = 0; n < count; n++) {
         dx_got[n] = without_dx ? NULL : gpu_download_bf16(dx[n], rows->size);
-        dtaps_got[n] = gpu_download_floats(dtaps[n], rows->taps_size);
+        for (int r = 0; r < rows->streams; r++)
+            dtaps_got[r * count + n] =
+                gpu_download_floats(dtaps[r * count + n], conv_taps_size(rows, shape, r));
     }
     free(zeros);
 }
 
-static void expect_conv_backward(const int *shape, int count, uint64_t seed, bool without_dx,
+/* the backward of every row and stream in one call against the cpu's, a stream at a time:
+ * dx[n] the sum over the streams, dtaps each stream's */
+static void expect_conv_backward(const int *shape, int count, int streams,
+                                 const int *kernel_sizes, uint64_t seed, bool without_dx,
                                  bool misaligned)
 {
-    const int B = shape[0], T = shape[1], d = shape[2], k = shape[3];
-    ConvRows rows = conv_rows(shape, count, seed, misaligned);
-    float *dx_got[CONV_ROWS_MAX], *dtaps_got[CONV_ROWS_MAX];
+    const int B = shape[0], T = shape[1], d = shape[2];
+    ConvRows rows = conv_rows(shape, count, streams, kernel_sizes, seed, misaligned);
+    float *dx_got[CONV_ROWS_MAX], *dtaps_got[CONV_STREAMS_MAX * CONV_ROWS_MAX];
     gpu_conv_backward(dx_got, dtaps_got, &rows, shape, without_dx);
-    float *dx_ref = gpu_test_host_floats(rows.size), *dtaps_ref = gpu_test_host_floats(rows.taps_size);
+    float *dx_ref = gpu_test_host_floats(rows.size), *dtaps_ref = gpu_test_host_floats((size_t)8 * d);
     for (int n = 0; n < count; n++) {
         memset(dx_ref, 0, rows.size * sizeof(float));
-        memset(dtaps_ref, 0, rows.taps_size * sizeof(float));
-        cpu_stream_conv_backward(dx_ref, dtaps_ref, rows.dout[n], rows.x[n], rows.taps[n], k, B,
-                                 T, d);
+        for (int r = 0; r < streams; r++) {
+            const int at = r * count + n;
+            const size_t taps_size = conv_taps_size(&rows, shape, r);
+            memset(dtaps_ref, 0, taps_size * sizeof(float));
+            cpu_stream_conv_backward(dx_ref, dtaps_ref, rows.dout[at], rows.x[n], rows.taps[at],
+                                     rows.kernel_sizes[r], B, T, d);
+            expect_close(dtaps_got[at], dtaps_ref, taps_size, FP32_TOLERANCE, "conv dtaps", shape);
+            free(dtaps_got[at]);
+        }
         if (dx_got[n])
             expect_close(dx_got[n], dx_ref, rows.size, BF16_TOLERANCE, "conv dx", shape);
-        expect_close(dtaps_got[n], dtaps_ref, rows.taps_size, FP32_TOLERANCE, "conv dtaps",
-                     shape);
         free(dx_got[n]);
-        free(dtaps_got[n]);
     }
     free(dx_ref);
     free(dtaps_ref);
@@ -196,35 +228,62 @@ Test(cuda_stream, conv_backward_matches_cpu)
 {
     gpu_require();
     for (int i = 0; i < CONV_SHAPE_COUNT; i++)
-        expect_conv_backward(conv_shapes[i], 1 + i % 3, 300 + 37 * (uint64_t)i, i % 2 == 1,
-                             false);
+        expect_conv_backward(conv_shapes[i], 1 + i % 3, 1, NULL, 300 + 37 * (uint64_t)i,
+                             i % 2 == 1, false);
 }
 
+/* The walk's backward: every stream of a block's sources in one call. MSAR's kernel sizes
+ * 1 2 4 8, sizes that are not powers of two, one stream's, and more streams than a launch
+ * takes (8: the second launch adds into the first's dx), at shapes whose T is no multiple of
+ * a run (16) or of a block's runs (128 tokens), with dx and without. */
+Test(cuda_stream, conv_backward_of_every_stream_at_once_matches_cpu)
+{
+    gpu_require();
+    static const int msar[] = {1, 2, 4, 8}, odd[] = {3, 5, 7}, many[] = {8, 1, 2, 3, 4, 5, 6, 7,
+                                                                      8, 2};
+    const int shapes[][4] = {{2, 33, 24, 0}, {1, 300, 1280, 0}, {3, 17, 4096, 0},
+                             {2, 130, 6, 0}, {2, 9, 5, 0}};
+    for (int i = 0; i < 5; i++) {
+        expect_conv_backward(shapes[i], 1 + i % 3, 4, msar, 500 + 31 * (uint64_t)i, false, false);
+        expect_conv_backward(shapes[i], 2, 3, odd, 600 + 31 * (uint64_t)i, i == 3, false);
+    }
+    expect_conv_backward(shapes[0], 2, 10, many, 700, false, false);
+    expect_conv_backward(shapes[3], 1, 10, many, 710, true, false);
+}
+
+/* more rows than a launch takes (12), and a misaligned row narrowing its launch's vectors */
 Test(cuda_stream, conv_backward_of_many_rows_matches_cpu)
 {
     gpu_require();
+    static const int msar[] = {1, 2, 4, 8};
     const int shape[4] = {2, 21, 24, 4}, wide[4] = {1, 40, 256, 8};
-    expect_conv_backward(shape, 13, 350, false, false);
-    expect_conv_backward(wide, 3, 360, false, true);
+    expect_conv_backward(shape, 13, 1, NULL, 350, false, false);
+    expect_conv_backward(shape, 13, 4, msar, 355, false, false);
+    expect_conv_backward(wide, 3, 1, NULL, 360, false, true);
+    expect_conv_backward(wide, 3, 4, msar, 365, false, true);
 }
 
 Test(cuda_stream, conv_backward_is_bitwise_deterministic)
 {
     gpu_require();
-    const int shape[4] = {2, 1000, 4096, 8};
-    ConvRows rows = conv_rows(shape, 2, 61, false);
-    float *dx_first[2], *dtaps_first[2], *dx_second[2], *dtaps_second[2];
+    static const int msar[] = {1, 2, 4, 8};
+    const int shape[4] = {2, 1000, 4096, 0};
+    ConvRows rows = conv_rows(shape, 2, 4, msar, 61, false);
+    float *dx_first[2], *dtaps_first[8], *dx_second[2], *dtaps_second[8];
     gpu_conv_backward(dx_first, dtaps_first, &rows, shape, false);
     gpu_conv_backward(dx_second, dtaps_second, &rows, shape, false);
     for (int n = 0; n < 2; n++) {
         cr_assert_eq(memcmp(dx_first[n], dx_second[n], rows.size * sizeof(float)), 0,
                      "dx of row %d differs", n);
-        cr_assert_eq(memcmp(dtaps_first[n], dtaps_second[n], rows.taps_size * sizeof(float)), 0,
-                     "dtaps of row %d differs", n);
         free(dx_first[n]);
-        free(dtaps_first[n]);
         free(dx_second[n]);
-        free(dtaps_second[n]);
+    }
+    for (int at = 0; at < 8; at++) {
+        const size_t taps_size = conv_taps_size(&rows, shape, at / 2);
+        cr_assert_eq(memcmp(dtaps_first[at], dtaps_second[at], taps_size * sizeof(float)), 0,
+                     "dtaps %d differs", at);
+        free(dtaps_first[at]);
+        free(dtaps_second[at]);
     }
     conv_rows_free(&rows);
 }

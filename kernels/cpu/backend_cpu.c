@@ -282,11 +282,15 @@ static void table_stream_conv_backward(Activation *const *dx, float *const *dtap
                                        const Activation *const *dout,
                                        const Activation *const *x,
                                        const Activation *const *taps, int count,
-                                       int kernel_size, int B, int T, int d)
+                                       int streams, const int *kernel_sizes, int B, int T,
+                                       int d)
 {
-    for (int n = 0; n < count; n++)
-        cpu_stream_conv_backward(dx ? F(dx[n]) : NULL, dtaps[n], CF(dout[n]), CF(x[n]),
-                                 CF(taps[n]), kernel_size, B, T, d);
+    for (int r = 0; r < streams; r++)
+        for (int n = 0; n < count; n++) {
+            const size_t at = (size_t)r * count + n;
+            cpu_stream_conv_backward(dx ? F(dx[n]) : NULL, dtaps[at], CF(dout[at]), CF(x[n]),
+                                     CF(taps[at]), kernel_sizes[r], B, T, d);
+        }
 }
 
 static void table_route_conv_forward(Activation *out, float *weights, float *rstd,

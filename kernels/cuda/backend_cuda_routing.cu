@@ -65,14 +65,15 @@ static void op_stream_conv_forward(Activation *const *out, const Activation *con
 
 static void op_stream_conv_backward(Activation *const *dx, float *const *dtaps,
                                     const Activation *const *dout, const Activation *const *x,
-                                    const Activation *const *taps, int count, int kernel_size,
-                                    int B, int T, int d)
+                                    const Activation *const *taps, int count, int streams,
+                                    const int *kernel_sizes, int B, int T, int d)
 {
-    float *workspace =
-        backend_cuda_workspace_floats(cuda_stream_conv_backward_workspace_floats(kernel_size, B, T, d));
+    float *workspace = backend_cuda_workspace_floats(
+        cuda_stream_conv_backward_workspace_floats(count, streams, kernel_sizes, B, T, d));
     cuda_stream_conv_backward((bf16 *const *)dx, dtaps, (const bf16 *const *)dout,
                               (const bf16 *const *)x, (const bf16 *const *)taps, count,
-                              kernel_size, B, T, d, workspace, backend_cuda_compute_stream());
+                              streams, kernel_sizes, B, T, d, workspace,
+                              backend_cuda_compute_stream());
 }
 
 static void op_stream_mix_forward(Activation *out, float *gates, float *rstd,

@@ -427,18 +427,23 @@ static void bench_mix(int rows, int d)
 }
 
 /* MSAR's stream convolution as the walk calls it: a block's five sources at once, each
- * with its taps, forward and backward (dx added into, dtaps through the partials). */
+ * with its taps, forward and backward (dx added into, dtaps through the partials): one
+ * stream of each kernel size, then the four streams of kernel sizes 1, 2, 4, 8 at once (the
+ * walk's backward: each source read once for all of them). */
+enum { CONV_CASE_ROWS = 5, CONV_CASE_STREAMS = 4 };
+
 typedef struct {
-    int count, kernel_size, B, T, d;
-    bf16 *out[5], *x[5], *dout[5], *dx[5], *taps[5];
-    float *dtaps[5], *workspace;
+    int count, streams, kernel_sizes[CONV_CASE_STREAMS], B, T, d;
+    bf16 *out[CONV_CASE_ROWS], *x[CONV_CASE_ROWS], *dx[CONV_CASE_ROWS];
+    bf16 *dout[CONV_CASE_STREAMS * CONV_CASE_ROWS], *taps[CONV_CASE_STREAMS * CONV_CASE_ROWS];
+    float *dtaps[CONV_CASE_STREAMS * CONV_CASE_ROWS], *workspace;
 } ConvCase;
 
 static void conv_forward_case(void *p)
 {
     ConvCase *c = (ConvCase *)p;
     cuda_stream_conv_forward(c->out, (const bf16 *const *)c->x, (const bf16 *const *)c->taps,
-                             c->count, c->kernel_size, c->B, c->T, c->d, 0);
+                             c->count, c->kernel_sizes[0], c->B, c->T, c->d, 0);
 }
 
 static void conv_backward_case(void *p)
@@ -446,37 +451,62 @@ static void conv_backward_case(void *p)
     ConvCase *c = (ConvCase *)p;
     cuda_stream_conv_backward(c->dx, c->dtaps, (const bf16 *const *)c->dout,
                               (const bf16 *const *)c->x, (const bf16 *const *)c->taps, c->count,
-                              c->kernel_size, c->B, c->T, c->d, c->workspace, 0);
+                              c->streams, c->kernel_sizes, c->B, c->T, c->d, c->workspace, 0);
+}
+
+/* the case of `streams` streams of the given kernel sizes, its rows random */
+static ConvCase conv_case_create(int streams, const int *kernel_sizes, int B, int T, int d)
+{
+    const size_t n = (size_t)B * T * d;
+    ConvCase c = {};
+    c.count = CONV_CASE_ROWS, c.streams = streams, c.B = B, c.T = T, c.d = d;
+    for (int r = 0; r < streams; r++)
+        c.kernel_sizes[r] = kernel_sizes[r];
+    for (int row = 0; row < c.count; row++) {
+        c.out[row] = (bf16 *)device_random_bf16(n, 61 + row);
+        c.x[row] = (bf16 *)device_random_bf16(n, 66 + row);
+        c.dx[row] = (bf16 *)device_random_bf16(n, 76 + row);
+        for (int r = 0; r < streams; r++) {
+            const int at = r * c.count + row, k = kernel_sizes[r];
+            c.dout[at] = (bf16 *)device_random_bf16(n, 71 + 10 * r + row);
+            c.taps[at] = (bf16 *)device_random_bf16((size_t)k * d, 81 + 10 * r + row);
+            c.dtaps[at] = device_floats((size_t)k * d, 0.0f);
+        }
+    }
+    c.workspace = device_floats(
+        cuda_stream_conv_backward_workspace_floats(c.count, streams, kernel_sizes, B, T, d), 0.0f);
+    return c;
+}
+
+static void conv_case_free(ConvCase *c)
+{
+    for (int row = 0; row < c->count; row++) {
+        cudaFree(c->out[row]), cudaFree(c->x[row]), cudaFree(c->dx[row]);
+        for (int r = 0; r < c->streams; r++) {
+            const int at = r * c->count + row;
+            cudaFree(c->dout[at]), cudaFree(c->taps[at]), cudaFree(c->dtaps[at]);
+        }
+    }
+    cudaFree(c->workspace);
 }
 
 static void bench_conv(int B, int T, int d)
 {
-    const size_t n = (size_t)B * T * d;
+    const double row_bytes = 2.0 * B * T * d * CONV_CASE_ROWS;
+    char name[80];
     for (int kernel_size = 1; kernel_size <= 8; kernel_size *= 2) {
-        ConvCase c = {};
-        c.count = 5, c.kernel_size = kernel_size, c.B = B, c.T = T, c.d = d;
-        for (int r = 0; r < c.count; r++) {
-            c.out[r] = (bf16 *)device_random_bf16(n, 61 + r);
-            c.x[r] = (bf16 *)device_random_bf16(n, 66 + r);
-            c.dout[r] = (bf16 *)device_random_bf16(n, 71 + r);
-            c.dx[r] = (bf16 *)device_random_bf16(n, 76 + r);
-            c.taps[r] = (bf16 *)device_random_bf16((size_t)kernel_size * d, 81 + r);
-            c.dtaps[r] = device_floats((size_t)kernel_size * d, 0.0f);
-        }
-        c.workspace =
-            device_floats(cuda_stream_conv_backward_workspace_floats(kernel_size, B, T, d), 0.0f);
-        const double row_bytes = 2.0 * n * c.count;
-        char name[64];
+        ConvCase c = conv_case_create(1, &kernel_size, B, T, d);
         snprintf(name, sizeof name, "stream conv fwd, 5 rows, k %d, %dx%d", kernel_size, B * T, d);
         report(name, median_ms(conv_forward_case, &c), 0, 2 * row_bytes);
         snprintf(name, sizeof name, "stream conv bwd, 5 rows, k %d, %dx%d", kernel_size, B * T, d);
         report(name, median_ms(conv_backward_case, &c), 0, 4 * row_bytes);
-        for (int r = 0; r < c.count; r++) {
-            cudaFree(c.out[r]), cudaFree(c.x[r]), cudaFree(c.dout[r]), cudaFree(c.dx[r]);
-            cudaFree(c.taps[r]), cudaFree(c.dtaps[r]);
-        }
-        cudaFree(c.workspace);
+        conv_case_free(&c);
     }
+    const int kernel_sizes[CONV_CASE_STREAMS] = {1, 2, 4, 8};
+    ConvCase c = conv_case_create(CONV_CASE_STREAMS, kernel_sizes, B, T, d);
+    snprintf(name, sizeof name, "stream conv bwd, 5 rows, 4 streams k 1 2 4 8, %dx%d", B * T, d);
+    report(name, median_ms(conv_backward_case, &c), 0, (CONV_CASE_STREAMS + 3) * row_bytes);
+    conv_case_free(&c);
 }
 
 /* The optimizer's passes over n parameters (a decoder layer of the 8B model holds 218 M):
@@ -524,8 +554,8 @@ int main(int argc, char **argv)
     bool optimizer_only = argc > 1 && !strcmp(argv[1], "optimizer");
     /* `fathom-kernel-bench norm`: RMSNorm alone, at the 8B width and the 1B microbatch */
     bool norm_only = argc > 1 && !strcmp(argv[1], "norm");
-    /* `fathom-kernel-bench mix`: MSAR's stream mix at the 1B and the graft's microbatch, and
-     * its convolution at the 1B microbatch */
+    /* `fathom-kernel-bench mix`: MSAR's stream mix and its convolution at the 1B and the
+     * graft's microbatch */
     bool mix_only = argc > 1 && !strcmp(argv[1], "mix");
     const char *variant = attention_only && argc > 2 ? argv[2] : NULL;
     if (variant && !attention_variant_known(variant)) {
@@ -560,6 +590,7 @@ int main(int argc, char **argv)
         bench_mix(8192, 1280);
         bench_mix(8192, 4096);
         bench_conv(8, 1024, 1280);
+        bench_conv(2, 4096, 4096);
         return 0;
     }
     if (optimizer_only) {

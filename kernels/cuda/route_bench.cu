@@ -215,9 +215,11 @@ static void msar_backward(Bench *bench, Msar *msar)
                                 NULL, msar->workspace, BENCH_TOKENS, BENCH_WIDTH,
                                 BENCH_HEADS, 0);
             cuda_stream_conv_backward(&bench->grads[1], &msar->dtaps[r][1],
-                                      &msar->expanded_grads[1], &bench->rows[1],
-                                      &msar->taps[r][1], N - 1, msar_kernels[r], 2,
-                                      BENCH_TOKENS / 2, BENCH_WIDTH, msar->workspace, 0);
+                                      (const bf16 *const *)&msar->expanded_grads[1],
+                                      (const bf16 *const *)&bench->rows[1],
+                                      (const bf16 *const *)&msar->taps[r][1], N - 1, 1,
+                                      &msar_kernels[r], 2, BENCH_TOKENS / 2, BENCH_WIDTH,
+                                      msar->workspace, 0);
         }
 }
 
@@ -272,8 +274,8 @@ static void msar_init(Msar *msar)
     }
     size_t floats = cuda_route_backward_workspace_floats(BENCH_TOKENS, BENCH_WIDTH);
     floats = size_max(floats, cuda_stream_conv_backward_workspace_floats(
-                                  msar_kernels[MSAR_STREAMS - 1], 2, BENCH_TOKENS / 2,
-                                  BENCH_WIDTH));
+                                  BENCH_SOURCES_MAX, 1, &msar_kernels[MSAR_STREAMS - 1], 2,
+                                  BENCH_TOKENS / 2, BENCH_WIDTH));
     floats = size_max(floats, cuda_route_conv_forward_workspace_floats(
                                   BENCH_SOURCES_MAX, BENCH_TOKENS, BENCH_WIDTH, BENCH_HEADS));
     floats = size_max(floats, cuda_route_conv_backward_workspace_floats(

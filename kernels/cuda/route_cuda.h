@@ -195,14 +195,20 @@ void cuda_stream_conv_forward(bf16 *const *out, const bf16 *const *x, const bf16
                               int count, int kernel_size, int B, int T, int d,
                               cudaStream_t stream);
 
-size_t cuda_stream_conv_backward_workspace_floats(int kernel_size, int B, int T, int d);
+size_t cuda_stream_conv_backward_workspace_floats(int count, int streams,
+                                                  const int *kernel_sizes, int B, int T, int d);
 
-/* For each row n: dx[n] += (bf16; dx NULL skips every dx), dtaps[n] += (fp32 [kernel_size,
- * d]); no dx[n] aliases another row's dx or any dout. The workspace serves one row at a time. */
+/* The backward of `streams` convolutions of the same `count` rows (a block's sources, each
+ * stream r with its own taps and kernel size kernel_sizes[r]), each x[n] read once for all:
+ *   dx[n] += sum_r conv_r^T dout[r * count + n]     (bf16, one rounding; dx NULL skips it)
+ *   dtaps[r * count + n] += ...                      (fp32 [kernel_sizes[r], d])
+ * dout, taps and dtaps are [streams][count]; no dx[n] aliases another row's dx or any dout.
+ * Up to 12 rows and 8 streams a launch (more: launches in turn). The workspace serves one
+ * launch at a time (stream_conv_backward_cuda.cu). */
 void cuda_stream_conv_backward(bf16 *const *dx, float *const *dtaps, const bf16 *const *dout,
                                const bf16 *const *x, const bf16 *const *taps, int count,
-                               int kernel_size, int B, int T, int d, float *workspace,
-                               cudaStream_t stream);
+                               int streams, const int *kernel_sizes, int B, int T, int d,
+                               float *workspace, cudaStream_t stream);
 
 /* ---- MSAR mix (backend.h stream_mix_*) ---- */
 

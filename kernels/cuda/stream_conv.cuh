@@ -1,0 +1,52 @@
+/* kernels/cuda/stream_conv.cuh — what MSAR's stream convolution kernels share (CUDA C++
+ * only; the contract is cuda_stream_conv_forward / cuda_stream_conv_backward's in
+ * route_cuda.h, the math kernels/cpu/stream_cpu.c's):
+ *   out[b,t,c] = sum_{tau < k, tau <= t} taps[tau,c] x[b,t-tau,c]
+ * - stream_conv_cuda.cu: the forward, a stream's taps over a block's sources a launch;
+ * - stream_conv_backward_cuda.cu: the backward of every stream of a block's sources at once.
+ * Taps are bf16 [k, d]; a kernel holds them as floats for the TAPS-bounded window it walks
+ * (TAPS: the kernel size rounded up to 1, 2, 4 or 8).
+ */
+#ifndef FATHOM_KERNELS_CUDA_STREAM_CONV_CUH
+#define FATHOM_KERNELS_CUDA_STREAM_CONV_CUH
+
+#include "kernels/cuda/route_cuda.h"
+#include "kernels/cuda/route_device.cuh"
+
+enum {
+    CONV_BATCH = 12, /* rows a launch: a block's sources (CUDA_BLOCK_MAX_SOURCES) */
+};
+
+static inline void conv_check(int kernel_size, int d)
+{
+    if (d < 1 || d > CUDA_ROUTE_MAX_WIDTH)
+        fatal(EXIT_CONFIG, "model.d_model = %d: the cuda stream kernels take 1 to %d channels",
+              d, CUDA_ROUTE_MAX_WIDTH);
+    if (kernel_size < 1 || kernel_size > CUDA_ROUTE_CONV_MAX_KERNEL)
+        fatal(EXIT_CONFIG, "residual.stream_kernels: a kernel size is %d; the cuda stream "
+              "convolution takes 1 to %d", kernel_size, CUDA_ROUTE_CONV_MAX_KERNEL);
+}
+
+/* the kernel size's register bound: 1, 2, 4 or 8 */
+__host__ __device__ static inline int conv_taps_bound(int kernel_size)
+{
+    return kernel_size <= 1 ? 1 : kernel_size <= 2 ? 2 : kernel_size <= 4 ? 4 : 8;
+}
+
+/* A thread's taps, tau < k, as floats (0 past k: adds nothing where read) */
+template <int VEC, int TAPS>
+__device__ __forceinline__ void conv_load_taps(float (&tap)[TAPS][VEC], const bf16 *taps,
+                                               int kernel_size, int v, int vectors)
+{
+#pragma unroll
+    for (int tau = 0; tau < TAPS; tau++) {
+        if (tau < kernel_size)
+            vector_to_floats<VEC>(vector_load<VEC>(taps, (long long)tau * vectors + v), tap[tau]);
+        else
+#pragma unroll
+            for (int i = 0; i < VEC; i++)
+                tap[tau][i] = 0.0f;
+    }
+}
+
+#endif
