@@ -41,6 +41,7 @@ suite() { # filter, seconds
   grep -E "\[FAIL\]|Assertion|relative error|deviation" "$log" | head -20
 }
 suite 'cuda_route_block/*' 90
+suite 'cuda_route_gate/*' 30
 suite 'cuda_model_route/*' 60
 suite 'cuda_route/*' 60
 suite 'cuda_backend_route/*' 30
