@@ -5,9 +5,9 @@
  *   dtaps[r][n][tau,c]  += sum_{b, t + tau < T} x[n][b,t,c] g_r[b,t+tau,c]
  * with g_r = dout[r][n]. Both sums run over the same products g_r[t + tau] (the second is
  * the usual sum over t' = t + tau of dout[t'] x[t' - tau]), so one walk over each g_r row
- * gives both, and x[n] is read once for all m streams: a source's backward moves its m
- * gradient rows, x, and dx read and written, m + 3 rows, where a stream at a time moved 5m
- * (dx from dout, then the taps' partials from dout and x: docs/performance.md).
+ * gives both, and x[n] comes from memory once for all m streams: a source's backward moves
+ * its m gradient rows, x, and dx read and written, m + 3 rows, where a stream at a time
+ * moved 5m (dx from dout, then the taps' partials from dout and x: docs/performance.md).
  *
  * Layout. A thread owns VEC channels (2, or 1 where d or a pointer is odd) of a run of RUN
  * consecutive tokens of one sequence; a warp's 32 lanes are 32 consecutive vectors (one
@@ -19,8 +19,8 @@
  * warp order into one partial of the block's 128 tokens. At 128 registers (two blocks a
  * multiprocessor) the taps stay bf16 until used, so that the rows fit: every load of a
  * stream is in flight at once.
- * dx[t] = bf16(dx[t] + the run's sum), one rounding; with one stream it is the stream-at-a-
- * time kernel's sum (tau ascending from a product).
+ * dx[t] = bf16(dx[t] + the run's sum), one rounding; with one stream, the bits of the
+ * stream-at-a-time kernel this replaced (its sum tau ascending from a product).
  *
  * Partials [rows, sum of k_r, groups, d] (row n, stream r at tap offset o_r = sum of the
  * kernel sizes before it) go in the workspace; conv_sum_tap_partials_kernel adds each
