@@ -4,8 +4,8 @@
  *   out[b,t,c] = sum_{tau < k, tau <= t} taps[tau,c] x[b,t-tau,c]
  * - stream_conv_cuda.cu: the forward, a stream's taps over a block's sources a launch;
  * - stream_conv_backward_cuda.cu: the backward of every stream of a block's sources at once.
- * Taps are bf16 [k, d]; a kernel holds them as floats for the TAPS-bounded window it walks
- * (TAPS: the kernel size rounded up to 1, 2, 4 or 8).
+ * Taps are bf16 [k, d]; a kernel's register windows are bounded by TAPS, the kernel size
+ * rounded up to 1, 2, 4 or 8 (conv_taps_bound).
  */
 #ifndef FATHOM_KERNELS_CUDA_STREAM_CONV_CUH
 #define FATHOM_KERNELS_CUDA_STREAM_CONV_CUH
@@ -31,22 +31,6 @@ static inline void conv_check(int kernel_size, int d)
 __host__ __device__ static inline int conv_taps_bound(int kernel_size)
 {
     return kernel_size <= 1 ? 1 : kernel_size <= 2 ? 2 : kernel_size <= 4 ? 4 : 8;
-}
-
-/* A thread's taps, tau < k, as floats (0 past k: adds nothing where read) */
-template <int VEC, int TAPS>
-__device__ __forceinline__ void conv_load_taps(float (&tap)[TAPS][VEC], const bf16 *taps,
-                                               int kernel_size, int v, int vectors)
-{
-#pragma unroll
-    for (int tau = 0; tau < TAPS; tau++) {
-        if (tau < kernel_size)
-            vector_to_floats<VEC>(vector_load<VEC>(taps, (long long)tau * vectors + v), tap[tau]);
-        else
-#pragma unroll
-            for (int i = 0; i < VEC; i++)
-                tap[tau][i] = 0.0f;
-    }
 }
 
 #endif

@@ -235,16 +235,17 @@ static int conv_backward_groups(int B, int T)
 /* The widest vector (2, 1) that d and every pointer of the launch allow */
 static int conv_backward_vector(int d, const ConvBackwardBatch *batch, int count)
 {
-    int vec = 2;
+    const void *pointers[(2 + 2 * CONV_STREAMS) * CONV_BATCH];
+    int n_pointers = 0;
     for (int n = 0; n < count; n++) {
-        vec = widest_vector(vec, d, (const void *const *)&batch->dx[n], 1);
-        vec = widest_vector(vec, d, (const void *const *)&batch->x[n], 1);
+        pointers[n_pointers++] = batch->dx[n];
+        pointers[n_pointers++] = batch->x[n];
         for (int r = 0; r < batch->streams; r++) {
-            vec = widest_vector(vec, d, (const void *const *)&batch->dout[r][n], 1);
-            vec = widest_vector(vec, d, (const void *const *)&batch->taps[r][n], 1);
+            pointers[n_pointers++] = batch->dout[r][n];
+            pointers[n_pointers++] = batch->taps[r][n];
         }
     }
-    return vec;
+    return widest_vector(2, d, pointers, n_pointers);
 }
 
 extern "C" size_t cuda_stream_conv_backward_workspace_floats(int count, int streams,

@@ -33,6 +33,22 @@ struct ConvBatch {
     const bf16 *taps[CONV_BATCH];
 };
 
+/* A thread's taps, tau < k, as floats (0 past k: never read) */
+template <int VEC, int TAPS>
+__device__ __forceinline__ void conv_load_taps(float (&tap)[TAPS][VEC], const bf16 *taps,
+                                               int kernel_size, int v, int vectors)
+{
+#pragma unroll
+    for (int tau = 0; tau < TAPS; tau++) {
+        if (tau < kernel_size)
+            vector_to_floats<VEC>(vector_load<VEC>(taps, (long long)tau * vectors + v), tap[tau]);
+        else
+#pragma unroll
+            for (int i = 0; i < VEC; i++)
+                tap[tau][i] = 0.0f;
+    }
+}
+
 /* window[0] = the row just read, window[j] the one j before it */
 template <int VEC, int TAPS>
 __device__ __forceinline__ void conv_window_push(float (&window)[TAPS][VEC], const float *row)
