@@ -1,7 +1,8 @@
 /* tests/test_cuda_stream.c — the CUDA MSAR stream kernels (convolution and mix) against the
  * cpu reference (DESIGN 2.2; DESIGN 7, "GPU"). Same rules as test_cuda_route.c: fresh
  * inputs rounded to bf16, the cpu reference (kernels/cpu/stream_cpu.c) on the same values,
- * 1e-2 for bf16 outputs, 1e-3 for fp32 ones, outputs poisoned (gradients start at zero),
+ * 1e-2 for bf16 outputs, 1e-3 for fp32 ones, outputs poisoned (the convolution's gradients,
+ * which its backward adds into, start from other values),
  * shapes that are not multiples of anything, bitwise determinism of every backward. The
  * convolution takes several rows a call (a block's sources), and its backward every stream
  * of them at once: every row and stream is checked. The mix
@@ -46,13 +47,16 @@ static const int conv_shapes[][4] = {
 
 /* `count` rows of one shape, each with its own input, and for each of `streams` streams
  * (kernel size kernel_sizes[r]) its own taps and dout, as one call sees them ([r * count +
- * n]): host values rounded to bf16 and their device copies. With `misaligned`, row 1's input
+ * n]): host values rounded to bf16 and their device copies; and the gradients the backward
+ * adds into, as they were before it (dx rounded to bf16, dtaps in fp32), nonzero so that a
+ * backward writing where it should add fails. With `misaligned`, row 1's input
  * starts one element past a 16-byte boundary, which narrows the vectors of its whole launch. */
 typedef struct {
     int count, streams, kernel_sizes[CONV_STREAMS_MAX];
     size_t size;
     float *x[CONV_ROWS_MAX];
     float *taps[CONV_STREAMS_MAX * CONV_ROWS_MAX], *dout[CONV_STREAMS_MAX * CONV_ROWS_MAX];
+    float *dx_before[CONV_ROWS_MAX], *dtaps_before[CONV_STREAMS_MAX * CONV_ROWS_MAX];
     const bf16 *device_x[CONV_ROWS_MAX];
     const bf16 *device_taps[CONV_STREAMS_MAX * CONV_ROWS_MAX];
     const bf16 *device_dout[CONV_STREAMS_MAX * CONV_ROWS_MAX];
@@ -83,6 +87,7 @@ static ConvRows conv_rows(const int *shape, int count, int streams, const int *k
     for (int n = 0; n < count; n++) {
         const uint64_t row_seed = seed + 100 * (uint64_t)n;
         rows.x[n] = gpu_test_rounded_uniform(rows.size, 1.0f, 0.0f, row_seed);
+        rows.dx_before[n] = gpu_test_rounded_uniform(rows.size, 1.0f, 0.0f, row_seed + 77);
         rows.device_x[n] = misaligned && n == 1 ? upload_misaligned(rows.x[n], rows.size)
                                                 : gpu_upload_bf16(rows.x[n], rows.size);
         for (int r = 0; r < streams; r++) {
@@ -90,6 +95,8 @@ static ConvRows conv_rows(const int *shape, int count, int streams, const int *k
             const size_t taps_size = conv_taps_size(&rows, shape, r);
             rows.taps[at] = gpu_test_rounded_uniform(taps_size, 0.8f, 0.0f, row_seed + 2 * r + 1);
             rows.dout[at] = gpu_test_rounded_uniform(rows.size, 1.0f, 0.0f, row_seed + 2 * r + 2);
+            rows.dtaps_before[at] =
+                gpu_test_rounded_uniform(taps_size, 1.0f, 0.0f, row_seed + 2 * r + 78);
             rows.device_taps[at] = gpu_upload_bf16(rows.taps[at], taps_size);
             rows.device_dout[at] = gpu_upload_bf16(rows.dout[at], rows.size);
         }
@@ -101,9 +108,11 @@ static void conv_rows_free(ConvRows *rows)
 {
     for (int n = 0; n < rows->count; n++) {
         free(rows->x[n]);
+        free(rows->dx_before[n]);
         for (int r = 0; r < rows->streams; r++) {
             free(rows->taps[r * rows->count + n]);
             free(rows->dout[r * rows->count + n]);
+            free(rows->dtaps_before[r * rows->count + n]);
         }
     }
     gpu_free_all();
@@ -165,19 +174,20 @@ Test(cuda_stream, conv_with_identity_taps_returns_the_input_bit_for_bit)
     gpu_free_all();
 }
 
-/* runs cuda_stream_conv_backward once over every row and stream, into zeroed dx (unless
- * without_dx) and dtaps; dx_got[n], dtaps_got[r * count + n] host copies */
+/* runs cuda_stream_conv_backward once over every row and stream, adding into dx (unless
+ * without_dx) and dtaps as they were before (rows->dx_before, rows->dtaps_before);
+ * dx_got[n], dtaps_got[r * count + n] host copies */
 static void gpu_conv_backward(float **dx_got, float **dtaps_got, const ConvRows *rows,
                               const int *shape, bool without_dx)
 {
     const int B = shape[0], T = shape[1], d = shape[2], count = rows->count;
-    float *zeros = gpu_test_host_floats(rows->size > (size_t)8 * d ? rows->size : (size_t)8 * d);
     bf16 *dx[CONV_ROWS_MAX];
     float *dtaps[CONV_STREAMS_MAX * CONV_ROWS_MAX];
     for (int n = 0; n < count; n++) {
-        dx[n] = gpu_upload_bf16(zeros, rows->size);
+        dx[n] = gpu_upload_bf16(rows->dx_before[n], rows->size);
         for (int r = 0; r < rows->streams; r++)
-            dtaps[r * count + n] = gpu_upload_floats(zeros, conv_taps_size(rows, shape, r));
+            dtaps[r * count + n] = gpu_upload_floats(rows->dtaps_before[r * count + n],
+                                                     conv_taps_size(rows, shape, r));
     }
     float *workspace = gpu_poisoned_floats(cuda_stream_conv_backward_workspace_floats(
         count, rows->streams, rows->kernel_sizes, B, T, d));
@@ -190,7 +200,6 @@ static void gpu_conv_backward(float **dx_got, float **dtaps_got, const ConvRows 
             dtaps_got[r * count + n] =
                 gpu_download_floats(dtaps[r * count + n], conv_taps_size(rows, shape, r));
     }
-    free(zeros);
 }
 
 /* the backward of every row and stream in one call against the cpu's, a stream at a time:
@@ -205,11 +214,11 @@ static void expect_conv_backward(const int *shape, int count, int streams,
     gpu_conv_backward(dx_got, dtaps_got, &rows, shape, without_dx);
     float *dx_ref = gpu_test_host_floats(rows.size), *dtaps_ref = gpu_test_host_floats((size_t)8 * d);
     for (int n = 0; n < count; n++) {
-        memset(dx_ref, 0, rows.size * sizeof(float));
+        memcpy(dx_ref, rows.dx_before[n], rows.size * sizeof(float));
         for (int r = 0; r < streams; r++) {
             const int at = r * count + n;
             const size_t taps_size = conv_taps_size(&rows, shape, r);
-            memset(dtaps_ref, 0, taps_size * sizeof(float));
+            memcpy(dtaps_ref, rows.dtaps_before[at], taps_size * sizeof(float));
             cpu_stream_conv_backward(dx_ref, dtaps_ref, rows.dout[at], rows.x[n], rows.taps[at],
                                      rows.kernel_sizes[r], B, T, d);
             expect_close(dtaps_got[at], dtaps_ref, taps_size, FP32_TOLERANCE, "conv dtaps", shape);
