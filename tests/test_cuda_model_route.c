@@ -177,6 +177,11 @@ static ResidualConfig block_residual(ResidualMode mode, ResidualForm form)
  * - a tensor of at most 4 values (alpha [1], mix_bias [m]) sums over every token and channel
  *   terms that mostly cancel, so its bf16 noise is measured against the scale: each value
  *   within 5e-2 of it (measured: up to 2.7e-2, the final site's alpha, 0.092 against 0.110);
+ * - a mix's projection (mix_proj [m, d]) within 2e-1 relative: it sums over the tokens the
+ *   gates' derivatives times o_r - mix, which mostly cancel. Measured on an H100 (MSAR
+ *   replace, 2026-12-06): the two-phase walk against each site alone up to 0.11 (0.096 before
+ *   the convolutions' backward took every stream at once), each cuda walk against the cpu
+ *   up to 0.22 (two-phase) and 0.19 (alone); MSAR delta up to 0.08;
  * - any other within 1e-1 relative (bf16 gradients summed over 12 tokens; a site or block
  *   whose contribution went missing or to another site is off by about 1). */
 static void expect_routing_gradients_close(Model *got, Model *expected, const char *what)
@@ -215,9 +220,10 @@ static void expect_routing_gradients_close(Model *got, Model *expected, const ch
             cr_expect_leq(worst, 5e-2 * scale, "%s (%s): gradient off by %.3g (largest "
                           "routing gradient %.3g)", entry->name, what, worst, scale);
         } else {
+            const bool mix = strstr(entry->name, ".mix_proj") != NULL;
             const double error = test_relative_error(have, want, entry->count);
-            cr_expect_leq(error, 1e-1, "%s (%s): gradient relative error %.3g", entry->name,
-                          what, error);
+            cr_expect_leq(error, mix ? 2e-1 : 1e-1, "%s (%s): gradient relative error %.3g",
+                          entry->name, what, error);
         }
         free(want);
         free(have);
