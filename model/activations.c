@@ -200,6 +200,8 @@ static void route_scratch_layout(ModelScratch *scratch, Carver *carver,
                                              : carve_activations(carver, N * d);
     }
     route->mixed = carve_activations(carver, N * d);
+    if (!residual_site_keeps_input(plan, 0)) /* x_j made again in the backward */
+        route->site_input = carve_activations(carver, N * d);
 }
 
 static void scratch_layout(ModelScratch *scratch, Carver *carver, const ModelConfig *config,
@@ -335,7 +337,8 @@ static bool stash_keeps_stream(const StashShape *shape, const ResidualPlan *plan
     if (routed) {
         if (j == plan->n_sublayers)
             return shape->has_head;
-        return !shape->checkpointed && j >= shape->first_sublayer && j < shape->end_sublayer;
+        return !shape->checkpointed && j >= shape->first_sublayer && j < shape->end_sublayer &&
+               residual_site_keeps_input(plan, j);
     }
     if (j < shape->first_sublayer || j > shape->end_sublayer)
         return false;

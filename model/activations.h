@@ -27,7 +27,9 @@
  *
  * A stash of a chunk over sublayers [first, end) keeps, floats per token:
  *   streams          standard: stream[first..end] (the chunk's input, every sublayer's input,
- *                    its output); routed: x_j for j in [first, end), and x_2L with the head
+ *                    its output); routed: x_j for j in [first, end), and x_2L with the head;
+ *                    msar's replace form walked in two phases keeps only x_2L (its
+ *                    backward makes x_j again: residual_site_keeps_input)
  *   per layer        attention: normed d, rstd 1, q q_dim, k and v 2 kv_dim, output q_dim,
  *                    lse n_heads; qk_norm adds the projections before the norm (q_dim +
  *                    kv_dim) and their rstd (n_heads + n_kv_heads);
@@ -57,10 +59,10 @@
  * source and its gradient 2d; route backward M H; the delta form's two-phase walk
  * (model/route_block.h): the open block's phase-one results (its d x in the backward) S d,
  * and S d more with checkpointing (both live in a checkpointed backward); msar: routed
- * streams and their gradients 2 m d, the mix d, recomputed weights M (H + 1), and in the
- * delta form the streams of a block's sites m (S + 1) d, the
- * convolved sources and their gradients 2 M d and the open block's depth weights and key
- * statistics S M (H + 1), m S M (H + 1) in the replace form.
+ * streams and their gradients 2 m d, the mix d, recomputed weights M (H + 1), and in two
+ * phases the streams of a block's sites m (S + 1) d, one stream's convolved sources M d and
+ * every stream's gradients of them m M d, the open block's depth weights and key statistics
+ * S M (H + 1) (m S M (H + 1) in the replace form, which also makes x_j again in d).
  * The rows of the two-phase walk take the logits' gradient as far as it goes, the rest is
  * carved (it is idle outside the head's backward, they outside the layers' walk). With
  * checkpointing one layer's intermediates and 3d. The logits and their gradient are two
@@ -133,6 +135,8 @@ typedef struct {
                                      alone (two-phase walk: stream r's slots 0 and 1) */
     Activation **grad_streams;    /* [m] */
     Activation *mixed;            /* [N, d] msar delta: the mix before alpha */
+    Activation *site_input;       /* [N, d] msar replace: x_j when the stash keeps none
+                                     (residual_site_keeps_input) */
     float *route_backward;    /* [M, N, H] route_backward's scratch */
     /* two-phase routing (model/route_block.h), S = sublayers_per_block: */
     Activation **block_results;  /* [S] [N, d]: phase one's Route of each site of the open

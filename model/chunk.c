@@ -147,6 +147,25 @@ static void site_backward(Walk *walk, int j, const Activation *x, const Activati
     route_walk_site_backward(&walk->sites, j, x, grad_x);
 }
 
+/* Where routed sublayer j's input x_j goes outside checkpointing: the stash, or the scratch
+ * where the stash keeps none (residual_site_keeps_input: its backward makes it again). */
+static Activation *routed_input(Walk *walk, int j)
+{
+    return residual_site_keeps_input(walk->plan, j) ? walk->stash->stream[j]
+                                                   : walk->model->scratch.route.site_input;
+}
+
+/* x_j made again before sublayer j's backward, where the stash keeps none (msar's replace
+ * form in two phases). The backward's walk has the block open, every site's merge done, and
+ * site j's streams o_r stay in their slots until site j's own backward (model/route_block.c,
+ * "msar's replace form"), so the site's forward mixes them into the forward's bits. */
+static const Activation *routed_input_again(Walk *walk, int j)
+{
+    Activation *x = walk->model->scratch.route.site_input;
+    route_walk_site_forward(&walk->sites, j, NULL, x);
+    return x;
+}
+
 /* Routed sublayer j in the forward: site j into x, f_j into its block (and p). */
 static void routed_sublayer_forward(Walk *walk, int j, LayerActivations *saved, Activation *x)
 {
@@ -184,7 +203,7 @@ static void layer_forward(Walk *walk, int i)
         if (walk->routed) {
             if (checkpointed && walk->delta && j == 2 * i)
                 backend->copy(stash->layer_stream[i], walk->store->stream, walk->bytes);
-            Activation *x = checkpointed ? scratch->recompute_x[j - 2 * i] : stash->stream[j];
+            Activation *x = checkpointed ? scratch->recompute_x[j - 2 * i] : routed_input(walk, j);
             routed_sublayer_forward(walk, j, saved, x);
             continue;
         }
@@ -414,8 +433,11 @@ static void layer_backward(Walk *walk, int i)
     const LayerActivations *saved = checkpointed ? &scratch->recompute : &stash->layers[i];
     for (int j = 2 * i + 1; j >= 2 * i; j--) {
         const Activation *x;
-        if (walk->routed)
-            x = checkpointed ? scratch->recompute_x[j - 2 * i] : stash->stream[j];
+        if (walk->routed && checkpointed)
+            x = scratch->recompute_x[j - 2 * i];
+        else if (walk->routed)
+            x = residual_site_keeps_input(walk->plan, j) ? stash->stream[j]
+                                                         : routed_input_again(walk, j);
         else
             x = checkpointed && j % 2 ? scratch->recompute_stream : stash->stream[j];
         sublayer_walk_backward(walk, j, saved, x);

@@ -114,6 +114,9 @@ void model_site_output(const Model *model, int site, float *host_out)
 {
     model_site(model, site);
     model_require_forward(model, "model_site_output");
+    if (!residual_site_keeps_input(&model->plan, site))
+        fatal(EXIT_CONFIG, "model_site_output: msar's replace form walked in two phases keeps "
+              "no x_j of site %d; choose model_route_sites_alone before the forward", site);
     const size_t rows = model_last_rows(model);
     model->backend->activations_download(host_out, model->whole_stash.stream[site],
                                          rows * model->config.d_model);

@@ -175,3 +175,8 @@ bool residual_site_keeps_weights(const ResidualPlan *plan, int j)
     return !(plan->mode == RESIDUAL_MSAR && residual_two_phase(plan) && !plan->sites_alone &&
              in_a_block);
 }
+
+bool residual_site_keeps_input(const ResidualPlan *plan, int j)
+{
+    return plan->form != FORM_REPLACE || residual_site_keeps_weights(plan, j);
+}

@@ -111,6 +111,13 @@ bool residual_two_phase(const ResidualPlan *plan);
  * statistics live in the scratch for the one block being walked (model/route_block.h). */
 bool residual_site_keeps_weights(const ResidualPlan *plan, int j);
 
+/* True when site j's output x_j, its sublayer's input, is kept in the stash from the forward
+ * to the sublayer's backward. False for msar's replace form walked in two phases: its
+ * backward reopens each block (phase one and every merge again), so when sublayer j's
+ * backward comes the walk holds the site's streams o_r, and their mix makes x_j again to the
+ * bit (model/chunk.c; docs/design-notes.md, "MSAR's replace form makes x_j again"). */
+bool residual_site_keeps_input(const ResidualPlan *plan, int j);
+
 /* True when sublayer j starts its block (i = 0): it writes f_j instead of adding it. */
 bool residual_sublayer_starts_block(const ResidualPlan *plan, int j);
 

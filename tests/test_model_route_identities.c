@@ -271,10 +271,13 @@ Test(model_route, zero_queries_give_the_uniform_average_of_the_sources_at_every_
     model_destroy(model);
 }
 
+/* Routed a site at a time: the replace form's two-phase walk keeps no x_j to read
+ * (model_site_output); tests/test_model_two_phase.c holds that walk to this one. */
 Test(model_route, msar_at_init_gives_the_uniform_average_of_the_sources_at_every_site)
 {
     ResidualConfig residual = route_test_msar(2, 4, kernels_1_2_4_8, FORM_REPLACE);
     Model *model = route_test_model(&residual, 14);
+    model_route_sites_alone(model, true);
     check_sites_average_their_sources(model);
     model_destroy(model);
 }

@@ -191,7 +191,9 @@ static size_t whole_stash_bytes(const ModelConfig *config, const ResidualConfig 
     return bytes;
 }
 
-Test(model_two_phase, msar_block_sites_keep_no_depth_weights_in_the_stash)
+/* The replace form's block sites keep no x_j either: its backward makes it again
+ * (residual_site_keeps_input). */
+Test(model_two_phase, msar_block_sites_keep_no_depth_weights_in_the_stash_and_replace_no_x)
 {
     const int kernels[] = {2, 1, 3};
     ModelConfig config = route_test_model_config();
@@ -202,20 +204,20 @@ Test(model_two_phase, msar_block_sites_keep_no_depth_weights_in_the_stash)
         residual.layers_per_block = 1;
         ResidualPlan plan;
         residual_plan_build(&plan, &config, &residual);
-        /* every site but the final one: m N_j (H + 1) floats a token */
+        /* every site but the final one: m N_j (H + 1) floats a token, and x_j's d */
         size_t floats = 0;
         for (int j = 0; j < plan.n_sublayers; j++)
-            floats += (size_t)plan.streams * plan.sites[j].n_sources * (plan.heads + 1) *
-                      ROUTE_TEST_ROWS;
+            floats += ((size_t)plan.streams * plan.sites[j].n_sources * (plan.heads + 1) +
+                       (replace ? (size_t)config.d_model : 0)) * ROUTE_TEST_ROWS;
         const size_t sites = (size_t)plan.n_sublayers;
         residual_plan_free(&plan);
         const size_t saved = whole_stash_bytes(&config, &residual, true) -
                              whole_stash_bytes(&config, &residual, false);
-        /* each carve rounds up to 256 bytes: two a site */
+        /* each carve rounds up to 256 bytes: two a site, three with x_j */
         cr_expect_geq(saved, floats * sizeof(float), "%s: the stash is %zu bytes smaller, the "
-                      "sites' statistics are %zu", replace ? "replace" : "delta", saved,
-                      floats * sizeof(float));
-        cr_expect_leq(saved, floats * sizeof(float) + 2 * 256 * sites);
+                      "sites' statistics and inputs are %zu", replace ? "replace" : "delta",
+                      saved, floats * sizeof(float));
+        cr_expect_leq(saved, floats * sizeof(float) + (2 + replace) * 256 * sites);
     }
     /* attnres's block backward reads the weights its forward saved: the stash keeps them */
     ResidualConfig attnres = route_test_attnres(2, 1, FORM_DELTA);
@@ -261,6 +263,23 @@ Test(model_two_phase, reading_a_two_phase_msar_sites_weights_names_the_choice_th
         }
     }
     model_destroy(model);
+}
+
+static void read_a_two_phase_replace_sites_input(void *unused)
+{
+    (void)unused;
+    const int kernels[] = {2, 1};
+    ResidualConfig residual = route_test_msar(2, 2, kernels, FORM_REPLACE);
+    Model *model = route_test_model(&residual, 16);
+    route_test_forward(model);
+    float x[ROUTE_TEST_ROWS * 16];
+    model_site_output(model, 1, x);
+}
+
+Test(model_two_phase, reading_a_two_phase_msar_replace_sites_input_names_the_choice_that_keeps_it)
+{
+    test_expect_fatal(read_a_two_phase_replace_sites_input, NULL, EXIT_CONFIG,
+                      "choose model_route_sites_alone before the forward");
 }
 
 static void choose_sites_alone_after_a_forward(void *unused)
