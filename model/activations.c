@@ -174,6 +174,9 @@ static void route_scratch_layout(ModelScratch *scratch, Carver *carver,
                 route->stream_slots[k] = block_row(&rows);
             for (size_t k = 0; k < M; k++)
                 route->conv_rows[k] = block_row(&rows);
+            if (plan->form == FORM_REPLACE) /* every stream's at once (route_block.c) */
+                for (size_t r = 0; r < m; r++)
+                    route->partial_rows[r] = block_row(&rows);
             for (size_t k = 0; k < m * M; k++) /* every stream's: the convolutions'
                                                  * backward takes them at once */
                 route->grad_conv_rows[k] = block_row(&rows);
@@ -247,6 +250,7 @@ static void scratch_arrays_create(ModelScratch *scratch, const ResidualPlan *pla
     route->stream_slots = xcalloc((size_t)plan->streams * (plan->sublayers_per_block + 1),
                                   sizeof *route->stream_slots);
     route->conv_rows = xcalloc((size_t)plan->max_sources, sizeof *route->conv_rows);
+    route->partial_rows = xcalloc((size_t)plan->streams, sizeof *route->partial_rows);
     route->grad_conv_rows = xcalloc((size_t)plan->streams * plan->max_sources,
                                     sizeof *route->grad_conv_rows);
 }
@@ -261,6 +265,7 @@ static void scratch_arrays_destroy(ModelScratch *scratch)
     free(scratch->route.grad_streams);
     free(scratch->route.stream_slots);
     free(scratch->route.conv_rows);
+    free(scratch->route.partial_rows);
     free(scratch->route.grad_conv_rows);
 }
 

@@ -150,6 +150,7 @@ typedef struct {
      * into a slot whose o_r is spent (model/route_block.c) */
     Activation **stream_slots;   /* [m (S + 1)] [N, d] */
     Activation **conv_rows;      /* [M] [N, d] E_r of each convolved source of the block */
+    Activation **partial_rows;   /* [m] [N, d] replace form: E_r of a site's partial */
     Activation **grad_conv_rows; /* [m, M] [N, d] their gradients, every stream's */
     float *block_weights;        /* msar: the open block's depth weights, [S, M, N, H] a
                                     region, one region a site (delta: the stream being

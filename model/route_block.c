@@ -164,11 +164,12 @@ static Activation *stream_grad_conv_row(const RouteWalk *walk, int r, int k)
 }
 
 /* The stream_conv ops' rows of `site`'s sources (all of them, or only source `only` if >=
- * 0), the null source left out (it is not convolved, DESIGN 2.2): each source, its row of
- * E in the scratch (conv_rows[k], one stream's at a time), in a backward walk where its
- * gradient goes; and for streams r0 .. r0 + streams - 1, at [(r - r0) * count + n], its
- * taps, its d E_r row and in a backward walk where its taps' gradient goes. Returns count,
- * the rows a stream. */
+ * 0: the replace form's partial), the null source left out (it is not convolved, DESIGN
+ * 2.2): each source, in a backward walk where its gradient goes; and for streams r0 .. r0 +
+ * streams - 1, at [(r - r0) * count + n], its row of E_r in the scratch (the block's sources
+ * one stream at a time in conv_rows[k], the partial every stream at once in
+ * partial_rows[r]), its taps, its d E_r row and in a backward walk where its taps' gradient
+ * goes. Returns count, the rows a stream. */
 static int conv_gather(RouteWalk *walk, const SitePlan *site, int r0, int streams, int only)
 {
     const RouteContext *route = walk->route;
@@ -182,12 +183,12 @@ static int conv_gather(RouteWalk *walk, const SitePlan *site, int r0, int stream
         if (slot == RESIDUAL_NO_SLOT)
             continue;
         walk->conv.sources[n] = walk->sources[k];
-        walk->conv.rows[n] = scratch->conv_rows[k];
         if (walk->backward)
             walk->conv.grad_sources[n] = walk->grad_sources[k];
         for (int s = 0; s < streams; s++) {
             const int r = r0 + s;
             const size_t at = (size_t)s * count + n;
+            walk->conv.rows[at] = only >= 0 ? scratch->partial_rows[r] : scratch->conv_rows[k];
             walk->conv.taps[at] = route_stream_taps(route, slot, r);
             walk->conv.grad_rows[at] = stream_grad_conv_row(walk, r, k);
             if (walk->backward)
@@ -198,14 +199,14 @@ static int conv_gather(RouteWalk *walk, const SitePlan *site, int r0, int stream
     return count;
 }
 
-/* E_r of the gathered sources (conv_gather of stream r alone) into their conv rows, one op
- * for all of them. */
-static void conv_forward(RouteWalk *walk, int count, int r)
+/* E_r of the gathered sources (conv_gather of streams r0 .. r0 + streams - 1) into their
+ * rows, one op for all of them. */
+static void conv_forward(RouteWalk *walk, int count, int r0, int streams)
 {
     const RouteContext *route = walk->route;
     walk->backend->stream_conv_forward(walk->conv.rows, walk->conv.sources, walk->conv.taps,
-                                       count, walk->plan->kernel_sizes[r], route->B, route->T,
-                                       walk->d);
+                                       count, streams, walk->plan->kernel_sizes + r0, route->B,
+                                       route->T, walk->d);
 }
 
 /* d E of the gathered sources (conv_gather of every stream) through their convolutions:
@@ -227,7 +228,7 @@ static void sources_convolve(RouteWalk *walk, const SitePlan *first, int r)
     for (int k = 0; k < first->n_sources; k++)
         walk->stream_sources[k] =
             first->sources[k].slot == RESIDUAL_NO_SLOT ? walk->sources[k] : rows[k];
-    conv_forward(walk, conv_gather(walk, first, r, 1, -1), r);
+    conv_forward(walk, conv_gather(walk, first, r, 1, -1), r, 1);
 }
 
 /* Where site i's depth weights and key rstd of stream r are: msar's in the scratch, which
@@ -291,14 +292,15 @@ static void block_phase_one(RouteWalk *walk, int block, int r)
                                        G, walk->rows, walk->d, walk->plan->heads, route->eps);
 }
 
-/* Replace form, site i > 0 of block n, stream r: E_r of its partial (the site's last
- * source, walk->sources) into the scratch row after the completed sources' (phase one's use
- * of the conv rows is over), for the merge and its backward. */
-static const Activation *partial_convolve(RouteWalk *walk, int j, int r)
+/* Replace form, site i > 0 of block n: E_r of its partial (the site's last source,
+ * walk->sources) for every stream r at once into the scratch's partial rows, for the merges
+ * and their backward: the partial is read once for the m streams. */
+static Activation *const *partial_convolve(RouteWalk *walk, int j)
 {
     const SitePlan *site = &walk->plan->sites[j];
-    conv_forward(walk, conv_gather(walk, site, r, 1, site->n_sources - 1), r);
-    return walk->model->scratch.route.conv_rows[site->n_sources - 1];
+    const int m = walk->plan->streams;
+    conv_forward(walk, conv_gather(walk, site, 0, m, site->n_sources - 1), 0, m);
+    return walk->model->scratch.route.partial_rows;
 }
 
 /* Replace form: site i > 0's partial merged into phase one's o_r of every stream, in place
@@ -310,12 +312,13 @@ static void site_merge(RouteWalk *walk, int block, int i)
     const int n_sources = walk->plan->sites[j].n_sources;
     const RouteContext *route = walk->route;
     site_sources(walk, j, walk->sources);
+    Activation *const *partials = partial_convolve(walk, j);
     for (int r = 0; r < walk->plan->streams; r++) {
         Activation *o = stream_slot(walk, r, i + 1);
         walk->backend->route_merge_forward(
             o, site_weights_of(walk, block, i, r), site_rstd_of(walk, block, i, r), o,
             site_stream_floats(walk, walk->model->scratch.route.block_lse, r, i),
-            partial_convolve(walk, j, r), n_sources, route_stream_row(route, weights->query, r),
+            partials[r], n_sources, route_stream_row(route, weights->query, r),
             route_stream_row(route, weights->key_norm, r), walk->rows, walk->d,
             walk->plan->heads, route->eps);
     }
@@ -458,8 +461,9 @@ static void site_merge_backward(RouteWalk *walk, int block, int i)
     site_sources(walk, j, walk->sources);
     site_grad_sources(walk, j, walk->grad_sources);
     const size_t bytes = (size_t)walk->rows * d * backend->activation_bytes;
+    Activation *const *partials = i > 0 ? partial_convolve(walk, j) : NULL;
     for (int r = 0; r < m; r++) {
-        const Activation *partial = i > 0 ? partial_convolve(walk, j, r) : NULL;
+        const Activation *partial = partials ? partials[r] : NULL;
         if (partial)
             backend->zero(stream_grad_conv_row(walk, r, last), bytes);
         backend->route_merge_backward(

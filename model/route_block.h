@@ -77,8 +77,8 @@ typedef struct {
      * and d o_r [m] */
     const Activation **stream_sources, **site_streams;
     Activation **stream_grad_sources, **site_grad_streams;
-    /* msar: the stream_conv ops' rows, the null source left out: sources, rows and
-     * grad_sources [max_sources + 1]; taps, grad_rows and grad_taps [m][max_sources + 1] */
+    /* msar: the stream_conv ops' rows, the null source left out: sources and grad_sources
+     * [max_sources + 1]; rows, taps, grad_rows and grad_taps [m][max_sources + 1] */
     struct {
         const Activation **sources, **taps, **grad_rows;
         Activation **rows, **grad_sources;

@@ -50,7 +50,7 @@ void route_walk_begin(RouteWalk *walk, Model *model, Stash *stash, SummaryStore 
     walk->conv.sources = xcalloc(sources, sizeof *walk->conv.sources);
     walk->conv.taps = xcalloc(stream_sources, sizeof *walk->conv.taps);
     walk->conv.grad_rows = xcalloc(stream_sources, sizeof *walk->conv.grad_rows);
-    walk->conv.rows = xcalloc(sources, sizeof *walk->conv.rows);
+    walk->conv.rows = xcalloc(stream_sources, sizeof *walk->conv.rows);
     walk->conv.grad_sources = xcalloc(sources, sizeof *walk->conv.grad_sources);
     walk->conv.grad_taps = xcalloc(stream_sources, sizeof *walk->conv.grad_taps);
     walk->site_streams = xcalloc((size_t)plan->streams, sizeof *walk->site_streams);

@@ -328,14 +328,15 @@ typedef struct Backend {
                                  int n_sites, float *scratch, int tokens, int d, int heads);
 
     /* ---- MSAR stream convolution (DESIGN 2.2): causal depthwise over the sequence, for
-     * each of `count` rows n (a block's sources, each with its own taps; one launch on the
-     * GPU):
-     *   out[n][b,t,c] = sum_{tau < kernel_size, tau <= t} taps[n][tau, c] * x[n][b, t - tau, c]
-     * x[n], out[n] [B, T, d]; taps[n] [kernel_size, d] (the first kernel_size rows of a
-     * [k_max, d] parameter). No out[n] aliases any x. ---- */
+     * each of `count` rows n (a block's sources, each with its own taps) and each of
+     * `streams` streams r (kernel size kernel_sizes[r]; one launch on the GPU, x[n] read
+     * once for every stream), at = r * count + n:
+     *   out[at][b,t,c] = sum_{tau < k_r, tau <= t} taps[at][tau, c] * x[n][b, t - tau, c]
+     * x[n], out[at] [B, T, d]; taps[at] [k_r, d] (the first k_r rows of a [k_max, d]
+     * parameter). out and taps [streams * count]. No out aliases any x. ---- */
     void (*stream_conv_forward)(Activation *const *out, const Activation *const *x,
-                                const Activation *const *taps, int count, int kernel_size,
-                                int B, int T, int d);
+                                const Activation *const *taps, int count, int streams,
+                                const int *kernel_sizes, int B, int T, int d);
     /* The backward of `streams` convolutions of the same rows x[n] (stream r with taps
      * taps[r * count + n] of kernel_sizes[r]; a block's sources in every stream at once, so
      * that x[n] is read once for all and dx[n] written once):

@@ -168,8 +168,8 @@ Test(cuda_backend_route, route_backward_adds_the_cpu_gradients_in_the_delta_form
 }
 
 /* ---- MSAR stream convolution: shape B, T, d, rows, streams, and the streams' kernel
- * sizes (the forward: one stream, the first); each (stream, row)'s arrays one after the
- * other in one allocation, stream-major ---- */
+ * sizes; each (stream, row)'s arrays one after the other in one allocation, stream-major
+ * ---- */
 
 static const int conv_shapes[][8] = {{2, 11, 20, 3, 1, 3}, {1, 33, 64, 2, 3, 8, 1, 4}};
 
@@ -181,16 +181,30 @@ static size_t conv_stream_taps(const int *shape)
     return taps;
 }
 
+/* stream r's taps of row n at [r * count + n]: rows of k_r * d each, stream-major */
+static void split_stream_taps(const Backend *b, void *array, const int *shape, bool is_float,
+                              void **rows)
+{
+    const int d = shape[2], count = shape[3], streams = shape[4];
+    size_t offset = 0;
+    for (int r = 0; r < streams; r++) {
+        const size_t size = (size_t)shape[5 + r] * d;
+        for (int n = 0; n < count; n++, offset += size)
+            rows[r * count + n] = is_float ? (void *)((float *)array + offset)
+                                           : (void *)activation_at_const(b, array, offset);
+    }
+}
+
 static void run_stream_conv_forward(const Backend *b, void *const *p, const OpCase *c)
 {
     const int B = c->shape[0], T = c->shape[1], d = c->shape[2], count = c->shape[3];
-    const int k = c->shape[5];
-    Activation *out[MAX_SOURCES];
-    const Activation *x[MAX_SOURCES], *taps[MAX_SOURCES];
-    split_rows(b, p[0], count, (size_t)B * T * d, out);
+    const int streams = c->shape[4], *kernel_sizes = &c->shape[5];
+    Activation *out[3 * MAX_SOURCES];
+    const Activation *x[MAX_SOURCES], *taps[3 * MAX_SOURCES];
+    split_rows(b, p[0], streams * count, (size_t)B * T * d, out);
     split_rows_const(b, p[1], count, (size_t)B * T * d, x);
-    split_rows_const(b, p[2], count, (size_t)k * d, taps);
-    b->stream_conv_forward(out, x, taps, count, k, B, T, d);
+    split_stream_taps(b, p[2], c->shape, false, (void **)taps);
+    b->stream_conv_forward(out, x, taps, count, streams, kernel_sizes, B, T, d);
 }
 
 static void run_stream_conv_backward(const Backend *b, void *const *p, const OpCase *c)
@@ -203,14 +217,8 @@ static void run_stream_conv_backward(const Backend *b, void *const *p, const OpC
     split_rows(b, p[0], count, (size_t)B * T * d, dx);
     split_rows_const(b, p[2], streams * count, (size_t)B * T * d, dout);
     split_rows_const(b, p[3], count, (size_t)B * T * d, x);
-    size_t offset = 0; /* taps and dtaps: stream r's rows of k_r * d each */
-    for (int r = 0; r < streams; r++) {
-        const size_t size = (size_t)kernel_sizes[r] * d;
-        for (int n = 0; n < count; n++, offset += size) {
-            dtaps[r * count + n] = (float *)p[1] + offset;
-            taps[r * count + n] = activation_at_const(b, p[4], offset);
-        }
-    }
+    split_stream_taps(b, p[1], c->shape, true, (void **)dtaps);
+    split_stream_taps(b, p[4], c->shape, false, (void **)taps);
     b->stream_conv_backward(dx, dtaps, dout, x, taps, count, streams, kernel_sizes, B, T, d);
 }
 
@@ -218,7 +226,7 @@ static void check_stream_conv(bool backward, int i)
 {
     const int *s = conv_shapes[i];
     const size_t rows = (size_t)s[3], row = (size_t)s[0] * s[1] * s[2];
-    const size_t taps = rows * (backward ? conv_stream_taps(s) : (size_t)s[5]) * s[2];
+    const size_t taps = rows * conv_stream_taps(s) * s[2];
     OpCase c = op_case(backward ? "stream_conv_backward" : "stream_conv_forward",
                        backward ? run_stream_conv_backward : run_stream_conv_forward);
     for (int k = 0; k < 8; k++)
@@ -228,7 +236,7 @@ static void check_stream_conv(bool backward, int i)
         op_accumulated(&c, "dtaps", ARRAY_FLOAT, taps, STATISTIC);
         op_input(&c, "dout", ARRAY_ACTIVATION, (size_t)s[4] * rows * row, 1, 0);
     } else {
-        op_output(&c, "out", ARRAY_ACTIVATION, rows * row, BF16_OUT);
+        op_output(&c, "out", ARRAY_ACTIVATION, (size_t)s[4] * rows * row, BF16_OUT);
     }
     op_input(&c, "x", ARRAY_ACTIVATION, rows * row, 1, 0);
     op_input(&c, "taps", ARRAY_ACTIVATION, taps, 0.5f, 0);

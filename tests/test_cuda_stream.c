@@ -118,22 +118,27 @@ static void conv_rows_free(ConvRows *rows)
     gpu_free_all();
 }
 
-/* the forward of every row in one call, each against the cpu */
-static void expect_conv_forward(const int *shape, int count, uint64_t seed, bool misaligned)
+/* the forward of every row and stream in one call, each against the cpu (kernel_sizes
+ * NULL: one stream of shape[3]) */
+static void expect_conv_forward(const int *shape, int count, int streams,
+                                const int *kernel_sizes, uint64_t seed, bool misaligned)
 {
-    const int B = shape[0], T = shape[1], d = shape[2], k = shape[3];
-    ConvRows rows = conv_rows(shape, count, 1, NULL, seed, misaligned);
-    bf16 *out[CONV_ROWS_MAX];
-    for (int n = 0; n < count; n++)
-        out[n] = gpu_poisoned_bf16(rows.size);
-    cuda_stream_conv_forward(out, rows.device_x, rows.device_taps, count, k, B, T, d, 0);
+    const int B = shape[0], T = shape[1], d = shape[2];
+    ConvRows rows = conv_rows(shape, count, streams, kernel_sizes, seed, misaligned);
+    bf16 *out[CONV_STREAMS_MAX * CONV_ROWS_MAX];
+    for (int at = 0; at < streams * count; at++)
+        out[at] = gpu_poisoned_bf16(rows.size);
+    cuda_stream_conv_forward(out, rows.device_x, rows.device_taps, count, streams,
+                             rows.kernel_sizes, B, T, d, 0);
     float *ref = gpu_test_host_floats(rows.size);
-    for (int n = 0; n < count; n++) {
-        cpu_stream_conv_forward(ref, rows.x[n], rows.taps[n], k, B, T, d);
-        float *got = gpu_download_bf16(out[n], rows.size);
-        expect_close(got, ref, rows.size, BF16_TOLERANCE, "conv out", shape);
-        free(got);
-    }
+    for (int r = 0; r < streams; r++)
+        for (int n = 0; n < count; n++) {
+            const int at = r * count + n;
+            cpu_stream_conv_forward(ref, rows.x[n], rows.taps[at], rows.kernel_sizes[r], B, T, d);
+            float *got = gpu_download_bf16(out[at], rows.size);
+            expect_close(got, ref, rows.size, BF16_TOLERANCE, "conv out", shape);
+            free(got);
+        }
     free(ref);
     conv_rows_free(&rows);
 }
@@ -142,7 +147,7 @@ Test(cuda_stream, conv_forward_matches_cpu)
 {
     gpu_require();
     for (int i = 0; i < CONV_SHAPE_COUNT; i++)
-        expect_conv_forward(conv_shapes[i], 1 + i % 3, 100 + 37 * (uint64_t)i, false);
+        expect_conv_forward(conv_shapes[i], 1 + i % 3, 1, NULL, 100 + 37 * (uint64_t)i, false);
 }
 
 /* more rows than a launch takes (12), and a misaligned row narrowing its launch's vectors */
@@ -150,8 +155,32 @@ Test(cuda_stream, conv_forward_of_many_rows_matches_cpu)
 {
     gpu_require();
     const int shape[4] = {2, 21, 24, 4}, wide[4] = {1, 40, 256, 8};
-    expect_conv_forward(shape, 14, 150, false);
-    expect_conv_forward(wide, 3, 160, true);
+    expect_conv_forward(shape, 14, 1, NULL, 150, false);
+    expect_conv_forward(wide, 3, 1, NULL, 160, true);
+}
+
+/* The every-stream cases of the forward and the backward: MSAR's kernel sizes, sizes that
+ * are not powers of two, more streams than a launch takes (8); T no multiple of a run (16)
+ * or of a block's runs (128 tokens), d 6 and 5 (vectors of 2 and 1 channels) */
+static const int streams_msar[] = {1, 2, 4, 8}, streams_odd[] = {3, 5, 7};
+static const int streams_many[] = {8, 1, 2, 3, 4, 5, 6, 7, 8, 2};
+static const int streams_shapes[][4] = {{2, 33, 24, 0}, {1, 300, 1280, 0}, {3, 17, 4096, 0},
+                                        {2, 130, 6, 0}, {2, 9, 5, 0}};
+
+/* The replace form's partial: one row in every stream at once (MSAR's kernel sizes 1 2 4 8,
+ * sizes that are not powers of two, and more streams than a launch takes), a block's rows
+ * in several streams, and a misaligned row, at T no multiple of a run (16). */
+Test(cuda_stream, conv_forward_of_every_stream_at_once_matches_cpu)
+{
+    gpu_require();
+    for (int i = 0; i < 5; i++) {
+        expect_conv_forward(streams_shapes[i], 1, 4, streams_msar, 800 + 31 * (uint64_t)i, false);
+        expect_conv_forward(streams_shapes[i], 1 + i % 3, 3, streams_odd,
+                            850 + 31 * (uint64_t)i, false);
+    }
+    expect_conv_forward(streams_shapes[0], 1, 10, streams_many, 900, false);
+    const int wide[4] = {1, 40, 256, 0};
+    expect_conv_forward(wide, 3, 4, streams_msar, 910, true);
 }
 
 Test(cuda_stream, conv_with_identity_taps_returns_the_input_bit_for_bit)
@@ -165,7 +194,8 @@ Test(cuda_stream, conv_with_identity_taps_returns_the_input_bit_for_bit)
         taps[c] = 1.0f;
     bf16 *out = gpu_poisoned_bf16(size);
     const bf16 *device_x = gpu_upload_bf16(x, size), *device_taps = gpu_upload_bf16(taps, (size_t)K * D);
-    cuda_stream_conv_forward(&out, &device_x, &device_taps, 1, K, B, T, D, 0);
+    const int kernel_size = K;
+    cuda_stream_conv_forward(&out, &device_x, &device_taps, 1, 1, &kernel_size, B, T, D, 0);
     float *got = gpu_download_bf16(out, size);
     cr_assert_eq(memcmp(got, x, size * sizeof(float)), 0, "identity taps changed the input");
     free(x);
@@ -248,16 +278,14 @@ Test(cuda_stream, conv_backward_matches_cpu)
 Test(cuda_stream, conv_backward_of_every_stream_at_once_matches_cpu)
 {
     gpu_require();
-    static const int msar[] = {1, 2, 4, 8}, odd[] = {3, 5, 7}, many[] = {8, 1, 2, 3, 4, 5, 6, 7,
-                                                                      8, 2};
-    const int shapes[][4] = {{2, 33, 24, 0}, {1, 300, 1280, 0}, {3, 17, 4096, 0},
-                             {2, 130, 6, 0}, {2, 9, 5, 0}};
     for (int i = 0; i < 5; i++) {
-        expect_conv_backward(shapes[i], 1 + i % 3, 4, msar, 500 + 31 * (uint64_t)i, false, false);
-        expect_conv_backward(shapes[i], 2, 3, odd, 600 + 31 * (uint64_t)i, i == 3, false);
+        expect_conv_backward(streams_shapes[i], 1 + i % 3, 4, streams_msar,
+                             500 + 31 * (uint64_t)i, false, false);
+        expect_conv_backward(streams_shapes[i], 2, 3, streams_odd, 600 + 31 * (uint64_t)i,
+                             i == 3, false);
     }
-    expect_conv_backward(shapes[0], 2, 10, many, 700, false, false);
-    expect_conv_backward(shapes[3], 1, 10, many, 710, true, false);
+    expect_conv_backward(streams_shapes[0], 2, 10, streams_many, 700, false, false);
+    expect_conv_backward(streams_shapes[3], 1, 10, streams_many, 710, true, false);
 }
 
 /* more rows than a launch takes (12), and a misaligned row narrowing its launch's vectors */

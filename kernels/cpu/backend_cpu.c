@@ -271,11 +271,15 @@ static void table_route_backward(Activation *const *dsources, float *dquery, flo
 }
 
 static void table_stream_conv_forward(Activation *const *out, const Activation *const *x,
-                                      const Activation *const *taps, int count,
-                                      int kernel_size, int B, int T, int d)
+                                      const Activation *const *taps, int count, int streams,
+                                      const int *kernel_sizes, int B, int T, int d)
 {
-    for (int n = 0; n < count; n++)
-        cpu_stream_conv_forward(F(out[n]), CF(x[n]), CF(taps[n]), kernel_size, B, T, d);
+    for (int r = 0; r < streams; r++)
+        for (int n = 0; n < count; n++) {
+            const size_t at = (size_t)r * count + n;
+            cpu_stream_conv_forward(F(out[at]), CF(x[n]), CF(taps[at]), kernel_sizes[r], B, T,
+                                    d);
+        }
 }
 
 static void table_stream_conv_backward(Activation *const *dx, float *const *dtaps,

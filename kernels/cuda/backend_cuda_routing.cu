@@ -55,11 +55,11 @@ static void op_route_backward(Activation *const *dsources, float *dquery, float 
 }
 
 static void op_stream_conv_forward(Activation *const *out, const Activation *const *x,
-                                   const Activation *const *taps, int count, int kernel_size,
-                                   int B, int T, int d)
+                                   const Activation *const *taps, int count, int streams,
+                                   const int *kernel_sizes, int B, int T, int d)
 {
     cuda_stream_conv_forward((bf16 *const *)out, (const bf16 *const *)x,
-                             (const bf16 *const *)taps, count, kernel_size, B, T, d,
+                             (const bf16 *const *)taps, count, streams, kernel_sizes, B, T, d,
                              backend_cuda_compute_stream());
 }
 

@@ -429,12 +429,13 @@ static void bench_mix(int rows, int d)
 /* MSAR's stream convolution as the walk calls it: a block's five sources at once, each
  * with its taps, forward and backward (dx added into, dtaps through the partials): one
  * stream of each kernel size, then the four streams of kernel sizes 1, 2, 4, 8 at once (the
- * walk's backward: each source read once for all of them). */
+ * walk's backward: each source read once for all of them). And the replace form's partial,
+ * one row: a stream of each kernel size, then the four streams' forward at once. */
 enum { CONV_CASE_ROWS = 5, CONV_CASE_STREAMS = 4 };
 
 typedef struct {
     int count, streams, kernel_sizes[CONV_CASE_STREAMS], B, T, d;
-    bf16 *out[CONV_CASE_ROWS], *x[CONV_CASE_ROWS], *dx[CONV_CASE_ROWS];
+    bf16 *out[CONV_CASE_STREAMS * CONV_CASE_ROWS], *x[CONV_CASE_ROWS], *dx[CONV_CASE_ROWS];
     bf16 *dout[CONV_CASE_STREAMS * CONV_CASE_ROWS], *taps[CONV_CASE_STREAMS * CONV_CASE_ROWS];
     float *dtaps[CONV_CASE_STREAMS * CONV_CASE_ROWS], *workspace;
 } ConvCase;
@@ -443,7 +444,7 @@ static void conv_forward_case(void *p)
 {
     ConvCase *c = (ConvCase *)p;
     cuda_stream_conv_forward(c->out, (const bf16 *const *)c->x, (const bf16 *const *)c->taps,
-                             c->count, c->kernel_sizes[0], c->B, c->T, c->d, 0);
+                             c->count, c->streams, c->kernel_sizes, c->B, c->T, c->d, 0);
 }
 
 static void conv_backward_case(void *p)
@@ -454,20 +455,21 @@ static void conv_backward_case(void *p)
                               c->streams, c->kernel_sizes, c->B, c->T, c->d, c->workspace, 0);
 }
 
-/* the case of `streams` streams of the given kernel sizes, its rows random */
-static ConvCase conv_case_create(int streams, const int *kernel_sizes, int B, int T, int d)
+/* the case of `count` rows and `streams` streams of the given kernel sizes, its rows random */
+static ConvCase conv_case_create(int count, int streams, const int *kernel_sizes, int B, int T,
+                                 int d)
 {
     const size_t n = (size_t)B * T * d;
     ConvCase c = {};
-    c.count = CONV_CASE_ROWS, c.streams = streams, c.B = B, c.T = T, c.d = d;
+    c.count = count, c.streams = streams, c.B = B, c.T = T, c.d = d;
     for (int r = 0; r < streams; r++)
         c.kernel_sizes[r] = kernel_sizes[r];
     for (int row = 0; row < c.count; row++) {
-        c.out[row] = (bf16 *)device_random_bf16(n, 61 + row);
         c.x[row] = (bf16 *)device_random_bf16(n, 66 + row);
         c.dx[row] = (bf16 *)device_random_bf16(n, 76 + row);
         for (int r = 0; r < streams; r++) {
             const int at = r * c.count + row, k = kernel_sizes[r];
+            c.out[at] = (bf16 *)device_random_bf16(n, 61 + 10 * r + row);
             c.dout[at] = (bf16 *)device_random_bf16(n, 71 + 10 * r + row);
             c.taps[at] = (bf16 *)device_random_bf16((size_t)k * d, 81 + 10 * r + row);
             c.dtaps[at] = device_floats((size_t)k * d, 0.0f);
@@ -481,10 +483,11 @@ static ConvCase conv_case_create(int streams, const int *kernel_sizes, int B, in
 static void conv_case_free(ConvCase *c)
 {
     for (int row = 0; row < c->count; row++) {
-        cudaFree(c->out[row]), cudaFree(c->x[row]), cudaFree(c->dx[row]);
+        cudaFree(c->x[row]), cudaFree(c->dx[row]);
         for (int r = 0; r < c->streams; r++) {
             const int at = r * c->count + row;
-            cudaFree(c->dout[at]), cudaFree(c->taps[at]), cudaFree(c->dtaps[at]);
+            cudaFree(c->out[at]), cudaFree(c->dout[at]), cudaFree(c->taps[at]);
+            cudaFree(c->dtaps[at]);
         }
     }
     cudaFree(c->workspace);
@@ -495,7 +498,7 @@ static void bench_conv(int B, int T, int d)
     const double row_bytes = 2.0 * B * T * d * CONV_CASE_ROWS;
     char name[80];
     for (int kernel_size = 1; kernel_size <= 8; kernel_size *= 2) {
-        ConvCase c = conv_case_create(1, &kernel_size, B, T, d);
+        ConvCase c = conv_case_create(CONV_CASE_ROWS, 1, &kernel_size, B, T, d);
         snprintf(name, sizeof name, "stream conv fwd, 5 rows, k %d, %dx%d", kernel_size, B * T, d);
         report(name, median_ms(conv_forward_case, &c), 0, 2 * row_bytes);
         snprintf(name, sizeof name, "stream conv bwd, 5 rows, k %d, %dx%d", kernel_size, B * T, d);
@@ -503,9 +506,21 @@ static void bench_conv(int B, int T, int d)
         conv_case_free(&c);
     }
     const int kernel_sizes[CONV_CASE_STREAMS] = {1, 2, 4, 8};
-    ConvCase c = conv_case_create(CONV_CASE_STREAMS, kernel_sizes, B, T, d);
+    ConvCase c = conv_case_create(CONV_CASE_ROWS, CONV_CASE_STREAMS, kernel_sizes, B, T, d);
     snprintf(name, sizeof name, "stream conv bwd, 5 rows, 4 streams k 1 2 4 8, %dx%d", B * T, d);
     report(name, median_ms(conv_backward_case, &c), 0, (CONV_CASE_STREAMS + 3) * row_bytes);
+    conv_case_free(&c);
+    const double partial_bytes = row_bytes / CONV_CASE_ROWS;
+    for (int kernel_size = 1; kernel_size <= 8; kernel_size *= 2) {
+        c = conv_case_create(1, 1, &kernel_size, B, T, d);
+        snprintf(name, sizeof name, "stream conv fwd, a partial, k %d, %dx%d", kernel_size, B * T,
+                 d);
+        report(name, median_ms(conv_forward_case, &c), 0, 2 * partial_bytes);
+        conv_case_free(&c);
+    }
+    c = conv_case_create(1, CONV_CASE_STREAMS, kernel_sizes, B, T, d);
+    snprintf(name, sizeof name, "stream conv fwd, a partial, 4 streams k 1 2 4 8, %dx%d", B * T, d);
+    report(name, median_ms(conv_forward_case, &c), 0, (1 + CONV_CASE_STREAMS) * partial_bytes);
     conv_case_free(&c);
 }
 

@@ -159,8 +159,8 @@ static void msar_expand(Bench *bench, Msar *msar, int site, int stream, const bf
     for (int n = 1; n < site_sources(site); n++)
         sources[n] = msar->expanded[n];
     cuda_stream_conv_forward(&msar->expanded[1], &bench->rows[1], &msar->taps[stream][1],
-                             site_sources(site) - 1, msar_kernels[stream], 2, BENCH_TOKENS / 2,
-                             BENCH_WIDTH, 0);
+                             site_sources(site) - 1, 1, &msar_kernels[stream], 2,
+                             BENCH_TOKENS / 2, BENCH_WIDTH, 0);
 }
 
 static void msar_forward(Bench *bench, Msar *msar)

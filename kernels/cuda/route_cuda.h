@@ -187,13 +187,14 @@ void route_backward_centred(bf16 *const *dsources, float *dquery, float *dkey_no
 
 /* ---- MSAR stream convolution (backend.h stream_conv_*) ---- */
 
-/* For each of `count` rows n: out[n][b,t,c] = sum_{tau < kernel_size, tau <= t}
- * taps[n][tau,c] x[n][b,t-tau,c]; x[n], out[n] [B, T, d] bf16, taps[n] [kernel_size, d] bf16;
- * fp32 sum from tau = 0 (identity taps return x bit for bit). The arrays are HOST arrays of
- * device pointers; no out[n] aliases any x. Up to 12 rows a launch. */
+/* For each of `count` rows n and `streams` streams r (kernel size kernel_sizes[r]), at =
+ * r * count + n: out[at][b,t,c] = sum_{tau < k_r, tau <= t} taps[at][tau,c] x[n][b,t-tau,c];
+ * x[n], out[at] [B, T, d] bf16, taps[at] [k_r, d] bf16; fp32 sum from tau = 0 (identity taps
+ * return x bit for bit). The arrays are HOST arrays of device pointers; no out aliases any
+ * x. Up to 12 rows and 8 streams a launch, each x[n] read once for the launch's streams. */
 void cuda_stream_conv_forward(bf16 *const *out, const bf16 *const *x, const bf16 *const *taps,
-                              int count, int kernel_size, int B, int T, int d,
-                              cudaStream_t stream);
+                              int count, int streams, const int *kernel_sizes, int B, int T,
+                              int d, cudaStream_t stream);
 
 size_t cuda_stream_conv_backward_workspace_floats(int count, int streams,
                                                   const int *kernel_sizes, int B, int T, int d);

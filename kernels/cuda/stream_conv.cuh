@@ -2,7 +2,8 @@
  * only; the contract is cuda_stream_conv_forward / cuda_stream_conv_backward's in
  * route_cuda.h, the math kernels/cpu/stream_cpu.c's):
  *   out[b,t,c] = sum_{tau < k, tau <= t} taps[tau,c] x[b,t-tau,c]
- * - stream_conv_cuda.cu: the forward, a stream's taps over a block's sources a launch;
+ * - stream_conv_cuda.cu: the forward of a block's sources, or of a site's partial in every
+ *   stream at once;
  * - stream_conv_backward_cuda.cu: the backward of every stream of a block's sources at once.
  * Taps are bf16 [k, d]; a kernel's register windows are bounded by TAPS, the kernel size
  * rounded up to 1, 2, 4 or 8 (conv_taps_bound).
@@ -14,7 +15,8 @@
 #include "kernels/cuda/route_device.cuh"
 
 enum {
-    CONV_BATCH = 12, /* rows a launch: a block's sources (CUDA_BLOCK_MAX_SOURCES) */
+    CONV_BATCH = 12,  /* rows a launch: a block's sources (CUDA_BLOCK_MAX_SOURCES) */
+    CONV_STREAMS = 8, /* streams a launch (more: launches in turn) */
 };
 
 static inline void conv_check(int kernel_size, int d)

@@ -32,7 +32,6 @@
 enum {
     CONV_BACKWARD_RUN = 16,   /* tokens a thread walks */
     CONV_BACKWARD_WARPS = 8,  /* runs a block: the tokens of one partial are 8 runs' */
-    CONV_STREAMS = 8,         /* streams a launch (more: launches in turn, adding into dx) */
     CONV_SUM_SLICES = 8,      /* warps splitting the groups in the partials' sum */
 };
 

@@ -7,7 +7,10 @@
  * One launch convolves up to CONV_BATCH rows (a block's sources, each with its own taps:
  * blockIdx.y picks the row), since one row of the 1B width fills 60% of the GPU's threads for
  * about 10 us of bytes: a launch a row paid its ramp and tail each time (17-23 us a launch,
- * 5184 launches a step; docs/performance.md, ninth run).
+ * 5184 launches a step; docs/performance.md, ninth run). And up to CONV_STREAMS streams,
+ * each with its own kernel size: a thread walks its run once a stream, the rows of x from
+ * L1 after the first, so a row with m streams moves 1 + m rows where a stream a launch moved
+ * 2m (the replace form's partial, convolved for every stream at each merge).
  *
  * A thread owns VEC channels (4, or fewer when d or the pointers say so) of a run of CONV_RUN
  * rows of one sequence, and walks it in time with its taps and the last k - 1 rows it read
@@ -25,12 +28,14 @@ enum {
     CONV_RUN = 16, /* rows a thread walks */
 };
 
-/* The rows of one launch, by value in the kernel's parameters: row n (blockIdx.y) writes
- * out[n] (the forward's out, or dx) from in[n] (x, or dout) and taps[n]. */
+/* The rows and streams of one launch, by value in the kernel's parameters: row n
+ * (blockIdx.y) of stream r writes out[r][n] from x[n] and taps[r][n]. */
 struct ConvBatch {
-    bf16 *out[CONV_BATCH];
-    const bf16 *in[CONV_BATCH];
-    const bf16 *taps[CONV_BATCH];
+    const bf16 *x[CONV_BATCH];
+    bf16 *out[CONV_STREAMS][CONV_BATCH];
+    const bf16 *taps[CONV_STREAMS][CONV_BATCH];
+    int kernel_size[CONV_STREAMS];
+    int streams;
 };
 
 /* A thread's taps, tau < k, as floats (0 past k: never read) */
@@ -97,15 +102,12 @@ __device__ __forceinline__ bool conv_run_of(ConvRun *run, int B, int T, int vect
     return true;
 }
 
+/* One stream of the thread's run: out from x and taps (kernel_size <= TAPS) */
 template <int VEC, int TAPS>
-__global__ void __launch_bounds__(CONV_THREADS)
-    conv_forward_kernel(ConvBatch batch, int kernel_size, int B, int T, int vectors)
+__device__ __forceinline__ void conv_forward_run(bf16 *out, const bf16 *x, const bf16 *taps,
+                                                 int kernel_size, const ConvRun &run, int T,
+                                                 int vectors)
 {
-    ConvRun run;
-    if (!conv_run_of(&run, B, T, vectors))
-        return;
-    bf16 *out = batch.out[blockIdx.y];
-    const bf16 *x = batch.in[blockIdx.y], *taps = batch.taps[blockIdx.y];
     float tap[TAPS][VEC], window[TAPS][VEC] = {};
     conv_load_taps<VEC, TAPS>(tap, taps, kernel_size, run.v, vectors);
     const long long sequence = (long long)run.b * T;
@@ -129,6 +131,35 @@ __global__ void __launch_bounds__(CONV_THREADS)
     }
 }
 
+/* Row blockIdx.y of one stream (phase one's block sources, a stream a launch) */
+template <int VEC, int TAPS>
+__global__ void __launch_bounds__(CONV_THREADS)
+    conv_forward_kernel(ConvBatch batch, int B, int T, int vectors)
+{
+    ConvRun run;
+    if (conv_run_of(&run, B, T, vectors))
+        conv_forward_run<VEC, TAPS>(batch.out[0][blockIdx.y], batch.x[blockIdx.y],
+                                    batch.taps[0][blockIdx.y], batch.kernel_size[0], run, T,
+                                    vectors);
+}
+
+/* Every stream of row blockIdx.y in turn, each through the window of the launch's widest
+ * kernel (TAPS): a stream of a smaller kernel sums its own k taps of it. Its own kernel, as
+ * the loop holds more registers (ptxas: 114 at VEC 4 TAPS 8, where one stream takes 80)
+ * and a launch of one stream should keep the occupancy of its own. */
+template <int VEC, int TAPS>
+__global__ void __launch_bounds__(CONV_THREADS)
+    conv_forward_streams_kernel(ConvBatch batch, int B, int T, int vectors)
+{
+    ConvRun run;
+    if (!conv_run_of(&run, B, T, vectors))
+        return;
+    const int n = blockIdx.y;
+    for (int r = 0; r < batch.streams; r++)
+        conv_forward_run<VEC, TAPS>(batch.out[r][n], batch.x[n], batch.taps[r][n],
+                                    batch.kernel_size[r], run, T, vectors);
+}
+
 /* ---- entries ---- */
 
 static unsigned conv_blocks(long long threads)
@@ -136,8 +167,8 @@ static unsigned conv_blocks(long long threads)
     return (unsigned)((threads + CONV_THREADS - 1) / CONV_THREADS);
 }
 
-/* kernel<VEC, TAPS> for VEC 4, 2 or 1 and kernel sizes 1, 2, 3-4, 5-8 (TAPS 1, 2, 4, 8), on
- * a grid of (the blocks of `threads`, rows) */
+/* kernel<VEC, TAPS> for VEC 4, 2 or 1 and the largest kernel size 1, 2, 3-4, 5-8 (TAPS 1, 2,
+ * 4, 8), on a grid of (the blocks of `threads`, rows) */
 #define CONV_LAUNCH(kernel, vec, kernel_size, threads, rows, ...)                               \
     do {                                                                                        \
         const int taps_ = conv_taps_bound(kernel_size);                                         \
@@ -165,44 +196,51 @@ static long long conv_run_threads(int B, int T, int vectors)
     return (long long)B * ((T + CONV_RUN - 1) / CONV_RUN) * vectors;
 }
 
-/* The widest vector (4, 2, 1) that d and every pointer of rows [first, first + count) allow */
-static int conv_vector(int d, const void *const *const *arrays, int n_arrays, int first,
-                       int count)
-{
-    int vec = 4;
-    for (int a = 0; a < n_arrays; a++)
-        if (arrays[a])
-            for (int n = first; n < first + count; n++)
-                vec = widest_vector(vec, d, &arrays[a][n], 1);
-    return vec;
-}
-
-/* Rows [first, first + count) of the arrays, count <= CONV_BATCH, as a launch's batch */
-static ConvBatch conv_batch(bf16 *const *out, const bf16 *const *in, const bf16 *const *taps,
-                            int first, int count)
+/* One launch: rows [first, first + count) of streams [stream0, stream0 + streams) */
+static void conv_forward_launch(bf16 *const *out, const bf16 *const *x, const bf16 *const *taps,
+                                int rows, int first, int count, int stream0, int streams,
+                                const int *kernel_sizes, int B, int T, int d,
+                                cudaStream_t stream)
 {
     ConvBatch batch = {};
-    for (int n = 0; n < count; n++) {
-        batch.out[n] = out[first + n];
-        batch.in[n] = in[first + n];
-        batch.taps[n] = taps[first + n];
+    const void *pointers[(1 + 2 * CONV_STREAMS) * CONV_BATCH];
+    int n_pointers = 0, widest = 0;
+    for (int n = 0; n < count; n++)
+        pointers[n_pointers++] = batch.x[n] = x[first + n];
+    for (int s = 0; s < streams; s++) {
+        const int r = stream0 + s;
+        batch.kernel_size[s] = kernel_sizes[r];
+        widest = kernel_sizes[r] > widest ? kernel_sizes[r] : widest;
+        for (int n = 0; n < count; n++) {
+            pointers[n_pointers++] = batch.out[s][n] = out[(size_t)r * rows + first + n];
+            pointers[n_pointers++] = batch.taps[s][n] = taps[(size_t)r * rows + first + n];
+        }
     }
-    return batch;
+    batch.streams = streams;
+    const int vec = widest_vector(4, d, pointers, n_pointers), vectors = d / vec;
+    const long long threads = conv_run_threads(B, T, vectors);
+    if (streams == 1)
+        CONV_LAUNCH(conv_forward_kernel, vec, widest, threads, count, batch, B, T, vectors);
+    else
+        CONV_LAUNCH(conv_forward_streams_kernel, vec, widest, threads, count, batch, B, T,
+                    vectors);
 }
 
 extern "C" void cuda_stream_conv_forward(bf16 *const *out, const bf16 *const *x,
-                                         const bf16 *const *taps, int count, int kernel_size,
-                                         int B, int T, int d, cudaStream_t stream)
+                                         const bf16 *const *taps, int count, int streams,
+                                         const int *kernel_sizes, int B, int T, int d,
+                                         cudaStream_t stream)
 {
-    conv_check(kernel_size, d);
+    for (int r = 0; r < streams; r++)
+        conv_check(kernel_sizes[r], d);
     if ((long long)B * T <= 0)
         return;
-    const void *const *arrays[] = {(const void *const *)out, (const void *const *)x,
-                                   (const void *const *)taps};
-    for (int first = 0; first < count; first += CONV_BATCH) {
-        const int rows = count - first < CONV_BATCH ? count - first : CONV_BATCH;
-        const int vec = conv_vector(d, arrays, 3, first, rows), vectors = d / vec;
-        CONV_LAUNCH(conv_forward_kernel, vec, kernel_size, conv_run_threads(B, T, vectors), rows,
-                    conv_batch(out, x, taps, first, rows), kernel_size, B, T, vectors);
-    }
+    for (int first = 0; first < count; first += CONV_BATCH)
+        for (int stream0 = 0; stream0 < streams; stream0 += CONV_STREAMS)
+            conv_forward_launch(out, x, taps, count, first,
+                                count - first < CONV_BATCH ? count - first : CONV_BATCH,
+                                stream0,
+                                streams - stream0 < CONV_STREAMS ? streams - stream0
+                                                                 : CONV_STREAMS,
+                                kernel_sizes, B, T, d, stream);
 }
