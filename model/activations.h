@@ -62,7 +62,8 @@
  * streams and their gradients 2 m d, the mix d, recomputed weights M (H + 1), and in two
  * phases the streams of a block's sites m (S + 1) d, one stream's convolved sources M d and
  * every stream's gradients of them m M d, the open block's depth weights and key statistics
- * S M (H + 1) (m S M (H + 1) in the replace form, which also makes x_j again in d).
+ * S M (H + 1) (m S M (H + 1) in the replace form, which also convolves a site's partial
+ * for every stream into m d and makes x_j again in d).
  * The rows of the two-phase walk take the logits' gradient as far as it goes, the rest is
  * carved (it is idle outside the head's backward, they outside the layers' walk). With
  * checkpointing one layer's intermediates and 3d. The logits and their gradient are two
