@@ -29,6 +29,21 @@ static inline void conv_check(int kernel_size, int d)
               "convolution takes 1 to %d", kernel_size, CUDA_ROUTE_CONV_MAX_KERNEL);
 }
 
+/* Every stream's kernel size and d checked (conv_check); false when there are no tokens,
+ * so nothing to launch */
+static inline bool conv_check_streams(const int *kernel_sizes, int streams, int d, int B, int T)
+{
+    for (int r = 0; r < streams; r++)
+        conv_check(kernel_sizes[r], d);
+    return (long long)B * T > 0;
+}
+
+/* Of `total` rows (or streams), what the launch from `first` takes: at most `most` */
+static inline int conv_launch_span(int total, int first, int most)
+{
+    return total - first < most ? total - first : most;
+}
+
 /* the kernel size's register bound: 1, 2, 4 or 8 */
 __host__ __device__ static inline int conv_taps_bound(int kernel_size)
 {

@@ -261,7 +261,7 @@ extern "C" size_t cuda_stream_conv_backward_workspace_floats(int count, int stre
             launch += (size_t)kernel_sizes[r];
         taps = launch > taps ? launch : taps;
     }
-    const size_t rows = (size_t)(count < CONV_BATCH ? count : CONV_BATCH);
+    const size_t rows = (size_t)conv_launch_span(count, 0, CONV_BATCH);
     return rows * taps * (size_t)conv_backward_groups(B, T) * (size_t)d;
 }
 
@@ -316,16 +316,12 @@ extern "C" void cuda_stream_conv_backward(bf16 *const *dx, float *const *dtaps,
                                           const int *kernel_sizes, int B, int T, int d,
                                           float *workspace, cudaStream_t stream)
 {
-    for (int r = 0; r < streams; r++)
-        conv_check(kernel_sizes[r], d);
-    if ((long long)B * T <= 0)
+    if (!conv_check_streams(kernel_sizes, streams, d, B, T))
         return;
     for (int first = 0; first < count; first += CONV_BATCH)
         for (int stream0 = 0; stream0 < streams; stream0 += CONV_STREAMS)
             conv_backward_launch(dx, dtaps, dout, x, taps, count, first,
-                                 count - first < CONV_BATCH ? count - first : CONV_BATCH,
-                                 stream0,
-                                 streams - stream0 < CONV_STREAMS ? streams - stream0
-                                                                  : CONV_STREAMS,
+                                 conv_launch_span(count, first, CONV_BATCH), stream0,
+                                 conv_launch_span(streams, stream0, CONV_STREAMS),
                                  kernel_sizes, B, T, d, workspace, stream);
 }

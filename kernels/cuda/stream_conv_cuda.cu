@@ -231,16 +231,12 @@ extern "C" void cuda_stream_conv_forward(bf16 *const *out, const bf16 *const *x,
                                          const int *kernel_sizes, int B, int T, int d,
                                          cudaStream_t stream)
 {
-    for (int r = 0; r < streams; r++)
-        conv_check(kernel_sizes[r], d);
-    if ((long long)B * T <= 0)
+    if (!conv_check_streams(kernel_sizes, streams, d, B, T))
         return;
     for (int first = 0; first < count; first += CONV_BATCH)
         for (int stream0 = 0; stream0 < streams; stream0 += CONV_STREAMS)
             conv_forward_launch(out, x, taps, count, first,
-                                count - first < CONV_BATCH ? count - first : CONV_BATCH,
-                                stream0,
-                                streams - stream0 < CONV_STREAMS ? streams - stream0
-                                                                 : CONV_STREAMS,
-                                kernel_sizes, B, T, d, stream);
+                                conv_launch_span(count, first, CONV_BATCH), stream0,
+                                conv_launch_span(streams, stream0, CONV_STREAMS), kernel_sizes,
+                                B, T, d, stream);
 }
