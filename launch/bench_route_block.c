@@ -105,9 +105,9 @@ static void block_backward(BlockPass *p, int block)
     const int N = block_sources(p, block);
     for (int i = p->S - 1; i >= 0 && p->replace; i--) {
         point_sources(p, N, i > 0);
-        backend->route_merge_backward(i > 0 ? p->site_grads[N] : NULL, p->grad_query_of[i],
-                                      p->grad_key_norm_of[i], (float *)p->means_of[i],
-                                      p->dout_of[i], p->x,
+        backend->route_merge_backward(i > 0 ? p->site_grads[N] : NULL, GRAD_ADD,
+                                      p->grad_query_of[i], p->grad_key_norm_of[i],
+                                      (float *)p->means_of[i], p->dout_of[i], p->x,
                                       i > 0 ? p->site_sources[N] : NULL, N + (i > 0),
                                       p->weights_of[i], p->rstd_of[i], p->query_of[i],
                                       p->key_norm_of[i], p->scratch, p->tokens, p->d,

@@ -124,8 +124,8 @@ static void attnres_replace_backward(RouteWalk *walk, int block, int i, const Ac
     const int last = site->n_sources - 1;
     site_sources(walk, j, walk->sources);
     site_grad_sources(walk, j, walk->grad_sources);
-    walk->backend->route_merge_backward(
-        i > 0 ? walk->grad_sources[last] : NULL, model->site_grads[j].query,
+    walk->backend->route_merge_backward( /* the block's gradient holds later sites' shares */
+        i > 0 ? walk->grad_sources[last] : NULL, GRAD_ADD, model->site_grads[j].query,
         model->site_grads[j].key_norm,
         site_stream_floats(walk, model->scratch.route.block_means, 0, i), grad_x, x,
         i > 0 ? walk->sources[last] : NULL, site->n_sources, saved->weights, saved->rstd,
@@ -460,15 +460,12 @@ static void site_merge_backward(RouteWalk *walk, int block, int i)
     }
     site_sources(walk, j, walk->sources);
     site_grad_sources(walk, j, walk->grad_sources);
-    const size_t bytes = (size_t)walk->rows * d * backend->activation_bytes;
     Activation *const *partials = i > 0 ? partial_convolve(walk, j) : NULL;
-    for (int r = 0; r < m; r++) {
+    for (int r = 0; r < m; r++) { /* d E_r(b) is the partial's alone: written, not added */
         const Activation *partial = partials ? partials[r] : NULL;
-        if (partial)
-            backend->zero(stream_grad_conv_row(walk, r, last), bytes);
         backend->route_merge_backward(
-            partial ? stream_grad_conv_row(walk, r, last) : NULL, grads->query + (size_t)r * d,
-            grads->key_norm + (size_t)r * d, site_stream_floats(walk, scratch->block_means, r, i),
+            partial ? stream_grad_conv_row(walk, r, last) : NULL, GRAD_WRITE,
+            grads->query + (size_t)r * d, grads->key_norm + (size_t)r * d, site_stream_floats(walk, scratch->block_means, r, i),
             site_grad_stream(walk, r, i), stream_slot(walk, r, i + 1), partial, site->n_sources,
             site_weights_of(walk, block, i, r), site_rstd_of(walk, block, i, r),
             route_stream_row(route, weights->query, r),

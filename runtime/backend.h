@@ -293,11 +293,14 @@ typedef struct Backend {
      *               [tokens, heads], for route_block_backward)
      * and, when `partial` is given (the site's last source, n_sources - 1, was the open
      * block's partial; NULL: the site read completed sources only), that source's share of
-     * route_backward: dpartial +=, dquery +=, dkey_norm +=. weights and rstd are the site's
+     * route_backward: dpartial += (GRAD_WRITE: =), dquery +=, dkey_norm +=. MSAR's walk
+     * writes a convolved partial's fresh gradient row; AttnRes's adds into the block's
+     * gradient, which later sites fed already. weights and rstd are the site's
      * [n_sources, tokens(, heads)]. `scratch` holds [tokens, heads] floats (a backend with
      * its own workspace may ignore it). */
-    void (*route_merge_backward)(Activation *dpartial, float *dquery, float *dkey_norm,
-                                 float *mean, const Activation *dout, const Activation *out,
+    void (*route_merge_backward)(Activation *dpartial, GradMode dpartial_mode, float *dquery,
+                                 float *dkey_norm, float *mean, const Activation *dout,
+                                 const Activation *out,
                                  const Activation *partial, int n_sources,
                                  const float *weights, const float *rstd,
                                  const Activation *query, const Activation *key_norm,

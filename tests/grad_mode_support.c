@@ -187,6 +187,58 @@ GradModeCase grad_mode_case_swiglu(size_t n)
     return c;
 }
 
+static const float route_eps = 1e-6f;
+
+/* the sources, one [n_sources, tokens, d] array, as the op's pointers */
+static void route_sources(const Backend *b, void *all, const int *shape,
+                          const Activation **sources)
+{
+    for (int n = 0; n < shape[3]; n++)
+        sources[n] = activation_at(b, all, (size_t)n * shape[0] * shape[1]);
+}
+
+/* the partial is the site's last source */
+static void run_route_merge(const Backend *b, GradMode mode, void *const *p, const int *shape)
+{
+    const Activation *sources[GRAD_MODE_MAX_SOURCES];
+    route_sources(b, p[6], shape, sources);
+    b->route_merge_backward(p[0], mode, p[1], p[2], p[3], p[4], p[5], sources[shape[3] - 1],
+                            shape[3], p[7], p[8], p[9], p[10], p[11], shape[0], shape[1],
+                            shape[2]);
+}
+
+/* the site's forward over all its sources (the merge's, up to rounding): out, weights, rstd */
+static void prepare_route_merge(const Backend *b, void *const *p, const int *shape)
+{
+    const Activation *sources[GRAD_MODE_MAX_SOURCES];
+    route_sources(b, p[6], shape, sources);
+    b->route_forward(p[5], p[7], p[8], sources, shape[3], p[9], p[10], NULL, NULL, shape[0],
+                     shape[1], shape[2], route_eps);
+}
+
+GradModeCase grad_mode_case_route_merge(int tokens, int d, int heads, int n_sources)
+{
+    GradModeCase c = case_begin("route_merge_backward", run_route_merge);
+    c.prepare = prepare_route_merge;
+    cr_assert(n_sources >= 2 && n_sources <= GRAD_MODE_MAX_SOURCES, "%d sources", n_sources);
+    c.shape[0] = tokens, c.shape[1] = d, c.shape[2] = heads, c.shape[3] = n_sources;
+    const size_t row = (size_t)tokens * d;
+    case_append(&c, "dpartial", GRAD_MODE_INPUT_GRADIENT, true, row);
+    case_append(&c, "dquery", GRAD_MODE_WEIGHT_GRADIENT, false, (size_t)d);
+    case_append(&c, "dkey_norm", GRAD_MODE_WEIGHT_GRADIENT, false, (size_t)d);
+    /* written in every mode: held to the same bits as the weight gradients are */
+    case_append(&c, "mean", GRAD_MODE_WEIGHT_GRADIENT, false, (size_t)tokens * heads);
+    case_input(&c, "dout", true, row, 1, 0);
+    case_append(&c, "out", GRAD_MODE_PREPARED, true, row);
+    case_input(&c, "sources", true, (size_t)n_sources * row, 1, 0);
+    case_append(&c, "weights", GRAD_MODE_PREPARED, false, (size_t)n_sources * tokens * heads);
+    case_append(&c, "rstd", GRAD_MODE_PREPARED, false, (size_t)n_sources * tokens);
+    case_input(&c, "query", true, (size_t)d, 0.5f, 0);
+    case_input(&c, "key_norm", true, (size_t)d, 0.5f, 1);
+    case_append(&c, "scratch", GRAD_MODE_PREPARED, false, (size_t)tokens * heads);
+    return c;
+}
+
 /* ---- the check ---- */
 
 static float *host_floats(size_t n)

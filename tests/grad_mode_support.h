@@ -40,7 +40,7 @@ typedef struct GradModeArray {
     float scale, offset;
 } GradModeArray;
 
-enum { GRAD_MODE_MAX_ARRAYS = 12, GRAD_MODE_MAX_SHAPE = 5 };
+enum { GRAD_MODE_MAX_ARRAYS = 12, GRAD_MODE_MAX_SHAPE = 5, GRAD_MODE_MAX_SOURCES = 16 };
 
 typedef struct GradModeCase {
     const char *op; /* named in failure messages */
@@ -55,13 +55,16 @@ typedef struct GradModeCase {
 
 /* The ops with a GradMode, at a shape:
  * matmul (rows, in_dim, out_dim), rmsnorm (rows, d), rope (B, T, n_heads, head_dim),
- * attention (B, T, n_heads, n_kv_heads, head_dim), swiglu (n), cross-entropy (rows, V). */
+ * attention (B, T, n_heads, n_kv_heads, head_dim), swiglu (n), cross-entropy (rows, V),
+ * route_merge (tokens, d, heads, n_sources: the last source is the partial, whose gradient
+ * takes the mode). */
 GradModeCase grad_mode_case_matmul(int rows, int in_dim, int out_dim);
 GradModeCase grad_mode_case_rmsnorm(int rows, int d);
 GradModeCase grad_mode_case_rope(int B, int T, int n_heads, int head_dim);
 GradModeCase grad_mode_case_attention(int B, int T, int n_heads, int n_kv_heads, int head_dim);
 GradModeCase grad_mode_case_swiglu(size_t n);
 GradModeCase grad_mode_case_cross_entropy(int rows, int V);
+GradModeCase grad_mode_case_route_merge(int tokens, int d, int heads, int n_sources);
 
 /* Runs the three calls of the opening comment on `backend` and fails the calling test on a
  * mismatch. */

@@ -93,3 +93,19 @@ Test(cuda_grad_mode, cross_entropy_backward_writes_what_it_adds_into_zeros)
         grad_mode_check(backend_cuda(), &c, 160 + (uint64_t)i, BF16_OUT);
     }
 }
+
+/* the warp-a-token kernel (d % 256 == 0, heads dividing 32, route_merge_narrow_cuda.cu) and
+ * the block-a-token one, each with several tokens a warp or block */
+Test(cuda_grad_mode, route_merge_backward_writes_what_it_adds_into_zeros)
+{
+    gpu_require();
+    /* tokens, d, heads, sources: the 1B width; narrow at 8 vectors a lane; block a token, vector
+     * and not; more tokens than the narrow backward's warps */
+    const int shapes[][4] = {{300, 1280, 8, 4}, {33, 2048, 16, 2}, {37, 96, 4, 3},
+                             {9, 20, 5, 6}, {1100, 256, 2, 3}};
+    for (int i = 0; i < 5; i++) {
+        const int *s = shapes[i];
+        GradModeCase c = grad_mode_case_route_merge(s[0], s[1], s[2], s[3]);
+        grad_mode_check(backend_cuda(), &c, 170 + (uint64_t)i, BF16_OUT);
+    }
+}

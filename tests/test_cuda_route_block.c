@@ -347,7 +347,7 @@ static void run_merge_backward(const Backend *b, void *const *p, const OpCase *c
     const BlockShape s = shape_of(c);
     const Activation *sources[MAX_SOURCES];
     split_rows_const(b, p[MERGE_BACK_SOURCES], s.n_sources, rows_of(s), sources);
-    b->route_merge_backward(p[MERGE_BACK_DPARTIAL], p[MERGE_BACK_DQUERY],
+    b->route_merge_backward(p[MERGE_BACK_DPARTIAL], GRAD_ADD, p[MERGE_BACK_DQUERY],
                             p[MERGE_BACK_DKEY_NORM], p[MERGE_BACK_MEAN], p[MERGE_BACK_DOUT],
                             p[MERGE_BACK_OUT], c->shape[5] ? sources[s.n_sources - 1] : NULL,
                             s.n_sources, p[MERGE_BACK_WEIGHTS], p[MERGE_BACK_RSTD], p[MERGE_BACK_QUERY],

@@ -62,6 +62,17 @@ Test(grad_mode, swiglu_backward_writes_what_it_adds_into_zeros)
     }
 }
 
+/* MSAR's walk writes the convolved partial's gradient row, AttnRes's adds into the block's */
+Test(grad_mode, route_merge_backward_writes_what_it_adds_into_zeros)
+{
+    const int shapes[][4] = {{7, 24, 3, 2}, {300, 64, 4, 5}}; /* tokens, d, heads, sources */
+    for (int i = 0; i < 2; i++) {
+        const int *s = shapes[i];
+        GradModeCase c = grad_mode_case_route_merge(s[0], s[1], s[2], s[3]);
+        grad_mode_check(backend_cpu(), &c, 70 + (uint64_t)i, ADD_TOLERANCE);
+    }
+}
+
 Test(grad_mode, cross_entropy_backward_writes_what_it_adds_into_zeros)
 {
     const int shapes[][2] = {{3, 37}, {40, 1000}}; /* rows, V */

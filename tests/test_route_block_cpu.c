@@ -257,7 +257,7 @@ static void check_split_backward(int N, int d, int heads, bool delta, bool parti
         dkey_norms[i] = got.dkey_norms + i * d;
         dalphas[i] = &got.dalphas[i];
         if (!delta) /* the walk's order: each site's merge backward as it comes */
-            cpu_route_merge_backward(dsources[N], dqueries[i], dkey_norms[i],
+            cpu_route_merge_backward(dsources[N], GRAD_ADD, dqueries[i], dkey_norms[i],
                                      means + (size_t)i * TOKENS * heads, dout_of[i],
                                      out + i * b.size, n_sources[i] > N ? b.rows[N] : NULL,
                                      n_sources[i], weights_of[i],

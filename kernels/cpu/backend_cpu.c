@@ -409,16 +409,17 @@ static void table_route_merge_forward(Activation *out, float *weights, float *rs
                             CF(query), CF(key_norm), tokens, d, heads, eps);
 }
 
-static void table_route_merge_backward(Activation *dpartial, float *dquery, float *dkey_norm,
-                                       float *mean, const Activation *dout,
-                                       const Activation *out, const Activation *partial,
-                                       int n_sources, const float *weights, const float *rstd,
+static void table_route_merge_backward(Activation *dpartial, GradMode dpartial_mode,
+                                       float *dquery, float *dkey_norm, float *mean,
+                                       const Activation *dout, const Activation *out,
+                                       const Activation *partial, int n_sources,
+                                       const float *weights, const float *rstd,
                                        const Activation *query, const Activation *key_norm,
                                        float *scratch, int tokens, int d, int heads)
 {
-    cpu_route_merge_backward(F(dpartial), dquery, dkey_norm, mean, CF(dout), CF(out),
-                             CF(partial), n_sources, weights, rstd, CF(query), CF(key_norm),
-                             scratch, tokens, d, heads);
+    cpu_route_merge_backward(F(dpartial), dpartial_mode, dquery, dkey_norm, mean, CF(dout),
+                             CF(out), CF(partial), n_sources, weights, rstd, CF(query),
+                             CF(key_norm), scratch, tokens, d, heads);
 }
 
 static void table_route_block_backward(Activation *const *dsources, unsigned dsources_written,

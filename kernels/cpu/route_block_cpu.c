@@ -24,6 +24,7 @@
 
 #include <math.h>
 #include <stddef.h>
+#include <string.h>
 
 void cpu_route_block_forward(float *const *results, float *const *weights, float *const *rstd,
                              float *const *lse, const float *const *sources, int n_sources,
@@ -99,8 +100,8 @@ void cpu_route_merge_forward(float *out, float *weights, float *rstd, const floa
     }
 }
 
-void cpu_route_merge_backward(float *dpartial, float *dquery, float *dkey_norm, float *mean,
-                              const float *dout, const float *out, const float *partial,
+void cpu_route_merge_backward(float *dpartial, GradMode dpartial_mode, float *dquery,
+                              float *dkey_norm, float *mean, const float *dout, const float *out, const float *partial,
                               int n_sources, const float *weights, const float *rstd,
                               const float *query, const float *key_norm, float *scratch,
                               int tokens, int d, int heads)
@@ -119,7 +120,10 @@ void cpu_route_merge_backward(float *dpartial, float *dquery, float *dkey_norm, 
         }
     if (!partial)
         return;
-    /* the partial's share: route_backward over that one source, about the whole centre */
+    /* the partial's share: route_backward over that one source, about the whole centre,
+     * which adds (GRAD_WRITE: into zeros, the bits it would add into them) */
+    if (dpartial_mode == GRAD_WRITE)
+        memset(dpartial, 0, work * sizeof *dpartial);
     const int last = n_sources - 1;
     const float *partial_row[1] = {partial};
     float *grad[1] = {dpartial};

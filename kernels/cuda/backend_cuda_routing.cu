@@ -197,8 +197,9 @@ static void op_route_merge_forward(Activation *out, float *weights, float *rstd,
                              backend_cuda_compute_stream());
 }
 
-static void op_route_merge_backward(Activation *dpartial, float *dquery, float *dkey_norm,
-                                    float *mean, const Activation *dout, const Activation *out,
+static void op_route_merge_backward(Activation *dpartial, GradMode dpartial_mode,
+                                    float *dquery, float *dkey_norm, float *mean,
+                                    const Activation *dout, const Activation *out,
                                     const Activation *partial, int n_sources,
                                     const float *weights, const float *rstd,
                                     const Activation *query, const Activation *key_norm,
@@ -207,7 +208,8 @@ static void op_route_merge_backward(Activation *dpartial, float *dquery, float *
     (void)scratch; /* the workspace replaces it */
     float *workspace = backend_cuda_workspace_floats(
         cuda_route_merge_backward_workspace_floats(tokens, d, heads));
-    cuda_route_merge_backward(as_bf16(dpartial), dquery, dkey_norm, mean, as_bf16_const(dout),
+    cuda_route_merge_backward(as_bf16(dpartial), dpartial_mode, dquery, dkey_norm, mean,
+                              as_bf16_const(dout),
                               as_bf16_const(out), as_bf16_const(partial), n_sources, weights,
                               rstd, as_bf16_const(query), as_bf16_const(key_norm), workspace,
                               tokens, d, heads, backend_cuda_compute_stream());

@@ -44,6 +44,7 @@
 #define FATHOM_KERNELS_CUDA_ROUTE_BLOCK_CUDA_H
 
 #include "kernels/cuda/cuda_common.h"
+#include "runtime/backend.h" /* GradMode */
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -128,9 +129,10 @@ void cuda_route_merge_forward(bf16 *out, float *weights, float *rstd, const bf16
 size_t cuda_route_merge_backward_workspace_floats(int tokens, int d, int heads);
 
 /* mean = < dout, out > per head; with a partial (not NULL: the site's source n_sources - 1),
- * its share. */
-void cuda_route_merge_backward(bf16 *dpartial, float *dquery, float *dkey_norm, float *mean,
-                               const bf16 *dout, const bf16 *out, const bf16 *partial,
+ * its share: dpartial added into (GRAD_ADD) or written (GRAD_WRITE: the bits of an add into
+ * zeros, dpartial not read). */
+void cuda_route_merge_backward(bf16 *dpartial, GradMode dpartial_mode, float *dquery,
+                               float *dkey_norm, float *mean, const bf16 *dout, const bf16 *out, const bf16 *partial,
                                int n_sources, const float *weights, const float *rstd,
                                const bf16 *query, const bf16 *key_norm, float *workspace,
                                int tokens, int d, int heads, cudaStream_t stream);

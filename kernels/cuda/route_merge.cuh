@@ -19,6 +19,7 @@ struct MergeArgs {
     const float *lse;
     /* backward */
     bf16 *dpartial;
+    bool dpartial_add; /* GRAD_ADD: dpartial +=; GRAD_WRITE: = +0.0 + g, dpartial not read */
     float *mean;
     const bf16 *dout, *merged;
     float *partials; /* [blocks, d] channel sums S */

@@ -5,11 +5,13 @@
  *             max(lse, z_p); out = w_c result + w_p p; weights rows 0..N-1 *= w_c, row N = w_p.
  *   backward  mean = < dout, out >, and with a partial D = < dout, p > and
  *             P = < q*g, p >; dz = a (D - mean), e = r^2 (r sum_h dz P) / d;
- *             dp += a dout + r dz q*g - e p; S += r dz p per channel, summed per block (or
- *             warp) and reduced in a fixed order by route_block_reduce.
+ *             dp += a dout + r dz q*g - e p (GRAD_WRITE: dp = +0.0 + .., dp not read);
+ *             S += r dz p per channel, summed per block (or warp) and reduced in a fixed
+ *             order by route_block_reduce.
  * How fast should this be: the forward moves 3 rows a token (partial, result, out), the
- * backward 5 (dout, out, partial, dpartial read and written); at d 1280 and 8192 tokens a row
- * is 21 MB, so 63 MB and 105 MB a site: 15 us and 25 us at 4.3 TB/s.
+ * backward 5 (dout, out, partial, dpartial read and written), 4 when it writes dpartial; at
+ * d 1280 and 8192 tokens a row is 21 MB, so 63 MB and 105 (84) MB a site: 15 us and 25 (20)
+ * us at 4.3 TB/s.
  *
  * Two layouts:
  * - a warp a token (route_merge_narrow_cuda.cu), for narrow rows (d % 256 == 0, d <= 2048,
@@ -198,7 +200,8 @@ __global__ void __launch_bounds__(ROW_MAX_THREADS)
             x_raw[slot] = vector_load<VEC>(args.merged, row + v);
             if (args.partial) {
                 p_raw[slot] = vector_load<VEC>(args.partial, row + v);
-                grad_raw[slot] = vector_load_mutable<VEC>(args.dpartial, row + v);
+                if (args.dpartial_add)
+                    grad_raw[slot] = vector_load_mutable<VEC>(args.dpartial, row + v);
             }
         }
         const bool head_thread = args.partial && (int)threadIdx.x < H;
@@ -258,8 +261,9 @@ __global__ void __launch_bounds__(ROW_MAX_THREADS)
                 continue;
             const int h = v / hv;
             const float a = scalars[h], key_coefficient = r * scalars[H + h];
-            float grad[VEC];
-            vector_to_floats<VEC>(grad_raw[slot], grad);
+            float grad[VEC] = {}; /* GRAD_WRITE: +0.0, the bits of an add into zeros */
+            if (args.dpartial_add)
+                vector_to_floats<VEC>(grad_raw[slot], grad);
 #pragma unroll
             for (int i = 0; i < VEC; i++) {
                 grad[i] += a * dy[slot][i] + key_coefficient * key_weight[slot][i] -
@@ -378,8 +382,9 @@ static void merge_backward_launch(const MergeArgs &args, int threads, int blocks
     CUDA_CHECK_LAUNCH();
 }
 
-extern "C" void cuda_route_merge_backward(bf16 *dpartial, float *dquery, float *dkey_norm,
-                                          float *mean, const bf16 *dout, const bf16 *out,
+extern "C" void cuda_route_merge_backward(bf16 *dpartial, GradMode dpartial_mode,
+                                          float *dquery, float *dkey_norm, float *mean,
+                                          const bf16 *dout, const bf16 *out,
                                           const bf16 *partial, int n_sources,
                                           const float *weights, const float *rstd,
                                           const bf16 *query, const bf16 *key_norm,
@@ -395,6 +400,7 @@ extern "C" void cuda_route_merge_backward(bf16 *dpartial, float *dquery, float *
     args.weights = (float *)weights; /* read only in the backward */
     args.rstd = (float *)rstd;
     args.dpartial = dpartial;
+    args.dpartial_add = dpartial_mode == GRAD_ADD;
     args.mean = mean;
     args.dout = dout;
     args.merged = out;

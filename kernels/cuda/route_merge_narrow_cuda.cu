@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(MERGE_NARROW_THREADS)
         return;
     const int H = args.heads, N = args.n_completed, tokens = args.tokens;
     const int lanes_per_head = 32 / H, head = lane / lanes_per_head;
-    const bool has_partial = args.partial != NULL;
+    const bool has_partial = args.partial != NULL, adds = args.dpartial_add;
     float key_weight[8 * LV], channel_sums[8 * LV] = {};
     narrow_key_weight<LV>(args.query, args.key_norm, lane, key_weight);
     for (int t = warp; t < tokens; t += warps) {
@@ -131,7 +131,7 @@ __global__ void __launch_bounds__(MERGE_NARROW_THREADS)
         if (has_partial) {
             merge_lane_load<LV>(p_raw, args.partial, t, lane);
 #pragma unroll
-            for (int j = 0; j < LV; j++)
+            for (int j = 0; j < LV && adds; j++)
                 grad_raw[j] = vector_load_mutable<8>(args.dpartial, row + j);
         }
         const float a = has_partial ? args.weights[((long long)N * tokens + t) * H + head] : 0.0f;
@@ -166,10 +166,11 @@ __global__ void __launch_bounds__(MERGE_NARROW_THREADS)
         const float key_coefficient = r * dz;
 #pragma unroll
         for (int j = 0; j < LV; j++) { /* the rows converted again: registers, not loads */
-            float dy[8], p[8], grad[8];
+            float dy[8], p[8], grad[8] = {}; /* GRAD_WRITE: +0.0, an add into zeros */
             vector_to_floats<8>(dy_raw[j], dy);
             vector_to_floats<8>(p_raw[j], p);
-            vector_to_floats<8>(grad_raw[j], grad);
+            if (adds)
+                vector_to_floats<8>(grad_raw[j], grad);
 #pragma unroll
             for (int i = 0; i < 8; i++) {
                 const int c = 8 * j + i;
