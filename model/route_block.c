@@ -303,25 +303,31 @@ static Activation *const *partial_convolve(RouteWalk *walk, int j)
     return walk->model->scratch.route.partial_rows;
 }
 
-/* Replace form: site i > 0's partial merged into phase one's o_r of every stream, in place
- * in the slots (the weights and rstd where phase one put them). */
+/* Replace form: site i > 0's partial convolved and merged into phase one's o_r of every
+ * stream, in place in the slots (the weights and rstd where phase one put them), one op: a
+ * backend may convolve inside the merge's read (partial_rows are its scratch otherwise). */
 static void site_merge(RouteWalk *walk, int block, int i)
 {
-    const int j = block_first_site(walk, block) + i;
+    const int j = block_first_site(walk, block) + i, m = walk->plan->streams;
+    const SitePlan *site = &walk->plan->sites[j];
     const SiteWeights *weights = &walk->model->site_params[j];
-    const int n_sources = walk->plan->sites[j].n_sources;
     const RouteContext *route = walk->route;
     site_sources(walk, j, walk->sources);
-    Activation *const *partials = partial_convolve(walk, j);
-    for (int r = 0; r < walk->plan->streams; r++) {
-        Activation *o = stream_slot(walk, r, i + 1);
-        walk->backend->route_merge_forward(
-            o, site_weights_of(walk, block, i, r), site_rstd_of(walk, block, i, r), o,
-            site_stream_floats(walk, walk->model->scratch.route.block_lse, r, i),
-            partials[r], n_sources, route_stream_row(route, weights->query, r),
-            route_stream_row(route, weights->key_norm, r), walk->rows, walk->d,
-            walk->plan->heads, route->eps);
+    conv_gather(walk, site, 0, m, site->n_sources - 1); /* the partial, its taps and rows */
+    for (int r = 0; r < m; r++) {
+        walk->merge.streams[r] = stream_slot(walk, r, i + 1);
+        walk->merge.weights[r] = site_weights_of(walk, block, i, r);
+        walk->merge.rstd[r] = site_rstd_of(walk, block, i, r);
+        walk->merge.lse[r] = site_stream_floats(walk, walk->model->scratch.route.block_lse, r, i);
+        walk->merge.queries[r] = route_stream_row(route, weights->query, r);
+        walk->merge.key_norms[r] = route_stream_row(route, weights->key_norm, r);
     }
+    walk->backend->route_merge_conv_forward(
+        walk->merge.streams, walk->merge.weights, walk->merge.rstd,
+        (const Activation *const *)walk->merge.streams, walk->merge.lse, walk->conv.sources[0],
+        walk->conv.taps, walk->plan->kernel_sizes, m, site->n_sources, walk->merge.queries,
+        walk->merge.key_norms, walk->conv.rows, route->B, route->T, walk->d, walk->plan->heads,
+        route->eps);
 }
 
 /* Phase one of block n, every stream; in the backward of the replace form also every

@@ -84,6 +84,14 @@ typedef struct {
         Activation **rows, **grad_sources;
         float **grad_taps;
     } conv;
+    /* msar's replace form: a site's merge in every stream at once (route_merge_conv_forward),
+     * each [m] */
+    struct {
+        Activation **streams;
+        float **weights, **rstd;
+        const float **lse;
+        const Activation **queries, **key_norms;
+    } merge;
 } RouteWalk;
 
 /* For one chunk call (forward, or backward) of `stash` and `store`; `route` outlives it. */

@@ -55,6 +55,13 @@ void route_walk_begin(RouteWalk *walk, Model *model, Stash *stash, SummaryStore 
     walk->conv.grad_taps = xcalloc(stream_sources, sizeof *walk->conv.grad_taps);
     walk->site_streams = xcalloc((size_t)plan->streams, sizeof *walk->site_streams);
     walk->site_grad_streams = xcalloc((size_t)plan->streams, sizeof *walk->site_grad_streams);
+    const size_t m = plan->streams > 0 ? (size_t)plan->streams : 1;
+    walk->merge.streams = xcalloc(m, sizeof *walk->merge.streams);
+    walk->merge.weights = xcalloc(m, sizeof *walk->merge.weights);
+    walk->merge.rstd = xcalloc(m, sizeof *walk->merge.rstd);
+    walk->merge.lse = xcalloc(m, sizeof *walk->merge.lse);
+    walk->merge.queries = xcalloc(m, sizeof *walk->merge.queries);
+    walk->merge.key_norms = xcalloc(m, sizeof *walk->merge.key_norms);
 }
 
 void route_walk_end(RouteWalk *walk)
@@ -67,7 +74,9 @@ void route_walk_end(RouteWalk *walk)
                       walk->douts, walk->stream_sources, walk->stream_grad_sources,
                       walk->site_streams, walk->site_grad_streams, walk->conv.sources,
                       walk->conv.taps, walk->conv.grad_rows, walk->conv.rows,
-                      walk->conv.grad_sources, walk->conv.grad_taps};
+                      walk->conv.grad_sources, walk->conv.grad_taps, walk->merge.streams,
+                      walk->merge.weights, walk->merge.rstd, walk->merge.lse,
+                      walk->merge.queries, walk->merge.key_norms};
     for (size_t i = 0; i < sizeof arrays / sizeof arrays[0]; i++)
         free(arrays[i]);
 }

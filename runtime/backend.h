@@ -305,6 +305,21 @@ typedef struct Backend {
                                  const float *weights, const float *rstd,
                                  const Activation *query, const Activation *key_norm,
                                  float *scratch, int tokens, int d, int heads);
+    /* route_merge_conv_forward: MSAR's replace form, a site's merge in every stream at once:
+     * for r < streams, E_r = stream_conv_forward of `partial` [B T, d] with taps[r]
+     * ([kernel_sizes[r], d]), then route_merge_forward(out[r], weights[r], rstd[r],
+     * result[r], lse[r], E_r, n_sources, query[r], key_norm[r]). The results of those ops
+     * in turn, bit for bit (E_r rounded to the activation dtype as stream_conv_forward
+     * rounds it); a backend may convolve inside its read and never store E_r, or store it in
+     * rows[r] ([B T, d] each: scratch, contents unspecified after the call). out[r] may alias
+     * result[r]. */
+    void (*route_merge_conv_forward)(Activation *const *out, float *const *weights,
+                                     float *const *rstd, const Activation *const *result,
+                                     const float *const *lse, const Activation *partial,
+                                     const Activation *const *taps, const int *kernel_sizes,
+                                     int streams, int n_sources, const Activation *const *query,
+                                     const Activation *const *key_norm, Activation *const *rows,
+                                     int B, int T, int d, int heads, float eps);
     /* route_block_backward: route_backward of the G sites of a block through their N common
      * sources, each source read once for all of them:
      *   dsources[n] += sum_i ..., dqueries[i] +=, dkey_norms[i] +=, *dalphas[i] +=

@@ -409,6 +409,25 @@ static void table_route_merge_forward(Activation *out, float *weights, float *rs
                             CF(query), CF(key_norm), tokens, d, heads, eps);
 }
 
+/* the two ops in turn, E_r in rows[r] */
+static void table_route_merge_conv_forward(Activation *const *out, float *const *weights,
+                                           float *const *rstd, const Activation *const *result,
+                                           const float *const *lse, const Activation *partial,
+                                           const Activation *const *taps,
+                                           const int *kernel_sizes, int streams, int n_sources,
+                                           const Activation *const *query,
+                                           const Activation *const *key_norm,
+                                           Activation *const *rows, int B, int T, int d,
+                                           int heads, float eps)
+{
+    for (int r = 0; r < streams; r++) {
+        cpu_stream_conv_forward(F(rows[r]), CF(partial), CF(taps[r]), kernel_sizes[r], B, T, d);
+        cpu_route_merge_forward(F(out[r]), weights[r], rstd[r], CF(result[r]), lse[r],
+                                CF(rows[r]), n_sources, CF(query[r]), CF(key_norm[r]), B * T, d,
+                                heads, eps);
+    }
+}
+
 static void table_route_merge_backward(Activation *dpartial, GradMode dpartial_mode,
                                        float *dquery, float *dkey_norm, float *mean,
                                        const Activation *dout, const Activation *out,
@@ -493,6 +512,7 @@ static const Backend cpu_backend = {
     .add_scaled_rmsnorm_forward = table_add_scaled_rmsnorm_forward,
     .add_scaled_backward = table_add_scaled_backward,
     .route_merge_forward = table_route_merge_forward,
+    .route_merge_conv_forward = table_route_merge_conv_forward,
     .route_merge_backward = table_route_merge_backward,
     .route_block_backward = table_route_block_backward,
     .stream_conv_forward = table_stream_conv_forward,

@@ -197,6 +197,23 @@ static void op_route_merge_forward(Activation *out, float *weights, float *rstd,
                              backend_cuda_compute_stream());
 }
 
+static void op_route_merge_conv_forward(Activation *const *out, float *const *weights,
+                                        float *const *rstd, const Activation *const *result,
+                                        const float *const *lse, const Activation *partial,
+                                        const Activation *const *taps, const int *kernel_sizes,
+                                        int streams, int n_sources,
+                                        const Activation *const *query,
+                                        const Activation *const *key_norm,
+                                        Activation *const *rows, int B, int T, int d,
+                                        int heads, float eps)
+{
+    cuda_route_merge_conv_forward((bf16 *const *)out, weights, rstd, (const bf16 *const *)result,
+                                  lse, as_bf16_const(partial), (const bf16 *const *)taps,
+                                  kernel_sizes, streams, n_sources, (const bf16 *const *)query,
+                                  (const bf16 *const *)key_norm, (bf16 *const *)rows, B, T, d,
+                                  heads, eps, backend_cuda_compute_stream());
+}
+
 static void op_route_merge_backward(Activation *dpartial, GradMode dpartial_mode,
                                     float *dquery, float *dkey_norm, float *mean,
                                     const Activation *dout, const Activation *out,
@@ -251,6 +268,7 @@ extern "C" void backend_cuda_fill_routing(Backend *table, size_t table_bytes)
     table->add_scaled_backward = op_add_scaled_backward;
     table->route_merge_forward = op_route_merge_forward;
     table->route_merge_backward = op_route_merge_backward;
+    table->route_merge_conv_forward = op_route_merge_conv_forward;
     table->route_block_backward = op_route_block_backward;
     table->route_forward = op_route_forward;
     table->route_backward = op_route_backward;

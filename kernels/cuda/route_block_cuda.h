@@ -126,6 +126,21 @@ void cuda_route_merge_forward(bf16 *out, float *weights, float *rstd, const bf16
                               const bf16 *query, const bf16 *key_norm, int tokens, int d,
                               int heads, float eps, cudaStream_t stream);
 
+/* MSAR's replace form, site i > 0 of an open block: its partial b [B T, d] convolved for
+ * each of `streams` streams (taps[r] [kernel_sizes[r], d], as cuda_stream_conv_forward
+ * convolves and rounds it) and merged into that stream (cuda_route_merge_forward's out[r],
+ * weights[r], rstd[r] from result[r], lse[r], query[r], key_norm[r]); out[r] may alias
+ * result[r]. The bits of the two ops in turn; E_r is written only where the rows are not
+ * the warp-a-token merges' (d % 256 != 0, d > 2048, heads not dividing 32, pointers not
+ * 16-byte aligned): into rows[r], [B T, d] each, whose contents are otherwise left alone. */
+void cuda_route_merge_conv_forward(bf16 *const *out, float *const *weights, float *const *rstd,
+                                   const bf16 *const *result, const float *const *lse,
+                                   const bf16 *partial, const bf16 *const *taps,
+                                   const int *kernel_sizes, int streams, int n_sources,
+                                   const bf16 *const *query, const bf16 *const *key_norm,
+                                   bf16 *const *rows, int B, int T, int d, int heads, float eps,
+                                   cudaStream_t stream);
+
 size_t cuda_route_merge_backward_workspace_floats(int tokens, int d, int heads);
 
 /* mean = < dout, out > per head; with a partial (not NULL: the site's source n_sources - 1),

@@ -6,10 +6,8 @@
  * channel sums stay in registers over a warp's tokens and go to one row a warp of the
  * workspace, which route_block_reduce adds in warp order.
  */
-#include "kernels/cuda/route_block_device.cuh"
-#include "kernels/cuda/route_device.cuh"
 #include "kernels/cuda/route_merge.cuh"
-#include "kernels/cuda/route_narrow_device.cuh"
+#include "kernels/cuda/route_merge_narrow.cuh"
 
 #include <math.h>
 
@@ -19,7 +17,6 @@ enum {
      * of the channel sums) depend on the shapes only: 8 a multiprocessor of an H200, what
      * it holds at d 1280 (204 registers a thread: two blocks of four warps) */
     MERGE_NARROW_BACKWARD_WARPS = 132 * 8,
-    MERGE_NARROW_HELD = 4, /* phase-one weights a lane loads with its token's rows (N H <= 128) */
 };
 
 bool merge_narrow_fits(int d, int heads, const void *const *pointers, int count)
@@ -58,54 +55,14 @@ __global__ void __launch_bounds__(MERGE_NARROW_THREADS)
         for (int j = 0; j < LV; j++) /* out may alias result: not through the read-only path */
             result_raw[j] = vector_load_mutable<8>(args.result, (long long)t * 32 * LV + lane * LV + j);
         const float completed = args.lse[(long long)t * H + head];
-        float held[MERGE_NARROW_HELD]; /* rows 0..N-1 of the weights, entries lane + 32 k */
+        float held[MERGE_NARROW_HELD];
+        merge_narrow_held_load(held, args.weights, N, H, tokens, t, lane);
+        float p[8 * LV];
 #pragma unroll
-        for (int k = 0; k < MERGE_NARROW_HELD; k++) {
-            const int i = lane + 32 * k;
-            held[k] = i < N * H ? args.weights[((long long)(i / H) * tokens + t) * H + i % H]
-                                : 0.0f;
-        }
-        float p[8 * LV], squares = 0.0f, dot = 0.0f;
-#pragma unroll
-        for (int j = 0; j < LV; j++) {
+        for (int j = 0; j < LV; j++)
             vector_to_floats<8>(p_raw[j], p + 8 * j);
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                squares += p[8 * j + i] * p[8 * j + i];
-                dot += key_weight[8 * j + i] * p[8 * j + i];
-            }
-        }
-        squares = warp_sum(squares);
-        dot = head_sum(dot, lanes_per_head);
-        const float r = rsqrtf(squares * args.inverse_width + args.eps), z = r * dot;
-        const float top = fmaxf(completed, z);
-        const float total = top + __logf(__expf(completed - top) + __expf(z - top));
-        const float w_c = __expf(completed - total), w_p = __expf(z - total);
-#pragma unroll
-        for (int j = 0; j < LV; j++) {
-            float result[8], out[8];
-            vector_to_floats<8>(result_raw[j], result);
-#pragma unroll
-            for (int i = 0; i < 8; i++)
-                out[i] = w_c * result[i] + w_p * p[8 * j + i];
-            vector_store<8>(args.out, (long long)t * 32 * LV + lane * LV + j,
-                            vector_from_floats<8>(out));
-        }
-        if (lane % lanes_per_head == 0)
-            args.weights[((long long)N * tokens + t) * H + head] = w_p;
-        if (lane == 0)
-            args.rstd[(long long)N * tokens + t] = r;
-        /* entry i's head is i % H; with 32 % H == 0 that is lane % H for every k, so one
-         * shuffle gives each lane the w_c of all its entries */
-        const float scale = __shfl_sync(0xffffffffu, w_c, (lane % H) * lanes_per_head);
-#pragma unroll
-        for (int k = 0; k < MERGE_NARROW_HELD; k++) {
-            const int i = lane + 32 * k;
-            if (i < N * H)
-                args.weights[((long long)(i / H) * tokens + t) * H + i % H] = held[k] * scale;
-        }
-        for (int i = lane + 32 * MERGE_NARROW_HELD; i < N * H; i += 32) /* past the held ones */
-            args.weights[((long long)(i / H) * tokens + t) * H + i % H] *= scale;
+        merge_narrow_token<LV>(args.out, args.weights, args.rstd, result_raw, completed, held, p,
+                               key_weight, N, H, tokens, t, args.inverse_width, args.eps, lane);
     }
 }
 

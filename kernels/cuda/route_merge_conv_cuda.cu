@@ -1,0 +1,194 @@
+/* kernels/cuda/route_merge_conv_cuda.cu — MSAR's replace-form merge of a site's partial into
+ * every stream, the partial's convolution done inside the read (route_block_cuda.h,
+ * cuda_route_merge_conv_forward; backend.h states the math):
+ *   E_r = conv_r(b)  (stream_conv_forward's sum, from tau = 0, rounded to bf16 as it rounds)
+ *   o_r = route_merge_forward(o_r, E_r)  for each stream r
+ * so the merged streams have the bits of cuda_stream_conv_forward into rows followed by
+ * cuda_route_merge_forward a stream at a time, and E_r is never written.
+ *
+ * How fast should this be: the composition moves 1 + m rows for the convolution (b read, E_r
+ * written) and 3 a stream for the merges (E_r, o_r read, o_r written): 17 rows at m 4. Here
+ * b is read once from DRAM (its window rows from L1: a warp walks consecutive tokens) and
+ * each stream's o_r read and written: 1 + 2m = 9 rows, at d 1280 and 8192 tokens 189 MB
+ * where 357 MB were.
+ *
+ * The layout is the narrow merges' (route_merge_narrow_cuda.cu, route_merge_narrow.cuh): a
+ * warp a token, lane l owns channels [l d/32, (l+1) d/32), LV = d / 256 vectors of 8, a head
+ * whole lanes. A warp walks MERGE_CONV_RUN consecutive tokens of the flattened [B T] rows,
+ * stream by stream for each token; the convolution of token t reads rows t - tau (tau < k_r,
+ * same sequence) of b and the taps through L1. Measured on an H100 at the 1B microbatch
+ * (docs/performance.md, 2026-12-06): 0.159 ms against 0.215 for the composition, 1.2 TB/s.
+ * A block that first copied its 8 tokens' rows and the 7 before them into shared memory
+ * (cp.async, one barrier) took 0.180 ms, and its step 6 ms more. Other shapes (the wide
+ * rows, misaligned pointers) take the composition, with the caller's rows for E_r.
+ */
+#include "kernels/cuda/route_block_cuda.h"
+#include "kernels/cuda/route_merge.cuh"
+#include "kernels/cuda/route_merge_narrow.cuh"
+#include "kernels/cuda/stream_conv.cuh"
+
+#include <math.h>
+
+enum {
+    MERGE_CONV_THREADS = 128, /* four warps a block */
+    MERGE_CONV_RUN = 4,       /* consecutive tokens a warp: 2048 warps at 8192 tokens */
+    MERGE_CONV_STREAMS = 8,   /* streams a launch (more: launches in turn) */
+};
+
+/* The streams of one launch, by value in the kernel's parameters */
+struct MergeConvArgs {
+    bf16 *out[MERGE_CONV_STREAMS];
+    float *weights[MERGE_CONV_STREAMS]; /* [N + 1, tokens, heads] */
+    float *rstd[MERGE_CONV_STREAMS];    /* [N + 1, tokens] */
+    const bf16 *result[MERGE_CONV_STREAMS];
+    const float *lse[MERGE_CONV_STREAMS];
+    const bf16 *taps[MERGE_CONV_STREAMS]; /* [kernel_size, d] */
+    const bf16 *query[MERGE_CONV_STREAMS], *key_norm[MERGE_CONV_STREAMS];
+    int kernel_size[MERGE_CONV_STREAMS];
+    const bf16 *partial; /* b [B T, d] */
+    float eps, inverse_width;
+    int streams, n_completed, tokens, T, heads;
+};
+
+/* E_r of token t for this lane's channels: stream_conv's conv_sum, term by term (a product
+ * alone at tau = 0, then tau = 1 .. taps_here - 1 added in order), rounded to bf16 */
+template <int LV>
+__device__ __forceinline__ void merge_conv_partial(float *p, const bf16 *partial, const bf16 *taps,
+                                                   int taps_here, long long t, int lane)
+{
+#pragma unroll
+    for (int j = 0; j < LV; j++) {
+        const long long vector = lane * LV + j;
+        float x[8], tap[8], sum[8];
+        vector_to_floats<8>(vector_load<8>(partial, t * 32 * LV + vector), x);
+        vector_to_floats<8>(vector_load<8>(taps, vector), tap);
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            sum[i] = tap[i] * x[i];
+        for (int tau = 1; tau < taps_here; tau++) {
+            vector_to_floats<8>(vector_load<8>(partial, (t - tau) * 32 * LV + vector), x);
+            vector_to_floats<8>(vector_load<8>(taps, (long long)tau * 32 * LV + vector), tap);
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                sum[i] += tap[i] * x[i];
+        }
+        vector_to_floats<8>(vector_from_floats<8>(sum), p + 8 * j); /* E_r as stored */
+    }
+}
+
+/* One stream of token t: the narrow merge (route_merge_narrow.cuh) with p = E_r */
+template <int LV>
+__device__ __forceinline__ void merge_conv_stream(const MergeConvArgs &args, int r, long long t,
+                                                  int lane)
+{
+    const int H = args.heads, N = args.n_completed;
+    BfVector<8> result_raw[LV];
+#pragma unroll
+    for (int j = 0; j < LV; j++) /* out may alias result: not through the read-only path */
+        result_raw[j] = vector_load_mutable<8>(args.result[r], t * 32 * LV + lane * LV + j);
+    const float completed = args.lse[r][t * H + lane / (32 / H)];
+    float held[MERGE_NARROW_HELD];
+    merge_narrow_held_load(held, args.weights[r], N, H, args.tokens, t, lane);
+    const int position = (int)(t % args.T), kernel_size = args.kernel_size[r];
+    float p[8 * LV], key_weight[8 * LV];
+    merge_conv_partial<LV>(p, args.partial, args.taps[r],
+                           kernel_size < position + 1 ? kernel_size : position + 1, t, lane);
+    narrow_key_weight<LV>(args.query[r], args.key_norm[r], lane, key_weight);
+    merge_narrow_token<LV>(args.out[r], args.weights[r], args.rstd[r], result_raw, completed,
+                           held, p, key_weight, N, H, args.tokens, t, args.inverse_width,
+                           args.eps, lane);
+}
+
+template <int LV>
+__global__ void __launch_bounds__(MERGE_CONV_THREADS)
+    merge_conv_forward_kernel(const __grid_constant__ MergeConvArgs args)
+{
+    const int lane = threadIdx.x & 31;
+    const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const long long first = warp * MERGE_CONV_RUN;
+    for (long long t = first; t < first + MERGE_CONV_RUN && t < args.tokens; t++)
+        for (int r = 0; r < args.streams; r++)
+            merge_conv_stream<LV>(args, r, t, lane);
+}
+
+/* ---- the entry ---- */
+
+template <int LV>
+static void merge_conv_launch(const MergeConvArgs &args, cudaStream_t stream)
+{
+    const long long warps = (args.tokens + MERGE_CONV_RUN - 1) / MERGE_CONV_RUN;
+    const unsigned blocks = (unsigned)((warps + MERGE_CONV_THREADS / 32 - 1) /
+                                       (MERGE_CONV_THREADS / 32));
+    merge_conv_forward_kernel<LV><<<blocks, MERGE_CONV_THREADS, 0, stream>>>(args);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* Whether every stream's rows and the partial take the warp-a-token layout */
+static bool merge_conv_fits(bf16 *const *out, const bf16 *const *result,
+                            const bf16 *const *taps, const bf16 *const *query,
+                            const bf16 *const *key_norm, const bf16 *partial, int streams,
+                            int d, int heads)
+{
+    for (int r = 0; r < streams; r++) {
+        const void *pointers[] = {out[r], result[r], taps[r], query[r], key_norm[r], partial};
+        if (!merge_narrow_fits(d, heads, pointers, 6))
+            return false;
+    }
+    return true;
+}
+
+extern "C" void cuda_route_merge_conv_forward(
+    bf16 *const *out, float *const *weights, float *const *rstd, const bf16 *const *result,
+    const float *const *lse, const bf16 *partial, const bf16 *const *taps,
+    const int *kernel_sizes, int streams, int n_sources, const bf16 *const *query,
+    const bf16 *const *key_norm, bf16 *const *rows, int B, int T, int d, int heads, float eps,
+    cudaStream_t stream)
+{
+    route_check_shape(n_sources, d, heads);
+    if (!conv_check_streams(kernel_sizes, streams, d, B, T) || streams <= 0)
+        return;
+    const int tokens = B * T;
+    if (!merge_conv_fits(out, result, taps, query, key_norm, partial, streams, d, heads)) {
+        /* the composition: every stream's E_r into the caller's rows, then the merges */
+        const bf16 *x[1] = {partial};
+        cuda_stream_conv_forward(rows, x, taps, 1, streams, kernel_sizes, B, T, d, stream);
+        for (int r = 0; r < streams; r++)
+            cuda_route_merge_forward(out[r], weights[r], rstd[r], result[r], lse[r], rows[r],
+                                     n_sources, query[r], key_norm[r], tokens, d, heads, eps,
+                                     stream);
+        return;
+    }
+    for (int first = 0; first < streams; first += MERGE_CONV_STREAMS) {
+        MergeConvArgs args = {};
+        args.streams = streams - first < MERGE_CONV_STREAMS ? streams - first : MERGE_CONV_STREAMS;
+        for (int s = 0; s < args.streams; s++) {
+            const int r = first + s;
+            args.out[s] = out[r];
+            args.weights[s] = weights[r];
+            args.rstd[s] = rstd[r];
+            args.result[s] = result[r];
+            args.lse[s] = lse[r];
+            args.taps[s] = taps[r];
+            args.query[s] = query[r];
+            args.key_norm[s] = key_norm[r];
+            args.kernel_size[s] = kernel_sizes[r];
+        }
+        args.partial = partial;
+        args.eps = eps;
+        args.inverse_width = 1.0f / (float)d;
+        args.n_completed = n_sources - 1;
+        args.tokens = tokens;
+        args.T = T;
+        args.heads = heads;
+        switch (d / 256) {
+        case 1: merge_conv_launch<1>(args, stream); break;
+        case 2: merge_conv_launch<2>(args, stream); break;
+        case 3: merge_conv_launch<3>(args, stream); break;
+        case 4: merge_conv_launch<4>(args, stream); break;
+        case 5: merge_conv_launch<5>(args, stream); break;
+        case 6: merge_conv_launch<6>(args, stream); break;
+        case 7: merge_conv_launch<7>(args, stream); break;
+        default: merge_conv_launch<8>(args, stream); break;
+        }
+    }
+}

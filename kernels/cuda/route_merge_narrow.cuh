@@ -1,0 +1,82 @@
+/* kernels/cuda/route_merge_narrow.cuh — the replace form's merge of one token in the
+ * warp-a-token layout (route_narrow.cuh: lane l owns channels [l d/32, (l+1) d/32), LV = d /
+ * 256 vectors of 8, a head whole lanes), for the kernels that merge a partial they read
+ * (route_merge_narrow_cuda.cu) and one they convolve (route_merge_conv_cuda.cu): one copy of
+ * the math of route_merge_cuda.cu's header, so the two give the same bits. CUDA C++ only.
+ */
+#ifndef FATHOM_KERNELS_CUDA_ROUTE_MERGE_NARROW_CUH
+#define FATHOM_KERNELS_CUDA_ROUTE_MERGE_NARROW_CUH
+
+#include "kernels/cuda/route_block_device.cuh"
+#include "kernels/cuda/route_device.cuh"
+#include "kernels/cuda/route_narrow_device.cuh"
+
+enum { MERGE_NARROW_HELD = 4 }; /* phase-one weights a lane loads with its token (N H <= 128) */
+
+/* rows 0..N-1 of token t's weights [N + 1, tokens, H], entries lane + 32 k (0 past N H):
+ * loaded with the token's rows, rescaled by merge_narrow_token */
+__device__ __forceinline__ void merge_narrow_held_load(float (&held)[MERGE_NARROW_HELD],
+                                                       const float *weights, int N, int H,
+                                                       int tokens, long long t, int lane)
+{
+#pragma unroll
+    for (int k = 0; k < MERGE_NARROW_HELD; k++) {
+        const int i = lane + 32 * k;
+        held[k] = i < N * H ? weights[((long long)(i / H) * tokens + t) * H + i % H] : 0.0f;
+    }
+}
+
+/* Token t's merge, p (this lane's channels of the partial, fp32) given:
+ *   r = rsqrt(mean(p^2) + eps), z = r < q*g, p > per head, w_c = e^(lse - l), w_p =
+ *   e^(z - l) with l = log(e^lse + e^z) about max(lse, z);
+ *   out = w_c result + w_p p; weights rows 0..N-1 = held * w_c (and past the held ones *=),
+ *   row N = w_p; rstd row N = r. */
+template <int LV>
+__device__ __forceinline__ void merge_narrow_token(bf16 *out, float *weights, float *rstd,
+                                                   const BfVector<8> (&result_raw)[LV],
+                                                   float completed,
+                                                   const float (&held)[MERGE_NARROW_HELD],
+                                                   const float *p, const float *key_weight,
+                                                   int N, int H, int tokens, long long t,
+                                                   float inverse_width, float eps, int lane)
+{
+    const int lanes_per_head = 32 / H, head = lane / lanes_per_head;
+    float squares = 0.0f, dot = 0.0f;
+#pragma unroll
+    for (int c = 0; c < 8 * LV; c++) {
+        squares += p[c] * p[c];
+        dot += key_weight[c] * p[c];
+    }
+    squares = warp_sum(squares);
+    dot = head_sum(dot, lanes_per_head);
+    const float r = rsqrtf(squares * inverse_width + eps), z = r * dot;
+    const float top = fmaxf(completed, z);
+    const float total = top + __logf(__expf(completed - top) + __expf(z - top));
+    const float w_c = __expf(completed - total), w_p = __expf(z - total);
+#pragma unroll
+    for (int j = 0; j < LV; j++) {
+        float result[8], merged[8];
+        vector_to_floats<8>(result_raw[j], result);
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            merged[i] = w_c * result[i] + w_p * p[8 * j + i];
+        vector_store<8>(out, t * 32 * LV + lane * LV + j, vector_from_floats<8>(merged));
+    }
+    if (lane % lanes_per_head == 0)
+        weights[((long long)N * tokens + t) * H + head] = w_p;
+    if (lane == 0)
+        rstd[(long long)N * tokens + t] = r;
+    /* entry i's head is i % H; with 32 % H == 0 that is lane % H for every k, so one shuffle
+     * gives each lane the w_c of all its entries */
+    const float scale = __shfl_sync(0xffffffffu, w_c, (lane % H) * lanes_per_head);
+#pragma unroll
+    for (int k = 0; k < MERGE_NARROW_HELD; k++) {
+        const int i = lane + 32 * k;
+        if (i < N * H)
+            weights[((long long)(i / H) * tokens + t) * H + i % H] = held[k] * scale;
+    }
+    for (int i = lane + 32 * MERGE_NARROW_HELD; i < N * H; i += 32) /* past the held ones */
+        weights[((long long)(i / H) * tokens + t) * H + i % H] *= scale;
+}
+
+#endif

@@ -1,0 +1,200 @@
+/* tests/test_cuda_merge_conv.c — MSAR's replace-form merge of a site's partial in every
+ * stream, the convolution inside the read (cuda_route_merge_conv_forward,
+ * kernels/cuda/route_merge_conv_cuda.cu; docs/design-notes.md, "The replace form's merge
+ * convolves its partial inside the read"):
+ * - on the GPU, the bits of cuda_stream_conv_forward into rows and cuda_route_merge_forward
+ *   a stream at a time, as the op promises: the merged streams, the weights (phase one's rows
+ *   rescaled, the partial's row written) and the partial's rstd;
+ * - against the cpu's convolution (E rounded to bf16, as the op's contract rounds it) and
+ *   merge on the same values, within bf16 tolerance (E in fp32 moved the weights 1.7e-3 on
+ *   an H100, past the statistics' 1e-3).
+ * Fresh random inputs rounded to bf16; the partial's weight and rstd rows and a separate out
+ * poisoned with NaN; the warp-a-token kernel (d % 256 == 0) with streams of every kernel
+ * size, sequences shorter than the widest kernel, more than a launch's 8 streams, more phase
+ * one weights than a lane holds; and rows the kernel does not take (d 96), where the op
+ * convolves into the caller's rows. Each test SKIPs where no GPU answers.
+ */
+#include "kernels/cpu/kernels_cpu.h"
+#include "kernels/cuda/route_block_cuda.h"
+#include "kernels/cuda/route_cuda.h"
+#include "tests/gpu_support.h"
+#include "tests/support.h"
+
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define BF16_TOLERANCE 1e-2
+#define STATISTIC_TOLERANCE 1e-3
+#define EPS 1e-5f
+
+enum { MAX_STREAMS = 10 };
+
+typedef struct {
+    int B, T, d, heads, n_sources, streams;
+    int kernel_sizes[MAX_STREAMS];
+    bool in_place; /* out is result, as the walk calls it */
+} MergeConvShape;
+
+static const MergeConvShape shapes[] = {
+    {2, 300, 1280, 8, 5, 4, {1, 2, 4, 8}, true},              /* the 1B step's */
+    {3, 17, 256, 2, 2, 3, {3, 5, 7}, false},                   /* one lane a head's half */
+    {1, 5, 2048, 16, 3, 1, {8}, true},                         /* T below k; 8 vectors a lane */
+    {1, 40, 512, 4, 9, 10, {1, 2, 3, 4, 5, 6, 7, 8, 2, 1}, true}, /* two launches */
+    {1, 20, 256, 32, 6, 2, {4, 1}, false},                     /* N H = 160: past the held */
+    {2, 33, 96, 4, 3, 2, {2, 8}, true},                        /* the composition */
+};
+
+/* One stream's arrays: host fp32 (bf16 values where the GPU reads bf16) and two device
+ * copies, one for the composition and one for the op */
+typedef struct {
+    float *taps, *query, *key_norm, *result, *lse, *weights, *rstd;
+    bf16 *device_taps, *device_query, *device_key_norm;
+    float *device_lse;
+    bf16 *result_of[2], *out_of[2];
+    float *weights_of[2], *rstd_of[2];
+} StreamArrays;
+
+static size_t rows_of(const MergeConvShape *s)
+{
+    return (size_t)s->B * s->T * s->d;
+}
+
+static void stream_make(StreamArrays *a, const MergeConvShape *s, int r, uint64_t seed)
+{
+    const int tokens = s->B * s->T, N = s->n_sources - 1, H = s->heads;
+    const size_t weights = (size_t)(N + 1) * tokens * H, rstd = (size_t)(N + 1) * tokens;
+    memset(a, 0, sizeof *a);
+    a->taps = gpu_test_bf16_values((size_t)s->kernel_sizes[r] * s->d, 0.6f, seed + 1);
+    a->query = gpu_test_bf16_values((size_t)s->d, 1.0f, seed + 2);
+    a->key_norm = gpu_test_rounded_uniform((size_t)s->d, 0.5f, 1.0f, seed + 3);
+    a->result = gpu_test_bf16_values(rows_of(s), 1.0f, seed + 4);
+    a->lse = gpu_test_fp32_values((size_t)tokens * H, 1.0f, seed + 5);
+    /* phase one's: weights in (0, 1) and rstd in (0.5, 1.5) for rows 0..N-1, the partial's
+     * row N poisoned */
+    a->weights = gpu_test_host_floats(weights);
+    a->rstd = gpu_test_host_floats(rstd);
+    float *uniform = gpu_test_fp32_values(weights, 0.5f, seed + 6);
+    for (size_t i = 0; i < weights; i++)
+        a->weights[i] = i < (size_t)N * tokens * H ? uniform[i] + 0.5f : NAN;
+    free(uniform);
+    uniform = gpu_test_fp32_values(rstd, 0.5f, seed + 7);
+    for (size_t i = 0; i < rstd; i++)
+        a->rstd[i] = i < (size_t)N * tokens ? uniform[i] + 1.0f : NAN;
+    free(uniform);
+    a->device_taps = gpu_upload_bf16(a->taps, (size_t)s->kernel_sizes[r] * s->d);
+    a->device_query = gpu_upload_bf16(a->query, (size_t)s->d);
+    a->device_key_norm = gpu_upload_bf16(a->key_norm, (size_t)s->d);
+    a->device_lse = gpu_upload_floats(a->lse, (size_t)tokens * H);
+    for (int k = 0; k < 2; k++) {
+        a->result_of[k] = gpu_upload_bf16(a->result, rows_of(s));
+        a->out_of[k] = s->in_place ? a->result_of[k] : gpu_poisoned_bf16(rows_of(s));
+        a->weights_of[k] = gpu_upload_floats(a->weights, weights);
+        a->rstd_of[k] = gpu_upload_floats(a->rstd, rstd);
+    }
+}
+
+static void stream_free(StreamArrays *a)
+{
+    free(a->taps), free(a->query), free(a->key_norm), free(a->result), free(a->lse);
+    free(a->weights), free(a->rstd);
+}
+
+static void expect_close(const float *got, const float *want, size_t n, double tolerance,
+                         const char *what, int shape, int r)
+{
+    const double error = test_relative_error(got, want, n);
+    cr_assert_leq(error, tolerance, "shape %d stream %d: %s against the cpu: relative error %.3g",
+                  shape, r, what, error);
+}
+
+/* the downloads of copy k equal copy 0's bit for bit */
+static void expect_same_bits(const float *got, const float *want, size_t n, const char *what,
+                             int shape, int r)
+{
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(&got[i], &want[i], sizeof(float)) != 0)
+            cr_assert_fail("shape %d stream %d: %s[%zu] is %a, the ops in turn give %a", shape,
+                           r, what, i, got[i], want[i]);
+}
+
+static void check_shape(int index, uint64_t seed)
+{
+    const MergeConvShape *s = &shapes[index];
+    const int tokens = s->B * s->T, N = s->n_sources - 1, H = s->heads, m = s->streams;
+    const size_t row = rows_of(s), weights = (size_t)(N + 1) * tokens * H;
+    const size_t rstd = (size_t)(N + 1) * tokens;
+    float *partial = gpu_test_bf16_values(row, 1.0f, seed);
+    bf16 *device_partial = gpu_upload_bf16(partial, row);
+    StreamArrays a[MAX_STREAMS];
+    bf16 *out[2][MAX_STREAMS], *result[2][MAX_STREAMS], *rows[MAX_STREAMS];
+    const bf16 *taps[MAX_STREAMS], *query[MAX_STREAMS], *key_norm[MAX_STREAMS];
+    float *weights_of[2][MAX_STREAMS], *rstd_of[2][MAX_STREAMS];
+    const float *lse[MAX_STREAMS];
+    for (int r = 0; r < m; r++) {
+        stream_make(&a[r], s, r, seed * 100 + 10 * (uint64_t)r);
+        taps[r] = a[r].device_taps, query[r] = a[r].device_query;
+        key_norm[r] = a[r].device_key_norm, lse[r] = a[r].device_lse;
+        rows[r] = gpu_poisoned_bf16(row);
+        for (int k = 0; k < 2; k++) {
+            out[k][r] = a[r].out_of[k], result[k][r] = a[r].result_of[k];
+            weights_of[k][r] = a[r].weights_of[k], rstd_of[k][r] = a[r].rstd_of[k];
+        }
+    }
+    /* copy 0: the two ops in turn; copy 1: the op */
+    const bf16 *x[1] = {device_partial};
+    cuda_stream_conv_forward(rows, x, taps, 1, m, s->kernel_sizes, s->B, s->T, s->d, 0);
+    for (int r = 0; r < m; r++)
+        cuda_route_merge_forward(out[0][r], weights_of[0][r], rstd_of[0][r], result[0][r], lse[r],
+                                 rows[r], s->n_sources, query[r], key_norm[r], tokens, s->d, H,
+                                 EPS, 0);
+    for (int r = 0; r < m; r++) /* the op's rows are scratch: poisoned again */
+        rows[r] = gpu_poisoned_bf16(row);
+    cuda_route_merge_conv_forward(out[1], weights_of[1], rstd_of[1],
+                                  (const bf16 *const *)result[1], lse, device_partial, taps,
+                                  s->kernel_sizes, m, s->n_sources, query, key_norm, rows, s->B,
+                                  s->T, s->d, H, EPS, 0);
+    CUDA_CHECK(cudaDeviceSynchronize());
+
+    float *convolved = gpu_test_host_floats(row), *want = gpu_test_host_floats(row);
+    for (int r = 0; r < m; r++) {
+        float *got[2][3];
+        for (int k = 0; k < 2; k++) {
+            got[k][0] = gpu_download_bf16(out[k][r], row);
+            got[k][1] = gpu_download_floats(weights_of[k][r], weights);
+            got[k][2] = gpu_download_floats(rstd_of[k][r], rstd);
+        }
+        expect_same_bits(got[1][0], got[0][0], row, "out", index, r);
+        expect_same_bits(got[1][1], got[0][1], weights, "weights", index, r);
+        expect_same_bits(got[1][2], got[0][2], rstd, "rstd", index, r);
+        /* the cpu's convolution and merge of the same values */
+        cpu_stream_conv_forward(convolved, partial, a[r].taps, s->kernel_sizes[r], s->B, s->T,
+                                s->d);
+        gpu_round_to_bf16(convolved, row);
+        cpu_route_merge_forward(want, a[r].weights, a[r].rstd, a[r].result, a[r].lse, convolved,
+                                s->n_sources, a[r].query, a[r].key_norm, tokens, s->d, H, EPS);
+        cr_assert(test_all_finite(got[1][0], row) && test_all_finite(got[1][1], weights) &&
+                      test_all_finite(got[1][2], rstd),
+                  "shape %d stream %d: an output left unwritten (NaN)", index, r);
+        expect_close(got[1][0], want, row, BF16_TOLERANCE, "out", index, r);
+        expect_close(got[1][1], a[r].weights, weights, STATISTIC_TOLERANCE, "weights", index, r);
+        expect_close(got[1][2], a[r].rstd, rstd, STATISTIC_TOLERANCE, "rstd", index, r);
+        for (int k = 0; k < 2; k++)
+            for (int q = 0; q < 3; q++)
+                free(got[k][q]);
+        stream_free(&a[r]);
+    }
+    free(convolved), free(want), free(partial);
+    gpu_free_all();
+}
+
+Test(cuda_merge_conv, merges_every_stream_with_the_bits_of_the_convolution_then_the_merge)
+{
+    gpu_require();
+    for (int i = 0; i < (int)(sizeof shapes / sizeof shapes[0]); i++) {
+        cr_log_info("merge conv shape %d", i);
+        check_shape(i, 4000 + 17 * (uint64_t)i);
+    }
+}
