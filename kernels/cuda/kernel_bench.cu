@@ -11,10 +11,11 @@
  * variant (forwards grouped, specialised, single_consumer, persistent; backwards fused,
  * fused_tma, two_pass) or only the one named, so that a variant that faults takes no other
  * with it. `fathom-kernel-bench matmul` times the matmuls alone, `fathom-kernel-bench
- * optimizer` AdamW and the clipping norm alone, `fathom-kernel-bench mix` MSAR's stream mix
- * and convolution.
+ * optimizer` AdamW and the clipping norm alone, `fathom-kernel-bench mix` MSAR's stream mix,
+ * convolution and merges (kernel_bench_stream.cu).
  */
 #include "kernels/cuda/attention_cuda.h"
+#include "kernels/cuda/kernel_bench.h"
 #include "kernels/cuda/kernels_cuda.h"
 #include "kernels/cuda/route_block_cuda.h"
 #include "kernels/cuda/route_cuda.h"
@@ -24,70 +25,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static const double PEAK_TFLOPS = 790.0, PEAK_GBS = 4300.0;
-
-static void *device_random_bf16(size_t n, unsigned seed)
-{
-    bf16 *host = (bf16 *)malloc(n * sizeof(bf16));
-    unsigned state = seed * 2654435761u + 1;
-    for (size_t i = 0; i < n; i++) {
-        state = state * 1664525u + 1013904223u;
-        host[i] = bf16_from_float(((float)(state >> 8) / 16777216.0f - 0.5f) * 0.5f);
-    }
-    void *device;
-    CUDA_CHECK(cudaMalloc(&device, n * sizeof(bf16)));
-    CUDA_CHECK(cudaMemcpy(device, host, n * sizeof(bf16), cudaMemcpyHostToDevice));
-    free(host);
-    return device;
-}
-
-static float *device_floats(size_t n, float value)
-{
-    float *host = (float *)malloc(n * sizeof(float));
-    for (size_t i = 0; i < n; i++)
-        host[i] = value;
-    float *device;
-    CUDA_CHECK(cudaMalloc(&device, n * sizeof(float)));
-    CUDA_CHECK(cudaMemcpy(device, host, n * sizeof(float), cudaMemcpyHostToDevice));
-    free(host);
-    return device;
-}
-
-typedef void (*Case)(void *context);
-
-static double median_ms(Case run, void *context)
-{
-    cudaEvent_t start, stop;
-    CUDA_CHECK(cudaEventCreate(&start));
-    CUDA_CHECK(cudaEventCreate(&stop));
-    for (int i = 0; i < 3; i++)
-        run(context);
-    float times[20];
-    for (int i = 0; i < 20; i++) {
-        CUDA_CHECK(cudaEventRecord(start, 0));
-        run(context);
-        CUDA_CHECK(cudaEventRecord(stop, 0));
-        CUDA_CHECK(cudaEventSynchronize(stop));
-        CUDA_CHECK(cudaEventElapsedTime(&times[i], start, stop));
-    }
-    CUDA_CHECK(cudaEventDestroy(start));
-    CUDA_CHECK(cudaEventDestroy(stop));
-    std::sort(times, times + 20);
-    return times[10];
-}
-
-static void report(const char *name, double ms, double flops, double bytes)
-{
-    double floor_ms = std::max(flops / (PEAK_TFLOPS * 1e9), bytes / (PEAK_GBS * 1e6));
-    if (flops > 0)
-        printf("%-48s %9.3f ms %9.1f TFLOP/s   floor %8.3f ms  (%.2fx floor)\n", name, ms,
-               flops / ms / 1e9, floor_ms, ms / floor_ms);
-    else
-        printf("%-48s %9.3f ms %9.1f GB/s      floor %8.3f ms  (%.2fx floor)\n", name, ms,
-               bytes / ms / 1e6, floor_ms, ms / floor_ms);
-    fflush(stdout);
-}
 
 /* ---- cases ---- */
 
@@ -361,169 +298,6 @@ static void copy_case(void *p)
                                cudaMemcpyDeviceToDevice, 0));
 }
 
-/* MSAR's stream mix (m 4) as the walks call it: the forward over every stream; the
- * backward a stream at a time with the delta gate (the delta form's block backward) and over
- * every stream at once (the replace form's), d o_r written. */
-typedef struct {
-    int m, rows, d, only; /* only: the one stream given, or -1 for all */
-    const bf16 *streams[4];
-    bf16 *dstreams[4], *out, *dout, *mix_proj;
-    float *gates, *rstd, *mix_bias, *dmix_bias, *dmix_proj, *dalpha, *alpha, *workspace;
-} MixCase;
-
-static void mix_forward_case(void *p)
-{
-    MixCase *c = (MixCase *)p;
-    cuda_stream_mix_forward(c->out, c->gates, c->rstd, c->streams, c->m, c->mix_bias,
-                            c->mix_proj, c->rows, c->d, 1e-5f, 0);
-}
-
-static void mix_backward_case(void *p)
-{
-    MixCase *c = (MixCase *)p;
-    const bf16 *given[4];
-    for (int r = 0; r < c->m; r++)
-        given[r] = c->only < 0 || c->only == r ? c->streams[r] : NULL;
-    cuda_stream_mix_backward(c->dstreams, GRAD_WRITE, c->dmix_bias, c->dmix_proj, c->dalpha,
-                             c->dout, given, c->m, c->gates, c->rstd, c->mix_bias, c->mix_proj,
-                             c->only < 0 ? NULL : c->alpha, c->rows, c->d, c->workspace, 0);
-}
-
-static void bench_mix(int rows, int d)
-{
-    MixCase c = {};
-    c.m = 4, c.rows = rows, c.d = d;
-    const size_t n = (size_t)rows * d;
-    for (int r = 0; r < c.m; r++) {
-        c.streams[r] = (const bf16 *)device_random_bf16(n, 41 + r);
-        c.dstreams[r] = (bf16 *)device_random_bf16(n, 45 + r);
-    }
-    c.out = (bf16 *)device_random_bf16(n, 49);
-    c.dout = (bf16 *)device_random_bf16(n, 50);
-    c.mix_proj = (bf16 *)device_random_bf16((size_t)c.m * d, 51);
-    c.gates = device_floats((size_t)rows * c.m, 0.25f);
-    c.rstd = device_floats((size_t)rows * c.m, 1.0f);
-    c.mix_bias = device_floats(c.m, -1.0986f);
-    c.dmix_bias = device_floats(c.m, 0.0f);
-    c.dmix_proj = device_floats((size_t)c.m * d, 0.0f);
-    c.dalpha = device_floats(1, 0.0f);
-    c.alpha = device_floats(1, 0.5f);
-    c.workspace = device_floats(cuda_stream_mix_backward_workspace_floats(c.m, rows, d), 0.0f);
-    const double row_bytes = 2.0 * n;
-    char name[64];
-    snprintf(name, sizeof name, "stream mix fwd m4 %dx%d", rows, d);
-    report(name, median_ms(mix_forward_case, &c), 0, (c.m + 1) * row_bytes);
-    c.only = 1;
-    snprintf(name, sizeof name, "stream mix bwd, a stream, gated %dx%d", rows, d);
-    report(name, median_ms(mix_backward_case, &c), 0, 3 * row_bytes);
-    c.only = -1;
-    snprintf(name, sizeof name, "stream mix bwd m4 %dx%d", rows, d);
-    report(name, median_ms(mix_backward_case, &c), 0, (2 * c.m + 1) * row_bytes);
-    for (int r = 0; r < c.m; r++)
-        cudaFree((void *)c.streams[r]), cudaFree(c.dstreams[r]);
-    cudaFree(c.out), cudaFree(c.dout), cudaFree(c.mix_proj), cudaFree(c.gates), cudaFree(c.rstd);
-    cudaFree(c.mix_bias), cudaFree(c.dmix_bias), cudaFree(c.dmix_proj), cudaFree(c.dalpha);
-    cudaFree(c.alpha), cudaFree(c.workspace);
-}
-
-/* MSAR's stream convolution as the walk calls it: a block's five sources at once, each
- * with its taps, forward and backward (dx added into, dtaps through the partials): one
- * stream of each kernel size, then the four streams of kernel sizes 1, 2, 4, 8 at once (the
- * walk's backward: each source read once for all of them). And the replace form's partial,
- * one row: a stream of each kernel size, then the four streams' forward at once. */
-enum { CONV_CASE_ROWS = 5, CONV_CASE_STREAMS = 4 };
-
-typedef struct {
-    int count, streams, kernel_sizes[CONV_CASE_STREAMS], B, T, d;
-    bf16 *out[CONV_CASE_STREAMS * CONV_CASE_ROWS], *x[CONV_CASE_ROWS], *dx[CONV_CASE_ROWS];
-    bf16 *dout[CONV_CASE_STREAMS * CONV_CASE_ROWS], *taps[CONV_CASE_STREAMS * CONV_CASE_ROWS];
-    float *dtaps[CONV_CASE_STREAMS * CONV_CASE_ROWS], *workspace;
-} ConvCase;
-
-static void conv_forward_case(void *p)
-{
-    ConvCase *c = (ConvCase *)p;
-    cuda_stream_conv_forward(c->out, (const bf16 *const *)c->x, (const bf16 *const *)c->taps,
-                             c->count, c->streams, c->kernel_sizes, c->B, c->T, c->d, 0);
-}
-
-static void conv_backward_case(void *p)
-{
-    ConvCase *c = (ConvCase *)p;
-    cuda_stream_conv_backward(c->dx, c->dtaps, (const bf16 *const *)c->dout,
-                              (const bf16 *const *)c->x, (const bf16 *const *)c->taps, c->count,
-                              c->streams, c->kernel_sizes, c->B, c->T, c->d, c->workspace, 0);
-}
-
-/* the case of `count` rows and `streams` streams of the given kernel sizes, its rows random */
-static ConvCase conv_case_create(int count, int streams, const int *kernel_sizes, int B, int T,
-                                 int d)
-{
-    const size_t n = (size_t)B * T * d;
-    ConvCase c = {};
-    c.count = count, c.streams = streams, c.B = B, c.T = T, c.d = d;
-    for (int r = 0; r < streams; r++)
-        c.kernel_sizes[r] = kernel_sizes[r];
-    for (int row = 0; row < c.count; row++) {
-        c.x[row] = (bf16 *)device_random_bf16(n, 66 + row);
-        c.dx[row] = (bf16 *)device_random_bf16(n, 76 + row);
-        for (int r = 0; r < streams; r++) {
-            const int at = r * c.count + row, k = kernel_sizes[r];
-            c.out[at] = (bf16 *)device_random_bf16(n, 61 + 10 * r + row);
-            c.dout[at] = (bf16 *)device_random_bf16(n, 71 + 10 * r + row);
-            c.taps[at] = (bf16 *)device_random_bf16((size_t)k * d, 81 + 10 * r + row);
-            c.dtaps[at] = device_floats((size_t)k * d, 0.0f);
-        }
-    }
-    c.workspace = device_floats(
-        cuda_stream_conv_backward_workspace_floats(c.count, streams, kernel_sizes, B, T, d), 0.0f);
-    return c;
-}
-
-static void conv_case_free(ConvCase *c)
-{
-    for (int row = 0; row < c->count; row++) {
-        cudaFree(c->x[row]), cudaFree(c->dx[row]);
-        for (int r = 0; r < c->streams; r++) {
-            const int at = r * c->count + row;
-            cudaFree(c->out[at]), cudaFree(c->dout[at]), cudaFree(c->taps[at]);
-            cudaFree(c->dtaps[at]);
-        }
-    }
-    cudaFree(c->workspace);
-}
-
-static void bench_conv(int B, int T, int d)
-{
-    const double row_bytes = 2.0 * B * T * d * CONV_CASE_ROWS;
-    char name[80];
-    for (int kernel_size = 1; kernel_size <= 8; kernel_size *= 2) {
-        ConvCase c = conv_case_create(CONV_CASE_ROWS, 1, &kernel_size, B, T, d);
-        snprintf(name, sizeof name, "stream conv fwd, 5 rows, k %d, %dx%d", kernel_size, B * T, d);
-        report(name, median_ms(conv_forward_case, &c), 0, 2 * row_bytes);
-        snprintf(name, sizeof name, "stream conv bwd, 5 rows, k %d, %dx%d", kernel_size, B * T, d);
-        report(name, median_ms(conv_backward_case, &c), 0, 4 * row_bytes);
-        conv_case_free(&c);
-    }
-    const int kernel_sizes[CONV_CASE_STREAMS] = {1, 2, 4, 8};
-    ConvCase c = conv_case_create(CONV_CASE_ROWS, CONV_CASE_STREAMS, kernel_sizes, B, T, d);
-    snprintf(name, sizeof name, "stream conv bwd, 5 rows, 4 streams k 1 2 4 8, %dx%d", B * T, d);
-    report(name, median_ms(conv_backward_case, &c), 0, (CONV_CASE_STREAMS + 3) * row_bytes);
-    conv_case_free(&c);
-    const double partial_bytes = row_bytes / CONV_CASE_ROWS;
-    for (int kernel_size = 1; kernel_size <= 8; kernel_size *= 2) {
-        c = conv_case_create(1, 1, &kernel_size, B, T, d);
-        snprintf(name, sizeof name, "stream conv fwd, a partial, k %d, %dx%d", kernel_size, B * T,
-                 d);
-        report(name, median_ms(conv_forward_case, &c), 0, 2 * partial_bytes);
-        conv_case_free(&c);
-    }
-    c = conv_case_create(1, CONV_CASE_STREAMS, kernel_sizes, B, T, d);
-    snprintf(name, sizeof name, "stream conv fwd, a partial, 4 streams k 1 2 4 8, %dx%d", B * T, d);
-    report(name, median_ms(conv_forward_case, &c), 0, (1 + CONV_CASE_STREAMS) * partial_bytes);
-    conv_case_free(&c);
-}
-
 /* The optimizer's passes over n parameters (a decoder layer of the 8B model holds 218 M):
  * AdamW with the EMA and the bf16 copy moves 38 bytes a parameter, without the EMA 30. */
 static void bench_optimizer(size_t n)
@@ -606,6 +380,7 @@ int main(int argc, char **argv)
         bench_mix(8192, 4096);
         bench_conv(8, 1024, 1280);
         bench_conv(2, 4096, 4096);
+        bench_merge(8, 1024, 1280);
         return 0;
     }
     if (optimizer_only) {

@@ -1,0 +1,33 @@
+/* kernels/cuda/kernel_bench.h — what the cases of `fathom-kernel-bench` share
+ * (kernel_bench.cu: the program and the layer's cases; kernel_bench_stream.cu: MSAR's stream
+ * mix, convolution and merges). CUDA C++, GPU machines only.
+ *
+ * A case runs 3 warm-ups then 20 timed calls between CUDA events; report prints the median
+ * with the rate it implies against the floor on an H200 (790 TFLOP/s bf16 dense, 4.3 TB/s
+ * copy). Inputs are random, never zeros (which run faster than real data).
+ */
+#ifndef FATHOM_KERNELS_CUDA_KERNEL_BENCH_H
+#define FATHOM_KERNELS_CUDA_KERNEL_BENCH_H
+
+#include "kernels/cuda/cuda_common.h"
+
+#include <stddef.h>
+
+/* n bf16 values uniform in [-0.25, 0.25) from `seed`, on the device (cudaFree them) */
+void *device_random_bf16(size_t n, unsigned seed);
+/* n floats of `value`, on the device (cudaFree them) */
+float *device_floats(size_t n, float value);
+
+typedef void (*Case)(void *context);
+/* the median of 20 timed calls of run(context), in ms */
+double median_ms(Case run, void *context);
+/* one line: name, ms, and the rate of `flops` (if > 0) or of `bytes` against the floor */
+void report(const char *name, double ms, double flops, double bytes);
+
+/* MSAR's cases (kernel_bench_stream.cu): the stream mix of `rows` tokens of width d, m 4;
+ * the convolution and the replace form's merges at B x T tokens */
+void bench_mix(int rows, int d);
+void bench_conv(int B, int T, int d);
+void bench_merge(int B, int T, int d);
+
+#endif
