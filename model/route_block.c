@@ -471,7 +471,8 @@ static void site_merge_backward(RouteWalk *walk, int block, int i)
         const Activation *partial = partials ? partials[r] : NULL;
         backend->route_merge_backward(
             partial ? stream_grad_conv_row(walk, r, last) : NULL, GRAD_WRITE,
-            grads->query + (size_t)r * d, grads->key_norm + (size_t)r * d, site_stream_floats(walk, scratch->block_means, r, i),
+            grads->query + (size_t)r * d, grads->key_norm + (size_t)r * d,
+            site_stream_floats(walk, scratch->block_means, r, i),
             site_grad_stream(walk, r, i), stream_slot(walk, r, i + 1), partial, site->n_sources,
             site_weights_of(walk, block, i, r), site_rstd_of(walk, block, i, r),
             route_stream_row(route, weights->query, r),

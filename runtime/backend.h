@@ -300,8 +300,7 @@ typedef struct Backend {
      * its own workspace may ignore it). */
     void (*route_merge_backward)(Activation *dpartial, GradMode dpartial_mode, float *dquery,
                                  float *dkey_norm, float *mean, const Activation *dout,
-                                 const Activation *out,
-                                 const Activation *partial, int n_sources,
+                                 const Activation *out, const Activation *partial, int n_sources,
                                  const float *weights, const float *rstd,
                                  const Activation *query, const Activation *key_norm,
                                  float *scratch, int tokens, int d, int heads);

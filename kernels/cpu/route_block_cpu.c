@@ -101,7 +101,8 @@ void cpu_route_merge_forward(float *out, float *weights, float *rstd, const floa
 }
 
 void cpu_route_merge_backward(float *dpartial, GradMode dpartial_mode, float *dquery,
-                              float *dkey_norm, float *mean, const float *dout, const float *out, const float *partial,
+                              float *dkey_norm, float *mean, const float *dout,
+                              const float *out, const float *partial,
                               int n_sources, const float *weights, const float *rstd,
                               const float *query, const float *key_norm, float *scratch,
                               int tokens, int d, int heads)

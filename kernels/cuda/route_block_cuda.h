@@ -147,7 +147,8 @@ size_t cuda_route_merge_backward_workspace_floats(int tokens, int d, int heads);
  * its share: dpartial added into (GRAD_ADD) or written (GRAD_WRITE: the bits of an add into
  * zeros, dpartial not read). */
 void cuda_route_merge_backward(bf16 *dpartial, GradMode dpartial_mode, float *dquery,
-                               float *dkey_norm, float *mean, const bf16 *dout, const bf16 *out, const bf16 *partial,
+                               float *dkey_norm, float *mean, const bf16 *dout,
+                               const bf16 *out, const bf16 *partial,
                                int n_sources, const float *weights, const float *rstd,
                                const bf16 *query, const bf16 *key_norm, float *workspace,
                                int tokens, int d, int heads, cudaStream_t stream);
