@@ -5,8 +5,9 @@
 #   1. the cuda tests it touches: the two-phase ops against the cpu per-site reference
 #      (cuda_route_block), the routed model on cuda (cuda_model_route: delta at alpha 0 is
 #      the base model, MSAR at init is Block AttnRes, routing gradients follow the cpu), the
-#      per-site kernels (cuda_route, cuda_backend_route), the table's entries and the 20-step
-#      cuda-against-cpu training runs;
+#      per-site kernels (cuda_route, cuda_backend_route), MSAR's stream kernels and the
+#      replace form's merges (cuda_stream, cuda_merge_conv, the merge backward's GradMode),
+#      the table's entries and the 20-step cuda-against-cpu training runs;
 #   2. `fathom bench`: the routing of the 8B graft and of the 1B step, two-phase and a site at
 #      a time (route, route-sites, route-1b, route-1b-sites), then the steps (step8b: the 8B
 #      width, 4 layers, standard / MHAR delta / MSAR delta; step: the 1B model, standard,
@@ -47,6 +48,8 @@ suite 'cuda_route/*' 60
 suite 'cuda_backend_route/*' 30
 suite 'cuda_backend/fills*' 20
 suite 'cuda_stream/*' 60
+suite 'cuda_merge_conv/*' 30
+suite 'cuda_grad_mode/route*' 30
 suite 'cuda_train/*follows*' 240
 [ "${FULL:-0}" = 1 ] && suite 'cuda_pipeline/*' 120
 echo "tests took $((SECONDS - start)) s"
