@@ -346,6 +346,8 @@ int main(int argc, char **argv)
     /* `fathom-kernel-bench mix`: MSAR's stream mix and its convolution at the 1B and the
      * graft's microbatch */
     bool mix_only = argc > 1 && !strcmp(argv[1], "mix");
+    /* `fathom-kernel-bench merge`: MSAR's replace-form merges alone, at the 1B microbatch */
+    bool merge_only = argc > 1 && !strcmp(argv[1], "merge");
     const char *variant = attention_only && argc > 2 ? argv[2] : NULL;
     if (variant && !attention_variant_known(variant)) {
         fprintf(stderr, "fathom-kernel-bench: unknown attention variant %s (grouped, specialised, "
@@ -373,6 +375,10 @@ int main(int argc, char **argv)
     if (norm_only) {
         bench_rmsnorm(4096, 4096);
         bench_rmsnorm(8192, 1280);
+        return 0;
+    }
+    if (merge_only) {
+        bench_merge(8, 1024, 1280);
         return 0;
     }
     if (mix_only) {

@@ -7,8 +7,9 @@
 # with its two largest stall reasons.
 #   profile_source.sh KERNEL_REGEX [CASE]
 # CASE is `train` (default: one step of launch/bench/train_8b_width.sh's 8-layer MHAR delta
-# configuration, where the block kernels run at N 2..5 and 4096 tokens) or a `fathom bench`
-# case. SKIP (default 4) launches are skipped first. Writes $OUT (default
+# configuration, where the block kernels run at N 2..5 and 4096 tokens), `kernel-bench:GROUP`
+# (`fathom-kernel-bench GROUP`, e.g. kernel-bench:mix for MSAR's kernels at the 1B
+# microbatch) or a `fathom bench` case. SKIP (default 4) launches are skipped first. Writes $OUT (default
 # /tmp/profile-source): the report (.ncu-rep), the per-instruction CSV and the summary.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -23,6 +24,7 @@ ncu=$FATHOM_NCU
 train_8b_command build/fathom /tmp/profile-source-run 8 1 mhar_delta
 command=(build/fathom bench --device cuda --cases "$case" --repeat 1)
 [ "$case" = train ] && command=("${train_8b[@]}")
+case $case in kernel-bench:*) command=(build/kernels/fathom-kernel-bench "${case#kernel-bench:}") ;; esac
 name=$(echo "$kernel" | tr -c 'a-zA-Z0-9_\n' '_')
 report="$out/$name"
 rm -rf /tmp/profile-source-run "$report.ncu-rep"
