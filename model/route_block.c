@@ -292,17 +292,6 @@ static void block_phase_one(RouteWalk *walk, int block, int r)
                                        G, walk->rows, walk->d, walk->plan->heads, route->eps);
 }
 
-/* Replace form, site i > 0 of block n: E_r of its partial (the site's last source,
- * walk->sources) for every stream r at once into the scratch's partial rows, for the merges
- * and their backward: the partial is read once for the m streams. */
-static Activation *const *partial_convolve(RouteWalk *walk, int j)
-{
-    const SitePlan *site = &walk->plan->sites[j];
-    const int m = walk->plan->streams;
-    conv_forward(walk, conv_gather(walk, site, 0, m, site->n_sources - 1), 0, m);
-    return walk->model->scratch.route.partial_rows;
-}
-
 /* Replace form: site i > 0's partial convolved and merged into phase one's o_r of every
  * stream, in place in the slots (the weights and rstd where phase one put them), one op: a
  * backend may convolve inside the merge's read (partial_rows are its scratch otherwise). */
@@ -466,21 +455,41 @@ static void site_merge_backward(RouteWalk *walk, int block, int i)
     }
     site_sources(walk, j, walk->sources);
     site_grad_sources(walk, j, walk->grad_sources);
-    Activation *const *partials = i > 0 ? partial_convolve(walk, j) : NULL;
-    for (int r = 0; r < m; r++) { /* d E_r(b) is the partial's alone: written, not added */
-        const Activation *partial = partials ? partials[r] : NULL;
-        backend->route_merge_backward(
-            partial ? stream_grad_conv_row(walk, r, last) : NULL, GRAD_WRITE,
-            grads->query + (size_t)r * d, grads->key_norm + (size_t)r * d,
-            site_stream_floats(walk, scratch->block_means, r, i),
-            site_grad_stream(walk, r, i), stream_slot(walk, r, i + 1), partial, site->n_sources,
-            site_weights_of(walk, block, i, r), site_rstd_of(walk, block, i, r),
-            route_stream_row(route, weights->query, r),
-            route_stream_row(route, weights->key_norm, r), scratch->route_backward, walk->rows, d,
-            walk->plan->heads);
+    if (i == 0) { /* the block's first site read no partial: its softmax centres alone */
+        for (int r = 0; r < m; r++)
+            backend->route_merge_backward(
+                NULL, GRAD_WRITE, grads->query + (size_t)r * d, grads->key_norm + (size_t)r * d,
+                site_stream_floats(walk, scratch->block_means, r, i),
+                site_grad_stream(walk, r, i), stream_slot(walk, r, i + 1), NULL, site->n_sources,
+                site_weights_of(walk, block, i, r), site_rstd_of(walk, block, i, r),
+                route_stream_row(route, weights->query, r),
+                route_stream_row(route, weights->key_norm, r), scratch->route_backward,
+                walk->rows, d, walk->plan->heads);
+        return;
     }
-    if (i > 0) /* the partial's d E of every stream through its convolutions, at once */
-        conv_backward(walk, conv_gather(walk, site, 0, m, last));
+    /* the partial's E_r made again inside the merges' read, d E_r(b) written (it is the
+     * partial's alone), then through the convolutions of every stream at once */
+    const int count = conv_gather(walk, site, 0, m, last);
+    for (int r = 0; r < m; r++) {
+        walk->merge.grad_partials[r] = stream_grad_conv_row(walk, r, last);
+        walk->merge.grad_queries[r] = grads->query + (size_t)r * d;
+        walk->merge.grad_key_norms[r] = grads->key_norm + (size_t)r * d;
+        walk->merge.means[r] = site_stream_floats(walk, scratch->block_means, r, i);
+        walk->merge.douts[r] = site_grad_stream(walk, r, i);
+        walk->merge.streams[r] = stream_slot(walk, r, i + 1);
+        walk->merge.weights[r] = site_weights_of(walk, block, i, r);
+        walk->merge.rstd[r] = site_rstd_of(walk, block, i, r);
+        walk->merge.queries[r] = route_stream_row(route, weights->query, r);
+        walk->merge.key_norms[r] = route_stream_row(route, weights->key_norm, r);
+    }
+    backend->route_merge_conv_backward(
+        walk->merge.grad_partials, walk->merge.grad_queries, walk->merge.grad_key_norms,
+        walk->merge.means, walk->merge.douts, (const Activation *const *)walk->merge.streams,
+        walk->conv.sources[0], walk->conv.taps, walk->plan->kernel_sizes, m, site->n_sources,
+        (const float *const *)walk->merge.weights, (const float *const *)walk->merge.rstd,
+        walk->merge.queries, walk->merge.key_norms, walk->conv.rows, scratch->route_backward,
+        route->B, route->T, d, walk->plan->heads);
+    conv_backward(walk, count);
 }
 
 /* The replace form's block backward when the walk leaves it: per stream, E_r again and every

@@ -84,13 +84,13 @@ typedef struct {
         Activation **rows, **grad_sources;
         float **grad_taps;
     } conv;
-    /* msar's replace form: a site's merge in every stream at once (route_merge_conv_forward),
-     * each [m] */
+    /* msar's replace form: a site's merge in every stream at once (route_merge_conv_forward
+     * and its backward), each [m] */
     struct {
-        Activation **streams;
-        float **weights, **rstd;
+        Activation **streams, **grad_partials;
+        float **weights, **rstd, **means, **grad_queries, **grad_key_norms;
         const float **lse;
-        const Activation **queries, **key_norms;
+        const Activation **queries, **key_norms, **douts;
     } merge;
 } RouteWalk;
 

@@ -62,6 +62,11 @@ void route_walk_begin(RouteWalk *walk, Model *model, Stash *stash, SummaryStore 
     walk->merge.lse = xcalloc(m, sizeof *walk->merge.lse);
     walk->merge.queries = xcalloc(m, sizeof *walk->merge.queries);
     walk->merge.key_norms = xcalloc(m, sizeof *walk->merge.key_norms);
+    walk->merge.grad_partials = xcalloc(m, sizeof *walk->merge.grad_partials);
+    walk->merge.means = xcalloc(m, sizeof *walk->merge.means);
+    walk->merge.grad_queries = xcalloc(m, sizeof *walk->merge.grad_queries);
+    walk->merge.grad_key_norms = xcalloc(m, sizeof *walk->merge.grad_key_norms);
+    walk->merge.douts = xcalloc(m, sizeof *walk->merge.douts);
 }
 
 void route_walk_end(RouteWalk *walk)
@@ -76,7 +81,9 @@ void route_walk_end(RouteWalk *walk)
                       walk->conv.taps, walk->conv.grad_rows, walk->conv.rows,
                       walk->conv.grad_sources, walk->conv.grad_taps, walk->merge.streams,
                       walk->merge.weights, walk->merge.rstd, walk->merge.lse,
-                      walk->merge.queries, walk->merge.key_norms};
+                      walk->merge.queries, walk->merge.key_norms, walk->merge.grad_partials,
+                      walk->merge.means, walk->merge.grad_queries, walk->merge.grad_key_norms,
+                      walk->merge.douts};
     for (size_t i = 0; i < sizeof arrays / sizeof arrays[0]; i++)
         free(arrays[i]);
 }

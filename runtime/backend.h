@@ -319,6 +319,24 @@ typedef struct Backend {
                                      int streams, int n_sources, const Activation *const *query,
                                      const Activation *const *key_norm, Activation *const *rows,
                                      int B, int T, int d, int heads, float eps);
+    /* route_merge_conv_backward: the backward of route_merge_conv_forward's merges, every
+     * stream at once: for r < streams, E_r = stream_conv_forward of `partial` with taps[r]
+     * (as the forward made it), then route_merge_backward(dpartial[r], GRAD_WRITE, dquery[r],
+     * dkey_norm[r], mean[r], dout[r], out[r], E_r, n_sources, weights[r], rstd[r], query[r],
+     * key_norm[r]). The results of those ops in turn, bit for bit: d E_r written into
+     * dpartial[r] (the convolution's backward takes it from there), dquery[r] and
+     * dkey_norm[r] added into. rows[r] ([B T, d]): scratch, as in the forward. `scratch`
+     * holds route_merge_backward's [tokens, heads] floats. */
+    void (*route_merge_conv_backward)(Activation *const *dpartial, float *const *dquery,
+                                      float *const *dkey_norm, float *const *mean,
+                                      const Activation *const *dout,
+                                      const Activation *const *out, const Activation *partial,
+                                      const Activation *const *taps, const int *kernel_sizes,
+                                      int streams, int n_sources, const float *const *weights,
+                                      const float *const *rstd, const Activation *const *query,
+                                      const Activation *const *key_norm,
+                                      Activation *const *rows, float *scratch, int B, int T,
+                                      int d, int heads);
     /* route_block_backward: route_backward of the G sites of a block through their N common
      * sources, each source read once for all of them:
      *   dsources[n] += sum_i ..., dqueries[i] +=, dkey_norms[i] +=, *dalphas[i] +=

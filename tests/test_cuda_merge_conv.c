@@ -1,5 +1,5 @@
 /* tests/test_cuda_merge_conv.c — MSAR's replace-form merge of a site's partial in every
- * stream, the convolution inside the read (cuda_route_merge_conv_forward,
+ * stream, the convolution inside the read (cuda_route_merge_conv_forward and its backward,
  * kernels/cuda/route_merge_conv_cuda.cu; docs/design-notes.md, "The replace form's merge
  * convolves its partial inside the read"):
  * - on the GPU, the bits of cuda_stream_conv_forward into rows and cuda_route_merge_forward
@@ -7,7 +7,10 @@
  *   rescaled, the partial's row written) and the partial's rstd;
  * - against the cpu's convolution (E rounded to bf16, as the op's contract rounds it) and
  *   merge on the same values, within bf16 tolerance (E in fp32 moved the weights 1.7e-3 on
- *   an H100, past the statistics' 1e-3).
+ *   an H100, past the statistics' 1e-3);
+ * - its backward (cuda_route_merge_conv_backward) the bits of the convolution then
+ *   cuda_route_merge_backward with GRAD_WRITE a stream at a time, twice the same, and the
+ *   cpu's within bf16 tolerance (the second test).
  * Fresh random inputs rounded to bf16; the partial's weight and rstd rows and a separate out
  * poisoned with NaN; the warp-a-token kernel (d % 256 == 0) with streams of every kernel
  * size, sequences shorter than the widest kernel, more than a launch's 8 streams, more phase
@@ -196,5 +199,154 @@ Test(cuda_merge_conv, merges_every_stream_with_the_bits_of_the_convolution_then_
     for (int i = 0; i < (int)(sizeof shapes / sizeof shapes[0]); i++) {
         cr_log_info("merge conv shape %d", i);
         check_shape(i, 4000 + 17 * (uint64_t)i);
+    }
+}
+
+/* ---- the backward: cuda_route_merge_conv_backward ----
+ * Against cuda_stream_conv_forward into rows, then cuda_route_merge_backward with GRAD_WRITE
+ * a stream at a time, bit for bit (d E_r, the softmax centres, d q and d g added into the
+ * same starting values); against the cpu's convolution (rounded to bf16) and merge backward
+ * within bf16 tolerance; and a second call of the op the same bits as the first. d E_r and
+ * the centres poisoned first. */
+
+/* One stream's backward arrays: host fp32, and for each of the three calls (composition,
+ * op, op again) the device outputs */
+typedef struct {
+    float *taps, *query, *key_norm, *dout, *out, *weights, *rstd, *dquery, *dkey_norm;
+    bf16 *device_taps, *device_query, *device_key_norm, *device_dout, *device_out;
+    float *device_weights, *device_rstd;
+    bf16 *dpartial_of[3];
+    float *mean_of[3], *dquery_of[3], *dkey_norm_of[3];
+} BackwardStream;
+
+static void backward_stream_make(BackwardStream *a, const MergeConvShape *s, int r,
+                                 uint64_t seed)
+{
+    const int tokens = s->B * s->T, N = s->n_sources - 1, H = s->heads;
+    const size_t weights = (size_t)(N + 1) * tokens * H, rstd = (size_t)(N + 1) * tokens;
+    memset(a, 0, sizeof *a);
+    a->taps = gpu_test_bf16_values((size_t)s->kernel_sizes[r] * s->d, 0.6f, seed + 1);
+    a->query = gpu_test_bf16_values((size_t)s->d, 1.0f, seed + 2);
+    a->key_norm = gpu_test_rounded_uniform((size_t)s->d, 0.5f, 1.0f, seed + 3);
+    a->dout = gpu_test_bf16_values(rows_of(s), 1.0f, seed + 4);
+    a->out = gpu_test_bf16_values(rows_of(s), 1.0f, seed + 5);
+    a->weights = gpu_test_rounded_uniform(weights, 0.5f, 0.5f, seed + 6);
+    a->rstd = gpu_test_rounded_uniform(rstd, 0.5f, 1.0f, seed + 7);
+    a->dquery = gpu_test_fp32_values((size_t)s->d, 0.1f, seed + 8);
+    a->dkey_norm = gpu_test_fp32_values((size_t)s->d, 0.1f, seed + 9);
+    a->device_taps = gpu_upload_bf16(a->taps, (size_t)s->kernel_sizes[r] * s->d);
+    a->device_query = gpu_upload_bf16(a->query, (size_t)s->d);
+    a->device_key_norm = gpu_upload_bf16(a->key_norm, (size_t)s->d);
+    a->device_dout = gpu_upload_bf16(a->dout, rows_of(s));
+    a->device_out = gpu_upload_bf16(a->out, rows_of(s));
+    a->device_weights = gpu_upload_floats(a->weights, weights);
+    a->device_rstd = gpu_upload_floats(a->rstd, rstd);
+    for (int k = 0; k < 3; k++) {
+        a->dpartial_of[k] = gpu_poisoned_bf16(rows_of(s));
+        a->mean_of[k] = gpu_poisoned_floats((size_t)tokens * H);
+        a->dquery_of[k] = gpu_upload_floats(a->dquery, (size_t)s->d);
+        a->dkey_norm_of[k] = gpu_upload_floats(a->dkey_norm, (size_t)s->d);
+    }
+}
+
+static void backward_stream_free(BackwardStream *a)
+{
+    free(a->taps), free(a->query), free(a->key_norm), free(a->dout), free(a->out);
+    free(a->weights), free(a->rstd), free(a->dquery), free(a->dkey_norm);
+}
+
+/* call k of the op, or (k 0) the two ops in turn */
+static void backward_call(const MergeConvShape *s, BackwardStream *a, const bf16 *partial, int k,
+                          float *workspace)
+{
+    const int m = s->streams, tokens = s->B * s->T;
+    bf16 *dpartial[MAX_STREAMS], *rows[MAX_STREAMS];
+    float *dquery[MAX_STREAMS], *dkey_norm[MAX_STREAMS], *mean[MAX_STREAMS];
+    const bf16 *dout[MAX_STREAMS], *out[MAX_STREAMS], *taps[MAX_STREAMS];
+    const bf16 *query[MAX_STREAMS], *key_norm[MAX_STREAMS];
+    const float *weights[MAX_STREAMS], *rstd[MAX_STREAMS];
+    for (int r = 0; r < m; r++) {
+        dpartial[r] = a[r].dpartial_of[k], mean[r] = a[r].mean_of[k];
+        dquery[r] = a[r].dquery_of[k], dkey_norm[r] = a[r].dkey_norm_of[k];
+        dout[r] = a[r].device_dout, out[r] = a[r].device_out, taps[r] = a[r].device_taps;
+        query[r] = a[r].device_query, key_norm[r] = a[r].device_key_norm;
+        weights[r] = a[r].device_weights, rstd[r] = a[r].device_rstd;
+        rows[r] = gpu_poisoned_bf16(rows_of(s)); /* scratch: poisoned for every call */
+    }
+    if (k > 0) {
+        cuda_route_merge_conv_backward(dpartial, dquery, dkey_norm, mean, dout, out, partial,
+                                       taps, s->kernel_sizes, m, s->n_sources, weights, rstd,
+                                       query, key_norm, rows, workspace, s->B, s->T, s->d,
+                                       s->heads, 0);
+        return;
+    }
+    const bf16 *x[1] = {partial};
+    cuda_stream_conv_forward(rows, x, taps, 1, m, s->kernel_sizes, s->B, s->T, s->d, 0);
+    for (int r = 0; r < m; r++)
+        cuda_route_merge_backward(dpartial[r], GRAD_WRITE, dquery[r], dkey_norm[r], mean[r],
+                                  dout[r], out[r], rows[r], s->n_sources, weights[r], rstd[r],
+                                  query[r], key_norm[r], workspace, tokens, s->d, s->heads, 0);
+}
+
+static void check_backward_shape(int index, uint64_t seed)
+{
+    const MergeConvShape *s = &shapes[index];
+    const int tokens = s->B * s->T, H = s->heads, m = s->streams;
+    const size_t row = rows_of(s), heads = (size_t)tokens * H, d = (size_t)s->d;
+    float *partial = gpu_test_bf16_values(row, 1.0f, seed);
+    bf16 *device_partial = gpu_upload_bf16(partial, row);
+    BackwardStream a[MAX_STREAMS];
+    for (int r = 0; r < m; r++)
+        backward_stream_make(&a[r], s, r, seed * 100 + 10 * (uint64_t)r);
+    float *workspace = gpu_poisoned_floats(
+        cuda_route_merge_conv_backward_workspace_floats(m, tokens, s->d, H));
+    for (int k = 0; k < 3; k++)
+        backward_call(s, a, device_partial, k, workspace);
+    CUDA_CHECK(cudaDeviceSynchronize());
+
+    float *convolved = gpu_test_host_floats(row), *want_dpartial = gpu_test_host_floats(row);
+    float *want_mean = gpu_test_host_floats(heads), *scratch = gpu_test_host_floats(heads);
+    for (int r = 0; r < m; r++) {
+        float *got[3][4];
+        for (int k = 0; k < 3; k++) {
+            got[k][0] = gpu_download_bf16(a[r].dpartial_of[k], row);
+            got[k][1] = gpu_download_floats(a[r].mean_of[k], heads);
+            got[k][2] = gpu_download_floats(a[r].dquery_of[k], d);
+            got[k][3] = gpu_download_floats(a[r].dkey_norm_of[k], d);
+        }
+        const char *names[4] = {"d partial", "mean", "d query", "d key norm"};
+        const size_t sizes[4] = {row, heads, d, d};
+        for (int k = 1; k < 3; k++)
+            for (int q = 0; q < 4; q++)
+                expect_same_bits(got[k][q], got[0][q], sizes[q], names[q], index, r);
+        /* the cpu's convolution and merge backward of the same values */
+        cpu_stream_conv_forward(convolved, partial, a[r].taps, s->kernel_sizes[r], s->B, s->T,
+                                s->d);
+        gpu_round_to_bf16(convolved, row);
+        cpu_route_merge_backward(want_dpartial, GRAD_WRITE, a[r].dquery, a[r].dkey_norm,
+                                 want_mean, a[r].dout, a[r].out, convolved, s->n_sources,
+                                 a[r].weights, a[r].rstd, a[r].query, a[r].key_norm, scratch,
+                                 tokens, s->d, H);
+        cr_assert(test_all_finite(got[1][0], row) && test_all_finite(got[1][1], heads),
+                  "shape %d stream %d: an output left unwritten (NaN)", index, r);
+        expect_close(got[1][0], want_dpartial, row, BF16_TOLERANCE, "d partial", index, r);
+        expect_close(got[1][1], want_mean, heads, BF16_TOLERANCE, "mean", index, r);
+        expect_close(got[1][2], a[r].dquery, d, BF16_TOLERANCE, "d query", index, r);
+        expect_close(got[1][3], a[r].dkey_norm, d, BF16_TOLERANCE, "d key norm", index, r);
+        for (int k = 0; k < 3; k++)
+            for (int q = 0; q < 4; q++)
+                free(got[k][q]);
+        backward_stream_free(&a[r]);
+    }
+    free(convolved), free(want_dpartial), free(want_mean), free(scratch), free(partial);
+    gpu_free_all();
+}
+
+Test(cuda_merge_conv, merge_backward_of_every_stream_has_the_bits_of_the_convolution_then_the_merges)
+{
+    gpu_require();
+    for (int i = 0; i < (int)(sizeof shapes / sizeof shapes[0]); i++) {
+        cr_log_info("merge conv backward shape %d", i);
+        check_backward_shape(i, 5000 + 19 * (uint64_t)i);
     }
 }

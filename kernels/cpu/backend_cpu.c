@@ -441,6 +441,23 @@ static void table_route_merge_backward(Activation *dpartial, GradMode dpartial_m
                              CF(key_norm), scratch, tokens, d, heads);
 }
 
+/* the two ops in turn, E_r in rows[r] */
+static void table_route_merge_conv_backward(
+    Activation *const *dpartial, float *const *dquery, float *const *dkey_norm,
+    float *const *mean, const Activation *const *dout, const Activation *const *out,
+    const Activation *partial, const Activation *const *taps, const int *kernel_sizes,
+    int streams, int n_sources, const float *const *weights, const float *const *rstd,
+    const Activation *const *query, const Activation *const *key_norm, Activation *const *rows,
+    float *scratch, int B, int T, int d, int heads)
+{
+    for (int r = 0; r < streams; r++) {
+        cpu_stream_conv_forward(F(rows[r]), CF(partial), CF(taps[r]), kernel_sizes[r], B, T, d);
+        table_route_merge_backward(dpartial[r], GRAD_WRITE, dquery[r], dkey_norm[r], mean[r],
+                                   dout[r], out[r], rows[r], n_sources, weights[r], rstd[r],
+                                   query[r], key_norm[r], scratch, B * T, d, heads);
+    }
+}
+
 static void table_route_block_backward(Activation *const *dsources, unsigned dsources_written,
                                        float *const *dqueries,
                                        float *const *dkey_norms, float *const *dalphas,
@@ -513,6 +530,7 @@ static const Backend cpu_backend = {
     .add_scaled_backward = table_add_scaled_backward,
     .route_merge_forward = table_route_merge_forward,
     .route_merge_conv_forward = table_route_merge_conv_forward,
+    .route_merge_conv_backward = table_route_merge_conv_backward,
     .route_merge_backward = table_route_merge_backward,
     .route_block_backward = table_route_block_backward,
     .stream_conv_forward = table_stream_conv_forward,

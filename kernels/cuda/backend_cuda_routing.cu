@@ -232,6 +232,25 @@ static void op_route_merge_backward(Activation *dpartial, GradMode dpartial_mode
                               tokens, d, heads, backend_cuda_compute_stream());
 }
 
+static void op_route_merge_conv_backward(
+    Activation *const *dpartial, float *const *dquery, float *const *dkey_norm,
+    float *const *mean, const Activation *const *dout, const Activation *const *out,
+    const Activation *partial, const Activation *const *taps, const int *kernel_sizes,
+    int streams, int n_sources, const float *const *weights, const float *const *rstd,
+    const Activation *const *query, const Activation *const *key_norm, Activation *const *rows,
+    float *scratch, int B, int T, int d, int heads)
+{
+    (void)scratch; /* the workspace replaces it */
+    float *workspace = backend_cuda_workspace_floats(
+        cuda_route_merge_conv_backward_workspace_floats(streams, B * T, d, heads));
+    cuda_route_merge_conv_backward(
+        (bf16 *const *)dpartial, dquery, dkey_norm, mean, (const bf16 *const *)dout,
+        (const bf16 *const *)out, as_bf16_const(partial), (const bf16 *const *)taps,
+        kernel_sizes, streams, n_sources, weights, rstd, (const bf16 *const *)query,
+        (const bf16 *const *)key_norm, (bf16 *const *)rows, workspace, B, T, d, heads,
+        backend_cuda_compute_stream());
+}
+
 static void op_route_block_backward(Activation *const *dsources, unsigned dsources_written,
                                     float *const *dqueries,
                                     float *const *dkey_norms, float *const *dalphas,
@@ -269,6 +288,7 @@ extern "C" void backend_cuda_fill_routing(Backend *table, size_t table_bytes)
     table->route_merge_forward = op_route_merge_forward;
     table->route_merge_backward = op_route_merge_backward;
     table->route_merge_conv_forward = op_route_merge_conv_forward;
+    table->route_merge_conv_backward = op_route_merge_conv_backward;
     table->route_block_backward = op_route_block_backward;
     table->route_forward = op_route_forward;
     table->route_backward = op_route_backward;

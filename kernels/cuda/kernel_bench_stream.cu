@@ -174,13 +174,17 @@ void bench_conv(int B, int T, int d)
 /* The replace form's merges of a site's partial b in MSAR's four streams (k 1 2 4 8) over
  * N = 5 completed sources, in place in the streams, as the walk calls them: the
  * convolution into four rows then a merge a stream (1 + m rows, then 3 a stream: 17), or the
- * convolution inside the merge's read (b, then each stream read and written: 9); and one
- * stream's merge backward with the partial, d partial added into (5 rows) or written (4). */
+ * convolution inside the merge's read (b, then each stream read and written: 9); one
+ * stream's merge backward with the partial, d partial added into (5 rows) or written (4);
+ * and every stream's merge backward as the walk calls it: the convolution into four rows then
+ * a backward a stream (1 + m rows, then 4 a stream: 21), or the convolution inside the
+ * backward's read (b, then d out and out read and d E written a stream: 13). */
 enum { MERGE_CASE_STREAMS = 4, MERGE_CASE_SOURCES = 6 };
 
 typedef struct {
     int B, T, d, kernel_sizes[MERGE_CASE_STREAMS];
     bf16 *partial, *streams[MERGE_CASE_STREAMS], *rows[MERGE_CASE_STREAMS], *dpartial, *dout;
+    bf16 *grad_rows[MERGE_CASE_STREAMS];
     const bf16 *taps[MERGE_CASE_STREAMS], *query[MERGE_CASE_STREAMS];
     const bf16 *key_norm[MERGE_CASE_STREAMS];
     float *weights[MERGE_CASE_STREAMS], *rstd[MERGE_CASE_STREAMS], *workspace, *dquery;
@@ -219,6 +223,48 @@ static void merge_backward_case(void *p)
                               c->B * c->T, c->d, 8, 0);
 }
 
+/* every stream's d E written, its centres and d q, d g: the pointers of stream r */
+static float *merge_case_stream_floats(float *array, int r, size_t per_stream)
+{
+    return array + (size_t)r * per_stream;
+}
+
+static void merge_backward_streams_case(void *p)
+{
+    MergeCase *c = (MergeCase *)p;
+    const int tokens = c->B * c->T;
+    const bf16 *x[1] = {c->partial};
+    cuda_stream_conv_forward(c->rows, x, c->taps, 1, MERGE_CASE_STREAMS, c->kernel_sizes, c->B,
+                             c->T, c->d, 0);
+    for (int r = 0; r < MERGE_CASE_STREAMS; r++)
+        cuda_route_merge_backward(
+            c->grad_rows[r], GRAD_WRITE, merge_case_stream_floats(c->dquery, r, c->d),
+            merge_case_stream_floats(c->dkey_norm, r, c->d),
+            merge_case_stream_floats(c->mean, r, (size_t)tokens * 8), c->dout, c->streams[r],
+            c->rows[r], MERGE_CASE_SOURCES, c->weights[r], c->rstd[r], c->query[r],
+            c->key_norm[r], c->workspace, tokens, c->d, 8, 0);
+}
+
+static void merge_conv_backward_case(void *p)
+{
+    MergeCase *c = (MergeCase *)p;
+    const int tokens = c->B * c->T;
+    float *dquery[MERGE_CASE_STREAMS], *dkey_norm[MERGE_CASE_STREAMS], *mean[MERGE_CASE_STREAMS];
+    const bf16 *dout[MERGE_CASE_STREAMS];
+    const float *weights[MERGE_CASE_STREAMS], *rstd[MERGE_CASE_STREAMS];
+    for (int r = 0; r < MERGE_CASE_STREAMS; r++) {
+        dquery[r] = merge_case_stream_floats(c->dquery, r, c->d);
+        dkey_norm[r] = merge_case_stream_floats(c->dkey_norm, r, c->d);
+        mean[r] = merge_case_stream_floats(c->mean, r, (size_t)tokens * 8);
+        dout[r] = c->dout, weights[r] = c->weights[r], rstd[r] = c->rstd[r];
+    }
+    cuda_route_merge_conv_backward(c->grad_rows, dquery, dkey_norm, mean, dout,
+                                   (const bf16 *const *)c->streams, c->partial, c->taps,
+                                   c->kernel_sizes, MERGE_CASE_STREAMS, MERGE_CASE_SOURCES,
+                                   weights, rstd, c->query, c->key_norm, c->rows, c->workspace,
+                                   c->B, c->T, c->d, 8, 0);
+}
+
 void bench_merge(int B, int T, int d)
 {
     const int tokens = B * T, heads = 8;
@@ -239,10 +285,13 @@ void bench_merge(int B, int T, int d)
         c.rstd[r] = device_floats((size_t)MERGE_CASE_SOURCES * tokens, 1.0f);
         c.lse[r] = device_floats((size_t)tokens * heads, 0.5f);
     }
-    c.dquery = device_floats((size_t)d, 0.0f);
-    c.dkey_norm = device_floats((size_t)d, 0.0f);
-    c.mean = device_floats((size_t)tokens * heads, 0.0f);
-    c.workspace = device_floats(cuda_route_merge_backward_workspace_floats(tokens, d, heads), 0);
+    for (int r = 0; r < MERGE_CASE_STREAMS; r++)
+        c.grad_rows[r] = (bf16 *)device_random_bf16(n, 114 + r);
+    c.dquery = device_floats((size_t)MERGE_CASE_STREAMS * d, 0.0f);
+    c.dkey_norm = device_floats((size_t)MERGE_CASE_STREAMS * d, 0.0f);
+    c.mean = device_floats((size_t)MERGE_CASE_STREAMS * tokens * heads, 0.0f);
+    c.workspace = device_floats(
+        cuda_route_merge_conv_backward_workspace_floats(MERGE_CASE_STREAMS, tokens, d, heads), 0);
     const double row_bytes = 2.0 * n;
     char name[80];
     snprintf(name, sizeof name, "merge, 4 streams: conv then merges, %dx%d", tokens, d);
@@ -255,10 +304,14 @@ void bench_merge(int B, int T, int d)
     c.mode = GRAD_WRITE;
     snprintf(name, sizeof name, "merge bwd, a stream, d partial written, %dx%d", tokens, d);
     report(name, median_ms(merge_backward_case, &c), 0, 4 * row_bytes);
+    snprintf(name, sizeof name, "merge bwd, 4 streams: conv then merges, %dx%d", tokens, d);
+    report(name, median_ms(merge_backward_streams_case, &c), 0, 21 * row_bytes);
+    snprintf(name, sizeof name, "merge bwd, 4 streams: conv in the read, %dx%d", tokens, d);
+    report(name, median_ms(merge_conv_backward_case, &c), 0, 13 * row_bytes);
     for (int r = 0; r < MERGE_CASE_STREAMS; r++) {
         cudaFree(c.streams[r]), cudaFree(c.rows[r]), cudaFree((void *)c.taps[r]);
         cudaFree((void *)c.query[r]), cudaFree((void *)c.key_norm[r]), cudaFree(c.weights[r]);
-        cudaFree(c.rstd[r]), cudaFree((void *)c.lse[r]);
+        cudaFree(c.rstd[r]), cudaFree((void *)c.lse[r]), cudaFree(c.grad_rows[r]);
     }
     cudaFree(c.partial), cudaFree(c.dpartial), cudaFree(c.dout), cudaFree(c.dquery);
     cudaFree(c.dkey_norm), cudaFree(c.mean), cudaFree(c.workspace);

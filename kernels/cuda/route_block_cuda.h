@@ -141,6 +141,24 @@ void cuda_route_merge_conv_forward(bf16 *const *out, float *const *weights, floa
                                    bf16 *const *rows, int B, int T, int d, int heads, float eps,
                                    cudaStream_t stream);
 
+size_t cuda_route_merge_conv_backward_workspace_floats(int streams, int tokens, int d,
+                                                       int heads);
+
+/* The backward of cuda_route_merge_conv_forward: for each stream r, E_r made again as the
+ * forward made it, then cuda_route_merge_backward(dpartial[r], GRAD_WRITE, dquery[r],
+ * dkey_norm[r], mean[r], dout[r], out[r], E_r, n_sources, weights[r], rstd[r], query[r],
+ * key_norm[r]): the bits of the two ops in turn. E_r goes into rows[r] only where the
+ * forward would write it there too. */
+void cuda_route_merge_conv_backward(bf16 *const *dpartial, float *const *dquery,
+                                    float *const *dkey_norm, float *const *mean,
+                                    const bf16 *const *dout, const bf16 *const *out,
+                                    const bf16 *partial, const bf16 *const *taps,
+                                    const int *kernel_sizes, int streams, int n_sources,
+                                    const float *const *weights, const float *const *rstd,
+                                    const bf16 *const *query, const bf16 *const *key_norm,
+                                    bf16 *const *rows, float *workspace, int B, int T, int d,
+                                    int heads, cudaStream_t stream);
+
 size_t cuda_route_merge_backward_workspace_floats(int tokens, int d, int heads);
 
 /* mean = < dout, out > per head; with a partial (not NULL: the site's source n_sources - 1),

@@ -1,6 +1,6 @@
 /* kernels/cuda/route_merge_conv_cuda.cu — MSAR's replace-form merge of a site's partial into
  * every stream, the partial's convolution done inside the read (route_block_cuda.h,
- * cuda_route_merge_conv_forward; backend.h states the math):
+ * cuda_route_merge_conv_forward and its backward; backend.h states the math):
  *   E_r = conv_r(b)  (stream_conv_forward's sum, from tau = 0, rounded to bf16 as it rounds)
  *   o_r = route_merge_forward(o_r, E_r)  for each stream r
  * so the merged streams have the bits of cuda_stream_conv_forward into rows followed by
@@ -21,6 +21,17 @@
  * A block that first copied its 8 tokens' rows and the 7 before them into shared memory
  * (cp.async, one barrier) took 0.180 ms, and its step 6 ms more. Other shapes (the wide
  * rows, misaligned pointers) take the composition, with the caller's rows for E_r.
+ *
+ * The backward (cuda_route_merge_conv_backward) is the same trade for
+ * cuda_route_merge_backward with GRAD_WRITE: E_r made again inside the read, then a stream's
+ * merge backward as route_merge_narrow.cuh has it. The composition moves 1 + m rows for the
+ * convolution and 4 a stream (d out, out, E_r read, d E_r written): 21 at m 4; here b and, a
+ * stream, d out and out read and d E_r written: 1 + 3m = 13 rows, 273 MB where 441 MB were at
+ * the 1B microbatch. A warp takes one stream (its channel sums stay 8 LV registers, not m
+ * times that) and the tokens of merge_narrow_backward_kernel's partition, so every output
+ * has the composition's bits; the streams' blocks are interleaved in the grid, so a block of
+ * each stream reads the same tokens at about the same time and b's rows come from L2 after
+ * the first.
  */
 #include "kernels/cuda/route_block_cuda.h"
 #include "kernels/cuda/route_merge.cuh"
@@ -51,29 +62,52 @@ struct MergeConvArgs {
 };
 
 /* E_r of token t for this lane's channels: stream_conv's conv_sum, term by term (a product
- * alone at tau = 0, then tau = 1 .. taps_here - 1 added in order), rounded to bf16 */
+ * alone at tau = 0, then tau = 1 .. taps_here - 1 added in order), rounded to bf16. The tau
+ * loop is unrolled to the largest kernel (left at the kernel size), so that the compiler may
+ * issue a step's loads ahead of the sums before it: the four streams' backward 0.27 -> 0.236
+ * ms at the 1B microbatch on an H100, the forward unchanged (docs/performance.md). */
 template <int LV>
-__device__ __forceinline__ void merge_conv_partial(float *p, const bf16 *partial, const bf16 *taps,
-                                                   int taps_here, long long t, int lane)
+__device__ __forceinline__ void merge_conv_partial(BfVector<8> (&raw)[LV], const bf16 *partial,
+                                                   const bf16 *taps, int taps_here, long long t,
+                                                   int lane)
 {
+    float sum[8 * LV];
 #pragma unroll
     for (int j = 0; j < LV; j++) {
         const long long vector = lane * LV + j;
-        float x[8], tap[8], sum[8];
+        float x[8], tap[8];
         vector_to_floats<8>(vector_load<8>(partial, t * 32 * LV + vector), x);
         vector_to_floats<8>(vector_load<8>(taps, vector), tap);
 #pragma unroll
         for (int i = 0; i < 8; i++)
-            sum[i] = tap[i] * x[i];
-        for (int tau = 1; tau < taps_here; tau++) {
+            sum[8 * j + i] = tap[i] * x[i];
+    }
+#pragma unroll
+    for (int tau = 1; tau < CUDA_ROUTE_CONV_MAX_KERNEL; tau++) {
+        if (tau >= taps_here)
+            break;
+#pragma unroll
+        for (int j = 0; j < LV; j++) {
+            const long long vector = lane * LV + j;
+            float x[8], tap[8];
             vector_to_floats<8>(vector_load<8>(partial, (t - tau) * 32 * LV + vector), x);
             vector_to_floats<8>(vector_load<8>(taps, (long long)tau * 32 * LV + vector), tap);
 #pragma unroll
             for (int i = 0; i < 8; i++)
-                sum[i] += tap[i] * x[i];
+                sum[8 * j + i] += tap[i] * x[i];
         }
-        vector_to_floats<8>(vector_from_floats<8>(sum), p + 8 * j); /* E_r as stored */
     }
+#pragma unroll
+    for (int j = 0; j < LV; j++)
+        raw[j] = vector_from_floats<8>(sum + 8 * j); /* E_r as stored */
+}
+
+/* The taps token t of a sequence of T reads with a kernel of kernel_size: none before the
+ * sequence's start */
+__device__ __forceinline__ int merge_conv_taps_here(long long t, int T, int kernel_size)
+{
+    const int position = (int)(t % T);
+    return kernel_size < position + 1 ? kernel_size : position + 1;
 }
 
 /* One stream of token t: the narrow merge (route_merge_narrow.cuh) with p = E_r */
@@ -89,10 +123,13 @@ __device__ __forceinline__ void merge_conv_stream(const MergeConvArgs &args, int
     const float completed = args.lse[r][t * H + lane / (32 / H)];
     float held[MERGE_NARROW_HELD];
     merge_narrow_held_load(held, args.weights[r], N, H, args.tokens, t, lane);
-    const int position = (int)(t % args.T), kernel_size = args.kernel_size[r];
+    BfVector<8> p_raw[LV];
+    merge_conv_partial<LV>(p_raw, args.partial, args.taps[r],
+                           merge_conv_taps_here(t, args.T, args.kernel_size[r]), t, lane);
     float p[8 * LV], key_weight[8 * LV];
-    merge_conv_partial<LV>(p, args.partial, args.taps[r],
-                           kernel_size < position + 1 ? kernel_size : position + 1, t, lane);
+#pragma unroll
+    for (int j = 0; j < LV; j++)
+        vector_to_floats<8>(p_raw[j], p + 8 * j);
     narrow_key_weight<LV>(args.query[r], args.key_norm[r], lane, key_weight);
     merge_narrow_token<LV>(args.out[r], args.weights[r], args.rstd[r], result_raw, completed,
                            held, p, key_weight, N, H, args.tokens, t, args.inverse_width,
@@ -111,6 +148,58 @@ __global__ void __launch_bounds__(MERGE_CONV_THREADS)
             merge_conv_stream<LV>(args, r, t, lane);
 }
 
+/* ---- the backward ---- */
+
+/* The streams of one backward launch */
+struct MergeConvBackwardArgs {
+    bf16 *dpartial[MERGE_CONV_STREAMS]; /* d E_r, written */
+    float *mean[MERGE_CONV_STREAMS];    /* [tokens, heads] */
+    const bf16 *dout[MERGE_CONV_STREAMS], *merged[MERGE_CONV_STREAMS];
+    const float *weights[MERGE_CONV_STREAMS], *rstd[MERGE_CONV_STREAMS];
+    const bf16 *taps[MERGE_CONV_STREAMS];
+    const bf16 *query[MERGE_CONV_STREAMS], *key_norm[MERGE_CONV_STREAMS];
+    int kernel_size[MERGE_CONV_STREAMS];
+    const bf16 *partial; /* b [B T, d] */
+    float *partials;     /* [streams][warps][d] channel sums, for route_block_reduce */
+    float inverse_width;
+    int streams, n_completed, tokens, T, heads, warps, d;
+};
+
+/* Stream s = blockIdx.x % streams, so that the streams' blocks of the same tokens run side by
+ * side and b's rows come from L2 for all but the first; within a stream, warp w takes tokens
+ * w, w + warps, .. as merge_narrow_backward_kernel does, so the channel sums are the same
+ * numbers added in the same order. */
+template <int LV>
+__global__ void __launch_bounds__(MERGE_CONV_THREADS)
+    merge_conv_backward_kernel(const __grid_constant__ MergeConvBackwardArgs args)
+{
+    const int lane = threadIdx.x & 31, s = blockIdx.x % args.streams;
+    const int warp = (blockIdx.x / args.streams) * (MERGE_CONV_THREADS / 32) + (threadIdx.x >> 5);
+    if (warp >= args.warps)
+        return;
+    const int H = args.heads, N = args.n_completed, tokens = args.tokens;
+    const int head = lane / (32 / H);
+    float key_weight[8 * LV], channel_sums[8 * LV] = {};
+    narrow_key_weight<LV>(args.query[s], args.key_norm[s], lane, key_weight);
+    for (long long t = warp; t < tokens; t += args.warps) {
+        BfVector<8> dy_raw[LV], x_raw[LV], p_raw[LV];
+        merge_lane_load<LV>(dy_raw, args.dout[s], t, lane);
+        merge_lane_load<LV>(x_raw, args.merged[s], t, lane);
+        const float a = args.weights[s][((long long)N * tokens + t) * H + head];
+        const float r = args.rstd[s][(long long)N * tokens + t];
+        merge_conv_partial<LV>(p_raw, args.partial, args.taps[s],
+                               merge_conv_taps_here(t, args.T, args.kernel_size[s]), t, lane);
+        merge_narrow_backward_token<LV>(args.dpartial[s], args.mean[s], dy_raw, x_raw, p_raw,
+                                        p_raw /* not read: written, not added */, true, false,
+                                        a, r, key_weight, channel_sums, H, t, args.inverse_width,
+                                        lane);
+    }
+    float *partial = args.partials + ((long long)s * args.warps + warp) * args.d + lane * 8 * LV;
+#pragma unroll
+    for (int c = 0; c < 8 * LV; c++)
+        partial[c] = channel_sums[c];
+}
+
 /* ---- the entry ---- */
 
 template <int LV>
@@ -120,6 +209,16 @@ static void merge_conv_launch(const MergeConvArgs &args, cudaStream_t stream)
     const unsigned blocks = (unsigned)((warps + MERGE_CONV_THREADS / 32 - 1) /
                                        (MERGE_CONV_THREADS / 32));
     merge_conv_forward_kernel<LV><<<blocks, MERGE_CONV_THREADS, 0, stream>>>(args);
+    CUDA_CHECK_LAUNCH();
+}
+
+template <int LV>
+static void merge_conv_backward_launch(const MergeConvBackwardArgs &args, cudaStream_t stream)
+{
+    const int warps_per_block = MERGE_CONV_THREADS / 32;
+    const unsigned blocks = (unsigned)(args.streams * ((args.warps + warps_per_block - 1) /
+                                                       warps_per_block));
+    merge_conv_backward_kernel<LV><<<blocks, MERGE_CONV_THREADS, 0, stream>>>(args);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -190,5 +289,90 @@ extern "C" void cuda_route_merge_conv_forward(
         case 7: merge_conv_launch<7>(args, stream); break;
         default: merge_conv_launch<8>(args, stream); break;
         }
+    }
+}
+
+extern "C" size_t cuda_route_merge_conv_backward_workspace_floats(int streams, int tokens, int d,
+                                                                 int heads)
+{
+    const int launch = streams < MERGE_CONV_STREAMS ? streams : MERGE_CONV_STREAMS;
+    const size_t fused = (size_t)(launch > 0 ? launch : 1) *
+                         (size_t)merge_narrow_backward_warps(tokens) * (size_t)d;
+    const size_t composed = cuda_route_merge_backward_workspace_floats(tokens, d, heads);
+    return fused > composed ? fused : composed;
+}
+
+extern "C" void cuda_route_merge_conv_backward(
+    bf16 *const *dpartial, float *const *dquery, float *const *dkey_norm, float *const *mean,
+    const bf16 *const *dout, const bf16 *const *out, const bf16 *partial,
+    const bf16 *const *taps, const int *kernel_sizes, int streams, int n_sources,
+    const float *const *weights, const float *const *rstd, const bf16 *const *query,
+    const bf16 *const *key_norm, bf16 *const *rows, float *workspace, int B, int T, int d,
+    int heads, cudaStream_t stream)
+{
+    route_check_shape(n_sources, d, heads);
+    if (!conv_check_streams(kernel_sizes, streams, d, B, T) || streams <= 0)
+        return;
+    const int tokens = B * T;
+    bool fits = merge_conv_fits((bf16 *const *)dpartial, dout, taps, query, key_norm, partial,
+                                streams, d, heads);
+    for (int r = 0; r < streams && fits; r++) {
+        const void *pointers[] = {out[r]};
+        fits = merge_narrow_fits(d, heads, pointers, 1);
+    }
+    if (!fits) { /* the composition: every stream's E_r into the caller's rows */
+        const bf16 *x[1] = {partial};
+        cuda_stream_conv_forward(rows, x, taps, 1, streams, kernel_sizes, B, T, d, stream);
+        for (int r = 0; r < streams; r++)
+            cuda_route_merge_backward(dpartial[r], GRAD_WRITE, dquery[r], dkey_norm[r], mean[r],
+                                      dout[r], out[r], rows[r], n_sources, weights[r], rstd[r],
+                                      query[r], key_norm[r], workspace, tokens, d, heads,
+                                      stream);
+        return;
+    }
+    for (int first = 0; first < streams; first += MERGE_CONV_STREAMS) {
+        MergeConvBackwardArgs args = {};
+        BlockReduceArgs reduce = {};
+        args.streams = streams - first < MERGE_CONV_STREAMS ? streams - first : MERGE_CONV_STREAMS;
+        for (int s = 0; s < args.streams; s++) {
+            const int r = first + s;
+            args.dpartial[s] = dpartial[r];
+            args.mean[s] = mean[r];
+            args.dout[s] = dout[r];
+            args.merged[s] = out[r];
+            args.weights[s] = weights[r];
+            args.rstd[s] = rstd[r];
+            args.taps[s] = taps[r];
+            args.query[s] = query[r];
+            args.key_norm[s] = key_norm[r];
+            args.kernel_size[s] = kernel_sizes[r];
+            reduce.dquery[s] = dquery[r];
+            reduce.dkey_norm[s] = dkey_norm[r];
+            reduce.query[s] = query[r];
+            reduce.key_norm[s] = key_norm[r];
+        }
+        args.partial = partial;
+        args.partials = workspace;
+        args.inverse_width = 1.0f / (float)d;
+        args.n_completed = n_sources - 1;
+        args.tokens = tokens;
+        args.T = T;
+        args.heads = heads;
+        args.warps = merge_narrow_backward_warps(tokens);
+        args.d = d;
+        switch (d / 256) {
+        case 1: merge_conv_backward_launch<1>(args, stream); break;
+        case 2: merge_conv_backward_launch<2>(args, stream); break;
+        case 3: merge_conv_backward_launch<3>(args, stream); break;
+        case 4: merge_conv_backward_launch<4>(args, stream); break;
+        case 5: merge_conv_backward_launch<5>(args, stream); break;
+        case 6: merge_conv_backward_launch<6>(args, stream); break;
+        case 7: merge_conv_backward_launch<7>(args, stream); break;
+        default: merge_conv_backward_launch<8>(args, stream); break;
+        }
+        reduce.partials = workspace;
+        reduce.blocks = args.warps;
+        reduce.d = d;
+        route_block_reduce(reduce, args.streams, stream);
     }
 }

@@ -1,8 +1,9 @@
-/* kernels/cuda/route_merge_narrow.cuh — the replace form's merge of one token in the
- * warp-a-token layout (route_narrow.cuh: lane l owns channels [l d/32, (l+1) d/32), LV = d /
- * 256 vectors of 8, a head whole lanes), for the kernels that merge a partial they read
- * (route_merge_narrow_cuda.cu) and one they convolve (route_merge_conv_cuda.cu): one copy of
- * the math of route_merge_cuda.cu's header, so the two give the same bits. CUDA C++ only.
+/* kernels/cuda/route_merge_narrow.cuh — the replace form's merge of one token, and its
+ * backward, in the warp-a-token layout (route_narrow.cuh: lane l owns channels [l d/32,
+ * (l+1) d/32), LV = d / 256 vectors of 8, a head whole lanes), for the kernels that merge a
+ * partial they read (route_merge_narrow_cuda.cu) and those that convolve it
+ * (route_merge_conv_cuda.cu): one copy of the math of route_merge_cuda.cu's header, so that
+ * they give the same bits. CUDA C++ only.
  */
 #ifndef FATHOM_KERNELS_CUDA_ROUTE_MERGE_NARROW_CUH
 #define FATHOM_KERNELS_CUDA_ROUTE_MERGE_NARROW_CUH
@@ -12,6 +13,16 @@
 #include "kernels/cuda/route_narrow_device.cuh"
 
 enum { MERGE_NARROW_HELD = 4 }; /* phase-one weights a lane loads with its token (N H <= 128) */
+
+/* this lane's LV vectors of row t */
+template <int LV>
+__device__ __forceinline__ void merge_lane_load(BfVector<8> *raw, const bf16 *array, long long t,
+                                                int lane)
+{
+#pragma unroll
+    for (int j = 0; j < LV; j++)
+        raw[j] = vector_load<8>(array, t * 32 * LV + lane * LV + j);
+}
 
 /* rows 0..N-1 of token t's weights [N + 1, tokens, H], entries lane + 32 k (0 past N H):
  * loaded with the token's rows, rescaled by merge_narrow_token */
@@ -77,6 +88,68 @@ __device__ __forceinline__ void merge_narrow_token(bf16 *out, float *weights, fl
     }
     for (int i = lane + 32 * MERGE_NARROW_HELD; i < N * H; i += 32) /* past the held ones */
         weights[((long long)(i / H) * tokens + t) * H + i % H] *= scale;
+}
+
+/* Token t's merge backward, the token's rows given as this lane's vectors (dy = d out, x =
+ * the merged out, p = the partial, grad = d partial's old value when `adds`):
+ *   mean = < dy, x > per head, written;
+ * and with a partial (a = its weight, r = its rstd):
+ *   D = < dy, p >, P = < q*g, p > per head, dz = a (D - mean), e = r^2 (r sum_h dz P) / d,
+ *   d partial = grad (adds) or +0.0 (GRAD_WRITE) + a dy + r dz q*g - e p, stored;
+ *   channel_sums += r dz p per channel. */
+template <int LV>
+__device__ __forceinline__ void merge_narrow_backward_token(
+    bf16 *dpartial, float *mean_out, const BfVector<8> (&dy_raw)[LV],
+    const BfVector<8> (&x_raw)[LV], const BfVector<8> (&p_raw)[LV],
+    const BfVector<8> (&grad_raw)[LV], bool has_partial, bool adds, float a, float r,
+    const float *key_weight, float *channel_sums, int H, long long t, float inverse_width,
+    int lane)
+{
+    const int lanes_per_head = 32 / H, head = lane / lanes_per_head;
+    const long long row = t * 32 * LV + lane * LV;
+    float centre = 0.0f, value = 0.0f, key = 0.0f;
+#pragma unroll
+    for (int j = 0; j < LV; j++) {
+        float dy[8], x[8], p[8];
+        vector_to_floats<8>(dy_raw[j], dy);
+        vector_to_floats<8>(x_raw[j], x);
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            centre += dy[i] * x[i];
+        if (has_partial) {
+            vector_to_floats<8>(p_raw[j], p);
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                value += dy[i] * p[i];
+                key += key_weight[8 * j + i] * p[i];
+            }
+        }
+    }
+    const float mean = head_sum(centre, lanes_per_head);
+    if (lane % lanes_per_head == 0)
+        mean_out[t * H + head] = mean;
+    if (!has_partial)
+        return;
+    const float dz = a * (head_sum(value, lanes_per_head) - mean);
+    const float key_sum = head_sum(key, lanes_per_head);
+    const float self = warp_sum(lane % lanes_per_head == 0 ? dz * key_sum : 0.0f);
+    const float self_term = r * r * (r * self * inverse_width);
+    const float key_coefficient = r * dz;
+#pragma unroll
+    for (int j = 0; j < LV; j++) { /* the rows converted again: registers, not loads */
+        float dy[8], p[8], grad[8] = {}; /* GRAD_WRITE: +0.0, an add into zeros */
+        vector_to_floats<8>(dy_raw[j], dy);
+        vector_to_floats<8>(p_raw[j], p);
+        if (adds)
+            vector_to_floats<8>(grad_raw[j], grad);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int c = 8 * j + i;
+            grad[i] += a * dy[i] + key_coefficient * key_weight[c] - self_term * p[i];
+            channel_sums[c] += key_coefficient * p[i];
+        }
+        vector_store<8>(dpartial, row + j, vector_from_floats<8>(grad));
+    }
 }
 
 #endif

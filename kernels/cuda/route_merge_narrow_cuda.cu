@@ -26,16 +26,6 @@ bool merge_narrow_fits(int d, int heads, const void *const *pointers, int count)
     return pointers_aligned(pointers, count, 16);
 }
 
-/* this lane's LV vectors of row t */
-template <int LV>
-__device__ __forceinline__ void merge_lane_load(BfVector<8> *raw, const bf16 *array, long long t,
-                                                int lane)
-{
-#pragma unroll
-    for (int j = 0; j < LV; j++)
-        raw[j] = vector_load<8>(array, t * 32 * LV + lane * LV + j);
-}
-
 template <int LV>
 __global__ void __launch_bounds__(MERGE_NARROW_THREADS)
     merge_narrow_forward_kernel(const __grid_constant__ MergeArgs args)
@@ -93,49 +83,9 @@ __global__ void __launch_bounds__(MERGE_NARROW_THREADS)
         }
         const float a = has_partial ? args.weights[((long long)N * tokens + t) * H + head] : 0.0f;
         const float r = has_partial ? args.rstd[(long long)N * tokens + t] : 0.0f;
-        float centre = 0.0f, value = 0.0f, key = 0.0f;
-#pragma unroll
-        for (int j = 0; j < LV; j++) {
-            float dy[8], x[8], p[8];
-            vector_to_floats<8>(dy_raw[j], dy);
-            vector_to_floats<8>(x_raw[j], x);
-#pragma unroll
-            for (int i = 0; i < 8; i++)
-                centre += dy[i] * x[i];
-            if (has_partial) {
-                vector_to_floats<8>(p_raw[j], p);
-#pragma unroll
-                for (int i = 0; i < 8; i++) {
-                    value += dy[i] * p[i];
-                    key += key_weight[8 * j + i] * p[i];
-                }
-            }
-        }
-        const float mean = head_sum(centre, lanes_per_head);
-        if (lane % lanes_per_head == 0)
-            args.mean[(long long)t * H + head] = mean;
-        if (!has_partial)
-            continue;
-        const float dz = a * (head_sum(value, lanes_per_head) - mean);
-        const float key_sum = head_sum(key, lanes_per_head);
-        const float self = warp_sum(lane % lanes_per_head == 0 ? dz * key_sum : 0.0f);
-        const float self_term = r * r * (r * self * args.inverse_width);
-        const float key_coefficient = r * dz;
-#pragma unroll
-        for (int j = 0; j < LV; j++) { /* the rows converted again: registers, not loads */
-            float dy[8], p[8], grad[8] = {}; /* GRAD_WRITE: +0.0, an add into zeros */
-            vector_to_floats<8>(dy_raw[j], dy);
-            vector_to_floats<8>(p_raw[j], p);
-            if (adds)
-                vector_to_floats<8>(grad_raw[j], grad);
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                const int c = 8 * j + i;
-                grad[i] += a * dy[i] + key_coefficient * key_weight[c] - self_term * p[i];
-                channel_sums[c] += key_coefficient * p[i];
-            }
-            vector_store<8>(args.dpartial, row + j, vector_from_floats<8>(grad));
-        }
+        merge_narrow_backward_token<LV>(args.dpartial, args.mean, dy_raw, x_raw, p_raw, grad_raw,
+                                        has_partial, adds, a, r, key_weight, channel_sums, H, t,
+                                        args.inverse_width, lane);
     }
     if (!has_partial)
         return;
