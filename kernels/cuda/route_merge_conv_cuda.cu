@@ -32,6 +32,12 @@
  * has the composition's bits; the streams' blocks are interleaved in the grid, so a block of
  * each stream reads the same tokens at about the same time and b's rows come from L2 after
  * the first.
+ *
+ * Tried and not kept (docs/performance.md, 2026-12-06 later): each warp requesting the next
+ * token-stream's rows before it works on this one's (the forward's phase-one row, lse and
+ * held weights; the backward's d out and out). The forward went 0.160 -> 0.236 ms (139
+ * registers where 110 were: three blocks a multiprocessor, not four) and the backward 0.238
+ * -> 0.248 ms (255 registers), the 1B MSAR replace step 839 -> 883 ms.
  */
 #include "kernels/cuda/route_block_cuda.h"
 #include "kernels/cuda/route_merge.cuh"
