@@ -33,6 +33,13 @@
  * each stream reads the same tokens at about the same time and b's rows come from L2 after
  * the first.
  *
+ * Rows a warp reads once (the phase-one row; d out and out) come through a row of the
+ * warp's in shared memory (cp.async, 512 contiguous bytes an instruction), and the rows it
+ * writes leave through it (narrow_store_row): a lane's own vectors, 16 bytes in every 80
+ * at d 1280, sent the L2 a request of half a sector a lane, and ncu put the L2 as the busiest
+ * unit (60-75% of its peak, DRAM at 31-49%). Measured on an H100 (docs/performance.md,
+ * 2026-12-06 morning): the forward 0.158 -> 0.137 ms, the backward 0.236 -> 0.210.
+ *
  * Tried and not kept (docs/performance.md, 2026-12-06 later): each warp requesting the next
  * token-stream's rows before it works on this one's (the forward's phase-one row, lse and
  * held weights; the backward's d out and out). The forward went 0.160 -> 0.236 ms (139
@@ -116,16 +123,16 @@ __device__ __forceinline__ int merge_conv_taps_here(long long t, int T, int kern
     return kernel_size < position + 1 ? kernel_size : position + 1;
 }
 
-/* One stream of token t: the narrow merge (route_merge_narrow.cuh) with p = E_r */
+/* One stream of token t: the narrow merge (route_merge_narrow.cuh) with p = E_r. The
+ * phase-one row comes into the warp's stage (whole sectors, in flight while E_r is summed)
+ * and out leaves through it. */
 template <int LV>
-__device__ __forceinline__ void merge_conv_stream(const MergeConvArgs &args, int r, long long t,
-                                                  int lane)
+__device__ __forceinline__ void merge_conv_stream(const MergeConvArgs &args, BfVector<8> *stage,
+                                                  int r, long long t, int lane)
 {
     const int H = args.heads, N = args.n_completed;
-    BfVector<8> result_raw[LV];
-#pragma unroll
-    for (int j = 0; j < LV; j++) /* out may alias result: not through the read-only path */
-        result_raw[j] = vector_load_mutable<8>(args.result[r], t * 32 * LV + lane * LV + j);
+    narrow_copy_row<LV>(stage, args.result[r], t, lane); /* out may alias it: read first */
+    copy_async_commit();
     const float completed = args.lse[r][t * H + lane / (32 / H)];
     float held[MERGE_NARROW_HELD];
     merge_narrow_held_load(held, args.weights[r], N, H, args.tokens, t, lane);
@@ -137,21 +144,27 @@ __device__ __forceinline__ void merge_conv_stream(const MergeConvArgs &args, int
     for (int j = 0; j < LV; j++)
         vector_to_floats<8>(p_raw[j], p + 8 * j);
     narrow_key_weight<LV>(args.query[r], args.key_norm[r], lane, key_weight);
-    merge_narrow_token<LV>(args.out[r], args.weights[r], args.rstd[r], result_raw, completed,
-                           held, p, key_weight, N, H, args.tokens, t, args.inverse_width,
-                           args.eps, lane);
+    BfVector<8> result_raw[LV], out_raw[LV];
+    copy_async_wait<0>();
+    __syncwarp();
+    narrow_lane_vectors<LV>(result_raw, stage, lane);
+    merge_narrow_token<LV>(out_raw, args.weights[r], args.rstd[r], result_raw, completed, held,
+                           p, key_weight, N, H, args.tokens, t, args.inverse_width, args.eps,
+                           lane);
+    narrow_store_row<LV>(args.out[r], t, stage, out_raw, lane);
 }
 
 template <int LV>
 __global__ void __launch_bounds__(MERGE_CONV_THREADS)
     merge_conv_forward_kernel(const __grid_constant__ MergeConvArgs args)
 {
+    __shared__ BfVector<8> stages[MERGE_CONV_THREADS / 32][NarrowRow<LV>::VECTORS];
     const int lane = threadIdx.x & 31;
     const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const long long first = warp * MERGE_CONV_RUN;
     for (long long t = first; t < first + MERGE_CONV_RUN && t < args.tokens; t++)
         for (int r = 0; r < args.streams; r++)
-            merge_conv_stream<LV>(args, r, t, lane);
+            merge_conv_stream<LV>(args, stages[threadIdx.x >> 5], r, t, lane);
 }
 
 /* ---- the backward ---- */
@@ -185,20 +198,30 @@ __global__ void __launch_bounds__(MERGE_CONV_THREADS)
         return;
     const int H = args.heads, N = args.n_completed, tokens = args.tokens;
     const int head = lane / (32 / H);
+    /* the warp's stage: d out and out come in whole sectors (in flight while E_r is summed),
+     * d E_r leaves through the first */
+    __shared__ BfVector<8> stages[MERGE_CONV_THREADS / 32][2][NarrowRow<LV>::VECTORS];
+    BfVector<8> *stage = stages[threadIdx.x >> 5][0], *merged_stage = stages[threadIdx.x >> 5][1];
     float key_weight[8 * LV], channel_sums[8 * LV] = {};
     narrow_key_weight<LV>(args.query[s], args.key_norm[s], lane, key_weight);
     for (long long t = warp; t < tokens; t += args.warps) {
-        BfVector<8> dy_raw[LV], x_raw[LV], p_raw[LV];
-        merge_lane_load<LV>(dy_raw, args.dout[s], t, lane);
-        merge_lane_load<LV>(x_raw, args.merged[s], t, lane);
+        narrow_copy_row<LV>(stage, args.dout[s], t, lane);
+        narrow_copy_row<LV>(merged_stage, args.merged[s], t, lane);
+        copy_async_commit();
         const float a = args.weights[s][((long long)N * tokens + t) * H + head];
         const float r = args.rstd[s][(long long)N * tokens + t];
+        BfVector<8> dy_raw[LV], x_raw[LV], p_raw[LV], grad_out[LV];
         merge_conv_partial<LV>(p_raw, args.partial, args.taps[s],
                                merge_conv_taps_here(t, args.T, args.kernel_size[s]), t, lane);
-        merge_narrow_backward_token<LV>(args.dpartial[s], args.mean[s], dy_raw, x_raw, p_raw,
+        copy_async_wait<0>();
+        __syncwarp();
+        narrow_lane_vectors<LV>(dy_raw, stage, lane);
+        narrow_lane_vectors<LV>(x_raw, merged_stage, lane);
+        merge_narrow_backward_token<LV>(grad_out, args.mean[s], dy_raw, x_raw, p_raw,
                                         p_raw /* not read: written, not added */, true, false,
                                         a, r, key_weight, channel_sums, H, t, args.inverse_width,
                                         lane);
+        narrow_store_row<LV>(args.dpartial[s], t, stage, grad_out, lane);
     }
     float *partial = args.partials + ((long long)s * args.warps + warp) * args.d + lane * 8 * LV;
 #pragma unroll

@@ -37,13 +37,15 @@ __device__ __forceinline__ void merge_narrow_held_load(float (&held)[MERGE_NARRO
     }
 }
 
-/* Token t's merge, p (this lane's channels of the partial, fp32) given:
+/* Token t's merge, p (this lane's channels of the partial, fp32) given (out_raw: this lane's
+ * vectors of out, for the caller to store):
  *   r = rsqrt(mean(p^2) + eps), z = r < q*g, p > per head, w_c = e^(lse - l), w_p =
  *   e^(z - l) with l = log(e^lse + e^z) about max(lse, z);
  *   out = w_c result + w_p p; weights rows 0..N-1 = held * w_c (and past the held ones *=),
  *   row N = w_p; rstd row N = r. */
 template <int LV>
-__device__ __forceinline__ void merge_narrow_token(bf16 *out, float *weights, float *rstd,
+__device__ __forceinline__ void merge_narrow_token(BfVector<8> (&out_raw)[LV], float *weights,
+                                                   float *rstd,
                                                    const BfVector<8> (&result_raw)[LV],
                                                    float completed,
                                                    const float (&held)[MERGE_NARROW_HELD],
@@ -71,7 +73,7 @@ __device__ __forceinline__ void merge_narrow_token(bf16 *out, float *weights, fl
 #pragma unroll
         for (int i = 0; i < 8; i++)
             merged[i] = w_c * result[i] + w_p * p[8 * j + i];
-        vector_store<8>(out, t * 32 * LV + lane * LV + j, vector_from_floats<8>(merged));
+        out_raw[j] = vector_from_floats<8>(merged);
     }
     if (lane % lanes_per_head == 0)
         weights[((long long)N * tokens + t) * H + head] = w_p;
@@ -95,18 +97,18 @@ __device__ __forceinline__ void merge_narrow_token(bf16 *out, float *weights, fl
  *   mean = < dy, x > per head, written;
  * and with a partial (a = its weight, r = its rstd):
  *   D = < dy, p >, P = < q*g, p > per head, dz = a (D - mean), e = r^2 (r sum_h dz P) / d,
- *   d partial = grad (adds) or +0.0 (GRAD_WRITE) + a dy + r dz q*g - e p, stored;
+ *   d partial = grad (adds) or +0.0 (GRAD_WRITE) + a dy + r dz q*g - e p, into grad_out (this
+ *   lane's vectors, for the caller to store);
  *   channel_sums += r dz p per channel. */
 template <int LV>
 __device__ __forceinline__ void merge_narrow_backward_token(
-    bf16 *dpartial, float *mean_out, const BfVector<8> (&dy_raw)[LV],
+    BfVector<8> (&grad_out)[LV], float *mean_out, const BfVector<8> (&dy_raw)[LV],
     const BfVector<8> (&x_raw)[LV], const BfVector<8> (&p_raw)[LV],
     const BfVector<8> (&grad_raw)[LV], bool has_partial, bool adds, float a, float r,
     const float *key_weight, float *channel_sums, int H, long long t, float inverse_width,
     int lane)
 {
     const int lanes_per_head = 32 / H, head = lane / lanes_per_head;
-    const long long row = t * 32 * LV + lane * LV;
     float centre = 0.0f, value = 0.0f, key = 0.0f;
 #pragma unroll
     for (int j = 0; j < LV; j++) {
@@ -148,7 +150,7 @@ __device__ __forceinline__ void merge_narrow_backward_token(
             grad[i] += a * dy[i] + key_coefficient * key_weight[c] - self_term * p[i];
             channel_sums[c] += key_coefficient * p[i];
         }
-        vector_store<8>(dpartial, row + j, vector_from_floats<8>(grad));
+        grad_out[j] = vector_from_floats<8>(grad);
     }
 }
 

@@ -2,9 +2,10 @@
  * narrow rows (route_merge.cuh says which; the math is route_merge_cuda.cu's). The layout is
  * route_narrow.cuh's: lane l owns channels [l d/32, (l+1) d/32), LV = d / 256 vectors of 8,
  * so a head is whole lanes and every per-head sum a few shuffles (head_sum), the sum over the
- * row a warp_sum. No barrier; each lane's loads of a token go out together. The backward's
- * channel sums stay in registers over a warp's tokens and go to one row a warp of the
- * workspace, which route_block_reduce adds in warp order.
+ * row a warp_sum. No barrier; each lane's loads of a token go out together, and the rows a
+ * warp writes leave through a row of its in shared memory, whole sectors at a time
+ * (narrow_store_row). The backward's channel sums stay in registers over a warp's tokens
+ * and go to one row a warp of the workspace, which route_block_reduce adds in warp order.
  */
 #include "kernels/cuda/route_merge.cuh"
 #include "kernels/cuda/route_merge_narrow.cuh"
@@ -35,6 +36,7 @@ __global__ void __launch_bounds__(MERGE_NARROW_THREADS)
     const int warps = (gridDim.x * blockDim.x) >> 5;
     const int H = args.heads, N = args.n_completed, tokens = args.tokens;
     const int lanes_per_head = 32 / H, head = lane / lanes_per_head;
+    __shared__ BfVector<8> stages[MERGE_NARROW_THREADS / 32][NarrowRow<LV>::VECTORS];
     float key_weight[8 * LV];
     narrow_key_weight<LV>(args.query, args.key_norm, lane, key_weight);
     for (int t = warp; t < tokens; t += warps) {
@@ -51,8 +53,10 @@ __global__ void __launch_bounds__(MERGE_NARROW_THREADS)
 #pragma unroll
         for (int j = 0; j < LV; j++)
             vector_to_floats<8>(p_raw[j], p + 8 * j);
-        merge_narrow_token<LV>(args.out, args.weights, args.rstd, result_raw, completed, held, p,
+        BfVector<8> out_raw[LV];
+        merge_narrow_token<LV>(out_raw, args.weights, args.rstd, result_raw, completed, held, p,
                                key_weight, N, H, tokens, t, args.inverse_width, args.eps, lane);
+        narrow_store_row<LV>(args.out, t, stages[threadIdx.x >> 5], out_raw, lane);
     }
 }
 
@@ -68,6 +72,7 @@ __global__ void __launch_bounds__(MERGE_NARROW_THREADS)
     const int H = args.heads, N = args.n_completed, tokens = args.tokens;
     const int lanes_per_head = 32 / H, head = lane / lanes_per_head;
     const bool has_partial = args.partial != NULL, adds = args.dpartial_add;
+    __shared__ BfVector<8> stages[MERGE_NARROW_THREADS / 32][NarrowRow<LV>::VECTORS];
     float key_weight[8 * LV], channel_sums[8 * LV] = {};
     narrow_key_weight<LV>(args.query, args.key_norm, lane, key_weight);
     for (int t = warp; t < tokens; t += warps) {
@@ -83,9 +88,12 @@ __global__ void __launch_bounds__(MERGE_NARROW_THREADS)
         }
         const float a = has_partial ? args.weights[((long long)N * tokens + t) * H + head] : 0.0f;
         const float r = has_partial ? args.rstd[(long long)N * tokens + t] : 0.0f;
-        merge_narrow_backward_token<LV>(args.dpartial, args.mean, dy_raw, x_raw, p_raw, grad_raw,
+        BfVector<8> grad_out[LV];
+        merge_narrow_backward_token<LV>(grad_out, args.mean, dy_raw, x_raw, p_raw, grad_raw,
                                         has_partial, adds, a, r, key_weight, channel_sums, H, t,
                                         args.inverse_width, lane);
+        if (has_partial)
+            narrow_store_row<LV>(args.dpartial, t, stages[threadIdx.x >> 5], grad_out, lane);
     }
     if (!has_partial)
         return;

@@ -13,7 +13,10 @@
  *      head's first lane; barrier; every lane: its head's mean = sum_k a_k scale D_k;
  *   C. per source: dz = a (scale D - mean), e = r^2 (r sum_h dz P) / d, and each lane's
  *      ds += a scale dout + r dz q g - e s (bf16 read, fp32 add, one rounding), S += r dz s,
- *      the next gradient rows fetched while this one is used.
+ *      the next gradient rows fetched while this one is used; ds goes back into its ring
+ *      slot and leaves from there 512 contiguous bytes an instruction (whole sectors, where
+ *      a lane's own vectors sent the L2 half a sector a lane: the 1B per-site replace case
+ *      16.9 -> 15.8 ms on an H100, docs/performance.md, 2026-12-06 morning).
  * Each source row is read from memory once (the block-a-token backward reads it twice), so
  * shared memory grows with N: (N + 2 + 3W) rows a block. A streaming variant (a ring over
  * the rows, each source read twice, the second time from L2) was slower at d 1280: 147 us
@@ -161,7 +164,7 @@ route_narrow_backward_kernel(const __grid_constant__ NarrowBackwardArgs args)
             bf16 *dsource = args.dsources[k];
             copy_async_wait<NARROW_GRADIENT_RING - 1>(); /* gradient row i has landed */
             __syncwarp();
-            const BfVector<8> *gradient_row = ring + (i % NARROW_GRADIENT_RING) * VECTORS;
+            BfVector<8> *gradient_row = ring + (i % NARROW_GRADIENT_RING) * VECTORS;
 #pragma unroll
             for (int j = 0; j < LV; j++) {
                 float s[8];
@@ -178,7 +181,17 @@ route_narrow_backward_kernel(const __grid_constant__ NarrowBackwardArgs args)
                 for (int c = 0; c < 8; c++)
                     grad[c] += value_coefficient * dy[c] + key_coefficient * key_weight[8 * j + c] -
                                self_term * s[c];
-                vector_store<8>(dsource, row_start + lane * LV + j, vector_from_floats<8>(grad));
+                /* back into its slot (this lane's own vector), then stored a warp's 512
+                 * contiguous bytes at a time: whole sectors for the L2 */
+                gradient_row[lane * NarrowRow<LV>::STRIDE + j] = vector_from_floats<8>(grad);
+            }
+            if (dsource) {
+                __syncwarp();
+#pragma unroll
+                for (int j = 0; j < LV; j++) {
+                    const int v = j * 32 + lane;
+                    vector_store<8>(dsource, row_start + v, gradient_row[narrow_slot<LV>(v)]);
+                }
             }
             __syncwarp(); /* the slot and the row are read before they are refilled */
         }

@@ -48,6 +48,38 @@ __device__ __forceinline__ void narrow_copy_row(BfVector<8> *row, const bf16 *ar
     }
 }
 
+/* Stores this lane's LV vectors of row t of `array` through `stage`, a row of the warp's in
+ * shared memory: each store instruction of the warp then writes 512 contiguous bytes, whole
+ * sectors, where each lane writing its own vectors (16 bytes in every 16 LV) sends the L2 a
+ * request of half a sector a lane. The warp is in step before (the stage's last readers)
+ * and after (its next writers). */
+template <int LV>
+__device__ __forceinline__ void narrow_store_row(bf16 *array, long long t, BfVector<8> *stage,
+                                                 const BfVector<8> (&raw)[LV], int lane)
+{
+    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < LV; j++)
+        stage[lane * NarrowRow<LV>::STRIDE + j] = raw[j];
+    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < LV; j++) {
+        const int v = j * 32 + lane;
+        vector_store<8>(array, t * (32 * LV) + v, stage[narrow_slot<LV>(v)]);
+    }
+    __syncwarp();
+}
+
+/* this lane's LV vectors of a row in shared memory, as loaded */
+template <int LV>
+__device__ __forceinline__ void narrow_lane_vectors(BfVector<8> (&raw)[LV],
+                                                    const BfVector<8> *row, int lane)
+{
+#pragma unroll
+    for (int j = 0; j < LV; j++)
+        raw[j] = row[lane * NarrowRow<LV>::STRIDE + j];
+}
+
 /* this lane's vector j of a row in shared memory, in fp32 */
 template <int LV>
 __device__ __forceinline__ void narrow_read(const BfVector<8> *row, int lane, int j, float *x)
