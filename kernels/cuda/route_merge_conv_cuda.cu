@@ -37,8 +37,10 @@
  * warp's in shared memory (cp.async, 512 contiguous bytes an instruction), and the rows it
  * writes leave through it (narrow_store_row): a lane's own vectors, 16 bytes in every 80
  * at d 1280, sent the L2 a request of half a sector a lane, and ncu put the L2 as the busiest
- * unit (60-75% of its peak, DRAM at 31-49%). Measured on an H100 (docs/performance.md,
- * 2026-12-06 morning): the forward 0.158 -> 0.137 ms, the backward 0.236 -> 0.210.
+ * unit (60-75% of its peak, DRAM at 31-49%). The backward's channel sums leave the same way
+ * (narrow_store_floats), where a float a lane an instruction had been most of its L2 write
+ * requests. Measured on an H100 (docs/performance.md, 2026-12-06 morning): the forward
+ * 0.158 -> 0.137 ms, the backward 0.236 -> 0.210 -> 0.158.
  *
  * Tried and not kept (docs/performance.md, 2026-12-06 later): each warp requesting the next
  * token-stream's rows before it works on this one's (the forward's phase-one row, lse and
@@ -223,10 +225,9 @@ __global__ void __launch_bounds__(MERGE_CONV_THREADS)
                                         lane);
         narrow_store_row<LV>(args.dpartial[s], t, stage, grad_out, lane);
     }
-    float *partial = args.partials + ((long long)s * args.warps + warp) * args.d + lane * 8 * LV;
-#pragma unroll
-    for (int c = 0; c < 8 * LV; c++)
-        partial[c] = channel_sums[c];
+    /* the stage's two rows hold the warp's d floats */
+    narrow_store_floats<LV>(args.partials + ((long long)s * args.warps + warp) * args.d,
+                            channel_sums, reinterpret_cast<float4 *>(stage), lane);
 }
 
 /* ---- the entry ---- */

@@ -72,7 +72,9 @@ __global__ void __launch_bounds__(MERGE_NARROW_THREADS)
     const int H = args.heads, N = args.n_completed, tokens = args.tokens;
     const int lanes_per_head = 32 / H, head = lane / lanes_per_head;
     const bool has_partial = args.partial != NULL, adds = args.dpartial_add;
-    __shared__ BfVector<8> stages[MERGE_NARROW_THREADS / 32][NarrowRow<LV>::VECTORS];
+    /* a warp's two rows: d partial leaves through the first, the channel sums (d floats)
+     * through both */
+    __shared__ BfVector<8> stages[MERGE_NARROW_THREADS / 32][2 * NarrowRow<LV>::VECTORS];
     float key_weight[8 * LV], channel_sums[8 * LV] = {};
     narrow_key_weight<LV>(args.query, args.key_norm, lane, key_weight);
     for (int t = warp; t < tokens; t += warps) {
@@ -97,10 +99,9 @@ __global__ void __launch_bounds__(MERGE_NARROW_THREADS)
     }
     if (!has_partial)
         return;
-    float *partial = args.partials + (long long)warp * args.d + lane * 8 * LV;
-#pragma unroll
-    for (int c = 0; c < 8 * LV; c++)
-        partial[c] = channel_sums[c];
+    /* the stage's two rows hold the warp's d floats */
+    narrow_store_floats<LV>(args.partials + (long long)warp * args.d, channel_sums,
+                            reinterpret_cast<float4 *>(stages[threadIdx.x >> 5]), lane);
 }
 
 #define MERGE_NARROW_LAUNCH(kernel, LV_, blocks, args)                                          \

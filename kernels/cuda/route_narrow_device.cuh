@@ -70,6 +70,26 @@ __device__ __forceinline__ void narrow_store_row(bf16 *array, long long t, BfVec
     __syncwarp();
 }
 
+/* Stores the warp's row of d floats (this lane's 8 LV of them: channels [l d/32, (l+1) d/32))
+ * to `row` (16-byte aligned) through `stage`, 4 d bytes of shared memory: 512 contiguous
+ * bytes a store instruction, where a float a lane an instruction (at a stride of 32 LV
+ * bytes) took a request a lane. */
+template <int LV>
+__device__ __forceinline__ void narrow_store_floats(float *row, const float (&values)[8 * LV],
+                                                    float4 *stage, int lane)
+{
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < 2 * LV; i++)
+        stage[lane * 2 * LV + i] = make_float4(values[4 * i], values[4 * i + 1],
+                                               values[4 * i + 2], values[4 * i + 3]);
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < 2 * LV; i++)
+        reinterpret_cast<float4 *>(row)[i * 32 + lane] = stage[i * 32 + lane];
+    __syncwarp();
+}
+
 /* this lane's LV vectors of a row in shared memory, as loaded */
 template <int LV>
 __device__ __forceinline__ void narrow_lane_vectors(BfVector<8> (&raw)[LV],
