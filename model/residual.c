@@ -86,14 +86,14 @@ static void plan_site(ResidualPlan *plan, int j, int n_layers)
 }
 
 /* FATHOM_ROUTE_REPLACE (residual_two_phase): whether attnres's replace form walks its blocks
- * in two phases. */
+ * in two phases (unset: it does). */
 static bool replace_walk_two_phase(void)
 {
     const char *name = getenv("FATHOM_ROUTE_REPLACE");
-    if (!name || !*name || !strcmp(name, "per_site"))
-        return false;
-    if (!strcmp(name, "two_phase"))
+    if (!name || !*name || !strcmp(name, "two_phase"))
         return true;
+    if (!strcmp(name, "per_site"))
+        return false;
     fatal(EXIT_CONFIG, "FATHOM_ROUTE_REPLACE = '%s' (per_site or two_phase)", name);
 }
 

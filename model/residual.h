@@ -74,7 +74,7 @@ typedef struct {
     SitePlan *sites;        /* [n_sites] */
     int max_sources;        /* over all sites */
     bool sites_alone;       /* model_route_sites_alone: no two-phase walk (false when built) */
-    bool replace_two_phase; /* attnres's replace form in two phases too (FATHOM_ROUTE_REPLACE) */
+    bool replace_two_phase; /* attnres's replace form in two phases (unless FATHOM_ROUTE_REPLACE=per_site) */
 } ResidualPlan;
 
 /* Refuses, with EXIT_CONFIG and a message naming the keys, what the model cannot build:
@@ -96,13 +96,13 @@ void residual_plan_build(ResidualPlan *plan, const ModelConfig *model,
                          const ResidualConfig *residual);
 void residual_plan_free(ResidualPlan *plan);
 
-/* True when the walk routes a block's sites in two phases (model/route_block.h): msar in
- * both forms, attnres in the delta form. attnres's replace form routes a site at a time (its
- * merges with the partial cost more than the common read saves; docs/performance.md,
- * 2026-12-02) unless FATHOM_ROUTE_REPLACE=two_phase, read when a plan is built (per_site or
- * unset: a site at a time; any other value exits 2), asks for its blocks in two phases too;
- * msar's per-site route convolves every source inside each site's read, which costs more
- * than the merges. */
+/* True when the walk routes a block's sites in two phases (model/route_block.h): msar and
+ * attnres in both forms. FATHOM_ROUTE_REPLACE=per_site, read when a plan is built, routes
+ * attnres's replace form a site at a time instead (two_phase or unset: in two phases; any
+ * other value exits 2): the faster walk since its merges store whole sectors (1B MHAR step
+ * 513.5 -> 502.3 ms on an H100, docs/performance.md, 2026-12-06 morning; the per-site walk
+ * was the faster until then). msar's per-site route convolves every source inside each
+ * site's read, which costs more than the merges. */
 bool residual_two_phase(const ResidualPlan *plan);
 
 /* True when site j's depth weights and key statistics are kept in the stash from its forward

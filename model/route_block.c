@@ -82,7 +82,7 @@ static void block_backward(RouteWalk *walk, int block)
         walk->rows, walk->d, walk->plan->heads);
 }
 
-/* ---- attnres's replace form in two phases (FATHOM_ROUTE_REPLACE=two_phase) ----
+/* ---- attnres's replace form in two phases (unless FATHOM_ROUTE_REPLACE=per_site) ----
  * Phase one leaves site i's Route over the block's completed sources in block_results[i],
  * its lse in the scratch and its depth weights and rstd in its stash, where the per-site
  * path keeps them. In its turn the site merges its partial b_n^i into x

@@ -24,9 +24,9 @@
  * backward reopens the block (phase one and the merges again), takes each site's d x through
  * its mix and its merge's backward in the site's turn (the partial's gradient must reach the
  * block's accumulator before the sublayer before it), and the completed sources' share when
- * the walk leaves the block. attnres's replace form routes one site at a time through
- * model/route_site.h unless FATHOM_ROUTE_REPLACE=two_phase (residual.h): then its sites
- * merge their partials in their turns as MSAR's do, into x, and the backward, with the
+ * the walk leaves the block. attnres's replace form walks in two phases too (residual.h;
+ * FATHOM_ROUTE_REPLACE=per_site routes it a site at a time through model/route_site.h): its
+ * sites merge their partials in their turns as MSAR's do, into x, and the backward, with the
  * depth weights in the stash and x from the caller, makes no phase one again. The final
  * site (a block of its own) routes alone, as does every site after
  * model_route_sites_alone.

@@ -330,16 +330,17 @@ Test(model_route, msar_delta_with_zero_gates_is_the_standard_model_bit_for_bit)
 
 /* MSAR (m = 4, kernels 1, 2, 4, 8) at init against Block AttnRes at init, same H and
  * blocks; in the delta form alpha and null are random and the same in both, so the routed
- * mix is really read. `msar_alone`: MSAR's sites routed one at a time (attnres's replace form
- * always is). `tolerance`: the logits' relative error allowed, 0 for bit for bit. */
-static void check_msar_at_init_is_block_attnres(ResidualForm form, bool msar_alone,
+ * mix is really read. `alone`: both models' sites routed one at a time. `tolerance`: the
+ * logits' relative error allowed, 0 for bit for bit. */
+static void check_msar_at_init_is_block_attnres(ResidualForm form, bool alone,
                                                 double tolerance)
 {
     ResidualConfig msar_residual = route_test_msar(2, 4, kernels_1_2_4_8, form);
     ResidualConfig attnres_residual = route_test_attnres(2, 1, form);
     Model *msar = route_test_model(&msar_residual, 16);
     Model *attnres = route_test_model(&attnres_residual, 16);
-    model_route_sites_alone(msar, msar_alone);
+    model_route_sites_alone(msar, alone);
+    model_route_sites_alone(attnres, alone);
     if (form == FORM_DELTA) {
         float null[16];
         test_fill_normal(null, 16, 0.5f, 16);
@@ -371,11 +372,11 @@ Test(model_route, msar_at_init_is_block_attnres_at_init_bit_for_bit)
     check_msar_at_init_is_block_attnres(FORM_REPLACE, true, 0);
 }
 
-/* MSAR's replace form routes its blocks in two phases, attnres's a site at a time: the merge
- * rounds phase one's result and lse to float, so the two agree to rounding. */
-Test(model_route, msar_at_init_in_two_phases_is_block_attnres_at_init_to_rounding)
+/* Both replace forms walked in two phases: the same phase one and the same merges, so bit
+ * for bit as well. */
+Test(model_route, msar_at_init_in_two_phases_is_block_attnres_at_init_bit_for_bit)
 {
-    check_msar_at_init_is_block_attnres(FORM_REPLACE, false, 1e-6);
+    check_msar_at_init_is_block_attnres(FORM_REPLACE, false, 0);
 }
 
 Test(model_route, msar_delta_at_init_is_block_attnres_delta_at_init_bit_for_bit)

@@ -1,7 +1,7 @@
 /* tests/test_model_two_phase.c — the two-phase walk (model/route_block.h) against the
  * per-site reference (model_route_sites_alone), on the cpu backend: the delta form of
- * attnres and msar, msar's replace form, and attnres's replace form where
- * FATHOM_ROUTE_REPLACE=two_phase asks for it.
+ * attnres and msar, msar's replace form, and attnres's replace form (in two phases by
+ * default; FATHOM_ROUTE_REPLACE=per_site routes it a site at a time instead).
  *
  * Both run the same network from the same weights and batch: one routes a block's sites
  * together (attnres: route_block_forward / route_block_backward; msar: each stream's
@@ -312,23 +312,33 @@ Test(model_two_phase, an_unknown_replace_walk_name_exits_with_the_config_code)
 }
 
 /* The choice is the replace form's of attnres: msar walks in two phases anyway, and the
- * delta form too; unset, attnres's replace form routes a site at a time. */
+ * delta form too; unset or two_phase, attnres's replace form walks in two phases, per_site
+ * routes it a site at a time. */
 Test(model_two_phase, two_phase_replace_is_chosen_for_attnres_replace_only)
 {
     const ModelConfig config = route_test_model_config();
     const ResidualConfig replace = route_test_attnres(2, 1, FORM_REPLACE);
     const ResidualConfig delta = route_test_attnres(2, 1, FORM_DELTA);
     ResidualPlan plan;
-    unsetenv("FATHOM_ROUTE_REPLACE");
+    const char *const two_phase_names[] = {NULL, "two_phase"};
+    for (int i = 0; i < 2; i++) {
+        if (two_phase_names[i])
+            setenv("FATHOM_ROUTE_REPLACE", two_phase_names[i], 1);
+        else
+            unsetenv("FATHOM_ROUTE_REPLACE");
+        residual_plan_build(&plan, &config, &replace);
+        cr_expect(residual_two_phase(&plan), "FATHOM_ROUTE_REPLACE %s",
+                  two_phase_names[i] ? two_phase_names[i] : "unset");
+        cr_expect(plan.replace_two_phase);
+        residual_plan_free(&plan);
+    }
+    setenv("FATHOM_ROUTE_REPLACE", "per_site", 1);
     residual_plan_build(&plan, &config, &replace);
     cr_expect_not(residual_two_phase(&plan));
-    residual_plan_free(&plan);
-    setenv("FATHOM_ROUTE_REPLACE", "two_phase", 1);
-    residual_plan_build(&plan, &config, &replace);
-    cr_expect(residual_two_phase(&plan));
     residual_plan_free(&plan);
     residual_plan_build(&plan, &config, &delta);
     cr_expect(residual_two_phase(&plan));
     cr_expect_not(plan.replace_two_phase);
     residual_plan_free(&plan);
+    unsetenv("FATHOM_ROUTE_REPLACE");
 }
