@@ -375,7 +375,7 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
             block_mma_split(w[0], w[1], &weights_high[0], &weights_low[0]);
             block_mma_split(w[2], w[3], &weights_high[2], &weights_low[2]);
         }
-        bf16 *result = g < G ? site_out.result + t * V * 8 + 2 * c : NULL;
+        bf16 *result = g < G ? site_out.result + t * V * 8 : NULL; /* channel 0 of the row */
         /* Not unrolled, so nothing spills (at unroll 2 or 4 ptxas spilled 16-56 bytes a
          * thread, into an L1 the shared memory leaves at 28 KB); instead the next tiles' load
          * is issued a step ahead, and the four products of a step are independent (hi and lo
@@ -391,11 +391,12 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
                                                                     first_slot + j + 2, lane));
             float tiles[2][4];
             block_mma_mix_step(tiles, weights_high, weights_low, b);
-            if (result) {
-                uint32_t *to = reinterpret_cast<uint32_t *>(result + (first_vector + j) * 8);
-                to[0] = block_mma_pack(tiles[0][0], tiles[0][1]);
-                to[4] = block_mma_pack(tiles[1][0], tiles[1][1]); /* 8 channels on */
-            }
+            block_mma_store_quad(result ? reinterpret_cast<uint32_t *>(
+                                              result + (first_vector + j) * 8)
+                                        : NULL,
+                                 block_mma_pack(tiles[0][0], tiles[0][1]),
+                                 block_mma_pack(tiles[1][0], tiles[1][1]), result != NULL,
+                                 lane);
 #pragma unroll
             for (int e = 0; e < 4; e++)
                 b[e] = next[e];

@@ -100,32 +100,23 @@ __device__ __forceinline__ void pair_weight_halves(const float *coefficients, in
     block_mma_split(w[0], w[1], high, low);
 }
 
-/* A 32-bit store to global memory: st.global, where a pointer read from shared memory (the
- * sites' table) would make a generic store. */
-__device__ __forceinline__ void block_store_global(unsigned *to, unsigned value)
-{
-    asm volatile("st.global.b32 [%0], %1;\n" : : "l"(to), "r"(value));
-}
-
 /* One step of the mix: tiles j, j + 1 (b) against diag(W_a, W_b) in hi and lo halves, rows
  * 0-7 (token a's site g, channels 2c, 2c + 1 of each tile) to result_a, rows 8-15 to
- * result_b. */
+ * result_b (each the site's row at tile j's channel 0), a quad's 32 bytes a row at once
+ * (block_mma_store_quad: st.global, where a pointer read from shared memory, the sites'
+ * table, would make a generic store). */
 __device__ __forceinline__ void pair_mix_store(const uint32_t (&b)[4],
                                                const uint32_t (&weights_high)[4],
                                                const uint32_t (&weights_low)[4],
                                                unsigned *result_a, unsigned *result_b,
-                                               bool write_a, bool write_b)
+                                               bool write_a, bool write_b, int lane)
 {
     float tiles[2][4];
     block_mma_mix_step(tiles, weights_high, weights_low, b);
-    if (write_a) {
-        block_store_global(result_a, block_mma_pack(tiles[0][0], tiles[0][1]));
-        block_store_global(result_a + 4, block_mma_pack(tiles[1][0], tiles[1][1]));
-    }
-    if (write_b) {
-        block_store_global(result_b, block_mma_pack(tiles[0][2], tiles[0][3]));
-        block_store_global(result_b + 4, block_mma_pack(tiles[1][2], tiles[1][3]));
-    }
+    block_mma_store_quad(result_a, block_mma_pack(tiles[0][0], tiles[0][1]),
+                         block_mma_pack(tiles[1][0], tiles[1][1]), write_a, lane);
+    block_mma_store_quad(result_b, block_mma_pack(tiles[0][2], tiles[0][3]),
+                         block_mma_pack(tiles[1][2], tiles[1][3]), write_b, lane);
 }
 
 template <int MAXN, int K_STEPS>
@@ -228,15 +219,17 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
             pair_weight_halves(coefficients_b, g, c, N, G, stride, &weights_high[3],
                                &weights_low[3]);
         const bool write_a = g < G, write_b = write_a && has_b;
-        bf16 *result = site_out.result + first_vector * 8 + 2 * c; /* site g's, where g < G */
+        bf16 *result = site_out.result + first_vector * 8; /* site g's, where g < G */
         unsigned *result_a = reinterpret_cast<unsigned *>(result + t * V * 8);
         unsigned *result_b = reinterpret_cast<unsigned *>(result + t_b * V * 8);
         /* two steps an iteration, the tiles of one loading while the other's products run:
          * b_even holds tiles j, j + 1 and b_odd j + 2, j + 3, each loaded a step ahead of its
          * products (loaded right after the products read the last, the loads stalled the
-         * next step: 17% of the stall samples, ncu 2026-12-05; at N <= 6 ptxas spills 12
-         * bytes for it, reloaded three times a pair); the four products of a step are
-         * independent. In each, b[0], b[1] are tile j (a's, b's sources), b[2], b[3] j + 1. */
+         * next step: 17% of the stall samples, ncu 2026-12-05; at 16 k-steps ptxas spills
+         * 20-28 bytes for it with the quad's exchange, 0-12 before, and the (c) route case
+         * still ran 4% faster, docs/performance.md 2026-12-06 morning); the four products of
+         * a step are independent. In each, b[0], b[1] are tile j (a's, b's sources), b[2],
+         * b[3] j + 1. */
         uint32_t b_even[4], b_odd[4];
         block_ldmatrix_x4_trans_at(b_even, base + offsets[0]);
 #pragma unroll 1
@@ -244,12 +237,12 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
             block_ldmatrix_x4_trans_at(
                 b_odd, base + 16u * (unsigned)(((j + 2) | lane_half) ^ lane_row));
             pair_mix_store(b_even, weights_high, weights_low, result_a, result_b, write_a,
-                           write_b);
+                           write_b, lane);
             if (j + 4 < 2 * K_STEPS)
                 block_ldmatrix_x4_trans_at(
                     b_even, base + 16u * (unsigned)(((j + 4) | lane_half) ^ lane_row));
             pair_mix_store(b_odd, weights_high, weights_low, result_a + 8, result_b + 8,
-                           write_a, write_b);
+                           write_a, write_b, lane);
         }
         __syncwarp(); /* this pair's slots are read before the pair after next refills them */
     }

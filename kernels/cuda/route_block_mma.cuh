@@ -90,6 +90,28 @@ __device__ __forceinline__ uint32_t block_mma_pack(float low, float high)
     return bits;
 }
 
+/* The mix's output of one step as whole sectors: lane c of each quad (c = lane % 4, the
+ * quad a site's row) holds `first` (channels 2c, 2c + 1 of tile j) and `second` (8 + 2c,
+ * 9 + 2c, tile j + 1); after the quad's exchange lane c holds channels 4c .. 4c + 3 and the
+ * quad stores the row's 32 bytes in one instruction, where two stores of 16 bytes a row
+ * sent the L2 half a sector each. Every lane takes part in the shuffles; `write` says
+ * whether this lane's row is stored. `row`: channel 0 of tile j in the site's row. */
+__device__ __forceinline__ void block_mma_store_quad(uint32_t *row, uint32_t first,
+                                                     uint32_t second, bool write, int lane)
+{
+    const int c = lane & 3, quad = lane & ~3;
+    const int from_low = quad + (2 * c) % 4, from_high = quad + (2 * c + 1) % 4;
+    const uint32_t first_low = __shfl_sync(0xffffffffu, first, from_low);
+    const uint32_t first_high = __shfl_sync(0xffffffffu, first, from_high);
+    const uint32_t second_low = __shfl_sync(0xffffffffu, second, from_low);
+    const uint32_t second_high = __shfl_sync(0xffffffffu, second, from_high);
+    const uint32_t low = c < 2 ? first_low : second_low, high = c < 2 ? first_high : second_high;
+    if (write)
+        asm volatile("st.global.v2.b32 [%0], {%1, %2};\n"
+                     :
+                     : "l"(row + 2 * c), "r"(low), "r"(high));
+}
+
 /* low + high as two bf16 pairs: hi the rounded values, lo the rounded remainders. */
 __device__ __forceinline__ void block_mma_split(float low, float high, uint32_t *hi,
                                                 uint32_t *lo)

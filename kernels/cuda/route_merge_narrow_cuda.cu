@@ -5,8 +5,9 @@
  * row a warp_sum. No barrier: a token's rows come into rows of the warp's in shared memory
  * (cp.async, 512 contiguous bytes an instruction) and the rows it writes leave through
  * them (narrow_store_row), whole sectors at a time, where a lane's own 16-byte vectors sent
- * the L2 half a sector a request (docs/performance.md, 2026-12-06 morning). The backward's channel sums stay in registers over a warp's tokens
- * and go to one row a warp of the workspace, which route_block_reduce adds in warp order.
+ * the L2 half a sector a request (docs/performance.md, 2026-12-06 morning). The backward's
+ * channel sums stay in registers over a warp's tokens and go to one row a warp of the
+ * workspace (narrow_store_floats), which route_block_reduce adds in warp order.
  */
 #include "kernels/cuda/route_merge.cuh"
 #include "kernels/cuda/route_merge_narrow.cuh"
