@@ -14,16 +14,6 @@
 
 enum { MERGE_NARROW_HELD = 4 }; /* phase-one weights a lane loads with its token (N H <= 128) */
 
-/* this lane's LV vectors of row t */
-template <int LV>
-__device__ __forceinline__ void merge_lane_load(BfVector<8> *raw, const bf16 *array, long long t,
-                                                int lane)
-{
-#pragma unroll
-    for (int j = 0; j < LV; j++)
-        raw[j] = vector_load<8>(array, t * 32 * LV + lane * LV + j);
-}
-
 /* rows 0..N-1 of token t's weights [N + 1, tokens, H], entries lane + 32 k (0 past N H):
  * loaded with the token's rows, rescaled by merge_narrow_token */
 __device__ __forceinline__ void merge_narrow_held_load(float (&held)[MERGE_NARROW_HELD],
