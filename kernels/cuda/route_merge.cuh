@@ -39,6 +39,22 @@ bool merge_narrow_fits(int d, int heads, const void *const *pointers, int count)
  * channel sums it leaves in args.partials ([warps, d]) when it has a partial. */
 int merge_narrow_backward_warps(int tokens);
 
+/* launcher<LV>(...) for the narrow layout's LV = d / 256 (1 .. 8; route_merge_narrow.cuh),
+ * the one switch the narrow and merge-conv launches share */
+#define MERGE_NARROW_BY_WIDTH(d, launcher, ...)                                                 \
+    do {                                                                                         \
+        switch ((d) / 256) {                                                                     \
+        case 1: launcher<1>(__VA_ARGS__); break;                                                 \
+        case 2: launcher<2>(__VA_ARGS__); break;                                                 \
+        case 3: launcher<3>(__VA_ARGS__); break;                                                 \
+        case 4: launcher<4>(__VA_ARGS__); break;                                                 \
+        case 5: launcher<5>(__VA_ARGS__); break;                                                 \
+        case 6: launcher<6>(__VA_ARGS__); break;                                                 \
+        case 7: launcher<7>(__VA_ARGS__); break;                                                 \
+        default: launcher<8>(__VA_ARGS__); break;                                                \
+        }                                                                                        \
+    } while (0)
+
 /* cuda_route_merge_forward / backward a warp a token (args.warps set by the backward) */
 void merge_narrow_forward(const MergeArgs &args, int d, cudaStream_t stream);
 void merge_narrow_backward(const MergeArgs &args, int d, cudaStream_t stream);

@@ -309,16 +309,7 @@ extern "C" void cuda_route_merge_conv_forward(
         args.tokens = tokens;
         args.T = T;
         args.heads = heads;
-        switch (d / 256) {
-        case 1: merge_conv_launch<1>(args, stream); break;
-        case 2: merge_conv_launch<2>(args, stream); break;
-        case 3: merge_conv_launch<3>(args, stream); break;
-        case 4: merge_conv_launch<4>(args, stream); break;
-        case 5: merge_conv_launch<5>(args, stream); break;
-        case 6: merge_conv_launch<6>(args, stream); break;
-        case 7: merge_conv_launch<7>(args, stream); break;
-        default: merge_conv_launch<8>(args, stream); break;
-        }
+        MERGE_NARROW_BY_WIDTH(d, merge_conv_launch, args, stream);
     }
 }
 
@@ -390,16 +381,7 @@ extern "C" void cuda_route_merge_conv_backward(
         args.heads = heads;
         args.warps = merge_narrow_backward_warps(tokens);
         args.d = d;
-        switch (d / 256) {
-        case 1: merge_conv_backward_launch<1>(args, stream); break;
-        case 2: merge_conv_backward_launch<2>(args, stream); break;
-        case 3: merge_conv_backward_launch<3>(args, stream); break;
-        case 4: merge_conv_backward_launch<4>(args, stream); break;
-        case 5: merge_conv_backward_launch<5>(args, stream); break;
-        case 6: merge_conv_backward_launch<6>(args, stream); break;
-        case 7: merge_conv_backward_launch<7>(args, stream); break;
-        default: merge_conv_backward_launch<8>(args, stream); break;
-        }
+        MERGE_NARROW_BY_WIDTH(d, merge_conv_backward_launch, args, stream);
         reduce.partials = workspace;
         reduce.blocks = args.warps;
         reduce.d = d;

@@ -144,21 +144,6 @@ static void merge_narrow_backward_launch(const MergeArgs &args, int blocks, cuda
     CUDA_CHECK_LAUNCH();
 }
 
-/* launcher<LV> for LV = d / 256 */
-#define MERGE_NARROW_LAUNCH(launcher, LV_, blocks, args)                                        \
-    do {                                                                                         \
-        switch (LV_) {                                                                           \
-        case 1: launcher<1>(args, blocks, stream); break;                                        \
-        case 2: launcher<2>(args, blocks, stream); break;                                        \
-        case 3: launcher<3>(args, blocks, stream); break;                                        \
-        case 4: launcher<4>(args, blocks, stream); break;                                        \
-        case 5: launcher<5>(args, blocks, stream); break;                                        \
-        case 6: launcher<6>(args, blocks, stream); break;                                        \
-        case 7: launcher<7>(args, blocks, stream); break;                                        \
-        default: launcher<8>(args, blocks, stream); break;                                       \
-        }                                                                                        \
-    } while (0)
-
 int merge_narrow_backward_warps(int tokens)
 {
     return tokens < MERGE_NARROW_BACKWARD_WARPS ? tokens : MERGE_NARROW_BACKWARD_WARPS;
@@ -168,12 +153,12 @@ void merge_narrow_forward(const MergeArgs &args, int d, cudaStream_t stream)
 {
     const int warps_per_block = MERGE_NARROW_THREADS / 32;
     const int blocks = (args.tokens + warps_per_block - 1) / warps_per_block;
-    MERGE_NARROW_LAUNCH(merge_narrow_forward_launch, d / 256, blocks, args);
+    MERGE_NARROW_BY_WIDTH(d, merge_narrow_forward_launch, args, blocks, stream);
 }
 
 void merge_narrow_backward(const MergeArgs &args, int d, cudaStream_t stream)
 {
     const int warps_per_block = MERGE_NARROW_THREADS / 32;
-    MERGE_NARROW_LAUNCH(merge_narrow_backward_launch, d / 256,
-                        (args.warps + warps_per_block - 1) / warps_per_block, args);
+    const int blocks = (args.warps + warps_per_block - 1) / warps_per_block;
+    MERGE_NARROW_BY_WIDTH(d, merge_narrow_backward_launch, args, blocks, stream);
 }
