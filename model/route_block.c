@@ -294,8 +294,11 @@ static void block_phase_one(RouteWalk *walk, int block, int r)
 
 /* Replace form: site i > 0's partial convolved and merged into phase one's o_r of every
  * stream, in place in the slots (the weights and rstd where phase one put them), one op: a
- * backend may convolve inside the merge's read (partial_rows are its scratch otherwise). */
-static void site_merge(RouteWalk *walk, int block, int i)
+ * backend may convolve inside the merge's read (partial_rows are its scratch otherwise).
+ * With x (the forward's turn, several streams) the merged streams are mixed into x in the
+ * same op (route_merge_conv_mix_forward): nothing in the forward reads o_r again, and the
+ * backward's reopening merges the site anew, so a backend may leave the slots as they were. */
+static void site_merge(RouteWalk *walk, int block, int i, Activation *x)
 {
     const int j = block_first_site(walk, block) + i, m = walk->plan->streams;
     const SitePlan *site = &walk->plan->sites[j];
@@ -310,6 +313,17 @@ static void site_merge(RouteWalk *walk, int block, int i)
         walk->merge.lse[r] = site_stream_floats(walk, walk->model->scratch.route.block_lse, r, i);
         walk->merge.queries[r] = route_stream_row(route, weights->query, r);
         walk->merge.key_norms[r] = route_stream_row(route, weights->key_norm, r);
+    }
+    if (x) {
+        SiteActivations *saved = &walk->stash->sites[j];
+        walk->backend->route_merge_conv_mix_forward(
+            x, saved->mix_gates, saved->mix_rstd, weights->mix_bias, weights->mix_proj,
+            walk->merge.streams, walk->merge.weights, walk->merge.rstd,
+            (const Activation *const *)walk->merge.streams, walk->merge.lse,
+            walk->conv.sources[0], walk->conv.taps, walk->plan->kernel_sizes, m,
+            site->n_sources, walk->merge.queries, walk->merge.key_norms, walk->conv.rows,
+            route->B, route->T, walk->d, walk->plan->heads, route->eps);
+        return;
     }
     walk->backend->route_merge_conv_forward(
         walk->merge.streams, walk->merge.weights, walk->merge.rstd,
@@ -328,7 +342,7 @@ static void block_open(RouteWalk *walk, int block)
         block_phase_one(walk, block, r);
     if (walk->replace && walk->streams && walk->backward)
         for (int i = 1; i < block_sites(walk, block); i++)
-            site_merge(walk, block, i);
+            site_merge(walk, block, i, NULL);
     walk->open_block = block;
 }
 
@@ -568,9 +582,14 @@ void route_walk_site_forward(RouteWalk *walk, int j, const Activation *base, Act
         attnres_replace_forward(walk, block, i, x);
         return;
     }
-    /* a merge needs the site's partial, complete now; the backward's reopening merged */
-    if (walk->replace && i > 0 && !walk->backward)
-        site_merge(walk, block, i);
+    /* a merge needs the site's partial, complete now; the backward's reopening merged.
+     * With several streams they are mixed into x as they are merged. */
+    if (walk->replace && i > 0 && !walk->backward) {
+        const bool mixes = walk->plan->streams > 1;
+        site_merge(walk, block, i, mixes ? x : NULL);
+        if (mixes)
+            return;
+    }
     const Activation *const *streams = site_streams_of(walk, i);
     if (walk->plan->streams == 1 && !base) { /* x = o_0 */
         walk->backend->copy(x, streams[0],

@@ -10,7 +10,9 @@
  *   an H100, past the statistics' 1e-3);
  * - its backward (cuda_route_merge_conv_backward) the bits of the convolution then
  *   cuda_route_merge_backward with GRAD_WRITE a stream at a time, twice the same, and the
- *   cpu's within bf16 tolerance (the second test).
+ *   cpu's within bf16 tolerance (the second test);
+ * - cuda_route_merge_conv_mix_forward (the merges mixed as they are made, o_r never stored)
+ *   the bits of the merges then cuda_stream_mix_forward (the third test).
  * Fresh random inputs rounded to bf16; the partial's weight and rstd rows and a separate out
  * poisoned with NaN; the warp-a-token kernel (d % 256 == 0) with streams of every kernel
  * size, sequences shorter than the widest kernel, more than a launch's 8 streams, more phase
@@ -348,5 +350,99 @@ Test(cuda_merge_conv, merge_backward_of_every_stream_has_the_bits_of_the_convolu
     for (int i = 0; i < (int)(sizeof shapes / sizeof shapes[0]); i++) {
         cr_log_info("merge conv backward shape %d", i);
         check_backward_shape(i, 5000 + 19 * (uint64_t)i);
+    }
+}
+
+/* ---- the merges mixed as they are made: cuda_route_merge_conv_mix_forward ----
+ * Against cuda_route_merge_conv_forward then cuda_stream_mix_forward of the merged streams,
+ * bit for bit: the mix x, its gates and rstd, and every stream's weights and rstd (o_r is
+ * the op's scratch and not compared). x, the gates and the mix's rstd poisoned first. The
+ * shapes above: the warp-a-token merges mix as they merge; more than 8 streams (shape 3)
+ * and d 96 take the composition. */
+static void check_mix_shape(int index, uint64_t seed)
+{
+    const MergeConvShape *s = &shapes[index];
+    const int tokens = s->B * s->T, N = s->n_sources - 1, H = s->heads, m = s->streams;
+    const size_t row = rows_of(s), weights = (size_t)(N + 1) * tokens * H;
+    const size_t rstd = (size_t)(N + 1) * tokens, gates = (size_t)tokens * m;
+    float *partial = gpu_test_bf16_values(row, 1.0f, seed);
+    float *mix_proj = gpu_test_bf16_values((size_t)m * s->d, 0.5f, seed + 1);
+    float *mix_bias = gpu_test_fp32_values((size_t)m, 1.0f, seed + 2);
+    bf16 *device_partial = gpu_upload_bf16(partial, row);
+    bf16 *device_proj = gpu_upload_bf16(mix_proj, (size_t)m * s->d);
+    float *device_bias = gpu_upload_floats(mix_bias, (size_t)m);
+    StreamArrays a[MAX_STREAMS];
+    bf16 *out[2][MAX_STREAMS], *result[2][MAX_STREAMS], *rows[MAX_STREAMS];
+    const bf16 *taps[MAX_STREAMS], *query[MAX_STREAMS], *key_norm[MAX_STREAMS];
+    float *weights_of[2][MAX_STREAMS], *rstd_of[2][MAX_STREAMS];
+    const float *lse[MAX_STREAMS];
+    for (int r = 0; r < m; r++) {
+        stream_make(&a[r], s, r, seed * 100 + 10 * (uint64_t)r);
+        taps[r] = a[r].device_taps, query[r] = a[r].device_query;
+        key_norm[r] = a[r].device_key_norm, lse[r] = a[r].device_lse;
+        rows[r] = gpu_poisoned_bf16(row);
+        for (int k = 0; k < 2; k++) {
+            out[k][r] = a[r].out_of[k], result[k][r] = a[r].result_of[k];
+            weights_of[k][r] = a[r].weights_of[k], rstd_of[k][r] = a[r].rstd_of[k];
+        }
+    }
+    bf16 *x[2];
+    float *mix_gates[2], *mix_rstd[2];
+    for (int k = 0; k < 2; k++) {
+        x[k] = gpu_poisoned_bf16(row);
+        mix_gates[k] = gpu_poisoned_floats(gates);
+        mix_rstd[k] = gpu_poisoned_floats(gates);
+    }
+    /* copy 0: the two ops in turn; copy 1: the op */
+    cuda_route_merge_conv_forward(out[0], weights_of[0], rstd_of[0],
+                                  (const bf16 *const *)result[0], lse, device_partial, taps,
+                                  s->kernel_sizes, m, s->n_sources, query, key_norm, rows, s->B,
+                                  s->T, s->d, H, EPS, 0);
+    cuda_stream_mix_forward(x[0], mix_gates[0], mix_rstd[0], (const bf16 *const *)out[0], m,
+                            device_bias, device_proj, tokens, s->d, EPS, 0);
+    cuda_route_merge_conv_mix_forward(x[1], mix_gates[1], mix_rstd[1], device_bias, device_proj,
+                                      out[1], weights_of[1], rstd_of[1],
+                                      (const bf16 *const *)result[1], lse, device_partial, taps,
+                                      s->kernel_sizes, m, s->n_sources, query, key_norm, rows,
+                                      s->B, s->T, s->d, H, EPS, 0);
+    CUDA_CHECK(cudaDeviceSynchronize());
+
+    float *got[2][3];
+    for (int k = 0; k < 2; k++) {
+        got[k][0] = gpu_download_bf16(x[k], row);
+        got[k][1] = gpu_download_floats(mix_gates[k], gates);
+        got[k][2] = gpu_download_floats(mix_rstd[k], gates);
+    }
+    cr_assert(test_all_finite(got[1][0], row) && test_all_finite(got[1][1], gates) &&
+                  test_all_finite(got[1][2], gates),
+              "shape %d: the mix, its gates or rstd left unwritten (NaN)", index);
+    expect_same_bits(got[1][0], got[0][0], row, "x", index, -1);
+    expect_same_bits(got[1][1], got[0][1], gates, "gates", index, -1);
+    expect_same_bits(got[1][2], got[0][2], gates, "mix rstd", index, -1);
+    for (int k = 0; k < 2; k++)
+        for (int q = 0; q < 3; q++)
+            free(got[k][q]);
+    for (int r = 0; r < m; r++) {
+        float *merged[2][2];
+        for (int k = 0; k < 2; k++) {
+            merged[k][0] = gpu_download_floats(weights_of[k][r], weights);
+            merged[k][1] = gpu_download_floats(rstd_of[k][r], rstd);
+        }
+        expect_same_bits(merged[1][0], merged[0][0], weights, "weights", index, r);
+        expect_same_bits(merged[1][1], merged[0][1], rstd, "rstd", index, r);
+        for (int k = 0; k < 2; k++)
+            free(merged[k][0]), free(merged[k][1]);
+        stream_free(&a[r]);
+    }
+    free(partial), free(mix_proj), free(mix_bias);
+    gpu_free_all();
+}
+
+Test(cuda_merge_conv, merges_mixed_as_made_have_the_bits_of_the_merges_then_the_mix)
+{
+    gpu_require();
+    for (int i = 0; i < (int)(sizeof shapes / sizeof shapes[0]); i++) {
+        cr_log_info("merge conv mix shape %d", i);
+        check_mix_shape(i, 6000 + 23 * (uint64_t)i);
     }
 }

@@ -60,7 +60,7 @@ Test(kernels_cpu, backend_table_fills_every_op)
     EXPECT_OP(route_block_forward); EXPECT_OP(route_block_backward); EXPECT_OP(add_scaled);
     EXPECT_OP(add_scaled_rmsnorm_forward);
     EXPECT_OP(route_merge_forward); EXPECT_OP(route_merge_backward);
-    EXPECT_OP(route_merge_conv_forward);
+    EXPECT_OP(route_merge_conv_forward); EXPECT_OP(route_merge_conv_mix_forward);
     EXPECT_OP(route_merge_conv_backward);
     EXPECT_OP(stream_mix_forward); EXPECT_OP(stream_mix_backward); EXPECT_OP(memory_usage);
     EXPECT_OP(memory_peak_reset); EXPECT_OP(event_create); EXPECT_OP(event_destroy);

@@ -428,6 +428,23 @@ static void table_route_merge_conv_forward(Activation *const *out, float *const 
     }
 }
 
+/* the merges, then the mix of out (the readable order; the cuda op mixes as it merges) */
+static void table_route_merge_conv_mix_forward(
+    Activation *x, float *gates, float *mix_rstd, const float *mix_bias,
+    const Activation *mix_proj, Activation *const *out, float *const *weights,
+    float *const *rstd, const Activation *const *result, const float *const *lse,
+    const Activation *partial, const Activation *const *taps, const int *kernel_sizes,
+    int streams, int n_sources, const Activation *const *query,
+    const Activation *const *key_norm, Activation *const *rows, int B, int T, int d, int heads,
+    float eps)
+{
+    table_route_merge_conv_forward(out, weights, rstd, result, lse, partial, taps, kernel_sizes,
+                                   streams, n_sources, query, key_norm, rows, B, T, d, heads,
+                                   eps);
+    table_stream_mix_forward(x, gates, mix_rstd, (const Activation *const *)out, streams,
+                             mix_bias, mix_proj, B * T, d, eps);
+}
+
 static void table_route_merge_backward(Activation *dpartial, GradMode dpartial_mode,
                                        float *dquery, float *dkey_norm, float *mean,
                                        const Activation *dout, const Activation *out,
@@ -530,6 +547,7 @@ static const Backend cpu_backend = {
     .add_scaled_backward = table_add_scaled_backward,
     .route_merge_forward = table_route_merge_forward,
     .route_merge_conv_forward = table_route_merge_conv_forward,
+    .route_merge_conv_mix_forward = table_route_merge_conv_mix_forward,
     .route_merge_conv_backward = table_route_merge_conv_backward,
     .route_merge_backward = table_route_merge_backward,
     .route_block_backward = table_route_block_backward,

@@ -178,7 +178,9 @@ void bench_conv(int B, int T, int d)
  * stream's merge backward with the partial, d partial added into (5 rows) or written (4);
  * and every stream's merge backward as the walk calls it: the convolution into four rows then
  * a backward a stream (1 + m rows, then 4 a stream: 21), or the convolution inside the
- * backward's read (b, then d out and out read and d E written a stream: 13). */
+ * backward's read (b, then d out and out read and d E written a stream: 13). The forward's
+ * site also mixes its streams: the merges then the mix (9 + 4 read + 1 written: 14 rows), or
+ * the streams mixed as they are merged (b and the four phase-one rows read, x written: 6). */
 enum { MERGE_CASE_STREAMS = 4, MERGE_CASE_SOURCES = 6 };
 
 typedef struct {
@@ -191,6 +193,8 @@ typedef struct {
     float *dkey_norm, *mean;
     const float *lse[MERGE_CASE_STREAMS];
     GradMode mode;
+    bf16 *mixed, *mix_proj; /* the site's mix: x, theta [m, d], beta [m], gates, rstd */
+    float *mix_bias, *mix_gates, *mix_rstd;
 } MergeCase;
 
 static void merge_composed_case(void *p)
@@ -212,6 +216,25 @@ static void merge_conv_case(void *p)
                                   c->lse, c->partial, c->taps, c->kernel_sizes, MERGE_CASE_STREAMS,
                                   MERGE_CASE_SOURCES, c->query, c->key_norm, c->rows, c->B, c->T,
                                   c->d, 8, 1e-5f, 0);
+}
+
+static void merge_then_mix_case(void *p)
+{
+    MergeCase *c = (MergeCase *)p;
+    merge_conv_case(p);
+    cuda_stream_mix_forward(c->mixed, c->mix_gates, c->mix_rstd, (const bf16 *const *)c->streams,
+                            MERGE_CASE_STREAMS, c->mix_bias, c->mix_proj, c->B * c->T, c->d,
+                            1e-5f, 0);
+}
+
+static void merge_mix_case(void *p)
+{
+    MergeCase *c = (MergeCase *)p;
+    cuda_route_merge_conv_mix_forward(
+        c->mixed, c->mix_gates, c->mix_rstd, c->mix_bias, c->mix_proj, c->streams, c->weights,
+        c->rstd, (const bf16 *const *)c->streams, c->lse, c->partial, c->taps, c->kernel_sizes,
+        MERGE_CASE_STREAMS, MERGE_CASE_SOURCES, c->query, c->key_norm, c->rows, c->B, c->T, c->d,
+        8, 1e-5f, 0);
 }
 
 static void merge_backward_case(void *p)
@@ -292,12 +315,21 @@ void bench_merge(int B, int T, int d)
     c.mean = device_floats((size_t)MERGE_CASE_STREAMS * tokens * heads, 0.0f);
     c.workspace = device_floats(
         cuda_route_merge_conv_backward_workspace_floats(MERGE_CASE_STREAMS, tokens, d, heads), 0);
+    c.mixed = (bf16 *)device_random_bf16(n, 118);
+    c.mix_proj = (bf16 *)device_random_bf16((size_t)MERGE_CASE_STREAMS * d, 119);
+    c.mix_bias = device_floats(MERGE_CASE_STREAMS, -1.1f);
+    c.mix_gates = device_floats((size_t)tokens * MERGE_CASE_STREAMS, 0.0f);
+    c.mix_rstd = device_floats((size_t)tokens * MERGE_CASE_STREAMS, 0.0f);
     const double row_bytes = 2.0 * n;
     char name[80];
     snprintf(name, sizeof name, "merge, 4 streams: conv then merges, %dx%d", tokens, d);
     report(name, median_ms(merge_composed_case, &c), 0, 17 * row_bytes);
     snprintf(name, sizeof name, "merge, 4 streams: conv in the read, %dx%d", tokens, d);
     report(name, median_ms(merge_conv_case, &c), 0, 9 * row_bytes);
+    snprintf(name, sizeof name, "merge, 4 streams: conv in the read, then mix, %dx%d", tokens, d);
+    report(name, median_ms(merge_then_mix_case, &c), 0, 14 * row_bytes);
+    snprintf(name, sizeof name, "merge, 4 streams: mixed as merged, %dx%d", tokens, d);
+    report(name, median_ms(merge_mix_case, &c), 0, 6 * row_bytes);
     c.mode = GRAD_ADD;
     snprintf(name, sizeof name, "merge bwd, a stream, d partial added, %dx%d", tokens, d);
     report(name, median_ms(merge_backward_case, &c), 0, 5 * row_bytes);
@@ -315,4 +347,6 @@ void bench_merge(int B, int T, int d)
     }
     cudaFree(c.partial), cudaFree(c.dpartial), cudaFree(c.dout), cudaFree(c.dquery);
     cudaFree(c.dkey_norm), cudaFree(c.mean), cudaFree(c.workspace);
+    cudaFree(c.mixed), cudaFree(c.mix_proj), cudaFree(c.mix_bias), cudaFree(c.mix_gates);
+    cudaFree(c.mix_rstd);
 }

@@ -48,6 +48,20 @@ __device__ __forceinline__ void narrow_copy_row(BfVector<8> *row, const bf16 *ar
     }
 }
 
+/* Puts this lane's LV vectors of a row into `stage`, a row of the warp's in shared memory,
+ * where any lane may then read any vector (narrow_slot); the warp is in step before and
+ * after. */
+template <int LV>
+__device__ __forceinline__ void narrow_stage_row(BfVector<8> *stage, const BfVector<8> (&raw)[LV],
+                                                 int lane)
+{
+    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < LV; j++)
+        stage[lane * NarrowRow<LV>::STRIDE + j] = raw[j];
+    __syncwarp();
+}
+
 /* Stores this lane's LV vectors of row t of `array` through `stage`, a row of the warp's in
  * shared memory: each store instruction of the warp then writes 512 contiguous bytes, whole
  * sectors, where each lane writing its own vectors (16 bytes in every 16 LV) sends the L2 a
@@ -57,11 +71,7 @@ template <int LV>
 __device__ __forceinline__ void narrow_store_row(bf16 *array, long long t, BfVector<8> *stage,
                                                  const BfVector<8> (&raw)[LV], int lane)
 {
-    __syncwarp();
-#pragma unroll
-    for (int j = 0; j < LV; j++)
-        stage[lane * NarrowRow<LV>::STRIDE + j] = raw[j];
-    __syncwarp();
+    narrow_stage_row<LV>(stage, raw, lane);
 #pragma unroll
     for (int j = 0; j < LV; j++) {
         const int v = j * 32 + lane;

@@ -22,6 +22,7 @@
 #define FATHOM_KERNELS_CUDA_STREAM_MIX_CUH
 
 #include "kernels/cuda/route_cuda.h"
+#include "kernels/cuda/route_device.cuh"
 
 struct MixForwardArgs {
     bf16 *out;
@@ -48,6 +49,50 @@ struct MixBackwardArgs {
     int token_ranges;   /* the narrow backward: a warp's token ranges (four to a partial) */
     int add;            /* dstreams: GRAD_ADD (1) or GRAD_WRITE (0) */
 };
+
+/* One stream of a token in the warp-a-token layout, o = this lane's vectors lane, lane + 32,
+ * .. of o_r: its gate w = sigmoid(beta + rho <theta, o>), rho = rsqrt(mean(o^2) + eps) into
+ * *rho (the same in every lane). The mix kernel (stream_mix_narrow_cuda.cu) and the merges
+ * that mix as they merge (route_merge_conv_cuda.cu) both take their gates from here, so
+ * that they give the same bits. */
+template <int LV>
+__device__ __forceinline__ float mix_stream_gate(const BfVector<8> (&o)[LV], const bf16 *theta_row,
+                                                 float bias, float inverse_width, float eps,
+                                                 int lane, float *rho)
+{
+    float squares = 0.0f, dot = 0.0f;
+#pragma unroll
+    for (int j = 0; j < LV; j++) {
+        float x[8], theta[8];
+        vector_to_floats<8>(o[j], x);
+        vector_to_floats<8>(vector_load<8>(theta_row, j * 32 + lane), theta); /* through L1 */
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            squares += x[i] * x[i];
+            dot += theta[i] * x[i];
+        }
+    }
+    squares = warp_sum(squares);
+    dot = warp_sum(dot);
+    *rho = rsqrtf(squares * inverse_width + eps);
+    const double g = (double)(bias + *rho * dot);
+    return (float)(1.0 / (1.0 + exp(-g))); /* in double, rounded once, as on the cpu */
+}
+
+/* mix += w o, this lane's 8 LV channels (the mix starts at zeros) */
+template <int LV>
+__device__ __forceinline__ void mix_stream_add(float (&mix)[8 * LV], const BfVector<8> (&o)[LV],
+                                               float w)
+{
+#pragma unroll
+    for (int j = 0; j < LV; j++) {
+        float x[8];
+        vector_to_floats<8>(o[j], x);
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            mix[8 * j + i] += w * x[i];
+    }
+}
 
 /* Whether the warp-a-token kernels take rows of width d with these arrays (NULL entries are
  * ignored): the forward up to d 1536 and at d 2048, 3072 and 4096, the backward up to 1536. */

@@ -84,38 +84,19 @@ __global__ void __launch_bounds__(MIX_NARROW_THREADS)
                 mix_lane_load<LV>(next, args.streams[r + 1], t, lane);
             else if (!PREFETCH && r > 0)
                 mix_lane_load<LV>(current, args.streams[r], t, lane);
-            const bf16 *theta_row = args.mix_proj + (long long)r * 32 * 8 * LV; /* through L1 */
-            float squares = 0.0f, dot = 0.0f;
-#pragma unroll
-            for (int j = 0; j < LV; j++) {
-                float o[8], theta[8];
-                vector_to_floats<8>(current[j], o);
-                vector_to_floats<8>(vector_load<8>(theta_row, j * 32 + lane), theta);
-#pragma unroll
-                for (int i = 0; i < 8; i++) {
-                    squares += o[i] * o[i];
-                    dot += theta[i] * o[i];
-                }
-            }
-            squares = warp_sum(squares);
-            dot = warp_sum(dot);
-            const float rho = rsqrtf(squares * args.inverse_width + args.eps);
-            const double g = (double)(args.mix_bias[r] + rho * dot);
-            const float w = (float)(1.0 / (1.0 + exp(-g)));
+            const bf16 *theta_row = args.mix_proj + (long long)r * 32 * 8 * LV;
+            float rho;
+            const float w = mix_stream_gate<LV>(current, theta_row, args.mix_bias[r],
+                                                args.inverse_width, args.eps, lane, &rho);
             if (lane == 0) {
                 args.gates[(long long)t * m + r] = w;
                 args.rstd[(long long)t * m + r] = rho;
             }
+            mix_stream_add<LV>(mix, current, w);
+            if (PREFETCH)
 #pragma unroll
-            for (int j = 0; j < LV; j++) {
-                float o[8];
-                vector_to_floats<8>(current[j], o);
-#pragma unroll
-                for (int i = 0; i < 8; i++)
-                    mix[8 * j + i] += w * o[i];
-                if (PREFETCH)
+                for (int j = 0; j < LV; j++)
                     current[j] = next[j];
-            }
         }
 #pragma unroll
         for (int j = 0; j < LV; j++)
