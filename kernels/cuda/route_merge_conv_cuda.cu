@@ -48,117 +48,7 @@
  * registers where 110 were: three blocks a multiprocessor, not four) and the backward 0.238
  * -> 0.248 ms (255 registers), the 1B MSAR replace step 839 -> 883 ms.
  */
-#include "kernels/cuda/route_block_cuda.h"
-#include "kernels/cuda/route_merge.cuh"
-#include "kernels/cuda/route_merge_narrow.cuh"
-#include "kernels/cuda/stream_conv.cuh"
-#include "kernels/cuda/stream_mix.cuh"
-#include "runtime/error.h"
-
-#include <math.h>
-#include <stdlib.h>
-#include <string.h>
-
-enum {
-    MERGE_CONV_THREADS = 128, /* four warps a block */
-    MERGE_CONV_RUN = 4,       /* consecutive tokens a warp: 2048 warps at 8192 tokens */
-    MERGE_CONV_STREAMS = 8,   /* streams a launch (more: launches in turn) */
-};
-
-/* The streams of one launch, by value in the kernel's parameters */
-struct MergeConvArgs {
-    bf16 *out[MERGE_CONV_STREAMS];
-    float *weights[MERGE_CONV_STREAMS]; /* [N + 1, tokens, heads] */
-    float *rstd[MERGE_CONV_STREAMS];    /* [N + 1, tokens] */
-    const bf16 *result[MERGE_CONV_STREAMS];
-    const float *lse[MERGE_CONV_STREAMS];
-    const bf16 *taps[MERGE_CONV_STREAMS]; /* [kernel_size, d] */
-    const bf16 *query[MERGE_CONV_STREAMS], *key_norm[MERGE_CONV_STREAMS];
-    int kernel_size[MERGE_CONV_STREAMS];
-    const bf16 *partial; /* b [B T, d] */
-    float eps, inverse_width;
-    int streams, n_completed, tokens, T, heads;
-};
-
-/* E_r of token t for this lane's channels: stream_conv's conv_sum, term by term (a product
- * alone at tau = 0, then tau = 1 .. taps_here - 1 added in order), rounded to bf16. The tau
- * loop is unrolled to the largest kernel (left at the kernel size), so that the compiler may
- * issue a step's loads ahead of the sums before it: the four streams' backward 0.27 -> 0.236
- * ms at the 1B microbatch on an H100, the forward unchanged (docs/performance.md). */
-template <int LV>
-__device__ __forceinline__ void merge_conv_partial(BfVector<8> (&raw)[LV], const bf16 *partial,
-                                                   const bf16 *taps, int taps_here, long long t,
-                                                   int lane)
-{
-    float sum[8 * LV];
-#pragma unroll
-    for (int j = 0; j < LV; j++) {
-        const long long vector = lane * LV + j;
-        float x[8], tap[8];
-        vector_to_floats<8>(vector_load<8>(partial, t * 32 * LV + vector), x);
-        vector_to_floats<8>(vector_load<8>(taps, vector), tap);
-#pragma unroll
-        for (int i = 0; i < 8; i++)
-            sum[8 * j + i] = tap[i] * x[i];
-    }
-#pragma unroll
-    for (int tau = 1; tau < CUDA_ROUTE_CONV_MAX_KERNEL; tau++) {
-        if (tau >= taps_here)
-            break;
-#pragma unroll
-        for (int j = 0; j < LV; j++) {
-            const long long vector = lane * LV + j;
-            float x[8], tap[8];
-            vector_to_floats<8>(vector_load<8>(partial, (t - tau) * 32 * LV + vector), x);
-            vector_to_floats<8>(vector_load<8>(taps, (long long)tau * 32 * LV + vector), tap);
-#pragma unroll
-            for (int i = 0; i < 8; i++)
-                sum[8 * j + i] += tap[i] * x[i];
-        }
-    }
-#pragma unroll
-    for (int j = 0; j < LV; j++)
-        raw[j] = vector_from_floats<8>(sum + 8 * j); /* E_r as stored */
-}
-
-/* The taps token t of a sequence of T reads with a kernel of kernel_size: none before the
- * sequence's start */
-__device__ __forceinline__ int merge_conv_taps_here(long long t, int T, int kernel_size)
-{
-    const int position = (int)(t % T);
-    return kernel_size < position + 1 ? kernel_size : position + 1;
-}
-
-/* One stream of token t: the narrow merge (route_merge_narrow.cuh) with p = E_r, into
- * out_raw (this lane's vectors). The phase-one row comes into the warp's stage (whole
- * sectors, in flight while E_r is summed); the caller stores out through the stage. */
-template <int LV>
-__device__ __forceinline__ void merge_conv_stream(const MergeConvArgs &args, BfVector<8> *stage,
-                                                  int r, long long t, int lane,
-                                                  BfVector<8> (&out_raw)[LV])
-{
-    const int H = args.heads, N = args.n_completed;
-    narrow_copy_row<LV>(stage, args.result[r], t, lane); /* out may alias it: read first */
-    copy_async_commit();
-    const float completed = args.lse[r][t * H + lane / (32 / H)];
-    float held[MERGE_NARROW_HELD];
-    merge_narrow_held_load(held, args.weights[r], N, H, args.tokens, t, lane);
-    BfVector<8> p_raw[LV];
-    merge_conv_partial<LV>(p_raw, args.partial, args.taps[r],
-                           merge_conv_taps_here(t, args.T, args.kernel_size[r]), t, lane);
-    float p[8 * LV], key_weight[8 * LV];
-#pragma unroll
-    for (int j = 0; j < LV; j++)
-        vector_to_floats<8>(p_raw[j], p + 8 * j);
-    narrow_key_weight<LV>(args.query[r], args.key_norm[r], lane, key_weight);
-    BfVector<8> result_raw[LV];
-    copy_async_wait<0>();
-    __syncwarp();
-    narrow_lane_vectors<LV>(result_raw, stage, lane);
-    merge_narrow_token<LV>(out_raw, args.weights[r], args.rstd[r], result_raw, completed, held,
-                           p, key_weight, N, H, args.tokens, t, args.inverse_width, args.eps,
-                           lane);
-}
+#include "kernels/cuda/route_merge_conv.cuh"
 
 template <int LV>
 __global__ void __launch_bounds__(MERGE_CONV_THREADS)
@@ -175,56 +65,6 @@ __global__ void __launch_bounds__(MERGE_CONV_THREADS)
             merge_conv_stream<LV>(args, stage, r, t, lane, out_raw);
             narrow_store_row<LV>(args.out[r], t, stage, out_raw, lane);
         }
-}
-
-/* ---- the merges mixed as they are made ----
- * The forward's site i > 0 mixes its streams right after merging them (x = sum_r w_r o_r,
- * stream_mix_forward), and nothing else in the forward reads o_r: the backward merges the
- * site again when it reopens the block. So here token t's streams are merged into rows of
- * the warp's in shared memory, one a stream, and mixed from there in the mix kernel's
- * layout (lane l: vectors l, l + 32, ..) with its gate (stream_mix.cuh): the bits of
- * cuda_stream_mix_forward after the merges, while o_r's m rows are neither written nor read
- * again. At the 1B microbatch (d 1280, m 4, 8192 tokens) that is 8 rows of 21 MB a site
- * fewer, 168 MB, and a launch. */
-template <int LV>
-__global__ void __launch_bounds__(MERGE_CONV_THREADS)
-    merge_conv_mix_forward_kernel(const __grid_constant__ MergeConvArgs args,
-                                  const __grid_constant__ MixForwardArgs mix)
-{
-    extern __shared__ BfVector<8> merge_mix_rows[]; /* [warps][streams][NarrowRow<LV>] */
-    constexpr int VECTORS = NarrowRow<LV>::VECTORS;
-    const int lane = threadIdx.x & 31, m = args.streams;
-    BfVector<8> *rows = merge_mix_rows + (threadIdx.x >> 5) * m * VECTORS;
-    const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    const long long first = warp * MERGE_CONV_RUN;
-    for (long long t = first; t < first + MERGE_CONV_RUN && t < args.tokens; t++) {
-        for (int r = 0; r < m; r++) {
-            BfVector<8> out_raw[LV];
-            merge_conv_stream<LV>(args, rows + r * VECTORS, r, t, lane, out_raw);
-            narrow_stage_row<LV>(rows + r * VECTORS, out_raw, lane);
-        }
-        float sum[8 * LV] = {};
-        for (int r = 0; r < m; r++) {
-            BfVector<8> o[LV];
-#pragma unroll
-            for (int j = 0; j < LV; j++)
-                o[j] = rows[r * VECTORS + narrow_slot<LV>(j * 32 + lane)];
-            float rho;
-            const float w =
-                mix_stream_gate<LV>(o, mix.mix_proj + (long long)r * 32 * 8 * LV, mix.mix_bias[r],
-                                    mix.inverse_width, mix.eps, lane, &rho);
-            if (lane == 0) {
-                mix.gates[t * m + r] = w;
-                mix.rstd[t * m + r] = rho;
-            }
-            mix_stream_add<LV>(sum, o, w);
-        }
-#pragma unroll
-        for (int j = 0; j < LV; j++) /* lane l's vectors l, l + 32, ..: 512 bytes a store */
-            vector_store<8>(mix.out, t * 32 * LV + j * 32 + lane,
-                            vector_from_floats<8>(sum + 8 * j));
-        __syncwarp(); /* the rows' readers before the next token's copies */
-    }
 }
 
 /* ---- the backward ---- */
@@ -288,7 +128,7 @@ __global__ void __launch_bounds__(MERGE_CONV_THREADS)
                             channel_sums, reinterpret_cast<float4 *>(stage), lane);
 }
 
-/* ---- the entry ---- */
+/* ---- the entries ---- */
 
 template <int LV>
 static void merge_conv_launch(const MergeConvArgs &args, cudaStream_t stream)
@@ -310,11 +150,9 @@ static void merge_conv_backward_launch(const MergeConvBackwardArgs &args, cudaSt
     CUDA_CHECK_LAUNCH();
 }
 
-/* Whether every stream's rows and the partial take the warp-a-token layout */
-static bool merge_conv_fits(bf16 *const *out, const bf16 *const *result,
-                            const bf16 *const *taps, const bf16 *const *query,
-                            const bf16 *const *key_norm, const bf16 *partial, int streams,
-                            int d, int heads)
+bool merge_conv_fits(bf16 *const *out, const bf16 *const *result, const bf16 *const *taps,
+                     const bf16 *const *query, const bf16 *const *key_norm,
+                     const bf16 *partial, int streams, int d, int heads)
 {
     for (int r = 0; r < streams; r++) {
         const void *pointers[] = {out[r], result[r], taps[r], query[r], key_norm[r], partial};
@@ -324,15 +162,13 @@ static bool merge_conv_fits(bf16 *const *out, const bf16 *const *result,
     return true;
 }
 
-/* The forward's arguments for streams 0 .. min(streams, MERGE_CONV_STREAMS) - 1 of the
- * arrays given */
-static MergeConvArgs merge_conv_args(bf16 *const *out, float *const *weights,
-                                     float *const *rstd, const bf16 *const *result,
-                                     const float *const *lse, const bf16 *partial,
-                                     const bf16 *const *taps, const int *kernel_sizes,
-                                     int streams, int n_sources, const bf16 *const *query,
-                                     const bf16 *const *key_norm, int tokens, int T, int d,
-                                     int heads, float eps)
+MergeConvArgs merge_conv_args(bf16 *const *out, float *const *weights,
+                              float *const *rstd, const bf16 *const *result,
+                              const float *const *lse, const bf16 *partial,
+                              const bf16 *const *taps, const int *kernel_sizes, int streams,
+                              int n_sources, const bf16 *const *query,
+                              const bf16 *const *key_norm, int tokens, int T, int d, int heads,
+                              float eps)
 {
     MergeConvArgs args = {};
     args.streams = streams < MERGE_CONV_STREAMS ? streams : MERGE_CONV_STREAMS;
@@ -386,76 +222,6 @@ extern "C" void cuda_route_merge_conv_forward(
                             T, d, heads, eps);
         MERGE_NARROW_BY_WIDTH(d, merge_conv_launch, args, stream);
     }
-}
-
-/* FATHOM_MERGE_MIX: `fused` (the default) or `composed` (the merges, then the mix kernel:
- * the same bits, for timing the two against each other) */
-static bool merge_mix_fused(void)
-{
-    static int selected = -1; /* read once */
-    if (selected < 0) {
-        const char *name = getenv("FATHOM_MERGE_MIX");
-        if (!name || !*name || !strcmp(name, "fused"))
-            selected = 1;
-        else if (!strcmp(name, "composed"))
-            selected = 0;
-        else
-            fatal(EXIT_CONFIG, "FATHOM_MERGE_MIX = '%s' (fused or composed)", name);
-    }
-    return selected == 1;
-}
-
-template <int LV>
-static void merge_conv_mix_launch(const MergeConvArgs &args, const MixForwardArgs &mix,
-                                  cudaStream_t stream)
-{
-    const long long warps = (args.tokens + MERGE_CONV_RUN - 1) / MERGE_CONV_RUN;
-    const unsigned blocks = (unsigned)((warps + MERGE_CONV_THREADS / 32 - 1) /
-                                       (MERGE_CONV_THREADS / 32));
-    const size_t bytes = (size_t)(MERGE_CONV_THREADS / 32) * args.streams *
-                         NarrowRow<LV>::VECTORS * sizeof(BfVector<8>);
-    CUDA_CHECK(cudaFuncSetAttribute(merge_conv_mix_forward_kernel<LV>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-    merge_conv_mix_forward_kernel<LV><<<blocks, MERGE_CONV_THREADS, bytes, stream>>>(args, mix);
-    CUDA_CHECK_LAUNCH();
-}
-
-extern "C" void cuda_route_merge_conv_mix_forward(
-    bf16 *x, float *gates, float *mix_rstd, const float *mix_bias, const bf16 *mix_proj,
-    bf16 *const *out, float *const *weights, float *const *rstd, const bf16 *const *result,
-    const float *const *lse, const bf16 *partial, const bf16 *const *taps,
-    const int *kernel_sizes, int streams, int n_sources, const bf16 *const *query,
-    const bf16 *const *key_norm, bf16 *const *rows, int B, int T, int d, int heads, float eps,
-    cudaStream_t stream)
-{
-    route_check_shape(n_sources, d, heads);
-    if (!conv_check_streams(kernel_sizes, streams, d, B, T) || streams <= 0)
-        return;
-    const void *mix_pointers[] = {x, mix_proj};
-    if (!merge_mix_fused() || streams > MERGE_CONV_STREAMS || streams > CUDA_STREAM_MAX_STREAMS ||
-        !pointers_aligned(mix_pointers, 2, 16) ||
-        !merge_conv_fits(out, result, taps, query, key_norm, partial, streams, d, heads)) {
-        cuda_route_merge_conv_forward(out, weights, rstd, result, lse, partial, taps,
-                                      kernel_sizes, streams, n_sources, query, key_norm, rows, B,
-                                      T, d, heads, eps, stream);
-        cuda_stream_mix_forward(x, gates, mix_rstd, (const bf16 *const *)out, streams, mix_bias,
-                                mix_proj, B * T, d, eps, stream);
-        return;
-    }
-    const MergeConvArgs args =
-        merge_conv_args(out, weights, rstd, result, lse, partial, taps, kernel_sizes, streams,
-                        n_sources, query, key_norm, B * T, T, d, heads, eps);
-    MixForwardArgs mix = {};
-    mix.out = x;
-    mix.gates = gates;
-    mix.rstd = mix_rstd;
-    mix.mix_bias = mix_bias;
-    mix.mix_proj = mix_proj;
-    mix.eps = eps;
-    mix.inverse_width = 1.0f / (float)d;
-    mix.m = streams;
-    mix.tokens = B * T;
-    MERGE_NARROW_BY_WIDTH(d, merge_conv_mix_launch, args, mix, stream);
 }
 
 extern "C" size_t cuda_route_merge_conv_backward_workspace_floats(int streams, int tokens, int d,

@@ -213,7 +213,8 @@ stream_mix_backward_kernel(const __grid_constant__ MixBackwardArgs args)
                 const float u = o[slot][i] * rho;
                 theta_sums[slot][i] += dg * u;
                 if (dstream)
-                    grad[i] += w * (scale * dy[slot][i]) + rho * (dg * theta[slot][i] - u * mean);
+                    grad[i] += mix_grad_channel(w, scale, dy[slot][i], rho, dg,
+                                                theta[slot][i], u, mean);
             }
             if (dstream)
                 vector_store<VEC>(dstream, row_start + v, vector_from_floats<VEC>(grad));

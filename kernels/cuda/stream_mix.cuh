@@ -94,6 +94,14 @@ __device__ __forceinline__ void mix_stream_add(float (&mix)[8 * LV], const BfVec
     }
 }
 
+/* d o of one channel in the mix's backward (stream_cuda.cu's header has the math): with
+ * u = o rho, w (scale dy) + rho (dg theta - u mean). Both layouts' backward kernels call it. */
+__device__ __forceinline__ float mix_grad_channel(float w, float scale, float dy, float rho,
+                                                  float dg, float theta, float u, float mean)
+{
+    return w * (scale * dy) + rho * (dg * theta - u * mean);
+}
+
 /* Whether the warp-a-token kernels take rows of width d with these arrays (NULL entries are
  * ignored): the forward up to d 1536 and at d 2048, 3072 and 4096, the backward up to 1536. */
 bool mix_narrow_fits(int d, bool backward, const void *const *pointers, int count);

@@ -186,7 +186,7 @@ __global__ void __launch_bounds__(MIX_NARROW_THREADS)
             for (int i = 0; i < 8; i++) {
                 const float u = o[i] * rho;
                 theta_sums[8 * j + i] += dg * u;
-                grad[i] += w * (scale * dy[i]) + rho * (dg * theta[i] - u * mean);
+                grad[i] += mix_grad_channel(w, scale, dy[i], rho, dg, theta[i], u, mean);
             }
             if (dstream)
                 vector_store<8>(dstream, v, vector_from_floats<8>(grad));
