@@ -295,9 +295,9 @@ static void block_phase_one(RouteWalk *walk, int block, int r)
 /* Replace form: site i > 0's partial convolved and merged into phase one's o_r of every
  * stream, in place in the slots (the weights and rstd where phase one put them), one op: a
  * backend may convolve inside the merge's read (partial_rows are its scratch otherwise).
- * With x (the forward's turn, several streams) the merged streams are mixed into x in the
- * same op (route_merge_conv_mix_forward): nothing in the forward reads o_r again, and the
- * backward's reopening merges the site anew, so a backend may leave the slots as they were. */
+ * With x (several streams) the merged streams are mixed into x in the same op
+ * (route_merge_conv_mix_forward), which need not read them back; only the backward keeps
+ * them (its site's backward reads o_r), so the forward's op need not store them. */
 static void site_merge(RouteWalk *walk, int block, int i, Activation *x)
 {
     const int j = block_first_site(walk, block) + i, m = walk->plan->streams;
@@ -318,7 +318,7 @@ static void site_merge(RouteWalk *walk, int block, int i, Activation *x)
         SiteActivations *saved = &walk->stash->sites[j];
         walk->backend->route_merge_conv_mix_forward(
             x, saved->mix_gates, saved->mix_rstd, weights->mix_bias, weights->mix_proj,
-            walk->merge.streams, walk->merge.weights, walk->merge.rstd,
+            walk->merge.streams, walk->backward, walk->merge.weights, walk->merge.rstd,
             (const Activation *const *)walk->merge.streams, walk->merge.lse,
             walk->conv.sources[0], walk->conv.taps, walk->plan->kernel_sizes, m,
             site->n_sources, walk->merge.queries, walk->merge.key_norms, walk->conv.rows,
@@ -333,17 +333,29 @@ static void site_merge(RouteWalk *walk, int block, int i, Activation *x)
         route->eps);
 }
 
-/* Phase one of block n, every stream; in the backward of the replace form also every
- * site's merge (the sites' turns are over: their partials are all complete). */
+/* Phase one of block n, every stream. The replace form's merges come in each site's turn
+ * (site_merge_in_turn), in the backward too. */
 static void block_open(RouteWalk *walk, int block)
 {
     site_sources(walk, block_first_site(walk, block), walk->sources);
     for (int r = 0; r < walk->plan->streams; r++)
         block_phase_one(walk, block, r);
-    if (walk->replace && walk->streams && walk->backward)
-        for (int i = 1; i < block_sites(walk, block); i++)
-            site_merge(walk, block, i, NULL);
+    for (int i = 0; i < block_sites(walk, block); i++)
+        walk->merged[i] = false;
     walk->open_block = block;
+}
+
+/* Site i > 0 of msar's replace form merges its partial into phase one's o_r, in place, in its
+ * turn: in the forward, and in the backward once since its block reopened, before its
+ * sublayer's backward reads x or its merge's backward reads o_r. With x (several streams)
+ * the op mixes them into x as well. Whether it merged now. */
+static bool site_merge_in_turn(RouteWalk *walk, int block, int i, Activation *x)
+{
+    if (i == 0 || (walk->backward && walk->merged[i]))
+        return false;
+    site_merge(walk, block, i, x);
+    walk->merged[i] = true;
+    return true;
 }
 
 /* Stream r's part of the block's backward, from d o_r of each site (walk->douts; the replace
@@ -429,12 +441,13 @@ static void block_backward_streams(RouteWalk *walk, int block)
 }
 
 /* ---- msar's replace form: each site's own share in its turn ----
- * The backward holds every site's o_r from the block's reopening (block_open). Site i in its
- * turn (last to first) takes d x through its mix to d o_r of every stream (the slot where
- * site i + 1's o_r was, spent by now; slot 0 for a full block's last site, so d o_r of
- * sites i.. and o_r of sites ..i - 1 never meet), then per stream its merge's backward: the
- * softmax centre, and the partial's share through E_r into the block's gradient and the
- * taps. That share must be in before sublayer i - 1's backward reads the block's gradient.
+ * The backward reopens the block (block_open: phase one), and site i in its turn (last to
+ * first) merges again, mixing its x for its sublayer's backward (site_merge_in_turn; its
+ * slot, i + 1, still holds phase one's o_r then), then takes d x through its mix to d o_r of
+ * every stream (the slot where site i + 1's o_r was, spent by now; slot 0 for a full block's
+ * last site, so d o_r of sites i.. and o_r of sites ..i - 1 never meet), then per stream its
+ * merge's backward: the softmax centre, and the partial's share through E_r into the block's
+ * gradient and the taps. That share must be in before sublayer i - 1's backward reads the block's gradient.
  * When the walk leaves the block, every site's d o_r goes into the completed sources
  * (stream_block_backward, with the centres). */
 
@@ -459,6 +472,7 @@ static void site_merge_backward(RouteWalk *walk, int block, int i)
     const SiteActivations *saved = &walk->stash->sites[j];
     RouteScratch *scratch = &model->scratch.route;
     const int last = site->n_sources - 1, d = walk->d;
+    site_merge_in_turn(walk, block, i, NULL); /* where x did not come from its turn */
     if (m > 1) {
         for (int r = 0; r < m; r++) {
             walk->site_streams[r] = stream_slot(walk, r, i + 1);
@@ -582,14 +596,11 @@ void route_walk_site_forward(RouteWalk *walk, int j, const Activation *base, Act
         attnres_replace_forward(walk, block, i, x);
         return;
     }
-    /* a merge needs the site's partial, complete now; the backward's reopening merged.
-     * With several streams they are mixed into x as they are merged. */
-    if (walk->replace && i > 0 && !walk->backward) {
-        const bool mixes = walk->plan->streams > 1;
-        site_merge(walk, block, i, mixes ? x : NULL);
-        if (mixes)
-            return;
-    }
+    /* a merge needs the site's partial, complete now; several streams are mixed into x as
+     * they are merged */
+    Activation *mixed = walk->plan->streams > 1 ? x : NULL;
+    if (walk->replace && site_merge_in_turn(walk, block, i, mixed) && mixed)
+        return;
     const Activation *const *streams = site_streams_of(walk, i);
     if (walk->plan->streams == 1 && !base) { /* x = o_0 */
         walk->backend->copy(x, streams[0],

@@ -20,11 +20,12 @@
  * every site's d o_r into d E_r (route_block_backward), and last every stream's d E through
  * the convolutions into the sources and the taps, at once (stream_conv_backward).
  * MSAR's replace form routes the same way, and each site i > 0 also merges E_r of its
- * partial b_n^i into each stream in its turn (route_merge_forward, from phase one's lse); its
- * backward reopens the block (phase one and the merges again), takes each site's d x through
- * its mix and its merge's backward in the site's turn (the partial's gradient must reach the
- * block's accumulator before the sublayer before it), and the completed sources' share when
- * the walk leaves the block. attnres's replace form walks in two phases too (residual.h;
+ * partial b_n^i into each stream in its turn (route_merge_forward, from phase one's lse) and
+ * mixes them into x in the same op; its backward reopens the block (phase one again), merges
+ * and mixes each site again in its turn before its sublayer's backward (once a reopening: the
+ * merge is in place), takes its d x through its mix and its merge's backward (the partial's
+ * gradient must reach the block's accumulator before the sublayer before it), and the
+ * completed sources' share when the walk leaves the block. attnres's replace form walks in two phases too (residual.h;
  * FATHOM_ROUTE_REPLACE=per_site routes it a site at a time through model/route_site.h): its
  * sites merge their partials in their turns as MSAR's do, into x, and the backward, with the
  * depth weights in the stash and x from the caller, makes no phase one again. The final
@@ -62,9 +63,10 @@ typedef struct {
     bool two_phase;                /* residual_two_phase */
     bool streams;                  /* msar: phase one a stream at a time */
     bool replace;                  /* the replace form (msar: sites merge their partials) */
-    bool backward;                 /* a backward walk: the replace form's merges run when
-                                      the block reopens, not in each site's turn */
+    bool backward;                 /* a backward walk */
     int open_block;                /* whose phase-one results the scratch holds; -1: none */
+    bool *merged;                  /* [S] msar's replace form in the backward: site i of the
+                                      open block has merged its partial since it reopened */
     /* host arrays of backend pointers for the ops, [max_sources + 1] or [S] */
     const Activation **sources;
     Activation **grad_sources;

@@ -44,6 +44,7 @@ void route_walk_begin(RouteWalk *walk, Model *model, Stash *stash, SummaryStore 
     walk->queries = xcalloc(S, sizeof *walk->queries);
     walk->key_norms = xcalloc(S, sizeof *walk->key_norms);
     walk->douts = xcalloc(S, sizeof *walk->douts);
+    walk->merged = xcalloc(S, sizeof *walk->merged);
     walk->stream_sources = xcalloc(sources, sizeof *walk->stream_sources);
     walk->stream_grad_sources = xcalloc(sources, sizeof *walk->stream_grad_sources);
     const size_t stream_sources = sources * (size_t)(plan->streams > 0 ? plan->streams : 1);
@@ -76,7 +77,7 @@ void route_walk_end(RouteWalk *walk)
                       walk->rstd, walk->grad_queries,
                       walk->grad_key_norms, walk->grad_alphas, walk->const_weights,
                       walk->alphas, walk->queries, walk->key_norms,
-                      walk->douts, walk->stream_sources, walk->stream_grad_sources,
+                      walk->douts, walk->merged, walk->stream_sources, walk->stream_grad_sources,
                       walk->site_streams, walk->site_grad_streams, walk->conv.sources,
                       walk->conv.taps, walk->conv.grad_rows, walk->conv.rows,
                       walk->conv.grad_sources, walk->conv.grad_taps, walk->merge.streams,

@@ -321,15 +321,16 @@ typedef struct Backend {
                                      int B, int T, int d, int heads, float eps);
     /* route_merge_conv_mix_forward: route_merge_conv_forward, then stream_mix_forward(x,
      * gates, mix_rstd, out, streams, mix_bias, mix_proj) of the merged streams: the results
-     * of the two in turn, bit for bit, but out[r] (the merged o_r) is scratch: a backend may
-     * mix the streams as it merges them and never store them. The forward's site i > 0 of
-     * MSAR's replace form, whose o_r nothing else reads. */
+     * of the two in turn, bit for bit (out[r] may alias result[r]). A backend may mix the
+     * streams as it merges them, without reading o_r back, and with keep_streams false need
+     * not store them: out[r] is scratch then. A site i > 0 of MSAR's replace form, in the
+     * forward's turn (o_r not kept) and in the backward's (kept for its backward). */
     void (*route_merge_conv_mix_forward)(
         Activation *x, float *gates, float *mix_rstd, const float *mix_bias,
-        const Activation *mix_proj, Activation *const *out, float *const *weights,
-        float *const *rstd, const Activation *const *result, const float *const *lse,
-        const Activation *partial, const Activation *const *taps, const int *kernel_sizes,
-        int streams, int n_sources, const Activation *const *query,
+        const Activation *mix_proj, Activation *const *out, bool keep_streams,
+        float *const *weights, float *const *rstd, const Activation *const *result,
+        const float *const *lse, const Activation *partial, const Activation *const *taps,
+        const int *kernel_sizes, int streams, int n_sources, const Activation *const *query,
         const Activation *const *key_norm, Activation *const *rows, int B, int T, int d,
         int heads, float eps);
     /* route_merge_conv_backward: the backward of route_merge_conv_forward's merges, every

@@ -11,8 +11,8 @@
  * - its backward (cuda_route_merge_conv_backward) the bits of the convolution then
  *   cuda_route_merge_backward with GRAD_WRITE a stream at a time, twice the same, and the
  *   cpu's within bf16 tolerance (the second test);
- * - cuda_route_merge_conv_mix_forward (the merges mixed as they are made, o_r never stored)
- *   the bits of the merges then cuda_stream_mix_forward (the third test).
+ * - cuda_route_merge_conv_mix_forward (the merges mixed as they are made, o_r stored only
+ *   where kept) the bits of the merges then cuda_stream_mix_forward (the third test).
  * Fresh random inputs rounded to bf16; the partial's weight and rstd rows and a separate out
  * poisoned with NaN; the warp-a-token kernel (d % 256 == 0) with streams of every kernel
  * size, sequences shorter than the widest kernel, more than a launch's 8 streams, more phase
@@ -355,13 +355,15 @@ Test(cuda_merge_conv, merge_backward_of_every_stream_has_the_bits_of_the_convolu
 
 /* ---- the merges mixed as they are made: cuda_route_merge_conv_mix_forward ----
  * Against cuda_route_merge_conv_forward then cuda_stream_mix_forward of the merged streams,
- * bit for bit: the mix x, its gates and rstd, and every stream's weights and rstd (o_r is
- * the op's scratch and not compared). x, the gates and the mix's rstd poisoned first. The
+ * bit for bit: the mix x, its gates and rstd, and every stream's weights, rstd and (where
+ * kept: every other shape) o_r. x, the gates, the mix's rstd (and out where it is not in
+ * place) poisoned first. The
  * shapes above: the warp-a-token merges mix as they merge; more than 8 streams (shape 3)
  * and d 96 take the composition. */
 static void check_mix_shape(int index, uint64_t seed)
 {
     const MergeConvShape *s = &shapes[index];
+    const bool keep = index % 2 == 0; /* o_r kept (the backward's turn) at every other shape */
     const int tokens = s->B * s->T, N = s->n_sources - 1, H = s->heads, m = s->streams;
     const size_t row = rows_of(s), weights = (size_t)(N + 1) * tokens * H;
     const size_t rstd = (size_t)(N + 1) * tokens, gates = (size_t)tokens * m;
@@ -401,7 +403,7 @@ static void check_mix_shape(int index, uint64_t seed)
     cuda_stream_mix_forward(x[0], mix_gates[0], mix_rstd[0], (const bf16 *const *)out[0], m,
                             device_bias, device_proj, tokens, s->d, EPS, 0);
     cuda_route_merge_conv_mix_forward(x[1], mix_gates[1], mix_rstd[1], device_bias, device_proj,
-                                      out[1], weights_of[1], rstd_of[1],
+                                      out[1], keep, weights_of[1], rstd_of[1],
                                       (const bf16 *const *)result[1], lse, device_partial, taps,
                                       s->kernel_sizes, m, s->n_sources, query, key_norm, rows,
                                       s->B, s->T, s->d, H, EPS, 0);
@@ -423,15 +425,18 @@ static void check_mix_shape(int index, uint64_t seed)
         for (int q = 0; q < 3; q++)
             free(got[k][q]);
     for (int r = 0; r < m; r++) {
-        float *merged[2][2];
+        float *merged[2][3];
         for (int k = 0; k < 2; k++) {
             merged[k][0] = gpu_download_floats(weights_of[k][r], weights);
             merged[k][1] = gpu_download_floats(rstd_of[k][r], rstd);
+            merged[k][2] = gpu_download_bf16(out[k][r], row);
         }
         expect_same_bits(merged[1][0], merged[0][0], weights, "weights", index, r);
         expect_same_bits(merged[1][1], merged[0][1], rstd, "rstd", index, r);
+        if (keep)
+            expect_same_bits(merged[1][2], merged[0][2], row, "out", index, r);
         for (int k = 0; k < 2; k++)
-            free(merged[k][0]), free(merged[k][1]);
+            free(merged[k][0]), free(merged[k][1]), free(merged[k][2]);
         stream_free(&a[r]);
     }
     free(partial), free(mix_proj), free(mix_bias);

@@ -9,6 +9,7 @@
 #include "kernels/cpu/kernels_cpu.h"
 #include "runtime/error.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -428,10 +429,12 @@ static void table_route_merge_conv_forward(Activation *const *out, float *const 
     }
 }
 
-/* the merges, then the mix of out (the readable order; the cuda op mixes as it merges) */
+/* the merges, then the mix of out (the readable order; the cuda op mixes as it merges). out
+ * not kept is scratch: filled with NaN after the mix, so that a caller who reads it anyway
+ * (the walk's bug, which the cuda op would hide in half its cases) fails here loudly. */
 static void table_route_merge_conv_mix_forward(
     Activation *x, float *gates, float *mix_rstd, const float *mix_bias,
-    const Activation *mix_proj, Activation *const *out, float *const *weights,
+    const Activation *mix_proj, Activation *const *out, bool keep_streams, float *const *weights,
     float *const *rstd, const Activation *const *result, const float *const *lse,
     const Activation *partial, const Activation *const *taps, const int *kernel_sizes,
     int streams, int n_sources, const Activation *const *query,
@@ -443,6 +446,9 @@ static void table_route_merge_conv_mix_forward(
                                    eps);
     table_stream_mix_forward(x, gates, mix_rstd, (const Activation *const *)out, streams,
                              mix_bias, mix_proj, B * T, d, eps);
+    for (int r = 0; r < streams && !keep_streams; r++)
+        for (size_t i = 0; i < (size_t)B * T * d; i++)
+            F(out[r])[i] = NAN;
 }
 
 static void table_route_merge_backward(Activation *dpartial, GradMode dpartial_mode,

@@ -216,16 +216,16 @@ static void op_route_merge_conv_forward(Activation *const *out, float *const *we
 
 static void op_route_merge_conv_mix_forward(
     Activation *x, float *gates, float *mix_rstd, const float *mix_bias,
-    const Activation *mix_proj, Activation *const *out, float *const *weights,
-    float *const *rstd, const Activation *const *result, const float *const *lse,
-    const Activation *partial, const Activation *const *taps, const int *kernel_sizes,
-    int streams, int n_sources, const Activation *const *query,
+    const Activation *mix_proj, Activation *const *out, bool keep_streams,
+    float *const *weights, float *const *rstd, const Activation *const *result,
+    const float *const *lse, const Activation *partial, const Activation *const *taps,
+    const int *kernel_sizes, int streams, int n_sources, const Activation *const *query,
     const Activation *const *key_norm, Activation *const *rows, int B, int T, int d, int heads,
     float eps)
 {
     cuda_route_merge_conv_mix_forward(
         as_bf16(x), gates, mix_rstd, mix_bias, as_bf16_const(mix_proj), (bf16 *const *)out,
-        weights, rstd, (const bf16 *const *)result, lse, as_bf16_const(partial),
+        keep_streams, weights, rstd, (const bf16 *const *)result, lse, as_bf16_const(partial),
         (const bf16 *const *)taps, kernel_sizes, streams, n_sources, (const bf16 *const *)query,
         (const bf16 *const *)key_norm, (bf16 *const *)rows, B, T, d, heads, eps,
         backend_cuda_compute_stream());

@@ -180,7 +180,8 @@ void bench_conv(int B, int T, int d)
  * a backward a stream (1 + m rows, then 4 a stream: 21), or the convolution inside the
  * backward's read (b, then d out and out read and d E written a stream: 13). The forward's
  * site also mixes its streams: the merges then the mix (9 + 4 read + 1 written: 14 rows), or
- * the streams mixed as they are merged (b and the four phase-one rows read, x written: 6). */
+ * the streams mixed as they are merged (b and the four phase-one rows read, x written: 6;
+ * with o_r kept, as the backward's turn keeps them, 10). */
 enum { MERGE_CASE_STREAMS = 4, MERGE_CASE_SOURCES = 6 };
 
 typedef struct {
@@ -195,6 +196,7 @@ typedef struct {
     GradMode mode;
     bf16 *mixed, *mix_proj; /* the site's mix: x, theta [m, d], beta [m], gates, rstd */
     float *mix_bias, *mix_gates, *mix_rstd;
+    bool keep_streams; /* the backward's turn: o_r stored too */
 } MergeCase;
 
 static void merge_composed_case(void *p)
@@ -231,8 +233,8 @@ static void merge_mix_case(void *p)
 {
     MergeCase *c = (MergeCase *)p;
     cuda_route_merge_conv_mix_forward(
-        c->mixed, c->mix_gates, c->mix_rstd, c->mix_bias, c->mix_proj, c->streams, c->weights,
-        c->rstd, (const bf16 *const *)c->streams, c->lse, c->partial, c->taps, c->kernel_sizes,
+        c->mixed, c->mix_gates, c->mix_rstd, c->mix_bias, c->mix_proj, c->streams,
+        c->keep_streams, c->weights, c->rstd, (const bf16 *const *)c->streams, c->lse, c->partial, c->taps, c->kernel_sizes,
         MERGE_CASE_STREAMS, MERGE_CASE_SOURCES, c->query, c->key_norm, c->rows, c->B, c->T, c->d,
         8, 1e-5f, 0);
 }
@@ -330,6 +332,9 @@ void bench_merge(int B, int T, int d)
     report(name, median_ms(merge_then_mix_case, &c), 0, 14 * row_bytes);
     snprintf(name, sizeof name, "merge, 4 streams: mixed as merged, %dx%d", tokens, d);
     report(name, median_ms(merge_mix_case, &c), 0, 6 * row_bytes);
+    c.keep_streams = true;
+    snprintf(name, sizeof name, "merge, 4 streams: mixed as merged, kept, %dx%d", tokens, d);
+    report(name, median_ms(merge_mix_case, &c), 0, 10 * row_bytes);
     c.mode = GRAD_ADD;
     snprintf(name, sizeof name, "merge bwd, a stream, d partial added, %dx%d", tokens, d);
     report(name, median_ms(merge_backward_case, &c), 0, 5 * row_bytes);

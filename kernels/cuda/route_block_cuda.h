@@ -142,20 +142,22 @@ void cuda_route_merge_conv_forward(bf16 *const *out, float *const *weights, floa
                                    cudaStream_t stream);
 
 /* cuda_route_merge_conv_forward, then cuda_stream_mix_forward(x, gates, mix_rstd, out,
- * streams, mix_bias, mix_proj): the mix of the merged streams into x [B T, d] with its gates
- * and rstd [B T, streams], the bits of the two in turn. out[r] is scratch here: where the
- * rows take the warp-a-token layout (as cuda_route_merge_conv_forward's; up to 8 streams) the
- * streams are mixed as they are merged and out[r] is not written (the weights and rstd
- * are). FATHOM_MERGE_MIX=composed always calls the two. */
+ * streams, mix_bias, mix_proj): the merged streams out[r] (out[r] may alias result[r]), the
+ * mix of them into x [B T, d] and its gates and rstd [B T, streams], the bits of the two in
+ * turn. Where the rows take the warp-a-token layout (as cuda_route_merge_conv_forward's; up
+ * to 8 streams) the streams are mixed as they are merged, from shared memory, and stored
+ * only with keep_streams (out[r] is scratch otherwise). FATHOM_MERGE_MIX=composed always
+ * calls the two. */
 void cuda_route_merge_conv_mix_forward(bf16 *x, float *gates, float *mix_rstd,
                                        const float *mix_bias, const bf16 *mix_proj,
-                                       bf16 *const *out, float *const *weights,
-                                       float *const *rstd, const bf16 *const *result,
-                                       const float *const *lse, const bf16 *partial,
-                                       const bf16 *const *taps, const int *kernel_sizes,
-                                       int streams, int n_sources, const bf16 *const *query,
-                                       const bf16 *const *key_norm, bf16 *const *rows, int B,
-                                       int T, int d, int heads, float eps, cudaStream_t stream);
+                                       bf16 *const *out, bool keep_streams,
+                                       float *const *weights, float *const *rstd,
+                                       const bf16 *const *result, const float *const *lse,
+                                       const bf16 *partial, const bf16 *const *taps,
+                                       const int *kernel_sizes, int streams, int n_sources,
+                                       const bf16 *const *query, const bf16 *const *key_norm,
+                                       bf16 *const *rows, int B, int T, int d, int heads,
+                                       float eps, cudaStream_t stream);
 
 size_t cuda_route_merge_conv_backward_workspace_floats(int streams, int tokens, int d,
                                                        int heads);

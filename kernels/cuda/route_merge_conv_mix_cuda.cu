@@ -2,15 +2,17 @@
  * they are made (route_block_cuda.h: cuda_route_merge_conv_mix_forward; the merges are
  * route_merge_conv_cuda.cu's, the mix stream_mix_narrow_cuda.cu's).
  *
- * The forward's site i > 0 mixes its streams right after merging them (x = sum_r
- * w_r o_r), and nothing else in the forward reads o_r: the backward merges the site again
- * when it reopens the block. So token t's streams are merged into rows of the warp's in
- * shared memory, one a stream, and mixed from there in the mix kernel's layout (lane l:
- * vectors l, l + 32, ..) with its gate (stream_mix.cuh's mix_stream_gate): the bits of
- * cuda_stream_mix_forward after the merges, while o_r's m rows are neither written nor read
- * again. At the 1B microbatch (d 1280, m 4, 8192 tokens) 6 rows of 21 MB where 14 were; on
- * an H100 0.179 -> 0.137 ms, the time of the merges alone (docs/performance.md, 2026-12-06
- * midday): the merges are bound by their loads of b's window rows, not by their writes.
+ * A site i > 0 mixes its streams right after merging them (x = sum_r w_r o_r): in the
+ * forward's turn, where nothing reads o_r again, and in the backward's, which merges the
+ * site again before its sublayer's backward and keeps o_r for the site's own backward
+ * (model/route_block.c). So token t's streams are merged into rows of the warp's in shared
+ * memory, one a stream, stored from there (whole sectors) where they are kept, and mixed
+ * from there in the mix kernel's layout (lane l: vectors l, l + 32, ..) with its gate
+ * (stream_mix.cuh's mix_stream_gate): the bits of cuda_stream_mix_forward after the merges,
+ * while the mix reads no o_r from memory. At the 1B microbatch (d 1280, m 4, 8192 tokens) 6
+ * rows of 21 MB where 14 were (10 with o_r kept), one launch where two were. Measured on an
+ * H100 (docs/performance.md, 2026-12-06 midday): 0.137 ms (0.165 with o_r kept) where the
+ * two kernels took 0.179.
  */
 #include "kernels/cuda/route_merge_conv.cuh"
 #include "kernels/cuda/stream_mix.cuh"
@@ -22,7 +24,7 @@
 template <int LV>
 __global__ void __launch_bounds__(MERGE_CONV_THREADS)
     merge_conv_mix_forward_kernel(const __grid_constant__ MergeConvArgs args,
-                                  const __grid_constant__ MixForwardArgs mix)
+                                  const __grid_constant__ MixForwardArgs mix, bool keep_streams)
 {
     extern __shared__ BfVector<8> merge_mix_rows[]; /* [warps][streams][NarrowRow<LV>] */
     constexpr int VECTORS = NarrowRow<LV>::VECTORS;
@@ -35,6 +37,8 @@ __global__ void __launch_bounds__(MERGE_CONV_THREADS)
             BfVector<8> out_raw[LV];
             merge_conv_stream<LV>(args, rows + r * VECTORS, r, t, lane, out_raw);
             narrow_stage_row<LV>(rows + r * VECTORS, out_raw, lane);
+            if (keep_streams)
+                narrow_store_staged<LV>(args.out[r], t, rows + r * VECTORS, lane);
         }
         float sum[8 * LV] = {};
         for (int r = 0; r < m; r++) {
@@ -80,7 +84,7 @@ static bool merge_mix_fused(void)
 
 template <int LV>
 static void merge_conv_mix_launch(const MergeConvArgs &args, const MixForwardArgs &mix,
-                                  cudaStream_t stream)
+                                  bool keep_streams, cudaStream_t stream)
 {
     const long long warps = (args.tokens + MERGE_CONV_RUN - 1) / MERGE_CONV_RUN;
     const unsigned blocks = (unsigned)((warps + MERGE_CONV_THREADS / 32 - 1) /
@@ -89,13 +93,15 @@ static void merge_conv_mix_launch(const MergeConvArgs &args, const MixForwardArg
                          NarrowRow<LV>::VECTORS * sizeof(BfVector<8>);
     CUDA_CHECK(cudaFuncSetAttribute(merge_conv_mix_forward_kernel<LV>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-    merge_conv_mix_forward_kernel<LV><<<blocks, MERGE_CONV_THREADS, bytes, stream>>>(args, mix);
+    merge_conv_mix_forward_kernel<LV>
+        <<<blocks, MERGE_CONV_THREADS, bytes, stream>>>(args, mix, keep_streams);
     CUDA_CHECK_LAUNCH();
 }
 
 extern "C" void cuda_route_merge_conv_mix_forward(
     bf16 *x, float *gates, float *mix_rstd, const float *mix_bias, const bf16 *mix_proj,
-    bf16 *const *out, float *const *weights, float *const *rstd, const bf16 *const *result,
+    bf16 *const *out, bool keep_streams, float *const *weights, float *const *rstd,
+    const bf16 *const *result,
     const float *const *lse, const bf16 *partial, const bf16 *const *taps,
     const int *kernel_sizes, int streams, int n_sources, const bf16 *const *query,
     const bf16 *const *key_norm, bf16 *const *rows, int B, int T, int d, int heads, float eps,
@@ -128,6 +134,6 @@ extern "C" void cuda_route_merge_conv_mix_forward(
     mix.inverse_width = 1.0f / (float)d;
     mix.m = streams;
     mix.tokens = B * T;
-    MERGE_NARROW_BY_WIDTH(d, merge_conv_mix_launch, args, mix, stream);
+    MERGE_NARROW_BY_WIDTH(d, merge_conv_mix_launch, args, mix, keep_streams, stream);
 }
 

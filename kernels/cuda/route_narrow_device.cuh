@@ -62,6 +62,19 @@ __device__ __forceinline__ void narrow_stage_row(BfVector<8> *stage, const BfVec
     __syncwarp();
 }
 
+/* Stores row t of `array` from `stage`, where narrow_stage_row put it: the warp's store
+ * instructions each write 512 contiguous bytes. */
+template <int LV>
+__device__ __forceinline__ void narrow_store_staged(bf16 *array, long long t,
+                                                    const BfVector<8> *stage, int lane)
+{
+#pragma unroll
+    for (int j = 0; j < LV; j++) {
+        const int v = j * 32 + lane;
+        vector_store<8>(array, t * (32 * LV) + v, stage[narrow_slot<LV>(v)]);
+    }
+}
+
 /* Stores this lane's LV vectors of row t of `array` through `stage`, a row of the warp's in
  * shared memory: each store instruction of the warp then writes 512 contiguous bytes, whole
  * sectors, where each lane writing its own vectors (16 bytes in every 16 LV) sends the L2 a
@@ -72,11 +85,7 @@ __device__ __forceinline__ void narrow_store_row(bf16 *array, long long t, BfVec
                                                  const BfVector<8> (&raw)[LV], int lane)
 {
     narrow_stage_row<LV>(stage, raw, lane);
-#pragma unroll
-    for (int j = 0; j < LV; j++) {
-        const int v = j * 32 + lane;
-        vector_store<8>(array, t * (32 * LV) + v, stage[narrow_slot<LV>(v)]);
-    }
+    narrow_store_staged<LV>(array, t, stage, lane);
     __syncwarp();
 }
 
