@@ -319,7 +319,6 @@ void scratch_create(ModelScratch *scratch, const Backend *backend, const ModelCo
         allocate_carved(backend, scratch->bytes, "scratch", max_batch, T);
     Carver carving = {scratch->memory, 0, backend->activation_bytes};
     scratch_layout(scratch, &carving, config, plan, &w);
-    scratch->spare_logits = !residual_two_phase(plan); /* scratch_layout's block rows */
     if (scratch->zero_tokens) /* route_null is row 0 of a one-row table, for every token */
         backend->zero(scratch->zero_tokens, w.N * sizeof(uint32_t));
 }

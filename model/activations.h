@@ -65,7 +65,9 @@
  * S M (H + 1) (m S M (H + 1) in the replace form, which also convolves a site's partial
  * for every stream into m d and makes x_j again in d).
  * The rows of the two-phase walk take the logits' gradient as far as it goes, the rest is
- * carved (it is idle outside the head's backward, they outside the layers' walk). With
+ * carved (it is idle outside the head's backward, they outside the layers' walk; a chunk
+ * walk that may write them first takes the chunk the head's forward may have left there,
+ * model/chunk.c). With
  * checkpointing one layer's intermediates and 3d. The logits and their gradient are two
  * [logit_rows, V] buffers: the head and the loss walk the batch in chunks of logit_rows
  * tokens (model/loss.h), so the logits of a whole batch exist at once only when they fit in
@@ -184,8 +186,6 @@ typedef struct {
     const void *logits_owner;     /* the HeadActivations whose whole batch `logits` holds */
     const void *chunk_owner;      /* the HeadActivations of whose batch `logits` holds the */
     int chunk_first;              /*   chunk from row chunk_first (model/loss.h) */
-    bool spare_logits;            /* layer.grad_logits is the head's alone (no two-phase walk
-                                     takes its rows): a forward may keep a chunk there */
     const void *spare_owner;      /* the HeadActivations of whose batch layer.grad_logits */
     int spare_first;              /*   holds the chunk from row spare_first (model/loss.h) */
     Activation *all_logits;       /* [N, V] its own allocation, when asked for (model.h) */

@@ -115,6 +115,17 @@ static Walk walk_begin(Model *model, Stash *stash, SummaryStore *store, int B)
     return walk;
 }
 
+/* The two-phase walk's rows lie in the logits' gradient buffer (model/activations.h), where
+ * the head's forward may leave a chunk of logits for its backward (model/loss.h): a walk that
+ * may write them takes that chunk from whichever batch's head left it. The head's own
+ * forward and backward come after and before its chunk's walk of the layers, so a step of
+ * one chunk keeps it. */
+static void walk_takes_spare_rows(Walk *walk)
+{
+    if (residual_two_phase(walk->plan))
+        walk->model->scratch.spare_owner = NULL;
+}
+
 /* The route context must not move once the sites' walk points at it. */
 static void walk_sites_begin(Walk *walk, bool backward)
 {
@@ -347,6 +358,7 @@ ModelLoss chunk_forward(Model *model, const ChunkSpan *span, Stash *stash,
     const size_t rows = (size_t)B * model->scratch.T;
     Walk walk = walk_begin(model, stash, store, B);
     walk_sites_begin(&walk, false);
+    walk_takes_spare_rows(&walk);
     const Backend *backend = model->backend;
     const int L2 = model->plan.n_sublayers;
 
@@ -498,6 +510,7 @@ void chunk_backward(Model *model, const ChunkSpan *span, Stash *stash, SummarySt
         head_backward(&walk, loss_scale);
         head_release(model, true);
     }
+    walk_takes_spare_rows(&walk);
     for (int i = span->first_layer + span->n_layers - 1; i >= span->first_layer; i--) {
         const int routing = param_unit_of_layer_routing(table, i);
         if (routing >= 0 && routing_unit_edge(table, span, i, +1))

@@ -38,7 +38,7 @@ static int last_chunk_first(int rows, int chunk)
 static int spare_chunk_first(const ModelScratch *scratch, int rows)
 {
     const int first = last_chunk_first(rows, scratch->logit_rows) - scratch->logit_rows;
-    return scratch->spare_logits && !scratch->all_logits && first >= 0 ? first : -1;
+    return !scratch->all_logits && first >= 0 ? first : -1;
 }
 
 ModelLoss loss_forward(const LayerContext *context, const HeadWeights *weights,

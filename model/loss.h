@@ -11,9 +11,10 @@
  *
  * The head and the loss walk the rows in chunks of scratch->logit_rows (model/activations.h):
  * per chunk, the logits [chunk, V] are made, the loss read from them, and they are dropped.
- * The forward keeps its last chunk in the chunk buffer and, where the model has one spare
- * (scratch->spare_logits: the logits' gradient buffer, idle between the head's forward and
- * its backward unless a two-phase routing walk takes its rows), the chunk before it there.
+ * The forward keeps its last chunk in the chunk buffer and the chunk before it in the
+ * logits' gradient buffer (the spare: idle between the head's forward and its backward,
+ * unless another chunk walk came in between whose two-phase routing took its rows, which
+ * takes the chunk too: model/chunk.c).
  * The backward takes the spare chunk first, its gradient replacing its logits in place
  * (cross_entropy_backward allows dlogits == logits), then the chunks from last to first,
  * making a chunk's logits again (one more head matmul) unless they are still there: the
@@ -21,8 +22,7 @@
  * left holding (scratch->chunk_owner, chunk_first: the forward's last, or the first after a
  * backward), when no other microbatch's forward or backward came in between (spare_owner
  * likewise; any backward's gradient overwrites the spare). So no [rows, V] array exists
- * beyond the two buffers, and a batch of two chunks makes none again (one where a two-phase
- * walk takes the spare). The chunking changes no value but the order of the head's
+ * beyond the two buffers, and a batch of two chunks makes none again. The chunking changes no value but the order of the head's
  * gradient sums over the chunks: every row is computed alone.
  */
 #ifndef FATHOM_MODEL_LOSS_H
