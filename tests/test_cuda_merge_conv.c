@@ -107,6 +107,30 @@ static void stream_free(StreamArrays *a)
     free(a->weights), free(a->rstd);
 }
 
+/* Every stream's arrays of a shape (stream_make) and the op's pointer arrays over them:
+ * copy k of out, result, weights and rstd, the shared inputs, and poisoned rows */
+typedef struct {
+    bf16 *out[2][MAX_STREAMS], *result[2][MAX_STREAMS], *rows[MAX_STREAMS];
+    const bf16 *taps[MAX_STREAMS], *query[MAX_STREAMS], *key_norm[MAX_STREAMS];
+    float *weights_of[2][MAX_STREAMS], *rstd_of[2][MAX_STREAMS];
+    const float *lse[MAX_STREAMS];
+} MergeOperands;
+
+static void merge_operands_make(MergeOperands *o, StreamArrays *a, const MergeConvShape *s,
+                                uint64_t seed)
+{
+    for (int r = 0; r < s->streams; r++) {
+        stream_make(&a[r], s, r, seed * 100 + 10 * (uint64_t)r);
+        o->taps[r] = a[r].device_taps, o->query[r] = a[r].device_query;
+        o->key_norm[r] = a[r].device_key_norm, o->lse[r] = a[r].device_lse;
+        o->rows[r] = gpu_poisoned_bf16(rows_of(s));
+        for (int k = 0; k < 2; k++) {
+            o->out[k][r] = a[r].out_of[k], o->result[k][r] = a[r].result_of[k];
+            o->weights_of[k][r] = a[r].weights_of[k], o->rstd_of[k][r] = a[r].rstd_of[k];
+        }
+    }
+}
+
 static void expect_close(const float *got, const float *want, size_t n, double tolerance,
                          const char *what, int shape, int r)
 {
@@ -134,20 +158,12 @@ static void check_shape(int index, uint64_t seed)
     float *partial = gpu_test_bf16_values(row, 1.0f, seed);
     bf16 *device_partial = gpu_upload_bf16(partial, row);
     StreamArrays a[MAX_STREAMS];
-    bf16 *out[2][MAX_STREAMS], *result[2][MAX_STREAMS], *rows[MAX_STREAMS];
-    const bf16 *taps[MAX_STREAMS], *query[MAX_STREAMS], *key_norm[MAX_STREAMS];
-    float *weights_of[2][MAX_STREAMS], *rstd_of[2][MAX_STREAMS];
-    const float *lse[MAX_STREAMS];
-    for (int r = 0; r < m; r++) {
-        stream_make(&a[r], s, r, seed * 100 + 10 * (uint64_t)r);
-        taps[r] = a[r].device_taps, query[r] = a[r].device_query;
-        key_norm[r] = a[r].device_key_norm, lse[r] = a[r].device_lse;
-        rows[r] = gpu_poisoned_bf16(row);
-        for (int k = 0; k < 2; k++) {
-            out[k][r] = a[r].out_of[k], result[k][r] = a[r].result_of[k];
-            weights_of[k][r] = a[r].weights_of[k], rstd_of[k][r] = a[r].rstd_of[k];
-        }
-    }
+    MergeOperands o;
+    merge_operands_make(&o, a, s, seed);
+    bf16 *(*out)[MAX_STREAMS] = o.out, *(*result)[MAX_STREAMS] = o.result, **rows = o.rows;
+    const bf16 **taps = o.taps, **query = o.query, **key_norm = o.key_norm;
+    float *(*weights_of)[MAX_STREAMS] = o.weights_of, *(*rstd_of)[MAX_STREAMS] = o.rstd_of;
+    const float **lse = o.lse;
     /* copy 0: the two ops in turn; copy 1: the op */
     const bf16 *x[1] = {device_partial};
     cuda_stream_conv_forward(rows, x, taps, 1, m, s->kernel_sizes, s->B, s->T, s->d, 0);
@@ -195,13 +211,20 @@ static void check_shape(int index, uint64_t seed)
     gpu_free_all();
 }
 
-Test(cuda_merge_conv, merges_every_stream_with_the_bits_of_the_convolution_then_the_merge)
+/* check(i, seed) at every shape, a seed of its own each */
+static void check_every_shape(void (*check)(int, uint64_t), uint64_t seed, uint64_t stride,
+                              const char *what)
 {
     gpu_require();
     for (int i = 0; i < (int)(sizeof shapes / sizeof shapes[0]); i++) {
-        cr_log_info("merge conv shape %d", i);
-        check_shape(i, 4000 + 17 * (uint64_t)i);
+        cr_log_info("%s shape %d", what, i);
+        check(i, seed + stride * (uint64_t)i);
     }
+}
+
+Test(cuda_merge_conv, merges_every_stream_with_the_bits_of_the_convolution_then_the_merge)
+{
+    check_every_shape(check_shape, 4000, 17, "merge conv");
 }
 
 /* ---- the backward: cuda_route_merge_conv_backward ----
@@ -346,11 +369,7 @@ static void check_backward_shape(int index, uint64_t seed)
 
 Test(cuda_merge_conv, merge_backward_of_every_stream_has_the_bits_of_the_convolution_then_the_merges)
 {
-    gpu_require();
-    for (int i = 0; i < (int)(sizeof shapes / sizeof shapes[0]); i++) {
-        cr_log_info("merge conv backward shape %d", i);
-        check_backward_shape(i, 5000 + 19 * (uint64_t)i);
-    }
+    check_every_shape(check_backward_shape, 5000, 19, "merge conv backward");
 }
 
 /* ---- the merges mixed as they are made: cuda_route_merge_conv_mix_forward ----
@@ -374,20 +393,12 @@ static void check_mix_shape(int index, uint64_t seed)
     bf16 *device_proj = gpu_upload_bf16(mix_proj, (size_t)m * s->d);
     float *device_bias = gpu_upload_floats(mix_bias, (size_t)m);
     StreamArrays a[MAX_STREAMS];
-    bf16 *out[2][MAX_STREAMS], *result[2][MAX_STREAMS], *rows[MAX_STREAMS];
-    const bf16 *taps[MAX_STREAMS], *query[MAX_STREAMS], *key_norm[MAX_STREAMS];
-    float *weights_of[2][MAX_STREAMS], *rstd_of[2][MAX_STREAMS];
-    const float *lse[MAX_STREAMS];
-    for (int r = 0; r < m; r++) {
-        stream_make(&a[r], s, r, seed * 100 + 10 * (uint64_t)r);
-        taps[r] = a[r].device_taps, query[r] = a[r].device_query;
-        key_norm[r] = a[r].device_key_norm, lse[r] = a[r].device_lse;
-        rows[r] = gpu_poisoned_bf16(row);
-        for (int k = 0; k < 2; k++) {
-            out[k][r] = a[r].out_of[k], result[k][r] = a[r].result_of[k];
-            weights_of[k][r] = a[r].weights_of[k], rstd_of[k][r] = a[r].rstd_of[k];
-        }
-    }
+    MergeOperands o;
+    merge_operands_make(&o, a, s, seed);
+    bf16 *(*out)[MAX_STREAMS] = o.out, *(*result)[MAX_STREAMS] = o.result, **rows = o.rows;
+    const bf16 **taps = o.taps, **query = o.query, **key_norm = o.key_norm;
+    float *(*weights_of)[MAX_STREAMS] = o.weights_of, *(*rstd_of)[MAX_STREAMS] = o.rstd_of;
+    const float **lse = o.lse;
     bf16 *x[2];
     float *mix_gates[2], *mix_rstd[2];
     for (int k = 0; k < 2; k++) {
@@ -445,9 +456,5 @@ static void check_mix_shape(int index, uint64_t seed)
 
 Test(cuda_merge_conv, merges_mixed_as_made_have_the_bits_of_the_merges_then_the_mix)
 {
-    gpu_require();
-    for (int i = 0; i < (int)(sizeof shapes / sizeof shapes[0]); i++) {
-        cr_log_info("merge conv mix shape %d", i);
-        check_mix_shape(i, 6000 + 23 * (uint64_t)i);
-    }
+    check_every_shape(check_mix_shape, 6000, 23, "merge conv mix");
 }

@@ -101,11 +101,10 @@ static void merge_conv_mix_launch(const MergeConvArgs &args, const MixForwardArg
 extern "C" void cuda_route_merge_conv_mix_forward(
     bf16 *x, float *gates, float *mix_rstd, const float *mix_bias, const bf16 *mix_proj,
     bf16 *const *out, bool keep_streams, float *const *weights, float *const *rstd,
-    const bf16 *const *result,
-    const float *const *lse, const bf16 *partial, const bf16 *const *taps,
-    const int *kernel_sizes, int streams, int n_sources, const bf16 *const *query,
-    const bf16 *const *key_norm, bf16 *const *rows, int B, int T, int d, int heads, float eps,
-    cudaStream_t stream)
+    const bf16 *const *result, const float *const *lse, const bf16 *partial,
+    const bf16 *const *taps, const int *kernel_sizes, int streams, int n_sources,
+    const bf16 *const *query, const bf16 *const *key_norm, bf16 *const *rows, int B, int T,
+    int d, int heads, float eps, cudaStream_t stream)
 {
     route_check_shape(n_sources, d, heads);
     if (!conv_check_streams(kernel_sizes, streams, d, B, T) || streams <= 0)
