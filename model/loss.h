@@ -22,8 +22,9 @@
  * left holding (scratch->chunk_owner, chunk_first: the forward's last, or the first after a
  * backward), when no other microbatch's forward or backward came in between (spare_owner
  * likewise; any backward's gradient overwrites the spare). So no [rows, V] array exists
- * beyond the two buffers, and a batch of two chunks makes none again. The chunking changes no value but the order of the head's
- * gradient sums over the chunks: every row is computed alone.
+ * beyond the two buffers, and a batch of two chunks makes none again. The chunking changes
+ * no value but the order of the head's gradient sums over the chunks: every row is computed
+ * alone.
  */
 #ifndef FATHOM_MODEL_LOSS_H
 #define FATHOM_MODEL_LOSS_H

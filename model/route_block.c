@@ -447,9 +447,9 @@ static void block_backward_streams(RouteWalk *walk, int block)
  * every stream (the slot where site i + 1's o_r was, spent by now; slot 0 for a full block's
  * last site, so d o_r of sites i.. and o_r of sites ..i - 1 never meet), then per stream its
  * merge's backward: the softmax centre, and the partial's share through E_r into the block's
- * gradient and the taps. That share must be in before sublayer i - 1's backward reads the block's gradient.
- * When the walk leaves the block, every site's d o_r goes into the completed sources
- * (stream_block_backward, with the centres). */
+ * gradient and the taps. That share must be in before sublayer i - 1's backward reads the
+ * block's gradient. When the walk leaves the block, every site's d o_r goes into the
+ * completed sources (stream_block_backward, with the centres). */
 
 /* d o_r of site i of stream r: with m = 1 the site's d x itself (x = o_0) */
 static Activation *site_grad_stream(const RouteWalk *walk, int r, int i)

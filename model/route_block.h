@@ -25,12 +25,12 @@
  * and mixes each site again in its turn before its sublayer's backward (once a reopening: the
  * merge is in place), takes its d x through its mix and its merge's backward (the partial's
  * gradient must reach the block's accumulator before the sublayer before it), and the
- * completed sources' share when the walk leaves the block. attnres's replace form walks in two phases too (residual.h;
- * FATHOM_ROUTE_REPLACE=per_site routes it a site at a time through model/route_site.h): its
- * sites merge their partials in their turns as MSAR's do, into x, and the backward, with the
- * depth weights in the stash and x from the caller, makes no phase one again. The final
- * site (a block of its own) routes alone, as does every site after
- * model_route_sites_alone.
+ * completed sources' share when the walk leaves the block. attnres's replace form walks in
+ * two phases too (residual.h; FATHOM_ROUTE_REPLACE=per_site routes it a site at a time
+ * through model/route_site.h): its sites merge their partials in their turns as MSAR's do,
+ * into x, and the backward, with the depth weights in the stash and x from the caller, makes
+ * no phase one again. The final site (a block of its own) routes alone, as does every site
+ * after model_route_sites_alone.
  * MSAR's sites walked in two phases keep their depth weights in the scratch for the open
  * block, not in the stash (residual_site_keeps_weights): both backwards make phase one again
  * for every stream anyway.

@@ -234,9 +234,9 @@ static void merge_mix_case(void *p)
     MergeCase *c = (MergeCase *)p;
     cuda_route_merge_conv_mix_forward(
         c->mixed, c->mix_gates, c->mix_rstd, c->mix_bias, c->mix_proj, c->streams,
-        c->keep_streams, c->weights, c->rstd, (const bf16 *const *)c->streams, c->lse, c->partial, c->taps, c->kernel_sizes,
-        MERGE_CASE_STREAMS, MERGE_CASE_SOURCES, c->query, c->key_norm, c->rows, c->B, c->T, c->d,
-        8, 1e-5f, 0);
+        c->keep_streams, c->weights, c->rstd, (const bf16 *const *)c->streams, c->lse,
+        c->partial, c->taps, c->kernel_sizes, MERGE_CASE_STREAMS, MERGE_CASE_SOURCES, c->query,
+        c->key_norm, c->rows, c->B, c->T, c->d, 8, 1e-5f, 0);
 }
 
 static void merge_backward_case(void *p)

@@ -21,6 +21,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The merge-conv forward's grid (a warp walks MERGE_CONV_RUN consecutive tokens); token t's
+ * streams merged into the warp's rows, stored from them where kept, then mixed from them
+ * into x and its gates and rstd */
 template <int LV>
 __global__ void __launch_bounds__(MERGE_CONV_THREADS)
     merge_conv_mix_forward_kernel(const __grid_constant__ MergeConvArgs args,
@@ -63,7 +66,6 @@ __global__ void __launch_bounds__(MERGE_CONV_THREADS)
         __syncwarp(); /* the rows' readers before the next token's copies */
     }
 }
-
 
 /* FATHOM_MERGE_MIX: `fused` (the default) or `composed` (the merges, then the mix kernel:
  * the same bits, for timing the two against each other) */
