@@ -407,12 +407,46 @@ static void block_convolutions_backward(RouteWalk *walk, int block)
     conv_backward(walk, conv_gather(walk, first, 0, walk->plan->streams, -1));
 }
 
+/* Every site's d x of block n through its gate and mix to d o_r of stream r, one op for the
+ * block's sites (stream_mix_backward_sites): d o_r of site i into stream r + 1's slot i + 1,
+ * idle while the walk takes stream r (that stream's phase one comes in its own turn), so no
+ * site writes a row another site reads. Returns into walk->douts. */
+static void block_mix_backward(RouteWalk *walk, int block, int r)
+{
+    Model *model = walk->model;
+    const int first = block_first_site(walk, block), G = block_sites(walk, block);
+    const int m = walk->plan->streams;
+    for (int i = 0; i < G; i++) {
+        const int j = first + i;
+        const SiteWeights *weights = &model->site_params[j];
+        SiteGrads *grads = &model->site_grads[j];
+        const SiteActivations *saved = &walk->stash->sites[j];
+        walk->mix.grad_streams[i] = stream_slot(walk, (r + 1) % m, i + 1);
+        walk->mix.streams[i] = stream_slot(walk, r, i + 1);
+        walk->mix.grads_x[i] = model->scratch.route.block_grads[i];
+        walk->mix.grad_mix_bias[i] = grads->mix_bias;
+        walk->mix.grad_mix_proj[i] = grads->mix_proj;
+        walk->mix.grad_alphas[i] = grads->alpha;
+        walk->mix.gates[i] = saved->mix_gates;
+        walk->mix.rstd[i] = saved->mix_rstd;
+        walk->mix.mix_bias[i] = weights->mix_bias;
+        walk->mix.mix_proj[i] = weights->mix_proj;
+        walk->mix.alphas[i] = weights->alpha;
+        walk->douts[i] = walk->mix.grad_streams[i];
+    }
+    walk->backend->stream_mix_backward_sites(
+        G, r, m, walk->mix.grad_streams, walk->mix.grad_mix_bias, walk->mix.grad_mix_proj,
+        walk->mix.grad_alphas, walk->mix.grads_x, walk->mix.streams, walk->mix.gates,
+        walk->mix.rstd, walk->mix.mix_bias, walk->mix.mix_proj, walk->mix.alphas, walk->rows,
+        walk->d);
+}
+
 /* The backward of the delta form's block n when the walk leaves it, a stream at a time (a
  * stream's share of the mix's backward depends on its own o_r only, route_site_mix_backward):
  * E_r and every site's o_r made again (the convolution and phase one), each site's d x
- * through its gate and mix to d o_r (written into slot i, where site i - 1's o_r was: the
- * sites go in order and a site's o_r is spent once its mix backward ran), then the stream
- * into the sources. */
+ * through its gate and mix to d o_r (block_mix_backward; with one stream, a site at a time
+ * into slot i, where site i - 1's o_r was: the sites go in order and a site's o_r is spent
+ * once its mix backward ran), then the stream into the sources. */
 static void block_backward_streams(RouteWalk *walk, int block)
 {
     Model *model = walk->model;
@@ -422,6 +456,11 @@ static void block_backward_streams(RouteWalk *walk, int block)
     site_grad_sources(walk, first, walk->grad_sources);
     for (int r = 0; r < m; r++) {
         block_phase_one(walk, block, r);
+        if (m > 1) {
+            block_mix_backward(walk, block, r);
+            stream_block_backward(walk, block, r);
+            continue;
+        }
         for (int k = 0; k < m; k++)
             walk->site_streams[k] = NULL;
         for (int i = 0; i < G; i++) {

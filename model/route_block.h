@@ -94,6 +94,14 @@ typedef struct {
         const float **lse;
         const Activation **queries, **key_norms, **douts;
     } merge;
+    /* msar's delta form: a block's sites' mix backward of one stream in one op
+     * (stream_mix_backward_sites), each [S] */
+    struct {
+        Activation **grad_streams;
+        const Activation **streams, **grads_x, **mix_proj;
+        float **grad_mix_bias, **grad_mix_proj, **grad_alphas;
+        const float **gates, **rstd, **mix_bias, **alphas;
+    } mix;
 } RouteWalk;
 
 /* For one chunk call (forward, or backward) of `stash` and `store`; `route` outlives it. */

@@ -355,6 +355,29 @@ static void table_stream_mix_backward(Activation *const *dstreams, GradMode dstr
                             mix_bias, CF(mix_proj), alpha, tokens, d);
 }
 
+/* each site's stream_mix_backward with stream r alone given, in turn */
+static void table_stream_mix_backward_sites(int sites, int r, int m, Activation *const *dstream,
+                                            float *const *dmix_bias, float *const *dmix_proj,
+                                            float *const *dalpha, const Activation *const *dout,
+                                            const Activation *const *stream,
+                                            const float *const *gates, const float *const *rstd,
+                                            const float *const *mix_bias,
+                                            const Activation *const *mix_proj,
+                                            const float *const *alpha, int tokens, int d)
+{
+    Activation **dstreams = xcalloc((size_t)m, sizeof *dstreams);
+    const Activation **streams = xcalloc((size_t)m, sizeof *streams);
+    for (int i = 0; i < sites; i++) {
+        dstreams[r] = dstream[i];
+        streams[r] = stream[i];
+        table_stream_mix_backward(dstreams, GRAD_WRITE, dmix_bias[i], dmix_proj[i], dalpha[i],
+                                  dout[i], streams, m, gates[i], rstd[i], mix_bias[i],
+                                  mix_proj[i], alpha[i], tokens, d);
+    }
+    free(dstreams);
+    free((void *)streams);
+}
+
 /* the compute copy of the weights IS the fp32 master here: nothing to refresh */
 static void table_adamw_update(float *params, const float *grads, float *exp_avg,
                                float *exp_avg_sq, float *ema, size_t n, const AdamwScalars *s,
@@ -564,6 +587,7 @@ static const Backend cpu_backend = {
     .route_conv_backward = table_route_conv_backward,
     .stream_mix_forward = table_stream_mix_forward,
     .stream_mix_backward = table_stream_mix_backward,
+    .stream_mix_backward_sites = table_stream_mix_backward_sites,
     .sum_squares = cpu_sum_squares,
     .add_floats = cpu_add_floats,
     .adamw_update = table_adamw_update,

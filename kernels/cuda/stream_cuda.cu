@@ -245,14 +245,13 @@ stream_mix_backward_kernel(const __grid_constant__ MixBackwardArgs args)
  * MIX_REDUCE_SLICES warps split the ranges: warp w adds ranges w, w + slices, .. (lanes on
  * consecutive sums: coalesced, many loads in flight), then lane 0's warp adds the slices in
  * order. A fixed order whatever the hardware: the same bits every run. */
-__global__ void __launch_bounds__(MIX_REDUCE_SLICES * 32)
-    stream_mix_reduce_kernel(const __grid_constant__ MixBackwardArgs args)
+__device__ __forceinline__ void stream_mix_reduce_block(const MixBackwardArgs &args, int block)
 {
     __shared__ float slices[MIX_REDUCE_SLICES][32];
     const int m = args.m, d = args.d, ranges = args.ranges;
     const int lane = threadIdx.x & 31, slice = threadIdx.x >> 5;
     const long long count = (long long)m * d;
-    const long long i = (long long)blockIdx.x * 32 + lane;
+    const long long i = (long long)block * 32 + lane;
     const bool bias = i >= count, valid = i < count + m;
     const int r = !valid ? 0 : bias ? (int)(i - count) : (int)(i / d);
     const bool given = valid && args.streams[r] != NULL;
@@ -274,7 +273,7 @@ __global__ void __launch_bounds__(MIX_REDUCE_SLICES * 32)
         else
             args.dmix_proj[i] += total;
     }
-    if (args.alpha && blockIdx.x == 0 && slice == 0) { /* warp 0: lanes stride the ranges */
+    if (args.alpha && block == 0 && slice == 0) { /* warp 0: lanes stride the ranges */
         const float *shares = args.partials + (long long)ranges * count + (long long)ranges * m;
         double total = 0.0;
         for (int stream = 0; stream < m; stream++)
@@ -286,6 +285,19 @@ __global__ void __launch_bounds__(MIX_REDUCE_SLICES * 32)
         if (lane == 0)
             *args.dalpha += (float)total;
     }
+}
+
+__global__ void __launch_bounds__(MIX_REDUCE_SLICES * 32)
+    stream_mix_reduce_kernel(const __grid_constant__ MixBackwardArgs args)
+{
+    stream_mix_reduce_block(args, blockIdx.x);
+}
+
+/* site y = blockIdx.y of a batch (cuda_stream_mix_backward_sites) */
+__global__ void __launch_bounds__(MIX_REDUCE_SLICES * 32)
+    stream_mix_reduce_sites_kernel(const __grid_constant__ MixBackwardSites batch)
+{
+    stream_mix_reduce_block(batch.site[blockIdx.y], blockIdx.x);
 }
 
 static void mix_check_shape(int m, int d)
@@ -364,6 +376,84 @@ extern "C" size_t cuda_stream_mix_backward_workspace_floats(int m, int tokens, i
     return tokens > 0 ? (size_t)ranges * m * ((size_t)d + 2) : 1;
 }
 
+/* The backward's arguments, and whether the warp-a-token kernels take them (args->given 0:
+ * no stream given, nothing to do) */
+static bool mix_backward_args(MixBackwardArgs *args, RowShape *shape, bf16 *const *dstreams,
+                              GradMode dstreams_mode, float *dmix_bias, float *dmix_proj,
+                              float *dalpha, const bf16 *dout, const bf16 *const *streams, int m,
+                              const float *gates, const float *rstd, const bf16 *mix_proj,
+                              const float *alpha, int tokens, int d, float *workspace)
+{
+    const void *pointers[2 * CUDA_STREAM_MAX_STREAMS + 2];
+    int count = 0, given = 0;
+    for (int r = 0; r < CUDA_STREAM_MAX_STREAMS; r++) {
+        args->streams[r] = r < m ? streams[r] : NULL;
+        args->dstreams[r] = r < m && streams[r] ? dstreams[r] : NULL;
+        if (args->streams[r]) {
+            pointers[count++] = streams[r];
+            pointers[count++] = dstreams[r];
+            args->given_streams[given++] = r;
+        }
+    }
+    args->given = given;
+    if (given == 0)
+        return false;
+    pointers[count++] = dout;
+    pointers[count++] = mix_proj;
+    *shape = row_shape(d, 1, pointers, count);
+    const bool narrow = mix_narrow_fits(d, true, pointers, count);
+    const int ranges =
+        narrow ? mix_narrow_ranges(tokens, given) : mix_range_count(tokens, m, given);
+    args->partials = workspace;
+    args->dmix_bias = dmix_bias;
+    args->dmix_proj = dmix_proj;
+    args->dalpha = dalpha;
+    args->dout = dout;
+    args->mix_proj = mix_proj;
+    args->gates = gates;
+    args->rstd = rstd;
+    args->alpha = alpha;
+    args->inverse_width = 1.0f / (float)d;
+    args->m = m;
+    args->tokens = tokens;
+    args->d = d;
+    args->vectors = shape->vectors;
+    args->slots = shape->slots;
+    args->ranges = ranges;
+    args->token_ranges = narrow ? mix_narrow_token_ranges(tokens, given) : ranges;
+    args->add = dstreams_mode == GRAD_ADD;
+    return narrow;
+}
+
+/* the reduce's blocks: 32 consecutive sums each, of the m d channel sums and the m bias sums */
+static unsigned mix_reduce_blocks(int m, int d)
+{
+    return (unsigned)(((long long)m * d + m + 31) / 32);
+}
+
+/* One launch's backward of the arguments mix_backward_args made, then its reduce */
+static void mix_backward_launch(const MixBackwardArgs &args, const RowShape &shape, bool narrow,
+                                cudaStream_t stream)
+{
+    if (narrow) {
+        mix_narrow_backward(args, args.d, stream);
+    } else {
+        dim3 grid(args.ranges, args.m);
+#define LAUNCH(V) stream_mix_backward_kernel<V><<<grid, shape.threads, 0, stream>>>(args)
+        switch (shape.vec) {
+        case 8: LAUNCH(8); break;
+        case 4: LAUNCH(4); break;
+        case 2: LAUNCH(2); break;
+        default: LAUNCH(1); break;
+        }
+#undef LAUNCH
+        CUDA_CHECK_LAUNCH();
+    }
+    stream_mix_reduce_kernel<<<mix_reduce_blocks(args.m, args.d), MIX_REDUCE_SLICES * 32, 0,
+                               stream>>>(args);
+    CUDA_CHECK_LAUNCH();
+}
+
 extern "C" void cuda_stream_mix_backward(bf16 *const *dstreams, GradMode dstreams_mode,
                                          float *dmix_bias, float *dmix_proj, float *dalpha,
                                          const bf16 *dout, const bf16 *const *streams, int m,
@@ -377,59 +467,61 @@ extern "C" void cuda_stream_mix_backward(bf16 *const *dstreams, GradMode dstream
     if (tokens <= 0)
         return;
     MixBackwardArgs args;
-    const void *pointers[2 * CUDA_STREAM_MAX_STREAMS + 2];
-    int count = 0, given = 0;
-    for (int r = 0; r < CUDA_STREAM_MAX_STREAMS; r++) {
-        args.streams[r] = r < m ? streams[r] : NULL;
-        args.dstreams[r] = r < m && streams[r] ? dstreams[r] : NULL;
-        if (args.streams[r]) {
-            pointers[count++] = streams[r];
-            pointers[count++] = dstreams[r];
-            args.given_streams[given++] = r;
-        }
-    }
-    if (given == 0)
+    RowShape shape;
+    const bool narrow =
+        mix_backward_args(&args, &shape, dstreams, dstreams_mode, dmix_bias, dmix_proj, dalpha,
+                          dout, streams, m, gates, rstd, mix_proj, alpha, tokens, d, workspace);
+    if (args.given > 0)
+        mix_backward_launch(args, shape, narrow, stream);
+}
+
+extern "C" size_t cuda_stream_mix_backward_sites_workspace_floats(int sites, int m, int tokens,
+                                                                 int d)
+{
+    const int batch = sites < MIX_BATCH_SITES ? sites : MIX_BATCH_SITES;
+    const size_t per_site = cuda_stream_mix_backward_workspace_floats(m, tokens, d);
+    return (size_t)(batch > 0 ? batch : 1) * per_site;
+}
+
+extern "C" void cuda_stream_mix_backward_sites(
+    int sites, int r, int m, bf16 *const *dstream, float *const *dmix_bias,
+    float *const *dmix_proj, float *const *dalpha, const bf16 *const *dout,
+    const bf16 *const *stream_rows, const float *const *gates, const float *const *rstd,
+    const bf16 *const *mix_proj, const float *const *alpha, int tokens, int d,
+    float *workspace, cudaStream_t stream)
+{
+    mix_check_shape(m, d);
+    if (r < 0 || r >= m)
+        fatal(EXIT_CONFIG, "the cuda mix backward of stream %d: residual.streams = %d", r, m);
+    if (tokens <= 0)
         return;
-    pointers[count++] = dout;
-    pointers[count++] = mix_proj;
-    RowShape shape = row_shape(d, 1, pointers, count);
-    const bool narrow = mix_narrow_fits(d, true, pointers, count);
-    const int ranges = narrow ? mix_narrow_ranges(tokens, given) : mix_range_count(tokens, m, given);
-    args.partials = workspace;
-    args.dmix_bias = dmix_bias;
-    args.dmix_proj = dmix_proj;
-    args.dalpha = dalpha;
-    args.dout = dout;
-    args.mix_proj = mix_proj;
-    args.gates = gates;
-    args.rstd = rstd;
-    args.alpha = alpha;
-    args.inverse_width = 1.0f / (float)d;
-    args.m = m;
-    args.tokens = tokens;
-    args.d = d;
-    args.vectors = shape.vectors;
-    args.slots = shape.slots;
-    args.ranges = ranges;
-    args.token_ranges = narrow ? mix_narrow_token_ranges(tokens, given) : ranges;
-    args.given = given;
-    args.add = dstreams_mode == GRAD_ADD;
-    if (narrow) {
-        mix_narrow_backward(args, d, stream);
-    } else {
-        dim3 grid(ranges, m);
-#define LAUNCH(V) stream_mix_backward_kernel<V><<<grid, shape.threads, 0, stream>>>(args)
-        switch (shape.vec) {
-        case 8: LAUNCH(8); break;
-        case 4: LAUNCH(4); break;
-        case 2: LAUNCH(2); break;
-        default: LAUNCH(1); break;
+    const size_t per_site = cuda_stream_mix_backward_workspace_floats(m, tokens, d);
+    for (int first = 0; first < sites; first += MIX_BATCH_SITES) {
+        MixBackwardSites batch;
+        RowShape shapes[MIX_BATCH_SITES];
+        bool narrow[MIX_BATCH_SITES], all_narrow = true;
+        batch.sites = sites - first < MIX_BATCH_SITES ? sites - first : MIX_BATCH_SITES;
+        for (int k = 0; k < batch.sites; k++) { /* stream r alone given, partials of its own */
+            const int i = first + k;
+            const bf16 *streams[CUDA_STREAM_MAX_STREAMS] = {};
+            bf16 *dstreams[CUDA_STREAM_MAX_STREAMS] = {};
+            streams[r] = stream_rows[i];
+            dstreams[r] = dstream[i];
+            narrow[k] = mix_backward_args(&batch.site[k], &shapes[k], dstreams, GRAD_WRITE,
+                                          dmix_bias[i], dmix_proj[i], dalpha[i], dout[i],
+                                          streams, m, gates[i], rstd[i], mix_proj[i], alpha[i],
+                                          tokens, d, workspace + (size_t)k * per_site);
+            all_narrow = all_narrow && narrow[k];
         }
-#undef LAUNCH
+        if (!all_narrow) { /* the sites in turn */
+            for (int k = 0; k < batch.sites; k++)
+                mix_backward_launch(batch.site[k], shapes[k], narrow[k], stream);
+            continue;
+        }
+        mix_narrow_backward_sites(batch, d, stream);
+        CUDA_CHECK_LAUNCH();
+        const dim3 grid(mix_reduce_blocks(m, d), (unsigned)batch.sites);
+        stream_mix_reduce_sites_kernel<<<grid, MIX_REDUCE_SLICES * 32, 0, stream>>>(batch);
         CUDA_CHECK_LAUNCH();
     }
-    const long long sums = (long long)m * d + m;
-    stream_mix_reduce_kernel<<<(unsigned)((sums + 31) / 32), MIX_REDUCE_SLICES * 32, 0,
-                               stream>>>(args);
-    CUDA_CHECK_LAUNCH();
 }

@@ -128,15 +128,14 @@ __device__ __forceinline__ void mix_token_load(MixTokenRows<LV> *rows,
  * warps the token ranges 4 q .. 4 q + 3 of that stream (q = b % groups; past
  * args.token_ranges a warp has no tokens and adds zeros). */
 template <int LV>
-__global__ void __launch_bounds__(MIX_NARROW_THREADS)
-    mix_narrow_backward_kernel(const __grid_constant__ MixBackwardArgs args)
+__device__ __forceinline__ void mix_narrow_backward_block(const MixBackwardArgs &args, int block)
 {
     constexpr int WARPS = MIX_NARROW_THREADS / 32;
     __shared__ float combined[WARPS][8 * LV * 32]; /* the warps' dtheta sums, by channel */
     __shared__ float scalars[WARPS][2];            /* their dbeta and d alpha sums */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int group = blockIdx.x % args.ranges;
-    const int r = args.given_streams[blockIdx.x / args.ranges];
+    const int group = block % args.ranges;
+    const int r = args.given_streams[block / args.ranges];
     const int range = group * WARPS + warp, ranges = args.token_ranges;
     const bf16 *stream = args.streams[r];
     bf16 *dstream = args.dstreams[r];
@@ -226,6 +225,21 @@ __global__ void __launch_bounds__(MIX_NARROW_THREADS)
     }
 }
 
+template <int LV>
+__global__ void __launch_bounds__(MIX_NARROW_THREADS)
+    mix_narrow_backward_kernel(const __grid_constant__ MixBackwardArgs args)
+{
+    mix_narrow_backward_block<LV>(args, blockIdx.x);
+}
+
+/* site y = blockIdx.y of a batch, its blocks as one launch's (mix_narrow_backward_sites) */
+template <int LV>
+__global__ void __launch_bounds__(MIX_NARROW_THREADS)
+    mix_narrow_backward_sites_kernel(const __grid_constant__ MixBackwardSites batch)
+{
+    mix_narrow_backward_block<LV>(batch.site[blockIdx.y], blockIdx.x);
+}
+
 /* a persistent grid: what the device holds at once, at most a token a warp */
 template <int LV>
 static void forward_launch(const MixForwardArgs &args, cudaStream_t stream)
@@ -239,6 +253,14 @@ static void forward_launch(const MixForwardArgs &args, cudaStream_t stream)
 }
 
 /* a block a (group of four token ranges, given stream) */
+template <int LV>
+static void backward_sites_launch(const MixBackwardSites &batch, cudaStream_t stream)
+{
+    const MixBackwardArgs &shape = batch.site[0]; /* every site's ranges are the same */
+    const dim3 grid((unsigned)(shape.ranges * shape.given), (unsigned)batch.sites);
+    mix_narrow_backward_sites_kernel<LV><<<grid, MIX_NARROW_THREADS, 0, stream>>>(batch);
+}
+
 template <int LV>
 static void backward_launch(const MixBackwardArgs &args, cudaStream_t stream)
 {
@@ -273,4 +295,9 @@ void mix_narrow_forward(const MixForwardArgs &args, int d, cudaStream_t stream)
 void mix_narrow_backward(const MixBackwardArgs &args, int d, cudaStream_t stream)
 {
     MIX_NARROW_DISPATCH(backward_launch, d / 256, args);
+}
+
+void mix_narrow_backward_sites(const MixBackwardSites &batch, int d, cudaStream_t stream)
+{
+    MIX_NARROW_DISPATCH(backward_sites_launch, d / 256, batch);
 }
