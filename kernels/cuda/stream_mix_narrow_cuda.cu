@@ -8,7 +8,8 @@
  * tokens with the next token's rows requested before this one's sums, writes d o_r, and keeps
  * its dtheta, dbeta and d alpha sums in registers until the range ends; the four warps of a
  * block (one stream, four neighbouring ranges) then add theirs in warp order into one
- * partial row (stream_mix.cuh).
+ * partial row (stream_mix.cuh). The backward of several sites at once (the delta form's
+ * block, a stream at a time) runs the same blocks for each site, the site blockIdx.y.
  */
 #include "kernels/cuda/route_device.cuh"
 #include "kernels/cuda/stream_mix.cuh"
@@ -254,18 +255,19 @@ static void forward_launch(const MixForwardArgs &args, cudaStream_t stream)
 
 /* a block a (group of four token ranges, given stream) */
 template <int LV>
+static void backward_launch(const MixBackwardArgs &args, cudaStream_t stream)
+{
+    mix_narrow_backward_kernel<LV>
+        <<<args.ranges * args.given, MIX_NARROW_THREADS, 0, stream>>>(args);
+}
+
+/* the same for each site of a batch: grid.y the site */
+template <int LV>
 static void backward_sites_launch(const MixBackwardSites &batch, cudaStream_t stream)
 {
     const MixBackwardArgs &shape = batch.site[0]; /* every site's ranges are the same */
     const dim3 grid((unsigned)(shape.ranges * shape.given), (unsigned)batch.sites);
     mix_narrow_backward_sites_kernel<LV><<<grid, MIX_NARROW_THREADS, 0, stream>>>(batch);
-}
-
-template <int LV>
-static void backward_launch(const MixBackwardArgs &args, cudaStream_t stream)
-{
-    mix_narrow_backward_kernel<LV>
-        <<<args.ranges * args.given, MIX_NARROW_THREADS, 0, stream>>>(args);
 }
 
 #define MIX_NARROW_DISPATCH(launch, LV_, args)                                                  \
