@@ -224,6 +224,21 @@ void test_expect_fatal(void (*body)(void *), void *argument, int exit_code,
     cr_assert(newline && newline[1] == '\0', "more than one line: %s", errors);
 }
 
+void test_fill_tokens(uint32_t *tokens, size_t n, int vocab, uint64_t seed)
+{
+    for (size_t i = 0; i < n; i++)
+        tokens[i] = (uint32_t)test_random_int(0, vocab - 1, seed * 1000 + i);
+}
+
+ModelConfig test_small_model_config(bool qk_norm, bool tie_embeddings)
+{
+    return (ModelConfig){
+        .vocab_size = 11, .d_model = 8, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2,
+        .head_dim = 4, .ffn_dim = 12, .rope_theta = 10000.0, .norm_eps = 1e-5,
+        .qk_norm = qk_norm, .tie_embeddings = tie_embeddings, .init_std = 0.02,
+    };
+}
+
 int test_logits_bitwise_equal(const Model *a, const Model *b)
 {
     const size_t n = (size_t)model_last_tokens(a) * model_config(a)->vocab_size;

@@ -7,10 +7,12 @@
 #ifndef FATHOM_TESTS_SUPPORT_H
 #define FATHOM_TESTS_SUPPORT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "runtime/backend.h"
+#include "runtime/config.h"
 
 /* On the cpu backend an Activation array is a float array (runtime/backend.h): tests that
  * drive cpu ops and model internals directly pass their float arrays through these. */
@@ -25,6 +27,11 @@ void test_fill_normal(float *x, size_t n, float scale, uint64_t seed);
 void test_fill_nan(float *x, size_t n);
 /* A random integer in [low, high], from `seed`. */
 int test_random_int(int low, int high, uint64_t seed);
+/* n tokens in [0, vocab), token i from seed 1000 seed + i */
+void test_fill_tokens(uint32_t *tokens, size_t n, int vocab, uint64_t seed);
+/* The model tests' network: V 11, d 8, 2 layers, 4 query heads of 4 (q_dim 16 != d), 2 KV
+ * heads, ffn 12 */
+ModelConfig test_small_model_config(bool qk_norm, bool tie_embeddings);
 
 /* ||a - b|| / ||b|| in double; NaN anywhere gives +inf. */
 double test_relative_error(const float *a, const float *b, size_t n);

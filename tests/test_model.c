@@ -10,25 +10,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/activations.h"
-#include "model/chunk.h"
 #include "model/init.h"
 #include "model/model.h"
 #include "model/params.h"
 #include "runtime/backend.h"
 #include "runtime/error.h"
-#include "tests/route_support.h"
 #include "tests/support.h"
-
-/* V 11, d 8, 2 layers, 4 query heads of 4 (q_dim 16 != d), 2 KV heads, ffn 12 */
-static ModelConfig small_config(bool qk_norm, bool tie_embeddings)
-{
-    return (ModelConfig){
-        .vocab_size = 11, .d_model = 8, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2,
-        .head_dim = 4, .ffn_dim = 12, .rope_theta = 10000.0, .norm_eps = 1e-5,
-        .qk_norm = qk_norm, .tie_embeddings = tie_embeddings, .init_std = 0.02,
-    };
-}
 
 /* The parameters of a freshly initialised model, copied to the host. */
 static float *initial_params(const ModelConfig *config, uint64_t seed, double init_std,
@@ -72,7 +59,7 @@ Test(model, untied_table_lists_the_hugging_face_names_in_unit_order)
     };
     static const int expected_unit[] = {0, 1, 1, 1, 1, 1, 1, 1, 1, 1,
                                         2, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3};
-    ModelConfig config = small_config(false, false);
+    ModelConfig config = test_small_model_config(false, false);
     ParamTable table;
     param_table_build(&table, &config);
     int n = (int)(sizeof expected / sizeof expected[0]);
@@ -88,7 +75,7 @@ Test(model, untied_table_lists_the_hugging_face_names_in_unit_order)
 
 Test(model, shapes_are_vocab_by_width_out_by_in_and_width)
 {
-    ModelConfig config = small_config(true, false);
+    ModelConfig config = test_small_model_config(true, false);
     ParamTable table;
     param_table_build(&table, &config);
     struct { const char *name; int ndim, rows, cols; } expected[] = {
@@ -119,7 +106,7 @@ Test(model, shapes_are_vocab_by_width_out_by_in_and_width)
 
 Test(model, qk_norm_puts_q_norm_and_k_norm_in_each_layer_unit_after_o_proj)
 {
-    ModelConfig config = small_config(true, false);
+    ModelConfig config = test_small_model_config(true, false);
     ParamTable table;
     param_table_build(&table, &config);
     cr_assert_eq(table.n_params, 1 + 2 * 11 + 2);
@@ -133,7 +120,7 @@ Test(model, qk_norm_puts_q_norm_and_k_norm_in_each_layer_unit_after_o_proj)
         cr_assert_eq(o_proj[2].unit, 1 + layer);
         cr_assert_eq(o_proj[1].kind, PARAM_NORM);
     }
-    ModelConfig plain = small_config(false, false);
+    ModelConfig plain = test_small_model_config(false, false);
     ParamTable plain_table;
     param_table_build(&plain_table, &plain);
     cr_assert_null(param_table_find(&plain_table, "model.layers.0.self_attn.q_norm.weight"));
@@ -143,7 +130,7 @@ Test(model, qk_norm_puts_q_norm_and_k_norm_in_each_layer_unit_after_o_proj)
 
 Test(model, tied_embeddings_leave_no_lm_head_and_a_final_unit_of_one_norm)
 {
-    ModelConfig config = small_config(false, true);
+    ModelConfig config = test_small_model_config(false, true);
     ParamTable table;
     param_table_build(&table, &config);
     cr_assert_null(param_table_find(&table, "lm_head.weight"));
@@ -163,7 +150,7 @@ static size_t aligned_start(size_t end)
 Test(model, units_are_contiguous_up_to_alignment_and_cover_the_flat_buffer)
 {
     for (int variant = 0; variant < 4; variant++) {
-        ModelConfig config = small_config(variant & 1, variant & 2);
+        ModelConfig config = test_small_model_config(variant & 1, variant & 2);
         ParamTable table;
         param_table_build(&table, &config);
         size_t next = 0;
@@ -191,7 +178,7 @@ Test(model, units_are_contiguous_up_to_alignment_and_cover_the_flat_buffer)
 
 Test(model, layer_matrix_count_is_the_seven_projections_over_all_layers)
 {
-    ModelConfig config = small_config(true, false);
+    ModelConfig config = test_small_model_config(true, false);
     ParamTable table;
     param_table_build(&table, &config);
     size_t per_layer = 16 * 8 + 8 * 8 + 8 * 8 + 8 * 16 + 3 * 12 * 8;
@@ -207,7 +194,7 @@ Test(model, kinds_map_to_their_no_decay_bits_and_matrices_always_decay)
     cr_assert_eq(param_kind_no_decay_bit(PARAM_ROUTING), NO_DECAY_ROUTING);
     cr_assert_eq(param_kind_no_decay_bit(PARAM_MATRIX), 0);
 
-    ModelConfig config = small_config(true, false);
+    ModelConfig config = test_small_model_config(true, false);
     ParamTable table;
     param_table_build(&table, &config);
     cr_assert_eq(param_table_find(&table, "lm_head.weight")->kind, PARAM_EMBEDDING);
@@ -220,7 +207,7 @@ Test(model, kinds_map_to_their_no_decay_bits_and_matrices_always_decay)
 
 Test(model, unknown_names_are_not_found)
 {
-    ModelConfig config = small_config(false, false);
+    ModelConfig config = test_small_model_config(false, false);
     ParamTable table;
     param_table_build(&table, &config);
     cr_assert_null(param_table_find(&table, "model.layers.2.mlp.up_proj.weight"));
@@ -232,7 +219,7 @@ Test(model, unknown_names_are_not_found)
 
 Test(model, init_is_the_same_for_the_same_seed)
 {
-    ModelConfig config = small_config(true, false);
+    ModelConfig config = test_small_model_config(true, false);
     ParamTable table;
     float *first = initial_params(&config, 7, 0.02, &table);
     param_table_free(&table);
@@ -245,7 +232,7 @@ Test(model, init_is_the_same_for_the_same_seed)
 
 Test(model, init_of_matrices_changes_with_the_seed)
 {
-    ModelConfig config = small_config(false, false);
+    ModelConfig config = test_small_model_config(false, false);
     ParamTable table;
     float *first = initial_params(&config, 7, 0.02, &table);
     param_table_free(&table);
@@ -267,7 +254,7 @@ Test(model, init_of_matrices_changes_with_the_seed)
 
 Test(model, init_matrices_have_mean_zero_and_std_init_std)
 {
-    ModelConfig config = small_config(false, false);
+    ModelConfig config = test_small_model_config(false, false);
     config.d_model = 64;
     config.ffn_dim = 256;
     ParamTable table;
@@ -293,7 +280,7 @@ Test(model, init_matrices_have_mean_zero_and_std_init_std)
 
 Test(model, init_norm_weights_are_one)
 {
-    ModelConfig config = small_config(true, false);
+    ModelConfig config = test_small_model_config(true, false);
     ParamTable table;
     float *values = initial_params(&config, 3, 0.02, &table);
     int norms = 0;
@@ -312,7 +299,7 @@ Test(model, init_norm_weights_are_one)
 
 Test(model, init_of_a_tensor_does_not_depend_on_the_other_tensors)
 {
-    ModelConfig plain = small_config(false, false), qwen = small_config(true, true);
+    ModelConfig plain = test_small_model_config(false, false), qwen = test_small_model_config(true, true);
     ParamTable plain_table, qwen_table;
     float *plain_values = initial_params(&plain, 11, 0.02, &plain_table);
     float *qwen_values = initial_params(&qwen, 11, 0.02, &qwen_table);
@@ -330,7 +317,7 @@ Test(model, init_of_a_tensor_does_not_depend_on_the_other_tensors)
 
 Test(model, init_of_a_row_slice_equals_that_slice_of_the_whole_tensor)
 {
-    ModelConfig config = small_config(false, false);
+    ModelConfig config = test_small_model_config(false, false);
     ParamTable table;
     param_table_build(&table, &config);
     const ParamEntry *entry = param_table_find(&table, "model.layers.0.mlp.down_proj.weight");
@@ -348,21 +335,15 @@ Test(model, init_of_a_row_slice_equals_that_slice_of_the_whole_tensor)
 
 /* ---- the model ---- */
 
-static void fill_tokens(uint32_t *tokens, size_t n, int vocab, uint64_t seed)
-{
-    for (size_t i = 0; i < n; i++)
-        tokens[i] = (uint32_t)test_random_int(0, vocab - 1, seed * 1000 + i);
-}
-
 Test(model, backward_twice_doubles_the_gradients)
 {
-    ModelConfig config = small_config(true, true);
+    ModelConfig config = test_small_model_config(true, true);
     const int B = 2, T = 5;
     Model *model = model_create(backend_cpu(), &config, NULL, B, T);
     model_init_params(model, 1, 0.2);
     uint32_t inputs[10], targets[10];
-    fill_tokens(inputs, 10, config.vocab_size, 1);
-    fill_tokens(targets, 10, config.vocab_size, 2);
+    test_fill_tokens(inputs, 10, config.vocab_size, 1);
+    test_fill_tokens(targets, 10, config.vocab_size, 2);
     model_forward(model, inputs, targets, B, 1e-3f);
     const size_t total = model_param_table(model)->total;
     float *once = xmalloc(total * sizeof(float)), *twice = xmalloc(total * sizeof(float));
@@ -391,14 +372,14 @@ Test(model, backward_twice_doubles_the_gradients)
  * the bits of the first one, and one more adds to it. */
 Test(model, cleared_gradients_read_as_zeros_and_the_next_backward_writes_them)
 {
-    ModelConfig config = small_config(true, false);
+    ModelConfig config = test_small_model_config(true, false);
     const int B = 2, T = 5;
     Model *model = model_create(backend_cpu(), &config, NULL, B, T);
     model_init_params(model, 4, 0.2);
     model_set_logit_rows(model, 3); /* four chunks of the head's gradient */
     uint32_t inputs[10], targets[10];
-    fill_tokens(inputs, 10, config.vocab_size, 7);
-    fill_tokens(targets, 10, config.vocab_size, 8);
+    test_fill_tokens(inputs, 10, config.vocab_size, 7);
+    test_fill_tokens(targets, 10, config.vocab_size, 8);
     const size_t total = model_param_table(model)->total;
     float *first = xmalloc(total * sizeof(float)), *again = xmalloc(total * sizeof(float));
     model_forward(model, inputs, targets, B, 1e-3f);
@@ -408,7 +389,7 @@ Test(model, cleared_gradients_read_as_zeros_and_the_next_backward_writes_them)
     for (size_t i = 0; i < total; i++)
         cr_assert_eq(again[i], 0.0f, "element %zu after model_zero_grads: %g", i, again[i]);
 
-    fill_tokens(inputs, 10, config.vocab_size, 9); /* another batch over stale gradients */
+    test_fill_tokens(inputs, 10, config.vocab_size, 9); /* another batch over stale gradients */
     model_forward(model, inputs, targets, B, 1e-3f);
     model_backward(model, 0.5f);
     backend_cpu()->download(first, model_grads(model), total * sizeof(float));
@@ -434,12 +415,12 @@ Test(model, cleared_gradients_read_as_zeros_and_the_next_backward_writes_them)
 
 Test(model, loss_scale_scales_the_gradients)
 {
-    ModelConfig config = small_config(false, false);
+    ModelConfig config = test_small_model_config(false, false);
     Model *model = model_create(backend_cpu(), &config, NULL, 1, 6);
     model_init_params(model, 2, 0.2);
     uint32_t inputs[6], targets[6];
-    fill_tokens(inputs, 6, config.vocab_size, 3);
-    fill_tokens(targets, 6, config.vocab_size, 4);
+    test_fill_tokens(inputs, 6, config.vocab_size, 3);
+    test_fill_tokens(targets, 6, config.vocab_size, 4);
     model_forward(model, inputs, targets, 1, 0.0f);
     const size_t total = model_param_table(model)->total;
     float *unit = xmalloc(total * sizeof(float)), *scaled = xmalloc(total * sizeof(float));
@@ -457,15 +438,15 @@ Test(model, loss_scale_scales_the_gradients)
 
 Test(model, a_batch_smaller_than_max_batch_gives_the_logits_of_a_model_sized_for_it)
 {
-    ModelConfig config = small_config(true, false);
+    ModelConfig config = test_small_model_config(true, false);
     const int T = 4;
     Model *large = model_create(backend_cpu(), &config, NULL, 3, T);
     Model *exact = model_create(backend_cpu(), &config, NULL, 1, T);
     model_init_params(large, 9, 0.2);
     model_init_params(exact, 9, 0.2);
     uint32_t inputs[4], targets[4];
-    fill_tokens(inputs, 4, config.vocab_size, 5);
-    fill_tokens(targets, 4, config.vocab_size, 6);
+    test_fill_tokens(inputs, 4, config.vocab_size, 5);
+    test_fill_tokens(targets, 4, config.vocab_size, 6);
     ModelLoss a = model_forward(large, inputs, targets, 1, 0.0f);
     ModelLoss b = model_forward(exact, inputs, targets, 1, 0.0f);
     cr_assert_eq(a.loss, b.loss);
@@ -474,212 +455,10 @@ Test(model, a_batch_smaller_than_max_batch_gives_the_logits_of_a_model_sized_for
     model_destroy(exact);
 }
 
-/* The head and the loss in chunks of 3 rows (the last one short) against one chunk of all
- * 10, with the chunks' logits kept and with the backward making each chunk's logits again:
- * the same loss and logits bit for bit, the same gradients up to the order of the head's
- * fp32 sums over the chunks. */
-Test(model, the_loss_in_chunks_of_rows_equals_the_loss_in_one_chunk)
-{
-    ModelConfig config = small_config(true, true);
-    const int B = 2, T = 5;
-    Model *whole = model_create(backend_cpu(), &config, NULL, B, T);
-    Model *kept = model_create(backend_cpu(), &config, NULL, B, T);
-    Model *remade = model_create(backend_cpu(), &config, NULL, B, T);
-    model_set_logit_rows(kept, 3);
-    model_keep_all_logits(kept);
-    model_set_logit_rows(remade, 3);
-    const size_t total = model_param_table(whole)->total;
-    Model *models[3] = {whole, kept, remade};
-    float *grads[3];
-    ModelLoss losses[3];
-    uint32_t inputs[10], targets[10];
-    fill_tokens(inputs, 10, config.vocab_size, 7);
-    fill_tokens(targets, 10, config.vocab_size, 8);
-    for (int k = 0; k < 3; k++) {
-        model_init_params(models[k], 4, 0.2);
-        losses[k] = model_forward(models[k], inputs, targets, B, 1e-3f);
-        model_backward(models[k], 1.0f);
-        grads[k] = xmalloc(total * sizeof(float));
-        backend_cpu()->download(grads[k], model_grads(models[k]), total * sizeof(float));
-    }
-    cr_assert(test_logits_bitwise_equal(whole, kept));
-    double norm = 0;
-    for (size_t i = 0; i < total; i++)
-        norm += (double)grads[0][i] * grads[0][i];
-    cr_assert_gt(norm, 0.0);
-    for (int k = 1; k < 3; k++) {
-        cr_assert_eq(losses[k].loss, losses[0].loss, "model %d", k);
-        cr_assert_eq(losses[k].zloss, losses[0].zloss, "model %d", k);
-        double error = test_relative_error(grads[k], grads[0], total);
-        cr_assert(error <= 1e-6, "model %d: chunked vs whole gradients %.3g", k, error);
-    }
-    for (int k = 0; k < 3; k++) {
-        free(grads[k]);
-        model_destroy(models[k]);
-    }
-}
-
-/* The cpu backend, counting the head's matmuls (out_dim == the vocabulary). */
-static Backend counting_backend;
-static int head_matmuls, counted_vocabulary;
-
-static void counting_matmul_forward(Activation *out, const Activation *in,
-                                    const Activation *weight, int rows, int in_dim, int out_dim)
-{
-    if (out_dim == counted_vocabulary)
-        head_matmuls++;
-    backend_cpu()->matmul_forward(out, in, weight, rows, in_dim, out_dim);
-}
-
-/* The head's matmuls of one forward and one backward, with chunks of `logit_rows` rows
- * (residual NULL: standard). */
-static void count_head_matmuls(const ResidualConfig *residual, int logit_rows, int *forward,
-                               int *backward)
-{
-    ModelConfig config = small_config(false, false);
-    counting_backend = *backend_cpu();
-    counting_backend.matmul_forward = counting_matmul_forward;
-    counted_vocabulary = config.vocab_size;
-    const int B = 2, T = 5;
-    Model *model = model_create(&counting_backend, &config, residual, B, T);
-    model_init_params(model, 4, 0.2);
-    model_set_logit_rows(model, logit_rows);
-    uint32_t inputs[10], targets[10];
-    fill_tokens(inputs, 10, config.vocab_size, 7);
-    fill_tokens(targets, 10, config.vocab_size, 8);
-    head_matmuls = 0;
-    model_forward(model, inputs, targets, B, 1e-3f);
-    *forward = head_matmuls;
-    head_matmuls = 0;
-    model_backward(model, 1.0f);
-    *backward = head_matmuls;
-    model_destroy(model);
-}
-
-/* The forward leaves its last chunk in the chunk buffer and the one before it in the spare
- * (the logits' gradient buffer): two chunks are made again in the backward for none, three
- * for one (model/loss.h). */
-Test(model, the_backward_makes_again_only_the_chunks_no_buffer_kept)
-{
-    int forward, backward;
-    count_head_matmuls(NULL, 6, &forward, &backward); /* rows 0-5 and 6-9 */
-    cr_assert_eq(forward, 2, "the forward made %d chunks of logits", forward);
-    cr_assert_eq(backward, 0, "two chunks: the backward made %d again", backward);
-    count_head_matmuls(NULL, 4, &forward, &backward); /* rows 0-3, 4-7 and 8-9 */
-    cr_assert_eq(forward, 3, "the forward made %d chunks of logits", forward);
-    cr_assert_eq(backward, 1, "three chunks: the backward made %d again", backward);
-}
-
-/* A two-phase routing walk's rows lie in the spare buffer, but its walks run before the
- * head's forward and after the head's backward: the chunk kept there survives a step. */
-Test(model, a_two_phase_walk_leaves_the_head_its_spare_chunk)
-{
-    const ResidualConfig residual = route_test_attnres(1, 1, FORM_DELTA);
-    int forward, backward;
-    count_head_matmuls(&residual, 6, &forward, &backward);
-    cr_assert_eq(forward, 2, "the forward made %d chunks of logits", forward);
-    cr_assert_eq(backward, 0, "the backward made %d chunks again", backward);
-}
-
-/* The forward of chunk c of batch k (2 x 5 tokens of its own) */
-static void chunk_forward_batch(Model *model, const ChunkSpan *spans, Stash (*stashes)[2],
-                                SummaryStore *stores, int c, int k)
-{
-    const int vocabulary = model_config(model)->vocab_size;
-    uint32_t inputs[10], targets[10];
-    fill_tokens(inputs, 10, vocabulary, 7 + 2 * (uint64_t)k);
-    fill_tokens(targets, 10, vocabulary, 8 + 2 * (uint64_t)k);
-    chunk_forward(model, &spans[c], &stashes[k][c], &stores[k], inputs, targets, 2, 1e-3f);
-}
-
-/* Two chunks of one layer on one rank, as an interleaved pipeline schedule holds them, and
- * a vocabulary large enough that the two-phase walk's rows lie in the spare buffer: batch
- * 1's walk of chunk 0 between batch 0's head forward and its backward writes them over the
- * spare chunk, so the backward makes that chunk again (in the chunk buffer, over the last
- * chunk, which it then makes again too: loss.h's order) and gives the gradients of the
- * schedule without batch 1, bit for bit. */
-Test(model, another_batch_walk_takes_the_spare_chunk_and_the_backward_makes_it_again)
-{
-    const ResidualConfig residual = route_test_attnres(1, 1, FORM_DELTA);
-    ModelConfig config = small_config(false, false);
-    config.vocab_size = 64; /* 6 x 64 logits: four rows of [10, 8] in the spare */
-    counting_backend = *backend_cpu();
-    counting_backend.matmul_forward = counting_matmul_forward;
-    counted_vocabulary = config.vocab_size;
-    const int B = 2, T = 5;
-    float *grads[2];
-    int remade[2];
-    size_t total = 0;
-    for (int interleaved = 0; interleaved < 2; interleaved++) {
-        Model *model = model_create(&counting_backend, &config, &residual, B, T);
-        model_init_params(model, 4, 0.2);
-        model_set_logit_rows(model, 6);
-        ChunkSpan spans[2];
-        chunk_spans_build(spans, 2, &config, model_plan(model), NULL, 0);
-        Stash stashes[2][2]; /* [batch][chunk] */
-        SummaryStore stores[2];
-        for (int k = 0; k < 2; k++) {
-            for (int c = 0; c < 2; c++)
-                stash_create(&stashes[k][c], &counting_backend, &config, model_plan(model), B,
-                             T, chunk_stash_shape(&spans[c], false));
-            store_create(&stores[k], &counting_backend, &config, model_plan(model), B, T, NULL);
-        }
-        chunk_forward_batch(model, spans, stashes, stores, 0, 0);
-        chunk_forward_batch(model, spans, stashes, stores, 1, 0);
-        if (interleaved)
-            chunk_forward_batch(model, spans, stashes, stores, 0, 1);
-        head_matmuls = 0;
-        chunk_backward(model, &spans[1], &stashes[0][1], &stores[0], 1.0f);
-        remade[interleaved] = head_matmuls;
-        chunk_backward(model, &spans[0], &stashes[0][0], &stores[0], 1.0f);
-        total = model_param_table(model)->total;
-        grads[interleaved] = xmalloc(total * sizeof(float));
-        memcpy(grads[interleaved], model_grads(model), total * sizeof(float));
-        for (int k = 0; k < 2; k++) {
-            for (int c = 0; c < 2; c++)
-                stash_destroy(&stashes[k][c], &counting_backend);
-            store_destroy(&stores[k], &counting_backend);
-        }
-        model_destroy(model);
-    }
-    cr_assert_eq(remade[0], 0, "alone, the backward made %d chunks again", remade[0]);
-    cr_assert_eq(remade[1], 2, "after another batch's walk, the backward made %d chunks again",
-                 remade[1]);
-    for (size_t i = 0; i < total; i++)
-        cr_assert(memcmp(&grads[0][i], &grads[1][i], sizeof(float)) == 0,
-                  "gradient %zu: %a after another batch's walk, %a alone", i, grads[1][i],
-                  grads[0][i]);
-    free(grads[0]), free(grads[1]);
-}
-
-/* Without model_keep_all_logits the chunk buffer holds only the last chunk: reading the
- * whole batch's logits is refused, not answered with stale rows. */
-static void read_logits_made_in_chunks(void *unused)
-{
-    (void)unused;
-    ModelConfig config = small_config(false, false);
-    Model *model = model_create(backend_cpu(), &config, NULL, 2, 5);
-    model_init_params(model, 1, 0.2);
-    model_set_logit_rows(model, 4);
-    uint32_t inputs[10], targets[10];
-    fill_tokens(inputs, 10, config.vocab_size, 1);
-    fill_tokens(targets, 10, config.vocab_size, 2);
-    model_forward(model, inputs, targets, 2, 0.0f);
-    float logits[10 * 64];
-    cr_assert_leq((size_t)10 * config.vocab_size, sizeof logits / sizeof logits[0]);
-    model_read_logits(model, logits);
-}
-
-Test(model, reading_the_logits_of_a_batch_made_in_chunks_is_a_config_error)
-{
-    test_expect_fatal(read_logits_made_in_chunks, NULL, EXIT_CONFIG,
-                      "the logits of 10 tokens were made in chunks of 4 and not kept");
-}
-
 static void forward_a_token_outside_the_vocabulary(void *unused)
 {
     (void)unused;
-    ModelConfig config = small_config(false, false);
+    ModelConfig config = test_small_model_config(false, false);
     Model *model = model_create(backend_cpu(), &config, NULL, 1, 2);
     uint32_t inputs[2] = {0, 11}, targets[2] = {1, 2};
     model_forward(model, inputs, targets, 1, 0.0f);
@@ -695,7 +474,7 @@ Test(model, a_token_outside_the_vocabulary_is_a_data_error)
 static void create_with_three_kv_heads(void *unused)
 {
     (void)unused;
-    ModelConfig config = small_config(false, false);
+    ModelConfig config = test_small_model_config(false, false);
     config.n_kv_heads = 3;
     model_create(backend_cpu(), &config, NULL, 1, 2);
 }
