@@ -105,7 +105,7 @@ static void site_layout(SiteActivations *site, Carver *carver, const ResidualPla
     const size_t H = (size_t)plan->heads, m = (size_t)plan->streams;
     const size_t sources = (size_t)plan->sites[j].n_sources;
     const bool msar = plan->mode == RESIDUAL_MSAR;
-    if (residual_site_keeps_weights(plan, j)) {
+    if (residual_site_keeps_weights(plan)) {
         site->weights = carve_floats(carver, m * sources * N * H);
         site->rstd = carve_floats(carver, m * sources * N);
     }
@@ -193,8 +193,9 @@ static void route_scratch_layout(ModelScratch *scratch, Carver *carver,
     }
     if (plan->mode != RESIDUAL_MSAR)
         return;
-    /* A site routed alone (the final site) never runs while a block is open, so with the
-     * two-phase walk its o_r and d o_r take stream r's first two slots (S + 1 >= 2). */
+    /* A site routed alone (model_route_sites_alone) never runs while a block is open, so
+     * with the two-phase rows laid out its o_r and d o_r take stream r's first two slots
+     * (S + 1 >= 2). */
     for (size_t r = 0; r < m; r++) {
         const size_t S = (size_t)plan->sublayers_per_block;
         route->streams[r] = msar_blocks ? route->stream_slots[r * (S + 1)]

@@ -394,7 +394,7 @@ ModelLoss chunk_forward(Model *model, const ChunkSpan *span, Stash *stash,
     if (span->has_head) {
         head_acquire(model, false);
         Activation *final_input = stash->stream[walk.routed ? L2 : span->end_sublayer];
-        if (walk.routed) /* the final site routes alone: never a gate */
+        if (walk.routed) /* the final norm, in the head, takes x: never a gate */
             route_walk_site_forward(&walk.sites, L2, walk.delta ? store->stream : NULL,
                                     final_input);
         loss = loss_forward(&walk.layer, &model->head_params, &model->scratch, &stash->head,
@@ -470,7 +470,7 @@ static void head_backward(Walk *walk, float loss_scale)
      * below */
     if (walk->routed && walk->delta)
         backend->zero(grad_stream, walk->bytes);
-    Activation *grad_final = walk->routed ? scratch->grad_input : grad_stream;
+    Activation *grad_final = walk->routed ? route_walk_grad_x(&walk->sites, L2) : grad_stream;
     const Activation *final_input = stash->stream[walk->routed ? L2 : stash->end_sublayer];
     model->head_grads.head_mode = model_unit_gradient_mode(
         model, model->config.tie_embeddings ? 0 : model->table.unit_head);
@@ -479,7 +479,7 @@ static void head_backward(Walk *walk, float loss_scale)
                   GRAD_WRITE);
     if (!walk->routed)
         return;
-    site_backward(walk, L2, NULL, grad_final);
+    site_backward(walk, L2, final_input, grad_final);
     if (walk->delta)
         backend->add_inplace(grad_stream, grad_final, walk->count);
 }

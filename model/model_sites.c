@@ -88,7 +88,7 @@ void model_site_weights(const Model *model, int site, int stream, float *host_ou
     if (stream < 0 || stream >= model->plan.streams)
         fatal(EXIT_CONFIG, "routing stream %d does not exist (residual.streams = %d)", stream,
               model->plan.streams);
-    if (!residual_site_keeps_weights(&model->plan, site))
+    if (!residual_site_keeps_weights(&model->plan))
         fatal(EXIT_CONFIG, "model_site_weights: msar's two-phase walk keeps no depth weights "
               "of site %d; choose model_route_sites_alone before the forward", site);
     const size_t rows = model_last_rows(model);

@@ -169,14 +169,13 @@ bool residual_two_phase(const ResidualPlan *plan)
             (plan->form == FORM_DELTA || plan->replace_two_phase));
 }
 
-bool residual_site_keeps_weights(const ResidualPlan *plan, int j)
+bool residual_site_keeps_weights(const ResidualPlan *plan)
 {
-    const bool in_a_block = j < plan->n_sublayers; /* the final site routes alone */
-    return !(plan->mode == RESIDUAL_MSAR && residual_two_phase(plan) && !plan->sites_alone &&
-             in_a_block);
+    return !(plan->mode == RESIDUAL_MSAR && residual_two_phase(plan) && !plan->sites_alone);
 }
 
 bool residual_site_keeps_input(const ResidualPlan *plan, int j)
 {
-    return plan->form != FORM_REPLACE || residual_site_keeps_weights(plan, j);
+    const bool final = j == plan->n_sublayers; /* the head's backward reads it first */
+    return final || plan->form != FORM_REPLACE || residual_site_keeps_weights(plan);
 }

@@ -105,17 +105,20 @@ void residual_plan_free(ResidualPlan *plan);
  * site's read, which costs more than the merges. */
 bool residual_two_phase(const ResidualPlan *plan);
 
-/* True when site j's depth weights and key statistics are kept in the stash from its forward
- * to its backward (activations.h SiteActivations). False for msar's sites walked in two
- * phases: the walk's backward makes phase one again (the streams are not kept), so those
- * statistics live in the scratch for the one block being walked (model/route_block.h). */
-bool residual_site_keeps_weights(const ResidualPlan *plan, int j);
+/* True when the sites' depth weights and key statistics are kept in the stash from their
+ * forward to their backward (activations.h SiteActivations). False for msar walked in two
+ * phases (the final site too, a block of its own): the walk's backward makes phase one again
+ * (the streams are not kept), so those statistics live in the scratch for the one block being
+ * walked (model/route_block.h). */
+bool residual_site_keeps_weights(const ResidualPlan *plan);
 
 /* True when site j's output x_j, its sublayer's input, is kept in the stash from the forward
  * to the sublayer's backward. False for msar's replace form walked in two phases: its
  * backward reopens each block (phase one and every merge again), so when sublayer j's
  * backward comes the walk holds the site's streams o_r, and their mix makes x_j again to the
- * bit (model/chunk.c; docs/design-notes.md, "MSAR's replace form makes x_j again"). */
+ * bit (model/chunk.c; docs/design-notes.md, "MSAR's replace form makes x_j again"). The
+ * final site's x, the final norm's input, is always kept: the head's backward reads it
+ * before the site's. */
 bool residual_site_keeps_input(const ResidualPlan *plan, int j);
 
 /* True when sublayer j starts its block (i = 0): it writes f_j instead of adding it. */

@@ -28,14 +28,25 @@ static void site_grad_sources(const RouteWalk *walk, int site, Activation **grad
 
 /* ---- the block of a site ---- */
 
+/* The final site 2L is a block of its own, n_blocks + 1, of one site: like a block's first
+ * site it reads only completed blocks, so phase one gives it its Route (residual.h). */
+static bool final_block(const RouteWalk *walk, int block)
+{
+    return block > walk->plan->n_blocks;
+}
+
 static int block_first_site(const RouteWalk *walk, int block)
 {
+    if (final_block(walk, block))
+        return walk->plan->n_sublayers;
     return (block - 1) * walk->plan->sublayers_per_block;
 }
 
-/* sites of block n: S, or fewer in a short last block */
+/* sites of block n: S, or fewer in a short last block; the final block's one */
 static int block_sites(const RouteWalk *walk, int block)
 {
+    if (final_block(walk, block))
+        return 1;
     const int first = block_first_site(walk, block), S = walk->plan->sublayers_per_block;
     const int left = walk->plan->n_sublayers - first;
     return left < S ? left : S;
@@ -588,16 +599,16 @@ static const Activation *const *site_streams_of(RouteWalk *walk, int i)
     return walk->site_streams;
 }
 
-static bool routes_alone(const RouteWalk *walk, int j)
+static bool routes_alone(const RouteWalk *walk)
 {
-    return !walk->two_phase || j == walk->plan->n_sublayers;
+    return !walk->two_phase;
 }
 
 bool route_walk_site_gate(RouteWalk *walk, int j, const Activation *base, InputGate *gate)
 {
-    if (routes_alone(walk, j) || !base)
+    if (routes_alone(walk) || !base)
         return false;
-    const int block = walk->plan->sublayer_block[j];
+    const int block = walk->plan->sites[j].block;
     if (walk->open_block != block)
         block_open(walk, block);
     Model *model = walk->model;
@@ -615,7 +626,7 @@ void route_walk_site_forward(RouteWalk *walk, int j, const Activation *base, Act
     Model *model = walk->model;
     const SitePlan *site = &walk->plan->sites[j];
     SiteActivations *saved = &walk->stash->sites[j];
-    if (routes_alone(walk, j)) {
+    if (routes_alone(walk)) {
         site_sources(walk, j, walk->sources);
         route_site_forward(walk->route, site, &model->site_params[j], saved, walk->sources,
                            base, x);
@@ -627,7 +638,7 @@ void route_walk_site_forward(RouteWalk *walk, int j, const Activation *base, Act
                                   (size_t)walk->rows * walk->d);
         return;
     }
-    const int block = walk->plan->sublayer_block[j];
+    const int block = walk->plan->sites[j].block;
     const int i = j - block_first_site(walk, block);
     if (walk->open_block != block)
         block_open(walk, block);
@@ -651,11 +662,10 @@ void route_walk_site_forward(RouteWalk *walk, int j, const Activation *base, Act
 
 Activation *route_walk_grad_x(RouteWalk *walk, int j)
 {
-    ModelScratch *scratch = &walk->model->scratch;
-    if (routes_alone(walk, j))
-        return scratch->grad_input;
-    const int block = walk->plan->sublayer_block[j];
-    return scratch->route.block_grads[j - block_first_site(walk, block)];
+    if (routes_alone(walk))
+        return walk->model->scratch.grad_input;
+    const int block = walk->plan->sites[j].block;
+    return walk->model->scratch.route.block_grads[j - block_first_site(walk, block)];
 }
 
 void route_walk_site_backward(RouteWalk *walk, int j, const Activation *x,
@@ -664,14 +674,14 @@ void route_walk_site_backward(RouteWalk *walk, int j, const Activation *x,
     Model *model = walk->model;
     const SitePlan *site = &walk->plan->sites[j];
     const SiteActivations *saved = &walk->stash->sites[j];
-    if (routes_alone(walk, j)) {
+    if (routes_alone(walk)) {
         site_sources(walk, j, walk->sources);
         site_grad_sources(walk, j, walk->grad_sources);
         route_site_backward(walk->route, site, &model->site_params[j], &model->site_grads[j],
                             saved, walk->sources, walk->grad_sources, grad_x);
         return;
     }
-    const int block = walk->plan->sublayer_block[j];
+    const int block = walk->plan->sites[j].block;
     const int first = block_first_site(walk, block);
     if (walk->replace && !walk->streams) { /* attnres: the same, from the stash */
         attnres_replace_backward(walk, block, j - first, x, grad_x);

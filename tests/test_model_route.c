@@ -397,41 +397,45 @@ Test(model_route, backward_twice_doubles_the_routing_gradients)
     model_destroy(model);
 }
 
+/* Both walks: the two-phase one (logits and gradients), and every site alone, whose stash
+ * keeps the depth weights (model_route_sites_alone). */
 Test(model_route, a_batch_smaller_than_max_batch_routes_as_a_model_sized_for_it)
 {
     const int kernels[] = {2, 3};
     ResidualConfig residual = route_test_msar(2, 2, kernels, FORM_DELTA);
     ModelConfig config = route_test_model_config();
-    Model *large = model_create(backend_cpu(), &config, &residual, 3,
-                                              ROUTE_TEST_T);
-    Model *exact = model_create(backend_cpu(), &config, &residual, 1,
-                                              ROUTE_TEST_T);
-    Model *models[2] = {large, exact};
-    uint32_t inputs[ROUTE_TEST_ROWS], targets[ROUTE_TEST_ROWS];
-    route_test_tokens(inputs, targets);
-    float *grads[2];
-    const size_t total = model_param_table(large)->total;
-    for (int k = 0; k < 2; k++) {
-        model_init_params(models[k], 8, 0.1);
-        route_test_randomize_routing(models[k], 8);
-        model_forward(models[k], inputs, targets, 1, 0.0f);
-        model_backward(models[k], 1.0f);
-        grads[k] = xmalloc(total * sizeof(float));
-        backend_cpu()->download(grads[k], model_grads(models[k]), total * sizeof(float));
+    for (int alone = 0; alone <= 1; alone++) {
+        Model *large = model_create(backend_cpu(), &config, &residual, 3, ROUTE_TEST_T);
+        Model *exact = model_create(backend_cpu(), &config, &residual, 1, ROUTE_TEST_T);
+        Model *models[2] = {large, exact};
+        uint32_t inputs[ROUTE_TEST_ROWS], targets[ROUTE_TEST_ROWS];
+        route_test_tokens(inputs, targets);
+        float *grads[2];
+        const size_t total = model_param_table(large)->total;
+        for (int k = 0; k < 2; k++) {
+            model_route_sites_alone(models[k], alone);
+            model_init_params(models[k], 8, 0.1);
+            route_test_randomize_routing(models[k], 8);
+            model_forward(models[k], inputs, targets, 1, 0.0f);
+            model_backward(models[k], 1.0f);
+            grads[k] = xmalloc(total * sizeof(float));
+            backend_cpu()->download(grads[k], model_grads(models[k]), total * sizeof(float));
+        }
+        cr_assert(test_logits_bitwise_equal(large, exact), "alone %d", alone);
+        cr_assert_eq(memcmp(grads[0], grads[1], total * sizeof(float)), 0, "alone %d", alone);
+        if (alone) { /* the final site's depth weights, stream 1 */
+            const int last = model_site_count(large) - 1;
+            const size_t count = (size_t)model_site_sources(large, last) * ROUTE_TEST_T * 2;
+            float *a = xmalloc(count * sizeof(float)), *b = xmalloc(count * sizeof(float));
+            model_site_weights(large, last, 1, a);
+            model_site_weights(exact, last, 1, b);
+            cr_assert_eq(memcmp(a, b, count * sizeof(float)), 0);
+            free(a);
+            free(b);
+        }
+        free(grads[0]);
+        free(grads[1]);
+        model_destroy(large);
+        model_destroy(exact);
     }
-    cr_assert(test_logits_bitwise_equal(large, exact));
-    cr_assert_eq(memcmp(grads[0], grads[1], total * sizeof(float)), 0);
-    /* the final site's depth weights (the block sites' live in the scratch): stream 1 */
-    const int last = model_site_count(large) - 1;
-    const size_t count = (size_t)model_site_sources(large, last) * ROUTE_TEST_T * 2;
-    float *a = xmalloc(count * sizeof(float)), *b = xmalloc(count * sizeof(float));
-    model_site_weights(large, last, 1, a);
-    model_site_weights(exact, last, 1, b);
-    cr_assert_eq(memcmp(a, b, count * sizeof(float)), 0);
-    free(a);
-    free(b);
-    free(grads[0]);
-    free(grads[1]);
-    model_destroy(large);
-    model_destroy(exact);
 }

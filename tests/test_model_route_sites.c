@@ -139,6 +139,7 @@ Test(model_route, site_depth_weights_are_a_softmax_over_the_sources_per_token_an
     const int kernels[] = {1, 3};
     ResidualConfig residual = route_test_msar(2, 2, kernels, FORM_REPLACE);
     Model *model = route_test_model(&residual, 3);
+    model_route_sites_alone(model, true); /* the two-phase walk keeps msar's in the scratch */
     route_test_randomize_routing(model, 3);
     route_test_forward(model);
     const int H = model_site_heads(model), site = 4, N = model_site_sources(model, site);

@@ -44,12 +44,20 @@ typedef struct {
     bool replace; /* the replace form (attnres's under FATHOM_ROUTE_REPLACE=two_phase) */
 } TwoPhaseCase;
 
-static Model *case_model(const TwoPhaseCase *c, bool alone)
+/* The head's logits in chunks of `logit_rows` rows over a vocabulary of `vocab`; 0: the
+ * defaults (one chunk, route_test_model_config's vocabulary). */
+typedef struct {
+    int logit_rows, vocab;
+} HeadShape;
+
+static Model *case_model(const TwoPhaseCase *c, const HeadShape *head, bool alone)
 {
     ModelConfig config = route_test_model_config();
     config.n_layers = 3;
     config.d_model = c->d;
     config.n_heads = c->d / config.head_dim;
+    if (head->vocab)
+        config.vocab_size = head->vocab;
     ResidualConfig residual = c->mode == RESIDUAL_MSAR
                                   ? route_test_msar(c->heads, c->streams, c->kernels,
                                                     c->replace ? FORM_REPLACE : FORM_DELTA)
@@ -60,6 +68,10 @@ static Model *case_model(const TwoPhaseCase *c, bool alone)
     model_init_params(model, 61, config.init_std);
     route_test_randomize_routing(model, 61);
     model_set_activation_checkpointing(model, c->checkpointing);
+    if (head->logit_rows) {
+        model_set_logit_rows(model, head->logit_rows);
+        model_keep_all_logits(model); /* for the comparison of the logits */
+    }
     model_route_sites_alone(model, alone);
     model_zero_grads(model);
     route_test_forward(model);
@@ -67,9 +79,9 @@ static Model *case_model(const TwoPhaseCase *c, bool alone)
     return model;
 }
 
-static void check_case(const TwoPhaseCase *c)
+static void check_case_head(const TwoPhaseCase *c, const HeadShape *head)
 {
-    Model *two_phase = case_model(c, false), *alone = case_model(c, true);
+    Model *two_phase = case_model(c, head, false), *alone = case_model(c, head, true);
     const size_t logit_count = (size_t)ROUTE_TEST_ROWS * model_config(alone)->vocab_size;
     float *expected = route_test_logits(alone), *got = route_test_logits(two_phase);
     const double logit_error = test_relative_error(got, expected, logit_count);
@@ -103,6 +115,11 @@ static void check_case(const TwoPhaseCase *c)
     model_destroy(alone);
 }
 
+static void check_case(const TwoPhaseCase *c)
+{
+    check_case_head(c, &(HeadShape){0, 0});
+}
+
 Test(model_two_phase, attnres_delta_blocks_route_as_each_site_alone)
 {
     const TwoPhaseCase cases[] = {
@@ -114,6 +131,26 @@ Test(model_two_phase, attnres_delta_blocks_route_as_each_site_alone)
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
         check_case(&cases[k]);
+}
+
+/* The final site is a block of its own in the two-phase walk. Its d x is the head's gradient
+ * of the final input, written while the head's backward still reads the logits' gradient
+ * buffer, where the block rows lie as far as they fit: with the logits in chunks (the spare
+ * chunk kept in that buffer) and a vocabulary whose rows hold several block rows, a d x
+ * taken from the block rows would be overwritten by the head, or overwrite it. */
+Test(model_two_phase, the_final_site_in_two_phases_beside_the_heads_chunks_of_logits)
+{
+    const TwoPhaseCase cases[] = {
+        {"mhar delta H 2", RESIDUAL_ATTNRES, 2, 2, 16, 1, {1}, false, false},
+        {"mhar replace H 2", RESIDUAL_ATTNRES, 2, 1, 16, 1, {1}, false, true},
+        {"msar delta m 2", RESIDUAL_MSAR, 2, 1, 16, 2, {2, 1}, false, false},
+        {"msar replace m 2", RESIDUAL_MSAR, 2, 2, 16, 2, {1, 3}, false, true},
+        {"msar replace m 1, checkpointed", RESIDUAL_MSAR, 2, 1, 16, 1, {2}, true, true},
+    };
+    /* three chunks of 5 rows; a row of 256 logits holds 16 block rows of d 16 */
+    const HeadShape head = {5, 256};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+        check_case_head(&cases[k], &head);
 }
 
 /* attnres's replace form in two phases (FATHOM_ROUTE_REPLACE=two_phase, model/route_block.c):
@@ -204,12 +241,15 @@ Test(model_two_phase, msar_block_sites_keep_no_depth_weights_in_the_stash_and_re
         residual.layers_per_block = 1;
         ResidualPlan plan;
         residual_plan_build(&plan, &config, &residual);
-        /* every site but the final one: m N_j (H + 1) floats a token, and x_j's d */
+        /* every site, the final one too (a block of its own): m N_j (H + 1) floats a
+         * token, and x_j's d but the final site's (the head's backward reads it) */
         size_t floats = 0;
-        for (int j = 0; j < plan.n_sublayers; j++)
+        for (int j = 0; j < plan.n_sites; j++) {
+            const bool keeps_x = !replace || j == plan.n_sublayers;
             floats += ((size_t)plan.streams * plan.sites[j].n_sources * (plan.heads + 1) +
-                       (replace ? (size_t)config.d_model : 0)) * ROUTE_TEST_ROWS;
-        const size_t sites = (size_t)plan.n_sublayers;
+                       (keeps_x ? 0 : (size_t)config.d_model)) * ROUTE_TEST_ROWS;
+        }
+        const size_t sites = (size_t)plan.n_sites;
         residual_plan_free(&plan);
         const size_t saved = whole_stash_bytes(&config, &residual, true) -
                              whole_stash_bytes(&config, &residual, false);
