@@ -182,8 +182,10 @@ static ResidualConfig block_residual(ResidualMode mode, ResidualForm form)
  *   replace, 2026-12-06): the two-phase walk against each site alone up to 0.11 (0.096 before
  *   the convolutions' backward took every stream at once), each cuda walk against the cpu
  *   up to 0.22 (two-phase) and 0.19 (alone); MSAR delta up to 0.08;
- * - any other within 1e-1 relative (bf16 gradients summed over 12 tokens; a site or block
- *   whose contribution went missing or to another site is off by about 1). */
+ * - any other within 1.5e-1 relative (bf16 gradients summed over 12 tokens; measured on an
+ *   H100, 2026-12-06: up to 0.114, a key norm of MSAR replace's two-phase walk against each
+ *   site alone, 0.099 while the final site routed alone; a site or block whose contribution
+ *   went missing or to another site is off by about 1). */
 static void expect_routing_gradients_close(Model *got, Model *expected, const char *what)
 {
     const ParamTable *table = model_param_table(expected);
@@ -222,7 +224,7 @@ static void expect_routing_gradients_close(Model *got, Model *expected, const ch
         } else {
             const bool mix = strstr(entry->name, ".mix_proj") != NULL;
             const double error = test_relative_error(have, want, entry->count);
-            cr_expect_leq(error, mix ? 2e-1 : 1e-1, "%s (%s): gradient relative error %.3g",
+            cr_expect_leq(error, mix ? 2e-1 : 1.5e-1, "%s (%s): gradient relative error %.3g",
                           entry->name, what, error);
         }
         free(want);
@@ -255,10 +257,12 @@ Test(cuda_model_route, block_routing_gradients_follow_the_cpu_model)
 }
 
 /* The two-phase walk on cuda against its per-site walk (the reference of
- * tests/test_model_two_phase.c, there on the cpu): logits within 2e-2 and every routing
- * gradient as expect_routing_gradients_close says (msar: the two-phase walk rounds each
- * convolved source to bf16 once, a site routed alone keeps it in fp32), and the two-phase
- * backward bit for bit the same in a second model from the same weights. */
+ * tests/test_model_two_phase.c, there on the cpu): logits within 3e-2 (measured on an H100,
+ * 2026-12-06: 0.016 in the delta forms, 0.0202 in MSAR's replace form, 0.0200 while the
+ * final site routed alone) and every routing gradient as expect_routing_gradients_close
+ * says (msar: the two-phase walk rounds each convolved source to bf16 once, a site routed
+ * alone keeps it in fp32), and the two-phase backward bit for bit the same in a second model
+ * from the same weights. */
 static void check_two_phase_follows_the_sites_alone(ResidualMode mode, ResidualForm form)
 {
     ResidualConfig residual = block_residual(mode, form);
@@ -271,7 +275,7 @@ static void check_two_phase_follows_the_sites_alone(ResidualMode mode, ResidualF
     float *logits = logits_of(two_phase), *expected_logits = logits_of(alone);
     const size_t logit_count = (size_t)ROUTE_TEST_ROWS * cuda_route_config().vocab_size;
     const double logit_error = test_relative_error(logits, expected_logits, logit_count);
-    cr_expect_leq(logit_error, 2e-2, "%s: logits relative error %.3g", label, logit_error);
+    cr_expect_leq(logit_error, 3e-2, "%s: logits relative error %.3g", label, logit_error);
     free(logits);
     free(expected_logits);
     expect_routing_gradients_close(two_phase, alone, label);
