@@ -1,11 +1,13 @@
-/* model/route_block.c — see route_block.h: which routing op runs when, block by block (the
- * walk's arrays are made and freed in route_walk.c). */
+/* model/route_block.c — see route_block.h: which routing op runs when, block by block: the
+ * walk's sources and blocks, phase one, attnres's replace form and the sites' entry points
+ * (MSAR's streams are route_block_streams.c's; the walk's arrays are made and freed in
+ * route_walk.c). */
 #include "model/route_block.h"
 
 #include "model/model_internal.h"
+#include "model/route_block_internal.h"
 
-/* The sources site j reads, as backend pointers [n_sources] (model/residual.h). */
-static void site_sources(const RouteWalk *walk, int site, const Activation **sources)
+void walk_site_sources(const RouteWalk *walk, int site, const Activation **sources)
 {
     const SitePlan *plan = &walk->plan->sites[site];
     for (int k = 0; k < plan->n_sources; k++) {
@@ -15,8 +17,7 @@ static void site_sources(const RouteWalk *walk, int site, const Activation **sou
     }
 }
 
-/* Where the gradients of site j's sources accumulate [n_sources]. */
-static void site_grad_sources(const RouteWalk *walk, int site, Activation **grads)
+void walk_site_grad_sources(const RouteWalk *walk, int site, Activation **grads)
 {
     const SitePlan *plan = &walk->plan->sites[site];
     for (int k = 0; k < plan->n_sources; k++) {
@@ -35,26 +36,25 @@ static bool final_block(const RouteWalk *walk, int block)
     return block > walk->plan->n_blocks;
 }
 
-static int block_first_site(const RouteWalk *walk, int block)
+int walk_block_first_site(const RouteWalk *walk, int block)
 {
     if (final_block(walk, block))
         return walk->plan->n_sublayers;
     return (block - 1) * walk->plan->sublayers_per_block;
 }
 
-/* sites of block n: S, or fewer in a short last block; the final block's one */
-static int block_sites(const RouteWalk *walk, int block)
+int walk_block_sites(const RouteWalk *walk, int block)
 {
     if (final_block(walk, block))
         return 1;
-    const int first = block_first_site(walk, block), S = walk->plan->sublayers_per_block;
+    const int first = walk_block_first_site(walk, block), S = walk->plan->sublayers_per_block;
     const int left = walk->plan->n_sublayers - first;
     return left < S ? left : S;
 }
 
 /* Site i's [rows, H] floats of stream r in a [m, S, max_rows, H] scratch array (the replace
  * form's lse and softmax centres; attnres's stream is r = 0). */
-static float *site_stream_floats(const RouteWalk *walk, float *base, int r, int i)
+float *walk_site_stream_floats(const RouteWalk *walk, float *base, int r, int i)
 {
     const size_t S = (size_t)walk->plan->sublayers_per_block;
     const size_t per_site = (size_t)walk->route->max_rows * walk->plan->heads;
@@ -67,10 +67,10 @@ static void block_backward(RouteWalk *walk, int block)
 {
     Model *model = walk->model;
     RouteScratch *scratch = &model->scratch.route;
-    const int first = block_first_site(walk, block), G = block_sites(walk, block);
+    const int first = walk_block_first_site(walk, block), G = walk_block_sites(walk, block);
     const int N = walk->plan->sites[first].n_sources;
-    site_sources(walk, first, walk->sources);
-    site_grad_sources(walk, first, walk->grad_sources);
+    walk_site_sources(walk, first, walk->sources);
+    walk_site_grad_sources(walk, first, walk->grad_sources);
     for (int i = 0; i < G; i++) {
         const int j = first + i;
         walk->douts[i] = scratch->block_grads[i];
@@ -82,7 +82,7 @@ static void block_backward(RouteWalk *walk, int block)
         walk->grad_key_norms[i] = model->site_grads[j].key_norm;
         walk->grad_alphas[i] = model->site_grads[j].alpha;
         walk->means[i] =
-            walk->replace ? site_stream_floats(walk, scratch->block_means, 0, i) : NULL;
+            walk->replace ? walk_site_stream_floats(walk, scratch->block_means, 0, i) : NULL;
     }
     walk->backend->route_block_backward(
         walk->grad_sources, 0, walk->grad_queries, walk->grad_key_norms,
@@ -106,7 +106,7 @@ static void block_backward(RouteWalk *walk, int block)
 static void attnres_replace_forward(RouteWalk *walk, int block, int i, Activation *x)
 {
     Model *model = walk->model;
-    const int j = block_first_site(walk, block) + i;
+    const int j = walk_block_first_site(walk, block) + i;
     const SitePlan *site = &walk->plan->sites[j];
     SiteActivations *saved = &walk->stash->sites[j];
     const SiteWeights *weights = &model->site_params[j];
@@ -116,10 +116,10 @@ static void attnres_replace_forward(RouteWalk *walk, int block, int i, Activatio
                             (size_t)walk->rows * walk->d * walk->backend->activation_bytes);
         return;
     }
-    site_sources(walk, j, walk->sources);
+    walk_site_sources(walk, j, walk->sources);
     walk->backend->route_merge_forward(
         x, saved->weights, saved->rstd, result,
-        site_stream_floats(walk, model->scratch.route.block_lse, 0, i),
+        walk_site_stream_floats(walk, model->scratch.route.block_lse, 0, i),
         walk->sources[site->n_sources - 1], site->n_sources, weights->query, weights->key_norm,
         walk->rows, walk->d, walk->plan->heads, walk->route->eps);
 }
@@ -128,465 +128,66 @@ static void attnres_replace_backward(RouteWalk *walk, int block, int i, const Ac
                                      const Activation *grad_x)
 {
     Model *model = walk->model;
-    const int j = block_first_site(walk, block) + i;
+    const int j = walk_block_first_site(walk, block) + i;
     const SitePlan *site = &walk->plan->sites[j];
     const SiteActivations *saved = &walk->stash->sites[j];
     const SiteWeights *weights = &model->site_params[j];
     const int last = site->n_sources - 1;
-    site_sources(walk, j, walk->sources);
-    site_grad_sources(walk, j, walk->grad_sources);
+    walk_site_sources(walk, j, walk->sources);
+    walk_site_grad_sources(walk, j, walk->grad_sources);
     walk->backend->route_merge_backward( /* the block's gradient holds later sites' shares */
         i > 0 ? walk->grad_sources[last] : NULL, GRAD_ADD, model->site_grads[j].query,
         model->site_grads[j].key_norm,
-        site_stream_floats(walk, model->scratch.route.block_means, 0, i), grad_x, x,
+        walk_site_stream_floats(walk, model->scratch.route.block_means, 0, i), grad_x, x,
         i > 0 ? walk->sources[last] : NULL, site->n_sources, saved->weights, saved->rstd,
         weights->query, weights->key_norm, model->scratch.route.route_backward, walk->rows,
         walk->d, walk->plan->heads);
 }
 
-/* ---- phase one, and msar's backward a stream at a time ----
- * attnres is the one-stream case: its sources have no conv slot, so sources_convolve hands
- * them over as they are and phase one routes them into block_results.
- * MSAR: stream r of every site of a block reads the same E_r(s_0) .. E_r(s_{N-1}): the walk
- * convolves the block's sources once into the scratch (stream_conv_forward) and routes all
- * its sites over them at once (route_block_forward); each site mixes its m streams in its
- * turn (route_site_mix_forward). In the replace form a site i > 0 first merges E_r of its
- * partial b_n^i into each stream (route_merge_forward, from phase one's lse): the partial is
- * complete only when the site's turn comes. The backward goes a stream at a time: E_r again,
- * every site's d o_r into d E_r (route_block_backward, into stream r's own d E rows); then
- * every stream's d E at once through the convolutions into the sources and the taps
- * (stream_conv_backward), which reads each source once for all m streams and adds into its
- * gradient once (docs/design-notes.md, "MSAR's convolution backward, every stream at
- * once"). */
-
-/* Slot k (0..S) of stream r: phase one leaves o_r of site i in slot i + 1. */
-static Activation *stream_slot(const RouteWalk *walk, int r, int k)
-{
-    const size_t S = (size_t)walk->plan->sublayers_per_block;
-    return walk->model->scratch.route.stream_slots[(size_t)r * (S + 1) + (size_t)k];
-}
-
-/* Stream r's d E row of the block's source k: the scratch holds every stream's, since the
- * convolutions' backward takes them all at once. */
-static Activation *stream_grad_conv_row(const RouteWalk *walk, int r, int k)
-{
-    const size_t M = (size_t)walk->plan->max_sources;
-    return walk->model->scratch.route.grad_conv_rows[(size_t)r * M + (size_t)k];
-}
-
-/* The stream_conv ops' rows of `site`'s sources (all of them, or only source `only` if >=
- * 0: the replace form's partial), the null source left out (it is not convolved, DESIGN
- * 2.2): each source, in a backward walk where its gradient goes; and for streams r0 .. r0 +
- * streams - 1, at [(r - r0) * count + n], its row of E_r in the scratch (the block's sources
- * one stream at a time in conv_rows[k], the partial every stream at once in
- * partial_rows[r]), its taps, its d E_r row and in a backward walk where its taps' gradient
- * goes. Returns count, the rows a stream. */
-static int conv_gather(RouteWalk *walk, const SitePlan *site, int r0, int streams, int only)
-{
-    const RouteContext *route = walk->route;
-    const RouteScratch *scratch = &walk->model->scratch.route;
-    const int first = only < 0 ? 0 : only, end = only < 0 ? site->n_sources : only + 1;
-    int count = 0, n = 0;
-    for (int k = first; k < end; k++)
-        count += site->sources[k].slot != RESIDUAL_NO_SLOT;
-    for (int k = first; k < end; k++) {
-        const int slot = site->sources[k].slot;
-        if (slot == RESIDUAL_NO_SLOT)
-            continue;
-        walk->conv.sources[n] = walk->sources[k];
-        if (walk->backward)
-            walk->conv.grad_sources[n] = walk->grad_sources[k];
-        for (int s = 0; s < streams; s++) {
-            const int r = r0 + s;
-            const size_t at = (size_t)s * count + n;
-            walk->conv.rows[at] = only >= 0 ? scratch->partial_rows[r] : scratch->conv_rows[k];
-            walk->conv.taps[at] = route_stream_taps(route, slot, r);
-            walk->conv.grad_rows[at] = stream_grad_conv_row(walk, r, k);
-            if (walk->backward)
-                walk->conv.grad_taps[at] = route->grad_conv[slot] + route_stream_taps_at(route, r);
-        }
-        n++;
-    }
-    return count;
-}
-
-/* E_r of the gathered sources (conv_gather of streams r0 .. r0 + streams - 1) into their
- * rows, one op for all of them. */
-static void conv_forward(RouteWalk *walk, int count, int r0, int streams)
-{
-    const RouteContext *route = walk->route;
-    walk->backend->stream_conv_forward(walk->conv.rows, walk->conv.sources, walk->conv.taps,
-                                       count, streams, walk->plan->kernel_sizes + r0, route->B,
-                                       route->T, walk->d);
-}
-
-/* d E of the gathered sources (conv_gather of every stream) through their convolutions:
- * into the sources' gradients and the taps'. */
-static void conv_backward(RouteWalk *walk, int count)
-{
-    const RouteContext *route = walk->route;
-    walk->backend->stream_conv_backward(walk->conv.grad_sources, walk->conv.grad_taps,
-                                        walk->conv.grad_rows, walk->conv.sources,
-                                        walk->conv.taps, count, walk->plan->streams,
-                                        walk->plan->kernel_sizes, route->B, route->T, walk->d);
-}
-
-/* walk->stream_sources = E_r of walk->sources (the block's first site's): the convolved
- * sources into the scratch's conv_rows; the null source as it is (DESIGN 2.2). */
-static void sources_convolve(RouteWalk *walk, const SitePlan *first, int r)
-{
-    Activation *const *rows = walk->model->scratch.route.conv_rows;
-    for (int k = 0; k < first->n_sources; k++)
-        walk->stream_sources[k] =
-            first->sources[k].slot == RESIDUAL_NO_SLOT ? walk->sources[k] : rows[k];
-    conv_forward(walk, conv_gather(walk, first, r, 1, -1), r, 1);
-}
-
-/* Where site i's depth weights and key rstd of stream r are: msar's in the scratch, which
- * holds them for the one block being walked, since the backward makes phase one again for
- * its streams anyway (residual_site_keeps_weights); attnres's in the site's saved state,
- * which its block backward reads. A site's region holds all its sources, the partial's row
- * last in the replace form. The replace form's backward holds every stream of the block at
- * once (its merges rescale the weights in place): [m, S, M, rows, H]; the delta form's goes
- * a stream at a time, phase one again for each, so its streams share one region
- * (activations.c sizes both). */
-static size_t site_region_of(const RouteWalk *walk, int i, int r)
-{
-    const size_t S = (size_t)walk->plan->sublayers_per_block;
-    return (walk->replace ? (size_t)r * S : 0) + (size_t)i;
-}
-
-static float *site_weights_of(const RouteWalk *walk, int block, int i, int r)
-{
-    const int j = block_first_site(walk, block) + i;
-    if (!walk->streams)
-        return walk->stash->sites[j].weights;
-    const size_t region = (size_t)walk->plan->max_sources * (size_t)walk->route->max_rows *
-                          (size_t)walk->plan->heads;
-    return walk->model->scratch.route.block_weights + site_region_of(walk, i, r) * region;
-}
-
-static float *site_rstd_of(const RouteWalk *walk, int block, int i, int r)
-{
-    const int j = block_first_site(walk, block) + i;
-    if (!walk->streams)
-        return walk->stash->sites[j].rstd;
-    const size_t region = (size_t)walk->plan->max_sources * (size_t)walk->route->max_rows;
-    return walk->model->scratch.route.block_rstd + site_region_of(walk, i, r) * region;
-}
+/* ---- phase one ----
+ * attnres is the one-stream case: its sources have no conv slot, so walk_sources_convolve
+ * hands them over as they are and phase one routes them into block_results. MSAR's streams,
+ * their convolutions and their backward are route_block_streams.c's. */
 
 /* Phase one of stream r of block n (attnres: its one stream, r = 0): every site's Route
  * over the block's sources (msar: their E_r, convolved into the scratch), each read once,
  * into block_results (attnres) or stream r's slots (msar: o_r of site i in slot i + 1),
  * with each site's lse for its merge in the replace form. Expects walk->sources. */
-static void block_phase_one(RouteWalk *walk, int block, int r)
+void walk_block_phase_one(RouteWalk *walk, int block, int r)
 {
     Model *model = walk->model;
     RouteScratch *scratch = &model->scratch.route;
-    const int first = block_first_site(walk, block), G = block_sites(walk, block);
+    const int first = walk_block_first_site(walk, block), G = walk_block_sites(walk, block);
     const int N = walk->plan->sites[first].n_sources;
     const RouteContext *route = walk->route;
     float **lse = walk->replace ? walk->lse : NULL;
-    sources_convolve(walk, &walk->plan->sites[first], r);
+    walk_sources_convolve(walk, &walk->plan->sites[first], r);
     for (int i = 0; i < G; i++) {
         const SiteWeights *weights = &model->site_params[first + i];
-        walk->results[i] = walk->streams ? stream_slot(walk, r, i + 1) : scratch->block_results[i];
-        walk->weights[i] = site_weights_of(walk, block, i, r);
-        walk->rstd[i] = site_rstd_of(walk, block, i, r);
+        walk->results[i] =
+            walk->streams ? walk_stream_slot(walk, r, i + 1) : scratch->block_results[i];
+        walk->weights[i] = walk_site_weights(walk, block, i, r);
+        walk->rstd[i] = walk_site_rstd(walk, block, i, r);
         walk->queries[i] = route_stream_row(route, weights->query, r);
         walk->key_norms[i] = route_stream_row(route, weights->key_norm, r);
         if (lse)
-            lse[i] = site_stream_floats(walk, scratch->block_lse, r, i);
+            lse[i] = walk_site_stream_floats(walk, scratch->block_lse, r, i);
     }
     walk->backend->route_block_forward(walk->results, walk->weights, walk->rstd, lse,
                                        walk->stream_sources, N, walk->queries, walk->key_norms,
                                        G, walk->rows, walk->d, walk->plan->heads, route->eps);
 }
 
-/* Replace form: site i > 0's partial convolved and merged into phase one's o_r of every
- * stream, in place in the slots (the weights and rstd where phase one put them), one op: a
- * backend may convolve inside the merge's read (partial_rows are its scratch otherwise).
- * With x (several streams) the merged streams are mixed into x in the same op
- * (route_merge_conv_mix_forward), which need not read them back; only the backward keeps
- * them (its site's backward reads o_r), so the forward's op need not store them. */
-static void site_merge(RouteWalk *walk, int block, int i, Activation *x)
-{
-    const int j = block_first_site(walk, block) + i, m = walk->plan->streams;
-    const SitePlan *site = &walk->plan->sites[j];
-    const SiteWeights *weights = &walk->model->site_params[j];
-    const RouteContext *route = walk->route;
-    site_sources(walk, j, walk->sources);
-    conv_gather(walk, site, 0, m, site->n_sources - 1); /* the partial, its taps and rows */
-    for (int r = 0; r < m; r++) {
-        walk->merge.streams[r] = stream_slot(walk, r, i + 1);
-        walk->merge.weights[r] = site_weights_of(walk, block, i, r);
-        walk->merge.rstd[r] = site_rstd_of(walk, block, i, r);
-        walk->merge.lse[r] = site_stream_floats(walk, walk->model->scratch.route.block_lse, r, i);
-        walk->merge.queries[r] = route_stream_row(route, weights->query, r);
-        walk->merge.key_norms[r] = route_stream_row(route, weights->key_norm, r);
-    }
-    if (x) {
-        SiteActivations *saved = &walk->stash->sites[j];
-        walk->backend->route_merge_conv_mix_forward(
-            x, saved->mix_gates, saved->mix_rstd, weights->mix_bias, weights->mix_proj,
-            walk->merge.streams, walk->backward, walk->merge.weights, walk->merge.rstd,
-            (const Activation *const *)walk->merge.streams, walk->merge.lse,
-            walk->conv.sources[0], walk->conv.taps, walk->plan->kernel_sizes, m,
-            site->n_sources, walk->merge.queries, walk->merge.key_norms, walk->conv.rows,
-            route->B, route->T, walk->d, walk->plan->heads, route->eps);
-        return;
-    }
-    walk->backend->route_merge_conv_forward(
-        walk->merge.streams, walk->merge.weights, walk->merge.rstd,
-        (const Activation *const *)walk->merge.streams, walk->merge.lse, walk->conv.sources[0],
-        walk->conv.taps, walk->plan->kernel_sizes, m, site->n_sources, walk->merge.queries,
-        walk->merge.key_norms, walk->conv.rows, route->B, route->T, walk->d, walk->plan->heads,
-        route->eps);
-}
-
 /* Phase one of block n, every stream. The replace form's merges come in each site's turn
- * (site_merge_in_turn), in the backward too. */
+ * (walk_site_merge_in_turn), in the backward too. */
 static void block_open(RouteWalk *walk, int block)
 {
-    site_sources(walk, block_first_site(walk, block), walk->sources);
+    walk_site_sources(walk, walk_block_first_site(walk, block), walk->sources);
     for (int r = 0; r < walk->plan->streams; r++)
-        block_phase_one(walk, block, r);
-    for (int i = 0; i < block_sites(walk, block); i++)
+        walk_block_phase_one(walk, block, r);
+    for (int i = 0; i < walk_block_sites(walk, block); i++)
         walk->merged[i] = false;
     walk->open_block = block;
-}
-
-/* Site i > 0 of msar's replace form merges its partial into phase one's o_r, in place, in its
- * turn: in the forward, and in the backward once since its block reopened, before its
- * sublayer's backward reads x or its merge's backward reads o_r. With x (several streams)
- * the op mixes them into x as well. Whether it merged now. */
-static bool site_merge_in_turn(RouteWalk *walk, int block, int i, Activation *x)
-{
-    if (i == 0 || (walk->backward && walk->merged[i]))
-        return false;
-    site_merge(walk, block, i, x);
-    walk->merged[i] = true;
-    return true;
-}
-
-/* Stream r's part of the block's backward, from d o_r of each site (walk->douts; the replace
- * form's softmax centres in walk->means): into d E_r (stream r's d E rows in the scratch;
- * the null source's straight into its gradient), the stream's queries and key norms. The
- * caller takes every stream's d E through the convolutions (block_convolutions_backward).
- * Expects walk->sources, walk->grad_sources and walk->stream_sources (E_r). */
-static void stream_block_backward(RouteWalk *walk, int block, int r)
-{
-    Model *model = walk->model;
-    const Backend *backend = walk->backend;
-    RouteScratch *scratch = &model->scratch.route;
-    const RouteContext *route = walk->route;
-    const int first = block_first_site(walk, block), G = block_sites(walk, block);
-    const SitePlan *plan = &walk->plan->sites[first];
-    const int N = plan->n_sources, d = walk->d;
-    Activation **grad_stream_sources = walk->stream_grad_sources;
-    unsigned written = 0; /* d E_r of the convolved sources: written, no zeroing first */
-    for (int k = 0; k < N; k++) {
-        if (plan->sources[k].slot == RESIDUAL_NO_SLOT) {
-            grad_stream_sources[k] = walk->grad_sources[k];
-            continue;
-        }
-        written |= 1u << k;
-        grad_stream_sources[k] = stream_grad_conv_row(walk, r, k);
-    }
-    for (int i = 0; i < G; i++) {
-        const int j = first + i;
-        walk->const_weights[i] = site_weights_of(walk, block, i, r);
-        walk->queries[i] = route_stream_row(route, model->site_params[j].query, r);
-        walk->key_norms[i] = route_stream_row(route, model->site_params[j].key_norm, r);
-        walk->grad_queries[i] = model->site_grads[j].query + (size_t)r * d;
-        walk->grad_key_norms[i] = model->site_grads[j].key_norm + (size_t)r * d;
-    }
-    backend->route_block_backward(grad_stream_sources, written, walk->grad_queries,
-                                  walk->grad_key_norms,
-                                  NULL, walk->douts, walk->stream_sources, N,
-                                  walk->const_weights, site_rstd_of(walk, block, 0, r),
-                                  walk->queries, walk->key_norms, NULL,
-                                  walk->replace ? (const float *const *)walk->means : NULL, G,
-                                  scratch->route_backward, walk->rows, d, walk->plan->heads);
-}
-
-/* Every stream's d E of block n's sources (stream_block_backward's) through the
- * convolutions, at once. Expects walk->sources and walk->grad_sources. */
-static void block_convolutions_backward(RouteWalk *walk, int block)
-{
-    const SitePlan *first = &walk->plan->sites[block_first_site(walk, block)];
-    conv_backward(walk, conv_gather(walk, first, 0, walk->plan->streams, -1));
-}
-
-/* Every site's d x of block n through its gate and mix to d o_r of stream r, one op for the
- * block's sites (stream_mix_backward_sites): d o_r of site i into stream r + 1's slot i + 1,
- * idle while the walk takes stream r (that stream's phase one comes in its own turn), so no
- * site writes a row another site reads. Returns into walk->douts. */
-static void block_mix_backward(RouteWalk *walk, int block, int r)
-{
-    Model *model = walk->model;
-    const int first = block_first_site(walk, block), G = block_sites(walk, block);
-    const int m = walk->plan->streams;
-    for (int i = 0; i < G; i++) {
-        const int j = first + i;
-        const SiteWeights *weights = &model->site_params[j];
-        SiteGrads *grads = &model->site_grads[j];
-        const SiteActivations *saved = &walk->stash->sites[j];
-        walk->mix.grad_streams[i] = stream_slot(walk, (r + 1) % m, i + 1);
-        walk->mix.streams[i] = stream_slot(walk, r, i + 1);
-        walk->mix.grads_x[i] = model->scratch.route.block_grads[i];
-        walk->mix.grad_mix_bias[i] = grads->mix_bias;
-        walk->mix.grad_mix_proj[i] = grads->mix_proj;
-        walk->mix.grad_alphas[i] = grads->alpha;
-        walk->mix.gates[i] = saved->mix_gates;
-        walk->mix.rstd[i] = saved->mix_rstd;
-        walk->mix.mix_bias[i] = weights->mix_bias;
-        walk->mix.mix_proj[i] = weights->mix_proj;
-        walk->mix.alphas[i] = weights->alpha;
-        walk->douts[i] = walk->mix.grad_streams[i];
-    }
-    walk->backend->stream_mix_backward_sites(
-        G, r, m, walk->mix.grad_streams, walk->mix.grad_mix_bias, walk->mix.grad_mix_proj,
-        walk->mix.grad_alphas, walk->mix.grads_x, walk->mix.streams, walk->mix.gates,
-        walk->mix.rstd, walk->mix.mix_bias, walk->mix.mix_proj, walk->mix.alphas, walk->rows,
-        walk->d);
-}
-
-/* The backward of the delta form's block n when the walk leaves it, a stream at a time (a
- * stream's share of the mix's backward depends on its own o_r only, route_site_mix_backward):
- * E_r and every site's o_r made again (the convolution and phase one), each site's d x
- * through its gate and mix to d o_r (block_mix_backward; with one stream, a site at a time
- * into slot i, where site i - 1's o_r was: the sites go in order and a site's o_r is spent
- * once its mix backward ran), then the stream into the sources. */
-static void block_backward_streams(RouteWalk *walk, int block)
-{
-    Model *model = walk->model;
-    const int first = block_first_site(walk, block), G = block_sites(walk, block);
-    const int m = walk->plan->streams;
-    site_sources(walk, first, walk->sources);
-    site_grad_sources(walk, first, walk->grad_sources);
-    for (int r = 0; r < m; r++) {
-        block_phase_one(walk, block, r);
-        if (m > 1) {
-            block_mix_backward(walk, block, r);
-            stream_block_backward(walk, block, r);
-            continue;
-        }
-        for (int k = 0; k < m; k++)
-            walk->site_streams[k] = NULL;
-        for (int i = 0; i < G; i++) {
-            const int j = first + i;
-            walk->site_streams[r] = stream_slot(walk, r, i + 1);
-            walk->site_grad_streams[r] = stream_slot(walk, r, i);
-            route_site_mix_backward(walk->route, &model->site_params[j], &model->site_grads[j],
-                                    &walk->stash->sites[j], walk->site_streams,
-                                    model->scratch.route.block_grads[i],
-                                    walk->site_grad_streams);
-            walk->douts[i] = stream_slot(walk, r, i);
-        }
-        stream_block_backward(walk, block, r);
-    }
-    block_convolutions_backward(walk, block);
-    walk->open_block = -1; /* the slots hold gradients now */
-}
-
-/* ---- msar's replace form: each site's own share in its turn ----
- * The backward reopens the block (block_open: phase one), and site i in its turn (last to
- * first) merges again, mixing its x for its sublayer's backward (site_merge_in_turn; its
- * slot, i + 1, still holds phase one's o_r then), then takes d x through its mix to d o_r of
- * every stream (the slot where site i + 1's o_r was, spent by now; slot 0 for a full block's
- * last site, so d o_r of sites i.. and o_r of sites ..i - 1 never meet), then per stream its
- * merge's backward: the softmax centre, and the partial's share through E_r into the block's
- * gradient and the taps. That share must be in before sublayer i - 1's backward reads the
- * block's gradient. When the walk leaves the block, every site's d o_r goes into the
- * completed sources (stream_block_backward, with the centres). */
-
-/* d o_r of site i of stream r: with m = 1 the site's d x itself (x = o_0) */
-static Activation *site_grad_stream(const RouteWalk *walk, int r, int i)
-{
-    if (walk->plan->streams == 1)
-        return walk->model->scratch.route.block_grads[i];
-    const int k = i + 2 <= walk->plan->sublayers_per_block ? i + 2 : 0;
-    return stream_slot(walk, r, k);
-}
-
-static void site_merge_backward(RouteWalk *walk, int block, int i)
-{
-    Model *model = walk->model;
-    const Backend *backend = walk->backend;
-    const RouteContext *route = walk->route;
-    const int j = block_first_site(walk, block) + i, m = walk->plan->streams;
-    const SitePlan *site = &walk->plan->sites[j];
-    const SiteWeights *weights = &model->site_params[j];
-    SiteGrads *grads = &model->site_grads[j];
-    const SiteActivations *saved = &walk->stash->sites[j];
-    RouteScratch *scratch = &model->scratch.route;
-    const int last = site->n_sources - 1, d = walk->d;
-    site_merge_in_turn(walk, block, i, NULL); /* where x did not come from its turn */
-    if (m > 1) {
-        for (int r = 0; r < m; r++) {
-            walk->site_streams[r] = stream_slot(walk, r, i + 1);
-            walk->site_grad_streams[r] = site_grad_stream(walk, r, i);
-        }
-        route_site_mix_backward(route, weights, grads, saved, walk->site_streams,
-                                scratch->block_grads[i], walk->site_grad_streams);
-    }
-    site_sources(walk, j, walk->sources);
-    site_grad_sources(walk, j, walk->grad_sources);
-    if (i == 0) { /* the block's first site read no partial: its softmax centres alone */
-        for (int r = 0; r < m; r++)
-            backend->route_merge_backward(
-                NULL, GRAD_WRITE, grads->query + (size_t)r * d, grads->key_norm + (size_t)r * d,
-                site_stream_floats(walk, scratch->block_means, r, i),
-                site_grad_stream(walk, r, i), stream_slot(walk, r, i + 1), NULL, site->n_sources,
-                site_weights_of(walk, block, i, r), site_rstd_of(walk, block, i, r),
-                route_stream_row(route, weights->query, r),
-                route_stream_row(route, weights->key_norm, r), scratch->route_backward,
-                walk->rows, d, walk->plan->heads);
-        return;
-    }
-    /* the partial's E_r made again inside the merges' read, d E_r(b) written (it is the
-     * partial's alone), then through the convolutions of every stream at once */
-    const int count = conv_gather(walk, site, 0, m, last);
-    for (int r = 0; r < m; r++) {
-        walk->merge.grad_partials[r] = stream_grad_conv_row(walk, r, last);
-        walk->merge.grad_queries[r] = grads->query + (size_t)r * d;
-        walk->merge.grad_key_norms[r] = grads->key_norm + (size_t)r * d;
-        walk->merge.means[r] = site_stream_floats(walk, scratch->block_means, r, i);
-        walk->merge.douts[r] = site_grad_stream(walk, r, i);
-        walk->merge.streams[r] = stream_slot(walk, r, i + 1);
-        walk->merge.weights[r] = site_weights_of(walk, block, i, r);
-        walk->merge.rstd[r] = site_rstd_of(walk, block, i, r);
-        walk->merge.queries[r] = route_stream_row(route, weights->query, r);
-        walk->merge.key_norms[r] = route_stream_row(route, weights->key_norm, r);
-    }
-    backend->route_merge_conv_backward(
-        walk->merge.grad_partials, walk->merge.grad_queries, walk->merge.grad_key_norms,
-        walk->merge.means, walk->merge.douts, (const Activation *const *)walk->merge.streams,
-        walk->conv.sources[0], walk->conv.taps, walk->plan->kernel_sizes, m, site->n_sources,
-        (const float *const *)walk->merge.weights, (const float *const *)walk->merge.rstd,
-        walk->merge.queries, walk->merge.key_norms, walk->conv.rows, scratch->route_backward,
-        route->B, route->T, d, walk->plan->heads);
-    conv_backward(walk, count);
-}
-
-/* The replace form's block backward when the walk leaves it: per stream, E_r again and every
- * site's d o_r into the completed sources, about its centre. */
-static void block_backward_replace(RouteWalk *walk, int block)
-{
-    const int first = block_first_site(walk, block), G = block_sites(walk, block);
-    site_sources(walk, first, walk->sources);
-    site_grad_sources(walk, first, walk->grad_sources);
-    for (int r = 0; r < walk->plan->streams; r++) {
-        sources_convolve(walk, &walk->plan->sites[first], r);
-        for (int i = 0; i < G; i++) {
-            walk->douts[i] = site_grad_stream(walk, r, i);
-            walk->means[i] = site_stream_floats(walk, walk->model->scratch.route.block_means, r, i);
-        }
-        stream_block_backward(walk, block, r);
-    }
-    block_convolutions_backward(walk, block);
-    walk->open_block = -1; /* the slots hold gradients now */
 }
 
 /* ---- the sites ---- */
@@ -595,7 +196,7 @@ static void block_backward_replace(RouteWalk *walk, int block)
 static const Activation *const *site_streams_of(RouteWalk *walk, int i)
 {
     for (int r = 0; r < walk->plan->streams; r++)
-        walk->site_streams[r] = stream_slot(walk, r, i + 1);
+        walk->site_streams[r] = walk_stream_slot(walk, r, i + 1);
     return walk->site_streams;
 }
 
@@ -612,7 +213,7 @@ bool route_walk_site_gate(RouteWalk *walk, int j, const Activation *base, InputG
     if (walk->open_block != block)
         block_open(walk, block);
     Model *model = walk->model;
-    const int i = j - block_first_site(walk, block);
+    const int i = j - walk_block_first_site(walk, block);
     const Activation *route = model->scratch.route.block_results[i];
     if (walk->streams) /* msar: its streams' mix, which the norm gates */
         route = route_site_mix(walk->route, &model->site_params[j], &walk->stash->sites[j],
@@ -627,7 +228,7 @@ void route_walk_site_forward(RouteWalk *walk, int j, const Activation *base, Act
     const SitePlan *site = &walk->plan->sites[j];
     SiteActivations *saved = &walk->stash->sites[j];
     if (routes_alone(walk)) {
-        site_sources(walk, j, walk->sources);
+        walk_site_sources(walk, j, walk->sources);
         route_site_forward(walk->route, site, &model->site_params[j], saved, walk->sources,
                            base, x);
         return;
@@ -639,7 +240,7 @@ void route_walk_site_forward(RouteWalk *walk, int j, const Activation *base, Act
         return;
     }
     const int block = walk->plan->sites[j].block;
-    const int i = j - block_first_site(walk, block);
+    const int i = j - walk_block_first_site(walk, block);
     if (walk->open_block != block)
         block_open(walk, block);
     if (!walk->streams) { /* attnres's replace form */
@@ -649,7 +250,7 @@ void route_walk_site_forward(RouteWalk *walk, int j, const Activation *base, Act
     /* a merge needs the site's partial, complete now; several streams are mixed into x as
      * they are merged */
     Activation *mixed = walk->plan->streams > 1 ? x : NULL;
-    if (walk->replace && site_merge_in_turn(walk, block, i, mixed) && mixed)
+    if (walk->replace && walk_site_merge_in_turn(walk, block, i, mixed) && mixed)
         return;
     const Activation *const *streams = site_streams_of(walk, i);
     if (walk->plan->streams == 1 && !base) { /* x = o_0 */
@@ -665,7 +266,7 @@ Activation *route_walk_grad_x(RouteWalk *walk, int j)
     if (routes_alone(walk))
         return walk->model->scratch.grad_input;
     const int block = walk->plan->sites[j].block;
-    return walk->model->scratch.route.block_grads[j - block_first_site(walk, block)];
+    return walk->model->scratch.route.block_grads[j - walk_block_first_site(walk, block)];
 }
 
 void route_walk_site_backward(RouteWalk *walk, int j, const Activation *x,
@@ -675,14 +276,14 @@ void route_walk_site_backward(RouteWalk *walk, int j, const Activation *x,
     const SitePlan *site = &walk->plan->sites[j];
     const SiteActivations *saved = &walk->stash->sites[j];
     if (routes_alone(walk)) {
-        site_sources(walk, j, walk->sources);
-        site_grad_sources(walk, j, walk->grad_sources);
+        walk_site_sources(walk, j, walk->sources);
+        walk_site_grad_sources(walk, j, walk->grad_sources);
         route_site_backward(walk->route, site, &model->site_params[j], &model->site_grads[j],
                             saved, walk->sources, walk->grad_sources, grad_x);
         return;
     }
     const int block = walk->plan->sites[j].block;
-    const int first = block_first_site(walk, block);
+    const int first = walk_block_first_site(walk, block);
     if (walk->replace && !walk->streams) { /* attnres: the same, from the stash */
         attnres_replace_backward(walk, block, j - first, x, grad_x);
         if (j == first)
@@ -692,11 +293,11 @@ void route_walk_site_backward(RouteWalk *walk, int j, const Activation *x,
     if (walk->replace) { /* msar: the site's own share now, the block's when the walk leaves */
         if (walk->open_block != block)
             block_open(walk, block);
-        site_merge_backward(walk, block, j - first);
+        walk_site_merge_backward(walk, block, j - first);
         if (j == first)
-            block_backward_replace(walk, block);
+            walk_block_backward_replace(walk, block);
         return;
     }
     if (j == first) /* the walk leaves the block */
-        (walk->streams ? block_backward_streams : block_backward)(walk, block);
+        (walk->streams ? walk_block_backward_streams : block_backward)(walk, block);
 }

@@ -1,5 +1,6 @@
 /* model/route_block.h — the routing sites of a chunk walk, block by block (DESIGN 2.1, 2.2;
- * docs/design-notes.md, "Two-phase routing"; route_block.c, the walk's arrays route_walk.c).
+ * docs/design-notes.md, "Two-phase routing"; route_block.c, MSAR's streams
+ * route_block_streams.c, the walk's arrays route_walk.c).
  *
  * The sites of one block read the same completed sources (delta: null, b_0..b_{n-1};
  * replace: b_0..b_{n-1}, and each site after the first also the block's open partial).
