@@ -174,14 +174,14 @@ static void route_scratch_layout(ModelScratch *scratch, Carver *carver,
                 route->stream_slots[k] = block_row(&rows);
             for (size_t k = 0; k < M; k++)
                 route->conv_rows[k] = block_row(&rows);
-            if (plan->form == FORM_REPLACE) /* every stream's at once (route_block.c) */
+            if (plan->form == FORM_REPLACE) /* every stream's at once (route_block_streams.c) */
                 for (size_t r = 0; r < m; r++)
                     route->partial_rows[r] = block_row(&rows);
             for (size_t k = 0; k < m * M; k++) /* every stream's: the convolutions'
                                                  * backward takes them at once */
                 route->grad_conv_rows[k] = block_row(&rows);
             /* the open block's depth weights and key statistics: every stream's in the
-             * replace form, one stream's at a time in the delta form (route_block.c) */
+             * replace form, one stream's at a time in the delta form (route_block_streams.c) */
             const size_t regions = (plan->form == FORM_REPLACE ? m : 1) * S;
             route->block_weights = carve_floats(carver, regions * M * N * H);
             route->block_rstd = carve_floats(carver, regions * M * N);

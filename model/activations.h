@@ -150,7 +150,7 @@ typedef struct {
                                     lie inside layer.grad_logits (see the top of this file) */
     /* msar two-phase: stream r's slots are stream_slots[r (S + 1) + k], k = 0..S; phase one
      * leaves o_r of site i in slot i + 1, and the block's backward writes d o_r of each site
-     * into a slot whose o_r is spent (model/route_block.c) */
+     * into a slot whose o_r is spent (model/route_block_streams.c) */
     Activation **stream_slots;   /* [m (S + 1)] [N, d] */
     Activation **conv_rows;      /* [M] [N, d] E_r of each convolved source of the block */
     Activation **partial_rows;   /* [m] [N, d] replace form: E_r of a site's partial */

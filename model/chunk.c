@@ -169,7 +169,7 @@ static Activation *routed_input(Walk *walk, int j)
 /* x_j made again before sublayer j's backward, where the stash keeps none (msar's replace
  * form in two phases). The backward's walk has the block open, and the site's forward in
  * its turn merges its streams again and mixes them into the forward's bits; o_r stay in
- * their slots until site j's own backward (model/route_block.c, "msar's replace form"). */
+ * their slots until site j's own backward (model/route_block_streams.c, "msar's replace form"). */
 static const Activation *routed_input_again(Walk *walk, int j)
 {
     Activation *x = walk->model->scratch.route.site_input;
