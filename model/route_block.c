@@ -29,8 +29,9 @@ void walk_site_grad_sources(const RouteWalk *walk, int site, Activation **grads)
 
 /* ---- the block of a site ---- */
 
-/* The final site 2L is a block of its own, n_blocks + 1, of one site: like a block's first
- * site it reads only completed blocks, so phase one gives it its Route (residual.h). */
+/* MSAR's final site 2L is a block of its own, n_blocks + 1, of one site: like a block's
+ * first site it reads only completed blocks, so phase one gives it its Route (residual.h;
+ * attnres's routes alone, routes_alone). */
 static bool final_block(const RouteWalk *walk, int block)
 {
     return block > walk->plan->n_blocks;
@@ -200,14 +201,21 @@ static const Activation *const *site_streams_of(RouteWalk *walk, int i)
     return walk->site_streams;
 }
 
-static bool routes_alone(const RouteWalk *walk)
+/* Whether site j routes alone, through the per-site ops: every site outside the two-phase
+ * walk, and attnres's final site. A block of one site shares no read, and pays the block
+ * kernels' four passes where attnres's per-site Route makes two: its final site cost 2.79
+ * ms a step as a block against 1.47 alone at the 1B MHAR delta step, 2.23 against 1.58 at 8
+ * layers of the 8B width (CUPTI, docs/performance.md, 2026-12-06 afternoon). MSAR's per-site
+ * stream route convolves every source inside each stream's reads, and costs more than its
+ * block of one. */
+static bool routes_alone(const RouteWalk *walk, int j)
 {
-    return !walk->two_phase;
+    return !walk->two_phase || (j == walk->plan->n_sublayers && !walk->streams);
 }
 
 bool route_walk_site_gate(RouteWalk *walk, int j, const Activation *base, InputGate *gate)
 {
-    if (routes_alone(walk) || !base)
+    if (routes_alone(walk, j) || !base)
         return false;
     const int block = walk->plan->sites[j].block;
     if (walk->open_block != block)
@@ -227,7 +235,7 @@ void route_walk_site_forward(RouteWalk *walk, int j, const Activation *base, Act
     Model *model = walk->model;
     const SitePlan *site = &walk->plan->sites[j];
     SiteActivations *saved = &walk->stash->sites[j];
-    if (routes_alone(walk)) {
+    if (routes_alone(walk, j)) {
         walk_site_sources(walk, j, walk->sources);
         route_site_forward(walk->route, site, &model->site_params[j], saved, walk->sources,
                            base, x);
@@ -263,7 +271,7 @@ void route_walk_site_forward(RouteWalk *walk, int j, const Activation *base, Act
 
 Activation *route_walk_grad_x(RouteWalk *walk, int j)
 {
-    if (routes_alone(walk))
+    if (routes_alone(walk, j))
         return walk->model->scratch.grad_input;
     const int block = walk->plan->sites[j].block;
     return walk->model->scratch.route.block_grads[j - walk_block_first_site(walk, block)];
@@ -275,7 +283,7 @@ void route_walk_site_backward(RouteWalk *walk, int j, const Activation *x,
     Model *model = walk->model;
     const SitePlan *site = &walk->plan->sites[j];
     const SiteActivations *saved = &walk->stash->sites[j];
-    if (routes_alone(walk)) {
+    if (routes_alone(walk, j)) {
         walk_site_sources(walk, j, walk->sources);
         walk_site_grad_sources(walk, j, walk->grad_sources);
         route_site_backward(walk->route, site, &model->site_params[j], &model->site_grads[j],

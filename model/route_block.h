@@ -30,11 +30,11 @@
  * two phases too (residual.h; FATHOM_ROUTE_REPLACE=per_site routes it a site at a time
  * through model/route_site.h): its sites merge their partials in their turns as MSAR's do,
  * into x, and the backward, with the depth weights in the stash and x from the caller, makes
- * no phase one again. The final site is a block of its own, n_blocks + 1, of one site: it
+ * no phase one again. MSAR's final site is a block of its own, n_blocks + 1, of one site: it
  * reads only completed blocks, as a block's first site does, and is walked the same way (its
  * d x is block_grads[0], which the head's backward writes once it is done with the logits'
- * gradient buffer the block rows share). Every site after model_route_sites_alone routes
- * alone.
+ * gradient buffer the block rows share); attnres's final site routes alone, where its
+ * per-site Route is the faster. Every site after model_route_sites_alone routes alone.
  * MSAR's sites walked in two phases keep their depth weights in the scratch for the open
  * block, not in the stash (residual_site_keeps_weights): both backwards make phase one again
  * for every stream anyway.

@@ -133,11 +133,12 @@ Test(model_two_phase, attnres_delta_blocks_route_as_each_site_alone)
         check_case(&cases[k]);
 }
 
-/* The final site is a block of its own in the two-phase walk. Its d x is the head's gradient
- * of the final input, written while the head's backward still reads the logits' gradient
- * buffer, where the block rows lie as far as they fit: with the logits in chunks (the spare
- * chunk kept in that buffer) and a vocabulary whose rows hold several block rows, a d x
- * taken from the block rows would be overwritten by the head, or overwrite it. */
+/* MSAR's final site is a block of its own in the two-phase walk (attnres's routes alone), and
+ * its block rows lie inside the logits' gradient buffer as far as they fit, where the head
+ * keeps its spare chunk of logits: its phase one comes before the head's forward, its
+ * backward after the head's, and its d x (block_grads[0]) is written by the head's final
+ * norm backward, after the last chunk. Here the logits come in three chunks and a row of
+ * them holds 16 block rows, so the two share the buffer. */
 Test(model_two_phase, the_final_site_in_two_phases_beside_the_heads_chunks_of_logits)
 {
     const TwoPhaseCase cases[] = {
@@ -147,7 +148,6 @@ Test(model_two_phase, the_final_site_in_two_phases_beside_the_heads_chunks_of_lo
         {"msar replace m 2", RESIDUAL_MSAR, 2, 2, 16, 2, {1, 3}, false, true},
         {"msar replace m 1, checkpointed", RESIDUAL_MSAR, 2, 1, 16, 1, {2}, true, true},
     };
-    /* three chunks of 5 rows; a row of 256 logits holds 16 block rows of d 16 */
     const HeadShape head = {5, 256};
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
         check_case_head(&cases[k], &head);
