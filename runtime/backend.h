@@ -65,6 +65,13 @@ typedef struct {
     int step;         /* the update's number, counting from 1 (the bias corrections) */
 } AdamwScalars;
 
+/* One range of the flat optimizer buffers (elements from their start) with its own learning
+ * rate and weight decay: adamw_update_ranges below. */
+typedef struct {
+    size_t offset, count;
+    float lr, weight_decay;
+} AdamwRange;
+
 typedef struct Backend {
     const char *name; /* "cpu" or "cuda" */
     size_t activation_bytes; /* 4 (fp32, cpu) or 2 (bf16, cuda) */
@@ -485,6 +492,14 @@ typedef struct Backend {
      * The six buffers do not overlap. */
     void (*adamw_update)(float *params, const float *grads, float *exp_avg, float *exp_avg_sq,
                          float *ema, size_t n, const AdamwScalars *s, Activation *compute_copy);
+    /* adamw_update of each range of the six flat buffers (compute_copy indexed as they are),
+     * with s's lr and weight_decay replaced by the range's: the same bits as one adamw_update
+     * a range. Elements outside the ranges are not touched. The step's optimizer makes one
+     * call; cuda updates the small ranges (a model's norms and routing weights, one range a
+     * tensor) many to a launch, where a launch each cost about 10 us a tensor. */
+    void (*adamw_update_ranges)(float *params, const float *grads, float *exp_avg,
+                                float *exp_avg_sq, float *ema, const AdamwRange *ranges,
+                                int n_ranges, const AdamwScalars *s, Activation *compute_copy);
 } Backend;
 
 /* &array[elements] of an activation array (the element size is the backend's). */

@@ -75,18 +75,18 @@ bool optim_step_checked(Optimizer *opt, double lr, bool loss_finite, double *gra
         .ema_decay = ema ? (float)optim_ema_decay_at(config->ema_decay, update_number) : 0.0f,
         .step = update_number,
     };
+    AdamwRange *ranges = xmalloc((size_t)(opt->n_ranges ? opt->n_ranges : 1) * sizeof *ranges);
+    int n = 0;
     for (int r = 0; r < opt->n_ranges; r++) {
         const OptimRange *range = &opt->ranges[r];
-        if (range->count == 0)
-            continue;
-        size_t at = range->offset;
-        scalars.lr = (float)(lr * range->lr_mult);
-        scalars.weight_decay = range->weight_decay;
-        backend->adamw_update(opt->params + at, opt->grads + at, opt->exp_avg + at,
-                              opt->exp_avg_sq + at, ema ? opt->ema + at : NULL, range->count,
-                              &scalars,
-                              opt->compute ? activation_at(backend, opt->compute, at) : NULL);
+        if (range->count > 0)
+            ranges[n++] = (AdamwRange){range->offset, range->count,
+                                       (float)(lr * range->lr_mult), range->weight_decay};
     }
+    if (n > 0)
+        backend->adamw_update_ranges(opt->params, opt->grads, opt->exp_avg, opt->exp_avg_sq,
+                                     ema ? opt->ema : NULL, ranges, n, &scalars, opt->compute);
+    free(ranges);
 
     opt->step = update_number;
     return true;

@@ -120,6 +120,7 @@ Test(cuda_backend, fills_every_entry_with_two_byte_activations)
     EXPECT_ENTRY(b, stream_mix_forward); EXPECT_ENTRY(b, stream_mix_backward);
     EXPECT_ENTRY(b, stream_mix_backward_sites);
     EXPECT_ENTRY(b, sum_squares); EXPECT_ENTRY(b, adamw_update);
+    EXPECT_ENTRY(b, adamw_update_ranges);
 }
 
 /* The module found through runtime/cuda_module (as `fathom` finds it, here by its path)

@@ -4,7 +4,8 @@
  *
  * Tolerances: relative 1e-5 for the fp32 ranges, 1e-12 for the double sum of squares.
  * Lengths: 1, 7, 333 and about a million plus an odd tail, and a range that starts one
- * element into its allocation (the element-wise path). Each test SKIPs where no GPU answers.
+ * element into its allocation (the element-wise path). The batched AdamW of many ranges is
+ * held bit for bit to a launch a range. Each test SKIPs where no GPU answers.
  */
 #include "kernels/cpu/kernels_cpu.h"
 #include "kernels/cuda/kernels_cuda.h"
@@ -120,6 +121,91 @@ Test(cuda_optimizer, adamw_update_writes_the_rounded_new_params_as_the_compute_c
         free(expected), free(got);
         gpu_free_all();
     }
+}
+
+/* The ranges of one adamw_update_ranges case: 70 small ones (two batches) with gaps between
+ * them, every start on 4 floats except range 7's (its batch takes the element-wise path),
+ * and range 35 over the batching bound (a launch of its own); each its own lr and decay. */
+enum { RANGES_SMALL = 70 };
+
+static size_t ranges_case(AdamwRange *ranges)
+{
+    size_t at = 0;
+    for (int r = 0; r <= RANGES_SMALL; r++) {
+        at = (at + (size_t)(r * 13) % 64 + 3) / 4 * 4 + (r == 7 ? 1 : 0);
+        const size_t count = r == RANGES_SMALL / 2 ? 300001 : 1 + (size_t)(r * 397) % 3001;
+        ranges[r] = (AdamwRange){at, count, lr * (float)(1 + r % 3), r % 2 ? weight_decay : 0};
+        at += count;
+    }
+    return at + 5; /* a gap after the last range too */
+}
+
+/* Six device buffers of one case: the state uploaded, the compute copy poisoned. */
+typedef struct RangesDevice {
+    float *params, *grads, *exp_avg, *exp_avg_sq, *ema;
+    bf16 *compute;
+} RangesDevice;
+
+static RangesDevice ranges_device(const AdamState *state, const float *ema, size_t n)
+{
+    return (RangesDevice){gpu_upload_floats(state->params, n),
+                          gpu_upload_floats(state->grads, n),
+                          gpu_upload_floats(state->exp_avg, n),
+                          gpu_upload_floats(state->exp_avg_sq, n), gpu_upload_floats(ema, n),
+                          gpu_poisoned_bf16(n)};
+}
+
+static void expect_same_floats(const float *one, const float *two, size_t n, const char *what)
+{
+    float *a = gpu_download_floats(one, n), *b = gpu_download_floats(two, n);
+    cr_assert_eq(memcmp(a, b, n * sizeof(float)), 0, "%s differ", what);
+    free(a), free(b);
+}
+
+/* The batched launches give every range the bits of a launch of its own, and leave every
+ * element outside the ranges as it was (the gaps hold random values, which would change). */
+Test(cuda_optimizer, adamw_update_ranges_equals_a_launch_a_range_and_leaves_the_gaps)
+{
+    gpu_require();
+    AdamwRange ranges[RANGES_SMALL + 1];
+    const size_t n = ranges_case(ranges);
+    AdamState state = adam_state(n, 300);
+    float *ema = values(n, 1, 305);
+    RangesDevice batched = ranges_device(&state, ema, n), alone = ranges_device(&state, ema, n);
+    const AdamwScalars s = scalars(0.37f);
+    cuda_adamw_update_ranges(batched.params, batched.grads, batched.exp_avg, batched.exp_avg_sq,
+                             batched.ema, ranges, RANGES_SMALL + 1, &s, batched.compute, 0);
+    for (int r = 0; r <= RANGES_SMALL; r++) {
+        AdamwScalars one = s;
+        one.lr = ranges[r].lr;
+        one.weight_decay = ranges[r].weight_decay;
+        const size_t at = ranges[r].offset;
+        cuda_adamw_update(alone.params + at, alone.grads + at, alone.exp_avg + at,
+                          alone.exp_avg_sq + at, alone.ema + at, ranges[r].count, &one,
+                          alone.compute + at, 0);
+    }
+    expect_same_floats(batched.params, alone.params, n, "params");
+    expect_same_floats(batched.exp_avg, alone.exp_avg, n, "exp_avg");
+    expect_same_floats(batched.exp_avg_sq, alone.exp_avg_sq, n, "exp_avg_sq");
+    expect_same_floats(batched.ema, alone.ema, n, "ema");
+    float *compute = gpu_download_bf16(batched.compute, n);
+    float *compute_alone = gpu_download_bf16(alone.compute, n);
+    cr_assert_eq(memcmp(compute, compute_alone, n * sizeof(float)), 0, "compute copies differ");
+    /* and the gaps' params as they were, where every range's first one moved */
+    float *params = gpu_download_floats(batched.params, n);
+    size_t gap = 0;
+    for (int r = 0; r <= RANGES_SMALL + 1; r++) {
+        const size_t end = r <= RANGES_SMALL ? ranges[r].offset : n;
+        for (; gap < end; gap++)
+            cr_assert_eq(params[gap], state.params[gap], "gap element %zu was written", gap);
+        if (r <= RANGES_SMALL) {
+            cr_assert_neq(params[end], state.params[end], "range %d was not updated", r);
+            gap = end + ranges[r].count;
+        }
+    }
+    adam_state_free(&state);
+    free(ema), free(compute), free(compute_alone), free(params);
+    gpu_free_all();
 }
 
 /* A zeroed device double (two fp32 slots of gpu_support's allocator). */

@@ -55,7 +55,7 @@ Test(kernels_cpu, backend_table_fills_every_op)
     EXPECT_OP(rope_forward); EXPECT_OP(rope_backward); EXPECT_OP(attention_forward);
     EXPECT_OP(attention_backward); EXPECT_OP(swiglu_forward); EXPECT_OP(swiglu_backward);
     EXPECT_OP(cross_entropy_forward); EXPECT_OP(cross_entropy_backward); EXPECT_OP(sum_squares);
-    EXPECT_OP(adamw_update); EXPECT_OP(route_forward);
+    EXPECT_OP(adamw_update); EXPECT_OP(adamw_update_ranges); EXPECT_OP(route_forward);
     EXPECT_OP(route_backward); EXPECT_OP(stream_conv_forward); EXPECT_OP(stream_conv_backward);
     EXPECT_OP(route_block_forward); EXPECT_OP(route_block_backward); EXPECT_OP(add_scaled);
     EXPECT_OP(add_scaled_rmsnorm_forward);
@@ -508,6 +508,47 @@ Test(kernels_cpu, adamw_update_takes_the_ema_of_the_updated_weights)
     cr_assert_leq(test_relative_error_double(ema, expected, n), FORWARD_TOLERANCE);
     free_all(params, grads, ema, alone, exp_avg, exp_avg_sq, exp_avg_alone, exp_avg_sq_alone,
              expected, NULL);
+}
+
+/* The ranges op is adamw_update a range, each with its own lr and decay, and leaves what
+ * lies between the ranges alone. */
+Test(kernels_cpu, adamw_update_ranges_updates_each_range_with_its_own_rates_only)
+{
+    const size_t n = 200;
+    const AdamwRange ranges[] = {
+        {3, 40, 1e-2f, 0.1f}, {50, 1, 3e-2f, 0.0f}, {64, 120, 2e-2f, 0.2f}};
+    const int n_ranges = (int)(sizeof ranges / sizeof ranges[0]);
+    float *params = random_floats(n, 1, 240), *grads = random_floats(n, 1, 241);
+    float *ema = random_floats(n, 1, 242), *exp_avg = random_floats(n, 0.1f, 243);
+    float *exp_avg_sq = random_floats(n, 0.01f, 244);
+    for (size_t i = 0; i < n; i++)
+        exp_avg_sq[i] = fabsf(exp_avg_sq[i]);
+    float *want[] = {random_floats(n, 1, 240), random_floats(n, 1, 242),
+                     random_floats(n, 0.1f, 243), random_floats(n, 0.01f, 244)};
+    for (size_t i = 0; i < n; i++)
+        want[3][i] = fabsf(want[3][i]);
+    const AdamwScalars s = {.lr = 5.0f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                            .weight_decay = 5.0f, .grad_scale = 0.5f, .ema_decay = 0.7f,
+                            .step = 2};
+    for (int r = 0; r < n_ranges; r++) {
+        AdamwScalars one = s;
+        one.lr = ranges[r].lr;
+        one.weight_decay = ranges[r].weight_decay;
+        const size_t at = ranges[r].offset;
+        cpu_adamw_update(want[0] + at, grads + at, want[2] + at, want[3] + at, want[1] + at,
+                         ranges[r].count, &one);
+    }
+    backend_cpu()->adamw_update_ranges(params, grads, exp_avg, exp_avg_sq, ema, ranges,
+                                       n_ranges, &s, NULL);
+    cr_assert_eq(memcmp(params, want[0], n * sizeof(float)), 0, "params");
+    cr_assert_eq(memcmp(ema, want[1], n * sizeof(float)), 0, "ema");
+    cr_assert_eq(memcmp(exp_avg, want[2], n * sizeof(float)), 0, "exp_avg");
+    cr_assert_eq(memcmp(exp_avg_sq, want[3], n * sizeof(float)), 0, "exp_avg_sq");
+    float *untouched = random_floats(n, 1, 240);
+    cr_assert_eq(memcmp(params, untouched, 3 * sizeof(float)), 0, "the first gap was written");
+    cr_assert_neq(params[3], untouched[3], "the first range did not move");
+    free_all(params, grads, ema, exp_avg, exp_avg_sq, want[0], want[1], want[2], want[3],
+             untouched, NULL);
 }
 
 Test(kernels_cpu, adamw_update_matches_double_formula_over_3_steps)

@@ -43,6 +43,21 @@ static void reference_adamw_update(float *params, const float *grads, float *exp
     }
 }
 
+static void reference_adamw_update_ranges(float *params, const float *grads, float *exp_avg,
+                                          float *exp_avg_sq, float *ema,
+                                          const AdamwRange *ranges, int n_ranges,
+                                          const AdamwScalars *s, Activation *compute_copy)
+{
+    for (int r = 0; r < n_ranges; r++) {
+        AdamwScalars one = *s;
+        one.lr = ranges[r].lr;
+        one.weight_decay = ranges[r].weight_decay;
+        const size_t at = ranges[r].offset;
+        reference_adamw_update(params + at, grads + at, exp_avg + at, exp_avg_sq + at,
+                               ema ? ema + at : NULL, ranges[r].count, &one, compute_copy);
+    }
+}
+
 static void reference_copy(void *dst, const void *src, size_t bytes)
 {
     memcpy(dst, src, bytes);
@@ -53,6 +68,7 @@ static const Backend reference_backend = {
     .copy = reference_copy,
     .sum_squares = reference_sum_squares,
     .adamw_update = reference_adamw_update,
+    .adamw_update_ranges = reference_adamw_update_ranges,
 };
 
 /* ---- fixtures ---- */

@@ -388,6 +388,22 @@ static void table_adamw_update(float *params, const float *grads, float *exp_avg
         cpu_activations_from_floats(compute_copy, params, n);
 }
 
+static void table_adamw_update_ranges(float *params, const float *grads, float *exp_avg,
+                                      float *exp_avg_sq, float *ema, const AdamwRange *ranges,
+                                      int n_ranges, const AdamwScalars *s,
+                                      Activation *compute_copy)
+{
+    for (int r = 0; r < n_ranges; r++) {
+        const size_t at = ranges[r].offset;
+        AdamwScalars scalars = *s;
+        scalars.lr = ranges[r].lr;
+        scalars.weight_decay = ranges[r].weight_decay;
+        table_adamw_update(params + at, grads + at, exp_avg + at, exp_avg_sq + at,
+                           ema ? ema + at : NULL, ranges[r].count, &scalars,
+                           compute_copy ? (Activation *)(F(compute_copy) + at) : NULL);
+    }
+}
+
 /* the two-phase Route (route_block_cpu.c) */
 static void table_route_block_forward(Activation *const *results, float *const *weights,
                                       float *const *rstd, float *const *lse,
@@ -591,6 +607,7 @@ static const Backend cpu_backend = {
     .sum_squares = cpu_sum_squares,
     .add_floats = cpu_add_floats,
     .adamw_update = table_adamw_update,
+    .adamw_update_ranges = table_adamw_update_ranges,
 };
 
 const Backend *backend_cpu(void)

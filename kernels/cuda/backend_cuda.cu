@@ -509,6 +509,14 @@ static void op_adamw_update(float *params, const float *grads, float *exp_avg,
                       compute_stream());
 }
 
+static void op_adamw_update_ranges(float *params, const float *grads, float *exp_avg,
+                                   float *exp_avg_sq, float *ema, const AdamwRange *ranges,
+                                   int n_ranges, const AdamwScalars *s, Activation *compute_copy)
+{
+    cuda_adamw_update_ranges(params, grads, exp_avg, exp_avg_sq, ema, ranges, n_ranges, s,
+                             as_bf16(compute_copy), compute_stream());
+}
+
 /* ---- the table ---- */
 
 static Backend cuda_backend; /* filled by the first backend_cuda() call */
@@ -569,6 +577,7 @@ extern "C" const Backend *backend_cuda(void)
     table->sum_squares = op_sum_squares;
     table->add_floats = op_add_floats;
     table->adamw_update = op_adamw_update;
+    table->adamw_update_ranges = op_adamw_update_ranges;
 
     table->name = "cuda"; /* last: a named table is a filled one */
     return table;

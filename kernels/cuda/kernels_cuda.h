@@ -167,6 +167,12 @@ void cuda_matmul_backward(bf16 *din, GradMode din_mode, float *dweight, GradMode
 void cuda_adamw_update(float *params, const float *grads, float *exp_avg, float *exp_avg_sq,
                        float *ema, size_t n, const AdamwScalars *s, bf16 *compute_copy,
                        cudaStream_t stream);
+/* cuda_adamw_update of each range (runtime/backend.h adamw_update_ranges): ranges over 256 K
+ * elements a launch each, the others up to 64 to a launch. */
+void cuda_adamw_update_ranges(float *params, const float *grads, float *exp_avg,
+                              float *exp_avg_sq, float *ema, const AdamwRange *ranges,
+                              int n_ranges, const AdamwScalars *s, bf16 *compute_copy,
+                              cudaStream_t stream);
 /* y += x */
 void cuda_add_floats(float *y, const float *x, size_t n, cudaStream_t stream);
 /* *result += sum of x[i]^2, in double, on the device (so the squared norms of many ranges

@@ -4,7 +4,8 @@
  *
  * The elementwise ops are grid-stride loops, AdamW over 4 fp32 values a thread and step, the
  * others over 8 (two 16-byte accesses), with the formulas of kernels/cpu/optimizer_cpu.c term
- * by term.
+ * by term. AdamW over many ranges (cuda_adamw_update_ranges) gives each large range a launch
+ * of its own and batches the small ones, up to 64 to a launch, a block per 1024 elements.
  *
  * sum_squares must give the same double on every run, because the clip factor and so every
  * later step depends on it. The first pass always runs CUDA_SUM_SQUARES_PARTIALS blocks of
@@ -19,6 +20,7 @@
 #include "kernels/cuda/bf16_vector.cuh"
 
 #include <math.h>
+#include <string.h>
 
 enum {
     OPTIMIZER_THREADS = 256,
@@ -47,6 +49,46 @@ __device__ __forceinline__ void adamw_one(float &p, float g, float &m, float &v,
  * Four parameters a thread and step: all five loads (one 16-byte access each) issued before
  * the first store, at 40 registers. Eight a thread (two accesses an array) took 64 registers
  * and moved 3.47 TB/s against 3.9 for four (H200, 218 M parameters: the copy rate is 4.2). */
+/* Elements i .. i + 3 of one range (n its length): all five loads issued before the first
+ * store. */
+template <bool VECTOR>
+__device__ __forceinline__ void adamw_four(float *__restrict__ params,
+                                           const float *__restrict__ grads,
+                                           float *__restrict__ exp_avg,
+                                           float *__restrict__ exp_avg_sq,
+                                           float *__restrict__ ema,
+                                           bfloat *__restrict__ compute_copy, size_t i, size_t n,
+                                           const AdamwKernelScalars &s)
+{
+    float p[4], g[4], m[4], v[4], e[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    load_floats<4, VECTOR>(p, params, i, n);
+    load_floats<4, VECTOR>(g, grads, i, n);
+    load_floats<4, VECTOR>(m, exp_avg, i, n);
+    load_floats<4, VECTOR>(v, exp_avg_sq, i, n);
+    if (ema)
+        load_floats<4, VECTOR>(e, ema, i, n);
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+        adamw_one(p[k], g[k], m[k], v[k], s);
+    store_floats<4, VECTOR>(params, i, n, p);
+    store_floats<4, VECTOR>(exp_avg, i, n, m);
+    store_floats<4, VECTOR>(exp_avg_sq, i, n, v);
+    if (ema) {
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            e[k] = s.ema_decay * e[k] + (1.0f - s.ema_decay) * p[k];
+        store_floats<4, VECTOR>(ema, i, n, e);
+    }
+    if (compute_copy)
+        store4<VECTOR>(compute_copy, i, n, p);
+}
+
+/* The EMA reads and writes 8 bytes a parameter where a pass of its own over the new weights
+ * read 12 (the weights, then the EMA read and written): 11 GB fewer a step at 8 layers of
+ * the 8B width.
+ * Four parameters a thread and step: all five loads (one 16-byte access each) issued before
+ * the first store, at 40 registers. Eight a thread (two accesses an array) took 64 registers
+ * and moved 3.47 TB/s against 3.9 for four (H200, 218 M parameters: the copy rate is 4.2). */
 template <bool VECTOR>
 __global__ void __launch_bounds__(OPTIMIZER_THREADS)
     adamw_kernel(float *__restrict__ params, const float *__restrict__ grads,
@@ -55,29 +97,49 @@ __global__ void __launch_bounds__(OPTIMIZER_THREADS)
                  const AdamwKernelScalars s)
 {
     const size_t stride = (size_t)gridDim.x * blockDim.x * 4;
-    for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 4; i < n; i += stride) {
-        float p[4], g[4], m[4], v[4], e[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        load_floats<4, VECTOR>(p, params, i, n);
-        load_floats<4, VECTOR>(g, grads, i, n);
-        load_floats<4, VECTOR>(m, exp_avg, i, n);
-        load_floats<4, VECTOR>(v, exp_avg_sq, i, n);
-        if (ema)
-            load_floats<4, VECTOR>(e, ema, i, n);
-#pragma unroll
-        for (int k = 0; k < 4; k++)
-            adamw_one(p[k], g[k], m[k], v[k], s);
-        store_floats<4, VECTOR>(params, i, n, p);
-        store_floats<4, VECTOR>(exp_avg, i, n, m);
-        store_floats<4, VECTOR>(exp_avg_sq, i, n, v);
-        if (ema) {
-#pragma unroll
-            for (int k = 0; k < 4; k++)
-                e[k] = s.ema_decay * e[k] + (1.0f - s.ema_decay) * p[k];
-            store_floats<4, VECTOR>(ema, i, n, e);
-        }
-        if (compute_copy)
-            store4<VECTOR>(compute_copy, i, n, p);
-    }
+    for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 4; i < n; i += stride)
+        adamw_four<VECTOR>(params, grads, exp_avg, exp_avg_sq, ema, compute_copy, i, n, s);
+}
+
+/* Up to ADAMW_BATCH_RANGES small ranges in one launch: range r takes blocks first_block[r]
+ * .. first_block[r + 1] - 1, each block OPTIMIZER_THREADS x 4 consecutive elements of it.
+ * A model has one range a tensor, and most are small (norms, routing weights: d or fewer
+ * elements), where a launch each cost about 10 us (the 8-layer MHAR delta step at the 8B
+ * width: 0.55 ms a step for its 52 routing tensors, docs/performance.md). */
+enum {
+    ADAMW_BATCH_RANGES = 64,
+    ADAMW_BLOCK_ELEMENTS = OPTIMIZER_THREADS * 4,
+    ADAMW_SMALL_RANGE = 256 * ADAMW_BLOCK_ELEMENTS, /* larger ones: a launch of their own */
+};
+
+struct AdamwBatch {
+    AdamwKernelScalars scalars; /* decay and step_size: each range's own, below */
+    int n_ranges;
+    unsigned first_block[ADAMW_BATCH_RANGES + 1];
+    unsigned long long offset[ADAMW_BATCH_RANGES];
+    unsigned count[ADAMW_BATCH_RANGES];
+    float decay[ADAMW_BATCH_RANGES], step_size[ADAMW_BATCH_RANGES];
+};
+
+template <bool VECTOR>
+__global__ void __launch_bounds__(OPTIMIZER_THREADS)
+    adamw_batch_kernel(float *__restrict__ params, const float *__restrict__ grads,
+                       float *__restrict__ exp_avg, float *__restrict__ exp_avg_sq,
+                       float *__restrict__ ema, bfloat *__restrict__ compute_copy,
+                       const __grid_constant__ AdamwBatch batch)
+{
+    int r = 0; /* the range of this block: the last whose first block is at or before it */
+    while (r + 1 < batch.n_ranges && batch.first_block[r + 1] <= blockIdx.x)
+        r++;
+    AdamwKernelScalars s = batch.scalars;
+    s.decay = batch.decay[r];
+    s.step_size = batch.step_size[r];
+    const size_t at = batch.offset[r];
+    const size_t i =
+        (size_t)(blockIdx.x - batch.first_block[r]) * ADAMW_BLOCK_ELEMENTS + threadIdx.x * 4;
+    adamw_four<VECTOR>(params + at, grads + at, exp_avg + at, exp_avg_sq + at,
+                       ema ? ema + at : NULL, compute_copy ? compute_copy + at : NULL, i,
+                       batch.count[r], s);
 }
 
 template <bool VECTOR>
@@ -144,13 +206,9 @@ __global__ void __launch_bounds__(CUDA_SUM_SQUARES_PARTIALS)
         *result += total;
 }
 
-extern "C" void cuda_adamw_update(float *params, const float *grads, float *exp_avg,
-                                  float *exp_avg_sq, float *ema, size_t n, const AdamwScalars *s,
-                                  bf16 *compute_copy, cudaStream_t stream)
+/* AdamwScalars with the bias corrections made once, in double, as on the cpu backend. */
+static AdamwKernelScalars adamw_kernel_scalars(const AdamwScalars *s)
 {
-    if (n == 0)
-        return;
-    /* the bias corrections once, in double, as on the cpu backend */
     AdamwKernelScalars scalars;
     scalars.beta1 = s->beta1;
     scalars.beta2 = s->beta2;
@@ -160,16 +218,94 @@ extern "C" void cuda_adamw_update(float *params, const float *grads, float *exp_
     scalars.bias_correction2_sqrt = (float)sqrt(1.0 - pow(s->beta2, s->step));
     scalars.grad_scale = s->grad_scale;
     scalars.ema_decay = s->ema_decay;
+    return scalars;
+}
+
+static bool adamw_buffers_aligned(const float *params, const float *grads, const float *exp_avg,
+                                  const float *exp_avg_sq, const float *ema,
+                                  const bf16 *compute_copy)
+{
+    return is_aligned_16(params) && is_aligned_16(grads) && is_aligned_16(exp_avg) &&
+           is_aligned_16(exp_avg_sq) && is_aligned_16(ema) && is_aligned_16(compute_copy);
+}
+
+extern "C" void cuda_adamw_update(float *params, const float *grads, float *exp_avg,
+                                  float *exp_avg_sq, float *ema, size_t n, const AdamwScalars *s,
+                                  bf16 *compute_copy, cudaStream_t stream)
+{
+    if (n == 0)
+        return;
+    const AdamwKernelScalars scalars = adamw_kernel_scalars(s);
     unsigned blocks = grid_stride_blocks((n + 3) / 4, OPTIMIZER_THREADS);
-    bool vector = is_aligned_16(params) && is_aligned_16(grads) && is_aligned_16(exp_avg) &&
-                  is_aligned_16(exp_avg_sq) && is_aligned_16(ema) && is_aligned_16(compute_copy);
-    if (vector)
+    if (adamw_buffers_aligned(params, grads, exp_avg, exp_avg_sq, ema, compute_copy))
         adamw_kernel<true><<<blocks, OPTIMIZER_THREADS, 0, stream>>>(
             params, grads, exp_avg, exp_avg_sq, ema, (bfloat *)compute_copy, n, scalars);
     else
         adamw_kernel<false><<<blocks, OPTIMIZER_THREADS, 0, stream>>>(
             params, grads, exp_avg, exp_avg_sq, ema, (bfloat *)compute_copy, n, scalars);
     CUDA_CHECK_LAUNCH();
+}
+
+static void adamw_batch_launch(float *params, const float *grads, float *exp_avg,
+                               float *exp_avg_sq, float *ema, bf16 *compute_copy,
+                               AdamwBatch *batch, bool offsets_aligned, cudaStream_t stream)
+{
+    if (batch->n_ranges == 0)
+        return;
+    const unsigned blocks = batch->first_block[batch->n_ranges];
+    if (offsets_aligned &&
+        adamw_buffers_aligned(params, grads, exp_avg, exp_avg_sq, ema, compute_copy))
+        adamw_batch_kernel<true><<<blocks, OPTIMIZER_THREADS, 0, stream>>>(
+            params, grads, exp_avg, exp_avg_sq, ema, (bfloat *)compute_copy, *batch);
+    else
+        adamw_batch_kernel<false><<<blocks, OPTIMIZER_THREADS, 0, stream>>>(
+            params, grads, exp_avg, exp_avg_sq, ema, (bfloat *)compute_copy, *batch);
+    CUDA_CHECK_LAUNCH();
+    batch->n_ranges = 0;
+}
+
+extern "C" void cuda_adamw_update_ranges(float *params, const float *grads, float *exp_avg,
+                                         float *exp_avg_sq, float *ema,
+                                         const AdamwRange *ranges, int n_ranges,
+                                         const AdamwScalars *s, bf16 *compute_copy,
+                                         cudaStream_t stream)
+{
+    AdamwBatch batch;
+    memset(&batch, 0, sizeof batch);
+    batch.scalars = adamw_kernel_scalars(s);
+    bool offsets_aligned = true; /* every batched range starts on 4 floats */
+    for (int r = 0; r < n_ranges; r++) {
+        const AdamwRange *range = &ranges[r];
+        AdamwScalars one = *s;
+        one.lr = range->lr;
+        one.weight_decay = range->weight_decay;
+        const size_t at = range->offset;
+        if (range->count > ADAMW_SMALL_RANGE) {
+            cuda_adamw_update(params + at, grads + at, exp_avg + at, exp_avg_sq + at,
+                              ema ? ema + at : NULL, range->count, &one,
+                              compute_copy ? compute_copy + at : NULL, stream);
+            continue;
+        }
+        if (range->count == 0)
+            continue;
+        const AdamwKernelScalars scalars = adamw_kernel_scalars(&one);
+        const int k = batch.n_ranges++;
+        batch.offset[k] = at;
+        batch.count[k] = (unsigned)range->count;
+        batch.decay[k] = scalars.decay;
+        batch.step_size[k] = scalars.step_size;
+        batch.first_block[k + 1] = batch.first_block[k] +
+                                   (unsigned)((range->count + ADAMW_BLOCK_ELEMENTS - 1) /
+                                              ADAMW_BLOCK_ELEMENTS);
+        offsets_aligned = offsets_aligned && at % 4 == 0;
+        if (batch.n_ranges == ADAMW_BATCH_RANGES) {
+            adamw_batch_launch(params, grads, exp_avg, exp_avg_sq, ema, compute_copy, &batch,
+                               offsets_aligned, stream);
+            offsets_aligned = true;
+        }
+    }
+    adamw_batch_launch(params, grads, exp_avg, exp_avg_sq, ema, compute_copy, &batch,
+                       offsets_aligned, stream);
 }
 
 extern "C" void cuda_add_floats(float *y, const float *x, size_t n, cudaStream_t stream)
