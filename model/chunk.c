@@ -68,11 +68,11 @@ static void sublayer_forward(Model *model, const LayerContext *context, int j,
 }
 
 /* dx += J_j^T dout (GRAD_ADD; dx may be dout) or dx = J_j^T dout (GRAD_WRITE), or with a
- * branch dx = J_j^T dout and branch += it (model/layer.h). */
+ * branch dx = J_j^T dout and the branch as model/layer.h's GradBranch says. */
 static void sublayer_backward(Model *model, const LayerContext *context, int j,
                               const LayerActivations *saved, const Activation *x,
                               const Activation *dout, Activation *dx, GradMode dx_mode,
-                              Activation *branch)
+                              const GradBranch *branch)
 {
     const LayerWeights *weights = &model->layer_params[j / 2];
     LayerGrads *grads = &model->layer_grads[j / 2];
@@ -94,6 +94,10 @@ typedef struct {
     SummaryStore *store;
     size_t count, bytes;          /* rows * d, and in bytes */
     bool routed, delta;
+    int first_sublayer, end_sublayer; /* the chunk's */
+    GateAdd pending;              /* the forward's f_j, added in sublayer j + 1's norm ... */
+    bool has_pending;             /* ... where this is set (adds_in_next_norm) */
+    bool dout_written;            /* the backward's next d f_j is in scratch grad_output */
     RouteWalk sites;              /* the routing sites, block by block (route_block.h) */
 } Walk;
 
@@ -177,7 +181,23 @@ static const Activation *routed_input_again(Walk *walk, int j)
     return x;
 }
 
-/* Routed sublayer j in the forward: site j into x, f_j into its block (and p). */
+/* Whether the delta form's f_j may go into p and its partial in sublayer j + 1's norm
+ * (model/layer.h InputGate's add), one row read fewer than add_both or add_inplace now:
+ * site j + 1 is a gate (two-phase) of the same block in this chunk, so that nothing reads
+ * p or the partial before that norm (its Route was made when the block opened, from
+ * completed blocks), and no layer boundary under checkpointing lies between (the stash
+ * copies p as each layer starts). */
+static bool adds_in_next_norm(const Walk *walk, int j)
+{
+    const int next = j + 1;
+    return walk->delta && next < walk->end_sublayer &&
+           !residual_sublayer_starts_block(walk->plan, next) &&
+           !(walk->stash->checkpointed && next % 2 == 0) &&
+           route_walk_gates_site(&walk->sites, next);
+}
+
+/* Routed sublayer j in the forward: site j into x, f_j into its block (and p), now or in the
+ * next sublayer's norm. */
 static void routed_sublayer_forward(Walk *walk, int j, LayerActivations *saved, Activation *x)
 {
     const Backend *backend = walk->backend;
@@ -186,12 +206,24 @@ static void routed_sublayer_forward(Walk *walk, int j, LayerActivations *saved, 
     InputGate gate_storage;
     const InputGate *gate =
         site_forward(walk, j, walk->delta ? store->stream : NULL, x, &gate_storage);
+    if (walk->has_pending) { /* f_{j-1}, in this norm's pass: site j is a gate, as
+                                * adds_in_next_norm asked of route_walk_gates_site */
+        gate_storage.add = &walk->pending;
+        walk->has_pending = false;
+    }
     const bool starts_block = residual_sublayer_starts_block(plan, j);
     Activation *partial = store->summaries[plan->sublayer_buffer[j]];
+    /* f_j in the scratch stays there until sublayer j + 1's norm where it waits (that
+     * sublayer writes its own output there after its norm) */
     Activation *out = starts_block ? partial : walk->model->scratch.layer.sublayer_output;
     sublayer_forward(walk->model, &walk->layer, j, saved, x, gate, out);
     const Activation *previous = starts_block ? NULL
                                               : store->summaries[plan->sublayer_buffer[j - 1]];
+    if (adds_in_next_norm(walk, j)) {
+        walk->pending = (GateAdd){out, store->stream, previous, previous ? partial : NULL};
+        walk->has_pending = true;
+        return;
+    }
     if (previous && walk->delta) /* f_j into the partial and into p, read once */
         backend->add_both(partial, previous, store->stream, out, walk->count);
     else if (previous)
@@ -357,6 +389,7 @@ ModelLoss chunk_forward(Model *model, const ChunkSpan *span, Stash *stash,
               "(train.microbatch_size = %d)", B, model->scratch.max_batch);
     const size_t rows = (size_t)B * model->scratch.T;
     Walk walk = walk_begin(model, stash, store, B);
+    walk.end_sublayer = span->end_sublayer;
     walk_sites_begin(&walk, false);
     walk_takes_spare_rows(&walk);
     const Backend *backend = model->backend;
@@ -409,6 +442,25 @@ ModelLoss chunk_forward(Model *model, const ChunkSpan *span, Stash *stash,
     return loss;
 }
 
+/* Whether sublayer j's input norm, in the delta form, may also write d f_{j-1} =
+ * d p_j + d b_n (model/layer.h GradBranch), one row read fewer than an add before j - 1's
+ * backward: j - 1 in this chunk and in j's block, whose gradient is then complete and
+ * nothing adds into before j - 1's backward. Site j's sources are earlier blocks (checked:
+ * its backward adds into their gradients, not b_n's), and a block's walker runs at its
+ * first site. */
+static bool writes_previous_dout(const Walk *walk, int j)
+{
+    const ResidualPlan *plan = walk->plan;
+    if (!walk->delta || j - 1 < walk->first_sublayer ||
+        plan->sublayer_block[j - 1] != plan->sublayer_block[j])
+        return false;
+    const SitePlan *site = &plan->sites[j];
+    for (int k = 0; k < site->n_sources; k++)
+        if (site->sources[k].grad_block == plan->sublayer_block[j])
+            return false;
+    return true;
+}
+
 /* Sublayer j's backward, from the stream gradient (standard) or its block's gradient. */
 static void sublayer_walk_backward(Walk *walk, int j, const LayerActivations *saved,
                                    const Activation *x)
@@ -422,15 +474,24 @@ static void sublayer_walk_backward(Walk *walk, int j, const LayerActivations *sa
         return;
     }
     const Activation *grad_f = walk->store->grad_blocks[walk->plan->sublayer_block[j]];
-    if (walk->delta) {
-        backend->add(scratch->grad_output, grad_stream, grad_f, walk->count);
+    if (walk->delta) { /* d f_j = d p_{j+1} + d b_n, unless sublayer j + 1's norm wrote it */
+        if (!walk->dout_written)
+            backend->add(scratch->grad_output, grad_stream, grad_f, walk->count);
         grad_f = scratch->grad_output;
     }
     /* d x_j is written (its buffer holds nothing of this walk yet); in the delta form,
-     * x_j = p_j + alpha * mix, it is also added into d p_j */
+     * x_j = p_j + alpha * mix, it is also added into d p_j, and d f_{j-1} formed where it
+     * may be (its dout is read before: the norm's backward is the sublayer's last op) */
     Activation *grad_x = route_walk_grad_x(&walk->sites, j);
+    const bool writes_dout = writes_previous_dout(walk, j);
+    const GradBranch branch = {
+        grad_stream,
+        writes_dout ? walk->store->grad_blocks[walk->plan->sublayer_block[j - 1]] : NULL,
+        writes_dout ? scratch->grad_output : NULL,
+    };
     sublayer_backward(walk->model, &walk->layer, j, saved, x, grad_f, grad_x, GRAD_WRITE,
-                      walk->delta ? grad_stream : NULL);
+                      walk->delta ? &branch : NULL);
+    walk->dout_written = writes_dout;
     site_backward(walk, j, x, grad_x);
 }
 
@@ -493,6 +554,7 @@ void chunk_backward(Model *model, const ChunkSpan *span, Stash *stash, SummarySt
     const int B = stash->batch, d = model->config.d_model;
     const size_t rows = (size_t)B * model->scratch.T;
     Walk walk = walk_begin(model, stash, store, B);
+    walk.first_sublayer = span->first_sublayer;
     walk_sites_begin(&walk, true);
     const Backend *backend = model->backend;
     ModelScratch *scratch = &model->scratch;

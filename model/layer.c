@@ -78,7 +78,7 @@ static void input_norm_forward(const Backend *backend, Activation *normed, float
 {
     if (gate)
         backend->add_scaled_rmsnorm_forward(x, normed, rstd, gate->base, gate->route,
-                                            gate->alpha, weight, rows, d, eps);
+                                            gate->alpha, weight, rows, d, eps, gate->add);
     else
         backend->rmsnorm_forward(normed, rstd, x, weight, rows, d, eps);
 }

@@ -80,25 +80,38 @@ void layer_views_add(UnitViews *views, LayerWeights *weights, LayerGrads *grads,
 /* A sublayer input that the sublayer's norm forms: x = base + *alpha * route, rounded once
  * and written to x, then normed (runtime/backend.h add_scaled_rmsnorm_forward). The delta
  * form's x_j = p_j + alpha_j * Route (DESIGN 2.1) takes one pass over the row where
- * add_scaled and the norm took two; the bits are the same. */
+ * add_scaled and the norm took two; the bits are the same. Where add is not NULL, the norm's
+ * pass adds the sublayer before's output where it goes first (runtime/backend.h GateAdd:
+ * into base, the stream p, and the block's partial), as model/chunk.c asks. */
 typedef struct {
     const Activation *base, *route;
     const float *alpha; /* fp32 [1], backend memory */
+    const GateAdd *add; /* NULL: nothing to add first */
 } InputGate;
+
+/* Where a sublayer input's gradient also goes in the delta form, whose site
+ * x_j = p_j + alpha_j * Route sends it both to the site's route (dx) and to the stream p_j:
+ * stream += it. Where next_dout is not NULL, next_dout = stream + block_grad in the same
+ * pass (runtime/backend.h rmsnorm_backward_branch): the output gradient of the sublayer
+ * before, d f_{j-1} = d p_j + d b_n, once its block's gradient is complete (model/chunk.c). */
+typedef struct {
+    Activation *stream;
+    const Activation *block_grad;
+    Activation *next_dout;
+} GradBranch;
 
 /* The sublayers: out = f(x) [rows, d]; with a gate (not NULL) x is written first, as
  * InputGate says, otherwise read. A backward gives the input's gradient
  * J^T dout: branch NULL, dx += it (GRAD_ADD; dx may be dout: the standard stream) or dx = it
  * (GRAD_WRITE: a fresh buffer, not read); otherwise dx = it, written (dx_mode GRAD_WRITE),
- * and branch += it (the delta form's site x_j = p_j + alpha_j * Route, whose gradient goes
- * both to the site's route, dx, and to the stream p_j, branch). */
+ * and it goes to the branch as GradBranch says. */
 void attention_sublayer_forward(const LayerContext *context, const LayerWeights *weights,
                                 LayerActivations *saved, Activation *x, const InputGate *gate,
                                 Activation *out);
 void attention_sublayer_backward(const LayerContext *context, const LayerWeights *weights,
                                  LayerGrads *grads, const LayerActivations *saved,
                                  const Activation *x, const Activation *dout, Activation *dx,
-                                 GradMode dx_mode, Activation *branch);
+                                 GradMode dx_mode, const GradBranch *branch);
 
 void mlp_sublayer_forward(const LayerContext *context, const LayerWeights *weights,
                           LayerActivations *saved, Activation *x, const InputGate *gate,
@@ -106,6 +119,6 @@ void mlp_sublayer_forward(const LayerContext *context, const LayerWeights *weigh
 void mlp_sublayer_backward(const LayerContext *context, const LayerWeights *weights,
                            LayerGrads *grads, const LayerActivations *saved,
                            const Activation *x, const Activation *dout, Activation *dx,
-                           GradMode dx_mode, Activation *branch);
+                           GradMode dx_mode, const GradBranch *branch);
 
 #endif

@@ -17,12 +17,13 @@ static GradMode matrix_mode(const LayerGrads *grads)
 
 /* The sublayer's input norm, last op of its backward: into dx, and branch (layer.h). */
 static void input_norm_backward(const Backend *backend, Activation *dx, GradMode dx_mode,
-                                Activation *branch, float *dweight, const Activation *dout,
-                                const Activation *x, const Activation *weight,
-                                const float *rstd, int rows, int d)
+                                const GradBranch *branch, float *dweight,
+                                const Activation *dout, const Activation *x,
+                                const Activation *weight, const float *rstd, int rows, int d)
 {
-    if (branch) /* dx written (dx_mode is GRAD_WRITE), branch added */
-        backend->rmsnorm_backward_branch(dx, branch, dweight, dout, x, weight, rstd, rows, d);
+    if (branch) /* dx written (dx_mode is GRAD_WRITE), the stream added */
+        backend->rmsnorm_backward_branch(dx, branch->stream, dweight, dout, x, weight, rstd,
+                                         rows, d, branch->block_grad, branch->next_dout);
     else
         backend->rmsnorm_backward(dx, dx_mode, dweight, dout, x, weight, rstd, rows, d);
 }
@@ -30,7 +31,7 @@ static void input_norm_backward(const Backend *backend, Activation *dx, GradMode
 void attention_sublayer_backward(const LayerContext *context, const LayerWeights *weights,
                                  LayerGrads *grads, const LayerActivations *saved,
                                  const Activation *x, const Activation *dout, Activation *dx,
-                                 GradMode dx_mode, Activation *branch)
+                                 GradMode dx_mode, const GradBranch *branch)
 {
     const Backend *backend = context->backend;
     const ModelConfig *config = context->config;
@@ -87,7 +88,7 @@ void attention_sublayer_backward(const LayerContext *context, const LayerWeights
 void mlp_sublayer_backward(const LayerContext *context, const LayerWeights *weights,
                            LayerGrads *grads, const LayerActivations *saved,
                            const Activation *x, const Activation *dout, Activation *dx,
-                           GradMode dx_mode, Activation *branch)
+                           GradMode dx_mode, const GradBranch *branch)
 {
     const Backend *backend = context->backend;
     const ModelConfig *config = context->config;

@@ -213,6 +213,11 @@ static bool routes_alone(const RouteWalk *walk, int j)
     return !walk->two_phase || (j == walk->plan->n_sublayers && !walk->streams);
 }
 
+bool route_walk_gates_site(const RouteWalk *walk, int j)
+{
+    return !routes_alone(walk, j) && !walk->replace;
+}
+
 bool route_walk_site_gate(RouteWalk *walk, int j, const Activation *base, InputGate *gate)
 {
     if (routes_alone(walk, j) || !base)
@@ -226,7 +231,7 @@ bool route_walk_site_gate(RouteWalk *walk, int j, const Activation *base, InputG
     if (walk->streams) /* msar: its streams' mix, which the norm gates */
         route = route_site_mix(walk->route, &model->site_params[j], &walk->stash->sites[j],
                                site_streams_of(walk, i));
-    *gate = (InputGate){base, route, model->site_params[j].alpha};
+    *gate = (InputGate){base, route, model->site_params[j].alpha, NULL};
     return true;
 }
 

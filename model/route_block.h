@@ -123,6 +123,8 @@ void route_walk_site_forward(RouteWalk *walk, int j, const Activation *base, Act
  * walk enters the block. Returns false where the site's x needs route_walk_site_forward (a
  * site routed alone, the replace form). Either way the site's saved state is the same. */
 bool route_walk_site_gate(RouteWalk *walk, int j, const Activation *base, InputGate *gate);
+/* Whether route_walk_site_gate gives site j a gate, given the stream as its base. */
+bool route_walk_gates_site(const RouteWalk *walk, int j);
 
 /* Where sublayer j's backward leaves d x_j (zeroed by the caller before it adds): the
  * block's buffer of that site, or the scratch's grad_input for a site routed alone. */

@@ -72,6 +72,18 @@ typedef struct {
     float lr, weight_decay;
 } AdamwRange;
 
+/* What a gated norm (add_scaled_rmsnorm_forward) adds in its pass before it forms its gate:
+ * the delta form's output f of the sublayer before, into the stream p, which the gate reads
+ * as its base (stream must be that base: read, then written), and where partial is not NULL
+ * into the open block's partial, partial = partial_before + f. add_both's or add_inplace's
+ * bits, one row read fewer than either op before the norm (model/chunk.c). */
+typedef struct {
+    const Activation *added;
+    Activation *stream;
+    const Activation *partial_before;
+    Activation *partial;
+} GateAdd;
+
 typedef struct Backend {
     const char *name; /* "cpu" or "cuda" */
     size_t activation_bytes; /* 4 (fp32, cpu) or 2 (bf16, cuda) */
@@ -141,11 +153,14 @@ typedef struct Backend {
     /* The same gradient g (what rmsnorm_backward gives dx) for an input that branches, the
      * delta form's x_j = p_j + alpha_j * Route (DESIGN 2.1): dx = g, written, not added (the
      * site's d x_j), and branch += g (the stream's d p_j), both the rounded g of dx. One pass
-     * instead of rmsnorm_backward and an add. */
+     * instead of rmsnorm_backward and an add. Where sum is not NULL, also sum = branch +
+     * addend with the branch as just written, add's bits (the delta form's d f_{j-1} =
+     * d p_j + d b_n, model/chunk.c): one row read fewer than an add after. No buffer
+     * aliases another. */
     void (*rmsnorm_backward_branch)(Activation *dx, Activation *branch, float *dweight,
                                     const Activation *dout, const Activation *x,
                                     const Activation *weight, const float *rstd, int rows,
-                                    int d);
+                                    int d, const Activation *addend, Activation *sum);
 
     /* ---- matmul: out[rows, out_dim] = in[rows, in_dim] @ weight[out_dim, in_dim]^T
      * (the [out, in] layout of Hugging Face Linear weights) ---- */
@@ -267,11 +282,13 @@ typedef struct Backend {
     /* add_scaled into x [rows, d] (n = rows * d; x may alias base), then rmsnorm_forward of
      * that x into out and rstd, in one pass: the delta form's x_j = p + alpha_j * Route
      * formed by the sublayer's norm (model/layer.h InputGate). The same bits as the two ops
-     * one after the other; x is written, for the norm's backward. */
+     * one after the other; x is written, for the norm's backward. Where add is not NULL,
+     * its adds (GateAdd above) come first, as add_both or add_inplace before would: base is
+     * add->stream, the gate reads it as added to, and x does not alias it. */
     void (*add_scaled_rmsnorm_forward)(Activation *x, Activation *out, float *rstd,
                                        const Activation *base, const Activation *route,
                                        const float *alpha, const Activation *weight, int rows,
-                                       int d, float eps);
+                                       int d, float eps, const GateAdd *add);
     /* add_scaled's backward through its x term: dx = alpha * dout (WRITTEN; base's gradient
      * is dout itself, the caller's) and *dalpha += sum_i dout[i] x[i] (fp32 backend memory
      * [1], summed in a fixed order). dx must not alias dout or x. */

@@ -2,6 +2,7 @@
 #include "runtime/optim.h"
 
 #include <math.h>
+#include <stdlib.h>
 
 #include "runtime/error.h"
 

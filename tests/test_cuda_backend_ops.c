@@ -219,7 +219,14 @@ Test(cuda_backend_ops, rmsnorm_backward_adds_the_cpu_gradients)
 static void run_rmsnorm_backward_branch(const Backend *b, void *const *p, const OpCase *c)
 {
     b->rmsnorm_backward_branch(p[0], p[1], p[2], p[3], p[4], p[5], p[6], c->shape[0],
-                               c->shape[1]);
+                               c->shape[1], NULL, NULL);
+}
+
+/* the same with the sum (arrays 7 and 8: the addend, then the sum) */
+static void run_rmsnorm_backward_branch_sum(const Backend *b, void *const *p, const OpCase *c)
+{
+    b->rmsnorm_backward_branch(p[0], p[1], p[2], p[3], p[4], p[5], p[6], c->shape[0],
+                               c->shape[1], p[7], p[8]);
 }
 
 static void prepare_rmsnorm_backward_branch(OpCase *c)
@@ -241,7 +248,9 @@ Test(cuda_backend_ops, rmsnorm_backward_branch_writes_the_cpu_gradient_and_adds_
     const int count = (int)(sizeof rmsnorm_branch_shapes / sizeof rmsnorm_branch_shapes[0]);
     for (int i = 0; i < count; i++) {
         const int rows = rmsnorm_branch_shapes[i][0], d = rmsnorm_branch_shapes[i][1];
-        OpCase c = op_case("rmsnorm_backward_branch", run_rmsnorm_backward_branch);
+        const bool sum = i % 2; /* with the sum at every other shape */
+        OpCase c = op_case("rmsnorm_backward_branch",
+                           sum ? run_rmsnorm_backward_branch_sum : run_rmsnorm_backward_branch);
         c.shape[0] = rows, c.shape[1] = d;
         c.prepare = prepare_rmsnorm_backward_branch;
         op_output(&c, "dx", ARRAY_ACTIVATION, (size_t)rows * d, BF16_OUT);
@@ -251,6 +260,10 @@ Test(cuda_backend_ops, rmsnorm_backward_branch_writes_the_cpu_gradient_and_adds_
         op_input(&c, "x", ARRAY_ACTIVATION, (size_t)rows * d, 1, 0);
         op_input(&c, "weight", ARRAY_ACTIVATION, (size_t)d, 0.5f, 1);
         op_input(&c, "rstd", ARRAY_FLOAT, (size_t)rows, 0, 0);
+        if (sum) {
+            op_input(&c, "addend", ARRAY_ACTIVATION, (size_t)rows * d, 1, 0);
+            op_output(&c, "sum", ARRAY_ACTIVATION, (size_t)rows * d, BF16_OUT);
+        }
         op_check(&c, 70 + (uint64_t)i);
     }
 }

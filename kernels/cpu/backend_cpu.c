@@ -166,10 +166,10 @@ static void table_rmsnorm_backward(Activation *dx, GradMode dx_mode, float *dwei
 static void table_rmsnorm_backward_branch(Activation *dx, Activation *branch, float *dweight,
                                           const Activation *dout, const Activation *x,
                                           const Activation *weight, const float *rstd, int rows,
-                                          int d)
+                                          int d, const Activation *addend, Activation *sum)
 {
     cpu_rmsnorm_backward_branch(F(dx), F(branch), dweight, CF(dout), CF(x), CF(weight), rstd,
-                                rows, d);
+                                rows, d, CF(addend), F(sum));
 }
 
 static void table_matmul_forward(Activation *out, const Activation *in,
@@ -427,9 +427,14 @@ static void table_add_scaled(Activation *out, const Activation *base, const Acti
 static void table_add_scaled_rmsnorm_forward(Activation *x, Activation *out, float *rstd,
                                              const Activation *base, const Activation *route,
                                              const float *alpha, const Activation *weight,
-                                             int rows, int d, float eps)
+                                             int rows, int d, float eps, const GateAdd *add)
 {
-    cpu_add_scaled(F(x), CF(base), CF(route), *alpha, (size_t)rows * d);
+    const size_t n = (size_t)rows * d;
+    if (add && add->partial)
+        table_add_both(add->partial, add->partial_before, add->stream, add->added, n);
+    else if (add)
+        table_add_inplace(add->stream, add->added, n);
+    cpu_add_scaled(F(x), CF(base), CF(route), *alpha, n);
     cpu_rmsnorm_forward(F(out), rstd, CF(x), CF(weight), rows, d, eps);
 }
 

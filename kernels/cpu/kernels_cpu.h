@@ -50,10 +50,11 @@ void cpu_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w
 void cpu_rmsnorm_backward(float *dx, GradMode dx_mode, float *dweight, const float *dout,
                           const float *x, const float *weight, const float *rstd, int rows,
                           int d);
-/* dx = g (written), branch += g: runtime/backend.h rmsnorm_backward_branch */
+/* dx = g (written), branch += g, and sum = branch + addend where sum is not NULL:
+ * runtime/backend.h rmsnorm_backward_branch */
 void cpu_rmsnorm_backward_branch(float *dx, float *branch, float *dweight, const float *dout,
                                  const float *x, const float *weight, const float *rstd,
-                                 int rows, int d);
+                                 int rows, int d, const float *addend, float *sum);
 
 /* matmul_cpu.c */
 void cpu_matmul_forward(float *out, const float *in, const float *weight, int rows, int in_dim,

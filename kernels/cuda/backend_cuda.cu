@@ -373,12 +373,13 @@ static void op_rmsnorm_backward(Activation *dx, GradMode dx_mode, float *dweight
 static void op_rmsnorm_backward_branch(Activation *dx, Activation *branch, float *dweight,
                                        const Activation *dout, const Activation *x,
                                        const Activation *weight, const float *rstd, int rows,
-                                       int d)
+                                       int d, const Activation *addend, Activation *sum)
 {
     float *workspace = workspace_floats(cuda_rmsnorm_backward_workspace_floats(rows, d));
     cuda_rmsnorm_backward_branch(as_bf16(dx), as_bf16(branch), dweight, as_bf16_const(dout),
                                  as_bf16_const(x), as_bf16_const(weight), rstd, rows, d,
-                                 workspace, compute_stream());
+                                 as_bf16_const(addend), as_bf16(sum), workspace,
+                                 compute_stream());
 }
 
 static void op_matmul_forward(Activation *out, const Activation *in, const Activation *weight,

@@ -188,11 +188,16 @@ static void op_add_scaled(Activation *out, const Activation *base, const Activat
 static void op_add_scaled_rmsnorm_forward(Activation *x, Activation *out, float *rstd,
                                           const Activation *base, const Activation *route,
                                           const float *alpha, const Activation *weight, int rows,
-                                          int d, float eps)
+                                          int d, float eps, const GateAdd *add)
 {
+    CudaGateAdd device_add;
+    if (add)
+        device_add = (CudaGateAdd){as_bf16_const(add->added), as_bf16(add->stream),
+                                   as_bf16_const(add->partial_before), as_bf16(add->partial)};
     cuda_add_scaled_rmsnorm_forward(as_bf16(x), as_bf16(out), rstd, as_bf16_const(base),
                                     as_bf16_const(route), alpha, as_bf16_const(weight), rows, d,
-                                    eps, backend_cuda_compute_stream());
+                                    eps, add ? &device_add : NULL,
+                                    backend_cuda_compute_stream());
 }
 
 static void op_add_scaled_backward(Activation *dx, float *dalpha, const Activation *dout,

@@ -172,6 +172,9 @@ typedef struct {
     int rows, d;
     bf16 *x, *weight, *out, *dout, *dx, *base, *route;
     float *rstd, *dweight, *workspace, *alpha;
+    /* the delta form's adds around the norms: f into the partial and p (base) before the
+     * gated forward; d p_j (branch) + d b_n (addend) into sum after the backward */
+    bf16 *f, *partial_before, *partial, *branch, *addend, *sum;
 } NormCase;
 
 static void rmsnorm_forward_case(void *p)
@@ -192,7 +195,39 @@ static void gated_rmsnorm_forward_case(void *p)
 {
     NormCase *c = (NormCase *)p;
     cuda_add_scaled_rmsnorm_forward(c->x, c->out, c->rstd, c->base, c->route, c->alpha,
-                                    c->weight, c->rows, c->d, 1e-5f, 0);
+                                    c->weight, c->rows, c->d, 1e-5f, NULL, 0);
+}
+
+static void add_both_then_gated_forward_case(void *p)
+{
+    NormCase *c = (NormCase *)p;
+    const size_t n = (size_t)c->rows * c->d;
+    cuda_add_both(c->partial, c->partial_before, c->base, c->f, n, 0);
+    cuda_add_scaled_rmsnorm_forward(c->x, c->out, c->rstd, c->base, c->route, c->alpha,
+                                    c->weight, c->rows, c->d, 1e-5f, NULL, 0);
+}
+
+static void gated_forward_with_adds_case(void *p)
+{
+    NormCase *c = (NormCase *)p;
+    const CudaGateAdd add = {c->f, c->base, c->partial_before, c->partial};
+    cuda_add_scaled_rmsnorm_forward(c->x, c->out, c->rstd, c->base, c->route, c->alpha,
+                                    c->weight, c->rows, c->d, 1e-5f, &add, 0);
+}
+
+static void branch_backward_then_add_case(void *p)
+{
+    NormCase *c = (NormCase *)p;
+    cuda_rmsnorm_backward_branch(c->dx, c->branch, c->dweight, c->dout, c->x, c->weight,
+                                 c->rstd, c->rows, c->d, NULL, NULL, c->workspace, 0);
+    cuda_add(c->sum, c->branch, c->addend, (size_t)c->rows * c->d, 0);
+}
+
+static void branch_backward_with_sum_case(void *p)
+{
+    NormCase *c = (NormCase *)p;
+    cuda_rmsnorm_backward_branch(c->dx, c->branch, c->dweight, c->dout, c->x, c->weight,
+                                 c->rstd, c->rows, c->d, c->addend, c->sum, c->workspace, 0);
 }
 
 static void rmsnorm_backward_case(void *p)
@@ -218,6 +253,9 @@ static void bench_rmsnorm(int rows, int d)
     c.base = (bf16 *)device_random_bf16(n, 26);
     c.route = (bf16 *)device_random_bf16(n, 27);
     c.alpha = device_floats(1, 0.5f);
+    bf16 **rows_of[] = {&c.f, &c.partial_before, &c.partial, &c.branch, &c.addend, &c.sum};
+    for (int k = 0; k < 6; k++)
+        *rows_of[k] = (bf16 *)device_random_bf16(n, 30 + (uint64_t)k);
     char name[64];
     snprintf(name, sizeof name, "rmsnorm fwd %dx%d", rows, d);
     report(name, median_ms(rmsnorm_forward_case, &c), 0, 2.0 * n * 2);
@@ -228,6 +266,17 @@ static void bench_rmsnorm(int rows, int d)
     rmsnorm_forward_case(&c);
     snprintf(name, sizeof name, "rmsnorm bwd %dx%d", rows, d);
     report(name, median_ms(rmsnorm_backward_case, &c), 0, 4.0 * n * 2);
+    /* the delta form's adds: apart (9 and 8 rows) and inside the norms (8 and 7) */
+    snprintf(name, sizeof name, "add_both, gated fwd %dx%d", rows, d);
+    report(name, median_ms(add_both_then_gated_forward_case, &c), 0, 9.0 * n * 2);
+    snprintf(name, sizeof name, "gated fwd with adds %dx%d", rows, d);
+    report(name, median_ms(gated_forward_with_adds_case, &c), 0, 8.0 * n * 2);
+    snprintf(name, sizeof name, "branch bwd, add %dx%d", rows, d);
+    report(name, median_ms(branch_backward_then_add_case, &c), 0, 8.0 * n * 2);
+    snprintf(name, sizeof name, "branch bwd with sum %dx%d", rows, d);
+    report(name, median_ms(branch_backward_with_sum_case, &c), 0, 7.0 * n * 2);
+    for (int k = 0; k < 6; k++)
+        cudaFree(*rows_of[k]);
     cudaFree(c.x), cudaFree(c.weight), cudaFree(c.out), cudaFree(c.dout), cudaFree(c.dx);
     cudaFree(c.rstd), cudaFree(c.dweight), cudaFree(c.workspace), cudaFree(c.base);
     cudaFree(c.route), cudaFree(c.alpha);

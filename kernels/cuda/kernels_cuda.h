@@ -92,22 +92,33 @@ void cuda_sum_rows(float *out, const bf16 *x, int rows, int d, float *workspace,
  * grouping depends only on rows and d. */
 void cuda_rmsnorm_forward(bf16 *out, float *rstd, const bf16 *x, const bf16 *weight, int rows,
                           int d, float eps, cudaStream_t stream);
+/* runtime/backend.h GateAdd on the device: stream += added and, where partial is not NULL,
+ * partial = partial_before + added, each rounded once. */
+typedef struct {
+    const bf16 *added;
+    bf16 *stream;
+    const bf16 *partial_before;
+    bf16 *partial;
+} CudaGateAdd;
 /* x = bf16(base + *alpha * route) (route_block_cuda.h cuda_add_scaled's bits; x may alias
  * base), then cuda_rmsnorm_forward of that x, in one pass (runtime/backend.h
- * add_scaled_rmsnorm_forward); alpha fp32 [1], device. */
+ * add_scaled_rmsnorm_forward); alpha fp32 [1], device. Where add is not NULL, its adds
+ * first, base being add->stream. */
 void cuda_add_scaled_rmsnorm_forward(bf16 *x, bf16 *out, float *rstd, const bf16 *base,
                                      const bf16 *route, const float *alpha, const bf16 *weight,
-                                     int rows, int d, float eps, cudaStream_t stream);
+                                     int rows, int d, float eps, const CudaGateAdd *add,
+                                     cudaStream_t stream);
 size_t cuda_rmsnorm_backward_workspace_floats(int rows, int d);
 void cuda_rmsnorm_backward(bf16 *dx, GradMode dx_mode, float *dweight, const bf16 *dout,
                            const bf16 *x, const bf16 *weight, const float *rstd, int rows,
                            int d, float *workspace, cudaStream_t stream);
-/* dx = bf16(g), written, and branch += that bf16(g), g what cuda_rmsnorm_backward gives dx
- * (runtime/backend.h rmsnorm_backward_branch); branch NULL is cuda_rmsnorm_backward with
- * GRAD_ADD. */
+/* dx = bf16(g), written, and branch += that bf16(g), g what cuda_rmsnorm_backward gives dx,
+ * and where sum is not NULL sum = branch + addend (runtime/backend.h
+ * rmsnorm_backward_branch); branch NULL is cuda_rmsnorm_backward with GRAD_ADD. */
 void cuda_rmsnorm_backward_branch(bf16 *dx, bf16 *branch, float *dweight, const bf16 *dout,
                                   const bf16 *x, const bf16 *weight, const float *rstd, int rows,
-                                  int d, float *workspace, cudaStream_t stream);
+                                  int d, const bf16 *addend, bf16 *sum, float *workspace,
+                                  cudaStream_t stream);
 
 /* ---- rope_cuda.cu: x, out, dx, dout [B, T, n_heads, head_dim] bf16; cos, sin
  * [T, head_dim / 2] fp32; head_dim even; out may alias x. ---- */

@@ -4,12 +4,15 @@
  * Forward: rstd = rsqrt(mean(x^2) + eps) in fp32, out = bf16(weight * bf16(x * rstd)), the
  * product order of Hugging Face's LlamaRMSNorm (cast to the activation dtype, then weight).
  * The gated forward (add_scaled_rmsnorm_forward) first forms x = bf16(base + alpha * route)
- * in the registers that hold the row, stores it, and norms it as above.
+ * in the registers that hold the row, stores it, and norms it as above; where it is given
+ * the sublayer before's output f, base = bf16(base + f) (stored) and the partial
+ * bf16(partial_before + f) come first.
  * Backward, with xhat = x * rstd and dxhat = dout * weight (fp32):
  *   g        = rstd * (dxhat - xhat * mean(dxhat * xhat))
  *   dx      += g, or = +0.0 + g without reading dx (GRAD_WRITE: the bits of an add into
  *              zeros, runtime/backend.h), or, for an input that branches (runtime/backend.h
- *              rmsnorm_backward_branch): dx = bf16(g) and branch += that same bf16(g)
+ *              rmsnorm_backward_branch): dx = bf16(g) and branch += that same bf16(g), and
+ *              where a sum is asked for, sum = bf16(branch + addend) from the stored branch
  *   dweight += sum over rows of dout * xhat
  *
  * Layout: a "row team" of ROW_THREADS threads handles one row at a time, each thread CHUNKS
@@ -72,13 +75,34 @@ static int rmsnorm_rows_per_group(int rows, RmsnormShape shape)
 }
 
 /* The norm's input row, with a gate (route not NULL: add_scaled_rmsnorm_forward) formed
- * first: x = bf16(base + *alpha * route), scaled_add's rounding, stored to gated. */
+ * first: x = bf16(base + *alpha * route), scaled_add's rounding, stored to gated; before it,
+ * where added is not NULL, base += added (stored to stream, base's buffer) and partial =
+ * partial_before + added where partial is not NULL (CudaGateAdd). */
 struct NormInput {
     const bfloat *x; /* or the gate's base */
     const bfloat *route;
     const float *alpha;
     bfloat *gated;
+    const bfloat *added, *partial_before;
+    bfloat *stream, *partial;
 };
+
+/* chunk `column` of the row at `at`: a + b, rounded once and stored to `to`; the sum returned
+ * as stored (add_both's and add_inplace's bits). */
+template <bool VECTOR>
+__device__ __forceinline__ uint4 norm_add_store(uint4 a, const bfloat *b, bfloat *to, size_t at,
+                                                int column, int d)
+{
+    float sums[8], others[8];
+    unpack8(sums, a);
+    unpack8(others, load8_raw<VECTOR>(b + at, column, d));
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+        sums[k] += others[k];
+    const uint4 rounded = pack8(sums);
+    store8_raw<VECTOR>(to + at, column, d, rounded);
+    return rounded;
+}
 
 template <int ROW_THREADS, int CHUNKS, bool VECTOR>
 __global__ void __launch_bounds__(RMSNORM_THREADS)
@@ -99,6 +123,18 @@ __global__ void __launch_bounds__(RMSNORM_THREADS)
         if (input.route)
             route_raw[chunk] = load8_raw<VECTOR>(input.route + (size_t)row * d,
                                                  (chunk * ROW_THREADS + lane) * 8, d);
+    }
+    if (input.added) { /* the sublayer before's output, into the partial and the stream */
+        const size_t at = (size_t)row * d;
+#pragma unroll
+        for (int chunk = 0; chunk < CHUNKS; chunk++) {
+            const int column = (chunk * ROW_THREADS + lane) * 8;
+            if (input.partial)
+                norm_add_store<VECTOR>(load8_raw<VECTOR>(input.partial_before + at, column, d),
+                                       input.added, input.partial, at, column, d);
+            raw[chunk] = norm_add_store<VECTOR>(raw[chunk], input.added, input.stream, at,
+                                                column, d);
+        }
     }
     if (input.route) { /* the gate, rounded once: the norm reads the rounded x */
         const float scale = *input.alpha;
@@ -161,6 +197,17 @@ __device__ __forceinline__ uint4 norm_extra_chunk(const bfloat *extra, size_t at
     return extra ? load8_raw<VECTOR>(extra + at, column, d) : make_uint4(0u, 0u, 0u, 0u);
 }
 
+template <int ROW_THREADS, int CHUNKS, bool VECTOR>
+__device__ __forceinline__ void norm_row_load_extra(NormRowInputs<CHUNKS> &in,
+                                                    const bfloat *extra, int row, int d,
+                                                    int lane)
+{
+#pragma unroll
+    for (int chunk = 0; chunk < CHUNKS; chunk++)
+        in.extra[chunk] =
+            norm_extra_chunk<VECTOR>(extra, (size_t)row * d, (chunk * ROW_THREADS + lane) * 8, d);
+}
+
 /* Loads x, dout and rstd of `row`, and the extra row too where WITH_EXTRA. */
 template <int ROW_THREADS, int CHUNKS, bool VECTOR, bool WITH_EXTRA>
 __device__ __forceinline__ void norm_row_load(NormRowInputs<CHUNKS> &in, const bfloat *x,
@@ -173,35 +220,29 @@ __device__ __forceinline__ void norm_row_load(NormRowInputs<CHUNKS> &in, const b
         const int column = (chunk * ROW_THREADS + lane) * 8;
         in.x[chunk] = load8_raw<VECTOR>(x + at, column, d);
         in.dout[chunk] = load8_raw<VECTOR>(dout + at, column, d);
-        if (WITH_EXTRA)
-            in.extra[chunk] = norm_extra_chunk<VECTOR>(extra, at, column, d);
     }
+    if (WITH_EXTRA)
+        norm_row_load_extra<ROW_THREADS, CHUNKS, VECTOR>(in, extra, row, d, lane);
     in.rstd = rstd[row];
-}
-
-template <int ROW_THREADS, int CHUNKS, bool VECTOR>
-__device__ __forceinline__ void norm_row_load_extra(NormRowInputs<CHUNKS> &in,
-                                                    const bfloat *extra, int row, int d,
-                                                    int lane)
-{
-#pragma unroll
-    for (int chunk = 0; chunk < CHUNKS; chunk++)
-        in.extra[chunk] =
-            norm_extra_chunk<VECTOR>(extra, (size_t)row * d, (chunk * ROW_THREADS + lane) * 8, d);
 }
 
 /* First pass of the backward: dx of every row, partial dweight of every group of rows.
  * branch NULL: dx += g (accumulate) or dx = +0.0 + g (dx not read); otherwise dx = bf16(g)
- * and branch += bf16(g).
+ * and branch += bf16(g), and where sum is not NULL sum = bf16(branch + addend).
  * Each team requests its next row (x, dout, the row added into, rstd) before it sums this
  * one: a row at a time, with the added-into row read only after the row sum, the 4096 x 4096
  * backward moved 2.2 TB/s (the loads of a row, then its barriers and stores, with nothing in
- * flight). The row's arithmetic and its order are unchanged. */
-template <int ROW_THREADS, int CHUNKS, bool VECTOR>
-__global__ void __launch_bounds__(RMSNORM_THREADS)
+ * flight). The row's arithmetic and its order are unchanged.
+ * WITH_SUM: the instance that makes the sum, its addend loaded as the sum is made. Loaded
+ * with the row, it took the 4096-wide kernel from 128 registers to 168 (one block a
+ * multiprocessor instead of two) and spilled at 1280; in every instance it did that to the
+ * other calls too. */
+template <int ROW_THREADS, int CHUNKS, bool VECTOR, bool WITH_SUM>
+__global__ void __launch_bounds__(RMSNORM_THREADS, WITH_SUM && CHUNKS == 2 ? 2 : 1)
     rmsnorm_backward_kernel(bfloat *dx, bool accumulate, bfloat *branch, float *partials,
                             const bfloat *dout, const bfloat *x, const bfloat *weight,
-                            const float *rstd, int rows, int d, int rows_per_group)
+                            const float *rstd, int rows, int d, int rows_per_group,
+                            const bfloat *addend, bfloat *sum)
 {
     __shared__ float scratch[RMSNORM_THREADS / 32];
     int lane = threadIdx.x % ROW_THREADS;
@@ -265,10 +306,18 @@ __global__ void __launch_bounds__(RMSNORM_THREADS)
                     float xhat = xs[k] * row_rstd;
                     dxs[k] = __bfloat162float(__float2bfloat16_rn(
                         row_rstd * (grads[k] * scales[k] - xhat * mean_dot)));
-                    branches[k] += dxs[k];
+                    branches[k] = __bfloat162float(__float2bfloat16_rn(branches[k] + dxs[k]));
                     dweight_sum[chunk][k] += grads[k] * xhat;
                 }
                 store8<VECTOR>(branch + (size_t)row * d, column, d, branches);
+                if (WITH_SUM) { /* the stored branch plus the addend, add's rounding */
+                    float sums[8];
+                    load8<VECTOR>(sums, addend + (size_t)row * d, column, d);
+#pragma unroll
+                    for (int k = 0; k < 8; k++)
+                        sums[k] = branches[k] + sums[k];
+                    store8<VECTOR>(sum + (size_t)row * d, column, d, sums);
+                }
             } else {
                 /* the extra row is dx when it is added into, zeros (+0.0) when written */
                 unpack8(dxs, current.extra[chunk]);
@@ -322,7 +371,8 @@ typedef void (*ForwardLaunch)(bool vector, unsigned blocks, cudaStream_t stream,
 typedef void (*BackwardLaunch)(bool vector, unsigned blocks, cudaStream_t stream, bfloat *dx,
                                bool accumulate, bfloat *branch, float *partials,
                                const bfloat *dout, const bfloat *x, const bfloat *weight,
-                               const float *rstd, int rows, int d, int rows_per_group);
+                               const float *rstd, int rows, int d, int rows_per_group,
+                               const bfloat *addend, bfloat *sum);
 
 template <int ROW_THREADS, int CHUNKS>
 static void launch_forward(bool vector, unsigned blocks, cudaStream_t stream, bfloat *out,
@@ -342,14 +392,29 @@ template <int ROW_THREADS, int CHUNKS>
 static void launch_backward(bool vector, unsigned blocks, cudaStream_t stream, bfloat *dx,
                             bool accumulate, bfloat *branch, float *partials,
                             const bfloat *dout, const bfloat *x, const bfloat *weight,
-                            const float *rstd, int rows, int d, int rows_per_group)
+                            const float *rstd, int rows, int d, int rows_per_group,
+                            const bfloat *addend, bfloat *sum)
 {
-    if (vector)
-        rmsnorm_backward_kernel<ROW_THREADS, CHUNKS, true><<<blocks, RMSNORM_THREADS, 0, stream>>>(
-            dx, accumulate, branch, partials, dout, x, weight, rstd, rows, d, rows_per_group);
+    if (vector && sum)
+        rmsnorm_backward_kernel<ROW_THREADS, CHUNKS, true, true>
+            <<<blocks, RMSNORM_THREADS, 0, stream>>>(dx, accumulate, branch, partials, dout, x,
+                                                     weight, rstd, rows, d, rows_per_group,
+                                                     addend, sum);
+    else if (vector)
+        rmsnorm_backward_kernel<ROW_THREADS, CHUNKS, true, false>
+            <<<blocks, RMSNORM_THREADS, 0, stream>>>(dx, accumulate, branch, partials, dout, x,
+                                                     weight, rstd, rows, d, rows_per_group,
+                                                     NULL, NULL);
+    else if (sum)
+        rmsnorm_backward_kernel<ROW_THREADS, CHUNKS, false, true>
+            <<<blocks, RMSNORM_THREADS, 0, stream>>>(dx, accumulate, branch, partials, dout, x,
+                                                     weight, rstd, rows, d, rows_per_group,
+                                                     addend, sum);
     else
-        rmsnorm_backward_kernel<ROW_THREADS, CHUNKS, false><<<blocks, RMSNORM_THREADS, 0, stream>>>(
-            dx, accumulate, branch, partials, dout, x, weight, rstd, rows, d, rows_per_group);
+        rmsnorm_backward_kernel<ROW_THREADS, CHUNKS, false, false>
+            <<<blocks, RMSNORM_THREADS, 0, stream>>>(dx, accumulate, branch, partials, dout, x,
+                                                     weight, rstd, rows, d, rows_per_group,
+                                                     NULL, NULL);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -386,7 +451,9 @@ static void rmsnorm_forward_launch(bf16 *out, float *rstd, const NormInput &inpu
     unsigned blocks = (unsigned)((rows + rows_per_block - 1) / rows_per_block);
     bool vector = d % 8 == 0 && is_aligned_16(out) && is_aligned_16(input.x) &&
                   is_aligned_16(weight) && is_aligned_16(input.route) &&
-                  is_aligned_16(input.gated);
+                  is_aligned_16(input.gated) && is_aligned_16(input.added) &&
+                  is_aligned_16(input.partial_before) && is_aligned_16(input.stream) &&
+                  is_aligned_16(input.partial);
     forward_launches[team_index(shape)][chunk_index(shape)](
         vector, blocks, stream, (bfloat *)out, rstd, input, (const bfloat *)weight, rows, d, eps);
 }
@@ -394,18 +461,27 @@ static void rmsnorm_forward_launch(bf16 *out, float *rstd, const NormInput &inpu
 extern "C" void cuda_rmsnorm_forward(bf16 *out, float *rstd, const bf16 *x, const bf16 *weight,
                                      int rows, int d, float eps, cudaStream_t stream)
 {
-    const NormInput input = {(const bfloat *)x, NULL, NULL, NULL};
+    const NormInput input = {(const bfloat *)x, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
     rmsnorm_forward_launch(out, rstd, input, weight, rows, d, eps, stream);
 }
 
 /* One pass where add_scaled then rmsnorm_forward took two: 4 rows moved instead of 5 (base
- * and route read, x and out written). */
+ * and route read, x and out written). With the adds, 8 rows instead of add_both's 5 and
+ * these 4 (the stream is read once), 6 instead of add_inplace's 3 and 4. */
 extern "C" void cuda_add_scaled_rmsnorm_forward(bf16 *x, bf16 *out, float *rstd,
                                                 const bf16 *base, const bf16 *route,
                                                 const float *alpha, const bf16 *weight, int rows,
-                                                int d, float eps, cudaStream_t stream)
+                                                int d, float eps, const CudaGateAdd *add,
+                                                cudaStream_t stream)
 {
-    const NormInput input = {(const bfloat *)base, (const bfloat *)route, alpha, (bfloat *)x};
+    const NormInput input = {(const bfloat *)base,
+                             (const bfloat *)route,
+                             alpha,
+                             (bfloat *)x,
+                             add ? (const bfloat *)add->added : NULL,
+                             add ? (const bfloat *)add->partial_before : NULL,
+                             add ? (bfloat *)add->stream : NULL,
+                             add ? (bfloat *)add->partial : NULL};
     rmsnorm_forward_launch(out, rstd, input, weight, rows, d, eps, stream);
 }
 
@@ -420,11 +496,12 @@ extern "C" size_t cuda_rmsnorm_backward_workspace_floats(int rows, int d)
 }
 
 /* Both backwards: branch NULL, dx += g (accumulate) or dx = +0.0 + g; otherwise dx = bf16(g)
- * and branch += it. dweight += the groups' partials, summed. */
+ * and branch += it (and sum = branch + addend where sum is not NULL). dweight += the
+ * groups' partials, summed. */
 static void rmsnorm_backward_launch(bf16 *dx, bool accumulate, bf16 *branch, float *dweight,
                                     const bf16 *dout, const bf16 *x, const bf16 *weight,
-                                    const float *rstd, int rows, int d, float *workspace,
-                                    cudaStream_t stream)
+                                    const float *rstd, int rows, int d, const bf16 *addend,
+                                    bf16 *sum, float *workspace, cudaStream_t stream)
 {
     if (rows <= 0 || d <= 0)
         return;
@@ -435,11 +512,12 @@ static void rmsnorm_backward_launch(bf16 *dx, bool accumulate, bf16 *branch, flo
     unsigned blocks = (unsigned)((groups + groups_per_block - 1) / groups_per_block);
     bool vector = d % 8 == 0 && is_aligned_16(dx) && is_aligned_16(workspace) &&
                   is_aligned_16(dout) && is_aligned_16(x) && is_aligned_16(weight) &&
-                  (!branch || is_aligned_16(branch));
+                  (!branch || is_aligned_16(branch)) && is_aligned_16(addend) &&
+                  is_aligned_16(sum);
     backward_launches[team_index(shape)][chunk_index(shape)](
         vector, blocks, stream, (bfloat *)dx, accumulate, (bfloat *)branch, workspace,
         (const bfloat *)dout, (const bfloat *)x, (const bfloat *)weight, rstd, rows, d,
-        per_group);
+        per_group, (const bfloat *)addend, (bfloat *)sum);
 
     dim3 reduce_block(REDUCE_COLUMNS, REDUCE_SLICES);
     unsigned reduce_blocks = (unsigned)((d + REDUCE_COLUMNS - 1) / REDUCE_COLUMNS);
@@ -451,10 +529,11 @@ static void rmsnorm_backward_launch(bf16 *dx, bool accumulate, bf16 *branch, flo
 extern "C" void cuda_rmsnorm_backward_branch(bf16 *dx, bf16 *branch, float *dweight,
                                              const bf16 *dout, const bf16 *x, const bf16 *weight,
                                              const float *rstd, int rows, int d,
-                                             float *workspace, cudaStream_t stream)
+                                             const bf16 *addend, bf16 *sum, float *workspace,
+                                             cudaStream_t stream)
 {
-    rmsnorm_backward_launch(dx, true, branch, dweight, dout, x, weight, rstd, rows, d, workspace,
-                            stream);
+    rmsnorm_backward_launch(dx, true, branch, dweight, dout, x, weight, rstd, rows, d,
+                            branch ? addend : NULL, branch ? sum : NULL, workspace, stream);
 }
 
 extern "C" void cuda_rmsnorm_backward(bf16 *dx, GradMode dx_mode, float *dweight,
@@ -463,5 +542,5 @@ extern "C" void cuda_rmsnorm_backward(bf16 *dx, GradMode dx_mode, float *dweight
                                       cudaStream_t stream)
 {
     rmsnorm_backward_launch(dx, dx_mode == GRAD_ADD, NULL, dweight, dout, x, weight, rstd, rows,
-                            d, workspace, stream);
+                            d, NULL, NULL, workspace, stream);
 }
