@@ -237,18 +237,20 @@ static void prepare_rmsnorm_backward_branch(OpCase *c)
     free(out);
 }
 
-/* dx is an output (poisoned first: the op must write it), the branch accumulates; rows
- * of a warp (d <= 1024) and of a whole block, vector and not */
+/* dx is an output (poisoned first: the op must write it), the branch accumulates, and the
+ * sum, where asked for, is written; rows of a warp (d <= 1280: the sum added after) and of
+ * a whole block (2 and 4 chunks: the sum in the kernel), vector and not */
 static const int rmsnorm_branch_shapes[][2] = {{7, 40}, {33, 100}, {5, 2056}, {3, 4100},
-                                               {9, 1280}, {6, 1100}};
+                                               {9, 1280}, {6, 1100}, {5, 4096}};
 
 Test(cuda_backend_ops, rmsnorm_backward_branch_writes_the_cpu_gradient_and_adds_it_to_the_branch)
 {
     gpu_require();
     const int count = (int)(sizeof rmsnorm_branch_shapes / sizeof rmsnorm_branch_shapes[0]);
-    for (int i = 0; i < count; i++) {
-        const int rows = rmsnorm_branch_shapes[i][0], d = rmsnorm_branch_shapes[i][1];
-        const bool sum = i % 2; /* with the sum at every other shape */
+    for (int i = 0; i < 2 * count; i++) { /* each shape without the sum, then with it */
+        const int rows = rmsnorm_branch_shapes[i % count][0];
+        const int d = rmsnorm_branch_shapes[i % count][1];
+        const bool sum = i >= count;
         OpCase c = op_case("rmsnorm_backward_branch",
                            sum ? run_rmsnorm_backward_branch_sum : run_rmsnorm_backward_branch);
         c.shape[0] = rows, c.shape[1] = d;

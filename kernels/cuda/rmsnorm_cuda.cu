@@ -181,10 +181,11 @@ __global__ void __launch_bounds__(RMSNORM_THREADS)
 }
 
 /* What the backward reads of one row, in this thread's columns: x, dout, and the extra row
- * (dx when it is added into, the branch when there is one; else zeros), and the row's rstd. */
+ * (dx when it is added into, the branch when there is one; else zeros), the addend of the
+ * branch's sum where there is one, and the row's rstd. */
 template <int CHUNKS>
 struct NormRowInputs {
-    uint4 x[CHUNKS], dout[CHUNKS], extra[CHUNKS];
+    uint4 x[CHUNKS], dout[CHUNKS], extra[CHUNKS], addend[CHUNKS];
     float rstd;
 };
 
@@ -208,11 +209,13 @@ __device__ __forceinline__ void norm_row_load_extra(NormRowInputs<CHUNKS> &in,
             norm_extra_chunk<VECTOR>(extra, (size_t)row * d, (chunk * ROW_THREADS + lane) * 8, d);
 }
 
-/* Loads x, dout and rstd of `row`, and the extra row too where WITH_EXTRA. */
+/* Loads x, dout and rstd of `row`, the addend where it is not NULL, and the extra row too
+ * where WITH_EXTRA. */
 template <int ROW_THREADS, int CHUNKS, bool VECTOR, bool WITH_EXTRA>
 __device__ __forceinline__ void norm_row_load(NormRowInputs<CHUNKS> &in, const bfloat *x,
                                               const bfloat *dout, const bfloat *extra,
-                                              const float *rstd, int row, int d, int lane)
+                                              const bfloat *addend, const float *rstd, int row,
+                                              int d, int lane)
 {
     const size_t at = (size_t)row * d;
 #pragma unroll
@@ -220,6 +223,8 @@ __device__ __forceinline__ void norm_row_load(NormRowInputs<CHUNKS> &in, const b
         const int column = (chunk * ROW_THREADS + lane) * 8;
         in.x[chunk] = load8_raw<VECTOR>(x + at, column, d);
         in.dout[chunk] = load8_raw<VECTOR>(dout + at, column, d);
+        if (addend)
+            in.addend[chunk] = load8_raw<VECTOR>(addend + at, column, d);
     }
     if (WITH_EXTRA)
         norm_row_load_extra<ROW_THREADS, CHUNKS, VECTOR>(in, extra, row, d, lane);
@@ -233,12 +238,16 @@ __device__ __forceinline__ void norm_row_load(NormRowInputs<CHUNKS> &in, const b
  * one: a row at a time, with the added-into row read only after the row sum, the 4096 x 4096
  * backward moved 2.2 TB/s (the loads of a row, then its barriers and stores, with nothing in
  * flight). The row's arithmetic and its order are unchanged.
- * WITH_SUM: the instance that makes the sum, its addend loaded as the sum is made. Loaded
- * with the row, it took the 4096-wide kernel from 128 registers to 168 (one block a
- * multiprocessor instead of two) and spilled at 1280; in every instance it did that to the
- * other calls too. */
+ * WITH_SUM: the instance that makes the sum, its addend loaded with the row's x and dout.
+ * An instance of its own, so that the others keep their registers (the 4096-wide kernel
+ * 128, two blocks a multiprocessor; with the addend 160, one). At 4096 x 4096 (H100,
+ * 2026-12-06, fathom-kernel-bench norm) it took 0.098-0.099 ms where the branch's
+ * backward and an add after took 0.109-0.114; the addend loaded at the store took 0.108,
+ * at the row's start (two blocks held, 52 bytes spilled) 0.101-0.102. A warp's rows
+ * (d <= 1280) do not take it: each way was slower than the add after (8192 x 1280: 0.075-
+ * 0.085 ms against 0.072; rmsnorm_backward_launch). */
 template <int ROW_THREADS, int CHUNKS, bool VECTOR, bool WITH_SUM>
-__global__ void __launch_bounds__(RMSNORM_THREADS, WITH_SUM && CHUNKS == 2 ? 2 : 1)
+__global__ void __launch_bounds__(RMSNORM_THREADS)
     rmsnorm_backward_kernel(bfloat *dx, bool accumulate, bfloat *branch, float *partials,
                             const bfloat *dout, const bfloat *x, const bfloat *weight,
                             const float *rstd, int rows, int d, int rows_per_group,
@@ -267,14 +276,15 @@ __global__ void __launch_bounds__(RMSNORM_THREADS, WITH_SUM && CHUNKS == 2 ? 2 :
      * as the row begins: the whole next row made more than 255 registers (spills) */
     constexpr bool WHOLE_NEXT_ROW = CHUNKS <= 4;
     NormRowInputs<CHUNKS> current, next;
-    norm_row_load<ROW_THREADS, CHUNKS, VECTOR, WHOLE_NEXT_ROW>(current, x, dout, extra, rstd,
-                                                               first, d, lane);
+    const bfloat *sum_addend = WITH_SUM ? addend : NULL; /* loaded with the row */
+    norm_row_load<ROW_THREADS, CHUNKS, VECTOR, WHOLE_NEXT_ROW>(current, x, dout, extra,
+                                                               sum_addend, rstd, first, d, lane);
     for (int row = first; row < last; row++) {
         if (!WHOLE_NEXT_ROW)
             norm_row_load_extra<ROW_THREADS, CHUNKS, VECTOR>(current, extra, row, d, lane);
         if (row + 1 < last)
-            norm_row_load<ROW_THREADS, CHUNKS, VECTOR, WHOLE_NEXT_ROW>(next, x, dout, extra,
-                                                                       rstd, row + 1, d, lane);
+            norm_row_load<ROW_THREADS, CHUNKS, VECTOR, WHOLE_NEXT_ROW>(
+                next, x, dout, extra, sum_addend, rstd, row + 1, d, lane);
         bfloat *dx_row = dx + (size_t)row * d;
         const float row_rstd = current.rstd;
 
@@ -312,7 +322,7 @@ __global__ void __launch_bounds__(RMSNORM_THREADS, WITH_SUM && CHUNKS == 2 ? 2 :
                 store8<VECTOR>(branch + (size_t)row * d, column, d, branches);
                 if (WITH_SUM) { /* the stored branch plus the addend, add's rounding */
                     float sums[8];
-                    load8<VECTOR>(sums, addend + (size_t)row * d, column, d);
+                    unpack8(sums, current.addend[chunk]);
 #pragma unroll
                     for (int k = 0; k < 8; k++)
                         sums[k] = branches[k] + sums[k];
@@ -506,6 +516,12 @@ static void rmsnorm_backward_launch(bf16 *dx, bool accumulate, bf16 *branch, flo
     if (rows <= 0 || d <= 0)
         return;
     RmsnormShape shape = rmsnorm_shape(d);
+    if (sum && shape.row_threads == 32) { /* the add after: faster here (the kernel above) */
+        rmsnorm_backward_launch(dx, accumulate, branch, dweight, dout, x, weight, rstd, rows, d,
+                                NULL, NULL, workspace, stream);
+        cuda_add(sum, branch, addend, (size_t)rows * d, stream);
+        return;
+    }
     int per_group = rmsnorm_rows_per_group(rows, shape);
     int groups = (rows + per_group - 1) / per_group;
     int groups_per_block = RMSNORM_THREADS / shape.row_threads;
