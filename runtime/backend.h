@@ -513,7 +513,7 @@ typedef struct Backend {
      * with s's lr and weight_decay replaced by the range's: the same bits as one adamw_update
      * a range. Elements outside the ranges are not touched. The step's optimizer makes one
      * call; cuda updates the small ranges (a model's norms and routing weights, one range a
-     * tensor) many to a launch, where a launch each cost about 10 us a tensor. */
+     * tensor) many to a launch. */
     void (*adamw_update_ranges)(float *params, const float *grads, float *exp_avg,
                                 float *exp_avg_sq, float *ema, const AdamwRange *ranges,
                                 int n_ranges, const AdamwScalars *s, Activation *compute_copy);

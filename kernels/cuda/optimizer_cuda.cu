@@ -104,8 +104,8 @@ __global__ void __launch_bounds__(OPTIMIZER_THREADS)
 /* Up to ADAMW_BATCH_RANGES small ranges in one launch: range r takes blocks first_block[r]
  * .. first_block[r + 1] - 1, each block OPTIMIZER_THREADS x 4 consecutive elements of it.
  * A model has one range a tensor, and most are small (norms, routing weights: d or fewer
- * elements), where a launch each cost about 10 us (the 8-layer MHAR delta step at the 8B
- * width: 0.55 ms a step for its 52 routing tensors, docs/performance.md). */
+ * elements): at the 8-layer MHAR delta graft of the 8B width 127 launches a step became 58
+ * and a batch (docs/performance.md, 2026-12-06 evening). */
 enum {
     ADAMW_BATCH_RANGES = 64,
     ADAMW_BLOCK_ELEMENTS = OPTIMIZER_THREADS * 4,
