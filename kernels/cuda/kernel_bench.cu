@@ -256,25 +256,28 @@ static void bench_rmsnorm(int rows, int d)
     bf16 **rows_of[] = {&c.f, &c.partial_before, &c.partial, &c.branch, &c.addend, &c.sum};
     for (int k = 0; k < 6; k++)
         *rows_of[k] = (bf16 *)device_random_bf16(n, 30 + (uint64_t)k);
-    char name[64];
-    snprintf(name, sizeof name, "rmsnorm fwd %dx%d", rows, d);
-    report(name, median_ms(rmsnorm_forward_case, &c), 0, 2.0 * n * 2);
-    snprintf(name, sizeof name, "add_scaled %dx%d", rows, d);
-    report(name, median_ms(add_scaled_case, &c), 0, 3.0 * n * 2);
-    snprintf(name, sizeof name, "add_scaled in rmsnorm fwd %dx%d", rows, d);
-    report(name, median_ms(gated_rmsnorm_forward_case, &c), 0, 4.0 * n * 2);
+    /* each case's name and the rows of [rows, d] it moves; the backwards read the forward's
+     * rstd. The delta form's adds: apart (9 and 8 rows) and inside the norms (8 and 7). */
+    const struct {
+        const char *name;
+        void (*run)(void *);
+        int rows_moved;
+    } cases[] = {
+        {"rmsnorm fwd", rmsnorm_forward_case, 2},
+        {"add_scaled", add_scaled_case, 3},
+        {"add_scaled in rmsnorm fwd", gated_rmsnorm_forward_case, 4},
+        {"rmsnorm bwd", rmsnorm_backward_case, 4},
+        {"add_both, gated fwd", add_both_then_gated_forward_case, 9},
+        {"gated fwd with adds", gated_forward_with_adds_case, 8},
+        {"branch bwd, add", branch_backward_then_add_case, 8},
+        {"branch bwd with sum", branch_backward_with_sum_case, 7},
+    };
     rmsnorm_forward_case(&c);
-    snprintf(name, sizeof name, "rmsnorm bwd %dx%d", rows, d);
-    report(name, median_ms(rmsnorm_backward_case, &c), 0, 4.0 * n * 2);
-    /* the delta form's adds: apart (9 and 8 rows) and inside the norms (8 and 7) */
-    snprintf(name, sizeof name, "add_both, gated fwd %dx%d", rows, d);
-    report(name, median_ms(add_both_then_gated_forward_case, &c), 0, 9.0 * n * 2);
-    snprintf(name, sizeof name, "gated fwd with adds %dx%d", rows, d);
-    report(name, median_ms(gated_forward_with_adds_case, &c), 0, 8.0 * n * 2);
-    snprintf(name, sizeof name, "branch bwd, add %dx%d", rows, d);
-    report(name, median_ms(branch_backward_then_add_case, &c), 0, 8.0 * n * 2);
-    snprintf(name, sizeof name, "branch bwd with sum %dx%d", rows, d);
-    report(name, median_ms(branch_backward_with_sum_case, &c), 0, 7.0 * n * 2);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "%s %dx%d", cases[i].name, rows, d);
+        report(name, median_ms(cases[i].run, &c), 0, 2.0 * cases[i].rows_moved * n);
+    }
     for (int k = 0; k < 6; k++)
         cudaFree(*rows_of[k]);
     cudaFree(c.x), cudaFree(c.weight), cudaFree(c.out), cudaFree(c.dout), cudaFree(c.dx);
