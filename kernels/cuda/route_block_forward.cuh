@@ -42,6 +42,13 @@ __device__ __forceinline__ BlockSitePointers block_site_pointers(const BlockForw
     return site;
 }
 
+/* Where part p of site i's dot against source n lies in a token's dot parts, [parts][G][N]
+ * (block_forward_mma_softmax). */
+__device__ __forceinline__ size_t block_mma_dot_at(int p, int i, int n, int G, int N)
+{
+    return ((size_t)p * G + i) * N + n;
+}
+
 /* The heads that warp w's vectors touch: first .. last. */
 __host__ __device__ __forceinline__ void block_warp_heads(const BlockHeads &layout, int warp,
                                                           int *first, int *last)
@@ -60,7 +67,9 @@ __host__ __device__ __forceinline__ void block_warp_heads(const BlockHeads &layo
  * odd warps' squares). `site_out` holds site i's pointers (block_site_pointers). (The
  * per-thread kernel's loop, a lane a (site, head), kept 8 of 32 lanes busy at H 8 and walked
  * the N sources, the warps' squares and the parts one after another: a quarter of the
- * kernel's stalls, 2026-12-02.) */
+ * kernel's stalls, 2026-12-02.) The parts of the dots lie [parts][G][N] (block_mma_dot_at),
+ * so that the lanes of a warp read consecutive words: laid [G][N][parts], a head of 16
+ * parts (H 1 at d 4096) put the lanes' reads 16 words apart, 8 to a bank. */
 template <int MAXN>
 __device__ __forceinline__ void block_forward_mma_softmax(const BlockForwardArgs &args,
                                                           const BlockSitePointers &site_out,
@@ -101,10 +110,9 @@ __device__ __forceinline__ void block_forward_mma_softmax(const BlockForwardArgs
         r[k] = __shfl_sync(0xffffffffu, r_of_lane, (2 * n) & 31);
         z[k] = -INFINITY;
         if (site && n < N) {
-            const float *dots = dot_parts + ((size_t)i * N + n) * parts;
             float dot = 0.0f;
             for (int p = from; p <= to; p++)
-                dot += dots[p];
+                dot += dot_parts[block_mma_dot_at(p, i, n, G, N)];
             z[k] = r[k] * dot;
             top = fmaxf(top, z[k]);
             if (warp == 0)

@@ -42,7 +42,8 @@
 
 
 /* Shared memory, in floats after the rows [2][N][threads] x 16 bytes: square parts
- * [2][MAXN][warps] and dot parts [2][G][N][parts], both double-buffered by token parity, then
+ * [2][MAXN][warps] and dot parts [2][G][N][parts] (the tensor-core kernel's [2][parts][G][N],
+ * block_mma_dot_at), both double-buffered by token parity, then
  * each warp's softmax weights [warps][G][N][warp_heads_max]. */
 struct BlockForwardLayout {
     size_t square_parts, dot_parts, coefficients, total;
@@ -345,7 +346,7 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
         for (int e = 0; e < 4; e++) {
             const int n = g + 8 * (e >> 1), i = 2 * c + (e & 1);
             if (n < N && i < G)
-                dot[((size_t)i * N + n) * parts + warp] = dots[e];
+                dot[block_mma_dot_at(warp, i, n, G, N)] = dots[e];
         }
         /* (g, g) sits in element 0 where g = 2c, in 1 where g = 2c + 1: chosen by select,
          * since an array indexed at run time lives in local memory (ptxas stored gram_low

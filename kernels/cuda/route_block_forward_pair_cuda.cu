@@ -28,7 +28,7 @@
 enum { PAIR_BUFFERS = 4 };
 
 /* Shared memory, in bytes: rows [4][N][threads] x 16, then per buffer b (pair parity x 2 +
- * token) the square parts [MAXN][warps] and dot parts [G][N][parts] floats, then each warp's
+ * token) the square parts [MAXN][warps] and dot parts [parts][G][N] floats, then each warp's
  * softmax weights for both tokens [warps][2][G][N][stride], the sites' output pointers
  * [CUDA_BLOCK_MAX_SITES], and the zero row: 32 zero vectors, so that a lane whose row is past
  * the sources reads zeros at every offset a row's 32 vectors take (pair_lane_offsets). */
@@ -194,7 +194,7 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
             const int i = 2 * c + (e & 1);
             float *dot = e >> 1 ? dots_b : dots_a;
             if (g < N && i < G)
-                dot[((size_t)i * N + g) * parts + warp] = dots_high[e] + dots_low[e];
+                dot[block_mma_dot_at(warp, i, g, G, N)] = dots_high[e] + dots_low[e];
         }
         /* (g, g) sits in element 0 where g = 2c, in 1 where g = 2c + 1 (a's), 2 and 3 (b's);
          * chosen by select: a run-time index would put the array in local memory */
