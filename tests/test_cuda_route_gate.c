@@ -2,7 +2,7 @@
  * table (DESIGN 2.1, the delta form; docs/design-notes.md, "Two-phase routing"): add_scaled,
  * its backward (alpha d x, and <d x, Route> added into d alpha), and its form inside the
  * sublayer's norm, add_scaled_rmsnorm_forward, which must give the bits of the two ops it
- * replaces.
+ * replaces, and with its adds first (GateAdd) the bits of add_both or add_inplace before.
  *
  * Rules of tests/cuda_backend_support.h: fresh random inputs rounded to bf16, outputs
  * poisoned with NaN on both backends, "+=" outputs from random starts, relative errors within
