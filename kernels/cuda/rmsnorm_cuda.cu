@@ -405,21 +405,29 @@ static void launch_backward(bool vector, unsigned blocks, cudaStream_t stream, b
                             const float *rstd, int rows, int d, int rows_per_group,
                             const bfloat *addend, bfloat *sum)
 {
-    if (vector && sum)
-        rmsnorm_backward_kernel<ROW_THREADS, CHUNKS, true, true>
-            <<<blocks, RMSNORM_THREADS, 0, stream>>>(dx, accumulate, branch, partials, dout, x,
-                                                     weight, rstd, rows, d, rows_per_group,
-                                                     addend, sum);
-    else if (vector)
+    /* a warp's rows never make the sum here (rmsnorm_backward_launch adds after): no
+     * instance of theirs is compiled */
+    if constexpr (ROW_THREADS != 32) {
+        if (sum) {
+            if (vector)
+                rmsnorm_backward_kernel<ROW_THREADS, CHUNKS, true, true>
+                    <<<blocks, RMSNORM_THREADS, 0, stream>>>(dx, accumulate, branch, partials,
+                                                             dout, x, weight, rstd, rows, d,
+                                                             rows_per_group, addend, sum);
+            else
+                rmsnorm_backward_kernel<ROW_THREADS, CHUNKS, false, true>
+                    <<<blocks, RMSNORM_THREADS, 0, stream>>>(dx, accumulate, branch, partials,
+                                                             dout, x, weight, rstd, rows, d,
+                                                             rows_per_group, addend, sum);
+            CUDA_CHECK_LAUNCH();
+            return;
+        }
+    }
+    if (vector)
         rmsnorm_backward_kernel<ROW_THREADS, CHUNKS, true, false>
             <<<blocks, RMSNORM_THREADS, 0, stream>>>(dx, accumulate, branch, partials, dout, x,
                                                      weight, rstd, rows, d, rows_per_group,
                                                      NULL, NULL);
-    else if (sum)
-        rmsnorm_backward_kernel<ROW_THREADS, CHUNKS, false, true>
-            <<<blocks, RMSNORM_THREADS, 0, stream>>>(dx, accumulate, branch, partials, dout, x,
-                                                     weight, rstd, rows, d, rows_per_group,
-                                                     addend, sum);
     else
         rmsnorm_backward_kernel<ROW_THREADS, CHUNKS, false, false>
             <<<blocks, RMSNORM_THREADS, 0, stream>>>(dx, accumulate, branch, partials, dout, x,
