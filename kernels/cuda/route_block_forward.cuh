@@ -81,7 +81,7 @@ __device__ __forceinline__ void block_forward_mma_softmax(const BlockForwardArgs
     const BlockHeads &layout = args.layout;
     const int N = args.n_sources, G = args.n_sites, H = args.heads, tokens = args.tokens;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    const int parts = layout.parts, stride = args.warp_heads_max;
+    const int stride = args.warp_heads_max;
     const int h = warp / layout.warps_per_head, i = lane >> 2, q = lane & 3;
     const bool writer = warp == h * layout.warps_per_head, site = i < G;
     float *const rstd = site_out.rstd, *const weights = site_out.weights;

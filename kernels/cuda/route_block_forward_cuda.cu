@@ -296,7 +296,7 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
     float *square_parts = reinterpret_cast<float *>(shared_bytes + shared.square_parts);
     float *dot_parts = reinterpret_cast<float *>(shared_bytes + shared.dot_parts);
     const int N = args.n_sources, G = args.n_sites, tokens = args.tokens;
-    const int V = args.layout.vectors, parts = args.layout.parts, stride = args.warp_heads_max;
+    const int V = args.layout.vectors, stride = args.warp_heads_max;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     const int g = lane >> 2, c = lane & 3;
     /* the warp's first slot of a staged row (32 a warp) and its first vector of the row */
