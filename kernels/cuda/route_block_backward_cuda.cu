@@ -108,12 +108,8 @@ __device__ __forceinline__ void block_walk_fetch(float *stage, BfVector<BLOCK_WA
                                      : coefficients + (long long)n * source_stride;
             float *to_floats = stage + n * row;
 #pragma unroll 1
-            for (int j = lane; j < (self ? N : row); j += 32) {
-                const unsigned to = (unsigned)__cvta_generic_to_shared(to_floats + j);
-                asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(to),
-                             "l"(from + j)
-                             : "memory");
-            }
+            for (int j = lane; j < (self ? N : row); j += 32)
+                copy_float_async(to_floats + j, from + j);
         }
         if (valid) {
             const long long at = t * (args.d / VEC) + blockIdx.x * THREADS + threadIdx.x;

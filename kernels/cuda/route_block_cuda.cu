@@ -16,6 +16,34 @@ enum { REDUCE_SLICES = 8 };
 
 /* ---- the reduction of per-block channel sums ---- */
 
+/* sum_k x[k * stride], k = 0 .. count - 1, added in k order; the loads eight at a time, so
+ * that a long sum waits on memory once per eight terms rather than once per term (the
+ * dalpha sums run over every token: 256 terms a lane at 8192 tokens). */
+__device__ __forceinline__ float ordered_strided_sum(const float *x, int count, long long stride)
+{
+    enum { BATCH = 8 };
+    float sum = 0.0f;
+    int k = 0;
+    for (; k + BATCH <= count; k += BATCH) {
+        float terms[BATCH];
+#pragma unroll
+        for (int j = 0; j < BATCH; j++)
+            terms[j] = x[(k + j) * stride];
+#pragma unroll
+        for (int j = 0; j < BATCH; j++)
+            sum += terms[j];
+    }
+    for (; k < count; k++)
+        sum += x[k * stride];
+    return sum;
+}
+
+/* The terms b = first, first + step, ... below end: their count. */
+__device__ __forceinline__ int strided_count(int first, int end, int step)
+{
+    return first < end ? (end - first + step - 1) / step : 0;
+}
+
 /* For site i = blockIdx.y: S_c = the blocks' sums in block order (REDUCE_SLICES strided sums,
  * then those in order), dq_c += g_c S_c, dg_c += q_c S_c; *dalpha += its blocks' sums in
  * order. Block: REDUCE_SLICES warps x 32 channels. */
@@ -28,8 +56,9 @@ __global__ void route_block_reduce_kernel(const __grid_constant__ BlockReduceArg
     const float *partials = args.partials + (long long)site * args.blocks * d;
     float sum = 0.0f;
     if (c < d)
-        for (int b = slice; b < args.blocks; b += REDUCE_SLICES)
-            sum += partials[(long long)b * d + c];
+        sum = ordered_strided_sum(partials + (long long)slice * d + c,
+                                  strided_count(slice, args.blocks, REDUCE_SLICES),
+                                  (long long)REDUCE_SLICES * d);
     slices[slice][lane] = sum;
     __syncthreads();
     if (slice == 0 && c < d) {
@@ -41,9 +70,8 @@ __global__ void route_block_reduce_kernel(const __grid_constant__ BlockReduceArg
     }
     if (args.dalpha[site] && blockIdx.x == 0 && slice == 1) {
         const float *alpha_partials = args.alpha_partials + (long long)site * args.alpha_blocks;
-        float alpha = 0.0f;
-        for (int b = lane; b < args.alpha_blocks; b += 32)
-            alpha += alpha_partials[b];
+        float alpha = ordered_strided_sum(alpha_partials + lane,
+                                          strided_count(lane, args.alpha_blocks, 32), 32);
         alpha = warp_sum(alpha);
         if (lane == 0)
             *args.dalpha[site] += alpha;

@@ -217,6 +217,13 @@ __device__ __forceinline__ void block_fetch_rows(BfVector<8> *to, const bf16 *co
     copy_async_commit();
 }
 
+/* One float global -> shared through cp.async, committed and waited on as the rows are. */
+__device__ __forceinline__ void copy_float_async(float *shared_destination, const float *from)
+{
+    const unsigned to = (unsigned)__cvta_generic_to_shared(shared_destination);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(to), "l"(from) : "memory");
+}
+
 /* This thread's vector of each of the token's N staged rows ([N][threads] from `rows`) as
  * floats, converted once; zeros past N and for a thread past the row. */
 template <int MAXN>

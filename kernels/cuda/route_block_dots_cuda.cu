@@ -10,10 +10,11 @@
  *                 D = < d x_i, s_n > and P = < q_i g_i, s_n > per head, each warp's or
  *                 segment's share written to the workspace as it stands. No barrier: the
  *                 warps of a block run apart, each a token ahead in its loads.
- *   coefficients  a warp a token, a lane per (site, head): D and P from the parts in part
- *                 order, the softmax backward, the token's coefficients a scale and r dz
- *                 [tokens][N][H][2G]; then a lane per source e_n [tokens][N] and a lane per
- *                 site the dalpha term [G][tokens], in the warp's shared memory.
+ *   coefficients  a warp a token: the token's parts, saved weights, rstd and centres copied
+ *                 into the warp's shared memory at once; then a lane per (site, head): D and
+ *                 P from the parts in part order, the softmax backward, the token's
+ *                 coefficients a scale and r dz [tokens][N][H][2G]; then a lane per source
+ *                 e_n [tokens][N] and a lane per site the dalpha term [G][tokens].
  * The first version did the second launch's work inside the dots kernel, behind two barriers
  * a token and with a thread per (site, head) while the rest of the block waited: 0.85-1.05 ms
  * a launch at the 8B graft, 0.9 TB/s, stalled on the barriers (docs/performance.md).
@@ -186,35 +187,86 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
 
 /* ---- coefficients ---- */
 
+/* A warp a token, its inputs staged first. Read where they were used, the parts and the
+ * saved weights put a round trip to L2 behind each source of each (site, head) pair, and a
+ * launch took the time of one warp's chain of them (60-70 us at 8192 tokens, a tenth of its
+ * bytes' pace; docs/performance.md, 2026-12-06, later). Now the warp's lanes start copies of
+ * the token's parts, weights, rstd and centres into the warp's shared memory together (one
+ * round trip), and the arithmetic below reads them there in the order it always had: the
+ * same bits. */
 enum { BLOCK_COEFFICIENT_WARPS = 4 };
 
-/* Shared memory a warp: dz P [G][N][H], then each (site, head)'s dalpha term [G][H]. */
-__host__ __device__ static size_t block_coefficient_warp_floats(int n_sources, int n_sites,
-                                                           int heads)
+/* A warp's shared memory, in floats: the token's parts [parts][G][2][N], the weights
+ * [G][N][H], rstd [N], the centres [G][H] (where given), then dz P [G][N][H] and each
+ * (site, head)'s dalpha term [G][H]. */
+struct BlockCoefficientStage {
+    int weights, rstd, means, products, alpha_terms, floats;
+};
+
+__host__ __device__ static BlockCoefficientStage block_coefficient_stage(int parts, int n_sources,
+                                                                         int n_sites, int heads)
 {
-    return (size_t)n_sites * (n_sources + 1) * heads;
+    BlockCoefficientStage stage;
+    stage.weights = parts * n_sites * 2 * n_sources;
+    stage.rstd = stage.weights + n_sites * n_sources * heads;
+    stage.means = stage.rstd + n_sources;
+    stage.products = stage.means + n_sites * heads;
+    stage.alpha_terms = stage.products + n_sites * n_sources * heads;
+    stage.floats = stage.alpha_terms + n_sites * heads;
+    return stage;
+}
+
+/* Starts the copies of token t's inputs into `staged` (the warp's; each lane its share,
+ * consecutive lanes consecutive floats where the source is contiguous) and waits for them. */
+__device__ __forceinline__ void block_coefficients_fetch(float *staged,
+                                                         const BlockCoefficientStage &stage,
+                                                         const BlockDotsArgs &args,
+                                                         const float *token_parts, long long t,
+                                                         int lane)
+{
+    const int N = args.n_sources, G = args.n_sites, H = args.heads, tokens = args.tokens;
+    for (int j = lane; j < stage.weights; j += 32)
+        copy_float_async(staged + j, token_parts + j);
+    for (int j = lane; j < G * N * H; j += 32) { /* site i's [N][tokens][H] */
+        const int i = j / (N * H), n = j / H - i * N, h = j - (j / H) * H;
+        copy_float_async(staged + stage.weights + j,
+                         args.weights[i] + ((long long)n * tokens + t) * H + h);
+    }
+    for (int n = lane; n < N; n += 32)
+        copy_float_async(staged + stage.rstd + n, args.rstd + (long long)n * tokens + t);
+    for (int j = lane; j < G * H; j += 32)
+        if (args.means[j / H])
+            copy_float_async(staged + stage.means + j, args.means[j / H] + t * H + j % H);
+    copy_async_commit();
+    copy_async_wait<0>();
+    __syncwarp(); /* every lane's copies */
 }
 
 template <int MAXN>
 __global__ void __launch_bounds__(BLOCK_COEFFICIENT_WARPS * 32)
     route_block_coefficients_kernel(const __grid_constant__ BlockDotsArgs args)
 {
-    extern __shared__ float products_of_warps[];
+    extern __shared__ __align__(16) float staged_of_warps[];
     const BlockHeads &layout = args.layout;
-    const int N = args.n_sources, G = args.n_sites, H = args.heads, tokens = args.tokens;
+    const int N = args.n_sources, G = args.n_sites, H = args.heads;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const long long t = (long long)blockIdx.x * BLOCK_COEFFICIENT_WARPS + warp;
-    if (t >= tokens)
+    const long long t = (long long)blockIdx.x * blockDim.x / 32 + warp;
+    if (t >= args.tokens)
         return; /* a whole warp: nothing below waits for the block */
-    float *products = products_of_warps + warp * block_coefficient_warp_floats(N, G, H);
-    const float *token_parts = args.parts + block_parts_at(args, t);
+    const BlockCoefficientStage stage = block_coefficient_stage(layout.parts, N, G, H);
+    float *staged = staged_of_warps + (size_t)warp * stage.floats;
+    block_coefficients_fetch(staged, stage, args, args.parts + block_parts_at(args, t), t,
+                             lane);
+    const float *rstd = staged + stage.rstd;
+    float *products = staged + stage.products;
     const int part_stride = G * 2 * N;
 
     for (int pair = lane; pair < G * H; pair += 32) {
         const int i = pair / H, h = pair - i * H;
         int from, to;
         block_head_parts(layout, h, &from, &to);
-        const float *site_parts = token_parts + (size_t)i * 2 * N;
+        const float *site_parts = staged + (size_t)i * 2 * N;
+        const float *site_weights = staged + stage.weights + (size_t)i * N * H;
         const float scale = args.alpha[i] ? *args.alpha[i] : 1.0f;
         float value[MAXN], key[MAXN], a[MAXN];
         float mean = 0.0f, alpha_term = 0.0f;
@@ -227,30 +279,29 @@ __global__ void __launch_bounds__(BLOCK_COEFFICIENT_WARPS * 32)
                 value[n] += site_parts[(size_t)p * part_stride + n];
                 key[n] += site_parts[(size_t)p * part_stride + N + n];
             }
-            a[n] = args.weights[i][((long long)n * tokens + t) * H + h];
+            a[n] = site_weights[n * H + h];
             mean += a[n] * (scale * value[n]);
             alpha_term += a[n] * value[n];
         }
         if (args.means[i])
-            mean = args.means[i][t * H + h];
+            mean = staged[stage.means + pair];
 #pragma unroll
         for (int n = 0; n < MAXN; n++) {
             if (n >= N)
                 continue;
-            const float r = args.rstd[(long long)n * tokens + t];
             const float score_grad = a[n] * (scale * value[n] - mean);
             float *coefficient = args.coefficients + ((t * N + n) * H + h) * (long long)(2 * G);
             coefficient[i] = a[n] * scale;
-            coefficient[G + i] = r * score_grad;
+            coefficient[G + i] = rstd[n] * score_grad;
             products[((size_t)i * N + n) * H + h] = score_grad * key[n];
         }
-        products[(size_t)G * N * H + pair] = alpha_term; /* summed over heads below */
+        staged[stage.alpha_terms + pair] = alpha_term; /* summed over heads below */
     }
     __syncwarp();
 
     /* a lane per source: e_n over the sites; a lane per site: its dalpha term */
     for (int n = lane; n < N; n += 32) {
-        const float r = args.rstd[(long long)n * tokens + t];
+        const float r = rstd[n];
         float total = 0.0f;
         for (int i = 0; i < G; i++) {
             float sum = 0.0f;
@@ -263,8 +314,8 @@ __global__ void __launch_bounds__(BLOCK_COEFFICIENT_WARPS * 32)
     for (int i = lane; i < G; i += 32) {
         float total = 0.0f;
         for (int h = 0; h < H; h++)
-            total += products[(size_t)G * N * H + i * H + h];
-        args.alpha_terms[(long long)i * tokens + t] = total;
+            total += staged[stage.alpha_terms + i * H + h];
+        args.alpha_terms[(long long)i * args.tokens + t] = total;
     }
 }
 
@@ -315,13 +366,24 @@ static void block_dots_launch(const BlockDotsArgs &args, cudaStream_t stream)
     }
     CUDA_CHECK_LAUNCH();
 
-    const size_t products = (size_t)BLOCK_COEFFICIENT_WARPS *
-                            block_coefficient_warp_floats(args.n_sources, args.n_sites,
-                                                          args.heads) * sizeof(float);
-    const int coefficient_blocks =
-        (args.tokens + BLOCK_COEFFICIENT_WARPS - 1) / BLOCK_COEFFICIENT_WARPS;
+    /* as many warps a block as the staging allows, up to BLOCK_COEFFICIENT_WARPS (at the
+     * largest shapes the block kernels take, a warp stages about 60 KB) */
+    const size_t warp_bytes = (size_t)block_coefficient_stage(args.layout.parts, args.n_sources,
+                                                              args.n_sites, args.heads)
+                                  .floats * sizeof(float);
+    int warps = BLOCK_COEFFICIENT_WARPS;
+    while (warps > 1 && warps * warp_bytes > BLOCK_SHARED_LIMIT)
+        warps--;
+    static bool attribute_set; /* one flag for each instance */
+    if (!attribute_set) {
+        CUDA_CHECK(cudaFuncSetAttribute(route_block_coefficients_kernel<MAXN>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        BLOCK_SHARED_LIMIT));
+        attribute_set = true;
+    }
+    const int coefficient_blocks = (int)((args.tokens + warps - 1) / warps);
     route_block_coefficients_kernel<MAXN>
-        <<<coefficient_blocks, BLOCK_COEFFICIENT_WARPS * 32, products, stream>>>(args);
+        <<<coefficient_blocks, warps * 32, warps * warp_bytes, stream>>>(args);
     CUDA_CHECK_LAUNCH();
 }
 
