@@ -23,8 +23,9 @@
  *            0.9-1.0 TB/s, stalled on them; staged, 1.7-2.4 TB/s). The rows travel the same
  *            way, each thread its own slots (loaded where they were used, they left a third
  *            of the stalls waiting on DRAM; staged, the walker runs at about 3.5 TB/s at the
- *            training step's sizes). Held to 128 registers (4 blocks a multiprocessor, the
- *            grid's all), no spills;
+ *            training step's sizes). Held to 128 registers (up to 4 blocks a
+ *            multiprocessor), no spills; the grid is one wave of the blocks the
+ *            multiprocessors hold at the shape's shared memory (block_walk_ranges);
  *   reduce   route_block_cuda.cu's: S in range order, dalpha in token order.
  * The token layout cannot hold every site's q*g and S for the whole row (G x d each), hence
  * two passes over the sources and d x.
@@ -132,7 +133,7 @@ __device__ __forceinline__ void block_walk_fetch(float *stage, BfVector<BLOCK_WA
 }
 
 template <int MAXN, int SITES>
-__global__ void __launch_bounds__(BLOCK_WALK_THREADS, 4)
+__global__ void __launch_bounds__(BLOCK_WALK_THREADS, BLOCK_WALK_MAX_RESIDENT)
     route_block_walk_kernel(const __grid_constant__ BlockWalkArgs args)
 {
     constexpr int G_MAX = SITES ? SITES : CUDA_BLOCK_MAX_SITES, VEC = BLOCK_WALK_VEC;
@@ -239,10 +240,46 @@ static int block_walk_chunks(int d)
     return (d + per_block - 1) / per_block;
 }
 
-/* Token ranges: about BLOCK_WALK_TARGET_BLOCKS blocks in all, whatever d. */
-static int block_walk_ranges(int tokens, int d)
+/* The most heads a walker block's 512 channels touch: head_dim 8 (the smallest the block
+ * kernels take) gives 64. */
+enum { BLOCK_WALK_MAX_SPAN = BLOCK_WALK_THREADS * BLOCK_WALK_VEC / 8 };
+
+/* The most heads any walker block's channels touch at (d, head_dim). */
+static int block_walk_span(int d, int head_dim)
 {
-    int ranges = (BLOCK_WALK_TARGET_BLOCKS + block_walk_chunks(d) - 1) / block_walk_chunks(d);
+    int span = 1;
+    for (int chunk = 0; chunk < block_walk_chunks(d); chunk++) {
+        int first, last;
+        block_walk_heads(chunk, d, head_dim, &first, &last);
+        span = last - first + 1 > span ? last - first + 1 : span;
+    }
+    return span;
+}
+
+/* A walker block's shared memory: two stages of a token's coefficients and self terms
+ * (floats), then two of its rows (8-byte vectors, aligned: the floats are an even count). */
+static size_t block_walk_shared_bytes(int n_sources, int n_sites, int span)
+{
+    const size_t count = (size_t)n_sources * span * 2 * n_sites + n_sources;
+    return 2 * count * 4 + (size_t)2 * block_walk_rows(n_sources, n_sites) *
+                               BLOCK_WALK_THREADS * BLOCK_WALK_VEC * 2;
+}
+
+/* Token ranges: one wave of walker blocks, as many as the multiprocessors hold at this
+ * shape's shared memory. A fixed count of 4 a multiprocessor left a second wave a third
+ * full where only 3 fit (d 1280 from N 9 on: 58 KB a block), and the walker ran at 1.6-2.0
+ * TB/s there against 2.4-2.5 at N <= 6 (the 1B MHAR delta step, H100, 2026-12-06). */
+static int block_walk_ranges(int tokens, int n_sources, int n_sites, int d, int heads)
+{
+    const size_t bytes =
+        block_walk_shared_bytes(n_sources, n_sites, block_walk_span(d, d / heads)) +
+        BLOCK_RESERVED_SHARED;
+    int resident = (int)(BLOCK_MULTIPROCESSOR_SHARED / bytes);
+    resident = resident < 1 ? 1
+               : resident > BLOCK_WALK_MAX_RESIDENT ? BLOCK_WALK_MAX_RESIDENT
+                                                    : resident;
+    const int blocks = resident * BLOCK_WALK_MULTIPROCESSORS;
+    const int ranges = (blocks + block_walk_chunks(d) - 1) / block_walk_chunks(d);
     return ranges < tokens ? ranges : tokens;
 }
 
@@ -263,7 +300,8 @@ static BlockWorkspace block_workspace(int n_sources, int n_sites, int tokens, in
     w.self_terms = round_up_4((size_t)tokens * n_sources * heads * 2 * n_sites);
     w.alpha_terms = w.self_terms + round_up_4((size_t)tokens * n_sources);
     w.partials = w.alpha_terms + round_up_4((size_t)n_sites * tokens);
-    w.parts = w.partials + round_up_4((size_t)n_sites * block_walk_ranges(tokens, d) * d);
+    const int ranges = block_walk_ranges(tokens, n_sources, n_sites, d, heads);
+    w.parts = w.partials + round_up_4((size_t)n_sites * ranges * d);
     w.total = w.parts + route_block_parts_floats(n_sources, n_sites, tokens, d, heads);
     return w;
 }
@@ -274,19 +312,6 @@ size_t route_block_backward_fast_workspace_floats(int n_sources, int n_sites, in
     if (tokens <= 0 || !route_block_fits(n_sources, n_sites, d, heads))
         return 1;
     return block_workspace(n_sources, n_sites, tokens, d, heads).total;
-}
-
-/* The most heads a walker block's 512 channels touch: head_dim 8 (the smallest the block
- * kernels take) gives 64. */
-enum { BLOCK_WALK_MAX_SPAN = BLOCK_WALK_THREADS * BLOCK_WALK_VEC / 8 };
-
-/* A walker block's shared memory: two stages of a token's coefficients and self terms
- * (floats), then two of its rows (8-byte vectors, aligned: the floats are an even count). */
-static size_t block_walk_shared_bytes(int n_sources, int n_sites, int span)
-{
-    const size_t count = (size_t)n_sources * span * 2 * n_sites + n_sources;
-    return 2 * count * 4 + (size_t)2 * block_walk_rows(n_sources, n_sites) *
-                               BLOCK_WALK_THREADS * BLOCK_WALK_VEC * 2;
 }
 
 template <int MAXN, int SITES>
@@ -315,15 +340,9 @@ template <int MAXN>
 static void block_walk_launch(const BlockWalkArgs &walk, int n_sources, int n_sites,
                               cudaStream_t stream)
 {
-    const int chunks = block_walk_chunks(walk.d);
-    int span = 1;
-    for (int chunk = 0; chunk < chunks; chunk++) {
-        int first, last;
-        block_walk_heads(chunk, walk.d, walk.head_dim, &first, &last);
-        span = last - first + 1 > span ? last - first + 1 : span;
-    }
-    const dim3 grid((unsigned)chunks, (unsigned)walk.ranges);
-    const size_t staged = block_walk_shared_bytes(n_sources, n_sites, span);
+    const dim3 grid((unsigned)block_walk_chunks(walk.d), (unsigned)walk.ranges);
+    const size_t staged =
+        block_walk_shared_bytes(n_sources, n_sites, block_walk_span(walk.d, walk.head_dim));
     if (n_sites == 4)
         block_walk_launch_sites<MAXN, 4>(walk, grid, staged, stream);
     else if (n_sites == 8)
@@ -376,7 +395,7 @@ void route_block_backward_fast(bf16 *const *dsources, unsigned dsources_written,
     dots.heads = walk.heads = heads;
     walk.head_dim = d / heads;
     walk.d = d;
-    walk.ranges = block_walk_ranges(tokens, d);
+    walk.ranges = block_walk_ranges(tokens, n_sources, n_sites, d, heads);
     walk.partials = workspace + w.partials;
     dots.parts = workspace + w.parts;
     route_block_dots(dots, stream);

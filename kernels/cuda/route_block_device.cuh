@@ -30,9 +30,14 @@
 enum {
     BLOCK_MAX_THREADS = 512,      /* d <= 4096 */
     BLOCK_SHARED_LIMIT = 227 * 1024,
-    /* the backward walker's grid, a function of the shapes only (the token ranges fix the
-     * order of the sums over tokens): about 4 blocks on each of an H200's 132 SMs */
-    BLOCK_WALK_TARGET_BLOCKS = 4 * 132,
+    /* the backward walker's grid is a function of the shapes only (the token ranges fix the
+     * order of the sums over tokens): one wave of the blocks an H100's or H200's 132
+     * multiprocessors hold, each 228 KB of shared memory less 1 KB a block, at most
+     * BLOCK_WALK_MAX_RESIDENT a multiprocessor (its launch bounds) */
+    BLOCK_WALK_MULTIPROCESSORS = 132,
+    BLOCK_WALK_MAX_RESIDENT = 4,
+    BLOCK_MULTIPROCESSOR_SHARED = 228 * 1024,
+    BLOCK_RESERVED_SHARED = 1024,
     BLOCK_WALK_THREADS = 128,
     BLOCK_WALK_VEC = 4,           /* channels a walker thread owns (8-byte loads) */
 };
