@@ -265,22 +265,34 @@ static size_t block_walk_shared_bytes(int n_sources, int n_sites, int span)
                                BLOCK_WALK_THREADS * BLOCK_WALK_VEC * 2;
 }
 
+/* The walker's blocks a multiprocessor at this shape's shared memory (route_block_device.cuh):
+ * a function of the shapes alone. */
+int route_block_walk_resident(int n_sources, int n_sites, int d, int heads)
+{
+    const size_t bytes =
+        block_walk_shared_bytes(n_sources, n_sites, block_walk_span(d, d / heads)) +
+        BLOCK_RESERVED_SHARED;
+    const int resident = (int)(BLOCK_MULTIPROCESSOR_SHARED / bytes);
+    return resident < 1                          ? 1
+           : resident > BLOCK_WALK_MAX_RESIDENT ? BLOCK_WALK_MAX_RESIDENT
+                                                 : resident;
+}
+
 /* Token ranges: one wave of walker blocks, as many as the multiprocessors hold at this
  * shape's shared memory. A fixed count of 4 a multiprocessor left a second wave a third
  * full where only 3 fit (d 1280 from N 9 on: 58 KB a block), and the walker ran at 1.6-2.0
  * TB/s there against 2.4-2.5 at N <= 6 (the 1B MHAR delta step, H100, 2026-12-06). */
 static int block_walk_ranges(int tokens, int n_sources, int n_sites, int d, int heads)
 {
-    const size_t bytes =
-        block_walk_shared_bytes(n_sources, n_sites, block_walk_span(d, d / heads)) +
-        BLOCK_RESERVED_SHARED;
-    int resident = (int)(BLOCK_MULTIPROCESSOR_SHARED / bytes);
-    resident = resident < 1 ? 1
-               : resident > BLOCK_WALK_MAX_RESIDENT ? BLOCK_WALK_MAX_RESIDENT
-                                                    : resident;
-    const int blocks = resident * BLOCK_WALK_MULTIPROCESSORS;
-    const int ranges = (blocks + block_walk_chunks(d) - 1) / block_walk_chunks(d);
+    const int blocks =
+        route_block_walk_resident(n_sources, n_sites, d, heads) * BLOCK_WALK_MULTIPROCESSORS;
+    const int ranges = blocks / block_walk_chunks(d) > 1 ? blocks / block_walk_chunks(d) : 1;
     return ranges < tokens ? ranges : tokens;
+}
+
+int route_block_walk_blocks(int tokens, int n_sources, int n_sites, int d, int heads)
+{
+    return block_walk_chunks(d) * block_walk_ranges(tokens, n_sources, n_sites, d, heads);
 }
 
 /* Offsets into the workspace (floats, 16-byte aligned): coefficients, self terms, dalpha

@@ -10,6 +10,7 @@
 
 #include "kernels/cuda/bf16_vector.cuh"
 
+#include <limits.h>
 #include <math.h>
 
 enum { REDUCE_SLICES = 8 };
@@ -100,7 +101,7 @@ BlockHeads block_heads(int n_sources, int n_sites, int d, int heads)
 extern "C" CudaRouteBlockLayout cuda_route_block_layout(int n_sources, int n_sites, int d,
                                                         int heads)
 {
-    CudaRouteBlockLayout out = {"per_site", 0, 0, 0};
+    CudaRouteBlockLayout out = {"per_site", 0, 0, 0, 0, 0};
     if (!route_block_fits(n_sources, n_sites, d, heads))
         return out;
     const BlockHeads layout = block_heads(n_sources, n_sites, d, heads);
@@ -108,6 +109,8 @@ extern "C" CudaRouteBlockLayout cuda_route_block_layout(int n_sources, int n_sit
     out.threads = layout.threads;
     out.warp_vectors = layout.warp_vectors;
     out.k_steps = layout.tensor_cores ? layout.k_steps : 0;
+    out.walk_resident = route_block_walk_resident(n_sources, n_sites, d, heads);
+    out.walk_blocks = route_block_walk_blocks(INT_MAX, n_sources, n_sites, d, heads);
     return out;
 }
 

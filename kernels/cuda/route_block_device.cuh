@@ -326,6 +326,12 @@ void route_block_forward_fast(bf16 *const *results, float *const *weights, float
                               int n_sites, int tokens, int d, int heads, float eps,
                               cudaStream_t stream);
 
+/* The backward walker's grid (route_block_backward_cuda.cu), a function of the shapes alone:
+ * its blocks a multiprocessor at the shape's shared memory, and its blocks in all (channel
+ * slices x token ranges: at most one wave of that many on BLOCK_WALK_MULTIPROCESSORS). */
+int route_block_walk_resident(int n_sources, int n_sites, int d, int heads);
+int route_block_walk_blocks(int tokens, int n_sources, int n_sites, int d, int heads);
+
 size_t route_block_backward_fast_workspace_floats(int n_sources, int n_sites, int tokens,
                                                   int d, int heads);
 
