@@ -26,7 +26,7 @@
  *            training step's sizes). Held to 128 registers (up to 4 blocks a
  *            multiprocessor), no spills; the grid is one wave of the blocks the
  *            multiprocessors hold at the shape's shared memory (block_walk_ranges);
- *   reduce   route_block_cuda.cu's: S in range order, dalpha in token order.
+ *   reduce   route_block_cuda.cu's: S in range order, dalpha by a block in a fixed order.
  * The token layout cannot hold every site's q*g and S for the whole row (G x d each), hence
  * two passes over the sources and d x.
  *

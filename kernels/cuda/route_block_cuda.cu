@@ -19,7 +19,7 @@ enum { REDUCE_SLICES = 8 };
 
 /* sum_k x[k * stride], k = 0 .. count - 1, added in k order; the loads eight at a time, so
  * that a long sum waits on memory once per eight terms rather than once per term (the
- * dalpha sums run over every token: 256 terms a lane at 8192 tokens). */
+ * dalpha sums run over every token). */
 __device__ __forceinline__ float ordered_strided_sum(const float *x, int count, long long stride)
 {
     enum { BATCH = 8 };
@@ -46,8 +46,8 @@ __device__ __forceinline__ int strided_count(int first, int end, int step)
 }
 
 /* For site i = blockIdx.y: S_c = the blocks' sums in block order (REDUCE_SLICES strided sums,
- * then those in order), dq_c += g_c S_c, dg_c += q_c S_c; *dalpha += its blocks' sums in
- * order. Block: REDUCE_SLICES warps x 32 channels. */
+ * then those in order), dq_c += g_c S_c, dg_c += q_c S_c; *dalpha += its terms (a strided
+ * sum a thread, then the threads' sums in a fixed order). Block: REDUCE_SLICES warps x 32 channels. */
 __global__ void route_block_reduce_kernel(const __grid_constant__ BlockReduceArgs args)
 {
     __shared__ float slices[REDUCE_SLICES][32];
@@ -69,13 +69,26 @@ __global__ void route_block_reduce_kernel(const __grid_constant__ BlockReduceArg
         args.dquery[site][c] += bf16_bits_to_float(args.key_norm[site][c]) * total;
         args.dkey_norm[site][c] += bf16_bits_to_float(args.query[site][c]) * total;
     }
-    if (args.dalpha[site] && blockIdx.x == 0 && slice == 1) {
+    /* dalpha: every thread of the site's first block sums a stride of the token terms
+     * (ordered_strided_sum), then each lane of warp 0 its eight slices in order, then
+     * warp_sum's fixed tree over the lanes. One warp's 256 terms a lane at 8192 tokens
+     * kept the launch waiting on 32 round trips to memory after the channel sums were done
+     * (19 us a launch in the 1B MHAR delta step, H100, 2026-12-06). */
+    if (args.dalpha[site] && blockIdx.x == 0) { /* uniform over the block */
         const float *alpha_partials = args.alpha_partials + (long long)site * args.alpha_blocks;
-        float alpha = ordered_strided_sum(alpha_partials + lane,
-                                          strided_count(lane, args.alpha_blocks, 32), 32);
-        alpha = warp_sum(alpha);
-        if (lane == 0)
-            *args.dalpha[site] += alpha;
+        const int thread = threadIdx.x, threads = blockDim.x;
+        __syncthreads(); /* the channel sums' slices are read */
+        slices[slice][lane] = ordered_strided_sum(
+            alpha_partials + thread, strided_count(thread, args.alpha_blocks, threads), threads);
+        __syncthreads();
+        if (slice == 0) {
+            float alpha = 0.0f;
+            for (int k = 0; k < REDUCE_SLICES; k++)
+                alpha += slices[k][lane];
+            alpha = warp_sum(alpha);
+            if (lane == 0)
+                *args.dalpha[site] += alpha;
+        }
     }
 }
 
