@@ -194,7 +194,7 @@ static void model_pass(void *context)
 {
     ModelPass *pass = context;
     model_zero_grads(pass->model);
-    model_forward(pass->model, pass->inputs, pass->targets, 1, 0.0f);
+    model_forward_train(pass->model, pass->inputs, pass->targets, 1, 0.0f, 1.0f);
     model_backward(pass->model, 1.0f);
 }
 

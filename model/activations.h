@@ -188,6 +188,9 @@ typedef struct {
     int chunk_first;              /*   chunk from row chunk_first (model/loss.h) */
     const void *spare_owner;      /* the HeadActivations of whose batch layer.grad_logits */
     int spare_first;              /*   holds the chunk from row spare_first (model/loss.h) */
+    bool chunk_gradient;          /* `logits`, and the spare, hold their chunk's gradient, */
+    bool spare_gradient;          /*   not its logits: made by a forward for a backward of */
+    float gradient_scale;         /*   this loss_scale (model/loss.h) */
     Activation *all_logits;       /* [N, V] its own allocation, when asked for (model.h) */
     bool checkpointing;           /* the recompute buffers exist */
     LayerActivations recompute;   /* one layer's intermediates, remade in its backward */

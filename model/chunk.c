@@ -298,7 +298,7 @@ void chunk_check_stash(const ChunkSpan *span, const Stash *stash)
 
 ModelLoss chunk_forward(Model *model, const ChunkSpan *span, Stash *stash,
                         SummaryStore *store, const uint32_t *inputs, const uint32_t *targets,
-                        int B, float z_loss)
+                        int B, float z_loss, float loss_scale)
 {
     chunk_check_stash(span, stash);
     if (B < 1 || B > model->scratch.max_batch)
@@ -348,7 +348,7 @@ ModelLoss chunk_forward(Model *model, const ChunkSpan *span, Stash *stash,
             route_walk_site_forward(&walk.sites, L2, walk.delta ? store->stream : NULL,
                                     final_input);
         loss = loss_forward(&walk.layer, &model->head_params, &model->scratch, &stash->head,
-                            stash->targets, final_input, z_loss);
+                            stash->targets, final_input, z_loss, loss_scale);
         chunk_head_release(model, false);
     }
     if (shared >= 0)

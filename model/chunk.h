@@ -61,10 +61,11 @@ StashShape chunk_stash_shape(const ChunkSpan *span, bool checkpointed);
 
 /* The chunk's forward of one microbatch: inputs (chunk 0) and targets (last chunk) are host
  * tokens [B, T] (a token >= vocab_size is EXIT_DATA); returns the loss on the last chunk and
- * zeros elsewhere. */
+ * zeros elsewhere. loss_scale: that of the chunk_backward to follow, or 0 (none follows, or
+ * the logits are wanted: model/loss.h). */
 ModelLoss chunk_forward(Model *model, const ChunkSpan *span, Stash *stash,
                         SummaryStore *store, const uint32_t *inputs, const uint32_t *targets,
-                        int B, float z_loss);
+                        int B, float z_loss, float loss_scale);
 
 /* The chunk's backward of the microbatch its stash holds: adds d(loss_scale * loss) into
  * the parameter gradients and the store's summary gradients (see above). May run twice on

@@ -41,9 +41,21 @@ static int spare_chunk_first(const ModelScratch *scratch, int rows)
     return !scratch->all_logits && first >= 0 ? first : -1;
 }
 
+/* d(loss_scale * mean_t loss_t) / d loss_t = loss_scale / rows for every token, into the
+ * scratch's grad_token_loss */
+static void upload_token_loss_gradient(const LayerContext *context, int rows, float loss_scale)
+{
+    float *grad_token_loss = xmalloc((size_t)rows * sizeof *grad_token_loss);
+    for (int t = 0; t < rows; t++)
+        grad_token_loss[t] = (float)((double)loss_scale / rows);
+    context->backend->upload(context->scratch->grad_token_loss, grad_token_loss,
+                             (size_t)rows * sizeof *grad_token_loss);
+    free(grad_token_loss);
+}
+
 ModelLoss loss_forward(const LayerContext *context, const HeadWeights *weights,
                        ModelScratch *scratch, HeadActivations *head, const uint32_t *targets,
-                       const Activation *x, float z_loss)
+                       const Activation *x, float z_loss, float loss_scale)
 {
     const Backend *backend = context->backend;
     const ModelConfig *config = context->config;
@@ -52,14 +64,24 @@ ModelLoss loss_forward(const LayerContext *context, const HeadWeights *weights,
     backend->rmsnorm_forward(head->final_normed, head->final_rstd, x, weights->norm, rows, d,
                              (float)config->norm_eps);
     const int chunk = scratch->logit_rows, spare_first = spare_chunk_first(scratch, rows);
+    const bool gradient = loss_scale != 0.0f && !scratch->all_logits;
+    if (gradient)
+        upload_token_loss_gradient(context, rows, loss_scale);
     for (int first = 0; first < rows; first += chunk) {
         const int count = rows - first < chunk ? rows - first : chunk;
         Activation *logits = first == spare_first ? context->scratch->grad_logits
                                                   : chunk_logits(context, scratch, first);
         head_forward_chunk(context, weights, logits, head, first, count);
-        backend->cross_entropy_forward(head->token_losses + first, head->token_lse + first,
-                                       logits, targets + first, count, V, z_loss);
+        if (gradient)
+            backend->cross_entropy_forward_backward(
+                head->token_losses + first, head->token_lse + first, logits,
+                context->scratch->grad_token_loss + first, targets + first, count, V, z_loss);
+        else
+            backend->cross_entropy_forward(head->token_losses + first, head->token_lse + first,
+                                           logits, targets + first, count, V, z_loss);
     }
+    scratch->chunk_gradient = scratch->spare_gradient = gradient;
+    scratch->gradient_scale = loss_scale;
     /* the logits buffer now holds this batch's whole logits, or only its last chunk's, and
      * the spare buffer the chunk before that */
     scratch->logits_owner = scratch->all_logits || rows <= chunk ? head : NULL;
@@ -101,14 +123,11 @@ void loss_backward(const LayerContext *context, const HeadWeights *weights, Head
      * forward since) */
     const bool logits_kept = model_scratch->logits_owner == head;
     const int chunk = model_scratch->logit_rows;
-
-    /* d(loss_scale * mean_t loss_t) / d loss_t = loss_scale / rows for every token */
-    float *grad_token_loss = xmalloc((size_t)rows * sizeof *grad_token_loss);
-    for (int t = 0; t < rows; t++)
-        grad_token_loss[t] = (float)((double)loss_scale / rows);
-    backend->upload(scratch->grad_token_loss, grad_token_loss,
-                    (size_t)rows * sizeof *grad_token_loss);
-    free(grad_token_loss);
+    /* the kept chunks' gradients, where the forward made them for this loss_scale */
+    const bool scale_kept = model_scratch->gradient_scale == loss_scale;
+    if (model_scratch->spare_gradient && !scale_kept)
+        model_scratch->spare_owner = NULL; /* its logits are gone: made again below */
+    upload_token_loss_gradient(context, rows, loss_scale);
 
     /* the logits' gradient and each chunk's rows of grad_normed are written: no zeroing.
      * The chunk the spare buffer holds first (its gradient in place), then the last chunk
@@ -124,23 +143,32 @@ void loss_backward(const LayerContext *context, const HeadWeights *weights, Head
             continue;
         const int count = rows - first < chunk ? rows - first : chunk;
         Activation *logits, *grad_logits = scratch->grad_logits;
+        bool made = false; /* the buffer holds this chunk's gradient already */
         if (model_scratch->spare_owner == head && model_scratch->spare_first == first) {
             logits = grad_logits; /* the spare chunk: the gradient replaces its logits */
+            made = model_scratch->spare_gradient && scale_kept;
         } else {
             model_scratch->spare_owner = NULL; /* the gradient below overwrites it */
             logits = chunk_logits(context, model_scratch, first);
-            const bool kept = logits_kept || (model_scratch->chunk_owner == head &&
-                                              model_scratch->chunk_first == first);
+            bool kept = logits_kept || (model_scratch->chunk_owner == head &&
+                                        model_scratch->chunk_first == first);
+            if (kept && model_scratch->chunk_gradient && !scale_kept)
+                kept = false; /* another loss_scale's gradient: the logits are gone */
             if (!kept) {
                 head_forward_chunk(context, weights, logits, head, first, count);
                 model_scratch->chunk_owner = head;
                 model_scratch->chunk_first = first;
+                model_scratch->chunk_gradient = false;
             }
+            made = kept && model_scratch->chunk_gradient;
+            if (made)
+                grad_logits = logits;
         }
-        backend->cross_entropy_backward(grad_logits, GRAD_WRITE,
-                                        scratch->grad_token_loss + first, logits,
-                                        head->token_lse + first, targets + first, count, V,
-                                        z_loss);
+        if (!made)
+            backend->cross_entropy_backward(grad_logits, GRAD_WRITE,
+                                            scratch->grad_token_loss + first, logits,
+                                            head->token_lse + first, targets + first, count, V,
+                                            z_loss);
         const size_t offset = (size_t)first * d;
         backend->matmul_backward(activation_at(backend, scratch->grad_normed, offset),
                                  GRAD_WRITE, grads->head, head_mode, grad_logits,

@@ -25,6 +25,14 @@
  * beyond the two buffers, and a batch of two chunks makes none again. The chunking changes
  * no value but the order of the head's gradient sums over the chunks: every row is computed
  * alone.
+ *
+ * A forward for a backward (loss_scale not 0: training) replaces each chunk's logits by
+ * their gradient as it reads the loss (cross_entropy_forward_backward: one pass over the
+ * logits where the loss and its backward took two). The chunks it leaves in the two buffers
+ * then hold gradients (scratch->chunk_gradient, spare_gradient, for gradient_scale), which a
+ * backward of the same loss_scale takes as they are; a chunk no longer there, or made for
+ * another loss_scale, is made again and its gradient taken as above. The same bits either
+ * way. Not with model_keep_all_logits, whose logits the caller reads.
  */
 #ifndef FATHOM_MODEL_LOSS_H
 #define FATHOM_MODEL_LOSS_H
@@ -53,10 +61,12 @@ typedef struct {
 } HeadGrads;
 
 /* Fills head (final_normed, final_rstd, token_losses, token_lse) and the scratch's logits
- * from x [rows, d] and targets [rows] (backend memory); returns the means. */
+ * from x [rows, d] and targets [rows] (backend memory); returns the means. loss_scale: 0,
+ * or the loss_scale of the loss_backward that follows, whose gradient of the logits this
+ * forward then makes in their place (see above). */
 ModelLoss loss_forward(const LayerContext *context, const HeadWeights *weights,
                        ModelScratch *scratch, HeadActivations *head, const uint32_t *targets,
-                       const Activation *x, float z_loss);
+                       const Activation *x, float z_loss, float loss_scale);
 
 /* dx += or = (dx_mode) d(loss_scale * loss)/dx; grads->norm += its gradient, grads->head
  * += or = its (grads->head_mode). */

@@ -182,6 +182,9 @@ void model_read_logits(const Model *model, float *host_out)
     if (scratch->logits_owner != &stash->head)
         fatal(EXIT_CONFIG, "the logits of %zu tokens were made in chunks of %d and not kept "
               "(model_keep_all_logits keeps them)", rows, scratch->logit_rows);
+    if (!scratch->all_logits && scratch->chunk_gradient)
+        fatal(EXIT_CONFIG, "the logits of the last forward were replaced by their gradient "
+              "(model_forward_train); model_forward keeps them");
     model->backend->activations_download(host_out,
                                          scratch->all_logits ? scratch->all_logits
                                                              : scratch->logits,
@@ -222,13 +225,19 @@ static SummaryStore *whole_store(Model *model)
     return model->lent_store ? model->lent_store : &model->whole_store;
 }
 
-ModelLoss model_forward(Model *model, const uint32_t *inputs, const uint32_t *targets, int B,
-                        float z_loss)
+ModelLoss model_forward_train(Model *model, const uint32_t *inputs, const uint32_t *targets,
+                              int B, float z_loss, float loss_scale)
 {
     if (!model->lent_stash)
         model_whole_prepare(model);
     return chunk_forward(model, &model->whole, whole_stash(model), whole_store(model), inputs,
-                         targets, B, z_loss);
+                         targets, B, z_loss, loss_scale);
+}
+
+ModelLoss model_forward(Model *model, const uint32_t *inputs, const uint32_t *targets, int B,
+                        float z_loss)
+{
+    return model_forward_train(model, inputs, targets, B, z_loss, 0.0f);
 }
 
 void model_backward(Model *model, float loss_scale)

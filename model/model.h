@@ -121,6 +121,12 @@ int model_max_batch(const Model *model);
 ModelLoss model_forward(Model *model, const uint32_t *inputs, const uint32_t *targets, int B,
                         float z_loss);
 
+/* model_forward for a model_backward(loss_scale) that follows: the head's logits are
+ * replaced by their gradient as the loss is read, one pass over them fewer (model/loss.h);
+ * the backward gives the same bits as after model_forward. loss_scale 0 is model_forward. */
+ModelLoss model_forward_train(Model *model, const uint32_t *inputs, const uint32_t *targets,
+                              int B, float z_loss, float loss_scale);
+
 /* Adds d(loss_scale * loss)/d(params) into the gradients (loss = the mean of the last
  * forward). May be called more than once per forward; each call adds again. */
 void model_backward(Model *model, float loss_scale);

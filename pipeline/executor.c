@@ -421,8 +421,9 @@ static void read_microbatch(Executor *executor, const ForwardInput *input, int m
     }
 }
 
+/* loss_scale: the step's (its backward follows), or 0 in an evaluation */
 static void run_forward(Executor *executor, const Action *action, const ForwardInput *input,
-                        StepLoss *loss)
+                        StepLoss *loss, float loss_scale)
 {
     Model *model = executor->model;
     const Config *config = executor->config;
@@ -443,7 +444,8 @@ static void run_forward(Executor *executor, const Action *action, const ForwardI
     if (span->has_embedding || span->has_head)
         read_microbatch(executor, input, mb);
     ModelLoss result = chunk_forward(model, span, stash, store, executor->inputs,
-                                     executor->targets, B, (float)config->train.z_loss);
+                                     executor->targets, B, (float)config->train.z_loss,
+                                     loss_scale);
     if (span->has_head) {
         loss->loss += result.loss;
         loss->ce += result.ce;
@@ -503,7 +505,7 @@ StepLoss executor_run_step(Executor *executor, DataSet *data, uint64_t consumed_
     for (int a = 0; a < executor->n_actions; a++) {
         const Action *action = &executor->actions[a];
         if (action->kind == ACTION_FORWARD)
-            run_forward(executor, action, &input, &loss);
+            run_forward(executor, action, &input, &loss, loss_scale);
         else
             run_backward(executor, action, loss_scale);
     }
@@ -551,7 +553,7 @@ StepLoss executor_run_evaluation(Executor *executor, DataSet *data, int64_t micr
         const ForwardInput input = {data, true, 0, first, dp_rank, dp_size};
         for (int a = 0; a < n; a++) {
             const int local = actions[a].chunk / executor->P, mb = actions[a].microbatch;
-            run_forward(executor, &actions[a], &input, &loss);
+            run_forward(executor, &actions[a], &input, &loss, 0.0f);
             stash_find(executor, local, mb, true); /* nothing of a forward is kept */
             if (local == executor->v - 1)
                 store_release(executor, mb);

@@ -221,6 +221,13 @@ typedef struct Backend {
     void (*cross_entropy_backward)(Activation *dlogits, GradMode mode, const float *dloss,
                                    const Activation *logits, const float *lse,
                                    const uint32_t *targets, int rows, int V, float z_loss);
+    /* cross_entropy_forward, then the logits replaced in place by their gradient
+     * (cross_entropy_backward, GRAD_WRITE, dlogits == logits): the bits of the two in turn,
+     * with the logits read once where the two read them twice. For a forward whose backward
+     * follows (model/loss.h). */
+    void (*cross_entropy_forward_backward)(float *losses, float *lse, Activation *logits,
+                                           const float *dloss, const uint32_t *targets,
+                                           int rows, int V, float z_loss);
 
     /* ---- attention over depth: Route (DESIGN 2.1), per token t and head h over N sources
      *   r[n,t]     = rsqrt(mean_d(s_n[t]^2) + eps)

@@ -5,7 +5,8 @@
  * Tolerances: relative 1e-5 for the fp32 losses and lse, 1e-2 for the bf16 gradient, which
  * is also compared without its target columns (the one-hot term dominates a row's norm and
  * would hide an error in the softmax part). Vocabularies: 37, 1000, Llama-3's 128256, and
- * 50257, not a multiple of 8 (the element-wise path). Each test SKIPs without a GPU.
+ * 50257, not a multiple of 8 (the element-wise path). The forward for a backward (the two in
+ * one launch) is held to the two launches bit for bit. Each test SKIPs without a GPU.
  */
 #include "kernels/cpu/kernels_cpu.h"
 #include "kernels/cuda/kernels_cuda.h"
@@ -19,9 +20,6 @@
 
 #define BF16_TOLERANCE 1e-2
 #define FP32_TOLERANCE 1e-5
-
-
-
 
 /* rows, V: V 50257 is not a multiple of 8 (the element-wise path); 128256 is Llama-3's */
 static const int cross_entropy_shapes[][2] = {{1, 37}, {7, 1000}, {333, 1000}, {3, 128256},
@@ -176,4 +174,52 @@ Test(cuda_cross_entropy, backward_is_deterministic)
     cross_entropy_case_free(&case_);
     free(dlogits), free(first), free(second);
     gpu_free_all();
+}
+
+/* The forward for a backward (cuda_cross_entropy_forward_backward): its losses, lse and the
+ * gradient it writes over the logits have the bits of the forward, then the backward in
+ * place, and the cpu's values within the bounds above. A row goes to a cluster of 1 (37,
+ * 1000), 2 (50257), 4 (128256) and 8 (Qwen3's 151936) blocks. */
+Test(cuda_cross_entropy, forward_backward_is_the_forward_then_the_backward_in_place)
+{
+    gpu_require();
+    static const int shapes[][2] = {{1, 37}, {333, 1000}, {300, 128256}, {5, 50257},
+                                    {2, 151936}};
+    for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++) {
+        const int rows = shapes[c][0], V = shapes[c][1];
+        const size_t count = (size_t)rows * V;
+        CrossEntropyCase case_ = cross_entropy_case(rows, V, 510 + 10 * c);
+        const uint32_t *targets = gpu_upload_tokens(case_.targets, rows);
+        const float *dloss = gpu_upload_floats(case_.dloss, rows);
+        bf16 *apart = gpu_upload_bf16(case_.logits, count);
+        float *losses = gpu_poisoned_floats(rows), *lse = gpu_poisoned_floats(rows);
+        cuda_cross_entropy_forward(losses, lse, apart, targets, rows, V, z_loss, 0);
+        cuda_cross_entropy_backward(apart, GRAD_WRITE, dloss, apart, lse, targets, rows, V,
+                                    z_loss, 0);
+        bf16 *together = gpu_upload_bf16(case_.logits, count);
+        float *together_losses = gpu_poisoned_floats(rows);
+        float *together_lse = gpu_poisoned_floats(rows);
+        cuda_cross_entropy_forward_backward(together_losses, together_lse, together, dloss,
+                                            targets, rows, V, z_loss, 0);
+        float *want[3] = {gpu_download_floats(losses, rows), gpu_download_floats(lse, rows),
+                          gpu_download_bf16(apart, count)};
+        float *got[3] = {gpu_download_floats(together_losses, rows),
+                         gpu_download_floats(together_lse, rows),
+                         gpu_download_bf16(together, count)};
+        const size_t sizes[3] = {(size_t)rows, (size_t)rows, count};
+        const char *names[3] = {"losses", "lse", "the gradient"};
+        for (int k = 0; k < 3; k++)
+            cr_assert_eq(memcmp(got[k], want[k], sizes[k] * sizeof(float)), 0,
+                         "rows %d, V %d: %s differ from the two launches'", rows, V, names[k]);
+        float *expected = calloc(count, sizeof(float));
+        cpu_cross_entropy_backward(expected, GRAD_WRITE, case_.dloss, case_.logits, case_.lse,
+                                   case_.targets, rows, V, z_loss);
+        gpu_expect_close(got[0], case_.losses, rows, FP32_TOLERANCE, "the losses, together");
+        expect_close_gradient(got[2], expected, case_.targets, rows, V, "the gradient, together");
+        for (int k = 0; k < 3; k++)
+            free(want[k]), free(got[k]);
+        free(expected);
+        cross_entropy_case_free(&case_);
+        gpu_free_all();
+    }
 }

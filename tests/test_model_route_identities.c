@@ -112,7 +112,8 @@ static float *per_sublayer_logits(Model *model, bool delta)
     }
     HeadWeights head = {AS_ACTIVATIONS(tensor_of(model, "model.norm.weight")),
                         AS_ACTIVATIONS(tensor_of(model, "lm_head.weight"))};
-    loss_forward(&context, &head, &scratch, &act.head, act.targets, act.stream[2 * L], 1e-4f);
+    loss_forward(&context, &head, &scratch, &act.head, act.targets, act.stream[2 * L], 1e-4f,
+                 0.0f);
     const size_t logit_bytes = (size_t)rows * config->vocab_size * sizeof(float);
     float *logits = xmalloc(logit_bytes);
     memcpy(logits, scratch.logits, logit_bytes);

@@ -246,6 +246,16 @@ static void table_cross_entropy_backward(Activation *dlogits, GradMode mode,
                                z_loss);
 }
 
+/* the reference: the two ops in turn */
+static void table_cross_entropy_forward_backward(float *losses, float *lse, Activation *logits,
+                                                 const float *dloss, const uint32_t *targets,
+                                                 int rows, int V, float z_loss)
+{
+    cpu_cross_entropy_forward(losses, lse, CF(logits), targets, rows, V, z_loss);
+    cpu_cross_entropy_backward(F(logits), GRAD_WRITE, dloss, CF(logits), lse, targets, rows, V,
+                               z_loss);
+}
+
 static void table_route_forward(Activation *out, float *weights, float *rstd,
                                 const Activation *const *sources, int n_sources,
                                 const Activation *query, const Activation *key_norm,
@@ -589,6 +599,7 @@ static const Backend cpu_backend = {
     .swiglu_backward = table_swiglu_backward,
     .cross_entropy_forward = table_cross_entropy_forward,
     .cross_entropy_backward = table_cross_entropy_backward,
+    .cross_entropy_forward_backward = table_cross_entropy_forward_backward,
     .route_forward = table_route_forward,
     .route_backward = table_route_backward,
     .route_block_forward = table_route_block_forward,

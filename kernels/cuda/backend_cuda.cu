@@ -469,6 +469,14 @@ static void op_cross_entropy_backward(Activation *dlogits, GradMode mode, const 
                                 targets, rows, V, z_loss, compute_stream());
 }
 
+static void op_cross_entropy_forward_backward(float *losses, float *lse, Activation *logits,
+                                              const float *dloss, const uint32_t *targets,
+                                              int rows, int V, float z_loss)
+{
+    cuda_cross_entropy_forward_backward(losses, lse, as_bf16(logits), dloss, targets, rows, V,
+                                        z_loss, compute_stream());
+}
+
 /* ---- attention over depth and MSAR: backend_cuda_routing.cu fills those entries ---- */
 
 extern "C" cudaStream_t backend_cuda_compute_stream(void)
@@ -573,6 +581,7 @@ extern "C" const Backend *backend_cuda(void)
     table->swiglu_backward = op_swiglu_backward;
     table->cross_entropy_forward = op_cross_entropy_forward;
     table->cross_entropy_backward = op_cross_entropy_backward;
+    table->cross_entropy_forward_backward = op_cross_entropy_forward_backward;
     backend_cuda_fill_routing(table, sizeof *table);
 
     table->sum_squares = op_sum_squares;

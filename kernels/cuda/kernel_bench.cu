@@ -383,6 +383,73 @@ static void bench_optimizer(size_t n)
     cudaFree(c.workspace);
 }
 
+typedef struct {
+    int rows, V;
+    bf16 *logits;
+    float *losses, *lse, *dloss;
+    uint32_t *targets;
+} LossCase;
+
+static void loss_forward_case(void *p)
+{
+    LossCase *c = (LossCase *)p;
+    cuda_cross_entropy_forward(c->losses, c->lse, c->logits, c->targets, c->rows, c->V, 1e-4f,
+                               0);
+}
+
+static void loss_backward_case(void *p)
+{
+    LossCase *c = (LossCase *)p;
+    cuda_cross_entropy_backward(c->logits, GRAD_WRITE, c->dloss, c->logits, c->lse, c->targets,
+                                c->rows, c->V, 1e-4f, 0);
+}
+
+static void loss_forward_then_backward_case(void *p)
+{
+    loss_forward_case(p);
+    loss_backward_case(p);
+}
+
+static void loss_forward_backward_case(void *p)
+{
+    LossCase *c = (LossCase *)p;
+    cuda_cross_entropy_forward_backward(c->losses, c->lse, c->logits, c->dloss, c->targets,
+                                        c->rows, c->V, 1e-4f, 0);
+}
+
+/* The loss over a chunk of logits [rows, V] (its gradient replaces them: each call runs on
+ * the last one's output, which times the same): the forward reads the logits once, the
+ * backward reads and writes them, the two in one launch ideally as the backward alone. */
+static void bench_loss(int rows, int V)
+{
+    LossCase c = {};
+    c.rows = rows, c.V = V;
+    const size_t n = (size_t)rows * V;
+    c.logits = (bf16 *)device_random_bf16(n, 41);
+    c.losses = device_floats(rows, 0.0f);
+    c.lse = device_floats(rows, 0.0f);
+    c.dloss = device_floats(rows, 1.0f / rows);
+    CUDA_CHECK(cudaMalloc(&c.targets, rows * sizeof(uint32_t)));
+    CUDA_CHECK(cudaMemset(c.targets, 0, rows * sizeof(uint32_t)));
+    const struct {
+        const char *name;
+        void (*run)(void *);
+        int passes; /* of the logits' bytes through memory */
+    } cases[] = {
+        {"cross-entropy fwd", loss_forward_case, 1},
+        {"cross-entropy bwd in place", loss_backward_case, 2},
+        {"cross-entropy fwd, then bwd", loss_forward_then_backward_case, 3},
+        {"cross-entropy fwd+bwd in one", loss_forward_backward_case, 2},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "%s %dx%d", cases[i].name, rows, V);
+        report(name, median_ms(cases[i].run, &c), 0, 2.0 * cases[i].passes * n);
+    }
+    cudaFree(c.logits), cudaFree(c.losses), cudaFree(c.lse), cudaFree(c.dloss);
+    cudaFree(c.targets);
+}
+
 int main(int argc, char **argv)
 {
     /* `fathom-kernel-bench attention [VARIANT]`: the attention cases alone, every kernel
@@ -400,6 +467,8 @@ int main(int argc, char **argv)
     bool mix_only = argc > 1 && !strcmp(argv[1], "mix");
     /* `fathom-kernel-bench merge`: MSAR's replace-form merges alone, at the 1B microbatch */
     bool merge_only = argc > 1 && !strcmp(argv[1], "merge");
+    /* `fathom-kernel-bench loss`: the cross-entropy passes over a chunk of logits alone */
+    bool loss_only = argc > 1 && !strcmp(argv[1], "loss");
     const char *variant = attention_only && argc > 2 ? argv[2] : NULL;
     if (variant && !attention_variant_known(variant)) {
         fprintf(stderr, "fathom-kernel-bench: unknown attention variant %s (grouped, specialised, "
@@ -433,6 +502,11 @@ int main(int argc, char **argv)
         bench_merge(8, 1024, 1280);
         return 0;
     }
+    if (loss_only) {
+        bench_loss(4096, 128256); /* the 8B width's microbatch: one chunk */
+        bench_loss(4186, 128256); /* the 1B microbatch's larger chunk */
+        return 0;
+    }
     if (mix_only) {
         bench_mix(8192, 1280);
         bench_mix(8192, 4096);
@@ -461,6 +535,7 @@ int main(int argc, char **argv)
     bench_rmsnorm(8192, 4096); /* the graft's microbatch */
     bench_rmsnorm(8192, 1280); /* the 1B step's microbatch */
     bench_swiglu(4096, 14336);
+    bench_loss(4096, 128256);
     bench_optimizer((size_t)218 << 20);
     cuda_matmul_destroy();
     return 0;

@@ -151,6 +151,13 @@ void cuda_cross_entropy_forward(float *losses, float *lse, const bf16 *logits,
 void cuda_cross_entropy_backward(bf16 *dlogits, GradMode mode, const float *dloss,
                                  const bf16 *logits, const float *lse, const uint32_t *targets,
                                  int rows, int V, float z_loss, cudaStream_t stream);
+/* The forward, then the gradient written over the logits (the backward, GRAD_WRITE, in
+ * place): the bits of the two launches in turn, each row read from memory once and written
+ * once (the forward's kernel keeps the row in its registers). V <= 262144 (else
+ * EXIT_CONFIG), as for the forward. */
+void cuda_cross_entropy_forward_backward(float *losses, float *lse, bf16 *logits,
+                                         const float *dloss, const uint32_t *targets, int rows,
+                                         int V, float z_loss, cudaStream_t stream);
 
 /* ---- matmul_cuda.cu (cuBLASLt): out[rows, out_dim] = in[rows, in_dim] @ weight[out_dim,
  * in_dim]^T, bf16 in / weight / out, fp32 accumulation (CUBLAS_COMPUTE_32F).
