@@ -14,6 +14,7 @@
 #include "model/params.h"
 #include "runtime/backend.h"
 #include "runtime/error.h"
+#include "tests/kernel_support.h"
 #include "tests/route_support.h"
 #include "tests/support.h"
 
@@ -176,10 +177,7 @@ static void expect_same_bits(const HeadResult *got, const HeadResult *expected, 
 {
     cr_assert(memcmp(&got->loss, &expected->loss, sizeof got->loss) == 0, "%s: loss %.17g, %.17g",
               what, got->loss.loss, expected->loss.loss);
-    for (size_t i = 0; i < total; i++)
-        cr_assert(memcmp(&got->grads[i], &expected->grads[i], sizeof(float)) == 0,
-                  "%s: gradient %zu %a, after the plain forward %a", what, i, got->grads[i],
-                  expected->grads[i]);
+    expect_bitwise_equal(got->grads, expected->grads, total, what);
 }
 
 static size_t small_model_params(const ResidualConfig *residual)
