@@ -7,9 +7,14 @@
  *   dlogits += or = (GradMode) dloss_r * (softmax(logits[r]) * (1 + 2 z_loss lse_r)
  *                                         - onehot(target_r))
  *
- * Forward: a row is read once, by a cluster of C blocks (C = 1, 2, 4 or 8: a block holds at
- * most ROW_BLOCK_COLUMNS = 32768 columns of it, so C is 4 at V 128256) whose threads keep
- * their 8-column vectors of the row in registers (ROW_MAX_VECTORS of them at most). Each thread keeps a running max m and a sum s
+ * Forward: a row is read once, by a cluster of C blocks (C = 1, 2, 4 or 8) whose threads keep
+ * their 8-column vectors of the row in registers: the fewest blocks whose part of the row is
+ * at most ROW_BLOCK_COLUMNS = 16384 columns (8 vectors a thread; C is 8 at V 128256), or,
+ * for a row longer than 8 such parts, 8 blocks of up to 32768 (ROW_MAX_VECTORS = 16 a
+ * thread). Smaller blocks pay: at V 128256, 8 blocks of 8 vectors (64 registers, four
+ * blocks a multiprocessor) wrote the gradient 11% sooner than 4 of 16 (two a
+ * multiprocessor), whose blocks all waited on their barriers at once (docs/performance.md,
+ * 2026-12-06, evening). Each thread keeps a running max m and a sum s
  * of exp(x - m) over its vectors in order, rescaling s when m grows (the "online softmax");
  * the (m, s) pairs are combined across the warp by a fixed butterfly, across warps in warp
  * order and across the cluster's blocks in rank order (distributed shared memory), so lse
@@ -37,9 +42,11 @@ namespace cg = cooperative_groups;
 enum {
     CROSS_ENTROPY_THREADS = 512, /* the backward's blocks */
     ROW_THREADS = 256,           /* a cluster block's threads in the forward */
-    ROW_MAX_VECTORS = 16,        /* 8-column vectors a thread holds: 64 registers */
+    ROW_VECTORS = 8,             /* 8-column vectors a thread holds: 32 registers */
+    ROW_MAX_VECTORS = 16,        /* ... at most, for the longest rows: 64 registers */
     ROW_MAX_CLUSTER = 8,
-    ROW_BLOCK_COLUMNS = ROW_THREADS * ROW_MAX_VECTORS * 8,
+    ROW_BLOCK_COLUMNS = ROW_THREADS * ROW_VECTORS * 8,
+    ROW_MAX_BLOCK_COLUMNS = ROW_THREADS * ROW_MAX_VECTORS * 8,
 };
 
 /* The (max, sum of exp(x - max)) pair of the union of two sets of values; an empty set is
@@ -202,16 +209,17 @@ __global__ void __launch_bounds__(CROSS_ENTROPY_THREADS)
     store8<VECTOR>(dlogits + offset, column, V, grads);
 }
 
-/* The cluster's blocks for a row of V: the fewest (a power of two) whose part holds at most
- * ROW_BLOCK_COLUMNS columns. */
+/* The cluster's blocks for a row of V: the fewest (a power of two, up to ROW_MAX_CLUSTER)
+ * whose part holds at most ROW_BLOCK_COLUMNS columns, else ROW_MAX_CLUSTER of up to
+ * ROW_MAX_BLOCK_COLUMNS. */
 static int row_cluster_blocks(int V)
 {
     int blocks = 1;
     while (blocks < ROW_MAX_CLUSTER && (V + blocks - 1) / blocks > ROW_BLOCK_COLUMNS)
         blocks *= 2;
-    if ((V + blocks - 1) / blocks > ROW_BLOCK_COLUMNS)
+    if ((V + blocks - 1) / blocks > ROW_MAX_BLOCK_COLUMNS)
         fatal(EXIT_CONFIG, "the cuda loss takes vocabularies of up to %d tokens, not %d",
-              ROW_MAX_CLUSTER * ROW_BLOCK_COLUMNS, V);
+              ROW_MAX_CLUSTER * ROW_MAX_BLOCK_COLUMNS, V);
     return blocks;
 }
 
