@@ -199,13 +199,22 @@ static void layer_forward(Walk *walk, int i)
             routed_sublayer_forward(walk, j, saved, x);
             continue;
         }
-        /* standard: checkpointed keeps stream[2i] and the layer's output only */
+        /* standard: checkpointed keeps stream[2i] and the layer's output only. x_{j+1} =
+         * x_j + f_j is formed by sublayer j + 1's norm where this walk runs it (model/layer.h
+         * InputGate without alpha: one row read fewer than an add before the norm; f_j waits
+         * in the scratch, which j + 1 writes only after its norm), else added now. */
         Activation *in = checkpointed && j % 2 ? scratch->recompute_stream : stash->stream[j];
         Activation *next = checkpointed && j % 2 == 0 ? scratch->recompute_stream
                                                       : stash->stream[j + 1];
         Activation *out = scratch->layer.sublayer_output;
-        chunk_sublayer_forward(model, &walk->layer, j, saved, in, NULL, out);
-        backend->add(next, in, out, walk->count);
+        const InputGate sum = {walk->sum_base, out, NULL, NULL};
+        chunk_sublayer_forward(model, &walk->layer, j, saved, in,
+                               walk->sum_base ? &sum : NULL, out);
+        walk->sum_base = NULL;
+        if (j + 1 < walk->end_sublayer)
+            walk->sum_base = in;
+        else
+            backend->add(next, in, out, walk->count);
     }
 }
 

@@ -54,11 +54,11 @@ static void layer_recompute(Walk *walk, int i)
     Activation *out = scratch->layer.sublayer_output;
     for (int j = 2 * i; j <= 2 * i + 1; j++) {
         const int k = j - 2 * i;
-        if (!walk->routed) {
+        if (!walk->routed) { /* the second's norm forms its input, as the forward's did */
             Activation *in = k ? scratch->recompute_stream : stash->stream[j];
-            chunk_sublayer_forward(model, &walk->layer, j, &scratch->recompute, in, NULL, out);
-            if (k == 0)
-                backend->add(scratch->recompute_stream, in, out, walk->count);
+            const InputGate sum = {stash->stream[2 * i], out, NULL, NULL};
+            chunk_sublayer_forward(model, &walk->layer, j, &scratch->recompute, in,
+                                   k ? &sum : NULL, out);
             continue;
         }
         const Activation *base = NULL;

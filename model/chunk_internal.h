@@ -26,6 +26,8 @@ typedef struct {
     int first_sublayer, end_sublayer; /* the chunk's */
     GateAdd pending;              /* the forward's f_j, added in sublayer j + 1's norm ... */
     bool has_pending;             /* ... where this is set (adds_in_next_norm) */
+    const Activation *sum_base;   /* standard: x_j, whose sum with f_j sublayer j + 1's norm
+                                   * forms, where not NULL (chunk.c layer_forward) */
     bool dout_written;            /* the backward's next d f_j is in scratch grad_output */
     RouteWalk sites;              /* the routing sites, block by block (route_block.h) */
 } Walk;

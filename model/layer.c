@@ -76,7 +76,10 @@ static void input_norm_forward(const Backend *backend, Activation *normed, float
                                Activation *x, const InputGate *gate, const Activation *weight,
                                int rows, int d, float eps)
 {
-    if (gate)
+    if (gate && !gate->alpha)
+        backend->add_rmsnorm_forward(x, normed, rstd, gate->base, gate->route, weight, rows, d,
+                                     eps);
+    else if (gate)
         backend->add_scaled_rmsnorm_forward(x, normed, rstd, gate->base, gate->route,
                                             gate->alpha, weight, rows, d, eps, gate->add);
     else

@@ -82,10 +82,12 @@ void layer_views_add(UnitViews *views, LayerWeights *weights, LayerGrads *grads,
  * form's x_j = p_j + alpha_j * Route (DESIGN 2.1) takes one pass over the row where
  * add_scaled and the norm took two; the bits are the same. Where add is not NULL, the norm's
  * pass adds the sublayer before's output where it goes first (runtime/backend.h GateAdd:
- * into base, the stream p, and the block's partial), as model/chunk.c asks. */
+ * into base, the stream p, and the block's partial), as model/chunk.c asks.
+ * alpha NULL: x = base + route, add's bits (add_rmsnorm_forward; add NULL too): the standard
+ * stream's x_j = x_{j-1} + f_{j-1}. */
 typedef struct {
     const Activation *base, *route;
-    const float *alpha; /* fp32 [1], backend memory */
+    const float *alpha; /* fp32 [1], backend memory; NULL: a plain add */
     const GateAdd *add; /* NULL: nothing to add first */
 } InputGate;
 

@@ -146,6 +146,13 @@ typedef struct Backend {
      * x, out [rows, d]; weight [d]; rstd [rows] saved for the backward ---- */
     void (*rmsnorm_forward)(Activation *out, float *rstd, const Activation *x,
                             const Activation *weight, int rows, int d, float eps);
+    /* sum = a + b (add's bits), then rmsnorm_forward of that sum into out and rstd, in one
+     * pass: the standard stream's residual add x_{j+1} = x_j + f_j formed by sublayer
+     * j + 1's norm (model/layer.h InputGate, alpha NULL), one row read fewer than add
+     * before the norm; the same bits as the two ops. sum aliases neither a nor b. */
+    void (*add_rmsnorm_forward)(Activation *sum, Activation *out, float *rstd,
+                                const Activation *a, const Activation *b,
+                                const Activation *weight, int rows, int d, float eps);
     /* g, the gradient w.r.t. x: dx += g or dx = g (dx_mode); dweight += its gradient */
     void (*rmsnorm_backward)(Activation *dx, GradMode dx_mode, float *dweight,
                              const Activation *dout, const Activation *x,

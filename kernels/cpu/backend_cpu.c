@@ -156,6 +156,14 @@ static void table_rmsnorm_forward(Activation *out, float *rstd, const Activation
     cpu_rmsnorm_forward(F(out), rstd, CF(x), CF(weight), rows, d, eps);
 }
 
+static void table_add_rmsnorm_forward(Activation *sum, Activation *out, float *rstd,
+                                     const Activation *a, const Activation *b,
+                                     const Activation *weight, int rows, int d, float eps)
+{
+    table_add(sum, a, b, (size_t)rows * d);
+    cpu_rmsnorm_forward(F(out), rstd, CF(sum), CF(weight), rows, d, eps);
+}
+
 static void table_rmsnorm_backward(Activation *dx, GradMode dx_mode, float *dweight,
                                    const Activation *dout, const Activation *x,
                                    const Activation *weight, const float *rstd, int rows, int d)
@@ -587,6 +595,7 @@ static const Backend cpu_backend = {
     .embedding_backward = table_embedding_backward,
     .sum_rows = table_sum_rows,
     .rmsnorm_forward = table_rmsnorm_forward,
+    .add_rmsnorm_forward = table_add_rmsnorm_forward,
     .rmsnorm_backward = table_rmsnorm_backward,
     .rmsnorm_backward_branch = table_rmsnorm_backward_branch,
     .matmul_forward = table_matmul_forward,

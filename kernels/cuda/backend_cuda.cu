@@ -361,6 +361,15 @@ static void op_rmsnorm_forward(Activation *out, float *rstd, const Activation *x
                          eps, compute_stream());
 }
 
+static void op_add_rmsnorm_forward(Activation *sum, Activation *out, float *rstd,
+                                  const Activation *a, const Activation *b,
+                                  const Activation *weight, int rows, int d, float eps)
+{
+    cuda_add_rmsnorm_forward(as_bf16(sum), as_bf16(out), rstd, as_bf16_const(a),
+                             as_bf16_const(b), as_bf16_const(weight), rows, d, eps,
+                             compute_stream());
+}
+
 static void op_rmsnorm_backward(Activation *dx, GradMode dx_mode, float *dweight,
                                 const Activation *dout, const Activation *x,
                                 const Activation *weight, const float *rstd, int rows, int d)
@@ -569,6 +578,7 @@ extern "C" const Backend *backend_cuda(void)
     table->embedding_backward = op_embedding_backward;
     table->sum_rows = op_sum_rows;
     table->rmsnorm_forward = op_rmsnorm_forward;
+    table->add_rmsnorm_forward = op_add_rmsnorm_forward;
     table->rmsnorm_backward = op_rmsnorm_backward;
     table->rmsnorm_backward_branch = op_rmsnorm_backward_branch;
     table->matmul_forward = op_matmul_forward;

@@ -92,6 +92,11 @@ void cuda_sum_rows(float *out, const bf16 *x, int rows, int d, float *workspace,
  * grouping depends only on rows and d. */
 void cuda_rmsnorm_forward(bf16 *out, float *rstd, const bf16 *x, const bf16 *weight, int rows,
                           int d, float eps, cudaStream_t stream);
+/* sum = bf16(a + b) (cuda_add's bits), then cuda_rmsnorm_forward of that sum, in one pass
+ * (runtime/backend.h add_rmsnorm_forward); sum aliases neither a nor b. */
+void cuda_add_rmsnorm_forward(bf16 *sum, bf16 *out, float *rstd, const bf16 *a, const bf16 *b,
+                              const bf16 *weight, int rows, int d, float eps,
+                              cudaStream_t stream);
 /* runtime/backend.h GateAdd on the device: stream += added and, where partial is not NULL,
  * partial = partial_before + added, each rounded once. */
 typedef struct {

@@ -6,7 +6,8 @@
  * The gated forward (add_scaled_rmsnorm_forward) first forms x = bf16(base + alpha * route)
  * in the registers that hold the row, stores it, and norms it as above; where it is given
  * the sublayer before's output f, base = bf16(base + f) (stored) and the partial
- * bf16(partial_before + f) come first.
+ * bf16(partial_before + f) come first. The standard stream's add before its norm
+ * (add_rmsnorm_forward) is that first add alone, its sum stored to a buffer of its own.
  * Backward, with xhat = x * rstd and dxhat = dout * weight (fp32):
  *   g        = rstd * (dxhat - xhat * mean(dxhat * xhat))
  *   dx      += g, or = +0.0 + g without reading dx (GRAD_WRITE: the bits of an add into
@@ -480,6 +481,17 @@ extern "C" void cuda_rmsnorm_forward(bf16 *out, float *rstd, const bf16 *x, cons
                                      int rows, int d, float eps, cudaStream_t stream)
 {
     const NormInput input = {(const bfloat *)x, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    rmsnorm_forward_launch(out, rstd, input, weight, rows, d, eps, stream);
+}
+
+/* One pass where add then rmsnorm_forward took two: 4 rows moved instead of 5 (a and b read,
+ * sum and out written): the kernel's adds with the sum stored to its own buffer. */
+extern "C" void cuda_add_rmsnorm_forward(bf16 *sum, bf16 *out, float *rstd, const bf16 *a,
+                                         const bf16 *b, const bf16 *weight, int rows, int d,
+                                         float eps, cudaStream_t stream)
+{
+    const NormInput input = {(const bfloat *)a, NULL, NULL, NULL, (const bfloat *)b,
+                             NULL, (bfloat *)sum, NULL};
     rmsnorm_forward_launch(out, rstd, input, weight, rows, d, eps, stream);
 }
 
