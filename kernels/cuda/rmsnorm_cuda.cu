@@ -105,7 +105,10 @@ __device__ __forceinline__ uint4 norm_add_store(uint4 a, const bfloat *b, bfloat
     return rounded;
 }
 
-template <int ROW_THREADS, int CHUNKS, bool VECTOR>
+/* GATED: the instance that may form a gate (route) or add into a partial; the others keep
+ * no registers for those rows, so more rows run at once (a plain norm, or one with the
+ * standard stream's add). */
+template <int ROW_THREADS, int CHUNKS, bool VECTOR, bool GATED>
 __global__ void __launch_bounds__(RMSNORM_THREADS)
     rmsnorm_forward_kernel(bfloat *out, float *rstd, const NormInput input,
                            const bfloat *weight, int rows, int d, float eps)
@@ -121,7 +124,7 @@ __global__ void __launch_bounds__(RMSNORM_THREADS)
 #pragma unroll
     for (int chunk = 0; chunk < CHUNKS; chunk++) {
         raw[chunk] = load8_raw<VECTOR>(x_row, (chunk * ROW_THREADS + lane) * 8, d);
-        if (input.route)
+        if (GATED && input.route)
             route_raw[chunk] = load8_raw<VECTOR>(input.route + (size_t)row * d,
                                                  (chunk * ROW_THREADS + lane) * 8, d);
     }
@@ -130,14 +133,14 @@ __global__ void __launch_bounds__(RMSNORM_THREADS)
 #pragma unroll
         for (int chunk = 0; chunk < CHUNKS; chunk++) {
             const int column = (chunk * ROW_THREADS + lane) * 8;
-            if (input.partial)
+            if (GATED && input.partial)
                 norm_add_store<VECTOR>(load8_raw<VECTOR>(input.partial_before + at, column, d),
                                        input.added, input.partial, at, column, d);
             raw[chunk] = norm_add_store<VECTOR>(raw[chunk], input.added, input.stream, at,
                                                 column, d);
         }
     }
-    if (input.route) { /* the gate, rounded once: the norm reads the rounded x */
+    if (GATED && input.route) { /* the gate, rounded once: the norm reads the rounded x */
         const float scale = *input.alpha;
 #pragma unroll
         for (int chunk = 0; chunk < CHUNKS; chunk++) {
@@ -390,12 +393,15 @@ static void launch_forward(bool vector, unsigned blocks, cudaStream_t stream, bf
                            float *rstd, const NormInput &input, const bfloat *weight, int rows,
                            int d, float eps)
 {
-    if (vector)
-        rmsnorm_forward_kernel<ROW_THREADS, CHUNKS, true>
-            <<<blocks, RMSNORM_THREADS, 0, stream>>>(out, rstd, input, weight, rows, d, eps);
+    const bool gated = input.route || input.partial;
+#define FORWARD(VECTOR_, GATED_)                                                               \
+    rmsnorm_forward_kernel<ROW_THREADS, CHUNKS, VECTOR_, GATED_>                               \
+        <<<blocks, RMSNORM_THREADS, 0, stream>>>(out, rstd, input, weight, rows, d, eps)
+    if (gated)
+        vector ? FORWARD(true, true) : FORWARD(false, true);
     else
-        rmsnorm_forward_kernel<ROW_THREADS, CHUNKS, false>
-            <<<blocks, RMSNORM_THREADS, 0, stream>>>(out, rstd, input, weight, rows, d, eps);
+        vector ? FORWARD(true, false) : FORWARD(false, false);
+#undef FORWARD
     CUDA_CHECK_LAUNCH();
 }
 
