@@ -14,8 +14,8 @@
  * thread). Smaller blocks pay: at V 128256, 8 blocks of 8 vectors (64 registers, four
  * blocks a multiprocessor) wrote the gradient 11% sooner than 4 of 16 (two a
  * multiprocessor), whose blocks all waited on their barriers at once (docs/performance.md,
- * 2026-12-06, evening). Each thread keeps a running max m and a sum s
- * of exp(x - m) over its vectors in order, rescaling s when m grows (the "online softmax");
+ * 2026-12-06, 18 h). Each thread keeps a running max m and a sum s of exp(x - m) over its
+ * vectors in order, rescaling s when m grows (the "online softmax");
  * the (m, s) pairs are combined across the warp by a fixed butterfly, across warps in warp
  * order and across the cluster's blocks in rank order (distributed shared memory), so lse
  * has the same bits run to run. Everything is fp32.
