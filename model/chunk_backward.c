@@ -74,13 +74,21 @@ static void layer_recompute(Walk *walk, int i)
     }
 }
 
-/* Whether sublayer j's input norm, in the delta form, may also write d f_{j-1} =
- * d p_j + d b_n (model/layer.h GradBranch), one row read fewer than an add before j - 1's
- * backward: j - 1 in this chunk and in j's block, whose gradient is then complete and
- * nothing adds into before j - 1's backward. Site j's sources are earlier blocks (checked:
- * its backward adds into their gradients, not b_n's), and a block's walker runs at its
- * first site. */
-static bool writes_previous_dout(const Walk *walk, int j)
+/* The delta form's stream gradient inside a block (docs/design-notes.md, "The delta form's
+ * stream gradient carries its block's"). Sublayer j's output goes into p and into its
+ * block's partial b_n, so d f_j = d p_{j+1} + d b_n; its input x_j = p_j + alpha_j * Route
+ * sends the norm's gradient g_j into d p_j = d p_{j+1} + g_j. Where d b_n is complete and
+ * nothing adds into it while the walk is in the block, the stream's gradient carries it:
+ * Q_j = d p_j + d b_n gives Q_j = Q_{j+1} + g_j (the norm's branch adds g_j, as into d p)
+ * and d f_{j-1} = Q_j, the sublayer before reading it as it is: no add a site. The walk
+ * trades the carried gradient for the next block's, or takes it out, in one pass where it
+ * leaves the block (stream_carry). */
+
+/* Whether sublayer j - 1 is in j's block and this chunk, and site j's backward leaves the
+ * block's gradient alone: then d f_{j-1} may be the stream gradient carrying the block's.
+ * Site j's sources are earlier blocks (checked), and a block's walker runs at its first
+ * site. */
+static bool carries_into_previous(const Walk *walk, int j)
 {
     const ResidualPlan *plan = walk->plan;
     if (!walk->delta || j - 1 < walk->first_sublayer ||
@@ -91,6 +99,30 @@ static bool writes_previous_dout(const Walk *walk, int j)
         if (site->sources[k].grad_block == plan->sublayer_block[j])
             return false;
     return true;
+}
+
+/* Whether site j's backward adds into the gradient of its own block. */
+static bool site_adds_into_own_block(const Walk *walk, int j)
+{
+    const SitePlan *site = &walk->plan->sites[j];
+    for (int k = 0; k < site->n_sources; k++)
+        if (site->sources[k].grad_block == walk->plan->sublayer_block[j])
+            return true;
+    return false;
+}
+
+/* The stream gradient made to carry block_grad (NULL: none) instead of what it carries. */
+static void stream_carry(Walk *walk, const Activation *block_grad)
+{
+    if (walk->stream_carries == block_grad)
+        return;
+    Activation *grad_stream = walk->model->scratch.layer.grad_stream;
+    if (walk->stream_carries)
+        walk->backend->add_difference(grad_stream, block_grad, walk->stream_carries,
+                                      walk->count);
+    else
+        walk->backend->add_inplace(grad_stream, block_grad, walk->count);
+    walk->stream_carries = block_grad;
 }
 
 /* Sublayer j's backward, from the stream gradient (standard) or its block's gradient. */
@@ -106,24 +138,28 @@ static void sublayer_walk_backward(Walk *walk, int j, const LayerActivations *sa
         return;
     }
     const Activation *grad_f = walk->store->grad_blocks[walk->plan->sublayer_block[j]];
-    if (walk->delta) { /* d f_j = d p_{j+1} + d b_n, unless sublayer j + 1's norm wrote it */
-        if (!walk->dout_written)
-            backend->add(scratch->grad_output, grad_stream, grad_f, walk->count);
-        grad_f = scratch->grad_output;
+    if (walk->delta) { /* d f_j = d p_{j+1} + d b_n: the carrying stream gradient, or an add */
+        const Activation *block_grad = grad_f;
+        if (walk->stream_carries == block_grad || carries_into_previous(walk, j)) {
+            stream_carry(walk, block_grad);
+            grad_f = grad_stream;
+        } else {
+            stream_carry(walk, NULL);
+            backend->add(scratch->grad_output, grad_stream, block_grad, walk->count);
+            grad_f = scratch->grad_output;
+        }
     }
     /* d x_j is written (its buffer holds nothing of this walk yet); in the delta form,
-     * x_j = p_j + alpha * mix, it is also added into d p_j, and d f_{j-1} formed where it
-     * may be (its dout is read before: the norm's backward is the sublayer's last op) */
+     * x_j = p_j + alpha * mix, it is also added into the stream's gradient (the norm's
+     * backward is the sublayer's last op: its dout, maybe that same gradient, is read
+     * before) */
     Activation *grad_x = route_walk_grad_x(&walk->sites, j);
-    const bool writes_dout = writes_previous_dout(walk, j);
-    const GradBranch branch = {
-        grad_stream,
-        writes_dout ? walk->store->grad_blocks[walk->plan->sublayer_block[j - 1]] : NULL,
-        writes_dout ? scratch->grad_output : NULL,
-    };
+    const GradBranch branch = {grad_stream};
     sublayer_backward(walk->model, &walk->layer, j, saved, x, grad_f, grad_x, GRAD_WRITE,
                       walk->delta ? &branch : NULL);
-    walk->dout_written = writes_dout;
+    if (walk->stream_carries && !carries_into_previous(walk, j) &&
+        site_adds_into_own_block(walk, j))
+        stream_carry(walk, NULL); /* before the site changes what the stream carries */
     site_backward(walk, j, x, grad_x);
 }
 
@@ -218,12 +254,14 @@ void chunk_backward(Model *model, const ChunkSpan *span, Stash *stash, SummarySt
             model_unit_release(model, routing, true);
     }
 
+    /* the delta form's stream gradient leaves the chunk as d p, or reaches the embedding
+     * as d p_0 + d b_0 */
+    if (walk.delta)
+        stream_carry(&walk, span->has_embedding ? store->grad_blocks[0] : NULL);
     if (span->has_embedding) {
         model_unit_acquire(model, 0, true);
         const Activation *grad_e = grad_stream;
-        if (walk.delta)
-            backend->add_inplace(grad_stream, store->grad_blocks[0], walk.count);
-        else if (walk.routed)
+        if (walk.routed && !walk.delta)
             grad_e = store->grad_blocks[0];
         backend->embedding_backward(model->grad_embedding, grad_e, stash->inputs, (int)rows, d);
         model_unit_release(model, 0, true);

@@ -28,7 +28,8 @@ typedef struct {
     bool has_pending;             /* ... where this is set (adds_in_next_norm) */
     const Activation *sum_base;   /* standard: x_j, whose sum with f_j sublayer j + 1's norm
                                    * forms, where not NULL (chunk.c layer_forward) */
-    bool dout_written;            /* the backward's next d f_j is in scratch grad_output */
+    const Activation *stream_carries; /* the delta backward: the block gradient that the
+                                       * stream gradient carries, or NULL (chunk_backward.c) */
     RouteWalk sites;              /* the routing sites, block by block (route_block.h) */
 } Walk;
 

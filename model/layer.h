@@ -93,13 +93,10 @@ typedef struct {
 
 /* Where a sublayer input's gradient also goes in the delta form, whose site
  * x_j = p_j + alpha_j * Route sends it both to the site's route (dx) and to the stream p_j:
- * stream += it. Where next_dout is not NULL, next_dout = stream + block_grad in the same
- * pass (runtime/backend.h rmsnorm_backward_branch): the output gradient of the sublayer
- * before, d f_{j-1} = d p_j + d b_n, once its block's gradient is complete (model/chunk.c). */
+ * stream += it (runtime/backend.h rmsnorm_backward_branch). Inside a block the stream's
+ * gradient carries the block's (model/chunk_backward.c). */
 typedef struct {
     Activation *stream;
-    const Activation *block_grad;
-    Activation *next_dout;
 } GradBranch;
 
 /* The sublayers: out = f(x) [rows, d]; with a gate (not NULL) x is written first, as

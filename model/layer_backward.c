@@ -23,7 +23,7 @@ static void input_norm_backward(const Backend *backend, Activation *dx, GradMode
 {
     if (branch) /* dx written (dx_mode is GRAD_WRITE), the stream added */
         backend->rmsnorm_backward_branch(dx, branch->stream, dweight, dout, x, weight, rstd,
-                                         rows, d, branch->block_grad, branch->next_dout);
+                                         rows, d);
     else
         backend->rmsnorm_backward(dx, dx_mode, dweight, dout, x, weight, rstd, rows, d);
 }

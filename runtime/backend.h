@@ -129,6 +129,12 @@ typedef struct Backend {
      * alias a; y must not alias out, a or x. */
     void (*add_both)(Activation *out, const Activation *a, Activation *y, const Activation *x,
                      size_t n);
+    /* y[i] = (y[i] - minus[i]) + plus[i] (plus NULL: y[i] - minus[i]), one rounding of the
+     * fp32 result on a bf16 backend: the delta form's stream gradient trading the block
+     * gradient it carries for the next block's (model/chunk_backward.c). y must not alias
+     * plus or minus. */
+    void (*add_difference)(Activation *y, const Activation *plus, const Activation *minus,
+                           size_t n);
 
     /* ---- embedding: out[t, :] = table[tokens[t], :]   table [V, d], out [n, d] ---- */
     void (*embedding_forward)(Activation *out, const uint32_t *tokens, const Activation *table,
@@ -160,14 +166,11 @@ typedef struct Backend {
     /* The same gradient g (what rmsnorm_backward gives dx) for an input that branches, the
      * delta form's x_j = p_j + alpha_j * Route (DESIGN 2.1): dx = g, written, not added (the
      * site's d x_j), and branch += g (the stream's d p_j), both the rounded g of dx. One pass
-     * instead of rmsnorm_backward and an add. Where sum is not NULL, also sum = branch +
-     * addend with the branch as just written, add's bits (the delta form's d f_{j-1} =
-     * d p_j + d b_n, model/chunk.c): one row read fewer than an add after. No buffer
-     * aliases another. */
+     * instead of rmsnorm_backward and an add. No buffer aliases another. */
     void (*rmsnorm_backward_branch)(Activation *dx, Activation *branch, float *dweight,
                                     const Activation *dout, const Activation *x,
                                     const Activation *weight, const float *rstd, int rows,
-                                    int d, const Activation *addend, Activation *sum);
+                                    int d);
 
     /* ---- matmul: out[rows, out_dim] = in[rows, in_dim] @ weight[out_dim, in_dim]^T
      * (the [out, in] layout of Hugging Face Linear weights) ---- */

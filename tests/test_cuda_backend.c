@@ -101,6 +101,7 @@ Test(cuda_backend, fills_every_entry_with_two_byte_activations)
     EXPECT_ENTRY(b, activations_from_floats); EXPECT_ENTRY(b, activations_upload);
     EXPECT_ENTRY(b, activations_download); EXPECT_ENTRY(b, add_inplace); EXPECT_ENTRY(b, add);
     EXPECT_ENTRY(b, add_both);
+    EXPECT_ENTRY(b, add_difference);
     EXPECT_ENTRY(b, embedding_forward); EXPECT_ENTRY(b, embedding_backward);
     EXPECT_ENTRY(b, sum_rows);
     EXPECT_ENTRY(b, rmsnorm_forward); EXPECT_ENTRY(b, rmsnorm_backward);

@@ -75,6 +75,26 @@ Test(cuda_backend_ops, add_both_writes_a_plus_x_and_adds_x_into_y)
     }
 }
 
+static void run_add_difference(const Backend *b, void *const *p, const OpCase *c)
+{
+    b->add_difference(p[0], c->shape[1] ? p[2] : NULL, p[1], (size_t)c->shape[0]);
+}
+
+/* y = (y - minus) + plus, one rounding, and y - minus without plus */
+Test(cuda_backend_ops, add_difference_trades_minus_for_plus_in_y)
+{
+    gpu_require();
+    for (int i = 0; i < 4; i++) {
+        OpCase c = op_case("add_difference", run_add_difference);
+        c.shape[0] = lengths[i % 2], c.shape[1] = i < 2;
+        op_accumulated(&c, "y", ARRAY_ACTIVATION, (size_t)c.shape[0], BF16_OUT);
+        op_input(&c, "minus", ARRAY_ACTIVATION, (size_t)c.shape[0], 1, 0);
+        if (c.shape[1])
+            op_input(&c, "plus", ARRAY_ACTIVATION, (size_t)c.shape[0], 1, 0);
+        op_check(&c, 40 + (uint64_t)i);
+    }
+}
+
 Test(cuda_backend_ops, add_inplace_adds_into_y)
 {
     gpu_require();
@@ -219,14 +239,7 @@ Test(cuda_backend_ops, rmsnorm_backward_adds_the_cpu_gradients)
 static void run_rmsnorm_backward_branch(const Backend *b, void *const *p, const OpCase *c)
 {
     b->rmsnorm_backward_branch(p[0], p[1], p[2], p[3], p[4], p[5], p[6], c->shape[0],
-                               c->shape[1], NULL, NULL);
-}
-
-/* the same with the sum (arrays 7 and 8: the addend, then the sum) */
-static void run_rmsnorm_backward_branch_sum(const Backend *b, void *const *p, const OpCase *c)
-{
-    b->rmsnorm_backward_branch(p[0], p[1], p[2], p[3], p[4], p[5], p[6], c->shape[0],
-                               c->shape[1], p[7], p[8]);
+                               c->shape[1]);
 }
 
 static void prepare_rmsnorm_backward_branch(OpCase *c)
@@ -237,9 +250,8 @@ static void prepare_rmsnorm_backward_branch(OpCase *c)
     free(out);
 }
 
-/* dx is an output (poisoned first: the op must write it), the branch accumulates, and the
- * sum, where asked for, is written; rows of a warp (d <= 1280: the sum added after) and of
- * a whole block (2 and 4 chunks: the sum in the kernel), vector and not */
+/* dx is an output (poisoned first: the op must write it), the branch accumulates; rows of a
+ * warp (d <= 1280) and of a whole block (2 and 4 chunks), vector and not */
 static const int rmsnorm_branch_shapes[][2] = {{7, 40}, {33, 100}, {5, 2056}, {3, 4100},
                                                {9, 1280}, {6, 1100}, {5, 4096}};
 
@@ -247,12 +259,9 @@ Test(cuda_backend_ops, rmsnorm_backward_branch_writes_the_cpu_gradient_and_adds_
 {
     gpu_require();
     const int count = (int)(sizeof rmsnorm_branch_shapes / sizeof rmsnorm_branch_shapes[0]);
-    for (int i = 0; i < 2 * count; i++) { /* each shape without the sum, then with it */
-        const int rows = rmsnorm_branch_shapes[i % count][0];
-        const int d = rmsnorm_branch_shapes[i % count][1];
-        const bool sum = i >= count;
-        OpCase c = op_case("rmsnorm_backward_branch",
-                           sum ? run_rmsnorm_backward_branch_sum : run_rmsnorm_backward_branch);
+    for (int i = 0; i < count; i++) {
+        const int rows = rmsnorm_branch_shapes[i][0], d = rmsnorm_branch_shapes[i][1];
+        OpCase c = op_case("rmsnorm_backward_branch", run_rmsnorm_backward_branch);
         c.shape[0] = rows, c.shape[1] = d;
         c.prepare = prepare_rmsnorm_backward_branch;
         op_output(&c, "dx", ARRAY_ACTIVATION, (size_t)rows * d, BF16_OUT);
@@ -262,10 +271,6 @@ Test(cuda_backend_ops, rmsnorm_backward_branch_writes_the_cpu_gradient_and_adds_
         op_input(&c, "x", ARRAY_ACTIVATION, (size_t)rows * d, 1, 0);
         op_input(&c, "weight", ARRAY_ACTIVATION, (size_t)d, 0.5f, 1);
         op_input(&c, "rstd", ARRAY_FLOAT, (size_t)rows, 0, 0);
-        if (sum) {
-            op_input(&c, "addend", ARRAY_ACTIVATION, (size_t)rows * d, 1, 0);
-            op_output(&c, "sum", ARRAY_ACTIVATION, (size_t)rows * d, BF16_OUT);
-        }
         op_check(&c, 70 + (uint64_t)i);
     }
 }

@@ -48,7 +48,7 @@ Test(kernels_cpu, backend_table_fills_every_op)
 #define EXPECT_OP(op) cr_assert_not_null((void *)(uintptr_t)backend->op, #op " is NULL")
     EXPECT_OP(alloc); EXPECT_OP(release); EXPECT_OP(zero); EXPECT_OP(copy); EXPECT_OP(upload);
     EXPECT_OP(download); EXPECT_OP(synchronize); EXPECT_OP(add_inplace); EXPECT_OP(add);
-    EXPECT_OP(add_both);
+    EXPECT_OP(add_both); EXPECT_OP(add_difference);
     EXPECT_OP(embedding_forward); EXPECT_OP(embedding_backward); EXPECT_OP(sum_rows); EXPECT_OP(rmsnorm_forward);
     EXPECT_OP(rmsnorm_backward); EXPECT_OP(rmsnorm_backward_branch);
     EXPECT_OP(matmul_forward); EXPECT_OP(matmul_backward);
@@ -140,6 +140,29 @@ Test(kernels_cpu, add_both_writes_a_plus_x_and_adds_x_into_y)
     cpu_add_both(a, a, y, x, n); /* out aliasing a */
     cr_assert_leq(test_relative_error_double(a, expected_out, n), FORWARD_TOLERANCE);
     free_all(a, y, x, out, expected_out, expected_y, NULL);
+}
+
+Test(kernels_cpu, add_difference_trades_minus_for_plus)
+{
+    size_t n = 40000; /* above the parallel threshold */
+    float *y = random_floats(n, 1, 10), *plus = random_floats(n, 1, 11);
+    float *minus = random_floats(n, 1, 12), *alone = poisoned_floats(n);
+    double *expected = doubles(n), *expected_alone = doubles(n);
+    for (size_t i = 0; i < n; i++) {
+        expected[i] = ((double)y[i] - minus[i]) + plus[i];
+        expected_alone[i] = (double)y[i] - minus[i];
+        alone[i] = y[i];
+    }
+    cpu_add_difference(y, plus, minus, n);
+    cr_assert_leq(test_relative_error_double(y, expected, n), FORWARD_TOLERANCE);
+    cpu_add_difference(alone, NULL, minus, n); /* nothing added */
+    cr_assert_leq(test_relative_error_double(alone, expected_alone, n), FORWARD_TOLERANCE);
+    /* a zero block gradient traded leaves the stream's gradient as it was, to the bit */
+    float *zeros = calloc(n, sizeof *zeros), *kept = poisoned_floats(n);
+    memcpy(kept, plus, n * sizeof *kept);
+    cpu_add_difference(plus, zeros, zeros, n);
+    cr_assert_eq(memcmp(plus, kept, n * sizeof *kept), 0);
+    free_all(y, plus, minus, alone, expected, expected_alone, zeros, kept, NULL);
 }
 
 Test(kernels_cpu, add_writes_the_sum_even_when_out_aliases_an_input)

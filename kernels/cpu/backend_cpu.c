@@ -135,6 +135,12 @@ static void table_add_both(Activation *out, const Activation *a, Activation *y,
     cpu_add_both(F(out), CF(a), F(y), CF(x), n);
 }
 
+static void table_add_difference(Activation *y, const Activation *plus, const Activation *minus,
+                                 size_t n)
+{
+    cpu_add_difference(F(y), CF(plus), CF(minus), n);
+}
+
 static void table_embedding_forward(Activation *out, const uint32_t *tokens,
                                     const Activation *table, int n, int d)
 {
@@ -176,10 +182,10 @@ static void table_rmsnorm_backward(Activation *dx, GradMode dx_mode, float *dwei
 static void table_rmsnorm_backward_branch(Activation *dx, Activation *branch, float *dweight,
                                           const Activation *dout, const Activation *x,
                                           const Activation *weight, const float *rstd, int rows,
-                                          int d, const Activation *addend, Activation *sum)
+                                          int d)
 {
     cpu_rmsnorm_backward_branch(F(dx), F(branch), dweight, CF(dout), CF(x), CF(weight), rstd,
-                                rows, d, CF(addend), F(sum));
+                                rows, d);
 }
 
 static void table_matmul_forward(Activation *out, const Activation *in,
@@ -317,6 +323,7 @@ static Backend cpu_backend = {
     .activations_upload = cpu_activations_from_floats,
     .activations_download = cpu_activations_download,
     .add_inplace = table_add_inplace,
+    .add_difference = table_add_difference,
     .add = table_add,
     .add_both = table_add_both,
     .embedding_forward = table_embedding_forward,

@@ -24,3 +24,10 @@ void cpu_add_both(float *out, const float *a, float *y, const float *x, size_t n
         y[i] += x[i];
     }
 }
+
+void cpu_add_difference(float *y, const float *plus, const float *minus, size_t n)
+{
+#pragma omp parallel for schedule(static) if (n >= CPU_PARALLEL_MIN_WORK)
+    for (size_t i = 0; i < n; i++)
+        y[i] = plus ? (y[i] - minus[i]) + plus[i] : y[i] - minus[i];
+}

@@ -34,6 +34,8 @@ void cpu_add_inplace(float *y, const float *x, size_t n);
 void cpu_add(float *out, const float *a, const float *b, size_t n);
 /* out = a + x and y += x (runtime/backend.h add_both) */
 void cpu_add_both(float *out, const float *a, float *y, const float *x, size_t n);
+/* y = (y - minus) + plus, plus NULL: y - minus (runtime/backend.h add_difference) */
+void cpu_add_difference(float *y, const float *plus, const float *minus, size_t n);
 
 /* embedding_cpu.c; tokens must be < V (the caller validates its data against V) */
 void cpu_embedding_forward(float *out, const uint32_t *tokens, const float *table, int n,
@@ -50,11 +52,11 @@ void cpu_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w
 void cpu_rmsnorm_backward(float *dx, GradMode dx_mode, float *dweight, const float *dout,
                           const float *x, const float *weight, const float *rstd, int rows,
                           int d);
-/* dx = g (written), branch += g, and sum = branch + addend where sum is not NULL:
+/* dx = g (written) and branch += g:
  * runtime/backend.h rmsnorm_backward_branch */
 void cpu_rmsnorm_backward_branch(float *dx, float *branch, float *dweight, const float *dout,
                                  const float *x, const float *weight, const float *rstd,
-                                 int rows, int d, const float *addend, float *sum);
+                                 int rows, int d);
 
 /* matmul_cpu.c */
 void cpu_matmul_forward(float *out, const float *in, const float *weight, int rows, int in_dim,

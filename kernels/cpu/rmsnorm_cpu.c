@@ -92,12 +92,7 @@ void cpu_rmsnorm_backward(float *dx, GradMode dx_mode, float *dweight, const flo
 
 void cpu_rmsnorm_backward_branch(float *dx, float *branch, float *dweight, const float *dout,
                                  const float *x, const float *weight, const float *rstd,
-                                 int rows, int d, const float *addend, float *sum)
+                                 int rows, int d)
 {
     rmsnorm_backward_rows(dx, false, branch, dweight, dout, x, weight, rstd, rows, d);
-    if (!sum)
-        return;
-    const size_t n = (size_t)rows * d;
-    for (size_t i = 0; i < n; i++)
-        sum[i] = branch[i] + addend[i];
 }

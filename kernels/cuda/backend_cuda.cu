@@ -336,6 +336,13 @@ static void op_add_both(Activation *out, const Activation *a, Activation *y, con
                   compute_stream());
 }
 
+static void op_add_difference(Activation *y, const Activation *plus, const Activation *minus,
+                              size_t n)
+{
+    cuda_add_difference(as_bf16(y), as_bf16_const(plus), as_bf16_const(minus), n,
+                        compute_stream());
+}
+
 static void op_embedding_forward(Activation *out, const uint32_t *tokens,
                                  const Activation *table, int n, int d)
 {
@@ -382,13 +389,12 @@ static void op_rmsnorm_backward(Activation *dx, GradMode dx_mode, float *dweight
 static void op_rmsnorm_backward_branch(Activation *dx, Activation *branch, float *dweight,
                                        const Activation *dout, const Activation *x,
                                        const Activation *weight, const float *rstd, int rows,
-                                       int d, const Activation *addend, Activation *sum)
+                                       int d)
 {
     float *workspace = workspace_floats(cuda_rmsnorm_backward_workspace_floats(rows, d));
     cuda_rmsnorm_backward_branch(as_bf16(dx), as_bf16(branch), dweight, as_bf16_const(dout),
                                  as_bf16_const(x), as_bf16_const(weight), rstd, rows, d,
-                                 as_bf16_const(addend), as_bf16(sum), workspace,
-                                 compute_stream());
+                                 workspace, compute_stream());
 }
 
 static void op_matmul_forward(Activation *out, const Activation *in, const Activation *weight,
@@ -573,6 +579,7 @@ extern "C" const Backend *backend_cuda(void)
 
     table->add_inplace = op_add_inplace;
     table->add_both = op_add_both;
+    table->add_difference = op_add_difference;
     table->add = op_add;
     table->embedding_forward = op_embedding_forward;
     table->embedding_backward = op_embedding_backward;

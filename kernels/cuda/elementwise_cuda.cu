@@ -1,6 +1,6 @@
 /* kernels/cuda/elementwise_cuda.cu — bf16 sums of whole tensors (runtime/backend.h,
- * "elementwise"): y += x, out = a + b, and both at once (add_both: out = a + x, y += x),
- * each element added in fp32 and rounded once; and
+ * "elementwise"): y += x, out = a + b, both at once (add_both: out = a + x, y += x) and
+ * y = (y - minus) + plus (add_difference), each element summed in fp32 and rounded once; and
  * the fp32 -> bf16 conversion of runtime/backend.h activations_from_floats.
  *
  * One grid-stride loop, 8 elements (16 bytes of bf16) per thread per step. Every thread
@@ -82,6 +82,45 @@ extern "C" void cuda_add_both(bf16 *out, const bf16 *a, bf16 *y, const bf16 *x, 
         add_both_kernel<true><<<blocks, ELEMENTWISE_THREADS, 0, stream>>>(out_, a_, y_, x_, n);
     else
         add_both_kernel<false><<<blocks, ELEMENTWISE_THREADS, 0, stream>>>(out_, a_, y_, x_, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* y[i] = bf16((y[i] - minus[i]) + plus[i]), i < n; PLUS false: bf16(y[i] - minus[i]) */
+template <bool VECTOR, bool PLUS>
+__global__ void __launch_bounds__(ELEMENTWISE_THREADS)
+    add_difference_kernel(bfloat *y, const bfloat *plus, const bfloat *minus, size_t n)
+{
+    size_t stride = (size_t)gridDim.x * blockDim.x * 8;
+    for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8; i < n; i += stride) {
+        float sum[8], taken[8], added[8];
+        load8<VECTOR>(sum, y, i, n);
+        load8<VECTOR>(taken, minus, i, n);
+        if (PLUS)
+            load8<VECTOR>(added, plus, i, n);
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            sum[k] = PLUS ? (sum[k] - taken[k]) + added[k] : sum[k] - taken[k];
+        store8<VECTOR>(y, i, n, sum);
+    }
+}
+
+extern "C" void cuda_add_difference(bf16 *y, const bf16 *plus, const bf16 *minus, size_t n,
+                                    cudaStream_t stream)
+{
+    if (n == 0)
+        return;
+    unsigned blocks = grid_stride_blocks((n + 7) / 8, ELEMENTWISE_THREADS);
+    bfloat *y_ = (bfloat *)y;
+    const bfloat *plus_ = (const bfloat *)plus, *minus_ = (const bfloat *)minus;
+    const bool vector = is_aligned_16(y) && is_aligned_16(minus) && is_aligned_16(plus);
+#define DIFFERENCE(VECTOR_, PLUS_)                                                             \
+    add_difference_kernel<VECTOR_, PLUS_><<<blocks, ELEMENTWISE_THREADS, 0, stream>>>(y_, plus_, \
+                                                                                    minus_, n)
+    if (plus)
+        vector ? DIFFERENCE(true, true) : DIFFERENCE(false, true);
+    else
+        vector ? DIFFERENCE(true, false) : DIFFERENCE(false, false);
+#undef DIFFERENCE
     CUDA_CHECK_LAUNCH();
 }
 

@@ -173,8 +173,9 @@ typedef struct {
     bf16 *x, *weight, *out, *dout, *dx, *base, *route;
     float *rstd, *dweight, *workspace, *alpha;
     /* the delta form's adds around the norms: f into the partial and p (base) before the
-     * gated forward; d p_j (branch) + d b_n (addend) into sum after the backward */
-    bf16 *f, *partial_before, *partial, *branch, *addend, *sum;
+     * gated forward; the backward's branch (d p_j, or d p_j + d b_n inside a block), and
+     * the block gradients it trades at a block's edge (addend in, taken out) */
+    bf16 *f, *partial_before, *partial, *branch, *addend, *taken;
 } NormCase;
 
 static void rmsnorm_forward_case(void *p)
@@ -215,19 +216,23 @@ static void gated_forward_with_adds_case(void *p)
                                     c->weight, c->rows, c->d, 1e-5f, &add, 0);
 }
 
-static void branch_backward_then_add_case(void *p)
+static void branch_backward_case(void *p)
 {
     NormCase *c = (NormCase *)p;
     cuda_rmsnorm_backward_branch(c->dx, c->branch, c->dweight, c->dout, c->x, c->weight,
-                                 c->rstd, c->rows, c->d, NULL, NULL, c->workspace, 0);
-    cuda_add(c->sum, c->branch, c->addend, (size_t)c->rows * c->d, 0);
+                                 c->rstd, c->rows, c->d, c->workspace, 0);
 }
 
-static void branch_backward_with_sum_case(void *p)
+static void branch_add_case(void *p)
 {
     NormCase *c = (NormCase *)p;
-    cuda_rmsnorm_backward_branch(c->dx, c->branch, c->dweight, c->dout, c->x, c->weight,
-                                 c->rstd, c->rows, c->d, c->addend, c->sum, c->workspace, 0);
+    cuda_add(c->dout, c->branch, c->addend, (size_t)c->rows * c->d, 0);
+}
+
+static void add_difference_case(void *p)
+{
+    NormCase *c = (NormCase *)p;
+    cuda_add_difference(c->branch, c->addend, c->taken, (size_t)c->rows * c->d, 0);
 }
 
 static void rmsnorm_backward_case(void *p)
@@ -253,11 +258,13 @@ static void bench_rmsnorm(int rows, int d)
     c.base = (bf16 *)device_random_bf16(n, 26);
     c.route = (bf16 *)device_random_bf16(n, 27);
     c.alpha = device_floats(1, 0.5f);
-    bf16 **rows_of[] = {&c.f, &c.partial_before, &c.partial, &c.branch, &c.addend, &c.sum};
+    bf16 **rows_of[] = {&c.f, &c.partial_before, &c.partial, &c.branch, &c.addend, &c.taken};
     for (int k = 0; k < 6; k++)
         *rows_of[k] = (bf16 *)device_random_bf16(n, 30 + (uint64_t)k);
     /* each case's name and the rows of [rows, d] it moves; the backwards read the forward's
-     * rstd. The delta form's adds: apart (9 and 8 rows) and inside the norms (8 and 7). */
+     * rstd. The delta form's adds: apart (9 rows) and inside the norm (8); backward, a
+     * site's branch (5) and, where the stream's gradient did not carry its block's, the add
+     * of d p_j and d b_n (3), or the trade at a block's edge (4). */
     const struct {
         const char *name;
         void (*run)(void *);
@@ -269,8 +276,9 @@ static void bench_rmsnorm(int rows, int d)
         {"rmsnorm bwd", rmsnorm_backward_case, 4},
         {"add_both, gated fwd", add_both_then_gated_forward_case, 9},
         {"gated fwd with adds", gated_forward_with_adds_case, 8},
-        {"branch bwd, add", branch_backward_then_add_case, 8},
-        {"branch bwd with sum", branch_backward_with_sum_case, 7},
+        {"branch bwd", branch_backward_case, 5},
+        {"add, d p + d b", branch_add_case, 3},
+        {"add_difference", add_difference_case, 4},
     };
     rmsnorm_forward_case(&c);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -56,6 +56,10 @@ extern "C" {
 /* ---- elementwise_cuda.cu: y += x; out = a + b (out may alias a or b); fp32 -> bf16 ---- */
 void cuda_add_inplace(bf16 *y, const bf16 *x, size_t n, cudaStream_t stream);
 void cuda_add(bf16 *out, const bf16 *a, const bf16 *b, size_t n, cudaStream_t stream);
+/* y = bf16((y - minus) + plus), plus NULL: bf16(y - minus) (runtime/backend.h
+ * add_difference) */
+void cuda_add_difference(bf16 *y, const bf16 *plus, const bf16 *minus, size_t n,
+                         cudaStream_t stream);
 void cuda_add_both(bf16 *out, const bf16 *a, bf16 *y, const bf16 *x, size_t n,
                    cudaStream_t stream);
 /* dst[i] = bf16(src[i]), round to nearest even (fp32 master weights -> their bf16 compute
@@ -117,13 +121,12 @@ size_t cuda_rmsnorm_backward_workspace_floats(int rows, int d);
 void cuda_rmsnorm_backward(bf16 *dx, GradMode dx_mode, float *dweight, const bf16 *dout,
                            const bf16 *x, const bf16 *weight, const float *rstd, int rows,
                            int d, float *workspace, cudaStream_t stream);
-/* dx = bf16(g), written, and branch += that bf16(g), g what cuda_rmsnorm_backward gives dx,
- * and where sum is not NULL sum = branch + addend (runtime/backend.h
- * rmsnorm_backward_branch); branch NULL is cuda_rmsnorm_backward with GRAD_ADD. */
+/* dx = bf16(g), written, and branch += that bf16(g), g what cuda_rmsnorm_backward gives dx
+ * (runtime/backend.h rmsnorm_backward_branch); branch NULL is cuda_rmsnorm_backward with
+ * GRAD_ADD. */
 void cuda_rmsnorm_backward_branch(bf16 *dx, bf16 *branch, float *dweight, const bf16 *dout,
                                   const bf16 *x, const bf16 *weight, const float *rstd, int rows,
-                                  int d, const bf16 *addend, bf16 *sum, float *workspace,
-                                  cudaStream_t stream);
+                                  int d, float *workspace, cudaStream_t stream);
 
 /* ---- rope_cuda.cu: x, out, dx, dout [B, T, n_heads, head_dim] bf16; cos, sin
  * [T, head_dim / 2] fp32; head_dim even; out may alias x. ---- */

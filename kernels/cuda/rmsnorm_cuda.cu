@@ -12,8 +12,7 @@
  *   g        = rstd * (dxhat - xhat * mean(dxhat * xhat))
  *   dx      += g, or = +0.0 + g without reading dx (GRAD_WRITE: the bits of an add into
  *              zeros, runtime/backend.h), or, for an input that branches (runtime/backend.h
- *              rmsnorm_backward_branch): dx = bf16(g) and branch += that same bf16(g), and
- *              where a sum is asked for, sum = bf16(branch + addend) from the stored branch
+ *              rmsnorm_backward_branch): dx = bf16(g) and branch += that same bf16(g)
  *   dweight += sum over rows of dout * xhat
  *
  * Layout: a "row team" of ROW_THREADS threads handles one row at a time, each thread CHUNKS
@@ -185,11 +184,11 @@ __global__ void __launch_bounds__(RMSNORM_THREADS)
 }
 
 /* What the backward reads of one row, in this thread's columns: x, dout, and the extra row
- * (dx when it is added into, the branch when there is one; else zeros), the addend of the
- * branch's sum where there is one, and the row's rstd. */
+ * (dx when it is added into, the branch when there is one; else zeros), and the row's
+ * rstd. */
 template <int CHUNKS>
 struct NormRowInputs {
-    uint4 x[CHUNKS], dout[CHUNKS], extra[CHUNKS], addend[CHUNKS];
+    uint4 x[CHUNKS], dout[CHUNKS], extra[CHUNKS];
     float rstd;
 };
 
@@ -213,13 +212,11 @@ __device__ __forceinline__ void norm_row_load_extra(NormRowInputs<CHUNKS> &in,
             norm_extra_chunk<VECTOR>(extra, (size_t)row * d, (chunk * ROW_THREADS + lane) * 8, d);
 }
 
-/* Loads x, dout and rstd of `row`, the addend where it is not NULL, and the extra row too
- * where WITH_EXTRA. */
+/* Loads x, dout and rstd of `row`, and the extra row too where WITH_EXTRA. */
 template <int ROW_THREADS, int CHUNKS, bool VECTOR, bool WITH_EXTRA>
 __device__ __forceinline__ void norm_row_load(NormRowInputs<CHUNKS> &in, const bfloat *x,
                                               const bfloat *dout, const bfloat *extra,
-                                              const bfloat *addend, const float *rstd, int row,
-                                              int d, int lane)
+                                              const float *rstd, int row, int d, int lane)
 {
     const size_t at = (size_t)row * d;
 #pragma unroll
@@ -227,8 +224,6 @@ __device__ __forceinline__ void norm_row_load(NormRowInputs<CHUNKS> &in, const b
         const int column = (chunk * ROW_THREADS + lane) * 8;
         in.x[chunk] = load8_raw<VECTOR>(x + at, column, d);
         in.dout[chunk] = load8_raw<VECTOR>(dout + at, column, d);
-        if (addend)
-            in.addend[chunk] = load8_raw<VECTOR>(addend + at, column, d);
     }
     if (WITH_EXTRA)
         norm_row_load_extra<ROW_THREADS, CHUNKS, VECTOR>(in, extra, row, d, lane);
@@ -237,25 +232,16 @@ __device__ __forceinline__ void norm_row_load(NormRowInputs<CHUNKS> &in, const b
 
 /* First pass of the backward: dx of every row, partial dweight of every group of rows.
  * branch NULL: dx += g (accumulate) or dx = +0.0 + g (dx not read); otherwise dx = bf16(g)
- * and branch += bf16(g), and where sum is not NULL sum = bf16(branch + addend).
+ * and branch += bf16(g).
  * Each team requests its next row (x, dout, the row added into, rstd) before it sums this
  * one: a row at a time, with the added-into row read only after the row sum, the 4096 x 4096
  * backward moved 2.2 TB/s (the loads of a row, then its barriers and stores, with nothing in
- * flight). The row's arithmetic and its order are unchanged.
- * WITH_SUM: the instance that makes the sum, its addend loaded with the row's x and dout.
- * An instance of its own, so that the others keep their registers (the 4096-wide kernel
- * 128, two blocks a multiprocessor; with the addend 160, one). At 4096 x 4096 (H100,
- * 2026-12-06, fathom-kernel-bench norm) it took 0.098-0.099 ms where the branch's
- * backward and an add after took 0.109-0.114; the addend loaded at the store took 0.108,
- * at the row's start (two blocks held, 52 bytes spilled) 0.101-0.102. A warp's rows
- * (d <= 1280) do not take it: each way was slower than the add after (8192 x 1280: 0.075-
- * 0.085 ms against 0.072; rmsnorm_backward_launch). */
-template <int ROW_THREADS, int CHUNKS, bool VECTOR, bool WITH_SUM>
+ * flight). The row's arithmetic and its order are unchanged. */
+template <int ROW_THREADS, int CHUNKS, bool VECTOR>
 __global__ void __launch_bounds__(RMSNORM_THREADS)
     rmsnorm_backward_kernel(bfloat *dx, bool accumulate, bfloat *branch, float *partials,
                             const bfloat *dout, const bfloat *x, const bfloat *weight,
-                            const float *rstd, int rows, int d, int rows_per_group,
-                            const bfloat *addend, bfloat *sum)
+                            const float *rstd, int rows, int d, int rows_per_group)
 {
     __shared__ float scratch[RMSNORM_THREADS / 32];
     int lane = threadIdx.x % ROW_THREADS;
@@ -280,15 +266,14 @@ __global__ void __launch_bounds__(RMSNORM_THREADS)
      * as the row begins: the whole next row made more than 255 registers (spills) */
     constexpr bool WHOLE_NEXT_ROW = CHUNKS <= 4;
     NormRowInputs<CHUNKS> current, next;
-    const bfloat *sum_addend = WITH_SUM ? addend : NULL; /* loaded with the row */
-    norm_row_load<ROW_THREADS, CHUNKS, VECTOR, WHOLE_NEXT_ROW>(current, x, dout, extra,
-                                                               sum_addend, rstd, first, d, lane);
+    norm_row_load<ROW_THREADS, CHUNKS, VECTOR, WHOLE_NEXT_ROW>(current, x, dout, extra, rstd,
+                                                               first, d, lane);
     for (int row = first; row < last; row++) {
         if (!WHOLE_NEXT_ROW)
             norm_row_load_extra<ROW_THREADS, CHUNKS, VECTOR>(current, extra, row, d, lane);
         if (row + 1 < last)
-            norm_row_load<ROW_THREADS, CHUNKS, VECTOR, WHOLE_NEXT_ROW>(
-                next, x, dout, extra, sum_addend, rstd, row + 1, d, lane);
+            norm_row_load<ROW_THREADS, CHUNKS, VECTOR, WHOLE_NEXT_ROW>(next, x, dout, extra,
+                                                                       rstd, row + 1, d, lane);
         bfloat *dx_row = dx + (size_t)row * d;
         const float row_rstd = current.rstd;
 
@@ -324,14 +309,6 @@ __global__ void __launch_bounds__(RMSNORM_THREADS)
                     dweight_sum[chunk][k] += grads[k] * xhat;
                 }
                 store8<VECTOR>(branch + (size_t)row * d, column, d, branches);
-                if (WITH_SUM) { /* the stored branch plus the addend, add's rounding */
-                    float sums[8];
-                    unpack8(sums, current.addend[chunk]);
-#pragma unroll
-                    for (int k = 0; k < 8; k++)
-                        sums[k] = branches[k] + sums[k];
-                    store8<VECTOR>(sum + (size_t)row * d, column, d, sums);
-                }
             } else {
                 /* the extra row is dx when it is added into, zeros (+0.0) when written */
                 unpack8(dxs, current.extra[chunk]);
@@ -385,8 +362,7 @@ typedef void (*ForwardLaunch)(bool vector, unsigned blocks, cudaStream_t stream,
 typedef void (*BackwardLaunch)(bool vector, unsigned blocks, cudaStream_t stream, bfloat *dx,
                                bool accumulate, bfloat *branch, float *partials,
                                const bfloat *dout, const bfloat *x, const bfloat *weight,
-                               const float *rstd, int rows, int d, int rows_per_group,
-                               const bfloat *addend, bfloat *sum);
+                               const float *rstd, int rows, int d, int rows_per_group);
 
 template <int ROW_THREADS, int CHUNKS>
 static void launch_forward(bool vector, unsigned blocks, cudaStream_t stream, bfloat *out,
@@ -409,37 +385,13 @@ template <int ROW_THREADS, int CHUNKS>
 static void launch_backward(bool vector, unsigned blocks, cudaStream_t stream, bfloat *dx,
                             bool accumulate, bfloat *branch, float *partials,
                             const bfloat *dout, const bfloat *x, const bfloat *weight,
-                            const float *rstd, int rows, int d, int rows_per_group,
-                            const bfloat *addend, bfloat *sum)
+                            const float *rstd, int rows, int d, int rows_per_group)
 {
-    /* a warp's rows never make the sum here (rmsnorm_backward_launch adds after): no
-     * instance of theirs is compiled */
-    if constexpr (ROW_THREADS != 32) {
-        if (sum) {
-            if (vector)
-                rmsnorm_backward_kernel<ROW_THREADS, CHUNKS, true, true>
-                    <<<blocks, RMSNORM_THREADS, 0, stream>>>(dx, accumulate, branch, partials,
-                                                             dout, x, weight, rstd, rows, d,
-                                                             rows_per_group, addend, sum);
-            else
-                rmsnorm_backward_kernel<ROW_THREADS, CHUNKS, false, true>
-                    <<<blocks, RMSNORM_THREADS, 0, stream>>>(dx, accumulate, branch, partials,
-                                                             dout, x, weight, rstd, rows, d,
-                                                             rows_per_group, addend, sum);
-            CUDA_CHECK_LAUNCH();
-            return;
-        }
-    }
-    if (vector)
-        rmsnorm_backward_kernel<ROW_THREADS, CHUNKS, true, false>
-            <<<blocks, RMSNORM_THREADS, 0, stream>>>(dx, accumulate, branch, partials, dout, x,
-                                                     weight, rstd, rows, d, rows_per_group,
-                                                     NULL, NULL);
-    else
-        rmsnorm_backward_kernel<ROW_THREADS, CHUNKS, false, false>
-            <<<blocks, RMSNORM_THREADS, 0, stream>>>(dx, accumulate, branch, partials, dout, x,
-                                                     weight, rstd, rows, d, rows_per_group,
-                                                     NULL, NULL);
+#define BACKWARD(VECTOR_)                                                                      \
+    rmsnorm_backward_kernel<ROW_THREADS, CHUNKS, VECTOR_><<<blocks, RMSNORM_THREADS, 0, stream>>>( \
+        dx, accumulate, branch, partials, dout, x, weight, rstd, rows, d, rows_per_group)
+    vector ? BACKWARD(true) : BACKWARD(false);
+#undef BACKWARD
     CUDA_CHECK_LAUNCH();
 }
 
@@ -532,34 +484,26 @@ extern "C" size_t cuda_rmsnorm_backward_workspace_floats(int rows, int d)
 }
 
 /* Both backwards: branch NULL, dx += g (accumulate) or dx = +0.0 + g; otherwise dx = bf16(g)
- * and branch += it (and sum = branch + addend where sum is not NULL). dweight += the
- * groups' partials, summed. */
+ * and branch += it. dweight += the groups' partials, summed. */
 static void rmsnorm_backward_launch(bf16 *dx, bool accumulate, bf16 *branch, float *dweight,
                                     const bf16 *dout, const bf16 *x, const bf16 *weight,
-                                    const float *rstd, int rows, int d, const bf16 *addend,
-                                    bf16 *sum, float *workspace, cudaStream_t stream)
+                                    const float *rstd, int rows, int d, float *workspace,
+                                    cudaStream_t stream)
 {
     if (rows <= 0 || d <= 0)
         return;
     RmsnormShape shape = rmsnorm_shape(d);
-    if (sum && shape.row_threads == 32) { /* the add after: faster here (the kernel above) */
-        rmsnorm_backward_launch(dx, accumulate, branch, dweight, dout, x, weight, rstd, rows, d,
-                                NULL, NULL, workspace, stream);
-        cuda_add(sum, branch, addend, (size_t)rows * d, stream);
-        return;
-    }
     int per_group = rmsnorm_rows_per_group(rows, shape);
     int groups = (rows + per_group - 1) / per_group;
     int groups_per_block = RMSNORM_THREADS / shape.row_threads;
     unsigned blocks = (unsigned)((groups + groups_per_block - 1) / groups_per_block);
     bool vector = d % 8 == 0 && is_aligned_16(dx) && is_aligned_16(workspace) &&
                   is_aligned_16(dout) && is_aligned_16(x) && is_aligned_16(weight) &&
-                  (!branch || is_aligned_16(branch)) && is_aligned_16(addend) &&
-                  is_aligned_16(sum);
+                  is_aligned_16(branch);
     backward_launches[team_index(shape)][chunk_index(shape)](
         vector, blocks, stream, (bfloat *)dx, accumulate, (bfloat *)branch, workspace,
         (const bfloat *)dout, (const bfloat *)x, (const bfloat *)weight, rstd, rows, d,
-        per_group, (const bfloat *)addend, (bfloat *)sum);
+        per_group);
 
     dim3 reduce_block(REDUCE_COLUMNS, REDUCE_SLICES);
     unsigned reduce_blocks = (unsigned)((d + REDUCE_COLUMNS - 1) / REDUCE_COLUMNS);
@@ -571,11 +515,10 @@ static void rmsnorm_backward_launch(bf16 *dx, bool accumulate, bf16 *branch, flo
 extern "C" void cuda_rmsnorm_backward_branch(bf16 *dx, bf16 *branch, float *dweight,
                                              const bf16 *dout, const bf16 *x, const bf16 *weight,
                                              const float *rstd, int rows, int d,
-                                             const bf16 *addend, bf16 *sum, float *workspace,
-                                             cudaStream_t stream)
+                                             float *workspace, cudaStream_t stream)
 {
     rmsnorm_backward_launch(dx, true, branch, dweight, dout, x, weight, rstd, rows, d,
-                            branch ? addend : NULL, branch ? sum : NULL, workspace, stream);
+                            workspace, stream);
 }
 
 extern "C" void cuda_rmsnorm_backward(bf16 *dx, GradMode dx_mode, float *dweight,
@@ -584,5 +527,5 @@ extern "C" void cuda_rmsnorm_backward(bf16 *dx, GradMode dx_mode, float *dweight
                                       cudaStream_t stream)
 {
     rmsnorm_backward_launch(dx, dx_mode == GRAD_ADD, NULL, dweight, dout, x, weight, rstd, rows,
-                            d, NULL, NULL, workspace, stream);
+                            d, workspace, stream);
 }
