@@ -7,7 +7,7 @@
  * answers.
  */
 #include "kernels/cuda/backend_cuda.h"
-#include "kernels/cuda/backend_cuda_routing.h"
+#include "kernels/cuda/backend_cuda_internal.h"
 #include "kernels/cuda/kernels_cuda.h"
 #include "runtime/cuda_module.h"
 #include "runtime/error.h"

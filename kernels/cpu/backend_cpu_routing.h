@@ -1,5 +1,5 @@
 /* kernels/cpu/backend_cpu_routing.h — the attention-over-depth and MSAR entries of the cpu op
- * table, split from backend_cpu.c (as backend_cuda_routing.h splits the cuda table's).
+ * table, split from backend_cpu.c (as backend_cuda_internal.h splits the cuda table).
  */
 #ifndef FATHOM_KERNELS_CPU_BACKEND_CPU_ROUTING_H
 #define FATHOM_KERNELS_CPU_BACKEND_CPU_ROUTING_H

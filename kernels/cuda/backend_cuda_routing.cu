@@ -1,5 +1,5 @@
 /* kernels/cuda/backend_cuda_routing.cu — the attention-over-depth and MSAR entries of the cuda
- * op table (runtime/backend.h; DESIGN 2.1, 2.2; contract in backend_cuda_routing.h).
+ * op table (runtime/backend.h; DESIGN 2.1, 2.2; contract in backend_cuda_internal.h).
  *
  * Every entry wraps one kernel of route_cuda.h with the same arguments in the same order,
  * casting the table's Activation arrays to bf16 and adding the compute stream and, where a
@@ -11,7 +11,7 @@
  * How fast should this be: an entry adds one host call and a workspace size comparison to
  * its kernels, whose floors route_cuda.h gives.
  */
-#include "kernels/cuda/backend_cuda_routing.h"
+#include "kernels/cuda/backend_cuda_internal.h"
 #include "kernels/cuda/kernels_cuda.h"
 
 #include "kernels/cuda/route_block_cuda.h"

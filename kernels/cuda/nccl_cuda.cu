@@ -38,7 +38,7 @@
 #include "kernels/cuda/nccl_cuda.h"
 
 #include "kernels/cuda/backend_cuda_event.h"
-#include "kernels/cuda/backend_cuda_routing.h"
+#include "kernels/cuda/backend_cuda_internal.h"
 #include "kernels/cuda/cuda_common.h"
 #include "runtime/error.h"
 
