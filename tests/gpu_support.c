@@ -130,6 +130,14 @@ void gpu_expect_close(const float *got, const float *want, size_t n, double tole
     cr_assert_leq(error, tolerance, "%s: relative error %g > %g", what, error, tolerance);
 }
 
+void gpu_expect_close_at(const float *got, const float *want, size_t n, double tolerance,
+                         const char *what, const int shape[4])
+{
+    double error = test_relative_error(got, want, n);
+    cr_assert_leq(error, tolerance, "%s (shape %d, %d, %d, %d): relative error %.3g", what,
+                  shape[0], shape[1], shape[2], shape[3], error);
+}
+
 float *gpu_test_host_floats(size_t n)
 {
     float *x = calloc(n ? n : 1, sizeof(float));

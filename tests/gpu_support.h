@@ -40,6 +40,9 @@ uint32_t *gpu_upload_tokens(const uint32_t *tokens, int n);
 /* ||got - want|| / ||want|| <= tolerance, or the test fails naming `what`. */
 void gpu_expect_close(const float *got, const float *want, size_t n, double tolerance,
                       const char *what);
+/* The same, the failure naming the case's four shape numbers too. */
+void gpu_expect_close_at(const float *got, const float *want, size_t n, double tolerance,
+                         const char *what, const int shape[4]);
 /* Frees every device pointer handed out by this file since the last call. */
 void gpu_free_all(void);
 

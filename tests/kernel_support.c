@@ -32,6 +32,13 @@ float *zero_floats(size_t n)
     return x;
 }
 
+double *zero_doubles(size_t n)
+{
+    double *x = calloc(n ? n : 1, sizeof(double));
+    cr_assert_not_null(x);
+    return x;
+}
+
 float *poisoned_floats(size_t n)
 {
     float *x = malloc((n ? n : 1) * sizeof(float));

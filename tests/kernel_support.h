@@ -21,6 +21,7 @@ void free_all(void *first, ...);
 /* [n] uniform in [-scale, scale) from `seed`. */
 float *random_floats(size_t n, float scale, uint64_t seed);
 float *zero_floats(size_t n);
+double *zero_doubles(size_t n);
 /* [n] NaN: an element the kernel never writes fails the comparison. */
 float *poisoned_floats(size_t n);
 double *to_doubles(const float *x, size_t n);

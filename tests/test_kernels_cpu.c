@@ -1,5 +1,5 @@
-/* tests/test_kernels_cpu.c — the cpu backend's forward ops and optimizer ops against naive
- * double-precision loops written here (DESIGN 7, "Unit").
+/* tests/test_kernels_cpu.c — the cpu backend's forward ops against naive double-precision
+ * loops written here (DESIGN 7, "Unit"); the optimizer ops are test_kernels_cpu_optimizer.c's.
  *
  * Shapes are small and deliberately odd (1, 3, 7 rows; widths 5, 33; 3 query heads over 1 kv
  * head; head_dim 2, 6, 10; T 1, 5, 17; V 7, 37) plus a few larger than the kernels' tiles.
@@ -20,24 +20,6 @@
 #include <string.h>
 
 #define FORWARD_TOLERANCE 1e-5
-
-static double *doubles(size_t n)
-{
-    double *x = calloc(n ? n : 1, sizeof(double));
-    cr_assert_not_null(x);
-    return x;
-}
-
-/* ||a - b|| / ||b|| for two double arrays */
-static double relative_error_doubles(const double *a, const double *b, size_t n)
-{
-    double diff = 0, ref = 0;
-    for (size_t i = 0; i < n; i++) {
-        diff += (a[i] - b[i]) * (a[i] - b[i]);
-        ref += b[i] * b[i];
-    }
-    return isfinite(diff) && ref > 0 ? sqrt(diff / ref) : INFINITY;
-}
 
 /* ---- the table and memory ---- */
 
@@ -116,7 +98,7 @@ Test(kernels_cpu, add_inplace_adds_x_into_y)
 {
     size_t n = 40000; /* above the parallel threshold */
     float *y = random_floats(n, 1, 3), *x = random_floats(n, 1, 4);
-    double *expected = doubles(n);
+    double *expected = zero_doubles(n);
     for (size_t i = 0; i < n; i++)
         expected[i] = (double)y[i] + x[i];
     cpu_add_inplace(y, x, n);
@@ -129,7 +111,7 @@ Test(kernels_cpu, add_both_writes_a_plus_x_and_adds_x_into_y)
     size_t n = 40000; /* above the parallel threshold */
     float *a = random_floats(n, 1, 7), *y = random_floats(n, 1, 8), *x = random_floats(n, 1, 9);
     float *out = poisoned_floats(n);
-    double *expected_out = doubles(n), *expected_y = doubles(n);
+    double *expected_out = zero_doubles(n), *expected_y = zero_doubles(n);
     for (size_t i = 0; i < n; i++) {
         expected_out[i] = (double)a[i] + x[i];
         expected_y[i] = (double)y[i] + x[i];
@@ -147,7 +129,7 @@ Test(kernels_cpu, add_difference_trades_minus_for_plus)
     size_t n = 40000; /* above the parallel threshold */
     float *y = random_floats(n, 1, 10), *plus = random_floats(n, 1, 11);
     float *minus = random_floats(n, 1, 12), *alone = poisoned_floats(n);
-    double *expected = doubles(n), *expected_alone = doubles(n);
+    double *expected = zero_doubles(n), *expected_alone = zero_doubles(n);
     for (size_t i = 0; i < n; i++) {
         expected[i] = ((double)y[i] - minus[i]) + plus[i];
         expected_alone[i] = (double)y[i] - minus[i];
@@ -169,7 +151,7 @@ Test(kernels_cpu, add_writes_the_sum_even_when_out_aliases_an_input)
 {
     size_t n = 33;
     float *a = random_floats(n, 1, 5), *b = random_floats(n, 1, 6), *out = poisoned_floats(n);
-    double *expected = doubles(n);
+    double *expected = zero_doubles(n);
     for (size_t i = 0; i < n; i++)
         expected[i] = (double)a[i] + b[i];
     cpu_add(out, a, b, n);
@@ -208,7 +190,7 @@ Test(kernels_cpu, rmsnorm_forward_matches_double_reference)
         size_t count = (size_t)rows * d;
         float *x = random_floats(count, 2, 30 + c), *weight = random_floats(d, 1, 40 + c);
         float *out = poisoned_floats(count), *rstd = poisoned_floats(rows);
-        double *expected = doubles(count), *expected_rstd = doubles(rows);
+        double *expected = zero_doubles(count), *expected_rstd = zero_doubles(rows);
         for (int r = 0; r < rows; r++) {
             double sum = 0;
             for (int i = 0; i < d; i++)
@@ -251,7 +233,7 @@ Test(kernels_cpu, matmul_forward_matches_double_reference)
         float *in = random_floats((size_t)rows * in_dim, 1, 50 + c);
         float *weight = random_floats((size_t)out_dim * in_dim, 1, 60 + c);
         float *out = poisoned_floats(count);
-        double *expected = doubles(count);
+        double *expected = zero_doubles(count);
         matmul_reference(expected, in, weight, rows, in_dim, out_dim);
         cpu_matmul_forward(out, in, weight, rows, in_dim, out_dim);
         cr_assert_leq(test_relative_error_double(out, expected, count), FORWARD_TOLERANCE,
@@ -316,7 +298,7 @@ Test(kernels_cpu, rope_forward_matches_double_reference)
         float *x = random_floats(count, 1, 80 + c), *out = poisoned_floats(count);
         float *cos_table = poisoned_floats((size_t)T * half);
         float *sin_table = poisoned_floats((size_t)T * half);
-        double *expected = doubles(count);
+        double *expected = zero_doubles(count);
         rope_tables(cos_table, sin_table, T, hd);
         for (int b = 0; b < B; b++)
             for (int t = 0; t < T; t++)
@@ -363,8 +345,8 @@ Test(kernels_cpu, attention_forward_matches_double_reference)
         float *q = random_floats(q_count, 2, 100 + c), *k = random_floats(kv_count, 2, 110 + c);
         float *v = random_floats(kv_count, 1, 120 + c);
         float *out = poisoned_floats(q_count), *lse = poisoned_floats((size_t)B * H * T);
-        double *expected = doubles(q_count), *expected_lse = doubles((size_t)B * H * T);
-        double *scores = doubles(T);
+        double *expected = zero_doubles(q_count), *expected_lse = zero_doubles((size_t)B * H * T);
+        double *scores = zero_doubles(T);
         for (int b = 0; b < B; b++)
             for (int h = 0; h < H; h++)
                 for (int t = 0; t < T; t++) {
@@ -406,7 +388,7 @@ Test(kernels_cpu, swiglu_forward_matches_double_reference)
         size_t n = sizes[c];
         float *gate = random_floats(n, 6, 130 + c), *up = random_floats(n, 2, 140 + c);
         float *out = poisoned_floats(n);
-        double *expected = doubles(n);
+        double *expected = zero_doubles(n);
         for (size_t i = 0; i < n; i++)
             expected[i] = gate[i] / (1.0 + exp(-(double)gate[i])) * up[i];
         cpu_swiglu_forward(out, gate, up, n);
@@ -440,7 +422,7 @@ Test(kernels_cpu, cross_entropy_forward_with_z_loss_matches_double_reference)
         float *logits = random_floats((size_t)rows * V, 4, 150 + c);
         uint32_t *targets = random_tokens(rows, V, 160 + c);
         float *losses = poisoned_floats(rows), *lse = poisoned_floats(rows);
-        double *expected = doubles(rows), *expected_lse = doubles(rows);
+        double *expected = zero_doubles(rows), *expected_lse = zero_doubles(rows);
         cross_entropy_reference(expected, expected_lse, logits, targets, rows, V, 1e-2);
         cpu_cross_entropy_forward(losses, lse, logits, targets, rows, V, 1e-2f);
         cr_assert_leq(test_relative_error_double(losses, expected, rows), FORWARD_TOLERANCE,
@@ -476,141 +458,4 @@ Test(kernels_cpu, cross_entropy_forward_rejects_a_target_outside_the_vocabulary,
     float loss, lse;
     cr_redirect_stderr();
     cpu_cross_entropy_forward(&loss, &lse, logits, &target, 1, 7, 0);
-}
-
-/* ---- optimizer ops ---- */
-
-Test(kernels_cpu, sum_squares_matches_naive_loop)
-{
-    /* from empty to several parallel groups of blocks, ending mid-block */
-    const size_t sizes[] = {0, 1, 4097, 2 * 64 * 4096 + 123};
-    for (size_t c = 0; c < sizeof sizes / sizeof sizes[0]; c++) {
-        size_t n = sizes[c];
-        float *x = random_floats(n, 3, 180 + c);
-        double expected = 0;
-        for (size_t i = 0; i < n; i++)
-            expected += (double)x[i] * x[i];
-        double got = cpu_sum_squares(x, n);
-        cr_assert_leq(fabs(got - expected), 1e-12 * expected, "n %zu: %.17g vs %.17g", n, got,
-                      expected);
-        free(x);
-    }
-}
-
-Test(kernels_cpu, sum_squares_is_bitwise_identical_for_1_and_2_threads)
-{
-    size_t n = 3 * 64 * 4096 + 5;
-    float *x = random_floats(n, 3, 190);
-    omp_set_num_threads(1);
-    double one = cpu_sum_squares(x, n);
-    omp_set_num_threads(2);
-    double two = cpu_sum_squares(x, n);
-    cr_assert_eq(memcmp(&one, &two, sizeof one), 0, "%.17g vs %.17g", one, two);
-    free(x);
-}
-
-/* The EMA in AdamW's pass follows the NEW weights; without an EMA buffer the update is the
- * same, bit for bit. */
-Test(kernels_cpu, adamw_update_takes_the_ema_of_the_updated_weights)
-{
-    size_t n = 1001;
-    const double decay = 0.6; /* the new weights weigh in: an EMA of the old ones would fail */
-    float *params = random_floats(n, 1, 210), *grads = random_floats(n, 1, 211);
-    float *ema = random_floats(n, 1, 212), *alone = random_floats(n, 1, 210);
-    float *exp_avg = calloc(n, sizeof(float)), *exp_avg_sq = calloc(n, sizeof(float));
-    float *exp_avg_alone = calloc(n, sizeof(float)), *exp_avg_sq_alone = calloc(n, sizeof(float));
-    double *expected = doubles(n);
-    const AdamwScalars s = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
-                            .weight_decay = 0.1f, .grad_scale = 0.5f,
-                            .ema_decay = (float)decay, .step = 1};
-    cpu_adamw_update(alone, grads, exp_avg_alone, exp_avg_sq_alone, NULL, n, &s);
-    for (size_t i = 0; i < n; i++)
-        expected[i] = decay * ema[i] + (1 - decay) * alone[i];
-    cpu_adamw_update(params, grads, exp_avg, exp_avg_sq, ema, n, &s);
-    cr_assert_eq(memcmp(params, alone, n * sizeof(float)), 0, "the EMA changed the update");
-    cr_assert_leq(test_relative_error_double(ema, expected, n), FORWARD_TOLERANCE);
-    free_all(params, grads, ema, alone, exp_avg, exp_avg_sq, exp_avg_alone, exp_avg_sq_alone,
-             expected, NULL);
-}
-
-/* The ranges op is adamw_update a range, each with its own lr and decay, and leaves what
- * lies between the ranges alone. */
-Test(kernels_cpu, adamw_update_ranges_updates_each_range_with_its_own_rates_only)
-{
-    const size_t n = 200;
-    const AdamwRange ranges[] = {
-        {3, 40, 1e-2f, 0.1f}, {50, 1, 3e-2f, 0.0f}, {64, 120, 2e-2f, 0.2f}};
-    const int n_ranges = (int)(sizeof ranges / sizeof ranges[0]);
-    float *params = random_floats(n, 1, 240), *grads = random_floats(n, 1, 241);
-    float *ema = random_floats(n, 1, 242), *exp_avg = random_floats(n, 0.1f, 243);
-    float *exp_avg_sq = random_floats(n, 0.01f, 244);
-    for (size_t i = 0; i < n; i++)
-        exp_avg_sq[i] = fabsf(exp_avg_sq[i]);
-    float *want[] = {random_floats(n, 1, 240), random_floats(n, 1, 242),
-                     random_floats(n, 0.1f, 243), random_floats(n, 0.01f, 244)};
-    for (size_t i = 0; i < n; i++)
-        want[3][i] = fabsf(want[3][i]);
-    const AdamwScalars s = {.lr = 5.0f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
-                            .weight_decay = 5.0f, .grad_scale = 0.5f, .ema_decay = 0.7f,
-                            .step = 2};
-    for (int r = 0; r < n_ranges; r++) {
-        AdamwScalars one = s;
-        one.lr = ranges[r].lr;
-        one.weight_decay = ranges[r].weight_decay;
-        const size_t at = ranges[r].offset;
-        cpu_adamw_update(want[0] + at, grads + at, want[2] + at, want[3] + at, want[1] + at,
-                         ranges[r].count, &one);
-    }
-    backend_cpu()->adamw_update_ranges(params, grads, exp_avg, exp_avg_sq, ema, ranges,
-                                       n_ranges, &s, NULL);
-    cr_assert_eq(memcmp(params, want[0], n * sizeof(float)), 0, "params");
-    cr_assert_eq(memcmp(ema, want[1], n * sizeof(float)), 0, "ema");
-    cr_assert_eq(memcmp(exp_avg, want[2], n * sizeof(float)), 0, "exp_avg");
-    cr_assert_eq(memcmp(exp_avg_sq, want[3], n * sizeof(float)), 0, "exp_avg_sq");
-    float *untouched = random_floats(n, 1, 240);
-    cr_assert_eq(memcmp(params, untouched, 3 * sizeof(float)), 0, "the first gap was written");
-    cr_assert_neq(params[3], untouched[3], "the first range did not move");
-    free_all(params, grads, ema, exp_avg, exp_avg_sq, want[0], want[1], want[2], want[3],
-             untouched, NULL);
-}
-
-Test(kernels_cpu, adamw_update_matches_double_formula_over_3_steps)
-{
-    size_t n = 1001;
-    const double lr = 1e-2, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
-    float *params = random_floats(n, 1, 220), *exp_avg = calloc(n, sizeof(float));
-    float *exp_avg_sq = calloc(n, sizeof(float));
-    double *p = doubles(n), *m = doubles(n), *v = doubles(n);
-    /* the displacement from the start, not the parameters themselves, is compared: an error
-     * in the update must not hide under the size of the parameters */
-    double *initial = doubles(n), *moved = doubles(n), *expected_moved = doubles(n);
-    for (size_t i = 0; i < n; i++)
-        p[i] = initial[i] = params[i];
-    for (int step = 1; step <= 3; step++) {
-        float *grads = random_floats(n, 1, 230 + step);
-        for (size_t i = 0; i < n; i++) {
-            double g = grads[i];
-            p[i] -= lr * weight_decay * p[i];
-            m[i] = beta1 * m[i] + (1 - beta1) * g;
-            v[i] = beta2 * v[i] + (1 - beta2) * g * g;
-            p[i] -= lr / (1 - pow(beta1, step)) * m[i] /
-                    (sqrt(v[i]) / sqrt(1 - pow(beta2, step)) + eps);
-        }
-        const AdamwScalars s = {.lr = (float)lr, .beta1 = (float)beta1, .beta2 = (float)beta2,
-                                .eps = (float)eps, .weight_decay = (float)weight_decay,
-                                .grad_scale = 1.0f, .step = step};
-        cpu_adamw_update(params, grads, exp_avg, exp_avg_sq, NULL, n, &s);
-        for (size_t i = 0; i < n; i++) {
-            moved[i] = (double)params[i] - initial[i];
-            expected_moved[i] = p[i] - initial[i];
-        }
-        cr_assert_leq(relative_error_doubles(moved, expected_moved, n), FORWARD_TOLERANCE,
-                      "step %d", step);
-        cr_assert_leq(test_relative_error_double(exp_avg, m, n), FORWARD_TOLERANCE, "step %d",
-                      step);
-        cr_assert_leq(test_relative_error_double(exp_avg_sq, v, n), FORWARD_TOLERANCE,
-                      "step %d", step);
-        free(grads);
-    }
-    free_all(params, exp_avg, exp_avg_sq, p, m, v, initial, moved, expected_moved, NULL);
 }
