@@ -322,6 +322,17 @@ extern "C" float *backend_cuda_workspace_floats(size_t floats)
     return workspace_floats(floats);
 }
 
+extern "C" void backend_cuda_check_table(const char *file, size_t callee_bytes,
+                                         size_t caller_bytes)
+{
+    if (callee_bytes != caller_bytes)
+        fatal(EXIT_CONFIG,
+              "%s was compiled against another runtime/backend.h (an op table of %zu bytes, "
+              "not %zu): rebuild the CUDA module (touch kernels/cuda/*.cu, or "
+              "launch/bench/gpu_bundle.sh)",
+              file, callee_bytes, caller_bytes);
+}
+
 /* ---- optimizer ---- */
 
 /* The result double sits at the start of the workspace, the partials one alignment in. */

@@ -27,14 +27,17 @@ cudaStream_t backend_cuda_compute_stream(void);
 float *backend_cuda_workspace_floats(size_t floats);
 
 /* Each sets its entries of the table. table_bytes: sizeof(Backend) where the caller was
- * compiled; another size than the callee's exits 2 (meson 1.0 gives nvcc no dependency
- * files, so an edit of runtime/backend.h can leave one object stale beside a rebuilt
- * backend_cuda.cu, with the entries at old offsets).
+ * compiled; another size than the callee's exits 2 (backend_cuda_check_table: meson 1.0
+ * gives nvcc no dependency files, so an edit of runtime/backend.h can leave one object
+ * stale beside a rebuilt backend_cuda.cu, with the entries at old offsets).
  * backend_cuda_layers.cu: add*, embedding_*, sum_rows, rmsnorm_*, add_rmsnorm_forward,
  * matmul_*, rope_*, attention_*, swiglu_*, cross_entropy_*. */
 void backend_cuda_fill_layers(Backend *table, size_t table_bytes);
 /* backend_cuda_routing.cu: route_*, stream_conv_*, stream_mix_* and route_conv_*. */
 void backend_cuda_fill_routing(Backend *table, size_t table_bytes);
+/* backend_cuda.cu: exits 2 naming `file` where its table (callee_bytes) and the caller's
+ * (caller_bytes) differ in size. */
+void backend_cuda_check_table(const char *file, size_t callee_bytes, size_t caller_bytes);
 
 #ifdef __cplusplus
 }

@@ -13,7 +13,6 @@
 #include "kernels/cuda/attention_cuda.h"
 #include "kernels/cuda/backend_cuda_internal.h"
 #include "kernels/cuda/kernels_cuda.h"
-#include "runtime/error.h"
 
 static bf16 *as_bf16(Activation *array)
 {
@@ -212,12 +211,7 @@ static void op_cross_entropy_forward_backward(float *losses, float *lse, Activat
 
 extern "C" void backend_cuda_fill_layers(Backend *table, size_t table_bytes)
 {
-    if (table_bytes != sizeof *table)
-        fatal(EXIT_CONFIG,
-              "backend_cuda_layers.cu was compiled against another runtime/backend.h (an op "
-              "table of %zu bytes, not %zu): rebuild the CUDA module (touch kernels/cuda/*.cu, "
-              "or launch/bench/gpu_bundle.sh)",
-              sizeof *table, table_bytes);
+    backend_cuda_check_table("backend_cuda_layers.cu", sizeof *table, table_bytes);
     table->add_inplace = op_add_inplace;
     table->add_both = op_add_both;
     table->add_difference = op_add_difference;

@@ -16,7 +16,6 @@
 
 #include "kernels/cuda/route_block_cuda.h"
 #include "kernels/cuda/route_cuda.h"
-#include "runtime/error.h"
 
 static bf16 *as_bf16(Activation *array)
 {
@@ -316,12 +315,7 @@ static void op_route_block_backward(Activation *const *dsources, unsigned dsourc
 
 extern "C" void backend_cuda_fill_routing(Backend *table, size_t table_bytes)
 {
-    if (table_bytes != sizeof *table)
-        fatal(EXIT_CONFIG,
-              "backend_cuda_routing.cu was compiled against another runtime/backend.h (an op "
-              "table of %zu bytes, not %zu): rebuild the CUDA module (touch kernels/cuda/*.cu, "
-              "or launch/bench/gpu_bundle.sh)",
-              sizeof *table, table_bytes);
+    backend_cuda_check_table("backend_cuda_routing.cu", sizeof *table, table_bytes);
     table->route_block_forward = op_route_block_forward;
     table->add_scaled = op_add_scaled;
     table->add_scaled_rmsnorm_forward = op_add_scaled_rmsnorm_forward;
