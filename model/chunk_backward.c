@@ -84,23 +84,6 @@ static void layer_recompute(Walk *walk, int i)
  * trades the carried gradient for the next block's, or takes it out, in one pass where it
  * leaves the block (stream_carry). */
 
-/* Whether sublayer j - 1 is in j's block and this chunk, and site j's backward leaves the
- * block's gradient alone: then d f_{j-1} may be the stream gradient carrying the block's.
- * Site j's sources are earlier blocks (checked), and a block's walker runs at its first
- * site. */
-static bool carries_into_previous(const Walk *walk, int j)
-{
-    const ResidualPlan *plan = walk->plan;
-    if (!walk->delta || j - 1 < walk->first_sublayer ||
-        plan->sublayer_block[j - 1] != plan->sublayer_block[j])
-        return false;
-    const SitePlan *site = &plan->sites[j];
-    for (int k = 0; k < site->n_sources; k++)
-        if (site->sources[k].grad_block == plan->sublayer_block[j])
-            return false;
-    return true;
-}
-
 /* Whether site j's backward adds into the gradient of its own block. */
 static bool site_adds_into_own_block(const Walk *walk, int j)
 {
@@ -109,6 +92,18 @@ static bool site_adds_into_own_block(const Walk *walk, int j)
         if (site->sources[k].grad_block == walk->plan->sublayer_block[j])
             return true;
     return false;
+}
+
+/* Whether sublayer j - 1 is in j's block and this chunk, and site j's backward leaves the
+ * block's gradient alone: then d f_{j-1} may be the stream gradient carrying the block's.
+ * Site j's sources are earlier blocks (checked), and a block's walker runs at its first
+ * site. */
+static bool carries_into_previous(const Walk *walk, int j)
+{
+    const ResidualPlan *plan = walk->plan;
+    return walk->delta && j - 1 >= walk->first_sublayer &&
+           plan->sublayer_block[j - 1] == plan->sublayer_block[j] &&
+           !site_adds_into_own_block(walk, j);
 }
 
 /* The stream gradient made to carry block_grad (NULL: none) instead of what it carries. */
