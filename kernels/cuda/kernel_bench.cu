@@ -12,7 +12,8 @@
  * fused_tma, two_pass) or only the one named, so that a variant that faults takes no other
  * with it. `fathom-kernel-bench matmul` times the matmuls alone, `fathom-kernel-bench
  * optimizer` AdamW and the clipping norm alone, `fathom-kernel-bench mix` MSAR's stream mix,
- * convolution and merges (kernel_bench_stream.cu).
+ * convolution and merges (kernel_bench_stream.cu), `fathom-kernel-bench overlap` the
+ * optimizer's update beside the next forward's products (kernel_bench_overlap.cu).
  */
 #include "kernels/cuda/attention_cuda.h"
 #include "kernels/cuda/kernel_bench.h"
@@ -477,6 +478,8 @@ int main(int argc, char **argv)
     bool merge_only = argc > 1 && !strcmp(argv[1], "merge");
     /* `fathom-kernel-bench loss`: the cross-entropy passes over a chunk of logits alone */
     bool loss_only = argc > 1 && !strcmp(argv[1], "loss");
+    /* `fathom-kernel-bench overlap`: the update beside the next forward */
+    bool overlap_only = argc > 1 && !strcmp(argv[1], "overlap");
     const char *variant = attention_only && argc > 2 ? argv[2] : NULL;
     if (variant && !attention_variant_known(variant)) {
         fprintf(stderr, "fathom-kernel-bench: unknown attention variant %s (grouped, specialised, "
@@ -528,6 +531,11 @@ int main(int argc, char **argv)
         return 0;
     }
     cuda_matmul_init();
+    if (overlap_only) {
+        bench_overlap();
+        cuda_matmul_destroy();
+        return 0;
+    }
     bench_matmul(4096, 4096, 4096);
     bench_matmul(4096, 4096, 14336);
     bench_matmul(4096, 14336, 4096);

@@ -29,5 +29,8 @@ void report(const char *name, double ms, double flops, double bytes);
 void bench_mix(int rows, int d);
 void bench_conv(int B, int T, int d);
 void bench_merge(int B, int T, int d);
+/* The optimizer's update of the 8-layer 8B slice beside one microbatch's forward products,
+ * against one stream (kernel_bench_overlap.cu) */
+void bench_overlap(void);
 
 #endif
