@@ -98,8 +98,10 @@ static void block_backward(RouteWalk *walk, int block)
  * Phase one leaves site i's Route over the block's completed sources in block_results[i],
  * its lse in the scratch and its depth weights and rstd in its stash, where the per-site
  * path keeps them. In its turn the site merges its partial b_n^i into x
- * (route_merge_forward; the block's first site reads no partial: x is its Route), in the
- * forward and in a checkpointed backward's recompute alike. Its backward needs no phase one
+ * (route_merge_forward; the block's first site reads no partial: x is its Route, which
+ * phase one writes into x itself when the walk opens the block there, a row written and a
+ * copy of two rows fewer a block), in the forward and in a checkpointed backward's
+ * recompute alike. Its backward needs no phase one
  * again: the merge's backward reads x as the sublayer saw it, gives the partial's share at
  * once (the block's earlier sublayers read it next) and the site's softmax centre; the
  * block's backward, when the walk leaves it, gives the completed sources theirs. */
@@ -154,7 +156,7 @@ static void attnres_replace_backward(RouteWalk *walk, int block, int i, const Ac
  * over the block's sources (msar: their E_r, convolved into the scratch), each read once,
  * into block_results (attnres) or stream r's slots (msar: o_r of site i in slot i + 1),
  * with each site's lse for its merge in the replace form. Expects walk->sources. */
-void walk_block_phase_one(RouteWalk *walk, int block, int r)
+void walk_block_phase_one(RouteWalk *walk, int block, int r, Activation *first_result)
 {
     Model *model = walk->model;
     RouteScratch *scratch = &model->scratch.route;
@@ -167,6 +169,8 @@ void walk_block_phase_one(RouteWalk *walk, int block, int r)
         const SiteWeights *weights = &model->site_params[first + i];
         walk->results[i] =
             walk->streams ? walk_stream_slot(walk, r, i + 1) : scratch->block_results[i];
+        if (i == 0 && first_result && !walk->streams)
+            walk->results[0] = first_result;
         walk->weights[i] = walk_site_weights(walk, block, i, r);
         walk->rstd[i] = walk_site_rstd(walk, block, i, r);
         walk->queries[i] = route_stream_row(route, weights->query, r);
@@ -179,13 +183,14 @@ void walk_block_phase_one(RouteWalk *walk, int block, int r)
                                        G, walk->rows, walk->d, walk->plan->heads, route->eps);
 }
 
-/* Phase one of block n, every stream. The replace form's merges come in each site's turn
+/* Phase one of block n, every stream (attnres's first site's Route into first_result where
+ * it is not NULL). The replace form's merges come in each site's turn
  * (walk_site_merge_in_turn), in the backward too. */
-static void block_open(RouteWalk *walk, int block)
+static void block_open(RouteWalk *walk, int block, Activation *first_result)
 {
     walk_site_sources(walk, walk_block_first_site(walk, block), walk->sources);
     for (int r = 0; r < walk->plan->streams; r++)
-        walk_block_phase_one(walk, block, r);
+        walk_block_phase_one(walk, block, r, first_result);
     for (int i = 0; i < walk_block_sites(walk, block); i++)
         walk->merged[i] = false;
     walk->open_block = block;
@@ -224,7 +229,7 @@ bool route_walk_site_gate(RouteWalk *walk, int j, const Activation *base, InputG
         return false;
     const int block = walk->plan->sites[j].block;
     if (walk->open_block != block)
-        block_open(walk, block);
+        block_open(walk, block, NULL);
     Model *model = walk->model;
     const int i = j - walk_block_first_site(walk, block);
     const Activation *route = model->scratch.route.block_results[i];
@@ -254,10 +259,14 @@ void route_walk_site_forward(RouteWalk *walk, int j, const Activation *base, Act
     }
     const int block = walk->plan->sites[j].block;
     const int i = j - walk_block_first_site(walk, block);
-    if (walk->open_block != block)
-        block_open(walk, block);
+    /* attnres's replace form opening the block at its first site: x is that site's Route */
+    Activation *first_result = !walk->streams && i == 0 ? x : NULL;
+    const bool opens = walk->open_block != block;
+    if (opens)
+        block_open(walk, block, first_result);
     if (!walk->streams) { /* attnres's replace form */
-        attnres_replace_forward(walk, block, i, x);
+        if (!(opens && first_result))
+            attnres_replace_forward(walk, block, i, x);
         return;
     }
     /* a merge needs the site's partial, complete now; several streams are mixed into x as
@@ -305,7 +314,7 @@ void route_walk_site_backward(RouteWalk *walk, int j, const Activation *x,
     }
     if (walk->replace) { /* msar: the site's own share now, the block's when the walk leaves */
         if (walk->open_block != block)
-            block_open(walk, block);
+            block_open(walk, block, NULL);
         walk_site_merge_backward(walk, block, j - first);
         if (j == first)
             walk_block_backward_replace(walk, block);

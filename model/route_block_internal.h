@@ -26,8 +26,9 @@ int walk_block_first_site(const RouteWalk *walk, int block);
 int walk_block_sites(const RouteWalk *walk, int block);
 /* Site i's [rows, H] floats of stream r in a [m, S, max_rows, H] scratch array. */
 float *walk_site_stream_floats(const RouteWalk *walk, float *base, int r, int i);
-/* Phase one of stream r of block n: every site's Route over the block's sources, at once. */
-void walk_block_phase_one(RouteWalk *walk, int block, int r);
+/* Phase one of stream r of block n: every site's Route over the block's sources, at once;
+ * attnres's first site's into first_result where it is not NULL (its x), else the scratch. */
+void walk_block_phase_one(RouteWalk *walk, int block, int r, Activation *first_result);
 
 /* route_block_streams.c: MSAR's streams. */
 

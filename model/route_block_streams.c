@@ -286,7 +286,7 @@ void walk_block_backward_streams(RouteWalk *walk, int block)
     walk_site_sources(walk, first, walk->sources);
     walk_site_grad_sources(walk, first, walk->grad_sources);
     for (int r = 0; r < m; r++) {
-        walk_block_phase_one(walk, block, r);
+        walk_block_phase_one(walk, block, r, NULL);
         if (m > 1) {
             block_mix_backward(walk, block, r);
             stream_block_backward(walk, block, r);
