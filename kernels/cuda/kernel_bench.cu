@@ -331,9 +331,9 @@ static void bench_swiglu(int rows, int ffn)
 }
 
 typedef struct {
-    size_t n;
-    float *params, *grads, *exp_avg, *exp_avg_sq, *ema, *copy_from;
-    bf16 *compute_copy;
+    OptimizerBuffers buffers;
+    bool ema;
+    float *copy_from;
     double *sum, *workspace;
     AdamwScalars scalars;
 } OptimizerCase;
@@ -341,21 +341,20 @@ typedef struct {
 static void adamw_case(void *p)
 {
     OptimizerCase *c = (OptimizerCase *)p;
-    cuda_adamw_update(c->params, c->grads, c->exp_avg, c->exp_avg_sq, c->ema, c->n,
-                      &c->scalars, c->compute_copy, 0);
+    optimizer_buffers_update(&c->buffers, c->buffers.n, c->ema, &c->scalars, 0);
 }
 
 static void sum_squares_case(void *p)
 {
     OptimizerCase *c = (OptimizerCase *)p;
-    cuda_sum_squares(c->sum, c->grads, c->n, c->workspace, 0);
+    cuda_sum_squares(c->sum, c->buffers.grads, c->buffers.n, c->workspace, 0);
 }
 
 /* The copy rate on the same buffers, for the floor of the two above. */
 static void copy_case(void *p)
 {
     OptimizerCase *c = (OptimizerCase *)p;
-    CUDA_CHECK(cudaMemcpyAsync(c->params, c->copy_from, c->n * sizeof(float),
+    CUDA_CHECK(cudaMemcpyAsync(c->buffers.params, c->copy_from, c->buffers.n * sizeof(float),
                                cudaMemcpyDeviceToDevice, 0));
 }
 
@@ -364,32 +363,24 @@ static void copy_case(void *p)
 static void bench_optimizer(size_t n)
 {
     OptimizerCase c = {};
-    c.n = n;
-    c.params = device_floats(n, 0.01f);
-    c.grads = device_floats(n, 0.001f);
-    c.exp_avg = device_floats(n, 0.0f);
-    c.exp_avg_sq = device_floats(n, 0.0f);
-    c.ema = device_floats(n, 0.01f);
+    c.buffers = optimizer_buffers_make(n);
+    c.ema = true;
     c.copy_from = device_floats(n, 0.02f);
-    CUDA_CHECK(cudaMalloc(&c.compute_copy, n * sizeof(bf16)));
     CUDA_CHECK(cudaMalloc(&c.sum, sizeof(double)));
     CUDA_CHECK(cudaMalloc(&c.workspace, CUDA_SUM_SQUARES_PARTIALS * sizeof(double)));
     c.scalars = (AdamwScalars){3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, 0.999f, 10};
     char name[64];
     snprintf(name, sizeof name, "adamw + ema + bf16 copy, %zu M", n >> 20);
     report(name, median_ms(adamw_case, &c), 0, 38.0 * n);
-    float *ema = c.ema;
-    c.ema = NULL;
+    c.ema = false;
     snprintf(name, sizeof name, "adamw + bf16 copy, %zu M", n >> 20);
     report(name, median_ms(adamw_case, &c), 0, 30.0 * n);
-    c.ema = ema;
     snprintf(name, sizeof name, "sum_squares, %zu M", n >> 20);
     report(name, median_ms(sum_squares_case, &c), 0, 4.0 * n);
     snprintf(name, sizeof name, "copy (cudaMemcpyAsync), %zu M floats", n >> 20);
     report(name, median_ms(copy_case, &c), 0, 8.0 * n);
-    cudaFree(c.params), cudaFree(c.grads), cudaFree(c.exp_avg), cudaFree(c.exp_avg_sq);
-    cudaFree(c.ema), cudaFree(c.copy_from), cudaFree(c.compute_copy), cudaFree(c.sum);
-    cudaFree(c.workspace);
+    optimizer_buffers_free(&c.buffers);
+    cudaFree(c.copy_from), cudaFree(c.sum), cudaFree(c.workspace);
 }
 
 typedef struct {

@@ -10,6 +10,7 @@
 #define FATHOM_KERNELS_CUDA_KERNEL_BENCH_H
 
 #include "kernels/cuda/cuda_common.h"
+#include "kernels/cuda/kernels_cuda.h"
 
 #include <stddef.h>
 
@@ -17,6 +18,19 @@
 void *device_random_bf16(size_t n, unsigned seed);
 /* n floats of `value`, on the device (cudaFree them) */
 float *device_floats(size_t n, float value);
+
+/* AdamW's buffers over n parameters, on the device: weights 0.01, gradients 0.001, zero
+ * moments, the EMA at the weights, the bf16 copy unset; optimizer_buffers_free frees them. */
+typedef struct {
+    size_t n;
+    float *params, *grads, *exp_avg, *exp_avg_sq, *ema;
+    bf16 *compute_copy;
+} OptimizerBuffers;
+OptimizerBuffers optimizer_buffers_make(size_t n);
+void optimizer_buffers_free(OptimizerBuffers *buffers);
+/* cuda_adamw_update of the buffers' first n parameters on `stream`, with or without the EMA */
+void optimizer_buffers_update(const OptimizerBuffers *buffers, size_t n, bool ema,
+                              const AdamwScalars *scalars, cudaStream_t stream);
 
 typedef void (*Case)(void *context);
 /* the median of 20 timed calls of run(context), in ms */

@@ -34,8 +34,7 @@ typedef struct {
     cudaEvent_t updated[OVERLAP_UNITS], update_done;
     bool overlapped;  /* the updates on their own stream */
     size_t unit_params[OVERLAP_UNITS];
-    float *params, *grads, *exp_avg, *exp_avg_sq, *ema;
-    bf16 *compute_copy;
+    OptimizerBuffers buffers; /* the largest unit's: every unit updates a prefix */
     AdamwScalars scalars;
     bf16 *x, *wide, *logits; /* [tokens, d], [tokens, ffn], [tokens, vocab] */
     bf16 *w_square, *w_kv, *w_up, *w_down, *w_head;
@@ -57,8 +56,7 @@ static void layer_products(OverlapCase *c)
 static void unit_update(OverlapCase *c, int unit)
 {
     cudaStream_t s = c->overlapped ? c->update : c->compute;
-    cuda_adamw_update(c->params, c->grads, c->exp_avg, c->exp_avg_sq, c->ema,
-                      c->unit_params[unit], &c->scalars, c->compute_copy, s);
+    optimizer_buffers_update(&c->buffers, c->unit_params[unit], true, &c->scalars, s);
     if (c->overlapped)
         CUDA_CHECK(cudaEventRecord(c->updated[unit], s));
 }
@@ -126,12 +124,7 @@ void bench_overlap(void)
     size_t total = 0;
     for (int u = 0; u < OVERLAP_UNITS; u++)
         total += c.unit_params[u];
-    c.params = device_floats(embedding, 0.01f);
-    c.grads = device_floats(embedding, 0.001f);
-    c.exp_avg = device_floats(embedding, 0.0f);
-    c.exp_avg_sq = device_floats(embedding, 0.0f);
-    c.ema = device_floats(embedding, 0.01f);
-    CUDA_CHECK(cudaMalloc(&c.compute_copy, embedding * sizeof(bf16)));
+    c.buffers = optimizer_buffers_make(embedding);
     c.scalars = (AdamwScalars){3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, 0.999f, 10};
     const int T = OVERLAP_TOKENS, d = OVERLAP_D;
     c.x = (bf16 *)device_random_bf16((size_t)T * OVERLAP_FFN, 1);
@@ -178,8 +171,8 @@ void bench_overlap(void)
         CUDA_CHECK(cudaEventDestroy(c.updated[u]));
     CUDA_CHECK(cudaEventDestroy(c.update_done));
     CUDA_CHECK(cudaStreamDestroy(c.compute));
-    cudaFree(c.params), cudaFree(c.grads), cudaFree(c.exp_avg), cudaFree(c.exp_avg_sq);
-    cudaFree(c.ema), cudaFree(c.compute_copy), cudaFree(c.x), cudaFree(c.wide);
+    optimizer_buffers_free(&c.buffers);
+    cudaFree(c.x), cudaFree(c.wide);
     cudaFree(c.logits), cudaFree(c.w_square), cudaFree(c.w_kv), cudaFree(c.w_up);
     cudaFree(c.w_down), cudaFree(c.w_head);
 }

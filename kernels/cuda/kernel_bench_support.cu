@@ -67,3 +67,29 @@ void report(const char *name, double ms, double flops, double bytes)
                bytes / ms / 1e6, floor_ms, ms / floor_ms);
     fflush(stdout);
 }
+
+OptimizerBuffers optimizer_buffers_make(size_t n)
+{
+    OptimizerBuffers buffers;
+    buffers.n = n;
+    buffers.params = device_floats(n, 0.01f);
+    buffers.grads = device_floats(n, 0.001f);
+    buffers.exp_avg = device_floats(n, 0.0f);
+    buffers.exp_avg_sq = device_floats(n, 0.0f);
+    buffers.ema = device_floats(n, 0.01f);
+    CUDA_CHECK(cudaMalloc(&buffers.compute_copy, n * sizeof(bf16)));
+    return buffers;
+}
+
+void optimizer_buffers_free(OptimizerBuffers *buffers)
+{
+    cudaFree(buffers->params), cudaFree(buffers->grads), cudaFree(buffers->exp_avg);
+    cudaFree(buffers->exp_avg_sq), cudaFree(buffers->ema), cudaFree(buffers->compute_copy);
+}
+
+void optimizer_buffers_update(const OptimizerBuffers *buffers, size_t n, bool ema,
+                              const AdamwScalars *scalars, cudaStream_t stream)
+{
+    cuda_adamw_update(buffers->params, buffers->grads, buffers->exp_avg, buffers->exp_avg_sq,
+                      ema ? buffers->ema : NULL, n, scalars, buffers->compute_copy, stream);
+}
