@@ -12,7 +12,9 @@
  *   dots, coefficients  route_block_dots_cuda.cu: D and P per (site, source, head) in the
  *            warps' shares, then a warp a token turns them into the token's coefficients
  *            a scale and r dz [tokens][N][H][2G], its dalpha term [G][tokens] and e_n
- *            [tokens][N];
+ *            [tokens][N]; where a warp's products are a whole head (block_dots_fused) the
+ *            dots' warps make the coefficients themselves and the second launch only adds
+ *            each token's e_n from its heads' shares;
  *   walker   a block owns a slice of 512 channels (128 threads x 4) and a range of tokens,
  *            with every site's q*g and S of its channels in registers (G x 8 floats a
  *            thread), and per token reads the slice of the N sources, their gradients and
@@ -311,7 +313,9 @@ static BlockWorkspace block_workspace(int n_sources, int n_sites, int tokens, in
     BlockWorkspace w;
     w.self_terms = round_up_4((size_t)tokens * n_sources * heads * 2 * n_sites);
     w.alpha_terms = w.self_terms + round_up_4((size_t)tokens * n_sources);
-    w.partials = w.alpha_terms + round_up_4((size_t)n_sites * tokens);
+    /* the dalpha terms at their widest: [G][blocks][H] of at most a block a token
+     * (block_dots_fused) */
+    w.partials = w.alpha_terms + round_up_4((size_t)n_sites * tokens * heads);
     const int ranges = block_walk_ranges(tokens, n_sources, n_sites, d, heads);
     w.parts = w.partials + round_up_4((size_t)n_sites * ranges * d);
     w.total = w.parts + route_block_parts_floats(n_sources, n_sites, tokens, d, heads);
@@ -410,7 +414,7 @@ void route_block_backward_fast(bf16 *const *dsources, unsigned dsources_written,
     walk.ranges = block_walk_ranges(tokens, n_sources, n_sites, d, heads);
     walk.partials = workspace + w.partials;
     dots.parts = workspace + w.parts;
-    route_block_dots(dots, stream);
+    const int alpha_terms = route_block_dots(dots, stream);
     /* the unrolled source loops sized near N: fewer predicated-off iterations, and at 6 the
      * walker keeps within its 128 registers without spilling */
     if (n_sources <= 2)
@@ -426,7 +430,7 @@ void route_block_backward_fast(bf16 *const *dsources, unsigned dsources_written,
     reduce.partials = workspace + w.partials;
     reduce.alpha_partials = workspace + w.alpha_terms;
     reduce.blocks = walk.ranges;
-    reduce.alpha_blocks = tokens;
+    reduce.alpha_blocks = alpha_terms;
     reduce.d = d;
     route_block_reduce(reduce, n_sites, stream);
 }

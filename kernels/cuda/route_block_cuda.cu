@@ -17,25 +17,23 @@ enum { REDUCE_SLICES = 8 };
 
 /* ---- the reduction of per-block channel sums ---- */
 
-/* sum_k x[k * stride], k = 0 .. count - 1, added in k order; the loads eight at a time, so
- * that a long sum waits on memory once per eight terms rather than once per term (the
- * dalpha sums run over every token). */
+/* sum_k x[k * stride], k = 0 .. count - 1, added in k order; the loads BATCH at a time, so
+ * that a long sum waits on memory once per BATCH terms rather than once per term (the dalpha
+ * sums run over every token, or every token's heads). The same bits whatever BATCH. */
+template <int BATCH>
 __device__ __forceinline__ float ordered_strided_sum(const float *x, int count, long long stride)
 {
-    enum { BATCH = 8 };
     float sum = 0.0f;
-    int k = 0;
-    for (; k + BATCH <= count; k += BATCH) {
+    for (int k = 0; k < count; k += BATCH) { /* a short last batch too: loads, then adds */
         float terms[BATCH];
 #pragma unroll
         for (int j = 0; j < BATCH; j++)
-            terms[j] = x[(k + j) * stride];
+            terms[j] = k + j < count ? x[(k + j) * stride] : 0.0f;
 #pragma unroll
         for (int j = 0; j < BATCH; j++)
-            sum += terms[j];
+            if (k + j < count)
+                sum += terms[j];
     }
-    for (; k < count; k++)
-        sum += x[k * stride];
     return sum;
 }
 
@@ -57,7 +55,7 @@ __global__ void route_block_reduce_kernel(const __grid_constant__ BlockReduceArg
     const float *partials = args.partials + (long long)site * args.blocks * d;
     float sum = 0.0f;
     if (c < d)
-        sum = ordered_strided_sum(partials + (long long)slice * d + c,
+        sum = ordered_strided_sum<8>(partials + (long long)slice * d + c,
                                   strided_count(slice, args.blocks, REDUCE_SLICES),
                                   (long long)REDUCE_SLICES * d);
     slices[slice][lane] = sum;
@@ -73,12 +71,13 @@ __global__ void route_block_reduce_kernel(const __grid_constant__ BlockReduceArg
      * (ordered_strided_sum), then each lane of warp 0 its eight slices in order, then
      * warp_sum's fixed tree over the lanes. One warp's 256 terms a lane at 8192 tokens
      * kept the launch waiting on 32 round trips to memory after the channel sums were done
-     * (19 us a launch in the 1B MHAR delta step, H100, 2026-12-06). */
+     * (19 us a launch in the 1B MHAR delta step, H100, 2026-12-06); the loads go 32 at a
+     * time, a short last batch too. */
     if (args.dalpha[site] && blockIdx.x == 0) { /* uniform over the block */
         const float *alpha_partials = args.alpha_partials + (long long)site * args.alpha_blocks;
         const int thread = threadIdx.x, threads = blockDim.x;
         __syncthreads(); /* the channel sums' slices are read */
-        slices[slice][lane] = ordered_strided_sum(
+        slices[slice][lane] = ordered_strided_sum<32>(
             alpha_partials + thread, strided_count(thread, args.alpha_blocks, threads), threads);
         __syncthreads();
         if (slice == 0) {

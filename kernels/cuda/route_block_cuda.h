@@ -25,6 +25,8 @@
  *                        source, head), each warp's share written out; (2) a warp a token:
  *                        the softmax backward and the key-norm terms, written as per-token
  *                        coefficients (value a scale_i, key r dz, self e summed over sites);
+ *                        where a warp of (1) is a whole head, (1) makes them itself and e
+ *                        comes a head's share at a time, summed by (3);
  *                        (3) a channel walker: a block owns a slice of channels and a range
  *                        of tokens, keeps every site's q*g and the sums S_i of its channels
  *                        in registers, and per token adds into each source's gradient

@@ -197,16 +197,29 @@ struct BlockDotsArgs {
     float *parts;        /* [tokens][parts][G][2][N]: the warps' or segments' shares of D, P */
     float *coefficients; /* [tokens][N][H][2G]: a scale_i at i, r dz at G + i */
     float *self_terms;   /* [tokens][N] e_n */
-    float *alpha_terms;  /* [G][tokens] sum_{n,h} a D */
+    float *alpha_terms;  /* [G][tokens] sum_{n,h} a D; fused: [G][blocks][H] (<= tokens) */
     BlockHeads layout;
     float inverse_width;
     int n_sources, n_sites, tokens, heads;
 };
 
+/* Whether the dots' warps make the coefficients themselves (route_block_dots_cuda.cu): on
+ * tensor cores where each warp's products are one whole head (a head of one warp, in the
+ * row or the split layout). Then the coefficients kernel does not run: the parts hold each
+ * head's share of e_n, [tokens][N][H], a small launch adds them into self_terms, and
+ * alpha_terms holds each block's and head's sums, [G][blocks][H] (otherwise [G][tokens]). */
+__host__ __device__ __forceinline__ bool block_dots_fused(const BlockHeads &layout)
+{
+    return layout.tensor_cores && layout.warps_per_head == 1;
+}
+
 /* The floats of BlockDotsArgs.parts. */
 size_t route_block_parts_floats(int n_sources, int n_sites, int tokens, int d, int heads);
 
-void route_block_dots(const BlockDotsArgs &args, cudaStream_t stream);
+/* Returns the dalpha terms it wrote a site: [G][tokens], or where the dots make the
+ * coefficients (block_dots_fused) each block's and head's sums over its tokens,
+ * [G][blocks][H]. */
+int route_block_dots(const BlockDotsArgs &args, cudaStream_t stream);
 
 /* Starts the copies of this thread's vector of token t of each of `count` rows into `to`
  * ([count][threads] 16-byte vectors, the thread's own slots) and commits; an empty group
@@ -298,9 +311,13 @@ static inline size_t block_key_weights_bytes(int n_sites, int threads)
 
 /* The grid of a persistent token-layout kernel: as many blocks as stay resident, at most
  * one a token; the kernel's shared-memory carveout set to its largest on its first launch
- * (the attribute persists; one flag for each KERNEL). */
+ * (the attribute persists; one flag for each KERNEL). A kernel whose sums group its tokens
+ * by block asks for the count as on BLOCK_WALK_MULTIPROCESSORS multiprocessors
+ * (shapes_only), whatever the device has, so that every GPU of the architecture groups them
+ * alike; a device with fewer runs the rest as a second wave. */
 template <auto KERNEL>
-static int block_persistent_grid(int threads, size_t bytes, long long tokens, const char *what)
+static int block_persistent_grid(int threads, size_t bytes, long long tokens, const char *what,
+                                 bool shapes_only = false)
 {
     static bool carveout_set;
     if (!carveout_set) {
@@ -308,7 +325,9 @@ static int block_persistent_grid(int threads, size_t bytes, long long tokens, co
                                         cudaSharedmemCarveoutMaxShared));
         carveout_set = true;
     }
-    const int blocks = resident_blocks(KERNEL, threads, bytes, what);
+    int blocks = resident_blocks(KERNEL, threads, bytes, what);
+    if (shapes_only)
+        blocks = blocks / cuda_multiprocessor_count() * BLOCK_WALK_MULTIPROCESSORS;
     return blocks < tokens ? blocks : (int)tokens;
 }
 

@@ -10,6 +10,9 @@
  *                 D = < d x_i, s_n > and P = < q_i g_i, s_n > per head, each warp's or
  *                 segment's share written to the workspace as it stands. No barrier: the
  *                 warps of a block run apart, each a token ahead in its loads.
+ *                 Where a warp's products are one whole head (block_dots_fused), the warp
+ *                 makes that head's coefficients from them at once (below) and the next
+ *                 launch does not run.
  *   coefficients  a warp a token: the token's parts, saved weights, rstd and centres copied
  *                 into the warp's shared memory at once; then a lane per (site, head): D and
  *                 P from the parts in part order, the softmax backward, the token's
@@ -119,7 +122,99 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
  * tokens of both (douts_stages 2: N + G <= 6 + 8 at d 4096), the d x rows are double-buffered
  * as the sources are: refetched after a token's products, they left the next token waiting
  * on DRAM (43% of the kernel's stall samples at the training step's N 2-5, 2026-12-02). */
-template <int MAXN, int K_STEPS>
+/* ---- the coefficients inside the dots, where a warp is a whole head ----
+ * Where each warp's products cover one whole head (block_dots_fused), the warp holds every
+ * D and P of that head for the token, and the softmax backward of its (site, head) pairs
+ * needs nothing else: the warp makes the token's coefficients itself (the math of the
+ * coefficients kernel below, with the sums over sources and sites taken by shuffles in a
+ * fixed tree), so the parts' round trip through memory and the coefficients kernel go.
+ * Only e_n sums over every head: the warp writes its head's share r^3/d sum_i dz P
+ * [tokens][N][H] where the parts would be, and a small launch adds each token's H shares in
+ * head order (route_block_self_sum_kernel). Added inside the walker instead, a token ahead
+ * by the warp that staged them, they made its N 12 instance spill and cost it 0.54 ms a
+ * 1B MHAR delta step (H100, 2026-12-07), more than the launch. The dalpha terms
+ * each warp adds over its own tokens in their order, and writes once, [G][blocks][H], for
+ * the reduction: written a token and a head at a time, 65536 terms a site at the 1B step
+ * kept the reduction's one block 110 us a launch (H100, 2026-12-07). */
+
+/* The lane's inputs of token t: the saved weights of its four (source, site) entries
+ * (n = g + 8 (e / 2), i = 2c + e % 2: the mma's output fragment), the rstd of its two
+ * sources and the centres of its two sites (the replace form's merges); zeros past N, G. */
+struct DotsLaneInputs {
+    float a[4], r[2], mean[2];
+};
+
+__device__ __forceinline__ DotsLaneInputs block_dots_lane_inputs(const BlockDotsArgs &args,
+                                                                 long long t, int h, int g,
+                                                                 int c)
+{
+    const int N = args.n_sources, G = args.n_sites, H = args.heads;
+    DotsLaneInputs in;
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        const int n = g + 8 * (e >> 1), i = 2 * c + (e & 1);
+        in.a[e] = n < N && i < G ? args.weights[i][((long long)n * args.tokens + t) * H + h]
+                                 : 0.0f;
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int n = g + 8 * r, i = 2 * c + r;
+        in.r[r] = n < N ? args.rstd[(long long)n * args.tokens + t] : 0.0f;
+        in.mean[r] = i < G && args.means[i] ? args.means[i][t * H + h] : 0.0f;
+    }
+    return in;
+}
+
+/* Token t's coefficients of head h from the warp's fragments: value[e] = D, key[e] = P;
+ * the dalpha terms sum_n a D of the lane's two sites added into alpha_sums. */
+__device__ __forceinline__ void block_dots_coefficients(const BlockDotsArgs &args, long long t,
+                                                        int h, int g, int c,
+                                                        const float (&value)[4],
+                                                        const float (&key)[4],
+                                                        const DotsLaneInputs &in,
+                                                        const float (&scale)[2],
+                                                        float (&alpha_sums)[2])
+{
+    const int N = args.n_sources, G = args.n_sites, H = args.heads;
+    /* sum_n a D of site 2c + b: the lane's two sources, then across the g lanes */
+    float weighted[2];
+#pragma unroll
+    for (int b = 0; b < 2; b++) {
+        weighted[b] = in.a[b] * value[b] + in.a[b + 2] * value[b + 2];
+#pragma unroll
+        for (int mask = 4; mask < 32; mask <<= 1)
+            weighted[b] += __shfl_xor_sync(0xffffffffu, weighted[b], mask);
+    }
+    float score_grad[4];
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        const int b = e & 1, i = 2 * c + b, n = g + 8 * (e >> 1);
+        const float mean = args.means[0] ? in.mean[b] : scale[b] * weighted[b];
+        score_grad[e] = in.a[e] * (scale[b] * value[e] - mean);
+        if (n < N && i < G) {
+            float *coefficient =
+                args.coefficients + ((t * N + n) * H + h) * (long long)(2 * G);
+            coefficient[i] = in.a[e] * scale[b];
+            coefficient[G + i] = in.r[e >> 1] * score_grad[e];
+        }
+    }
+    /* e_n's share of this head: sum_i dz P over the lane's two sites, then the c lanes */
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float product = score_grad[2 * r] * key[2 * r] + score_grad[2 * r + 1] * key[2 * r + 1];
+        product += __shfl_xor_sync(0xffffffffu, product, 1);
+        product += __shfl_xor_sync(0xffffffffu, product, 2);
+        const int n = g + 8 * r;
+        const float rstd = in.r[r];
+        if (c == 0 && n < N) /* [tokens][N][H], in the parts' place */
+            args.parts[(t * N + n) * H + h] = rstd * rstd * (rstd * product * args.inverse_width);
+    }
+#pragma unroll
+    for (int b = 0; b < 2; b++)
+        alpha_sums[b] += weighted[b];
+}
+
+template <int MAXN, int K_STEPS, bool FUSED>
 __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
     route_block_dots_mma_kernel(const __grid_constant__ BlockDotsArgs args, size_t douts_offset,
                                 size_t zero_offset, int douts_stages)
@@ -140,8 +235,19 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
     uint32_t key_weights[K_STEPS][4];
     block_mma_begin<K_STEPS>(zero, key_weights, args.query, args.key_norm, G);
 
+    float scale[2] = {1.0f, 1.0f};      /* alpha of the lane's sites (FUSED) */
+    float alpha_sums[2] = {0.0f, 0.0f}; /* their dalpha terms over this block's tokens */
+    if (FUSED)
+        for (int b = 0; b < 2; b++)
+            if (2 * c + b < G && args.alpha[2 * c + b])
+                scale[b] = *args.alpha[2 * c + b];
+
     int half = 0;
     for (long long t = blockIdx.x; t < tokens; t += gridDim.x, half ^= 1) {
+        /* loaded here, used after the products: their round trip hides behind them */
+        DotsLaneInputs inputs;
+        if (FUSED)
+            inputs = block_dots_lane_inputs(args, t, warp, g, c);
         block_mma_fetch_rows<1, K_STEPS>(rows + (half ^ 1) * half_vectors, args.sources, N,
                                          t + gridDim.x, tokens, V);
         if (douts_half) {
@@ -172,6 +278,14 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
         if (!douts_half)
             block_mma_fetch_rows<1, K_STEPS>(douts, args.douts, G, t + gridDim.x, tokens,
                                              V);
+        if (FUSED) {
+            float key[4];
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                key[e] = key_high[e] + key_low[e];
+            block_dots_coefficients(args, t, warp, g, c, value, key, inputs, scale, alpha_sums);
+            continue;
+        }
         float *token_parts = args.parts + block_parts_at(args, t) + (size_t)warp * part_stride;
 #pragma unroll
         for (int e = 0; e < 4; e++) {
@@ -183,6 +297,11 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
         }
     }
     copy_async_wait<0>();
+    if (FUSED) /* [G][blocks][H]: this block's, head `warp`'s */
+        for (int b = 0; b < 2; b++)
+            if (g == 0 && 2 * c + b < G)
+                args.alpha_terms[((long long)(2 * c + b) * gridDim.x + blockIdx.x) * args.heads +
+                                 warp] = alpha_sums[b];
 }
 
 /* ---- coefficients ---- */
@@ -319,6 +438,21 @@ __global__ void __launch_bounds__(BLOCK_COEFFICIENT_WARPS * 32)
     }
 }
 
+/* e_n [tokens][N] from the heads' shares [tokens][N][H] (block_dots_fused), a thread a
+ * (token, source), added in head order. */
+__global__ void route_block_self_sum_kernel(float *self_terms, const float *shares,
+                                            long long count, int heads)
+{
+    const long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= count)
+        return;
+    const float *share = shares + j * heads;
+    float sum = share[0];
+    for (int h = 1; h < heads; h++)
+        sum += share[h];
+    self_terms[j] = sum;
+}
+
 /* ---- the launches ---- */
 
 size_t route_block_parts_floats(int n_sources, int n_sites, int tokens, int d, int heads)
@@ -327,31 +461,50 @@ size_t route_block_parts_floats(int n_sources, int n_sites, int tokens, int d, i
            n_sources;
 }
 
-template <int MAXN, int K_STEPS>
-static void block_dots_mma_launch(const BlockDotsArgs &args, int threads, size_t shared,
-                                  cudaStream_t stream)
+template <int MAXN, int K_STEPS, bool FUSED>
+static int block_dots_mma_launch(const BlockDotsArgs &args, int threads, size_t shared,
+                                 cudaStream_t stream)
 {
     const size_t douts_bytes = (size_t)args.n_sites * threads * 16;
     const int douts_stages = shared + douts_bytes + 16 <= BLOCK_SHARED_LIMIT ? 2 : 1;
     shared += (size_t)(douts_stages - 1) * douts_bytes;
     const size_t bytes = shared + 16; /* and the zero row */
-    const int blocks = block_persistent_grid<route_block_dots_mma_kernel<MAXN, K_STEPS>>(
-        threads, bytes, args.tokens, "the cuda block route backward");
-    route_block_dots_mma_kernel<MAXN, K_STEPS><<<blocks, threads, bytes, stream>>>(
+    /* FUSED: the dalpha terms are summed a block at a time */
+    const int blocks = block_persistent_grid<route_block_dots_mma_kernel<MAXN, K_STEPS, FUSED>>(
+        threads, bytes, args.tokens, "the cuda block route backward", FUSED);
+    route_block_dots_mma_kernel<MAXN, K_STEPS, FUSED><<<blocks, threads, bytes, stream>>>(
         args, block_dots_douts_offset(args.n_sources, threads), shared, douts_stages);
+    return blocks;
 }
 
+/* Returns the dalpha terms a site: a token's each, or where the dots make the coefficients
+ * (block_dots_fused) a (block, head)'s each. */
 template <int MAXN>
-static void block_dots_launch(const BlockDotsArgs &args, cudaStream_t stream)
+static int block_dots_launch(const BlockDotsArgs &args, cudaStream_t stream)
 {
     const int threads = args.layout.threads;
     size_t shared = block_dots_shared(args.n_sources, args.n_sites, threads);
+    if (block_dots_fused(args.layout)) { /* the coefficients made in the dots' warps */
+        int blocks;
+        switch (args.layout.k_steps) {
+        case 8: blocks = block_dots_mma_launch<MAXN, 8, true>(args, threads, shared, stream); break;
+        case 10: blocks = block_dots_mma_launch<MAXN, 10, true>(args, threads, shared, stream); break;
+        case 12: blocks = block_dots_mma_launch<MAXN, 12, true>(args, threads, shared, stream); break;
+        default: blocks = block_dots_mma_launch<MAXN, 16, true>(args, threads, shared, stream); break;
+        }
+        CUDA_CHECK_LAUNCH();
+        const long long count = args.tokens * (long long)args.n_sources;
+        route_block_self_sum_kernel<<<(unsigned)((count + 255) / 256), 256, 0, stream>>>(
+            args.self_terms, args.parts, count, args.heads);
+        CUDA_CHECK_LAUNCH();
+        return blocks * args.heads;
+    }
     if (args.layout.tensor_cores) {
         switch (args.layout.k_steps) { /* route_block_device.cuh's split layout, or 16 */
-        case 8: block_dots_mma_launch<MAXN, 8>(args, threads, shared, stream); break;
-        case 10: block_dots_mma_launch<MAXN, 10>(args, threads, shared, stream); break;
-        case 12: block_dots_mma_launch<MAXN, 12>(args, threads, shared, stream); break;
-        default: block_dots_mma_launch<MAXN, 16>(args, threads, shared, stream); break;
+        case 8: block_dots_mma_launch<MAXN, 8, false>(args, threads, shared, stream); break;
+        case 10: block_dots_mma_launch<MAXN, 10, false>(args, threads, shared, stream); break;
+        case 12: block_dots_mma_launch<MAXN, 12, false>(args, threads, shared, stream); break;
+        default: block_dots_mma_launch<MAXN, 16, false>(args, threads, shared, stream); break;
         }
     } else {
         size_t key_weights = 0; /* staged where they fit (route_block_device.cuh) */
@@ -385,19 +538,19 @@ static void block_dots_launch(const BlockDotsArgs &args, cudaStream_t stream)
     route_block_coefficients_kernel<MAXN>
         <<<coefficient_blocks, warps * 32, warps * warp_bytes, stream>>>(args);
     CUDA_CHECK_LAUNCH();
+    return args.tokens;
 }
 
-void route_block_dots(const BlockDotsArgs &args, cudaStream_t stream)
+int route_block_dots(const BlockDotsArgs &args, cudaStream_t stream)
 {
     /* the unrolled source loops sized near N: fewer predicated-off iterations */
     if (args.n_sources <= 2)
-        block_dots_launch<2>(args, stream);
-    else if (args.n_sources <= 4)
-        block_dots_launch<4>(args, stream);
-    else if (args.n_sources <= 6)
-        block_dots_launch<6>(args, stream);
-    else if (args.n_sources <= 9)
-        block_dots_launch<9>(args, stream);
-    else
-        block_dots_launch<CUDA_BLOCK_MAX_SOURCES>(args, stream);
+        return block_dots_launch<2>(args, stream);
+    if (args.n_sources <= 4)
+        return block_dots_launch<4>(args, stream);
+    if (args.n_sources <= 6)
+        return block_dots_launch<6>(args, stream);
+    if (args.n_sources <= 9)
+        return block_dots_launch<9>(args, stream);
+    return block_dots_launch<CUDA_BLOCK_MAX_SOURCES>(args, stream);
 }
