@@ -127,8 +127,8 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
  * D and P of that head for the token, and the softmax backward of its (site, head) pairs
  * needs nothing else: the warp makes the token's coefficients itself (the math of the
  * coefficients kernel below, with the sums over sources and sites taken by shuffles in a
- * fixed tree), so the parts' round trip through memory and the coefficients kernel go.
- * Only e_n sums over every head: the warp writes its head's share r^3/d sum_i dz P
+ * fixed tree), so the parts' round trip through memory and the coefficients kernel go: the
+ * dots and coefficients of a 1B MHAR delta step 5.76 -> 5.02 ms (H100, 2026-12-07). Only e_n sums over every head: the warp writes its head's share r^3/d sum_i dz P
  * [tokens][N][H] where the parts would be, and a small launch adds each token's H shares in
  * head order (route_block_self_sum_kernel). Added inside the walker instead, a token ahead
  * by the warp that staged them, they made its N 12 instance spill and cost it 0.54 ms a
