@@ -56,8 +56,8 @@ __global__ void route_block_reduce_kernel(const __grid_constant__ BlockReduceArg
     float sum = 0.0f;
     if (c < d)
         sum = ordered_strided_sum<8>(partials + (long long)slice * d + c,
-                                  strided_count(slice, args.blocks, REDUCE_SLICES),
-                                  (long long)REDUCE_SLICES * d);
+                                     strided_count(slice, args.blocks, REDUCE_SLICES),
+                                     (long long)REDUCE_SLICES * d);
     slices[slice][lane] = sum;
     __syncthreads();
     if (slice == 0 && c < d) {

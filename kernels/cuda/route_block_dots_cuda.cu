@@ -116,26 +116,21 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
     copy_async_wait<0>();
 }
 
-/* On tensor cores (FATHOM_ROUTE_BLOCK=mma, route_block_mma.cuh): per k-step of a warp's
- * K_STEPS x 16 channels, A = the sources, B = the sites' d x (staged, swizzled) for D and q*g
- * in two halves for P. The same parts, in the same places. Where shared memory holds two
- * tokens of both (douts_stages 2: N + G <= 6 + 8 at d 4096), the d x rows are double-buffered
- * as the sources are: refetched after a token's products, they left the next token waiting
- * on DRAM (43% of the kernel's stall samples at the training step's N 2-5, 2026-12-02). */
 /* ---- the coefficients inside the dots, where a warp is a whole head ----
  * Where each warp's products cover one whole head (block_dots_fused), the warp holds every
  * D and P of that head for the token, and the softmax backward of its (site, head) pairs
  * needs nothing else: the warp makes the token's coefficients itself (the math of the
  * coefficients kernel below, with the sums over sources and sites taken by shuffles in a
  * fixed tree), so the parts' round trip through memory and the coefficients kernel go: the
- * dots and coefficients of a 1B MHAR delta step 5.76 -> 5.02 ms (H100, 2026-12-07). Only e_n sums over every head: the warp writes its head's share r^3/d sum_i dz P
+ * dots and coefficients of a 1B MHAR delta step 5.76 -> 5.02 ms (H100, 2026-12-07).
+ * Only e_n sums over every head: the warp writes its head's share r^3/d sum_i dz P
  * [tokens][N][H] where the parts would be, and a small launch adds each token's H shares in
  * head order (route_block_self_sum_kernel). Added inside the walker instead, a token ahead
  * by the warp that staged them, they made its N 12 instance spill and cost it 0.54 ms a
- * 1B MHAR delta step (H100, 2026-12-07), more than the launch. The dalpha terms
- * each warp adds over its own tokens in their order, and writes once, [G][blocks][H], for
- * the reduction: written a token and a head at a time, 65536 terms a site at the 1B step
- * kept the reduction's one block 110 us a launch (H100, 2026-12-07). */
+ * 1B MHAR delta step (H100, 2026-12-07), more than the launch. The dalpha terms each warp
+ * adds over its own tokens in their order, and writes once, [G][blocks][H], for the
+ * reduction: written a token and a head at a time, 65536 terms a site at the 1B step kept
+ * the reduction's one block 110 us a launch (H100, 2026-12-07). */
 
 /* The lane's inputs of token t: the saved weights of its four (source, site) entries
  * (n = g + 8 (e / 2), i = 2c + e % 2: the mma's output fragment), the rstd of its two
@@ -214,6 +209,13 @@ __device__ __forceinline__ void block_dots_coefficients(const BlockDotsArgs &arg
         alpha_sums[b] += weighted[b];
 }
 
+/* On tensor cores (FATHOM_ROUTE_BLOCK=mma, route_block_mma.cuh): per k-step of a warp's
+ * K_STEPS x 16 channels, A = the sources, B = the sites' d x (staged, swizzled) for D and q*g
+ * in two halves for P. The same parts, in the same places. Where shared memory holds two
+ * tokens of both (douts_stages 2: N + G <= 6 + 8 at d 4096), the d x rows are double-buffered
+ * as the sources are: refetched after a token's products, they left the next token waiting
+ * on DRAM (43% of the kernel's stall samples at the training step's N 2-5, 2026-12-02).
+ * FUSED: the coefficients made here (above) instead of the parts. */
 template <int MAXN, int K_STEPS, bool FUSED>
 __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
     route_block_dots_mma_kernel(const __grid_constant__ BlockDotsArgs args, size_t douts_offset,
@@ -477,6 +479,20 @@ static int block_dots_mma_launch(const BlockDotsArgs &args, int threads, size_t 
     return blocks;
 }
 
+/* The tensor-core kernel at the layout's k-steps (route_block_device.cuh's split layout, or
+ * 16); returns its blocks. */
+template <int MAXN, bool FUSED>
+static int block_dots_mma_dispatch(const BlockDotsArgs &args, int threads, size_t shared,
+                                   cudaStream_t stream)
+{
+    switch (args.layout.k_steps) {
+    case 8: return block_dots_mma_launch<MAXN, 8, FUSED>(args, threads, shared, stream);
+    case 10: return block_dots_mma_launch<MAXN, 10, FUSED>(args, threads, shared, stream);
+    case 12: return block_dots_mma_launch<MAXN, 12, FUSED>(args, threads, shared, stream);
+    default: return block_dots_mma_launch<MAXN, 16, FUSED>(args, threads, shared, stream);
+    }
+}
+
 /* Returns the dalpha terms a site: a token's each, or where the dots make the coefficients
  * (block_dots_fused) a (block, head)'s each. */
 template <int MAXN>
@@ -485,13 +501,7 @@ static int block_dots_launch(const BlockDotsArgs &args, cudaStream_t stream)
     const int threads = args.layout.threads;
     size_t shared = block_dots_shared(args.n_sources, args.n_sites, threads);
     if (block_dots_fused(args.layout)) { /* the coefficients made in the dots' warps */
-        int blocks;
-        switch (args.layout.k_steps) {
-        case 8: blocks = block_dots_mma_launch<MAXN, 8, true>(args, threads, shared, stream); break;
-        case 10: blocks = block_dots_mma_launch<MAXN, 10, true>(args, threads, shared, stream); break;
-        case 12: blocks = block_dots_mma_launch<MAXN, 12, true>(args, threads, shared, stream); break;
-        default: blocks = block_dots_mma_launch<MAXN, 16, true>(args, threads, shared, stream); break;
-        }
+        const int blocks = block_dots_mma_dispatch<MAXN, true>(args, threads, shared, stream);
         CUDA_CHECK_LAUNCH();
         const long long count = args.tokens * (long long)args.n_sources;
         route_block_self_sum_kernel<<<(unsigned)((count + 255) / 256), 256, 0, stream>>>(
@@ -500,12 +510,7 @@ static int block_dots_launch(const BlockDotsArgs &args, cudaStream_t stream)
         return blocks * args.heads;
     }
     if (args.layout.tensor_cores) {
-        switch (args.layout.k_steps) { /* route_block_device.cuh's split layout, or 16 */
-        case 8: block_dots_mma_launch<MAXN, 8, false>(args, threads, shared, stream); break;
-        case 10: block_dots_mma_launch<MAXN, 10, false>(args, threads, shared, stream); break;
-        case 12: block_dots_mma_launch<MAXN, 12, false>(args, threads, shared, stream); break;
-        default: block_dots_mma_launch<MAXN, 16, false>(args, threads, shared, stream); break;
-        }
+        block_dots_mma_dispatch<MAXN, false>(args, threads, shared, stream);
     } else {
         size_t key_weights = 0; /* staged where they fit (route_block_device.cuh) */
         if (shared + block_key_weights_bytes(args.n_sites, threads) <= BLOCK_SHARED_LIMIT) {
