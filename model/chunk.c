@@ -130,16 +130,17 @@ static Activation *routed_input(Walk *walk, int j)
                                                    : walk->model->scratch.route.site_input;
 }
 
-/* Whether the delta form's f_j may go into p and its partial in sublayer j + 1's norm
- * (model/layer.h InputGate's add), one row read fewer than add_both or add_inplace now:
- * site j + 1 is a gate (two-phase) of the same block in this chunk, so that nothing reads
- * p or the partial before that norm (its Route was made when the block opened, from
- * completed blocks), and no layer boundary under checkpointing lies between (the stash
- * copies p as each layer starts). */
+/* Whether f_j may go into its block's partial (and the delta form's p) in sublayer j + 1's
+ * norm (model/layer.h InputGate's add), one row read fewer than add_both, add_inplace or
+ * add now: site j + 1 is a gate (two-phase) of the same block in this chunk, so that nothing
+ * reads p or the partial before that norm (its Route was made when the block opened, from
+ * completed blocks; the replace form's merge there is the partial's first reader), and no
+ * layer boundary under checkpointing lies between (the stash copies p as each layer
+ * starts). */
 static bool adds_in_next_norm(const Walk *walk, int j)
 {
     const int next = j + 1;
-    return walk->delta && next < walk->end_sublayer &&
+    return next < walk->end_sublayer &&
            !residual_sublayer_starts_block(walk->plan, next) &&
            !(walk->stash->checkpointed && next % 2 == 0) &&
            route_walk_gates_site(&walk->sites, next);
@@ -168,8 +169,9 @@ static void routed_sublayer_forward(Walk *walk, int j, LayerActivations *saved, 
     chunk_sublayer_forward(walk->model, &walk->layer, j, saved, x, gate, out);
     const Activation *previous = starts_block ? NULL
                                               : store->summaries[plan->sublayer_buffer[j - 1]];
-    if (adds_in_next_norm(walk, j)) {
-        walk->pending = (GateAdd){out, store->stream, previous, previous ? partial : NULL};
+    if (adds_in_next_norm(walk, j) && (walk->delta || previous)) {
+        walk->pending = (GateAdd){out, walk->delta ? store->stream : NULL, previous,
+                                  previous ? partial : NULL};
         walk->has_pending = true;
         return;
     }
@@ -207,7 +209,7 @@ static void layer_forward(Walk *walk, int i)
         Activation *next = checkpointed && j % 2 == 0 ? scratch->recompute_stream
                                                       : stash->stream[j + 1];
         Activation *out = scratch->layer.sublayer_output;
-        const InputGate sum = {walk->sum_base, out, NULL, NULL};
+        const InputGate sum = {walk->sum_base, out, NULL, NULL, NULL};
         chunk_sublayer_forward(model, &walk->layer, j, saved, in,
                                walk->sum_base ? &sum : NULL, out);
         walk->sum_base = NULL;

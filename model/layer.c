@@ -76,7 +76,10 @@ static void input_norm_forward(const Backend *backend, Activation *normed, float
                                Activation *x, const InputGate *gate, const Activation *weight,
                                int rows, int d, float eps)
 {
-    if (gate && !gate->alpha)
+    if (gate && gate->merge)
+        backend->route_merge_rmsnorm_forward(x, normed, rstd, gate->merge, weight, rows, d, eps,
+                                             gate->add);
+    else if (gate && !gate->alpha)
         backend->add_rmsnorm_forward(x, normed, rstd, gate->base, gate->route, weight, rows, d,
                                      eps);
     else if (gate)

@@ -84,11 +84,15 @@ void layer_views_add(UnitViews *views, LayerWeights *weights, LayerGrads *grads,
  * pass adds the sublayer before's output where it goes first (runtime/backend.h GateAdd:
  * into base, the stream p, and the block's partial), as model/chunk.c asks.
  * alpha NULL: x = base + route, add's bits (add_rmsnorm_forward; add NULL too): the standard
- * stream's x_j = x_{j-1} + f_{j-1}. */
+ * stream's x_j = x_{j-1} + f_{j-1}.
+ * merge not NULL: base, route and alpha are not read; x is the replace form's merge of the
+ * open block's partial into phase one's Route (route_merge_rmsnorm_forward), after add's
+ * partial = partial_before + f where add is not NULL (its stream NULL). */
 typedef struct {
     const Activation *base, *route;
     const float *alpha; /* fp32 [1], backend memory; NULL: a plain add */
     const GateAdd *add; /* NULL: nothing to add first */
+    const RouteMerge *merge;
 } InputGate;
 
 /* Where a sublayer input's gradient also goes in the delta form, whose site

@@ -97,34 +97,54 @@ static void block_backward(RouteWalk *walk, int block)
 /* ---- attnres's replace form in two phases (unless FATHOM_ROUTE_REPLACE=per_site) ----
  * Phase one leaves site i's Route over the block's completed sources in block_results[i],
  * its lse in the scratch and its depth weights and rstd in its stash, where the per-site
- * path keeps them. In its turn the site merges its partial b_n^i into x
- * (route_merge_forward; the block's first site reads no partial: x is its Route, which
- * phase one writes into x itself when the walk opens the block there, a row written and a
- * copy of two rows fewer a block), in the forward and in a checkpointed backward's
+ * path keeps them. In its turn the site merges its partial b_n^i into x, inside its
+ * sublayer's norm (route_walk_site_gate: route_merge_rmsnorm_forward, which also adds the
+ * sublayer before's output into b_n^i where model/chunk.c leaves it there, two rows read and
+ * two launches fewer than the add, the merge and the norm apart; route_merge_forward where
+ * the caller asks for x alone). The block's first site reads no partial: x is its Route,
+ * which phase one writes into x itself when the walk opens the block there, a row written
+ * and a copy of two rows fewer a block. So in the forward and in a checkpointed backward's
  * recompute alike. Its backward needs no phase one
  * again: the merge's backward reads x as the sublayer saw it, gives the partial's share at
  * once (the block's earlier sublayers read it next) and the site's softmax centre; the
  * block's backward, when the walk leaves it, gives the completed sources theirs. */
 
-static void attnres_replace_forward(RouteWalk *walk, int block, int i, Activation *x)
+/* Site i > 0's merge of its partial b_n^i into phase one's Route, as the op takes it. */
+static const RouteMerge *site_merge(RouteWalk *walk, int block, int i)
 {
     Model *model = walk->model;
     const int j = walk_block_first_site(walk, block) + i;
     const SitePlan *site = &walk->plan->sites[j];
     SiteActivations *saved = &walk->stash->sites[j];
-    const SiteWeights *weights = &model->site_params[j];
-    Activation *result = model->scratch.route.block_results[i];
+    walk_site_sources(walk, j, walk->sources);
+    walk->merge_gate = (RouteMerge){
+        .weights = saved->weights,
+        .rstd = saved->rstd,
+        .result = model->scratch.route.block_results[i],
+        .lse = walk_site_stream_floats(walk, model->scratch.route.block_lse, 0, i),
+        .partial = walk->sources[site->n_sources - 1],
+        .query = model->site_params[j].query,
+        .key_norm = model->site_params[j].key_norm,
+        .n_sources = site->n_sources,
+        .heads = walk->plan->heads,
+        .eps = walk->route->eps,
+    };
+    return &walk->merge_gate;
+}
+
+static void attnres_replace_forward(RouteWalk *walk, int block, int i, Activation *x)
+{
+    const Backend *backend = walk->backend;
     if (i == 0) {
-        walk->backend->copy(x, result,
-                            (size_t)walk->rows * walk->d * walk->backend->activation_bytes);
+        backend->copy(x, walk->model->scratch.route.block_results[0],
+                      (size_t)walk->rows * walk->d * backend->activation_bytes);
         return;
     }
-    walk_site_sources(walk, j, walk->sources);
-    walk->backend->route_merge_forward(
-        x, saved->weights, saved->rstd, result,
-        walk_site_stream_floats(walk, model->scratch.route.block_lse, 0, i),
-        walk->sources[site->n_sources - 1], site->n_sources, weights->query, weights->key_norm,
-        walk->rows, walk->d, walk->plan->heads, walk->route->eps);
+    const RouteMerge *merge = site_merge(walk, block, i);
+    backend->route_merge_forward(x, merge->weights, merge->rstd, merge->result, merge->lse,
+                                 merge->partial, merge->n_sources, merge->query,
+                                 merge->key_norm, walk->rows, walk->d, merge->heads,
+                                 merge->eps);
 }
 
 static void attnres_replace_backward(RouteWalk *walk, int block, int i, const Activation *x,
@@ -218,16 +238,31 @@ static bool routes_alone(const RouteWalk *walk, int j)
     return !walk->two_phase || (j == walk->plan->n_sublayers && !walk->streams);
 }
 
+/* attnres's replace form at site i > 0 of its block: the merge in the sublayer's norm
+ * (route_merge_rmsnorm_forward), one row read fewer than route_merge_forward before it. */
+static bool merges_in_norm(const RouteWalk *walk, int j)
+{
+    const int block = walk->plan->sites[j].block;
+    return walk->replace && !walk->streams && j > walk_block_first_site(walk, block);
+}
+
 bool route_walk_gates_site(const RouteWalk *walk, int j)
 {
-    return !routes_alone(walk, j) && !walk->replace;
+    return !routes_alone(walk, j) && (!walk->replace || merges_in_norm(walk, j));
 }
 
 bool route_walk_site_gate(RouteWalk *walk, int j, const Activation *base, InputGate *gate)
 {
-    if (routes_alone(walk, j) || !base)
+    if (routes_alone(walk, j) || (!base && !merges_in_norm(walk, j)))
         return false;
     const int block = walk->plan->sites[j].block;
+    if (!base) { /* attnres's replace form */
+        if (walk->open_block != block)
+            block_open(walk, block, NULL);
+        const int i = j - walk_block_first_site(walk, block);
+        *gate = (InputGate){.merge = site_merge(walk, block, i)};
+        return true;
+    }
     if (walk->open_block != block)
         block_open(walk, block, NULL);
     Model *model = walk->model;
@@ -236,7 +271,7 @@ bool route_walk_site_gate(RouteWalk *walk, int j, const Activation *base, InputG
     if (walk->streams) /* msar: its streams' mix, which the norm gates */
         route = route_site_mix(walk->route, &model->site_params[j], &walk->stash->sites[j],
                                site_streams_of(walk, i));
-    *gate = (InputGate){base, route, model->site_params[j].alpha, NULL};
+    *gate = (InputGate){base, route, model->site_params[j].alpha, NULL, NULL};
     return true;
 }
 

@@ -84,6 +84,18 @@ typedef struct {
     Activation *partial;
 } GateAdd;
 
+/* A replace-form site's merge as its sublayer's norm forms it (route_merge_rmsnorm_forward):
+ * route_merge_forward's arguments, less its out and its shapes. */
+typedef struct {
+    float *weights, *rstd;     /* the site's [N + 1, tokens(, heads)], as the merge writes */
+    const Activation *result;  /* phase one's Route over the N completed sources */
+    const float *lse;          /* and its lse [tokens, heads] */
+    const Activation *partial; /* the open block's partial, the site's last source */
+    const Activation *query, *key_norm;
+    int n_sources, heads;
+    float eps; /* the Route's */
+} RouteMerge;
+
 typedef struct Backend {
     const char *name; /* "cpu" or "cuda" */
     size_t activation_bytes; /* 4 (fp32, cpu) or 2 (bf16, cuda) */
@@ -327,6 +339,17 @@ typedef struct Backend {
                                 const Activation *partial, int n_sources,
                                 const Activation *query, const Activation *key_norm,
                                 int tokens, int d, int heads, float eps);
+    /* route_merge_forward (merge's arguments) into x [rows, d], then rmsnorm_forward of
+     * that x into out and rstd (weight, eps), in one pass: a replace-form site's x_j formed
+     * by its sublayer's norm (model/layer.h InputGate), one row read fewer than the two ops.
+     * The same bits as the ops one after the other; x is written, for the norm's backward
+     * and the merge's. Where add is not NULL, partial = partial_before + added comes first
+     * (add's bits; add->partial is merge->partial, add->stream NULL): the output of the
+     * sublayer before into the open block's partial, which the merge then reads, one row
+     * read and a launch fewer than the add before. */
+    void (*route_merge_rmsnorm_forward)(Activation *x, Activation *out, float *rstd,
+                                        const RouteMerge *merge, const Activation *weight,
+                                        int rows, int d, float eps, const GateAdd *add);
     /* route_merge_backward: what of a replace-form site's route_backward cannot wait for
      * its block, from dout [tokens, d] and the site's output `out`:
      *   mean[t,h] = < dout[t][h], out[t][h] >  (= sum_n a[n,t,h] < dout[t][h], s_n[t][h] >

@@ -199,6 +199,19 @@ static void table_route_merge_forward(Activation *out, float *weights, float *rs
                             CF(query), CF(key_norm), tokens, d, heads, eps);
 }
 
+/* the add, the merge and the norm in turn */
+static void table_route_merge_rmsnorm_forward(Activation *x, Activation *out, float *rstd,
+                                              const RouteMerge *merge, const Activation *weight,
+                                              int rows, int d, float eps, const GateAdd *add)
+{
+    if (add)
+        cpu_add(F(add->partial), CF(add->partial_before), CF(add->added), (size_t)rows * d);
+    cpu_route_merge_forward(F(x), merge->weights, merge->rstd, CF(merge->result), merge->lse,
+                            CF(merge->partial), merge->n_sources, CF(merge->query),
+                            CF(merge->key_norm), rows, d, merge->heads, merge->eps);
+    cpu_rmsnorm_forward(F(out), rstd, CF(x), CF(weight), rows, d, eps);
+}
+
 /* the two ops in turn, E_r in rows[r] */
 static void table_route_merge_conv_forward(Activation *const *out, float *const *weights,
                                            float *const *rstd, const Activation *const *result,
@@ -301,6 +314,7 @@ void backend_cpu_fill_routing(Backend *table)
     table->add_scaled_rmsnorm_forward = table_add_scaled_rmsnorm_forward;
     table->add_scaled_backward = table_add_scaled_backward;
     table->route_merge_forward = table_route_merge_forward;
+    table->route_merge_rmsnorm_forward = table_route_merge_rmsnorm_forward;
     table->route_merge_conv_forward = table_route_merge_conv_forward;
     table->route_merge_conv_mix_forward = table_route_merge_conv_mix_forward;
     table->route_merge_conv_backward = table_route_merge_conv_backward;

@@ -220,6 +220,23 @@ static void op_route_merge_forward(Activation *out, float *weights, float *rstd,
                              backend_cuda_compute_stream());
 }
 
+static void op_route_merge_rmsnorm_forward(Activation *x, Activation *out, float *rstd,
+                                           const RouteMerge *merge, const Activation *weight,
+                                           int rows, int d, float eps, const GateAdd *add)
+{
+    CudaGateAdd device_add;
+    if (add)
+        device_add = (CudaGateAdd){as_bf16_const(add->added), as_bf16(add->stream),
+                                   as_bf16_const(add->partial_before), as_bf16(add->partial)};
+    cuda_route_merge_rmsnorm_forward(as_bf16(x), as_bf16(out), rstd, merge->weights,
+                                     merge->rstd, as_bf16_const(merge->result), merge->lse,
+                                     as_bf16_const(merge->partial), merge->n_sources,
+                                     as_bf16_const(merge->query), as_bf16_const(merge->key_norm),
+                                     as_bf16_const(weight), rows, d, merge->heads, merge->eps,
+                                     eps, add ? &device_add : NULL,
+                                     backend_cuda_compute_stream());
+}
+
 static void op_route_merge_conv_forward(Activation *const *out, float *const *weights,
                                         float *const *rstd, const Activation *const *result,
                                         const float *const *lse, const Activation *partial,
@@ -321,6 +338,7 @@ extern "C" void backend_cuda_fill_routing(Backend *table, size_t table_bytes)
     table->add_scaled_rmsnorm_forward = op_add_scaled_rmsnorm_forward;
     table->add_scaled_backward = op_add_scaled_backward;
     table->route_merge_forward = op_route_merge_forward;
+    table->route_merge_rmsnorm_forward = op_route_merge_rmsnorm_forward;
     table->route_merge_backward = op_route_merge_backward;
     table->route_merge_conv_forward = op_route_merge_conv_forward;
     table->route_merge_conv_mix_forward = op_route_merge_conv_mix_forward;

@@ -32,6 +32,7 @@
 #include "kernels/cuda/kernels_cuda.h"
 
 #include "kernels/cuda/bf16_vector.cuh"
+#include "kernels/cuda/rmsnorm_row.cuh"
 #include "runtime/error.h"
 
 enum {
@@ -155,32 +156,8 @@ __global__ void __launch_bounds__(RMSNORM_THREADS)
         }
     }
 
-    float sum_squares = 0.0f;
-#pragma unroll
-    for (int chunk = 0; chunk < CHUNKS; chunk++) {
-        float values[8];
-        unpack8(values, raw[chunk]);
-#pragma unroll
-        for (int k = 0; k < 8; k++)
-            sum_squares += values[k] * values[k];
-    }
-    sum_squares = row_sum<ROW_THREADS>(sum_squares, scratch);
-    float row_rstd = rsqrtf(sum_squares / d + eps);
-    if (lane == 0)
-        rstd[row] = row_rstd;
-
-    bfloat *out_row = out + (size_t)row * d;
-#pragma unroll
-    for (int chunk = 0; chunk < CHUNKS; chunk++) {
-        int column = (chunk * ROW_THREADS + lane) * 8;
-        float values[8], scales[8];
-        unpack8(values, raw[chunk]);
-        load8<VECTOR>(scales, weight, column, d);
-#pragma unroll
-        for (int k = 0; k < 8; k++)
-            values[k] = scales[k] * __bfloat162float(__float2bfloat16_rn(values[k] * row_rstd));
-        store8<VECTOR>(out_row, column, d, values);
-    }
+    rmsnorm_row_forward<ROW_THREADS, CHUNKS, VECTOR>(out + (size_t)row * d, rstd + row, raw,
+                                                     weight, d, eps, scratch);
 }
 
 /* What the backward reads of one row, in this thread's columns: x, dout, and the extra row

@@ -46,7 +46,8 @@
 #define FATHOM_KERNELS_CUDA_ROUTE_BLOCK_CUDA_H
 
 #include "kernels/cuda/cuda_common.h"
-#include "runtime/backend.h" /* GradMode */
+#include "kernels/cuda/kernels_cuda.h" /* CudaGateAdd */
+#include "runtime/backend.h"           /* GradMode */
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -130,6 +131,21 @@ void cuda_route_merge_forward(bf16 *out, float *weights, float *rstd, const bf16
                               const float *lse, const bf16 *partial, int n_sources,
                               const bf16 *query, const bf16 *key_norm, int tokens, int d,
                               int heads, float eps, cudaStream_t stream);
+
+/* A replace-form site merged and normed in one pass (runtime/backend.h
+ * route_merge_rmsnorm_forward): where add is not NULL, add->partial = bf16(add->partial_before
+ * + add->added) first (cuda_add's bits; add->partial is `partial`, add->stream NULL); then
+ * cuda_route_merge_forward of the partial into x (which may alias result), then
+ * cuda_rmsnorm_forward of x into out and norm_rstd (norm_weight, norm_eps). The bits of
+ * those ops in turn: one kernel where the rows are the warp-a-token merges' and a warp's for
+ * the norm (d % 256 == 0, d <= 1280, heads dividing 32, every pointer 16-byte aligned), the
+ * ops in turn otherwise. */
+void cuda_route_merge_rmsnorm_forward(bf16 *x, bf16 *out, float *norm_rstd, float *weights,
+                                      float *rstd, const bf16 *result, const float *lse,
+                                      const bf16 *partial, int n_sources, const bf16 *query,
+                                      const bf16 *key_norm, const bf16 *norm_weight,
+                                      int tokens, int d, int heads, float eps, float norm_eps,
+                                      const CudaGateAdd *add, cudaStream_t stream);
 
 /* MSAR's replace form, site i > 0 of an open block: its partial b [B T, d] convolved for
  * each of `streams` streams (taps[r] [kernel_sizes[r], d], as cuda_stream_conv_forward

@@ -31,6 +31,13 @@ struct MergeArgs {
     int warps; /* the narrow backward's warps */
 };
 
+/* The forward's arguments (runtime/backend.h route_merge_forward's), the row layout's shape
+ * fields left 0: all the warp-a-token kernels read. */
+MergeArgs merge_forward_args(bf16 *out, float *weights, float *rstd, const bf16 *result,
+                             const float *lse, const bf16 *partial, int n_sources,
+                             const bf16 *query, const bf16 *key_norm, int tokens, int d,
+                             int heads, float eps);
+
 /* Whether the warp-a-token merges take rows of d channels in `heads` heads: d % 256 == 0,
  * d <= 2048, heads dividing 32, every pointer (NULL ones ignored) 16-byte aligned. */
 bool merge_narrow_fits(int d, int heads, const void *const *pointers, int count);

@@ -328,6 +328,22 @@ static void merge_forward_launch(const MergeArgs &args, int threads, cudaStream_
     CUDA_CHECK_LAUNCH();
 }
 
+MergeArgs merge_forward_args(bf16 *out, float *weights, float *rstd, const bf16 *result,
+                             const float *lse, const bf16 *partial, int n_sources,
+                             const bf16 *query, const bf16 *key_norm, int tokens, int d,
+                             int heads, float eps)
+{
+    MergeArgs args = merge_args(partial, query, key_norm, n_sources, tokens, d, heads,
+                                RowShape{});
+    args.out = out;
+    args.weights = weights;
+    args.rstd = rstd;
+    args.result = result;
+    args.lse = lse;
+    args.eps = eps;
+    return args;
+}
+
 extern "C" void cuda_route_merge_forward(bf16 *out, float *weights, float *rstd,
                                          const bf16 *result, const float *lse,
                                          const bf16 *partial, int n_sources,
@@ -339,13 +355,11 @@ extern "C" void cuda_route_merge_forward(bf16 *out, float *weights, float *rstd,
         return;
     const void *pointers[] = {out, result, partial, query, key_norm};
     const RowShape shape = row_shape(d, heads, pointers, 5);
-    MergeArgs args = merge_args(partial, query, key_norm, n_sources, tokens, d, heads, shape);
-    args.out = out;
-    args.weights = weights;
-    args.rstd = rstd;
-    args.result = result;
-    args.lse = lse;
-    args.eps = eps;
+    MergeArgs args = merge_forward_args(out, weights, rstd, result, lse, partial, n_sources,
+                                        query, key_norm, tokens, d, heads, eps);
+    args.vectors = shape.vectors;
+    args.head_vectors = shape.head_vectors;
+    args.slots = shape.slots;
     if (merge_narrow_fits(d, heads, pointers, 5)) {
         merge_narrow_forward(args, d, stream);
         return;

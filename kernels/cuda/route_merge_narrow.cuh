@@ -10,6 +10,7 @@
 
 #include "kernels/cuda/route_block_device.cuh"
 #include "kernels/cuda/route_device.cuh"
+#include "kernels/cuda/route_merge.cuh"
 #include "kernels/cuda/route_narrow_device.cuh"
 
 enum { MERGE_NARROW_HELD = 4 }; /* phase-one weights a lane loads with its token (N H <= 128) */
@@ -25,6 +26,38 @@ __device__ __forceinline__ void merge_narrow_held_load(float (&held)[MERGE_NARRO
         const int i = lane + 32 * k;
         held[k] = i < N * H ? weights[((long long)(i / H) * tokens + t) * H + i % H] : 0.0f;
     }
+}
+
+/* The start of token t's merge in the warp-a-token forward kernels: the row `partial` (the
+ * partial, or the one before the add that makes it) and phase one's result come into the
+ * warp's stages, and `extra` (NULL: none) into extra_stage, while the token's lse and held
+ * weights load. Returns with every copy landed and the warp in step, this lane's vectors of
+ * the partial's row and the result's in p_raw and result_raw, the first in fp32 in p. */
+template <int LV>
+__device__ __forceinline__ void merge_narrow_fetch(const MergeArgs &args, long long t, int lane,
+                                                   const bf16 *partial, BfVector<8> *partial_stage,
+                                                   const bf16 *extra, BfVector<8> *extra_stage,
+                                                   BfVector<8> *result_stage, float *completed,
+                                                   float (&held)[MERGE_NARROW_HELD],
+                                                   BfVector<8> (&p_raw)[LV],
+                                                   BfVector<8> (&result_raw)[LV],
+                                                   float (&p)[8 * LV])
+{
+    narrow_copy_row<LV>(partial_stage, partial, t, lane);
+    if (extra)
+        narrow_copy_row<LV>(extra_stage, extra, t, lane);
+    narrow_copy_row<LV>(result_stage, args.result, t, lane);
+    copy_async_commit();
+    *completed = args.lse[t * args.heads + lane / (32 / args.heads)];
+    merge_narrow_held_load(held, args.weights, args.n_completed, args.heads, args.tokens, t,
+                           lane);
+    copy_async_wait<0>();
+    __syncwarp();
+    narrow_lane_vectors<LV>(p_raw, partial_stage, lane);
+    narrow_lane_vectors<LV>(result_raw, result_stage, lane);
+#pragma unroll
+    for (int j = 0; j < LV; j++)
+        vector_to_floats<8>(p_raw[j], p + 8 * j);
 }
 
 /* Token t's merge, p (this lane's channels of the partial, fp32) given (out_raw: this lane's

@@ -38,7 +38,6 @@ __global__ void __launch_bounds__(MERGE_NARROW_THREADS)
     const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int warps = (gridDim.x * blockDim.x) >> 5;
     const int H = args.heads, N = args.n_completed, tokens = args.tokens;
-    const int lanes_per_head = 32 / H, head = lane / lanes_per_head;
     /* a warp's two rows: the token's partial and phase-one rows come in whole sectors, and
      * out leaves through the second (out may alias the phase-one row: read first) */
     __shared__ BfVector<8> stages[MERGE_NARROW_THREADS / 32][2][NarrowRow<LV>::VECTORS];
@@ -47,21 +46,10 @@ __global__ void __launch_bounds__(MERGE_NARROW_THREADS)
     float key_weight[8 * LV];
     narrow_key_weight<LV>(args.query, args.key_norm, lane, key_weight);
     for (int t = warp; t < tokens; t += warps) {
-        narrow_copy_row<LV>(partial_stage, args.partial, t, lane);
-        narrow_copy_row<LV>(result_stage, args.result, t, lane);
-        copy_async_commit();
-        const float completed = args.lse[(long long)t * H + head];
-        float held[MERGE_NARROW_HELD];
-        merge_narrow_held_load(held, args.weights, N, H, tokens, t, lane);
+        float completed, held[MERGE_NARROW_HELD], p[8 * LV];
         BfVector<8> p_raw[LV], result_raw[LV], out_raw[LV];
-        copy_async_wait<0>();
-        __syncwarp();
-        narrow_lane_vectors<LV>(p_raw, partial_stage, lane);
-        narrow_lane_vectors<LV>(result_raw, result_stage, lane);
-        float p[8 * LV];
-#pragma unroll
-        for (int j = 0; j < LV; j++)
-            vector_to_floats<8>(p_raw[j], p + 8 * j);
+        merge_narrow_fetch<LV>(args, t, lane, args.partial, partial_stage, NULL, NULL,
+                               result_stage, &completed, held, p_raw, result_raw, p);
         merge_narrow_token<LV>(out_raw, args.weights, args.rstd, result_raw, completed, held, p,
                                key_weight, N, H, tokens, t, args.inverse_width, args.eps, lane);
         narrow_store_row<LV>(args.out, t, result_stage, out_raw, lane);
