@@ -45,6 +45,10 @@ bool merge_narrow_fits(int d, int heads, const void *const *pointers, int count)
 /* The narrow backward's warps for `tokens`, a function of the shapes only: the rows of
  * channel sums it leaves in args.partials ([warps, d]) when it has a partial. */
 int merge_narrow_backward_warps(int tokens);
+/* The rows of channel sums the narrow backward leaves in args.partials ([blocks, d]) when it
+ * has a partial: a row for each block of four of those warps, in block order. The merge
+ * with the convolution inside its read leaves as many a stream. */
+int merge_narrow_backward_blocks(int tokens);
 
 /* launcher<LV>(...) for the narrow layout's LV = d / 256 (1 .. 8; route_merge_narrow.cuh),
  * the one switch the narrow and merge-conv launches share */

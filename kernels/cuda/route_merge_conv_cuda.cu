@@ -38,8 +38,8 @@
  * writes leave through it (narrow_store_row): a lane's own vectors, 16 bytes in every 80
  * at d 1280, sent the L2 a request of half a sector a lane, and ncu put the L2 as the busiest
  * unit (60-75% of its peak, DRAM at 31-49%). The backward's channel sums leave the same way
- * (narrow_store_floats), where a float a lane an instruction had been most of its L2 write
- * requests. Measured on an H100 (docs/performance.md, 2026-12-06 morning): the forward
+ * (a block's four warps' added first, narrow_store_block_floats), where a float a lane an
+ * instruction had been most of its L2 write requests. Measured on an H100 (docs/performance.md, 2026-12-06 morning): the forward
  * 0.158 -> 0.137 ms, the backward 0.236 -> 0.210 -> 0.158.
  *
  * Tried and not kept (docs/performance.md, 2026-12-06 later): each warp requesting the next
@@ -79,9 +79,9 @@ struct MergeConvBackwardArgs {
     const bf16 *query[MERGE_CONV_STREAMS], *key_norm[MERGE_CONV_STREAMS];
     int kernel_size[MERGE_CONV_STREAMS];
     const bf16 *partial; /* b [B T, d] */
-    float *partials;     /* [streams][warps][d] channel sums, for route_block_reduce */
+    float *partials;     /* [streams][blocks][d] channel sums, for route_block_reduce */
     float inverse_width;
-    int streams, n_completed, tokens, T, heads, warps, d;
+    int streams, n_completed, tokens, T, heads, warps, blocks, d;
 };
 
 /* Stream s = blockIdx.x % streams, so that the streams' blocks of the same tokens run side by
@@ -93,9 +93,8 @@ __global__ void __launch_bounds__(MERGE_CONV_THREADS)
     merge_conv_backward_kernel(const __grid_constant__ MergeConvBackwardArgs args)
 {
     const int lane = threadIdx.x & 31, s = blockIdx.x % args.streams;
-    const int warp = (blockIdx.x / args.streams) * (MERGE_CONV_THREADS / 32) + (threadIdx.x >> 5);
-    if (warp >= args.warps)
-        return;
+    const int block = blockIdx.x / args.streams;
+    const int warp = block * (MERGE_CONV_THREADS / 32) + (threadIdx.x >> 5);
     const int H = args.heads, N = args.n_completed, tokens = args.tokens;
     const int head = lane / (32 / H);
     /* the warp's stage: d out and out come in whole sectors (in flight while E_r is summed),
@@ -104,7 +103,7 @@ __global__ void __launch_bounds__(MERGE_CONV_THREADS)
     BfVector<8> *stage = stages[threadIdx.x >> 5][0], *merged_stage = stages[threadIdx.x >> 5][1];
     float key_weight[8 * LV], channel_sums[8 * LV] = {};
     narrow_key_weight<LV>(args.query[s], args.key_norm[s], lane, key_weight);
-    for (long long t = warp; t < tokens; t += args.warps) {
+    for (long long t = warp; warp < args.warps && t < tokens; t += args.warps) {
         narrow_copy_row<LV>(stage, args.dout[s], t, lane);
         narrow_copy_row<LV>(merged_stage, args.merged[s], t, lane);
         copy_async_commit();
@@ -123,9 +122,10 @@ __global__ void __launch_bounds__(MERGE_CONV_THREADS)
                                         lane);
         narrow_store_row<LV>(args.dpartial[s], t, stage, grad_out, lane);
     }
-    /* the stage's two rows hold the warp's d floats */
-    narrow_store_floats<LV>(args.partials + ((long long)s * args.warps + warp) * args.d,
-                            channel_sums, reinterpret_cast<float4 *>(stage), lane);
+    /* a warp's two rows hold its d floats; the block's row, as merge_narrow_backward's */
+    narrow_store_block_floats<LV, MERGE_CONV_THREADS / 32>(
+        args.partials + ((long long)s * args.blocks + block) * args.d, channel_sums,
+        warp < args.warps, reinterpret_cast<float4 *>(stages), 2 * NarrowRow<LV>::VECTORS);
 }
 
 /* ---- the entries ---- */
@@ -143,9 +143,7 @@ static void merge_conv_launch(const MergeConvArgs &args, cudaStream_t stream)
 template <int LV>
 static void merge_conv_backward_launch(const MergeConvBackwardArgs &args, cudaStream_t stream)
 {
-    const int warps_per_block = MERGE_CONV_THREADS / 32;
-    const unsigned blocks = (unsigned)(args.streams * ((args.warps + warps_per_block - 1) /
-                                                       warps_per_block));
+    const unsigned blocks = (unsigned)(args.streams * args.blocks);
     merge_conv_backward_kernel<LV><<<blocks, MERGE_CONV_THREADS, 0, stream>>>(args);
     CUDA_CHECK_LAUNCH();
 }
@@ -291,10 +289,11 @@ extern "C" void cuda_route_merge_conv_backward(
         args.T = T;
         args.heads = heads;
         args.warps = merge_narrow_backward_warps(tokens);
+        args.blocks = merge_narrow_backward_blocks(tokens);
         args.d = d;
         MERGE_NARROW_BY_WIDTH(d, merge_conv_backward_launch, args, stream);
         reduce.partials = workspace;
-        reduce.blocks = args.warps;
+        reduce.blocks = args.blocks;
         reduce.d = d;
         route_block_reduce(reduce, args.streams, stream);
     }

@@ -421,8 +421,8 @@ extern "C" void cuda_route_merge_backward(bf16 *dpartial, GradMode dpartial_mode
     args.partials = workspace;
     int blocks; /* the rows of channel sums to reduce */
     if (merge_narrow_fits(d, heads, pointers, 6)) {
-        blocks = merge_narrow_backward_warps(tokens);
-        args.warps = blocks;
+        args.warps = merge_narrow_backward_warps(tokens);
+        blocks = merge_narrow_backward_blocks(tokens);
         merge_narrow_backward(args, d, stream);
     } else {
         blocks = merge_backward_blocks(tokens);

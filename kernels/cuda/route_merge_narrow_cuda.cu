@@ -6,8 +6,10 @@
  * (cp.async, 512 contiguous bytes an instruction) and the rows it writes leave through
  * them (narrow_store_row), whole sectors at a time, where a lane's own 16-byte vectors sent
  * the L2 half a sector a request (docs/performance.md, 2026-12-06 morning). The backward's
- * channel sums stay in registers over a warp's tokens and go to one row a warp of the
- * workspace (narrow_store_floats), which route_block_reduce adds in warp order.
+ * channel sums stay in registers over a warp's tokens; a block adds its four warps' in warp
+ * order into one row of the workspace (narrow_store_block_floats), and route_block_reduce
+ * adds those in block order. A row a warp (1056 of them at 8192 tokens) took the reduction
+ * 7.4 us a launch, 2.1 ms of the 1B MHAR step's 288 (H100, 2026-12-07).
  */
 #include "kernels/cuda/route_merge.cuh"
 #include "kernels/cuda/route_merge_narrow.cuh"
@@ -62,9 +64,9 @@ __global__ void __launch_bounds__(MERGE_NARROW_THREADS)
 {
     const int lane = threadIdx.x & 31;
     const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    const int warps = args.warps; /* the partition, fixed by the shapes; the grid may round up */
-    if (warp >= warps)
-        return;
+    /* the partition, fixed by the shapes; the grid may round up, and the warps past it (only
+     * where warps = tokens) meet the block's barrier with zeros */
+    const int warps = args.warps;
     const int H = args.heads, N = args.n_completed, tokens = args.tokens;
     const int lanes_per_head = 32 / H, head = lane / lanes_per_head;
     const bool has_partial = args.partial != NULL, adds = args.dpartial_add;
@@ -80,7 +82,7 @@ __global__ void __launch_bounds__(MERGE_NARROW_THREADS)
     BfVector<8> *grad_stage = partial_stage + NarrowRow<LV>::VECTORS;
     float key_weight[8 * LV], channel_sums[8 * LV] = {};
     narrow_key_weight<LV>(args.query, args.key_norm, lane, key_weight);
-    for (int t = warp; t < tokens; t += warps) {
+    for (int t = warp; warp < warps && t < tokens; t += warps) {
         narrow_copy_row<LV>(dout_stage, args.dout, t, lane);
         narrow_copy_row<LV>(merged_stage, args.merged, t, lane);
         if (has_partial) {
@@ -108,10 +110,12 @@ __global__ void __launch_bounds__(MERGE_NARROW_THREADS)
             narrow_store_row<LV>(args.dpartial, t, dout_stage, grad_out, lane);
         __syncwarp(); /* every stage read before the next token's copies */
     }
-    if (!has_partial)
+    if (!has_partial) /* uniform over the launch */
         return;
-    narrow_store_floats<LV>(args.partials + (long long)warp * args.d, channel_sums,
-                            reinterpret_cast<float4 *>(dout_stage), lane);
+    narrow_store_block_floats<LV, MERGE_NARROW_THREADS / 32>(
+        args.partials + (long long)blockIdx.x * args.d, channel_sums, warp < warps,
+        reinterpret_cast<float4 *>(merge_shared),
+        MERGE_NARROW_BACKWARD_ROWS * NarrowRow<LV>::VECTORS);
 }
 
 template <int LV>
@@ -135,6 +139,12 @@ static void merge_narrow_backward_launch(const MergeArgs &args, int blocks, cuda
 int merge_narrow_backward_warps(int tokens)
 {
     return tokens < MERGE_NARROW_BACKWARD_WARPS ? tokens : MERGE_NARROW_BACKWARD_WARPS;
+}
+
+int merge_narrow_backward_blocks(int tokens)
+{
+    const int warps_per_block = MERGE_NARROW_THREADS / 32;
+    return (merge_narrow_backward_warps(tokens) + warps_per_block - 1) / warps_per_block;
 }
 
 void merge_narrow_forward(const MergeArgs &args, int d, cudaStream_t stream)

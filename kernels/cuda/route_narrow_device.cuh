@@ -89,24 +89,37 @@ __device__ __forceinline__ void narrow_store_row(bf16 *array, long long t, BfVec
     __syncwarp();
 }
 
-/* Stores the warp's row of d floats (this lane's 8 LV of them: channels [l d/32, (l+1) d/32))
- * to `row` (16-byte aligned) through `stage`, 4 d bytes of shared memory: 512 contiguous
- * bytes a store instruction, where a float a lane an instruction (at a stride of 32 LV
- * bytes) took a request a lane. */
-template <int LV>
-__device__ __forceinline__ void narrow_store_floats(float *row, const float (&values)[8 * LV],
-                                                    float4 *stage, int lane)
+/* The block's warps' rows of d floats (each lane's 8 LV: channels [l d/32, (l+1) d/32)) added
+ * in warp order, ((w_0 + w_1) + w_2) + .., and stored to `row` as the block's one row: warp
+ * w stages its row at warps_stage + w warp_stride (d floats of its own shared memory, in
+ * float4s), then the block's threads add the WARPS rows a float4 at a time. A warp without
+ * values (has_values false) adds zeros. Every thread of the block calls it, once:
+ * route_block_reduce then adds a row a block where it added one a warp. */
+template <int LV, int WARPS>
+__device__ __forceinline__ void narrow_store_block_floats(float *row,
+                                                          const float (&values)[8 * LV],
+                                                          bool has_values, float4 *warps_stage,
+                                                          int warp_stride)
 {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    float4 *mine = warps_stage + warp * warp_stride;
     __syncwarp();
 #pragma unroll
     for (int i = 0; i < 2 * LV; i++)
-        stage[lane * 2 * LV + i] = make_float4(values[4 * i], values[4 * i + 1],
-                                               values[4 * i + 2], values[4 * i + 3]);
-    __syncwarp();
+        mine[lane * 2 * LV + i] =
+            has_values ? make_float4(values[4 * i], values[4 * i + 1], values[4 * i + 2],
+                                     values[4 * i + 3])
+                       : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    __syncthreads();
+    for (int k = threadIdx.x; k < 64 * LV; k += 32 * WARPS) { /* d / 4 float4s */
+        float4 total = warps_stage[k];
 #pragma unroll
-    for (int i = 0; i < 2 * LV; i++)
-        reinterpret_cast<float4 *>(row)[i * 32 + lane] = stage[i * 32 + lane];
-    __syncwarp();
+        for (int w = 1; w < WARPS; w++) {
+            const float4 other = warps_stage[w * warp_stride + k];
+            total.x += other.x, total.y += other.y, total.z += other.z, total.w += other.w;
+        }
+        reinterpret_cast<float4 *>(row)[k] = total;
+    }
 }
 
 /* this lane's LV vectors of a row in shared memory, as loaded */
