@@ -12,8 +12,9 @@
  *   partial.
  * Shapes (completed sources N, tokens, d, heads): the one-pass kernel's (d % 256 == 0,
  * d <= 1280: the 1B step's d 1280 H 8, a lane a head at H 32, d 768 where the norm's warp
- * takes a fourth empty chunk) and the others' (d 2048, past the norm's warp rows; d 96, past
- * the warp-a-token merges). Each test SKIPs where no GPU answers.
+ * takes a fourth empty chunk; 2000 tokens at d 1280, more warps than the multiprocessors
+ * hold at once) and the others' (d 2048, past the norm's warp rows; d 96, past the
+ * warp-a-token merges). Each test SKIPs where no GPU answers.
  */
 #include "kernels/cuda/kernels_cuda.h"
 #include "kernels/cuda/route_block_cuda.h"
@@ -39,7 +40,7 @@ typedef struct {
 
 static const MergeNormShape shapes[] = {
     {5, 300, 1280, 8}, {3, 33, 512, 4}, {2, 17, 256, 32}, {4, 20, 768, 8},
-    {3, 9, 2048, 16},  {2, 7, 96, 4},
+    {3, 9, 2048, 16},  {2, 7, 96, 4},   {3, 2000, 1280, 8},
 };
 
 /* ---- the op table: arrays in this order ---- */

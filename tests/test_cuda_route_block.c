@@ -401,6 +401,10 @@ Test(cuda_route_block, merge_backward_gives_the_centre_and_the_partials_share)
         check_merge_backward(block_kernel_shapes[i], false, 1150 + (uint64_t)i);
     }
     check_merge_backward(per_site_shapes[2], true, 1190);
+    /* more tokens than the warp-a-token backward's 1056 warps: a warp takes two or three
+     * (at 300 tokens and fewer every warp took one, and no test walked a warp's second) */
+    check_merge_backward((BlockShape){5, 1, 2500, 1280, 8}, true, 1191);
+    check_merge_backward((BlockShape){3, 1, 2200, 512, 4}, false, 1192);
 }
 
 /* ---- the tensor-core kernels (FATHOM_ROUTE_BLOCK=mma, kernels/cuda/route_block_mma.cuh):

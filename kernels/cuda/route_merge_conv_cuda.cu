@@ -39,8 +39,9 @@
  * at d 1280, sent the L2 a request of half a sector a lane, and ncu put the L2 as the busiest
  * unit (60-75% of its peak, DRAM at 31-49%). The backward's channel sums leave the same way
  * (a block's four warps' added first, narrow_store_block_floats), where a float a lane an
- * instruction had been most of its L2 write requests. Measured on an H100 (docs/performance.md, 2026-12-06 morning): the forward
- * 0.158 -> 0.137 ms, the backward 0.236 -> 0.210 -> 0.158.
+ * instruction had been most of its L2 write requests. Measured on an H100
+ * (docs/performance.md, 2026-12-06 morning): the forward 0.158 -> 0.137 ms, the backward
+ * 0.236 -> 0.210 -> 0.158.
  *
  * Tried and not kept (docs/performance.md, 2026-12-06 later): each warp requesting the next
  * token-stream's rows before it works on this one's (the forward's phase-one row, lse and
