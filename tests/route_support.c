@@ -53,6 +53,19 @@ Model *route_test_model(const ResidualConfig *residual, uint64_t seed)
     return model;
 }
 
+Model *route_test_model_on(const Backend *backend, int n_layers,
+                           const ResidualConfig *residual, uint64_t seed, bool checkpointing)
+{
+    ModelConfig config = route_test_model_config();
+    if (n_layers > 0)
+        config.n_layers = n_layers;
+    Model *model = model_create(backend, &config, residual, ROUTE_TEST_B, ROUTE_TEST_T);
+    model_init_params(model, seed, config.init_std);
+    route_test_randomize_routing(model, seed);
+    model_set_activation_checkpointing(model, checkpointing);
+    return model;
+}
+
 static bool ends_with(const char *name, const char *suffix)
 {
     size_t length = strlen(name), suffix_length = strlen(suffix);

@@ -25,6 +25,11 @@ ResidualConfig route_test_msar(int heads, int streams, const int *kernels, Resid
 /* A model for ROUTE_TEST_B sequences of ROUTE_TEST_T tokens, initialised (DESIGN 2) with
  * `seed` and init_std 0.1. */
 Model *route_test_model(const ResidualConfig *residual, uint64_t seed);
+/* The same on `backend` (a cpu table with some ops wrapped, to count them) with n_layers
+ * layers (0: route_test_model_config's), its routing weights drawn at random
+ * (route_test_randomize_routing, the same seed) and activation checkpointing as given. */
+Model *route_test_model_on(const Backend *backend, int n_layers,
+                           const ResidualConfig *residual, uint64_t seed, bool checkpointing);
 /* Draws every routing weight at random (queries 0.5 N, key norms 1 + 0.1 N, alpha 0.5 N,
  * null 0.1 N, mix_bias 0.5 N, mix_proj 0.3 N, conv tap 0 = 1 + 0.1 N and taps below k_r
  * 0.3 N, taps beyond k_r 0). */

@@ -48,18 +48,12 @@ typedef struct {
  * `layers_per_block` layers (0: full granularity), counting the backward's ops. */
 static BackwardOps delta_backward_ops(int layers_per_block, bool checkpointing)
 {
-    ModelConfig config = route_test_model_config();
-    config.n_layers = 4;
     ResidualConfig residual = route_test_attnres(2, layers_per_block, FORM_DELTA);
     counting_backend = *backend_cpu();
     counting_backend.add = counting_add;
     counting_backend.add_inplace = counting_add_inplace;
     counting_backend.add_difference = counting_add_difference;
-    Model *model =
-        model_create(&counting_backend, &config, &residual, ROUTE_TEST_B, ROUTE_TEST_T);
-    model_init_params(model, 71, config.init_std);
-    route_test_randomize_routing(model, 71);
-    model_set_activation_checkpointing(model, checkpointing);
+    Model *model = route_test_model_on(&counting_backend, 4, &residual, 71, checkpointing);
     model_zero_grads(model);
     route_test_forward(model);
     adds = adds_inplace = differences = 0;

@@ -49,18 +49,12 @@ static void counting_route_merge_rmsnorm_forward(Activation *x, Activation *out,
  * blocks of 4 sites. */
 static void replace_forward(bool checkpointing)
 {
-    ModelConfig config = route_test_model_config();
-    config.n_layers = 4;
     ResidualConfig residual = route_test_attnres(2, 2, FORM_REPLACE);
     counting_backend = *backend_cpu();
     counting_backend.add = counting_add;
     counting_backend.route_merge_forward = counting_route_merge_forward;
     counting_backend.route_merge_rmsnorm_forward = counting_route_merge_rmsnorm_forward;
-    Model *model =
-        model_create(&counting_backend, &config, &residual, ROUTE_TEST_B, ROUTE_TEST_T);
-    model_init_params(model, 73, config.init_std);
-    route_test_randomize_routing(model, 73);
-    model_set_activation_checkpointing(model, checkpointing);
+    Model *model = route_test_model_on(&counting_backend, 4, &residual, 73, checkpointing);
     adds = merges = merges_in_norm = merges_in_norm_with_add = 0;
     route_test_forward(model);
     model_destroy(model);
