@@ -24,12 +24,6 @@ static void sublayer_backward(Model *model, const LayerContext *context, int j,
         mlp_sublayer_backward(context, weights, grads, saved, x, dout, dx, dx_mode, branch);
 }
 
-/* Site j's backward from d x = grad_x (route_walk_grad_x), x the site's output as its
- * sublayer read it. */
-static void site_backward(Walk *walk, int j, const Activation *x, const Activation *grad_x)
-{
-    route_walk_site_backward(&walk->sites, j, x, grad_x);
-}
 
 /* x_j made again before sublayer j's backward, where the stash keeps none (msar's replace
  * form in two phases). The backward's walk has the block open, and the site's forward in
@@ -147,15 +141,19 @@ static void sublayer_walk_backward(Walk *walk, int j, const LayerActivations *sa
     /* d x_j is written (its buffer holds nothing of this walk yet); in the delta form,
      * x_j = p_j + alpha * mix, it is also added into the stream's gradient (the norm's
      * backward is the sublayer's last op: its dout, maybe that same gradient, is read
-     * before) */
+     * before); in attnres's replace form the norm's backward goes on through the site's
+     * merge */
     Activation *grad_x = route_walk_grad_x(&walk->sites, j);
-    const GradBranch branch = {grad_stream};
+    RouteMergeGrad merge;
+    GradBranch branch = {walk->delta ? grad_stream : NULL, NULL};
+    if (route_walk_site_merge_grad(&walk->sites, j, &merge))
+        branch.merge = &merge;
     sublayer_backward(walk->model, &walk->layer, j, saved, x, grad_f, grad_x, GRAD_WRITE,
-                      walk->delta ? &branch : NULL);
+                      branch.stream || branch.merge ? &branch : NULL);
     if (walk->stream_carries && !carries_into_previous(walk, j) &&
         site_adds_into_own_block(walk, j))
         stream_carry(walk, NULL); /* before the site changes what the stream carries */
-    site_backward(walk, j, x, grad_x);
+    route_walk_site_backward(&walk->sites, j, grad_x);
 }
 
 /* Layer i's backward: both sublayers in reverse, after recomputing it when checkpointed. */
@@ -203,7 +201,7 @@ static void head_backward(Walk *walk, float loss_scale)
                   GRAD_WRITE);
     if (!walk->routed)
         return;
-    site_backward(walk, L2, final_input, grad_final);
+    route_walk_site_backward(&walk->sites, L2, grad_final);
     if (walk->delta)
         backend->add_inplace(grad_stream, grad_final, walk->count);
 }

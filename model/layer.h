@@ -95,12 +95,17 @@ typedef struct {
     const RouteMerge *merge;
 } InputGate;
 
-/* Where a sublayer input's gradient also goes in the delta form, whose site
- * x_j = p_j + alpha_j * Route sends it both to the site's route (dx) and to the stream p_j:
- * stream += it (runtime/backend.h rmsnorm_backward_branch). Inside a block the stream's
- * gradient carries the block's (model/chunk_backward.c). */
+/* Where a sublayer input's gradient goes on, past dx, one of:
+ * - stream: the delta form's site x_j = p_j + alpha_j * Route sends it both to the site's
+ *   route (dx) and to the stream p_j: stream += it (runtime/backend.h
+ *   rmsnorm_backward_branch). Inside a block the stream's gradient carries the block's
+ *   (model/chunk_backward.c).
+ * - merge: the replace form's x_j is the merge of the open block's partial into phase one's
+ *   Route; the norm's backward goes on through the merge's (runtime/backend.h
+ *   route_merge_rmsnorm_backward, x the merge's output). */
 typedef struct {
     Activation *stream;
+    const RouteMergeGrad *merge;
 } GradBranch;
 
 /* The sublayers: out = f(x) [rows, d]; with a gate (not NULL) x is written first, as

@@ -21,7 +21,10 @@ static void input_norm_backward(const Backend *backend, Activation *dx, GradMode
                                 const Activation *dout, const Activation *x,
                                 const Activation *weight, const float *rstd, int rows, int d)
 {
-    if (branch) /* dx written (dx_mode is GRAD_WRITE), the stream added */
+    if (branch && branch->merge) /* dx written (dx_mode is GRAD_WRITE), then the merge's */
+        backend->route_merge_rmsnorm_backward(dx, dweight, dout, x, weight, rstd, rows, d,
+                                              branch->merge);
+    else if (branch) /* dx written (dx_mode is GRAD_WRITE), the stream added */
         backend->rmsnorm_backward_branch(dx, branch->stream, dweight, dout, x, weight, rstd,
                                          rows, d);
     else

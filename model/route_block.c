@@ -147,8 +147,10 @@ static void attnres_replace_forward(RouteWalk *walk, int block, int i, Activatio
                                  merge->eps);
 }
 
-static void attnres_replace_backward(RouteWalk *walk, int block, int i, const Activation *x,
-                                     const Activation *grad_x)
+/* Site i's merge backward as its norm's backward takes it on (route_walk_site_merge_grad):
+ * the partial's share into the block's gradient, which later sites fed already; the first
+ * site reads no partial and gives its softmax centre alone. */
+static void site_merge_grad(RouteWalk *walk, int block, int i, RouteMergeGrad *merge)
 {
     Model *model = walk->model;
     const int j = walk_block_first_site(walk, block) + i;
@@ -158,13 +160,21 @@ static void attnres_replace_backward(RouteWalk *walk, int block, int i, const Ac
     const int last = site->n_sources - 1;
     walk_site_sources(walk, j, walk->sources);
     walk_site_grad_sources(walk, j, walk->grad_sources);
-    walk->backend->route_merge_backward( /* the block's gradient holds later sites' shares */
-        i > 0 ? walk->grad_sources[last] : NULL, GRAD_ADD, model->site_grads[j].query,
-        model->site_grads[j].key_norm,
-        walk_site_stream_floats(walk, model->scratch.route.block_means, 0, i), grad_x, x,
-        i > 0 ? walk->sources[last] : NULL, site->n_sources, saved->weights, saved->rstd,
-        weights->query, weights->key_norm, model->scratch.route.route_backward, walk->rows,
-        walk->d, walk->plan->heads);
+    *merge = (RouteMergeGrad){
+        .dpartial = i > 0 ? walk->grad_sources[last] : NULL,
+        .dpartial_mode = GRAD_ADD,
+        .dquery = model->site_grads[j].query,
+        .dkey_norm = model->site_grads[j].key_norm,
+        .mean = walk_site_stream_floats(walk, model->scratch.route.block_means, 0, i),
+        .partial = i > 0 ? walk->sources[last] : NULL,
+        .weights = saved->weights,
+        .rstd = saved->rstd,
+        .query = weights->query,
+        .key_norm = weights->key_norm,
+        .scratch = model->scratch.route.route_backward,
+        .n_sources = site->n_sources,
+        .heads = walk->plan->heads,
+    };
 }
 
 /* ---- phase one ----
@@ -244,6 +254,23 @@ static bool merges_in_norm(const RouteWalk *walk, int j)
 {
     const int block = walk->plan->sites[j].block;
     return walk->replace && !walk->streams && j > walk_block_first_site(walk, block);
+}
+
+/* attnres's replace form in two phases: the merge's backward, every site's, in the
+ * sublayer's norm backward (route_merge_rmsnorm_backward), two rows fewer than the norm's
+ * backward and route_merge_backward after it. */
+static bool merges_in_norm_backward(const RouteWalk *walk, int j)
+{
+    return walk->replace && !walk->streams && !routes_alone(walk, j);
+}
+
+bool route_walk_site_merge_grad(RouteWalk *walk, int j, RouteMergeGrad *merge)
+{
+    if (!merges_in_norm_backward(walk, j))
+        return false;
+    const int block = walk->plan->sites[j].block;
+    site_merge_grad(walk, block, j - walk_block_first_site(walk, block), merge);
+    return true;
 }
 
 bool route_walk_gates_site(const RouteWalk *walk, int j)
@@ -326,8 +353,7 @@ Activation *route_walk_grad_x(RouteWalk *walk, int j)
     return walk->model->scratch.route.block_grads[j - walk_block_first_site(walk, block)];
 }
 
-void route_walk_site_backward(RouteWalk *walk, int j, const Activation *x,
-                              const Activation *grad_x)
+void route_walk_site_backward(RouteWalk *walk, int j, const Activation *grad_x)
 {
     Model *model = walk->model;
     const SitePlan *site = &walk->plan->sites[j];
@@ -341,8 +367,7 @@ void route_walk_site_backward(RouteWalk *walk, int j, const Activation *x,
     }
     const int block = walk->plan->sites[j].block;
     const int first = walk_block_first_site(walk, block);
-    if (walk->replace && !walk->streams) { /* attnres: the same, from the stash */
-        attnres_replace_backward(walk, block, j - first, x, grad_x);
+    if (merges_in_norm_backward(walk, j)) { /* attnres: the merge's went with the norm's */
         if (j == first)
             block_backward(walk, block);
         return;

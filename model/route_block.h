@@ -130,6 +130,14 @@ bool route_walk_site_gate(RouteWalk *walk, int j, const Activation *base, InputG
  * its base). */
 bool route_walk_gates_site(const RouteWalk *walk, int j);
 
+/* Site j's merge backward as its sublayer's norm backward can take it on (model/layer.h
+ * GradBranch.merge, runtime/backend.h route_merge_rmsnorm_backward), where it is one:
+ * attnres's replace form in two phases, at every site of a block (x_j the merge's output; a
+ * block's first site merges no partial and gives its softmax centre alone). Returns false
+ * elsewhere. Where it returns true, the caller runs that op with d x_j =
+ * route_walk_grad_x(walk, j), and route_walk_site_backward leaves the merge to it. */
+bool route_walk_site_merge_grad(RouteWalk *walk, int j, RouteMergeGrad *merge);
+
 /* Where sublayer j's backward leaves d x_j (zeroed by the caller before it adds): the
  * block's buffer of that site, or the scratch's grad_input for a site routed alone. */
 Activation *route_walk_grad_x(RouteWalk *walk, int j);
@@ -137,10 +145,8 @@ Activation *route_walk_grad_x(RouteWalk *walk, int j);
 /* Site j's backward from d x = grad_x (route_walk_grad_x(walk, j)): adds into the
  * gradients of its sources (the store's block accumulators, the null rows) and of its
  * weights; a two-phase block's sources and weights receive theirs when the walk passes the
- * block's first site. x is the site's output as its sublayer read it (attnres's replace form
- * in two phases reads it; NULL where the site routes alone). In the delta form d p += d x
- * is the caller's. */
-void route_walk_site_backward(RouteWalk *walk, int j, const Activation *x,
-                              const Activation *grad_x);
+ * block's first site. Where route_walk_site_merge_grad gave the site's merge to its norm's
+ * backward, that share is done already. In the delta form d p += d x is the caller's. */
+void route_walk_site_backward(RouteWalk *walk, int j, const Activation *grad_x);
 
 #endif

@@ -96,6 +96,20 @@ typedef struct {
     float eps; /* the Route's */
 } RouteMerge;
 
+/* A replace-form site's merge backward as its sublayer's norm backward makes its dout
+ * (route_merge_rmsnorm_backward): route_merge_backward's arguments, less dout, out and the
+ * shapes. */
+typedef struct {
+    Activation *dpartial; /* NULL where partial is */
+    GradMode dpartial_mode;
+    float *dquery, *dkey_norm, *mean;
+    const Activation *partial; /* NULL: the site read completed sources only */
+    const float *weights, *rstd;
+    const Activation *query, *key_norm;
+    float *scratch;
+    int n_sources, heads;
+} RouteMergeGrad;
+
 typedef struct Backend {
     const char *name; /* "cpu" or "cuda" */
     size_t activation_bytes; /* 4 (fp32, cpu) or 2 (bf16, cuda) */
@@ -368,6 +382,17 @@ typedef struct Backend {
                                  const float *weights, const float *rstd,
                                  const Activation *query, const Activation *key_norm,
                                  float *scratch, int tokens, int d, int heads);
+    /* rmsnorm_backward(dx, GRAD_WRITE, dweight, dout, x, weight, rstd), then
+     * route_merge_backward(merge's dpartial .. mean, dout = dx, out = x, merge's partial ..),
+     * in one pass: a replace-form site's x_j, the merge's output and its sublayer's norm
+     * input, takes the norm's gradient through the merge (model/layer.h GradBranch), two rows
+     * of [rows, d] fewer than the ops apart. dx, mean and dpartial have the two ops' bits;
+     * dweight, dquery and dkey_norm are the same sums, in a fixed order that may differ from
+     * theirs. dx is written (the merge's dout, for the block's backward). */
+    void (*route_merge_rmsnorm_backward)(Activation *dx, float *dweight,
+                                         const Activation *dout, const Activation *x,
+                                         const Activation *weight, const float *rstd, int rows,
+                                         int d, const RouteMergeGrad *merge);
     /* route_merge_conv_forward: MSAR's replace form, a site's merge in every stream at once:
      * for r < streams, E_r = stream_conv_forward of `partial` [B T, d] with taps[r]
      * ([kernel_sizes[r], d]), then route_merge_forward(out[r], weights[r], rstd[r],

@@ -114,6 +114,7 @@ Test(cuda_backend, fills_every_entry_with_two_byte_activations)
     EXPECT_ENTRY(b, route_forward); EXPECT_ENTRY(b, route_backward);
     EXPECT_ENTRY(b, route_block_forward); EXPECT_ENTRY(b, route_block_backward);
     EXPECT_ENTRY(b, route_merge_forward); EXPECT_ENTRY(b, route_merge_backward);
+    EXPECT_ENTRY(b, route_merge_rmsnorm_forward); EXPECT_ENTRY(b, route_merge_rmsnorm_backward);
     EXPECT_ENTRY(b, route_merge_conv_forward); EXPECT_ENTRY(b, route_merge_conv_mix_forward);
     EXPECT_ENTRY(b, route_merge_conv_backward);
     EXPECT_ENTRY(b, add_scaled); EXPECT_ENTRY(b, add_scaled_rmsnorm_forward);

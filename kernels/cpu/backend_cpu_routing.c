@@ -266,6 +266,20 @@ static void table_route_merge_backward(Activation *dpartial, GradMode dpartial_m
                              CF(key_norm), scratch, tokens, d, heads);
 }
 
+/* the norm's backward, then the merge's from the dx it wrote */
+static void table_route_merge_rmsnorm_backward(Activation *dx, float *dweight,
+                                               const Activation *dout, const Activation *x,
+                                               const Activation *weight, const float *rstd,
+                                               int rows, int d, const RouteMergeGrad *merge)
+{
+    cpu_rmsnorm_backward(F(dx), GRAD_WRITE, dweight, CF(dout), CF(x), CF(weight), rstd, rows,
+                         d);
+    cpu_route_merge_backward(F(merge->dpartial), merge->dpartial_mode, merge->dquery,
+                             merge->dkey_norm, merge->mean, CF(dx), CF(x), CF(merge->partial),
+                             merge->n_sources, merge->weights, merge->rstd, CF(merge->query),
+                             CF(merge->key_norm), merge->scratch, rows, d, merge->heads);
+}
+
 /* the two ops in turn, E_r in rows[r] */
 static void table_route_merge_conv_backward(
     Activation *const *dpartial, float *const *dquery, float *const *dkey_norm,
@@ -319,6 +333,7 @@ void backend_cpu_fill_routing(Backend *table)
     table->route_merge_conv_mix_forward = table_route_merge_conv_mix_forward;
     table->route_merge_conv_backward = table_route_merge_conv_backward;
     table->route_merge_backward = table_route_merge_backward;
+    table->route_merge_rmsnorm_backward = table_route_merge_rmsnorm_backward;
     table->route_block_backward = table_route_block_backward;
     table->stream_conv_forward = table_stream_conv_forward;
     table->stream_conv_backward = table_stream_conv_backward;

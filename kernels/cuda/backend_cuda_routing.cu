@@ -289,6 +289,21 @@ static void op_route_merge_backward(Activation *dpartial, GradMode dpartial_mode
                               tokens, d, heads, backend_cuda_compute_stream());
 }
 
+static void op_route_merge_rmsnorm_backward(Activation *dx, float *dweight,
+                                            const Activation *dout, const Activation *x,
+                                            const Activation *weight, const float *rstd,
+                                            int rows, int d, const RouteMergeGrad *merge)
+{
+    float *workspace = backend_cuda_workspace_floats(
+        cuda_route_merge_rmsnorm_backward_workspace_floats(rows, d, merge->heads));
+    cuda_route_merge_rmsnorm_backward(
+        as_bf16(dx), dweight, as_bf16_const(dout), as_bf16_const(x), as_bf16_const(weight), rstd,
+        as_bf16(merge->dpartial), merge->dpartial_mode, merge->dquery, merge->dkey_norm,
+        merge->mean, as_bf16_const(merge->partial), merge->n_sources, merge->weights,
+        merge->rstd, as_bf16_const(merge->query), as_bf16_const(merge->key_norm), workspace, rows,
+        d, merge->heads, backend_cuda_compute_stream());
+}
+
 static void op_route_merge_conv_backward(
     Activation *const *dpartial, float *const *dquery, float *const *dkey_norm,
     float *const *mean, const Activation *const *dout, const Activation *const *out,
@@ -340,6 +355,7 @@ extern "C" void backend_cuda_fill_routing(Backend *table, size_t table_bytes)
     table->route_merge_forward = op_route_merge_forward;
     table->route_merge_rmsnorm_forward = op_route_merge_rmsnorm_forward;
     table->route_merge_backward = op_route_merge_backward;
+    table->route_merge_rmsnorm_backward = op_route_merge_rmsnorm_backward;
     table->route_merge_conv_forward = op_route_merge_conv_forward;
     table->route_merge_conv_mix_forward = op_route_merge_conv_mix_forward;
     table->route_merge_conv_backward = op_route_merge_conv_backward;

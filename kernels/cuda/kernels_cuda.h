@@ -127,6 +127,11 @@ void cuda_rmsnorm_backward(bf16 *dx, GradMode dx_mode, float *dweight, const bf1
 void cuda_rmsnorm_backward_branch(bf16 *dx, bf16 *branch, float *dweight, const bf16 *dout,
                                   const bf16 *x, const bf16 *weight, const float *rstd, int rows,
                                   int d, float *workspace, cudaStream_t stream);
+/* dweight[c] += the sum over groups of partials[g, c] ([groups, d] fp32), in group order
+ * (32 interleaved slices, then the slices in order): the backward's second pass, for the
+ * kernels that leave a norm's dweight in rows of their own (route_merge_norm_backward_cuda.cu). */
+void cuda_rmsnorm_dweight_reduce(float *dweight, const float *partials, int groups, int d,
+                                 cudaStream_t stream);
 
 /* ---- rope_cuda.cu: x, out, dx, dout [B, T, n_heads, head_dim] bf16; cos, sin
  * [T, head_dim / 2] fp32; head_dim even; out may alias x. ---- */

@@ -254,47 +254,30 @@ __global__ void __launch_bounds__(RMSNORM_THREADS)
         bfloat *dx_row = dx + (size_t)row * d;
         const float row_rstd = current.rstd;
 
-        float dot = 0.0f; /* sum of dxhat * xhat over the row */
-#pragma unroll
-        for (int chunk = 0; chunk < CHUNKS; chunk++) {
-            float xs[8], grads[8], scales[8];
-            unpack8(xs, current.x[chunk]);
-            unpack8(grads, current.dout[chunk]);
-            unpack8(scales, weight_raw[chunk]);
-#pragma unroll
-            for (int k = 0; k < 8; k++)
-                dot += (grads[k] * scales[k]) * (xs[k] * row_rstd);
-        }
-        float mean_dot = row_sum<ROW_THREADS>(dot, scratch) / d;
+        const float mean_dot = rmsnorm_row_backward_centre<ROW_THREADS, CHUNKS>(
+            current.x, current.dout, weight_raw, row_rstd, d, scratch);
 
 #pragma unroll
         for (int chunk = 0; chunk < CHUNKS; chunk++) {
             int column = (chunk * ROW_THREADS + lane) * 8;
-            float xs[8], grads[8], scales[8], dxs[8];
-            unpack8(xs, current.x[chunk]);
-            unpack8(grads, current.dout[chunk]);
-            unpack8(scales, weight_raw[chunk]);
+            float g[8], dxs[8];
+            rmsnorm_chunk_backward(g, dweight_sum[chunk], current.x[chunk], current.dout[chunk],
+                                   weight_raw[chunk], row_rstd, mean_dot);
             if (branch) {
                 float branches[8];
                 unpack8(branches, current.extra[chunk]);
 #pragma unroll
                 for (int k = 0; k < 8; k++) {
-                    float xhat = xs[k] * row_rstd;
-                    dxs[k] = __bfloat162float(__float2bfloat16_rn(
-                        row_rstd * (grads[k] * scales[k] - xhat * mean_dot)));
+                    dxs[k] = __bfloat162float(__float2bfloat16_rn(g[k]));
                     branches[k] = __bfloat162float(__float2bfloat16_rn(branches[k] + dxs[k]));
-                    dweight_sum[chunk][k] += grads[k] * xhat;
                 }
                 store8<VECTOR>(branch + (size_t)row * d, column, d, branches);
             } else {
                 /* the extra row is dx when it is added into, zeros (+0.0) when written */
                 unpack8(dxs, current.extra[chunk]);
 #pragma unroll
-                for (int k = 0; k < 8; k++) {
-                    float xhat = xs[k] * row_rstd;
-                    dxs[k] += row_rstd * (grads[k] * scales[k] - xhat * mean_dot);
-                    dweight_sum[chunk][k] += grads[k] * xhat;
-                }
+                for (int k = 0; k < 8; k++)
+                    dxs[k] = __fadd_rn(dxs[k], g[k]);
             }
             store8<VECTOR>(dx_row, column, d, dxs);
         }
@@ -482,9 +465,17 @@ static void rmsnorm_backward_launch(bf16 *dx, bool accumulate, bf16 *branch, flo
         (const bfloat *)dout, (const bfloat *)x, (const bfloat *)weight, rstd, rows, d,
         per_group);
 
+    cuda_rmsnorm_dweight_reduce(dweight, workspace, groups, d, stream);
+}
+
+extern "C" void cuda_rmsnorm_dweight_reduce(float *dweight, const float *partials, int groups,
+                                            int d, cudaStream_t stream)
+{
+    if (groups <= 0 || d <= 0)
+        return;
     dim3 reduce_block(REDUCE_COLUMNS, REDUCE_SLICES);
     unsigned reduce_blocks = (unsigned)((d + REDUCE_COLUMNS - 1) / REDUCE_COLUMNS);
-    rmsnorm_dweight_reduce_kernel<<<reduce_blocks, reduce_block, 0, stream>>>(dweight, workspace,
+    rmsnorm_dweight_reduce_kernel<<<reduce_blocks, reduce_block, 0, stream>>>(dweight, partials,
                                                                             groups, d);
     CUDA_CHECK_LAUNCH();
 }

@@ -1,10 +1,15 @@
-/* kernels/cuda/rmsnorm_row.cuh — RMSNorm's forward of one row that a team of ROW_THREADS
- * threads holds in registers, CHUNKS chunks of 8 values a thread (rmsnorm_cuda.cu's layout:
- * chunk k of thread l holds columns (k ROW_THREADS + l) 8 ..): the one copy of its
- * arithmetic, for the norm's kernel and for the kernels that norm a row they have just made
- * (route_merge_norm_cuda.cu), so that they give the same bits. CUDA C++ only.
- *   rstd = rsqrt(mean(x^2) + eps), the squares summed chunk by chunk, then row_sum's
- *   fixed tree; out = bf16(weight * bf16(x * rstd)), Hugging Face's LlamaRMSNorm order.
+/* kernels/cuda/rmsnorm_row.cuh — RMSNorm's forward and backward of one row that a team of
+ * ROW_THREADS threads holds in registers, CHUNKS chunks of 8 values a thread (rmsnorm_cuda.cu's
+ * layout: chunk k of thread l holds columns (k ROW_THREADS + l) 8 ..): the one copy of their
+ * arithmetic, for the norm's kernels and for the kernels that norm a row they have just made
+ * or take a norm's gradient further (route_merge_norm_cuda.cu,
+ * route_merge_norm_backward_cuda.cu), so that they give the same bits. CUDA C++ only.
+ *   forward   rstd = rsqrt(mean(x^2) + eps), the squares summed chunk by chunk, then
+ *             row_sum's fixed tree; out = bf16(weight * bf16(x * rstd)), Hugging Face's
+ *             LlamaRMSNorm order.
+ *   backward  xhat = x rstd, dxhat = dout weight; centre = mean(dxhat xhat), summed chunk by
+ *             chunk, then row_sum's tree; g = rstd (dxhat - xhat centre); dweight += dout xhat
+ *             (a kernel adding g into dx does so with __fadd_rn).
  */
 #ifndef FATHOM_KERNELS_CUDA_RMSNORM_ROW_CUH
 #define FATHOM_KERNELS_CUDA_RMSNORM_ROW_CUH
@@ -43,6 +48,51 @@ __device__ __forceinline__ void rmsnorm_row_forward(bfloat *out_row, float *rstd
         for (int k = 0; k < 8; k++)
             values[k] = scales[k] * __bfloat162float(__float2bfloat16_rn(values[k] * row_rstd));
         store8<VECTOR>(out_row, column, d, values);
+    }
+}
+
+/* The backward's arithmetic is written with explicit roundings (__fmul_rn, __fmaf_rn, ..),
+ * which the compiler neither contracts nor reorders: the product xhat and dxhat are used
+ * twice, and whether it fused them into the sums depended on the kernel around them, where
+ * the kernels that share this code must give the same bits. */
+
+/* The backward's centre of the row: mean over it of dxhat * xhat (this thread's chunks of x,
+ * dout and weight given raw). Every thread of the team calls it and gets the same value. */
+template <int ROW_THREADS, int CHUNKS>
+__device__ __forceinline__ float rmsnorm_row_backward_centre(const uint4 (&x)[CHUNKS],
+                                                             const uint4 (&dout)[CHUNKS],
+                                                             const uint4 (&weight)[CHUNKS],
+                                                             float rstd, int d, float *scratch)
+{
+    float dot = 0.0f;
+#pragma unroll
+    for (int chunk = 0; chunk < CHUNKS; chunk++) {
+        float xs[8], grads[8], scales[8];
+        unpack8(xs, x[chunk]);
+        unpack8(grads, dout[chunk]);
+        unpack8(scales, weight[chunk]);
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            dot = __fmaf_rn(__fmul_rn(grads[k], scales[k]), __fmul_rn(xs[k], rstd), dot);
+    }
+    return __fdiv_rn(row_sum<ROW_THREADS>(dot, scratch), (float)d);
+}
+
+/* One chunk's gradient: g = rstd (dxhat - xhat centre) into g, and dout * xhat added into
+ * dweight_sum (this thread's running sums of the chunk's 8 columns). */
+__device__ __forceinline__ void rmsnorm_chunk_backward(float (&g)[8], float (&dweight_sum)[8],
+                                                       uint4 x, uint4 dout, uint4 weight,
+                                                       float rstd, float centre)
+{
+    float xs[8], grads[8], scales[8];
+    unpack8(xs, x);
+    unpack8(grads, dout);
+    unpack8(scales, weight);
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        const float xhat = __fmul_rn(xs[k], rstd);
+        g[k] = __fmul_rn(rstd, __fmaf_rn(-xhat, centre, __fmul_rn(grads[k], scales[k])));
+        dweight_sum[k] = __fmaf_rn(grads[k], xhat, dweight_sum[k]);
     }
 }
 

@@ -147,6 +147,25 @@ void cuda_route_merge_rmsnorm_forward(bf16 *x, bf16 *out, float *norm_rstd, floa
                                       int tokens, int d, int heads, float eps, float norm_eps,
                                       const CudaGateAdd *add, cudaStream_t stream);
 
+/* A replace-form site's norm backward and merge backward in one pass (runtime/backend.h
+ * route_merge_rmsnorm_backward): cuda_rmsnorm_backward(dx, GRAD_WRITE, dweight, dnormed, x,
+ * norm_weight, norm_rstd), then cuda_route_merge_backward(dpartial, dpartial_mode, dquery,
+ * dkey_norm, mean, dout = dx, out = x, partial, ...). dx, mean and dpartial have those ops'
+ * bits, dquery and dkey_norm too; dweight is the same sum in another fixed order. One kernel
+ * where the rows are the warp-a-token merges' and a warp's for the norm (d % 256 == 0,
+ * d <= 1280, heads dividing 32, every pointer 16-byte aligned), the ops in turn otherwise.
+ * workspace: cuda_route_merge_rmsnorm_backward_workspace_floats(tokens, d, heads) floats. */
+size_t cuda_route_merge_rmsnorm_backward_workspace_floats(int tokens, int d, int heads);
+void cuda_route_merge_rmsnorm_backward(bf16 *dx, float *dweight, const bf16 *dnormed,
+                                       const bf16 *x, const bf16 *norm_weight,
+                                       const float *norm_rstd, bf16 *dpartial,
+                                       GradMode dpartial_mode, float *dquery, float *dkey_norm,
+                                       float *mean, const bf16 *partial, int n_sources,
+                                       const float *weights, const float *rstd,
+                                       const bf16 *query, const bf16 *key_norm,
+                                       float *workspace, int tokens, int d, int heads,
+                                       cudaStream_t stream);
+
 /* MSAR's replace form, site i > 0 of an open block: its partial b [B T, d] convolved for
  * each of `streams` streams (taps[r] [kernel_sizes[r], d], as cuda_stream_conv_forward
  * convolves and rounds it) and merged into that stream (cuda_route_merge_forward's out[r],

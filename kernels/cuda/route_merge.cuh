@@ -7,6 +7,7 @@
 #define FATHOM_KERNELS_CUDA_ROUTE_MERGE_CUH
 
 #include "kernels/cuda/cuda_common.h"
+#include "kernels/cuda/route_device.cuh"
 
 #include <cuda_runtime.h>
 
@@ -38,6 +39,19 @@ MergeArgs merge_forward_args(bf16 *out, float *weights, float *rstd, const bf16 
                              const bf16 *query, const bf16 *key_norm, int tokens, int d,
                              int heads, float eps);
 
+/* The backward's arguments (runtime/backend.h route_merge_backward's; partials: the rows of
+ * channel sums the kernel leaves for merge_channel_sums_reduce). shape: the block-a-token
+ * layout's (RowShape{} for the warp-a-token kernels, which do not read it). */
+MergeArgs merge_backward_args(bf16 *dpartial, GradMode dpartial_mode, float *mean,
+                              const bf16 *dout, const bf16 *out, const bf16 *partial,
+                              int n_sources, const float *weights, const float *rstd,
+                              const bf16 *query, const bf16 *key_norm, float *partials,
+                              int tokens, int d, int heads, const RowShape &shape);
+/* dquery += and dkey_norm += the channel sums' rows partials [blocks, d], added in block
+ * order (route_block_reduce). */
+void merge_channel_sums_reduce(float *dquery, float *dkey_norm, const bf16 *query,
+                               const bf16 *key_norm, float *partials, int blocks, int d,
+                               cudaStream_t stream);
 /* Whether the warp-a-token merges take rows of d channels in `heads` heads: d % 256 == 0,
  * d <= 2048, heads dividing 32, every pointer (NULL ones ignored) 16-byte aligned. */
 bool merge_narrow_fits(int d, int heads, const void *const *pointers, int count);

@@ -117,10 +117,10 @@ __global__ void __launch_bounds__(MERGE_CONV_THREADS)
         __syncwarp();
         narrow_lane_vectors<LV>(dy_raw, stage, lane);
         narrow_lane_vectors<LV>(x_raw, merged_stage, lane);
-        merge_narrow_backward_token<LV>(grad_out, args.mean[s], dy_raw, x_raw, p_raw,
-                                        p_raw /* not read: written, not added */, true, false,
-                                        a, r, key_weight, channel_sums, H, t, args.inverse_width,
-                                        lane);
+        const MergeTokenRows rows = {dy_raw, x_raw, p_raw, NULL /* written, not added */,
+                                     grad_out};
+        merge_narrow_backward_token<LV>(rows, args.mean[s], true, false, a, r, key_weight,
+                                        channel_sums, H, t, args.inverse_width, lane);
         narrow_store_row<LV>(args.dpartial[s], t, stage, grad_out, lane);
     }
     /* a warp's two rows hold its d floats; the block's row, as merge_narrow_backward's */

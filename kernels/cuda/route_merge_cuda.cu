@@ -396,6 +396,39 @@ static void merge_backward_launch(const MergeArgs &args, int threads, int blocks
     CUDA_CHECK_LAUNCH();
 }
 
+MergeArgs merge_backward_args(bf16 *dpartial, GradMode dpartial_mode, float *mean,
+                              const bf16 *dout, const bf16 *out, const bf16 *partial,
+                              int n_sources, const float *weights, const float *rstd,
+                              const bf16 *query, const bf16 *key_norm, float *partials,
+                              int tokens, int d, int heads, const RowShape &shape)
+{
+    MergeArgs args = merge_args(partial, query, key_norm, n_sources, tokens, d, heads, shape);
+    args.weights = (float *)weights; /* read only in the backward */
+    args.rstd = (float *)rstd;
+    args.dpartial = dpartial;
+    args.dpartial_add = dpartial_mode == GRAD_ADD;
+    args.mean = mean;
+    args.dout = dout;
+    args.merged = out;
+    args.partials = partials;
+    return args;
+}
+
+void merge_channel_sums_reduce(float *dquery, float *dkey_norm, const bf16 *query,
+                               const bf16 *key_norm, float *partials, int blocks, int d,
+                               cudaStream_t stream)
+{
+    BlockReduceArgs reduce = {};
+    reduce.dquery[0] = dquery;
+    reduce.dkey_norm[0] = dkey_norm;
+    reduce.query[0] = query;
+    reduce.key_norm[0] = key_norm;
+    reduce.partials = partials;
+    reduce.blocks = blocks;
+    reduce.d = d;
+    route_block_reduce(reduce, 1, stream);
+}
+
 extern "C" void cuda_route_merge_backward(bf16 *dpartial, GradMode dpartial_mode,
                                           float *dquery, float *dkey_norm, float *mean,
                                           const bf16 *dout, const bf16 *out,
@@ -410,15 +443,9 @@ extern "C" void cuda_route_merge_backward(bf16 *dpartial, GradMode dpartial_mode
         return;
     const void *pointers[] = {dpartial, dout, out, partial, query, key_norm};
     const RowShape shape = row_shape(d, heads, pointers, 6);
-    MergeArgs args = merge_args(partial, query, key_norm, n_sources, tokens, d, heads, shape);
-    args.weights = (float *)weights; /* read only in the backward */
-    args.rstd = (float *)rstd;
-    args.dpartial = dpartial;
-    args.dpartial_add = dpartial_mode == GRAD_ADD;
-    args.mean = mean;
-    args.dout = dout;
-    args.merged = out;
-    args.partials = workspace;
+    MergeArgs args = merge_backward_args(dpartial, dpartial_mode, mean, dout, out, partial,
+                                         n_sources, weights, rstd, query, key_norm, workspace,
+                                         tokens, d, heads, shape);
     int blocks; /* the rows of channel sums to reduce */
     if (merge_narrow_fits(d, heads, pointers, 6)) {
         args.warps = merge_narrow_backward_warps(tokens);
@@ -433,16 +460,7 @@ extern "C" void cuda_route_merge_backward(bf16 *dpartial, GradMode dpartial_mode
         default: merge_backward_launch<1>(args, shape.threads, blocks, stream); break;
         }
     }
-    if (!partial)
-        return;
-    BlockReduceArgs reduce = {};
-    reduce.dquery[0] = dquery;
-    reduce.dkey_norm[0] = dkey_norm;
-    reduce.query[0] = query;
-    reduce.key_norm[0] = key_norm;
-    reduce.partials = workspace;
-    reduce.blocks = blocks;
-    reduce.d = d;
-    route_block_reduce(reduce, 1, stream);
+    if (partial)
+        merge_channel_sums_reduce(dquery, dkey_norm, query, key_norm, workspace, blocks, d,
+                                  stream);
 }
-

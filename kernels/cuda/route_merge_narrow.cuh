@@ -115,19 +115,55 @@ __device__ __forceinline__ void merge_narrow_token(BfVector<8> (&out_raw)[LV], f
         weights[((long long)(i / H) * tokens + t) * H + i % H] *= scale;
 }
 
-/* Token t's merge backward, the token's rows given as this lane's vectors (dy = d out, x =
- * the merged out, p = the partial, grad = d partial's old value when `adds`):
+/* The start of token t's merge backward in the warp-a-token kernels: the row `dy` (d out, or
+ * the row the caller makes it from), the merged out and, with a partial, the partial and d
+ * partial's old value (when it adds) are copied into the warp's rows `stage`, four rows
+ * NarrowRow<LV>::VECTORS apart in that order, while the partial's weight and rstd load into
+ * *a and *r (0 without a partial). The copies are committed, not awaited: the caller issues
+ * its own loads, then waits (copy_async_wait<0>, __syncwarp). */
+template <int LV>
+__device__ __forceinline__ void merge_narrow_backward_fetch(const MergeArgs &args, long long t,
+                                                            int lane, const bf16 *dy,
+                                                            BfVector<8> *stage, float *a,
+                                                            float *r)
+{
+    constexpr int VECTORS = NarrowRow<LV>::VECTORS;
+    const int head = lane / (32 / args.heads), N = args.n_completed;
+    narrow_copy_row<LV>(stage, dy, t, lane);
+    narrow_copy_row<LV>(stage + VECTORS, args.merged, t, lane);
+    if (args.partial) {
+        narrow_copy_row<LV>(stage + 2 * VECTORS, args.partial, t, lane);
+        if (args.dpartial_add)
+            narrow_copy_row<LV>(stage + 3 * VECTORS, args.dpartial, t, lane);
+    }
+    copy_async_commit();
+    *a = args.partial ? args.weights[((long long)N * args.tokens + t) * args.heads + head] : 0.0f;
+    *r = args.partial ? args.rstd[(long long)N * args.tokens + t] : 0.0f;
+}
+
+/* A token's rows as merge_narrow_backward_token takes them: this lane's LV vectors of d out
+ * (dy), the merged out (x), the partial (p) and d partial's old value (old, read when it
+ * `adds`), and where this lane's vectors of the new d partial go (grad). Each points either
+ * at an array of LV vectors in registers or at the lane's vectors of a warp's row in shared
+ * memory (row + lane * NarrowRow<LV>::STRIDE): a kernel short of registers leaves its rows
+ * there, and the math reads them a vector at a time, where it needs them. */
+struct MergeTokenRows {
+    const BfVector<8> *dy, *x, *p, *old;
+    BfVector<8> *grad;
+};
+
+/* Token t's merge backward (dy = d out, x = the merged out, p = the partial, old = d
+ * partial's old value when `adds`):
  *   mean = < dy, x > per head, written;
  * and with a partial (a = its weight, r = its rstd):
  *   D = < dy, p >, P = < q*g, p > per head, dz = a (D - mean), e = r^2 (r sum_h dz P) / d,
- *   d partial = grad (adds) or +0.0 (GRAD_WRITE) + a dy + r dz q*g - e p, into grad_out (this
- *   lane's vectors, for the caller to store);
+ *   d partial = old (adds) or +0.0 (GRAD_WRITE) + a dy + r dz q*g - e p, into rows.grad
+ *   (this lane's vectors, for the caller to store); a grad vector is written after the
+ *   vectors j of dy, p and old are read, so grad may be dy's row;
  *   channel_sums += r dz p per channel. */
 template <int LV>
 __device__ __forceinline__ void merge_narrow_backward_token(
-    BfVector<8> (&grad_out)[LV], float *mean_out, const BfVector<8> (&dy_raw)[LV],
-    const BfVector<8> (&x_raw)[LV], const BfVector<8> (&p_raw)[LV],
-    const BfVector<8> (&grad_raw)[LV], bool has_partial, bool adds, float a, float r,
+    const MergeTokenRows &rows, float *mean_out, bool has_partial, bool adds, float a, float r,
     const float *key_weight, float *channel_sums, int H, long long t, float inverse_width,
     int lane)
 {
@@ -136,13 +172,13 @@ __device__ __forceinline__ void merge_narrow_backward_token(
 #pragma unroll
     for (int j = 0; j < LV; j++) {
         float dy[8], x[8], p[8];
-        vector_to_floats<8>(dy_raw[j], dy);
-        vector_to_floats<8>(x_raw[j], x);
+        vector_to_floats<8>(rows.dy[j], dy);
+        vector_to_floats<8>(rows.x[j], x);
 #pragma unroll
         for (int i = 0; i < 8; i++)
             centre += dy[i] * x[i];
         if (has_partial) {
-            vector_to_floats<8>(p_raw[j], p);
+            vector_to_floats<8>(rows.p[j], p);
 #pragma unroll
             for (int i = 0; i < 8; i++) {
                 value += dy[i] * p[i];
@@ -163,17 +199,17 @@ __device__ __forceinline__ void merge_narrow_backward_token(
 #pragma unroll
     for (int j = 0; j < LV; j++) { /* the rows converted again: registers, not loads */
         float dy[8], p[8], grad[8] = {}; /* GRAD_WRITE: +0.0, an add into zeros */
-        vector_to_floats<8>(dy_raw[j], dy);
-        vector_to_floats<8>(p_raw[j], p);
+        vector_to_floats<8>(rows.dy[j], dy);
+        vector_to_floats<8>(rows.p[j], p);
         if (adds)
-            vector_to_floats<8>(grad_raw[j], grad);
+            vector_to_floats<8>(rows.old[j], grad);
 #pragma unroll
         for (int i = 0; i < 8; i++) {
             const int c = 8 * j + i;
             grad[i] += a * dy[i] + key_coefficient * key_weight[c] - self_term * p[i];
             channel_sums[c] += key_coefficient * p[i];
         }
-        grad_out[j] = vector_from_floats<8>(grad);
+        rows.grad[j] = vector_from_floats<8>(grad);
     }
 }
 

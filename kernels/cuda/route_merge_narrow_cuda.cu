@@ -67,8 +67,7 @@ __global__ void __launch_bounds__(MERGE_NARROW_THREADS)
     /* the partition, fixed by the shapes; the grid may round up, and the warps past it (only
      * where warps = tokens) meet the block's barrier with zeros */
     const int warps = args.warps;
-    const int H = args.heads, N = args.n_completed, tokens = args.tokens;
-    const int lanes_per_head = 32 / H, head = lane / lanes_per_head;
+    const int H = args.heads, tokens = args.tokens;
     const bool has_partial = args.partial != NULL, adds = args.dpartial_add;
     /* a warp's MERGE_NARROW_BACKWARD_ROWS rows (dynamic shared memory): d out, out, the
      * partial and d partial's old value come in whole sectors; d partial leaves through the
@@ -83,16 +82,8 @@ __global__ void __launch_bounds__(MERGE_NARROW_THREADS)
     float key_weight[8 * LV], channel_sums[8 * LV] = {};
     narrow_key_weight<LV>(args.query, args.key_norm, lane, key_weight);
     for (int t = warp; warp < warps && t < tokens; t += warps) {
-        narrow_copy_row<LV>(dout_stage, args.dout, t, lane);
-        narrow_copy_row<LV>(merged_stage, args.merged, t, lane);
-        if (has_partial) {
-            narrow_copy_row<LV>(partial_stage, args.partial, t, lane);
-            if (adds)
-                narrow_copy_row<LV>(grad_stage, args.dpartial, t, lane);
-        }
-        copy_async_commit();
-        const float a = has_partial ? args.weights[((long long)N * tokens + t) * H + head] : 0.0f;
-        const float r = has_partial ? args.rstd[(long long)N * tokens + t] : 0.0f;
+        float a, r;
+        merge_narrow_backward_fetch<LV>(args, t, lane, args.dout, dout_stage, &a, &r);
         BfVector<8> dy_raw[LV], x_raw[LV], p_raw[LV], grad_raw[LV], grad_out[LV];
         copy_async_wait<0>();
         __syncwarp();
@@ -103,9 +94,9 @@ __global__ void __launch_bounds__(MERGE_NARROW_THREADS)
             if (adds)
                 narrow_lane_vectors<LV>(grad_raw, grad_stage, lane);
         }
-        merge_narrow_backward_token<LV>(grad_out, args.mean, dy_raw, x_raw, p_raw, grad_raw,
-                                        has_partial, adds, a, r, key_weight, channel_sums, H, t,
-                                        args.inverse_width, lane);
+        const MergeTokenRows rows = {dy_raw, x_raw, p_raw, grad_raw, grad_out};
+        merge_narrow_backward_token<LV>(rows, args.mean, has_partial, adds, a, r, key_weight,
+                                        channel_sums, H, t, args.inverse_width, lane);
         if (has_partial)
             narrow_store_row<LV>(args.dpartial, t, dout_stage, grad_out, lane);
         __syncwarp(); /* every stage read before the next token's copies */

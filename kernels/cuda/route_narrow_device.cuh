@@ -93,9 +93,11 @@ __device__ __forceinline__ void narrow_store_row(bf16 *array, long long t, BfVec
  * in warp order, ((w_0 + w_1) + w_2) + .., and stored to `row` as the block's one row: warp
  * w stages its row at warps_stage + w warp_stride (d floats of its own shared memory, in
  * float4s), then the block's threads add the WARPS rows a float4 at a time. A warp without
- * values (has_values false) adds zeros. Every thread of the block calls it, once:
- * route_block_reduce then adds a row a block where it added one a warp. */
-template <int LV, int WARPS>
+ * values (has_values false) adds zeros. Every thread of the block calls it, once (again only
+ * after a __syncthreads): route_block_reduce then adds a row a block where it added one a
+ * warp. CHUNKED: the values are in the norm kernels' layout for a row of a warp instead
+ * (rmsnorm_row.cuh: values[8 k ..] are the channels of vector 32 k + lane). */
+template <int LV, int WARPS, bool CHUNKED = false>
 __device__ __forceinline__ void narrow_store_block_floats(float *row,
                                                           const float (&values)[8 * LV],
                                                           bool has_values, float4 *warps_stage,
@@ -106,7 +108,7 @@ __device__ __forceinline__ void narrow_store_block_floats(float *row,
     __syncwarp();
 #pragma unroll
     for (int i = 0; i < 2 * LV; i++)
-        mine[lane * 2 * LV + i] =
+        mine[CHUNKED ? (32 * (i / 2) + lane) * 2 + i % 2 : lane * 2 * LV + i] =
             has_values ? make_float4(values[4 * i], values[4 * i + 1], values[4 * i + 2],
                                      values[4 * i + 3])
                        : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
