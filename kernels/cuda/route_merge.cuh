@@ -56,6 +56,11 @@ void merge_channel_sums_reduce(float *dquery, float *dkey_norm, const bf16 *quer
  * d <= 2048, heads dividing 32, every pointer (NULL ones ignored) 16-byte aligned. */
 bool merge_narrow_fits(int d, int heads, const void *const *pointers, int count);
 
+/* The warp-a-token merges' blocks: four warps. The backward's channel sums are a row a
+ * block (merge_narrow_backward_blocks), so a kernel that follows its token partition
+ * (route_merge_norm_backward_cuda.cu) launches blocks of this size too. */
+enum { MERGE_NARROW_THREADS = 128 };
+
 /* The narrow backward's warps for `tokens`, a function of the shapes only: the rows of
  * channel sums it leaves in args.partials ([warps, d]) when it has a partial. */
 int merge_narrow_backward_warps(int tokens);

@@ -17,7 +17,6 @@
 #include <math.h>
 
 enum {
-    MERGE_NARROW_THREADS = 128, /* four warps a block */
     /* the backward's warps, whatever the device, so that the token partition (and the bits
      * of the channel sums) depend on the shapes only: 8 a multiprocessor of an H200, what
      * it holds at d 1280 (243 registers a thread: two blocks of four warps) */

@@ -33,7 +33,6 @@
 #include "kernels/cuda/route_merge_narrow.cuh"
 
 enum {
-    MERGE_NORM_BACKWARD_THREADS = 128, /* four warps a block: the narrow merge backward's */
     MERGE_NORM_BACKWARD_ROWS = 4,      /* a warp's rows of shared memory */
     MERGE_NORM_BACKWARD_MAX_LANE_VECTORS = 5, /* d <= 1280: the norm's rows of a warp */
 };
@@ -48,7 +47,7 @@ struct MergeNormGradArgs {
 };
 
 template <int LV>
-__global__ void __launch_bounds__(MERGE_NORM_BACKWARD_THREADS)
+__global__ void __launch_bounds__(MERGE_NARROW_THREADS)
     merge_norm_backward_kernel(const __grid_constant__ MergeArgs args,
                                const __grid_constant__ MergeNormGradArgs norm)
 {
@@ -125,12 +124,12 @@ __global__ void __launch_bounds__(MERGE_NORM_BACKWARD_THREADS)
     float4 *sums_stage = reinterpret_cast<float4 *>(merge_shared);
     const int stride = MERGE_NORM_BACKWARD_ROWS * VECTORS; /* float4s, as BfVector<8>s */
     if (has_partial) { /* uniform over the launch */
-        narrow_store_block_floats<LV, MERGE_NORM_BACKWARD_THREADS / 32>(
+        narrow_store_block_floats<LV, MERGE_NARROW_THREADS / 32>(
             args.partials + (long long)blockIdx.x * d, channel_sums, warp < warps, sums_stage,
             stride);
         __syncthreads(); /* every warp's row read before the next are staged */
     }
-    narrow_store_block_floats<LV, MERGE_NORM_BACKWARD_THREADS / 32, true>(
+    narrow_store_block_floats<LV, MERGE_NARROW_THREADS / 32, true>(
         norm.partials + (long long)blockIdx.x * d, dweight_sums, warp < warps, sums_stage,
         stride);
 }
@@ -139,11 +138,11 @@ template <int LV>
 static void merge_norm_backward_launch(const MergeArgs &args, const MergeNormGradArgs &norm,
                                        int blocks, cudaStream_t stream)
 {
-    const size_t bytes = (size_t)(MERGE_NORM_BACKWARD_THREADS / 32) * MERGE_NORM_BACKWARD_ROWS *
+    const size_t bytes = (size_t)(MERGE_NARROW_THREADS / 32) * MERGE_NORM_BACKWARD_ROWS *
                          NarrowRow<LV>::VECTORS * sizeof(BfVector<8>);
     CUDA_CHECK(cudaFuncSetAttribute(merge_norm_backward_kernel<LV>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-    merge_norm_backward_kernel<LV><<<blocks, MERGE_NORM_BACKWARD_THREADS, bytes, stream>>>(args,
+    merge_norm_backward_kernel<LV><<<blocks, MERGE_NARROW_THREADS, bytes, stream>>>(args,
                                                                                           norm);
     CUDA_CHECK_LAUNCH();
 }
