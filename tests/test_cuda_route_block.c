@@ -46,13 +46,16 @@ typedef struct {
  * {4, 4, 7, 4096, 8}: such a pair first, its second buffer never written; {2, 8, 20, 4096, 8}
  * and {6, 4, 41, 4096, 1}: the pairs' other source counts; {6, 7, 150, 2048, 8}: heads of
  * one whole warp in the row layout, whose dots make the coefficients themselves (as the split
- * layout's d 1280, 512 and 2048 H 16 do); {4, 8, 200, 1280, 8}: a walker grid of four rounds
- * of the multiprocessors at d 1280 */
+ * layout's d 1280, 512 and 2048 H 16 do); {4, 8, 200, 1280, 8}: a walker grid of three
+ * rounds of the multiprocessors at d 1280 (two slices of 640 channels), some ranges two
+ * tokens long; {12, 8, 700, 1280, 8}: the walker at two blocks a multiprocessor, ranges of
+ * five tokens; {3, 8, 90, 640, 4}: one slice of 640 channels */
 static const BlockShape block_kernel_shapes[] = {
     {9, 8, 33, 4096, 8}, {3, 4, 100, 4096, 1}, {5, 8, 33, 1280, 8},  {2, 3, 17, 256, 32},
     {4, 2, 33, 24, 3},   {7, 5, 1, 512, 4},    {9, 1, 50, 2048, 16}, {5, 8, 300, 4096, 8},
     {4, 4, 7, 4096, 8},  {2, 8, 20, 4096, 8},  {6, 4, 41, 4096, 1},  {10, 8, 33, 1280, 8},
-    {12, 3, 17, 256, 8}, {6, 7, 150, 2048, 8}, {4, 8, 200, 1280, 8},
+    {12, 3, 17, 256, 8}, {6, 7, 150, 2048, 8}, {4, 8, 200, 1280, 8}, {12, 8, 700, 1280, 8},
+    {3, 8, 90, 640, 4},
 };
 static const BlockShape per_site_shapes[] = {
     {13, 2, 33, 256, 8}, {3, 9, 20, 256, 2}, {2, 3, 33, 20, 5}, {2, 2, 5, 8192, 8},

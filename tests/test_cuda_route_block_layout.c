@@ -130,26 +130,30 @@ Test(cuda_route_block_layout, simt_splits_no_head)
 }
 
 /* The backward walker's grid: one wave of the blocks that fit a multiprocessor at the
- * shape's staging (G + 2N rows of 512 channels, two stages, and the coefficients of the
- * heads a block's channels touch), on 132 multiprocessors, whatever the GPU. At d 1280 a
- * block stages 44 KB at N 6 (4 fit, the launch bounds' most), 58 KB at N 9 and 72 KB at N 12
- * (3 fit: a grid of 4 a multiprocessor ran in two waves there); at d 4096 with H 8 (a
- * block a head) 54 KB at N 9, 4 fit, and 60 KB at N 10, 3. The grid is never more than the wave and short of it
- * by fewer blocks than a token range has (a block a channel slice). */
+ * shape's staging (G + 2N rows of the block's channel slice, two stages, and the
+ * coefficients of the heads its channels touch), on 132 multiprocessors, whatever the GPU.
+ * At d 1280 the slices are two of 640 channels (160 threads; three of 512 left the last
+ * half idle), at most 3 a multiprocessor at 128 registers: 3 up to N 9 (72 KB at N 9), 2
+ * at N 12 (89 KB). At d 4096 with H 8 (a block a head) slices of 512: 54 KB at N 9, 4 fit,
+ * and 60 KB at N 10, 3. The grid is never more than the wave and short of it by fewer
+ * blocks than a token range has (a block a channel slice). */
 Test(cuda_route_block_layout, the_walker_grid_is_one_wave_of_the_blocks_that_fit)
 {
     unsetenv("FATHOM_ROUTE_BLOCK");
     const struct {
-        int n_sources, n_sites, d, heads, resident, slices;
+        int n_sources, n_sites, d, heads, threads, resident, slices;
     } cases[] = {
-        {2, 8, 1280, 8, 4, 3},  {6, 8, 1280, 8, 4, 3},  {9, 8, 1280, 8, 3, 3},
-        {12, 8, 1280, 8, 3, 3}, {5, 4, 4096, 8, 4, 8},  {9, 8, 4096, 8, 4, 8},
-        {10, 8, 4096, 8, 3, 8}, {3, 4, 4096, 1, 4, 8},
+        {2, 8, 1280, 8, 160, 3, 2},  {6, 8, 1280, 8, 160, 3, 2}, {9, 8, 1280, 8, 160, 3, 2},
+        {12, 8, 1280, 8, 160, 2, 2}, {5, 4, 4096, 8, 128, 4, 8}, {9, 8, 4096, 8, 128, 4, 8},
+        {10, 8, 4096, 8, 128, 3, 8}, {3, 4, 4096, 1, 128, 4, 8}, {4, 8, 2048, 16, 128, 4, 4},
+        {4, 8, 768, 6, 128, 4, 2},
     };
     for (int i = 0; i < COUNT(cases); i++) {
         const CudaRouteBlockLayout got = cuda_route_block_layout(
             cases[i].n_sources, cases[i].n_sites, cases[i].d, cases[i].heads);
         const int wave = 132 * cases[i].resident;
+        cr_expect_eq(got.walk_threads, cases[i].threads, "d %d: %d threads a walker block",
+                     cases[i].d, got.walk_threads);
         cr_expect_eq(got.walk_resident, cases[i].resident, "N %d G %d d %d: %d a multiprocessor",
                      cases[i].n_sources, cases[i].n_sites, cases[i].d, got.walk_resident);
         cr_expect(got.walk_blocks <= wave && got.walk_blocks > wave - cases[i].slices,

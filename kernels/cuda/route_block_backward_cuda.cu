@@ -15,9 +15,10 @@
  *            [tokens][N]; where a warp's products are a whole head (block_dots_fused) the
  *            dots' warps make the coefficients themselves and the second launch only adds
  *            each token's e_n from its heads' shares;
- *   walker   a block owns a slice of 512 channels (128 threads x 4) and a range of tokens,
- *            with every site's q*g and S of its channels in registers (G x 8 floats a
- *            thread), and per token reads the slice of the N sources, their gradients and
+ *   walker   a block owns a slice of channels (128 threads x 4, or 160 x 4 where that
+ *            leaves fewer idle: block_walk_threads) and a range of tokens, with every
+ *            site's q*g and S of its channels in registers (G x 8 floats a thread), and
+ *            per token reads the slice of the N sources, their gradients and
  *            the G rows of d x: ds_n as above, S += ; per-block S at the end. A token's
  *            coefficients and e_n are staged in shared memory by the whole block (cp.async,
  *            one token ahead): read from global memory one by one they put up to N round
@@ -25,9 +26,10 @@
  *            0.9-1.0 TB/s, stalled on them; staged, 1.7-2.4 TB/s). The rows travel the same
  *            way, each thread its own slots (loaded where they were used, they left a third
  *            of the stalls waiting on DRAM; staged, the walker runs at about 3.5 TB/s at the
- *            training step's sizes). Held to 128 registers (up to 4 blocks a
- *            multiprocessor), no spills; the grid is one wave of the blocks the
- *            multiprocessors hold at the shape's shared memory (block_walk_ranges);
+ *            training step's sizes). Held to 128 registers (up to 4 blocks of 128
+ *            threads a multiprocessor, 3 of 160), no spills; the grid is one wave of the
+ *            blocks the multiprocessors hold at the shape's shared memory
+ *            (block_walk_ranges);
  *   reduce   route_block_cuda.cu's: S in range order, dalpha by a block in a fixed order.
  * The token layout cannot hold every site's q*g and S for the whole row (G x d each), hence
  * two passes over the sources and d x.
@@ -61,14 +63,14 @@ struct BlockWalkArgs {
     int n_sources, n_sites, tokens, heads, head_dim, d, ranges;
 };
 
-/* The heads a walker block's channels touch: first .. last. */
+/* The heads a walker block's channels touch: first .. last (its slice: `chunk` of
+ * block_walk_threads(d) x BLOCK_WALK_VEC channels). */
 __host__ __device__ __forceinline__ void block_walk_heads(int chunk, int d, int head_dim,
                                                           int *first, int *last)
 {
-    const int from = chunk * BLOCK_WALK_THREADS * BLOCK_WALK_VEC;
-    const int to = from + BLOCK_WALK_THREADS * BLOCK_WALK_VEC - 1 < d
-                       ? from + BLOCK_WALK_THREADS * BLOCK_WALK_VEC - 1
-                       : d - 1;
+    const int width = block_walk_threads(d) * BLOCK_WALK_VEC;
+    const int from = chunk * width;
+    const int to = from + width - 1 < d ? from + width - 1 : d - 1;
     *first = from / head_dim;
     *last = to / head_dim;
 }
@@ -89,12 +91,12 @@ __host__ __device__ __forceinline__ int block_walk_rows(int n_sources, int n_sit
  * third of its stall samples (2026-12-02). Unrolled to MAXN and G_MAX, so that every row's
  * address comes from the kernel's parameters where it is used. SITES: G when the launch
  * fixed it (block_walk_launch), 0 when it is read from the arguments. */
-template <int MAXN, int SITES>
+template <int MAXN, int SITES, int THREADS>
 __device__ __forceinline__ void block_walk_fetch(float *stage, BfVector<BLOCK_WALK_VEC> *rows,
                                                  const BlockWalkArgs &args, long long t,
                                                  int last, int first_head, int span, bool valid)
 {
-    constexpr int VEC = BLOCK_WALK_VEC, THREADS = BLOCK_WALK_THREADS;
+    constexpr int VEC = BLOCK_WALK_VEC;
     constexpr int G_LOOP = SITES ? SITES : CUDA_BLOCK_MAX_SITES;
     const int N = args.n_sources, G = SITES ? SITES : args.n_sites, per_head = 2 * G;
     const int row = span * per_head, source_stride = args.heads * per_head;
@@ -134,12 +136,11 @@ __device__ __forceinline__ void block_walk_fetch(float *stage, BfVector<BLOCK_WA
     copy_async_commit();
 }
 
-template <int MAXN, int SITES>
-__global__ void __launch_bounds__(BLOCK_WALK_THREADS, BLOCK_WALK_MAX_RESIDENT)
+template <int MAXN, int SITES, int THREADS>
+__global__ void __launch_bounds__(THREADS, block_walk_max_resident(THREADS))
     route_block_walk_kernel(const __grid_constant__ BlockWalkArgs args)
 {
     constexpr int G_MAX = SITES ? SITES : CUDA_BLOCK_MAX_SITES, VEC = BLOCK_WALK_VEC;
-    constexpr int THREADS = BLOCK_WALK_THREADS;
     /* [2][count] floats: a token's coefficients, then e_n; then [2][G + 2N][threads] rows */
     extern __shared__ __align__(16) float staged[];
     const int N = args.n_sources, G = SITES ? SITES : args.n_sites, d = args.d;
@@ -156,7 +157,8 @@ __global__ void __launch_bounds__(BLOCK_WALK_THREADS, BLOCK_WALK_MAX_RESIDENT)
     const int first = (int)((long long)args.tokens * range / args.ranges);
     const int last = (int)((long long)args.tokens * (range + 1) / args.ranges);
     /* the first token travels while q*g is made */
-    block_walk_fetch<MAXN, SITES>(staged, rows, args, first, last, first_head, span, valid);
+    block_walk_fetch<MAXN, SITES, THREADS>(staged, rows, args, first, last, first_head, span,
+                                           valid);
     float key_weight[G_MAX][VEC], channel_sums[G_MAX][VEC];
 #pragma unroll
     for (int i = 0; i < G_MAX; i++) {
@@ -176,8 +178,9 @@ __global__ void __launch_bounds__(BLOCK_WALK_THREADS, BLOCK_WALK_MAX_RESIDENT)
         const int half = (int)((t - first) & 1);
         /* every thread is done with the other half (token t - 1) before it is refilled */
         __syncthreads();
-        block_walk_fetch<MAXN, SITES>(staged + (half ^ 1) * count, rows + (half ^ 1) * stage_rows,
-                                      args, t + 1, last, first_head, span, valid);
+        block_walk_fetch<MAXN, SITES, THREADS>(staged + (half ^ 1) * count,
+                                               rows + (half ^ 1) * stage_rows, args, t + 1,
+                                               last, first_head, span, valid);
         copy_async_wait<1>(); /* this thread's share of token t has landed */
         __syncthreads();      /* and everyone's */
         const long long at = t * vectors + u;
@@ -238,13 +241,13 @@ __global__ void __launch_bounds__(BLOCK_WALK_THREADS, BLOCK_WALK_MAX_RESIDENT)
 
 static int block_walk_chunks(int d)
 {
-    const int per_block = BLOCK_WALK_THREADS * BLOCK_WALK_VEC;
+    const int per_block = block_walk_threads(d) * BLOCK_WALK_VEC;
     return (d + per_block - 1) / per_block;
 }
 
-/* The most heads a walker block's 512 channels touch: head_dim 8 (the smallest the block
- * kernels take) gives 64. */
-enum { BLOCK_WALK_MAX_SPAN = BLOCK_WALK_THREADS * BLOCK_WALK_VEC / 8 };
+/* The most heads a walker block's channels (at most 640) touch: head_dim 8 (the smallest
+ * the block kernels take) gives 80. */
+enum { BLOCK_WALK_MAX_SPAN = BLOCK_WALK_THREADS_WIDE * BLOCK_WALK_VEC / 8 };
 
 /* The most heads any walker block's channels touch at (d, head_dim). */
 static int block_walk_span(int d, int head_dim)
@@ -260,24 +263,23 @@ static int block_walk_span(int d, int head_dim)
 
 /* A walker block's shared memory: two stages of a token's coefficients and self terms
  * (floats), then two of its rows (8-byte vectors, aligned: the floats are an even count). */
-static size_t block_walk_shared_bytes(int n_sources, int n_sites, int span)
+static size_t block_walk_shared_bytes(int n_sources, int n_sites, int span, int threads)
 {
     const size_t count = (size_t)n_sources * span * 2 * n_sites + n_sources;
-    return 2 * count * 4 + (size_t)2 * block_walk_rows(n_sources, n_sites) *
-                               BLOCK_WALK_THREADS * BLOCK_WALK_VEC * 2;
+    return 2 * count * 4 + (size_t)2 * block_walk_rows(n_sources, n_sites) * threads *
+                               BLOCK_WALK_VEC * 2;
 }
 
 /* The walker's blocks a multiprocessor at this shape's shared memory (route_block_device.cuh):
  * a function of the shapes alone. */
 int route_block_walk_resident(int n_sources, int n_sites, int d, int heads)
 {
+    const int threads = block_walk_threads(d), most = block_walk_max_resident(threads);
     const size_t bytes =
-        block_walk_shared_bytes(n_sources, n_sites, block_walk_span(d, d / heads)) +
+        block_walk_shared_bytes(n_sources, n_sites, block_walk_span(d, d / heads), threads) +
         BLOCK_RESERVED_SHARED;
     const int resident = (int)(BLOCK_MULTIPROCESSOR_SHARED / bytes);
-    return resident < 1                          ? 1
-           : resident > BLOCK_WALK_MAX_RESIDENT ? BLOCK_WALK_MAX_RESIDENT
-                                                 : resident;
+    return resident < 1 ? 1 : resident > most ? most : resident;
 }
 
 /* Token ranges: one wave of walker blocks, as many as the multiprocessors hold at this
@@ -330,20 +332,32 @@ size_t route_block_backward_fast_workspace_floats(int n_sources, int n_sites, in
     return block_workspace(n_sources, n_sites, tokens, d, heads).total;
 }
 
+template <int MAXN, int SITES, int THREADS>
+static void block_walk_launch_threads(const BlockWalkArgs &walk, dim3 grid, size_t staged,
+                                      cudaStream_t stream)
+{
+    static bool attribute_set; /* one flag for each instance */
+    if (!attribute_set) {
+        CUDA_CHECK(cudaFuncSetAttribute(
+            route_block_walk_kernel<MAXN, SITES, THREADS>,
+            cudaFuncAttributeMaxDynamicSharedMemorySize,
+            (int)block_walk_shared_bytes(MAXN, CUDA_BLOCK_MAX_SITES, BLOCK_WALK_MAX_SPAN,
+                                         THREADS)));
+        attribute_set = true;
+    }
+    route_block_walk_kernel<MAXN, SITES, THREADS><<<grid, THREADS, staged, stream>>>(walk);
+    CUDA_CHECK_LAUNCH();
+}
+
 template <int MAXN, int SITES>
 static void block_walk_launch_sites(const BlockWalkArgs &walk, dim3 grid, size_t staged,
                                     cudaStream_t stream)
 {
-    static bool attribute_set; /* one flag for each instance */
-    if (!attribute_set) {
-        CUDA_CHECK(cudaFuncSetAttribute(route_block_walk_kernel<MAXN, SITES>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)block_walk_shared_bytes(MAXN, CUDA_BLOCK_MAX_SITES,
-                                                                     BLOCK_WALK_MAX_SPAN)));
-        attribute_set = true;
-    }
-    route_block_walk_kernel<MAXN, SITES><<<grid, BLOCK_WALK_THREADS, staged, stream>>>(walk);
-    CUDA_CHECK_LAUNCH();
+    if (block_walk_threads(walk.d) == BLOCK_WALK_THREADS_WIDE)
+        block_walk_launch_threads<MAXN, SITES, BLOCK_WALK_THREADS_WIDE>(walk, grid, staged,
+                                                                        stream);
+    else
+        block_walk_launch_threads<MAXN, SITES, BLOCK_WALK_THREADS>(walk, grid, staged, stream);
 }
 
 /* The blocks of 2 and 4 layers (4 and 8 sites) take kernels with their site count fixed
@@ -357,8 +371,8 @@ static void block_walk_launch(const BlockWalkArgs &walk, int n_sources, int n_si
                               cudaStream_t stream)
 {
     const dim3 grid((unsigned)block_walk_chunks(walk.d), (unsigned)walk.ranges);
-    const size_t staged =
-        block_walk_shared_bytes(n_sources, n_sites, block_walk_span(walk.d, walk.head_dim));
+    const size_t staged = block_walk_shared_bytes(
+        n_sources, n_sites, block_walk_span(walk.d, walk.head_dim), block_walk_threads(walk.d));
     if (n_sites == 4)
         block_walk_launch_sites<MAXN, 4>(walk, grid, staged, stream);
     else if (n_sites == 8)

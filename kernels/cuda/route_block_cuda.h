@@ -79,13 +79,14 @@ bool cuda_route_block_split_heads(void);
  * split layout, route_block_device.cuh), "simt", or "per_site" (past the block kernels'
  * limits: the per-site kernels once a site, every other field 0); the threads of a block,
  * the vectors each warp owns and its k-steps of 16 channels (0 for simt); the backward
- * walker's blocks a multiprocessor and its grid where the tokens are many (a function of
- * the shapes alone, so that every GPU sums in the same order: one wave on 132
- * multiprocessors of 228 KB). The pointers' alignment, also asked for, is not known here. */
+ * walker's threads a block (4 channels each), its blocks a multiprocessor and its grid
+ * where the tokens are many (a function of the shapes alone, so that every GPU sums in the
+ * same order: one wave on 132 multiprocessors of 228 KB). The pointers' alignment, also
+ * asked for, is not known here. */
 typedef struct {
     const char *kernels;
     int threads, warp_vectors, k_steps;
-    int walk_resident, walk_blocks;
+    int walk_threads, walk_resident, walk_blocks;
 } CudaRouteBlockLayout;
 
 CudaRouteBlockLayout cuda_route_block_layout(int n_sources, int n_sites, int d, int heads);

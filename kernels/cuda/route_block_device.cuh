@@ -35,12 +35,40 @@ enum {
      * multiprocessors hold, each 228 KB of shared memory less 1 KB a block, at most
      * BLOCK_WALK_MAX_RESIDENT a multiprocessor (its launch bounds) */
     BLOCK_WALK_MULTIPROCESSORS = 132,
-    BLOCK_WALK_MAX_RESIDENT = 4,
     BLOCK_MULTIPROCESSOR_SHARED = 228 * 1024,
     BLOCK_RESERVED_SHARED = 1024,
+    BLOCK_WALK_VEC = 4,            /* channels a walker thread owns (8-byte loads) */
+    /* a walker block's threads: a slice of 512 channels, or of 640 where that leaves fewer
+     * idle (block_walk_threads); held to 128 registers, so 4 and 3 blocks a multiprocessor */
     BLOCK_WALK_THREADS = 128,
-    BLOCK_WALK_VEC = 4,           /* channels a walker thread owns (8-byte loads) */
+    BLOCK_WALK_THREADS_WIDE = 160,
+    BLOCK_WALK_REGISTERS = 128,
+    BLOCK_WALK_MAX_RESIDENT = 4,
 };
+
+/* The walker's threads a block at width d: slices of 128 x 4 channels, or 160 x 4 where
+ * those leave fewer channels idle. At d 1280 slices of 512 are 512, 512 and 256: the last
+ * block's threads are half idle, and at N 9 to 12, where three blocks fit a multiprocessor,
+ * a sixth of the resident threads did nothing (the walker at 2.0 and 1.6 TB/s there,
+ * 2.4-2.5 at N <= 6; docs/performance.md, 2026-12-06, late). Two slices of 640 have none. */
+__host__ __device__ constexpr int block_walk_threads(int d)
+{
+    return (d + BLOCK_WALK_THREADS_WIDE * BLOCK_WALK_VEC - 1) /
+                       (BLOCK_WALK_THREADS_WIDE * BLOCK_WALK_VEC) * BLOCK_WALK_THREADS_WIDE <
+                   (d + BLOCK_WALK_THREADS * BLOCK_WALK_VEC - 1) /
+                       (BLOCK_WALK_THREADS * BLOCK_WALK_VEC) * BLOCK_WALK_THREADS
+               ? BLOCK_WALK_THREADS_WIDE
+               : BLOCK_WALK_THREADS;
+}
+
+/* The most walker blocks of `threads` a multiprocessor holds at BLOCK_WALK_REGISTERS: its
+ * launch bounds. */
+__host__ __device__ constexpr int block_walk_max_resident(int threads)
+{
+    return 65536 / (threads * BLOCK_WALK_REGISTERS) < BLOCK_WALK_MAX_RESIDENT
+               ? 65536 / (threads * BLOCK_WALK_REGISTERS)
+               : BLOCK_WALK_MAX_RESIDENT;
+}
 
 /* The fixed-order reduction of per-block channel sums S into dq += g S, dg += q S, and of
  * per-block dalpha sums (route_block_cuda.cu). partials [sites][blocks][d]; alpha_partials
