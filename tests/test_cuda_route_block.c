@@ -356,9 +356,9 @@ static void run_merge_backward(const Backend *b, void *const *p, const OpCase *c
     b->route_merge_backward(p[MERGE_BACK_DPARTIAL], GRAD_ADD, p[MERGE_BACK_DQUERY],
                             p[MERGE_BACK_DKEY_NORM], p[MERGE_BACK_MEAN], p[MERGE_BACK_DOUT],
                             p[MERGE_BACK_OUT], c->shape[5] ? sources[s.n_sources - 1] : NULL,
-                            s.n_sources, p[MERGE_BACK_WEIGHTS], p[MERGE_BACK_RSTD], p[MERGE_BACK_QUERY],
-                            p[MERGE_BACK_KEY_NORM], p[MERGE_BACK_SCRATCH], s.tokens, s.d,
-                            s.heads);
+                            s.n_sources, p[MERGE_BACK_WEIGHTS], p[MERGE_BACK_RSTD],
+                            p[MERGE_BACK_QUERY], p[MERGE_BACK_KEY_NORM], p[MERGE_BACK_SCRATCH],
+                            s.tokens, s.d, s.heads);
 }
 
 /* the site's forward over all its sources: out, weights, rstd */
@@ -448,23 +448,33 @@ Test(cuda_route_block, block_backward_on_tensor_cores_is_each_sites_route_backwa
 
 static const struct {
     BlockShape shape;
-    const char *kernels;
+    const char *kernels, *backward; /* the backward under FATHOM_ROUTE_BLOCK_BACKWARD unset */
 } split_cases[] = {
-    {{5, 8, 33, 1280, 8}, "mma_split"},   {{9, 8, 700, 1280, 8}, "mma_split"},
-    {{10, 4, 33, 1280, 8}, "mma_split"},  {{2, 8, 1, 1280, 8}, "mma_split"},
-    {{4, 4, 1100, 1280, 8}, "mma_split"}, {{3, 3, 17, 1024, 8}, "mma_split"},
-    {{9, 8, 300, 1024, 8}, "mma_split"},  {{7, 5, 20, 1536, 8}, "mma_split"},
-    {{12, 8, 41, 1536, 8}, "mma_split"},  {{5, 8, 1200, 1536, 8}, "mma_split"},
-    {{4, 2, 7, 640, 2}, "mma_split"},     {{9, 4, 300, 640, 2}, "mma_split"},
-    {{5, 4, 33, 1280, 16}, "simt"},       {{6, 4, 41, 4096, 8}, "mma"},
+    {{5, 8, 33, 1280, 8}, "mma_split", "one_pass"},
+    {{9, 8, 700, 1280, 8}, "mma_split", "one_pass"},
+    {{10, 4, 33, 1280, 8}, "mma_split", "one_pass"},
+    {{2, 8, 1, 1280, 8}, "mma_split", "two_pass"},
+    {{4, 4, 1100, 1280, 8}, "mma_split", "two_pass"},
+    {{3, 3, 17, 1024, 8}, "mma_split", "two_pass"},
+    {{9, 8, 300, 1024, 8}, "mma_split", "one_pass"},
+    {{7, 5, 20, 1536, 8}, "mma_split", "one_pass"},
+    {{12, 8, 41, 1536, 8}, "mma_split", "one_pass"},
+    {{5, 8, 1200, 1536, 8}, "mma_split", "one_pass"},
+    {{4, 2, 7, 640, 2}, "mma_split", "two_pass"},
+    {{9, 4, 300, 640, 2}, "mma_split", "two_pass"},
+    {{5, 4, 33, 1280, 16}, "simt", "two_pass"},
+    {{6, 4, 41, 4096, 8}, "mma", "two_pass"},
 };
 
-static void expect_split_kernels(int i)
+/* The kernels the case takes, and its backward (`two_pass`: forced to two passes) */
+static void expect_split_kernels(int i, bool two_pass)
 {
     const BlockShape s = split_cases[i].shape;
-    const char *kernels =
-        cuda_route_block_layout(s.n_sources, s.n_sites, s.d, s.heads).kernels;
-    cr_expect_str_eq(kernels, split_cases[i].kernels, "case %d: %s", i, kernels);
+    const CudaRouteBlockLayout got =
+        cuda_route_block_layout(s.n_sources, s.n_sites, s.d, s.heads);
+    cr_expect_str_eq(got.kernels, split_cases[i].kernels, "case %d: %s", i, got.kernels);
+    const char *backward = two_pass ? "two_pass" : split_cases[i].backward;
+    cr_expect_str_eq(got.backward, backward, "case %d: %s", i, got.backward);
 }
 
 Test(cuda_route_block, block_forward_in_the_split_layout_is_each_sites_route)
@@ -472,19 +482,33 @@ Test(cuda_route_block, block_forward_in_the_split_layout_is_each_sites_route)
     gpu_require();
     setenv("FATHOM_ROUTE_BLOCK", "mma_all", 1);
     for (int i = 0; i < COUNT(split_cases); i++) {
-        expect_split_kernels(i);
+        expect_split_kernels(i, false);
         check_block_forward(split_cases[i].shape, i % 2 == 1, 1200 + (uint64_t)i);
     }
 }
 
+/* In one pass where a warp is a head (route_block_one_pass_cuda.cu), in two elsewhere */
 Test(cuda_route_block, block_backward_in_the_split_layout_is_each_sites_route_backward)
 {
     gpu_require();
     setenv("FATHOM_ROUTE_BLOCK", "mma_all", 1);
     for (int form = 0; form < 3; form++)
         for (int i = 0; i < COUNT(split_cases); i++) {
-            expect_split_kernels(i);
+            expect_split_kernels(i, false);
             check_block_backward(split_cases[i].shape, form, 1300 + 20 * (uint64_t)form + i);
+        }
+}
+
+/* The dots and the channel walker where the one pass would run */
+Test(cuda_route_block, block_backward_in_two_passes_in_the_split_layout)
+{
+    gpu_require();
+    setenv("FATHOM_ROUTE_BLOCK", "mma_all", 1);
+    setenv("FATHOM_ROUTE_BLOCK_BACKWARD", "two_pass", 1);
+    for (int form = 0; form < 3; form++)
+        for (int i = 0; i < 5; i++) { /* the d 1280 cases */
+            expect_split_kernels(i, true);
+            check_block_backward(split_cases[i].shape, form, 1600 + 20 * (uint64_t)form + i);
         }
 }
 

@@ -163,3 +163,53 @@ Test(cuda_route_block_layout, the_walker_grid_is_one_wave_of_the_blocks_that_fit
                      cases[i].d, got.walk_blocks, cases[i].slices);
     }
 }
+
+/* The backward in one pass where each warp's dots are one whole head (the split layout),
+ * there are 5 sources or more and the staging fits: the 1B model's d 1280 H 8 up to N 12 at
+ * G 8, head_dim 128 and 192; the two passes elsewhere (fewer sources, heads of several
+ * warps, the row layout, a head's warp of 32 vectors, more than 8 heads), under
+ * FATHOM_ROUTE_BLOCK=mma (no split layout), and everywhere under
+ * FATHOM_ROUTE_BLOCK_BACKWARD=two_pass. */
+static const struct {
+    int n_sources, n_sites, d, heads;
+    const char *backward;
+} backward_cases[] = {
+    {9, 8, 1280, 8, "one_pass"},  {12, 8, 1280, 8, "one_pass"}, {5, 4, 1280, 8, "one_pass"},
+    {4, 8, 1280, 8, "two_pass"},  {2, 4, 1280, 8, "two_pass"},
+    {9, 8, 1024, 8, "one_pass"},  {12, 8, 1536, 8, "one_pass"}, {9, 8, 4096, 8, "two_pass"},
+    {9, 4, 640, 2, "two_pass"},   {6, 7, 2048, 8, "two_pass"},  {5, 4, 1280, 16, "two_pass"},
+    {4, 8, 2048, 16, "two_pass"},
+};
+
+static void expect_backward(const char *kernels, const char *passes, bool every_two)
+{
+    setenv("FATHOM_ROUTE_BLOCK", kernels, 1);
+    if (passes)
+        setenv("FATHOM_ROUTE_BLOCK_BACKWARD", passes, 1);
+    else
+        unsetenv("FATHOM_ROUTE_BLOCK_BACKWARD");
+    for (int i = 0; i < COUNT(backward_cases); i++) {
+        const CudaRouteBlockLayout got =
+            cuda_route_block_layout(backward_cases[i].n_sources, backward_cases[i].n_sites,
+                                    backward_cases[i].d, backward_cases[i].heads);
+        const char *want = every_two ? "two_pass" : backward_cases[i].backward;
+        cr_expect_str_eq(got.backward, want, "N %d G %d d %d H %d: %s",
+                         backward_cases[i].n_sources, backward_cases[i].n_sites,
+                         backward_cases[i].d, backward_cases[i].heads, got.backward);
+    }
+}
+
+Test(cuda_route_block_layout, the_backward_takes_one_pass_where_a_warp_is_a_head)
+{
+    expect_backward("mma_all", NULL, false);
+}
+
+Test(cuda_route_block_layout, the_backward_takes_one_pass_only_in_the_split_layout)
+{
+    expect_backward("mma", NULL, true);
+}
+
+Test(cuda_route_block_layout, two_pass_keeps_the_backward_in_two_passes)
+{
+    expect_backward("mma_all", "two_pass", true);
+}

@@ -36,8 +36,10 @@
  *
  * How fast should this be. Per token: dots read N + G rows (and write 2 G N floats a warp);
  * the walker reads N + G and reads and writes N (the gradients): (4N + 2G) rows, against
- * (3N + G) for a single pass and G (3N + 1) for the per-site kernels. At the 8B graft
- * (8 blocks, G 8, sum N 44, 67 MB rows) 304 rows = 20.4 GB: 4.7 ms at 4.3 TB/s (the per-site backward moved 98.8 GB in 25.2 ms).
+ * (3N + G) for a single pass (route_block_one_pass_cuda.cu, which takes the split layout's
+ * blocks from 5 sources on) and G (3N + 1) for the per-site kernels. At the 8B graft (8
+ * blocks, G 8, sum N 44, 67 MB rows) 304 rows = 20.4 GB: 4.7 ms at 4.3 TB/s (the per-site
+ * backward moved 98.8 GB in 25.2 ms).
  * The coefficients add 2 G N H floats a token (38 MB a block at N 9), read back through L2,
  * each walker block staging only its heads' share.
  * Deterministic: the token partition of the walker and the reduction orders depend on the
@@ -318,7 +320,12 @@ static BlockWorkspace block_workspace(int n_sources, int n_sites, int tokens, in
     /* the dalpha terms at their widest: [G][blocks][H] of at most a block a token
      * (block_dots_fused) */
     w.partials = w.alpha_terms + round_up_4((size_t)n_sites * tokens * heads);
-    const int ranges = block_walk_ranges(tokens, n_sources, n_sites, d, heads);
+    /* S's partial sums: a walker range's each, or the one pass's blocks' */
+    const BlockHeads layout = block_heads(n_sources, n_sites, d, heads);
+    const int ranges =
+        route_block_one_pass_takes(layout, n_sources, n_sites, d, heads)
+            ? route_block_one_pass_blocks(layout, n_sources, n_sites, tokens, d, heads)
+            : block_walk_ranges(tokens, n_sources, n_sites, d, heads);
     w.parts = w.partials + round_up_4((size_t)n_sites * ranges * d);
     w.total = w.parts + route_block_parts_floats(n_sources, n_sites, tokens, d, heads);
     return w;
@@ -428,6 +435,18 @@ void route_block_backward_fast(bf16 *const *dsources, unsigned dsources_written,
     walk.ranges = block_walk_ranges(tokens, n_sources, n_sites, d, heads);
     walk.partials = workspace + w.partials;
     dots.parts = workspace + w.parts;
+    reduce.partials = workspace + w.partials;
+    reduce.alpha_partials = workspace + w.alpha_terms;
+    reduce.d = d;
+    if (route_block_one_pass_takes(dots.layout, n_sources, n_sites, d, heads)) {
+        const int blocks =
+            route_block_one_pass(dots, dsources, dsources_written, workspace + w.partials, d,
+                                 stream);
+        reduce.blocks = blocks;
+        reduce.alpha_blocks = blocks * heads;
+        route_block_reduce(reduce, n_sites, stream);
+        return;
+    }
     const int alpha_terms = route_block_dots(dots, stream);
     /* the unrolled source loops sized near N: fewer predicated-off iterations, and at 6 the
      * walker keeps within its 128 registers without spilling */
@@ -441,10 +460,7 @@ void route_block_backward_fast(bf16 *const *dsources, unsigned dsources_written,
         block_walk_launch<9>(walk, n_sources, n_sites, stream);
     else
         block_walk_launch<CUDA_BLOCK_MAX_SOURCES>(walk, n_sources, n_sites, stream);
-    reduce.partials = workspace + w.partials;
-    reduce.alpha_partials = workspace + w.alpha_terms;
     reduce.blocks = walk.ranges;
     reduce.alpha_blocks = alpha_terms;
-    reduce.d = d;
     route_block_reduce(reduce, n_sites, stream);
 }

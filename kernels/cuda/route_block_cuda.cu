@@ -113,7 +113,7 @@ BlockHeads block_heads(int n_sources, int n_sites, int d, int heads)
 extern "C" CudaRouteBlockLayout cuda_route_block_layout(int n_sources, int n_sites, int d,
                                                         int heads)
 {
-    CudaRouteBlockLayout out = {"per_site", 0, 0, 0, 0, 0, 0};
+    CudaRouteBlockLayout out = {"per_site", "per_site", 0, 0, 0, 0, 0, 0};
     if (!route_block_fits(n_sources, n_sites, d, heads))
         return out;
     const BlockHeads layout = block_heads(n_sources, n_sites, d, heads);
@@ -121,6 +121,9 @@ extern "C" CudaRouteBlockLayout cuda_route_block_layout(int n_sources, int n_sit
     out.threads = layout.threads;
     out.warp_vectors = layout.warp_vectors;
     out.k_steps = layout.tensor_cores ? layout.k_steps : 0;
+    out.backward = route_block_one_pass_takes(layout, n_sources, n_sites, d, heads)
+                       ? "one_pass"
+                       : "two_pass";
     out.walk_threads = block_walk_threads(d);
     out.walk_resident = route_block_walk_resident(n_sources, n_sites, d, heads);
     out.walk_blocks = route_block_walk_blocks(INT_MAX, n_sources, n_sites, d, heads);

@@ -34,6 +34,11 @@
  *                        the token layout cannot hold G x d values of q*g and S (G 8, d 4096:
  *                        256 KB): the walker's blocks split the channels instead, at the cost
  *                        of reading the sources and d x a second time.
+ *                        Where a warp's dots are one whole head (the split layout, at most 8
+ *                        heads) and N >= 5, one kernel does all three
+ *                        (route_block_one_pass_cuda.cu): the warp that made a head's dots
+ *                        and coefficients makes its channels' ds_n and S on tensor cores,
+ *                        S in its accumulators, so each row is read once.
  *   merges               a block a token, a thread per vector (route_block_cuda.cu).
  * The fast kernels take N <= CUDA_BLOCK_MAX_SOURCES, G <= CUDA_BLOCK_MAX_SITES, d <= 4096 with
  * d / H a multiple of 8 and 16-byte aligned pointers; anything else runs the per-site kernels
@@ -63,6 +68,10 @@ enum {
     CUDA_BLOCK_MAX_SITES = 8,   /* blocks of 4 layers */
 };
 
+/* Which backward runs where a warp's dots are a whole head (the split layout), from
+ * FATHOM_ROUTE_BLOCK_BACKWARD, read once (any other value exits 2): one_pass (or unset) or
+ * two_pass (the dots kernel, then the channel walker, as at every other shape). */
+
 /* Which block kernels run, from FATHOM_ROUTE_BLOCK, read once (any other value exits 2):
  *   mma_all (or unset)  tensor cores (route_block_mma.cuh) where a head is whole warps
  *                   (head_dim a multiple of 256) and where it splits evenly into warps of
@@ -78,13 +87,15 @@ bool cuda_route_block_split_heads(void);
  * needed; for the tests and the benches): "mma" (heads of whole warps), "mma_split" (the
  * split layout, route_block_device.cuh), "simt", or "per_site" (past the block kernels'
  * limits: the per-site kernels once a site, every other field 0); the threads of a block,
- * the vectors each warp owns and its k-steps of 16 channels (0 for simt); the backward
- * walker's threads a block (4 channels each), its blocks a multiprocessor and its grid
- * where the tokens are many (a function of the shapes alone, so that every GPU sums in the
- * same order: one wave on 132 multiprocessors of 228 KB). The pointers' alignment, also
- * asked for, is not known here. */
+ * the vectors each warp owns and its k-steps of 16 channels (0 for simt); the backward:
+ * "one_pass" (route_block_one_pass_cuda.cu: a warp a whole head, the dots and the source
+ * gradients in one pass) or "two_pass" (the dots, then the channel walker); the walker's
+ * threads a block (4 channels each), its blocks a multiprocessor and its grid where the
+ * tokens are many (a function of the shapes alone, so that every GPU sums in the same
+ * order: one wave on 132 multiprocessors of 228 KB). The pointers' alignment, also asked
+ * for, is not known here. */
 typedef struct {
-    const char *kernels;
+    const char *kernels, *backward;
     int threads, warp_vectors, k_steps;
     int walk_threads, walk_resident, walk_blocks;
 } CudaRouteBlockLayout;

@@ -241,6 +241,20 @@ __host__ __device__ __forceinline__ bool block_dots_fused(const BlockHeads &layo
     return layout.tensor_cores && layout.warps_per_head == 1;
 }
 
+/* The one-pass backward (route_block_one_pass_cuda.cu): whether it takes this call (a warp
+ * a whole head, at most 8 heads, its shared memory within the device's, and
+ * FATHOM_ROUTE_BLOCK_BACKWARD not two_pass); its grid (the blocks 132 multiprocessors hold,
+ * at most one a token); and the launch: ds_n added into (or written where dsources_written
+ * says), S [G][blocks][d] into partials and the dalpha terms [G][blocks][H] into
+ * dots.alpha_terms for route_block_reduce. Returns the blocks. */
+bool route_block_one_pass_takes(const BlockHeads &layout, int n_sources, int n_sites, int d,
+                                int heads);
+int route_block_one_pass_blocks(const BlockHeads &layout, int n_sources, int n_sites,
+                                int tokens, int d, int heads);
+int route_block_one_pass(const BlockDotsArgs &dots, bf16 *const *dsources,
+                         unsigned dsources_written, float *partials, int d,
+                         cudaStream_t stream);
+
 /* The floats of BlockDotsArgs.parts. */
 size_t route_block_parts_floats(int n_sources, int n_sites, int tokens, int d, int heads);
 

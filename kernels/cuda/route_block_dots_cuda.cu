@@ -28,6 +28,7 @@
  * one fixed order: the same bits as the first version, and deterministic.
  */
 #include "kernels/cuda/route_block_device.cuh"
+#include "kernels/cuda/route_block_dots.cuh"
 #include "kernels/cuda/route_block_mma.cuh"
 
 #include <math.h>
@@ -116,52 +117,8 @@ __global__ void __launch_bounds__(BLOCK_MAX_THREADS, 1)
     copy_async_wait<0>();
 }
 
-/* ---- the coefficients inside the dots, where a warp is a whole head ----
- * Where each warp's products cover one whole head (block_dots_fused), the warp holds every
- * D and P of that head for the token, and the softmax backward of its (site, head) pairs
- * needs nothing else: the warp makes the token's coefficients itself (the math of the
- * coefficients kernel below, with the sums over sources and sites taken by shuffles in a
- * fixed tree), so the parts' round trip through memory and the coefficients kernel go: the
- * dots and coefficients of a 1B MHAR delta step 5.76 -> 5.02 ms (H100, 2026-12-07).
- * Only e_n sums over every head: the warp writes its head's share r^3/d sum_i dz P
- * [tokens][N][H] where the parts would be, and a small launch adds each token's H shares in
- * head order (route_block_self_sum_kernel). Added inside the walker instead, a token ahead
- * by the warp that staged them, they made its N 12 instance spill and cost it 0.54 ms a
- * 1B MHAR delta step (H100, 2026-12-07), more than the launch. The dalpha terms each warp
- * adds over its own tokens in their order, and writes once, [G][blocks][H], for the
- * reduction: written a token and a head at a time, 65536 terms a site at the 1B step kept
- * the reduction's one block 110 us a launch (H100, 2026-12-07). */
-
-/* The lane's inputs of token t: the saved weights of its four (source, site) entries
- * (n = g + 8 (e / 2), i = 2c + e % 2: the mma's output fragment), the rstd of its two
- * sources and the centres of its two sites (the replace form's merges); zeros past N, G. */
-struct DotsLaneInputs {
-    float a[4], r[2], mean[2];
-};
-
-__device__ __forceinline__ DotsLaneInputs block_dots_lane_inputs(const BlockDotsArgs &args,
-                                                                 long long t, int h, int g,
-                                                                 int c)
-{
-    const int N = args.n_sources, G = args.n_sites, H = args.heads;
-    DotsLaneInputs in;
-#pragma unroll
-    for (int e = 0; e < 4; e++) {
-        const int n = g + 8 * (e >> 1), i = 2 * c + (e & 1);
-        in.a[e] = n < N && i < G ? args.weights[i][((long long)n * args.tokens + t) * H + h]
-                                 : 0.0f;
-    }
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int n = g + 8 * r, i = 2 * c + r;
-        in.r[r] = n < N ? args.rstd[(long long)n * args.tokens + t] : 0.0f;
-        in.mean[r] = i < G && args.means[i] ? args.means[i][t * H + h] : 0.0f;
-    }
-    return in;
-}
-
-/* Token t's coefficients of head h from the warp's fragments: value[e] = D, key[e] = P;
- * the dalpha terms sum_n a D of the lane's two sites added into alpha_sums. */
+/* Token t's coefficients of head h written where the walker reads them: [tokens][N][H][2G],
+ * and the head's share of e_n [tokens][N][H] in the parts' place. */
 __device__ __forceinline__ void block_dots_coefficients(const BlockDotsArgs &args, long long t,
                                                         int h, int g, int c,
                                                         const float (&value)[4],
@@ -171,42 +128,24 @@ __device__ __forceinline__ void block_dots_coefficients(const BlockDotsArgs &arg
                                                         float (&alpha_sums)[2])
 {
     const int N = args.n_sources, G = args.n_sites, H = args.heads;
-    /* sum_n a D of site 2c + b: the lane's two sources, then across the g lanes */
-    float weighted[2];
-#pragma unroll
-    for (int b = 0; b < 2; b++) {
-        weighted[b] = in.a[b] * value[b] + in.a[b + 2] * value[b + 2];
-#pragma unroll
-        for (int mask = 4; mask < 32; mask <<= 1)
-            weighted[b] += __shfl_xor_sync(0xffffffffu, weighted[b], mask);
-    }
-    float score_grad[4];
+    const DotsLaneCoefficients out =
+        block_dots_lane_coefficients(args, value, key, in, scale, alpha_sums);
 #pragma unroll
     for (int e = 0; e < 4; e++) {
-        const int b = e & 1, i = 2 * c + b, n = g + 8 * (e >> 1);
-        const float mean = args.means[0] ? in.mean[b] : scale[b] * weighted[b];
-        score_grad[e] = in.a[e] * (scale[b] * value[e] - mean);
+        const int i = 2 * c + (e & 1), n = g + 8 * (e >> 1);
         if (n < N && i < G) {
             float *coefficient =
                 args.coefficients + ((t * N + n) * H + h) * (long long)(2 * G);
-            coefficient[i] = in.a[e] * scale[b];
-            coefficient[G + i] = in.r[e >> 1] * score_grad[e];
+            coefficient[i] = out.value[e];
+            coefficient[G + i] = out.key[e];
         }
     }
-    /* e_n's share of this head: sum_i dz P over the lane's two sites, then the c lanes */
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        float product = score_grad[2 * r] * key[2 * r] + score_grad[2 * r + 1] * key[2 * r + 1];
-        product += __shfl_xor_sync(0xffffffffu, product, 1);
-        product += __shfl_xor_sync(0xffffffffu, product, 2);
         const int n = g + 8 * r;
-        const float rstd = in.r[r];
-        if (c == 0 && n < N) /* [tokens][N][H], in the parts' place */
-            args.parts[(t * N + n) * H + h] = rstd * rstd * (rstd * product * args.inverse_width);
+        if (c == 0 && n < N)
+            args.parts[(t * N + n) * H + h] = out.self_share[r];
     }
-#pragma unroll
-    for (int b = 0; b < 2; b++)
-        alpha_sums[b] += weighted[b];
 }
 
 /* On tensor cores (FATHOM_ROUTE_BLOCK=mma, route_block_mma.cuh): per k-step of a warp's
