@@ -89,12 +89,8 @@ static void plan_site(ResidualPlan *plan, int j, int n_layers)
  * in two phases (unset: it does). */
 static bool replace_walk_two_phase(void)
 {
-    const char *name = getenv("FATHOM_ROUTE_REPLACE");
-    if (!name || !*name || !strcmp(name, "two_phase"))
-        return true;
-    if (!strcmp(name, "per_site"))
-        return false;
-    fatal(EXIT_CONFIG, "FATHOM_ROUTE_REPLACE = '%s' (per_site or two_phase)", name);
+    static const char *const names[] = {"two_phase", "per_site"};
+    return env_choice("FATHOM_ROUTE_REPLACE", names, 2) == 0;
 }
 
 void residual_plan_build(ResidualPlan *plan, const ModelConfig *model,

@@ -71,6 +71,21 @@ void warn(const char *format, ...)
     va_end(args);
 }
 
+int env_choice(const char *name, const char *const *choices, int count)
+{
+    const char *value = getenv(name);
+    if (!value || !*value)
+        return 0;
+    char listed[512] = "";
+    for (int i = 0; i < count; i++) {
+        if (!strcmp(value, choices[i]))
+            return i;
+        snprintf(listed + strlen(listed), sizeof listed - strlen(listed), "%s%s",
+                 i == 0 ? "" : i == count - 1 ? " or " : ", ", choices[i]);
+    }
+    fatal(EXIT_CONFIG, "%s = '%s' (%s)", name, value, listed);
+}
+
 void *xmalloc(size_t bytes)
 {
     void *pointer = malloc(bytes ? bytes : 1);

@@ -45,6 +45,11 @@ void error_set_rank(int rank);
 void (*error_abort_hook(void))(int exit_code);
 int error_rank_prefix(void);
 
+/* The index of environment variable `name`'s value among `choices` (count of them): 0, the
+ * default, where it is unset or empty; any other value exits 2 naming the choices. For the
+ * switches that pick among kernels or walks, for timing them against each other. */
+int env_choice(const char *name, const char *const *choices, int count);
+
 /* Prints "fathom: warning: ..." and carries on. */
 void warn(const char *format, ...) __attribute__((format(printf, 1, 2)));
 

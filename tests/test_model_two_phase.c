@@ -348,7 +348,7 @@ static void build_a_replace_plan_named_fastest(void *unused)
 Test(model_two_phase, an_unknown_replace_walk_name_exits_with_the_config_code)
 {
     test_expect_fatal(build_a_replace_plan_named_fastest, NULL, EXIT_CONFIG,
-                      "FATHOM_ROUTE_REPLACE = 'fastest' (per_site or two_phase)");
+                      "FATHOM_ROUTE_REPLACE = 'fastest' (two_phase or per_site)");
 }
 
 /* The choice is the replace form's of attnres: msar walks in two phases anyway, and the

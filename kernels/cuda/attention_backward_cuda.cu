@@ -30,11 +30,10 @@
 #include "kernels/cuda/attention_backward_internal.h"
 #include "kernels/cuda/attention_cuda.h"
 #include "kernels/cuda/attention_tiles.cuh"
+#include "runtime/error.h"
 
 #include <cuda_runtime.h>
 #include <math.h>
-#include <stdlib.h>
-#include <string.h>
 
 #define BACKWARD_BLOCK_ROWS 128 /* keys of a dk/dv CTA, queries of a dq CTA: two warpgroups */
 #define BACKWARD_BLOCK_WALK 64  /* queries (dk/dv) or keys (dq) of one step of the walk */
@@ -418,17 +417,11 @@ extern "C" void attention_cuda_select_backward(AttentionBackwardKernel kernel)
 extern "C" AttentionBackwardKernel attention_cuda_backward_kernel(void)
 {
     if (selected_backward < 0) {
-        const char *name = getenv("FATHOM_ATTENTION_BACKWARD");
         /* fused_tma by default: measured fastest on an H200 (docs/performance.md) */
-        if (!name || !*name || !strcmp(name, "fused_tma"))
-            selected_backward = ATTENTION_BACKWARD_FUSED_TMA;
-        else if (!strcmp(name, "two_pass"))
-            selected_backward = ATTENTION_BACKWARD_TWO_PASS;
-        else if (!strcmp(name, "fused"))
-            selected_backward = ATTENTION_BACKWARD_FUSED;
-        else
-            fatal(EXIT_CONFIG,
-                  "FATHOM_ATTENTION_BACKWARD = '%s' (fused, fused_tma or two_pass)", name);
+        static const char *const names[] = {"fused_tma", "fused", "two_pass"};
+        static const int kernels[] = {ATTENTION_BACKWARD_FUSED_TMA, ATTENTION_BACKWARD_FUSED,
+                                      ATTENTION_BACKWARD_TWO_PASS};
+        selected_backward = kernels[env_choice("FATHOM_ATTENTION_BACKWARD", names, 3)];
     }
     return (AttentionBackwardKernel)selected_backward;
 }

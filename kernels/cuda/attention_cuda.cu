@@ -23,11 +23,10 @@
  */
 #include "kernels/cuda/attention_cuda.h"
 #include "kernels/cuda/attention_tiles.cuh"
+#include "runtime/error.h"
 
 #include <cuda_runtime.h>
 #include <math.h>
-#include <stdlib.h>
-#include <string.h>
 
 #define FORWARD_WARPGROUPS 4 /* 512 threads: at most 128 registers a thread */
 #define FORWARD_ROWS (FORWARD_WARPGROUPS * WARPGROUP_ROWS) /* query rows a CTA holds */
@@ -253,22 +252,15 @@ extern "C" void attention_cuda_select_forward(AttentionForwardKernel kernel)
 extern "C" AttentionForwardKernel attention_cuda_forward_kernel(void)
 {
     if (selected_forward < 0) {
-        const char *name = getenv("FATHOM_ATTENTION_FORWARD");
         /* persistent by default: measured fastest on an H200 at head_dim 64, 80 and 128
          * (docs/performance.md) */
-        if (!name || !*name || !strcmp(name, "persistent"))
-            selected_forward = ATTENTION_FORWARD_PERSISTENT;
-        else if (!strcmp(name, "specialised"))
-            selected_forward = ATTENTION_FORWARD_SPECIALISED;
-        else if (!strcmp(name, "grouped"))
-            selected_forward = ATTENTION_FORWARD_GROUPED;
-        else if (!strcmp(name, "single_consumer"))
-            selected_forward = ATTENTION_FORWARD_SINGLE_CONSUMER;
-        else
-            fatal(EXIT_CONFIG,
-                  "FATHOM_ATTENTION_FORWARD = '%s' (persistent, specialised, single_consumer "
-                  "or grouped)",
-                  name);
+        static const char *const names[] = {"persistent", "specialised", "single_consumer",
+                                            "grouped"};
+        static const int kernels[] = {ATTENTION_FORWARD_PERSISTENT,
+                                      ATTENTION_FORWARD_SPECIALISED,
+                                      ATTENTION_FORWARD_SINGLE_CONSUMER,
+                                      ATTENTION_FORWARD_GROUPED};
+        selected_forward = kernels[env_choice("FATHOM_ATTENTION_FORWARD", names, 4)];
     }
     return (AttentionForwardKernel)selected_forward;
 }

@@ -37,9 +37,6 @@
 #include "runtime/error.h"
 
 #include <math.h>
-#include <stdlib.h>
-#include <string.h>
-
 
 /* Shared memory, in floats after the rows [2][N][threads] x 16 bytes: square parts
  * [2][MAXN][warps] and dot parts [2][G][N][parts] (the tensor-core kernel's [2][parts][G][N],
@@ -413,15 +410,9 @@ static int route_block_kernels(void)
 {
     static int selected = -1; /* read once */
     if (selected < 0) {
-        const char *name = getenv("FATHOM_ROUTE_BLOCK");
-        if (!name || !*name || !strcmp(name, "mma_all"))
-            selected = ROUTE_BLOCK_MMA_ALL;
-        else if (!strcmp(name, "mma"))
-            selected = ROUTE_BLOCK_MMA;
-        else if (!strcmp(name, "simt"))
-            selected = ROUTE_BLOCK_SIMT;
-        else
-            fatal(EXIT_CONFIG, "FATHOM_ROUTE_BLOCK = '%s' (mma_all, mma or simt)", name);
+        static const char *const names[] = {"mma_all", "mma", "simt"};
+        static const int kernels[] = {ROUTE_BLOCK_MMA_ALL, ROUTE_BLOCK_MMA, ROUTE_BLOCK_SIMT};
+        selected = kernels[env_choice("FATHOM_ROUTE_BLOCK", names, 3)];
     }
     return selected;
 }

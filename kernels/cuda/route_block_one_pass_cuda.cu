@@ -49,8 +49,8 @@
  */
 #include "kernels/cuda/route_block_dots.cuh"
 #include "kernels/cuda/route_block_mma.cuh"
+#include "runtime/error.h"
 
-#include <stdlib.h>
 #include <string.h>
 
 /* A warp a head, at most 8 heads: 256 threads, so that a thread may hold 255 registers
@@ -400,14 +400,8 @@ static bool one_pass_allowed(void)
 {
     static int allowed = -1;
     if (allowed < 0) {
-        const char *name = getenv("FATHOM_ROUTE_BLOCK_BACKWARD");
-        if (!name || !*name || !strcmp(name, "one_pass"))
-            allowed = 1;
-        else if (!strcmp(name, "two_pass"))
-            allowed = 0;
-        else
-            fatal(EXIT_CONFIG, "FATHOM_ROUTE_BLOCK_BACKWARD = '%s' (one_pass or two_pass)",
-                  name);
+        static const char *const names[] = {"one_pass", "two_pass"};
+        allowed = env_choice("FATHOM_ROUTE_BLOCK_BACKWARD", names, 2) == 0;
     }
     return allowed;
 }

@@ -18,9 +18,6 @@
 #include "kernels/cuda/stream_mix.cuh"
 #include "runtime/error.h"
 
-#include <stdlib.h>
-#include <string.h>
-
 /* The merge-conv forward's grid (a warp walks MERGE_CONV_RUN consecutive tokens); token t's
  * streams merged into the warp's rows, stored from them where kept, then mixed from them
  * into x and its gates and rstd */
@@ -73,13 +70,8 @@ static bool merge_mix_fused(void)
 {
     static int selected = -1; /* read once */
     if (selected < 0) {
-        const char *name = getenv("FATHOM_MERGE_MIX");
-        if (!name || !*name || !strcmp(name, "fused"))
-            selected = 1;
-        else if (!strcmp(name, "composed"))
-            selected = 0;
-        else
-            fatal(EXIT_CONFIG, "FATHOM_MERGE_MIX = '%s' (fused or composed)", name);
+        static const char *const names[] = {"fused", "composed"};
+        selected = env_choice("FATHOM_MERGE_MIX", names, 2) == 0;
     }
     return selected == 1;
 }
