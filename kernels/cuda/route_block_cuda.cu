@@ -45,7 +45,8 @@ __device__ __forceinline__ int strided_count(int first, int end, int step)
 
 /* For site i = blockIdx.y: S_c = the blocks' sums in block order (REDUCE_SLICES strided sums,
  * then those in order), dq_c += g_c S_c, dg_c += q_c S_c; *dalpha += its terms (a strided
- * sum a thread, then the threads' sums in a fixed order). Block: REDUCE_SLICES warps x 32 channels. */
+ * sum a thread, then the threads' sums in a fixed order). Block: REDUCE_SLICES warps x 32
+ * channels. */
 __global__ void route_block_reduce_kernel(const __grid_constant__ BlockReduceArgs args)
 {
     __shared__ float slices[REDUCE_SLICES][32];
