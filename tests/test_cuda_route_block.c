@@ -443,8 +443,9 @@ Test(cuda_route_block, block_backward_on_tensor_cores_is_each_sites_route_backwa
  * pair forward (N <= 6; one token: a pair without a second) and the one-token kernel (N
  * 7-12), with more tokens than the persistent blocks take at once (pairs and single tokens);
  * and under mma_all the layouts it leaves as they were (head_dim 80: the per-thread kernels;
- * d 4096 H 8: heads of whole warps). Each shape's kernels are asked first, so that a shape
- * the block kernels turned away cannot pass through the per-site ones unseen. ---- */
+ * d 4096 H 8: heads of whole warps); and blocks of 4 heads (d 640 and 512 H 4), whose one
+ * backward pass has four warps to a token. Each shape's kernels are asked first, so that a
+ * shape the block kernels turned away cannot pass through the per-site ones unseen. ---- */
 
 static const struct {
     BlockShape shape;
@@ -464,6 +465,8 @@ static const struct {
     {{9, 4, 300, 640, 2}, "mma_split", "two_pass"},
     {{5, 4, 33, 1280, 16}, "simt", "two_pass"},
     {{6, 4, 41, 4096, 8}, "mma", "two_pass"},
+    {{6, 8, 90, 640, 4}, "mma_split", "one_pass"},
+    {{5, 3, 40, 512, 4}, "mma_split", "one_pass"},
 };
 
 /* The kernels the case takes, and its backward (`two_pass`: forced to two passes) */
