@@ -194,15 +194,16 @@ __device__ __forceinline__ const BfVector<8> *block_mma_row_address(const BfVect
     return r < count ? rows + block_mma_slot(r, vector + (matrix >> 1), blockDim.x) : zero;
 }
 
-/* array[i] of a parameter array for a lane's own i: selected from the constant bank in
- * registers, where an index that varies across the warp made ptxas copy the array to local
- * memory (a stack frame, and reloads waiting behind the copies). */
-template <typename T>
-__device__ __forceinline__ T *block_site_pointer(T *const (&array)[CUDA_BLOCK_MAX_SITES], int i)
+/* array[i] of a parameter array (a site's or a source's pointers) for a lane's own i:
+ * selected from the constant bank in registers, where an index that varies across the warp
+ * made ptxas copy the array to local memory (a stack frame, and reloads waiting behind the
+ * copies). */
+template <typename T, int COUNT>
+__device__ __forceinline__ T *block_site_pointer(T *const (&array)[COUNT], int i)
 {
     T *chosen = array[0];
 #pragma unroll
-    for (int k = 1; k < CUDA_BLOCK_MAX_SITES; k++)
+    for (int k = 1; k < COUNT; k++)
         chosen = i == k ? array[k] : chosen;
     return chosen;
 }

@@ -96,17 +96,6 @@ __device__ __forceinline__ int one_pass_slot(int r, int v, int vectors)
     return r * vectors + (v ^ (r & 7));
 }
 
-/* array[n] for a lane's own n, selected in registers (route_block_mma.cuh's reason) */
-template <typename T, int COUNT>
-__device__ __forceinline__ T one_pass_select(T const (&array)[COUNT], int n)
-{
-    T chosen = array[0];
-#pragma unroll
-    for (int k = 1; k < COUNT; k++)
-        chosen = n == k ? array[k] : chosen;
-    return chosen;
-}
-
 /* Starts the copies of this lane's vector of each of `count` rows of token t into its slots
  * (nothing past the tokens or for a lane without a vector; rows whose pointer is NULL are
  * skipped). The caller commits: the sources and d x of a token travel as one group. */
@@ -223,8 +212,8 @@ __global__ void __launch_bounds__(ONE_PASS_MAX_THREADS, 1)
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const int n = g + 8 * r;
-        store[r] = n < N ? one_pass_select(args.dsources, n) : NULL;
-        added[r] = n < N && one_pass_select(args.dsources_read, n) != NULL;
+        store[r] = n < N ? block_site_pointer(args.dsources, n) : NULL;
+        added[r] = n < N && block_site_pointer(args.dsources_read, n) != NULL;
         row[r] = n < N ? n : N - 1;
     }
 
