@@ -288,3 +288,16 @@ void op_check(OpCase *c, uint64_t seed)
     }
     case_free(c);
 }
+
+void split_rows(const Backend *b, void *base, int count, size_t size, Activation **out)
+{
+    for (int n = 0; n < count; n++)
+        out[n] = activation_at(b, base, (size_t)n * size);
+}
+
+void split_rows_const(const Backend *b, const void *base, int count, size_t size,
+                      const Activation **out)
+{
+    for (int n = 0; n < count; n++)
+        out[n] = activation_at_const(b, base, (size_t)n * size);
+}

@@ -86,6 +86,12 @@ void op_updated(OpCase *c, const char *name, size_t n, float scale, float offset
                 double tolerance);
 void op_cpu_scratch(OpCase *c, const char *name, size_t n);
 
+/* `count` consecutive arrays of `size` elements of one allocation of `b`, as an op's
+ * pointer array (a runner's sources, streams, ..) */
+void split_rows(const Backend *b, void *base, int count, size_t size, Activation **out);
+void split_rows_const(const Backend *b, const void *base, int count, size_t size,
+                      const Activation **out);
+
 /* The host (cpu) array at `index`, for prepare functions. */
 float *op_host(OpCase *c, int index);
 

@@ -30,21 +30,6 @@ static float *scratch_floats(size_t n)
     return x;
 }
 
-/* `count` consecutive [rows, d] arrays of one allocation, as the op's pointer array */
-static void split_rows(const Backend *b, void *base, int count, size_t rows_by_d,
-                       Activation **out)
-{
-    for (int n = 0; n < count; n++)
-        out[n] = activation_at(b, base, (size_t)n * rows_by_d);
-}
-
-static void split_rows_const(const Backend *b, const void *base, int count, size_t rows_by_d,
-                             const Activation **out)
-{
-    for (int n = 0; n < count; n++)
-        out[n] = activation_at_const(b, base, (size_t)n * rows_by_d);
-}
-
 /* ---- Route: shape N, tokens, d, heads, delta ---- */
 
 static const int route_shapes[][4] = {{3, 9, 48, 4}, {2, 5, 24, 1}, {5, 17, 256, 8}};

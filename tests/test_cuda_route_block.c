@@ -73,20 +73,6 @@ static void set_shape(OpCase *c, BlockShape s, int flag)
     c->shape[3] = s.d, c->shape[4] = s.heads, c->shape[5] = flag;
 }
 
-/* `count` consecutive [rows, d] arrays of one allocation, as an op's pointer array */
-static void split_rows(const Backend *b, void *base, int count, size_t size, Activation **out)
-{
-    for (int n = 0; n < count; n++)
-        out[n] = activation_at(b, base, (size_t)n * size);
-}
-
-static void split_rows_const(const Backend *b, const void *base, int count, size_t size,
-                             const Activation **out)
-{
-    for (int n = 0; n < count; n++)
-        out[n] = activation_at_const(b, base, (size_t)n * size);
-}
-
 static void split_floats(float *base, int count, size_t size, float **out)
 {
     for (int n = 0; n < count; n++)
