@@ -209,7 +209,7 @@ static void layer_forward(Walk *walk, int i)
         Activation *next = checkpointed && j % 2 == 0 ? scratch->recompute_stream
                                                       : stash->stream[j + 1];
         Activation *out = scratch->layer.sublayer_output;
-        const InputGate sum = {walk->sum_base, out, NULL, NULL, NULL};
+        const InputGate sum = {.base = walk->sum_base, .route = out};
         chunk_sublayer_forward(model, &walk->layer, j, saved, in,
                                walk->sum_base ? &sum : NULL, out);
         walk->sum_base = NULL;

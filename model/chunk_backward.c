@@ -50,7 +50,7 @@ static void layer_recompute(Walk *walk, int i)
         const int k = j - 2 * i;
         if (!walk->routed) { /* the second's norm forms its input, as the forward's did */
             Activation *in = k ? scratch->recompute_stream : stash->stream[j];
-            const InputGate sum = {stash->stream[2 * i], out, NULL, NULL, NULL};
+            const InputGate sum = {.base = stash->stream[2 * i], .route = out};
             chunk_sublayer_forward(model, &walk->layer, j, &scratch->recompute, in,
                                    k ? &sum : NULL, out);
             continue;

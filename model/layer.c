@@ -79,6 +79,9 @@ static void input_norm_forward(const Backend *backend, Activation *normed, float
     if (gate && gate->merge)
         backend->route_merge_rmsnorm_forward(x, normed, rstd, gate->merge, weight, rows, d, eps,
                                              gate->add);
+    else if (gate && gate->mix)
+        backend->stream_mix_rmsnorm_forward(x, normed, rstd, gate->mix, gate->base, gate->alpha,
+                                            weight, rows, d, eps, gate->add);
     else if (gate && !gate->alpha)
         backend->add_rmsnorm_forward(x, normed, rstd, gate->base, gate->route, weight, rows, d,
                                      eps);

@@ -87,12 +87,15 @@ void layer_views_add(UnitViews *views, LayerWeights *weights, LayerGrads *grads,
  * stream's x_j = x_{j-1} + f_{j-1}.
  * merge not NULL: base, route and alpha are not read; x is the replace form's merge of the
  * open block's partial into phase one's Route (route_merge_rmsnorm_forward), after add's
- * partial = partial_before + f where add is not NULL (its stream NULL). */
+ * partial = partial_before + f where add is not NULL (its stream NULL).
+ * mix not NULL: route is not read; the route is MSAR's mix of the site's streams, made in
+ * the norm's pass (stream_mix_rmsnorm_forward), x = base + *alpha * mix. */
 typedef struct {
     const Activation *base, *route;
     const float *alpha; /* fp32 [1], backend memory; NULL: a plain add */
     const GateAdd *add; /* NULL: nothing to add first */
     const RouteMerge *merge;
+    const StreamMix *mix;
 } InputGate;
 
 /* Where a sublayer input's gradient goes on, past dx, one of:

@@ -236,6 +236,25 @@ static const Activation *const *site_streams_of(RouteWalk *walk, int i)
     return walk->site_streams;
 }
 
+/* Site j's (site i of its block) mix of its streams, as its sublayer's norm makes it into
+ * its gate (msar, m > 1): the mix's saved gates and rstd in the site's stash */
+static const StreamMix *site_mix(RouteWalk *walk, int j, int i)
+{
+    const SiteWeights *weights = &walk->model->site_params[j];
+    SiteActivations *saved = &walk->stash->sites[j];
+    walk->mix_gate = (StreamMix){
+        .streams = site_streams_of(walk, i),
+        .m = walk->plan->streams,
+        .gates = saved->mix_gates,
+        .rstd = saved->mix_rstd,
+        .mix_bias = weights->mix_bias,
+        .mix_proj = weights->mix_proj,
+        .eps = walk->route->eps,
+        .scratch = walk->route->scratch->mixed,
+    };
+    return &walk->mix_gate;
+}
+
 /* Whether site j routes alone, through the per-site ops: every site outside the two-phase
  * walk, and attnres's final site. A block of one site shares no read, and pays the block
  * kernels' four passes where attnres's per-site Route makes two: its final site cost 2.79
@@ -295,10 +314,13 @@ bool route_walk_site_gate(RouteWalk *walk, int j, const Activation *base, InputG
     Model *model = walk->model;
     const int i = j - walk_block_first_site(walk, block);
     const Activation *route = model->scratch.route.block_results[i];
-    if (walk->streams) /* msar: its streams' mix, which the norm gates */
-        route = route_site_mix(walk->route, &model->site_params[j], &walk->stash->sites[j],
-                               site_streams_of(walk, i));
-    *gate = (InputGate){base, route, model->site_params[j].alpha, NULL, NULL};
+    const StreamMix *mix = NULL;
+    if (walk->streams && walk->plan->streams > 1) /* msar: its streams' mix, made by the norm */
+        mix = site_mix(walk, j, i);
+    else if (walk->streams) /* one stream: the mix is o_0 */
+        route = site_streams_of(walk, i)[0];
+    *gate = (InputGate){.base = base, .route = route, .alpha = model->site_params[j].alpha,
+                        .mix = mix};
     return true;
 }
 
@@ -315,8 +337,12 @@ void route_walk_site_forward(RouteWalk *walk, int j, const Activation *base, Act
     }
     InputGate gate;
     if (route_walk_site_gate(walk, j, base, &gate)) { /* x = p + alpha * Route */
-        walk->backend->add_scaled(x, gate.base, gate.route, gate.alpha,
-                                  (size_t)walk->rows * walk->d);
+        if (gate.mix) /* msar: the mix apart, then the gate */
+            route_site_mix_forward(walk->route, &model->site_params[j], saved,
+                                   gate.mix->streams, base, x);
+        else
+            walk->backend->add_scaled(x, gate.base, gate.route, gate.alpha,
+                                      (size_t)walk->rows * walk->d);
         return;
     }
     const int block = walk->plan->sites[j].block;

@@ -107,6 +107,7 @@ typedef struct {
         const float **gates, **rstd, **mix_bias, **alphas;
     } mix;
     RouteMerge merge_gate; /* attnres's replace form: the merge a site's norm forms */
+    StreamMix mix_gate;    /* msar's delta form: the mix a site's norm makes */
 } RouteWalk;
 
 /* For one chunk call (forward, or backward) of `stash` and `store`; `route` outlives it. */
@@ -119,12 +120,13 @@ void route_walk_end(RouteWalk *walk);
 void route_walk_site_forward(RouteWalk *walk, int j, const Activation *base, Activation *x);
 
 /* Site j's x as a gate the sublayer's norm can form (model/layer.h InputGate), where it is
- * one: the delta form of a block in two phases, x = p + alpha_j * (phase one's Route; MSAR:
- * the mix of its streams, made here into the scratch), and attnres's replace form at a
- * block's sites after the first, x = the merge of the open partial into phase one's Route;
- * this opens the block's phase one when the walk enters it. Returns false where the site's x
- * needs route_walk_site_forward (a site routed alone, a replace-form block's first site,
- * MSAR's replace form). Either way the site's saved state is the same. */
+ * one: the delta form of a block in two phases, x = p + alpha_j * (phase one's Route; MSAR
+ * with several streams: their mix, which the norm makes, InputGate.mix), and attnres's
+ * replace form at a block's sites after the first, x = the merge of the open partial into
+ * phase one's Route; this opens the block's phase one when the walk enters it. Returns
+ * false where the site's x needs route_walk_site_forward (a site routed alone, a
+ * replace-form block's first site, MSAR's replace form). Either way the site's saved state
+ * is the same. */
 bool route_walk_site_gate(RouteWalk *walk, int j, const Activation *base, InputGate *gate);
 /* Whether route_walk_site_gate gives site j a gate (the delta form's given the stream as
  * its base). */

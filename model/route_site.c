@@ -81,12 +81,6 @@ static const Activation *site_mix_into(const RouteContext *context, const SiteWe
     return mixed;
 }
 
-const Activation *route_site_mix(const RouteContext *context, const SiteWeights *weights,
-                                 SiteActivations *saved, const Activation *const *streams)
-{
-    return site_mix_into(context, weights, saved, streams, context->scratch->mixed);
-}
-
 void route_site_mix_forward(const RouteContext *context, const SiteWeights *weights,
                             SiteActivations *saved, const Activation *const *streams,
                             const Activation *base, Activation *out)

@@ -109,13 +109,6 @@ void route_site_forward(const RouteContext *context, const SitePlan *site,
                         const Activation *const *sources, const Activation *base,
                         Activation *out);
 
-/* msar: the mix of the site's m routed streams o_r [rows, d] (made by route_site_forward,
- * or by a block's phase one, model/route_block.h) into the scratch's `mixed` row, saving
- * its gates and rstd; returns that row, or o_0 itself where m = 1. The delta form's gate
- * x = p + alpha * mix is the caller's (route_site_mix_forward, or the sublayer's norm). */
-const Activation *route_site_mix(const RouteContext *context, const SiteWeights *weights,
-                                 SiteActivations *saved, const Activation *const *streams);
-
 /* msar: the rest of the site once its m routed streams o_r [rows, d] are made: the mix
  * (m > 1; saves its gates and rstd; into out without base) and, with base (delta), the gate,
  * x = p + alpha * mix. Not for m = 1 without base: there x is o_0 itself. */

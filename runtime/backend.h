@@ -84,6 +84,18 @@ typedef struct {
     Activation *partial;
 } GateAdd;
 
+/* MSAR's mix of a site's m > 1 streams as the route of its gate (stream_mix_rmsnorm_forward):
+ * stream_mix_forward's arguments, less out and the shapes. */
+typedef struct {
+    const Activation *const *streams; /* o_r [tokens, d], m of them */
+    int m;
+    float *gates, *rstd; /* written: [tokens, m], as stream_mix_forward saves them */
+    const float *mix_bias;
+    const Activation *mix_proj;
+    float eps;           /* the mix's */
+    Activation *scratch; /* [tokens, d]: where a backend that mixes apart puts the mix */
+} StreamMix;
+
 /* A replace-form site's merge as its sublayer's norm forms it (route_merge_rmsnorm_forward):
  * route_merge_forward's arguments, less its out and its shapes. */
 typedef struct {
@@ -330,6 +342,16 @@ typedef struct Backend {
      * add->stream, the gate reads it as added to, and x does not alias it. */
     void (*add_scaled_rmsnorm_forward)(Activation *x, Activation *out, float *rstd,
                                        const Activation *base, const Activation *route,
+                                       const float *alpha, const Activation *weight, int rows,
+                                       int d, float eps, const GateAdd *add);
+    /* stream_mix_forward (mix's arguments) into mix->scratch, then add_scaled_rmsnorm_forward
+     * with that mix as its route, in one pass: MSAR's delta-form x_j = p + alpha_j * mix(o_r)
+     * formed by the sublayer's norm (model/layer.h InputGate). The same bits as the two ops
+     * one after the other for x, out, rstd, the gates and the mix's rstd (and add's rows);
+     * the mix itself need not be stored: mix->scratch is left undefined. Two rows moved
+     * fewer than the two ops (the mix written and read back). */
+    void (*stream_mix_rmsnorm_forward)(Activation *x, Activation *out, float *rstd,
+                                       const StreamMix *mix, const Activation *base,
                                        const float *alpha, const Activation *weight, int rows,
                                        int d, float eps, const GateAdd *add);
     /* add_scaled's backward through its x term: dx = alpha * dout (WRITTEN; base's gradient

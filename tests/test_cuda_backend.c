@@ -118,6 +118,7 @@ Test(cuda_backend, fills_every_entry_with_two_byte_activations)
     EXPECT_ENTRY(b, route_merge_conv_forward); EXPECT_ENTRY(b, route_merge_conv_mix_forward);
     EXPECT_ENTRY(b, route_merge_conv_backward);
     EXPECT_ENTRY(b, add_scaled); EXPECT_ENTRY(b, add_scaled_rmsnorm_forward);
+    EXPECT_ENTRY(b, stream_mix_rmsnorm_forward);
     EXPECT_ENTRY(b, stream_conv_forward); EXPECT_ENTRY(b, stream_conv_backward);
     EXPECT_ENTRY(b, stream_mix_forward); EXPECT_ENTRY(b, stream_mix_backward);
     EXPECT_ENTRY(b, stream_mix_backward_sites);

@@ -31,7 +31,8 @@ Test(kernels_cpu, backend_table_fills_every_op)
     EXPECT_OP(alloc); EXPECT_OP(release); EXPECT_OP(zero); EXPECT_OP(copy); EXPECT_OP(upload);
     EXPECT_OP(download); EXPECT_OP(synchronize); EXPECT_OP(add_inplace); EXPECT_OP(add);
     EXPECT_OP(add_both); EXPECT_OP(add_difference);
-    EXPECT_OP(embedding_forward); EXPECT_OP(embedding_backward); EXPECT_OP(sum_rows); EXPECT_OP(rmsnorm_forward);
+    EXPECT_OP(embedding_forward); EXPECT_OP(embedding_backward); EXPECT_OP(sum_rows);
+    EXPECT_OP(rmsnorm_forward);
     EXPECT_OP(rmsnorm_backward); EXPECT_OP(rmsnorm_backward_branch);
     EXPECT_OP(matmul_forward); EXPECT_OP(matmul_backward);
     EXPECT_OP(rope_forward); EXPECT_OP(rope_backward); EXPECT_OP(attention_forward);
@@ -40,7 +41,7 @@ Test(kernels_cpu, backend_table_fills_every_op)
     EXPECT_OP(adamw_update); EXPECT_OP(adamw_update_ranges); EXPECT_OP(route_forward);
     EXPECT_OP(route_backward); EXPECT_OP(stream_conv_forward); EXPECT_OP(stream_conv_backward);
     EXPECT_OP(route_block_forward); EXPECT_OP(route_block_backward); EXPECT_OP(add_scaled);
-    EXPECT_OP(add_scaled_rmsnorm_forward);
+    EXPECT_OP(add_scaled_rmsnorm_forward); EXPECT_OP(stream_mix_rmsnorm_forward);
     EXPECT_OP(route_merge_forward); EXPECT_OP(route_merge_backward);
     EXPECT_OP(route_merge_conv_forward); EXPECT_OP(route_merge_conv_mix_forward);
     EXPECT_OP(route_merge_conv_backward);

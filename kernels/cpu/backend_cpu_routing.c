@@ -183,6 +183,19 @@ static void table_add_scaled_rmsnorm_forward(Activation *x, Activation *out, flo
     cpu_rmsnorm_forward(F(out), rstd, CF(x), CF(weight), rows, d, eps);
 }
 
+/* The two ops in turn: the cpu is the reference the fused kernels are held to */
+static void table_stream_mix_rmsnorm_forward(Activation *x, Activation *out, float *rstd,
+                                             const StreamMix *mix, const Activation *base,
+                                             const float *alpha, const Activation *weight,
+                                             int rows, int d, float eps, const GateAdd *add)
+{
+    cpu_stream_mix_forward(F(mix->scratch), mix->gates, mix->rstd,
+                           (const float *const *)mix->streams, mix->m, mix->mix_bias,
+                           CF(mix->mix_proj), rows, d, mix->eps);
+    table_add_scaled_rmsnorm_forward(x, out, rstd, base, mix->scratch, alpha, weight, rows, d,
+                                     eps, add);
+}
+
 static void table_add_scaled_backward(Activation *dx, float *dalpha, const Activation *dout,
                                       const Activation *x, const float *alpha, size_t n)
 {
@@ -326,6 +339,7 @@ void backend_cpu_fill_routing(Backend *table)
     table->route_block_forward = table_route_block_forward;
     table->add_scaled = table_add_scaled;
     table->add_scaled_rmsnorm_forward = table_add_scaled_rmsnorm_forward;
+    table->stream_mix_rmsnorm_forward = table_stream_mix_rmsnorm_forward;
     table->add_scaled_backward = table_add_scaled_backward;
     table->route_merge_forward = table_route_merge_forward;
     table->route_merge_rmsnorm_forward = table_route_merge_rmsnorm_forward;

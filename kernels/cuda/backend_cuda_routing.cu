@@ -46,7 +46,8 @@ static void op_route_backward(Activation *const *dsources, float *dquery, float 
                               int tokens, int d, int heads)
 {
     (void)scratch; /* the workspace replaces it */
-    float *workspace = backend_cuda_workspace_floats(cuda_route_backward_workspace_floats(tokens, d));
+    float *workspace =
+        backend_cuda_workspace_floats(cuda_route_backward_workspace_floats(tokens, d));
     cuda_route_backward((bf16 *const *)dsources, dquery, dkey_norm, dalpha, as_bf16_const(dout),
                         (const bf16 *const *)sources, n_sources, weights, rstd,
                         as_bf16_const(query), as_bf16_const(key_norm), alpha, workspace,
@@ -184,19 +185,39 @@ static void op_add_scaled(Activation *out, const Activation *base, const Activat
                     backend_cuda_compute_stream());
 }
 
+/* A GateAdd as the kernels take it, in *storage; NULL for none */
+static const CudaGateAdd *device_gate_add(const GateAdd *add, CudaGateAdd *storage)
+{
+    if (!add)
+        return NULL;
+    *storage = (CudaGateAdd){as_bf16_const(add->added), as_bf16(add->stream),
+                             as_bf16_const(add->partial_before), as_bf16(add->partial)};
+    return storage;
+}
+
 static void op_add_scaled_rmsnorm_forward(Activation *x, Activation *out, float *rstd,
                                           const Activation *base, const Activation *route,
                                           const float *alpha, const Activation *weight, int rows,
                                           int d, float eps, const GateAdd *add)
 {
     CudaGateAdd device_add;
-    if (add)
-        device_add = (CudaGateAdd){as_bf16_const(add->added), as_bf16(add->stream),
-                                   as_bf16_const(add->partial_before), as_bf16(add->partial)};
     cuda_add_scaled_rmsnorm_forward(as_bf16(x), as_bf16(out), rstd, as_bf16_const(base),
                                     as_bf16_const(route), alpha, as_bf16_const(weight), rows, d,
-                                    eps, add ? &device_add : NULL,
+                                    eps, device_gate_add(add, &device_add),
                                     backend_cuda_compute_stream());
+}
+
+static void op_stream_mix_rmsnorm_forward(Activation *x, Activation *out, float *rstd,
+                                          const StreamMix *mix, const Activation *base,
+                                          const float *alpha, const Activation *weight, int rows,
+                                          int d, float eps, const GateAdd *add)
+{
+    CudaGateAdd device_add;
+    cuda_stream_mix_rmsnorm_forward(
+        as_bf16(x), as_bf16(out), rstd, as_bf16(mix->scratch), mix->gates, mix->rstd,
+        (const bf16 *const *)mix->streams, mix->m, mix->mix_bias, as_bf16_const(mix->mix_proj),
+        mix->eps, as_bf16_const(base), alpha, as_bf16_const(weight), rows, d, eps,
+        device_gate_add(add, &device_add), backend_cuda_compute_stream());
 }
 
 static void op_add_scaled_backward(Activation *dx, float *dalpha, const Activation *dout,
@@ -225,15 +246,12 @@ static void op_route_merge_rmsnorm_forward(Activation *x, Activation *out, float
                                            int rows, int d, float eps, const GateAdd *add)
 {
     CudaGateAdd device_add;
-    if (add)
-        device_add = (CudaGateAdd){as_bf16_const(add->added), as_bf16(add->stream),
-                                   as_bf16_const(add->partial_before), as_bf16(add->partial)};
     cuda_route_merge_rmsnorm_forward(as_bf16(x), as_bf16(out), rstd, merge->weights,
                                      merge->rstd, as_bf16_const(merge->result), merge->lse,
                                      as_bf16_const(merge->partial), merge->n_sources,
                                      as_bf16_const(merge->query), as_bf16_const(merge->key_norm),
                                      as_bf16_const(weight), rows, d, merge->heads, merge->eps,
-                                     eps, add ? &device_add : NULL,
+                                     eps, device_gate_add(add, &device_add),
                                      backend_cuda_compute_stream());
 }
 
@@ -351,6 +369,7 @@ extern "C" void backend_cuda_fill_routing(Backend *table, size_t table_bytes)
     table->route_block_forward = op_route_block_forward;
     table->add_scaled = op_add_scaled;
     table->add_scaled_rmsnorm_forward = op_add_scaled_rmsnorm_forward;
+    table->stream_mix_rmsnorm_forward = op_stream_mix_rmsnorm_forward;
     table->add_scaled_backward = op_add_scaled_backward;
     table->route_merge_forward = op_route_merge_forward;
     table->route_merge_rmsnorm_forward = op_route_merge_rmsnorm_forward;

@@ -75,36 +75,6 @@ static int rmsnorm_rows_per_group(int rows, RmsnormShape shape)
     return per_group < 1 ? 1 : per_group;
 }
 
-/* The norm's input row, with a gate (route not NULL: add_scaled_rmsnorm_forward) formed
- * first: x = bf16(base + *alpha * route), scaled_add's rounding, stored to gated; before it,
- * where added is not NULL, base += added (stored to stream, base's buffer) and partial =
- * partial_before + added where partial is not NULL (CudaGateAdd). */
-struct NormInput {
-    const bfloat *x; /* or the gate's base */
-    const bfloat *route;
-    const float *alpha;
-    bfloat *gated;
-    const bfloat *added, *partial_before;
-    bfloat *stream, *partial;
-};
-
-/* chunk `column` of the row at `at`: a + b, rounded once and stored to `to`; the sum returned
- * as stored (add_both's and add_inplace's bits). */
-template <bool VECTOR>
-__device__ __forceinline__ uint4 norm_add_store(uint4 a, const bfloat *b, bfloat *to, size_t at,
-                                                int column, int d)
-{
-    float sums[8], others[8];
-    unpack8(sums, a);
-    unpack8(others, load8_raw<VECTOR>(b + at, column, d));
-#pragma unroll
-    for (int k = 0; k < 8; k++)
-        sums[k] += others[k];
-    const uint4 rounded = pack8(sums);
-    store8_raw<VECTOR>(to + at, column, d, rounded);
-    return rounded;
-}
-
 /* GATED: the instance that may form a gate (route) or add into a partial; the others keep
  * no registers for those rows, so more rows run at once (a plain norm, or one with the
  * standard stream's add). */
@@ -128,34 +98,8 @@ __global__ void __launch_bounds__(RMSNORM_THREADS)
             route_raw[chunk] = load8_raw<VECTOR>(input.route + (size_t)row * d,
                                                  (chunk * ROW_THREADS + lane) * 8, d);
     }
-    if (input.added) { /* the sublayer before's output, into the partial and the stream */
-        const size_t at = (size_t)row * d;
-#pragma unroll
-        for (int chunk = 0; chunk < CHUNKS; chunk++) {
-            const int column = (chunk * ROW_THREADS + lane) * 8;
-            if (GATED && input.partial)
-                norm_add_store<VECTOR>(load8_raw<VECTOR>(input.partial_before + at, column, d),
-                                       input.added, input.partial, at, column, d);
-            raw[chunk] = norm_add_store<VECTOR>(raw[chunk], input.added, input.stream, at,
-                                                column, d);
-        }
-    }
-    if (GATED && input.route) { /* the gate, rounded once: the norm reads the rounded x */
-        const float scale = *input.alpha;
-#pragma unroll
-        for (int chunk = 0; chunk < CHUNKS; chunk++) {
-            float sums[8], others[8];
-            unpack8(sums, raw[chunk]);
-            unpack8(others, route_raw[chunk]);
-#pragma unroll
-            for (int k = 0; k < 8; k++)
-                sums[k] = scaled_add(sums[k], scale, others[k]);
-            raw[chunk] = pack8(sums);
-            store8_raw<VECTOR>(input.gated + (size_t)row * d, (chunk * ROW_THREADS + lane) * 8,
-                               d, raw[chunk]);
-        }
-    }
-
+    rmsnorm_input_form<ROW_THREADS, CHUNKS, VECTOR, GATED>(raw, route_raw,
+                                                           GATED && input.route, input, row, d);
     rmsnorm_row_forward<ROW_THREADS, CHUNKS, VECTOR>(out + (size_t)row * d, rstd + row, raw,
                                                      weight, d, eps, scratch);
 }

@@ -16,6 +16,76 @@
 
 #include "kernels/cuda/bf16_vector.cuh"
 
+/* The norm's input row, with a gate (add_scaled_rmsnorm_forward, stream_mix_rmsnorm_forward)
+ * formed first: x = bf16(base + *alpha * route), scaled_add's rounding, stored to gated;
+ * before it, where added is not NULL, base += added (stored to stream, base's buffer) and
+ * partial = partial_before + added where partial is not NULL (CudaGateAdd). route: where
+ * the norm kernel reads the route; a kernel that makes the route itself leaves it NULL. */
+struct NormInput {
+    const bfloat *x; /* or the gate's base */
+    const bfloat *route;
+    const float *alpha;
+    bfloat *gated;
+    const bfloat *added, *partial_before;
+    bfloat *stream, *partial;
+};
+
+/* chunk `column` of the row at `at`: a + b, rounded once and stored to `to`; the sum returned
+ * as stored (add_both's and add_inplace's bits). */
+template <bool VECTOR>
+__device__ __forceinline__ uint4 norm_add_store(uint4 a, const bfloat *b, bfloat *to, size_t at,
+                                                int column, int d)
+{
+    float sums[8], others[8];
+    unpack8(sums, a);
+    unpack8(others, load8_raw<VECTOR>(b + at, column, d));
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+        sums[k] += others[k];
+    const uint4 rounded = pack8(sums);
+    store8_raw<VECTOR>(to + at, column, d, rounded);
+    return rounded;
+}
+
+/* The row `raw` (this thread's chunks of x, or of the gate's base) made into the norm's
+ * input as NormInput says: the adds, stored, then where `gate` the gate with this thread's
+ * chunks of the route (route_raw), stored to gated. GATED: the instance that may add into
+ * a partial or form a gate (the others keep no registers for them). */
+template <int ROW_THREADS, int CHUNKS, bool VECTOR, bool GATED>
+__device__ __forceinline__ void rmsnorm_input_form(uint4 (&raw)[CHUNKS],
+                                                   const uint4 (&route_raw)[CHUNKS], bool gate,
+                                                   const NormInput &input, int row, int d)
+{
+    const int lane = threadIdx.x % ROW_THREADS;
+    if (input.added) { /* the sublayer before's output, into the partial and the stream */
+        const size_t at = (size_t)row * d;
+#pragma unroll
+        for (int chunk = 0; chunk < CHUNKS; chunk++) {
+            const int column = (chunk * ROW_THREADS + lane) * 8;
+            if (GATED && input.partial)
+                norm_add_store<VECTOR>(load8_raw<VECTOR>(input.partial_before + at, column, d),
+                                       input.added, input.partial, at, column, d);
+            raw[chunk] = norm_add_store<VECTOR>(raw[chunk], input.added, input.stream, at,
+                                                column, d);
+        }
+    }
+    if (GATED && gate) { /* the gate, rounded once: the norm reads the rounded x */
+        const float scale = *input.alpha;
+#pragma unroll
+        for (int chunk = 0; chunk < CHUNKS; chunk++) {
+            float sums[8], others[8];
+            unpack8(sums, raw[chunk]);
+            unpack8(others, route_raw[chunk]);
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                sums[k] = scaled_add(sums[k], scale, others[k]);
+            raw[chunk] = pack8(sums);
+            store8_raw<VECTOR>(input.gated + (size_t)row * d, (chunk * ROW_THREADS + lane) * 8,
+                               d, raw[chunk]);
+        }
+    }
+}
+
 /* The row `raw` (this thread's chunks) normed into out_row [d], its rstd into *rstd by the
  * team's first thread; scratch as row_sum takes it. Every thread of the team calls it. */
 template <int ROW_THREADS, int CHUNKS, bool VECTOR>

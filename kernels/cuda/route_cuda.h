@@ -128,7 +128,8 @@
 #define FATHOM_KERNELS_CUDA_ROUTE_CUDA_H
 
 #include "kernels/cuda/cuda_common.h"
-#include "runtime/backend.h" /* GradMode */
+#include "kernels/cuda/kernels_cuda.h" /* CudaGateAdd */
+#include "runtime/backend.h"           /* GradMode */
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -218,6 +219,17 @@ void cuda_stream_conv_backward(bf16 *const *dx, float *const *dtaps, const bf16 
 void cuda_stream_mix_forward(bf16 *out, float *gates, float *rstd, const bf16 *const *streams,
                              int m, const float *mix_bias, const bf16 *mix_proj, int tokens,
                              int d, float eps, cudaStream_t stream);
+/* cuda_stream_mix_forward into `mixed`, then cuda_add_scaled_rmsnorm_forward (x, out, rstd,
+ * base, the mix, alpha, weight, eps, add) of it, in one pass where a warp takes a token's row
+ * (d % 256 == 0, d <= 1280, 16-byte aligned; stream_mix_norm_cuda.cu): runtime/backend.h
+ * stream_mix_rmsnorm_forward. The bits of the two ops; `mixed` [tokens, d] is scratch, written
+ * only where the two ops run apart. */
+void cuda_stream_mix_rmsnorm_forward(bf16 *x, bf16 *out, float *rstd, bf16 *mixed,
+                                     float *gates, float *mix_rstd, const bf16 *const *streams,
+                                     int m, const float *mix_bias, const bf16 *mix_proj,
+                                     float mix_eps, const bf16 *base, const float *alpha,
+                                     const bf16 *weight, int tokens, int d, float eps,
+                                     const CudaGateAdd *add, cudaStream_t stream);
 
 size_t cuda_stream_mix_backward_workspace_floats(int m, int tokens, int d);
 

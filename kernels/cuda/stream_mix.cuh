@@ -94,6 +94,59 @@ __device__ __forceinline__ void mix_stream_add(float (&mix)[8 * LV], const BfVec
     }
 }
 
+enum {
+    /* the warp-a-token forward up to d 1536 with the next stream's row in flight, and at d
+     * 2048, 3072 and 4096 (the 8B width) without it: a warp's row there is 4 to 8 KB, enough
+     * bytes in flight by itself, and the mix's 8 LV floats a lane fill the registers */
+    MIX_NARROW_FORWARD_PREFETCH_LANE_VECTORS = 6,
+};
+
+/* this lane's LV vectors of row `row` (vectors lane, lane + 32, ..) */
+template <int LV>
+__device__ __forceinline__ void mix_lane_load(BfVector<8> *raw, const bf16 *array, long long row,
+                                              int lane)
+{
+#pragma unroll
+    for (int j = 0; j < LV; j++)
+        raw[j] = vector_load<8>(array, row * 32 * LV + j * 32 + lane);
+}
+
+/* Token t's mix in the warp-a-token layout: this lane's 8 LV channels of sum_r w_r o_r in
+ * fp32 (not yet rounded), each o_r read once, the streams in order; lane 0 stores each
+ * stream's gate and rstd. The mix kernel and the norm that mixes (stream_mix_norm_cuda.cu)
+ * both make it here, so that they give the same bits. */
+template <int LV>
+__device__ __forceinline__ void mix_narrow_token(float (&mix)[8 * LV], const MixForwardArgs &args,
+                                                 int t, int lane)
+{
+    constexpr bool PREFETCH = LV <= MIX_NARROW_FORWARD_PREFETCH_LANE_VECTORS;
+    const int m = args.m;
+#pragma unroll
+    for (int i = 0; i < 8 * LV; i++)
+        mix[i] = 0.0f;
+    BfVector<8> current[LV], next[PREFETCH ? LV : 1];
+    mix_lane_load<LV>(current, args.streams[0], t, lane);
+    for (int r = 0; r < m; r++) {
+        if (PREFETCH && r + 1 < m)
+            mix_lane_load<LV>(next, args.streams[r + 1], t, lane);
+        else if (!PREFETCH && r > 0)
+            mix_lane_load<LV>(current, args.streams[r], t, lane);
+        const bf16 *theta_row = args.mix_proj + (long long)r * 32 * 8 * LV;
+        float rho;
+        const float w = mix_stream_gate<LV>(current, theta_row, args.mix_bias[r],
+                                            args.inverse_width, args.eps, lane, &rho);
+        if (lane == 0) {
+            args.gates[(long long)t * m + r] = w;
+            args.rstd[(long long)t * m + r] = rho;
+        }
+        mix_stream_add<LV>(mix, current, w);
+        if (PREFETCH)
+#pragma unroll
+            for (int j = 0; j < LV; j++)
+                current[j] = next[j];
+    }
+}
+
 /* The backward of several sites' mixes in one launch, each site's arguments as one launch
  * of its own would take them (the same shapes: the same token ranges and given streams),
  * each with its own partials; the delta form's block backward, which takes a stream at a

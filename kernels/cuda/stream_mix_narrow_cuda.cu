@@ -21,10 +21,6 @@ enum {
     /* the backward up to d 1536: it holds two tokens' rows and a lane's dtheta sums in
      * registers, 248 of them at d 1280; wider rows would spill */
     MIX_NARROW_BACKWARD_MAX_LANE_VECTORS = 6,
-    /* the forward up to d 1536 with the next stream's row in flight, and at d 2048, 3072
-     * and 4096 (the 8B width) without it: a warp's row there is 4 to 8 KB, enough bytes in
-     * flight by itself, and the mix's 8 LV floats a lane fill the registers */
-    MIX_NARROW_FORWARD_PREFETCH_LANE_VECTORS = 6,
     /* the backward's warps a call, whatever the device, so that the token partition (and
      * the bits of the parameter gradients) depend on the shapes only: eight a multiprocessor
      * of an H200's 132 (what 248 registers a thread allow at d 1280), each with two tokens'
@@ -57,16 +53,6 @@ int mix_narrow_ranges(int tokens, int given)
     return (mix_narrow_token_ranges(tokens, given) + warps - 1) / warps;
 }
 
-/* this lane's LV vectors of row `row` (vectors lane, lane + 32, ..) */
-template <int LV>
-__device__ __forceinline__ void mix_lane_load(BfVector<8> *raw, const bf16 *array, long long row,
-                                              int lane)
-{
-#pragma unroll
-    for (int j = 0; j < LV; j++)
-        raw[j] = vector_load<8>(array, row * 32 * LV + j * 32 + lane);
-}
-
 template <int LV>
 __global__ void __launch_bounds__(MIX_NARROW_THREADS)
     mix_narrow_forward_kernel(const __grid_constant__ MixForwardArgs args)
@@ -74,31 +60,9 @@ __global__ void __launch_bounds__(MIX_NARROW_THREADS)
     const int lane = threadIdx.x & 31;
     const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int warps = (gridDim.x * blockDim.x) >> 5;
-    constexpr bool PREFETCH = LV <= MIX_NARROW_FORWARD_PREFETCH_LANE_VECTORS;
-    const int m = args.m;
     for (int t = warp; t < args.tokens; t += warps) {
-        float mix[8 * LV] = {};
-        BfVector<8> current[LV], next[PREFETCH ? LV : 1];
-        mix_lane_load<LV>(current, args.streams[0], t, lane);
-        for (int r = 0; r < m; r++) {
-            if (PREFETCH && r + 1 < m)
-                mix_lane_load<LV>(next, args.streams[r + 1], t, lane);
-            else if (!PREFETCH && r > 0)
-                mix_lane_load<LV>(current, args.streams[r], t, lane);
-            const bf16 *theta_row = args.mix_proj + (long long)r * 32 * 8 * LV;
-            float rho;
-            const float w = mix_stream_gate<LV>(current, theta_row, args.mix_bias[r],
-                                                args.inverse_width, args.eps, lane, &rho);
-            if (lane == 0) {
-                args.gates[(long long)t * m + r] = w;
-                args.rstd[(long long)t * m + r] = rho;
-            }
-            mix_stream_add<LV>(mix, current, w);
-            if (PREFETCH)
-#pragma unroll
-                for (int j = 0; j < LV; j++)
-                    current[j] = next[j];
-        }
+        float mix[8 * LV];
+        mix_narrow_token<LV>(mix, args, t, lane);
 #pragma unroll
         for (int j = 0; j < LV; j++)
             vector_store<8>(args.out, (long long)t * 32 * LV + j * 32 + lane,
