@@ -366,15 +366,8 @@ extern "C" void cuda_add_scaled_rmsnorm_forward(bf16 *x, bf16 *out, float *rstd,
                                                 int d, float eps, const CudaGateAdd *add,
                                                 cudaStream_t stream)
 {
-    const NormInput input = {(const bfloat *)base,
-                             (const bfloat *)route,
-                             alpha,
-                             (bfloat *)x,
-                             add ? (const bfloat *)add->added : NULL,
-                             add ? (const bfloat *)add->partial_before : NULL,
-                             add ? (bfloat *)add->stream : NULL,
-                             add ? (bfloat *)add->partial : NULL};
-    rmsnorm_forward_launch(out, rstd, input, weight, rows, d, eps, stream);
+    rmsnorm_forward_launch(out, rstd, norm_input_of_gate(base, route, alpha, x, add), weight,
+                           rows, d, eps, stream);
 }
 
 extern "C" size_t cuda_rmsnorm_backward_workspace_floats(int rows, int d)

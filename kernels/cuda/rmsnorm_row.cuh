@@ -15,6 +15,7 @@
 #define FATHOM_KERNELS_CUDA_RMSNORM_ROW_CUH
 
 #include "kernels/cuda/bf16_vector.cuh"
+#include "kernels/cuda/kernels_cuda.h" /* CudaGateAdd */
 
 /* The norm's input row, with a gate (add_scaled_rmsnorm_forward, stream_mix_rmsnorm_forward)
  * formed first: x = bf16(base + *alpha * route), scaled_add's rounding, stored to gated;
@@ -29,6 +30,21 @@ struct NormInput {
     const bfloat *added, *partial_before;
     bfloat *stream, *partial;
 };
+
+/* A gate's input: x = bf16(base + *alpha * route) into x, after add's rows where it is not
+ * NULL (CudaGateAdd); route NULL where the kernel makes the route itself. */
+static inline NormInput norm_input_of_gate(const bf16 *base, const bf16 *route,
+                                           const float *alpha, bf16 *x, const CudaGateAdd *add)
+{
+    return NormInput{(const bfloat *)base,
+                     (const bfloat *)route,
+                     alpha,
+                     (bfloat *)x,
+                     add ? (const bfloat *)add->added : NULL,
+                     add ? (const bfloat *)add->partial_before : NULL,
+                     add ? (bfloat *)add->stream : NULL,
+                     add ? (bfloat *)add->partial : NULL};
+}
 
 /* chunk `column` of the row at `at`: a + b, rounded once and stored to `to`; the sum returned
  * as stored (add_both's and add_inplace's bits). */

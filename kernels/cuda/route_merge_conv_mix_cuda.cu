@@ -117,16 +117,8 @@ extern "C" void cuda_route_merge_conv_mix_forward(
     const MergeConvArgs args =
         merge_conv_args(out, weights, rstd, result, lse, partial, taps, kernel_sizes, streams,
                         n_sources, query, key_norm, B * T, T, d, heads, eps);
-    MixForwardArgs mix = {};
-    mix.out = x;
-    mix.gates = gates;
-    mix.rstd = mix_rstd;
-    mix.mix_bias = mix_bias;
-    mix.mix_proj = mix_proj;
-    mix.eps = eps;
-    mix.inverse_width = 1.0f / (float)d;
-    mix.m = streams;
-    mix.tokens = B * T;
+    const MixForwardArgs mix = mix_forward_args(x, gates, mix_rstd, NULL, streams, mix_bias,
+                                                mix_proj, eps, B * T, d);
     MERGE_NARROW_BY_WIDTH(d, merge_conv_mix_launch, args, mix, keep_streams, stream);
 }
 

@@ -316,26 +316,15 @@ extern "C" void cuda_stream_mix_forward(bf16 *out, float *gates, float *rstd,
     mix_check_shape(m, d);
     if (tokens <= 0)
         return;
-    MixForwardArgs args;
+    MixForwardArgs args =
+        mix_forward_args(out, gates, rstd, streams, m, mix_bias, mix_proj, eps, tokens, d);
     const void *pointers[CUDA_STREAM_MAX_STREAMS + 2];
     int count = 0;
-    for (int r = 0; r < CUDA_STREAM_MAX_STREAMS; r++) {
-        args.streams[r] = r < m ? streams[r] : NULL;
-        if (r < m)
-            pointers[count++] = streams[r];
-    }
+    for (int r = 0; r < m; r++)
+        pointers[count++] = streams[r];
     pointers[count++] = out;
     pointers[count++] = mix_proj;
     RowShape shape = row_shape(d, 1, pointers, count);
-    args.out = out;
-    args.gates = gates;
-    args.rstd = rstd;
-    args.mix_bias = mix_bias;
-    args.mix_proj = mix_proj;
-    args.eps = eps;
-    args.inverse_width = 1.0f / (float)d;
-    args.m = m;
-    args.tokens = tokens;
     args.vectors = shape.vectors;
     args.slots = shape.slots;
     if (mix_narrow_fits(d, false, pointers, count)) {

@@ -34,6 +34,28 @@ struct MixForwardArgs {
     int m, tokens, vectors, slots;
 };
 
+/* The forward's arguments (streams NULL: a kernel that makes o_r itself; the block layout's
+ * vectors and slots left 0 for its launch to set) */
+static inline MixForwardArgs mix_forward_args(bf16 *out, float *gates, float *rstd,
+                                              const bf16 *const *streams, int m,
+                                              const float *mix_bias, const bf16 *mix_proj,
+                                              float eps, int tokens, int d)
+{
+    MixForwardArgs args = {};
+    for (int r = 0; r < m && streams && r < CUDA_STREAM_MAX_STREAMS; r++)
+        args.streams[r] = streams[r];
+    args.out = out;
+    args.gates = gates;
+    args.rstd = rstd;
+    args.mix_bias = mix_bias;
+    args.mix_proj = mix_proj;
+    args.eps = eps;
+    args.inverse_width = 1.0f / (float)d;
+    args.m = m;
+    args.tokens = tokens;
+    return args;
+}
+
 struct MixBackwardArgs {
     bf16 *dstreams[CUDA_STREAM_MAX_STREAMS];
     const bf16 *streams[CUDA_STREAM_MAX_STREAMS]; /* NULL: a stream not given (skipped) */

@@ -104,26 +104,10 @@ extern "C" void cuda_stream_mix_rmsnorm_forward(bf16 *x, bf16 *out, float *rstd,
                                         eps, add, stream);
         return;
     }
-    MixForwardArgs args = {};
-    for (int r = 0; r < m; r++)
-        args.streams[r] = streams[r];
-    args.gates = gates;
-    args.rstd = mix_rstd;
-    args.mix_bias = mix_bias;
-    args.mix_proj = mix_proj;
-    args.eps = mix_eps;
-    args.inverse_width = 1.0f / (float)d;
-    args.m = m;
-    args.tokens = tokens;
+    const MixForwardArgs args = mix_forward_args(NULL, gates, mix_rstd, streams, m, mix_bias,
+                                                 mix_proj, mix_eps, tokens, d);
     MixNormArgs norm;
-    norm.input = NormInput{(const bfloat *)base,
-                           NULL,
-                           alpha,
-                           (bfloat *)x,
-                           add ? (const bfloat *)add->added : NULL,
-                           add ? (const bfloat *)add->partial_before : NULL,
-                           add ? (bfloat *)add->stream : NULL,
-                           add ? (bfloat *)add->partial : NULL};
+    norm.input = norm_input_of_gate(base, NULL, alpha, x, add);
     norm.normed = (bfloat *)out;
     norm.rstd = rstd;
     norm.weight = (const bfloat *)weight;
