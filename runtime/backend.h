@@ -56,71 +56,7 @@ typedef enum GradMode {
 /* A point on a backend's compute stream (a cudaEvent_t on cuda, a clock reading on cpu). */
 typedef struct BackendEvent BackendEvent;
 
-/* The scalars of one AdamW update (adamw_update below; runtime/optim.c fills them once a
- * step and range). */
-typedef struct {
-    float lr, beta1, beta2, eps, weight_decay;
-    float grad_scale; /* the clipping coefficient: 1 when nothing is clipped */
-    float ema_decay;  /* this update's EMA decay, read where an ema buffer is given */
-    int step;         /* the update's number, counting from 1 (the bias corrections) */
-} AdamwScalars;
-
-/* One range of the flat optimizer buffers (elements from their start) with its own learning
- * rate and weight decay: adamw_update_ranges below. */
-typedef struct {
-    size_t offset, count;
-    float lr, weight_decay;
-} AdamwRange;
-
-/* What a gated norm (add_scaled_rmsnorm_forward) adds in its pass before it forms its gate:
- * the delta form's output f of the sublayer before, into the stream p, which the gate reads
- * as its base (stream must be that base: read, then written), and where partial is not NULL
- * into the open block's partial, partial = partial_before + f. add_both's or add_inplace's
- * bits, one row read fewer than either op before the norm (model/chunk.c). */
-typedef struct {
-    const Activation *added;
-    Activation *stream;
-    const Activation *partial_before;
-    Activation *partial;
-} GateAdd;
-
-/* MSAR's mix of a site's m > 1 streams as the route of its gate (stream_mix_rmsnorm_forward):
- * stream_mix_forward's arguments, less out and the shapes. */
-typedef struct {
-    const Activation *const *streams; /* o_r [tokens, d], m of them */
-    int m;
-    float *gates, *rstd; /* written: [tokens, m], as stream_mix_forward saves them */
-    const float *mix_bias;
-    const Activation *mix_proj;
-    float eps;           /* the mix's */
-    Activation *scratch; /* [tokens, d]: where a backend that mixes apart puts the mix */
-} StreamMix;
-
-/* A replace-form site's merge as its sublayer's norm forms it (route_merge_rmsnorm_forward):
- * route_merge_forward's arguments, less its out and its shapes. */
-typedef struct {
-    float *weights, *rstd;     /* the site's [N + 1, tokens(, heads)], as the merge writes */
-    const Activation *result;  /* phase one's Route over the N completed sources */
-    const float *lse;          /* and its lse [tokens, heads] */
-    const Activation *partial; /* the open block's partial, the site's last source */
-    const Activation *query, *key_norm;
-    int n_sources, heads;
-    float eps; /* the Route's */
-} RouteMerge;
-
-/* A replace-form site's merge backward as its sublayer's norm backward makes its dout
- * (route_merge_rmsnorm_backward): route_merge_backward's arguments, less dout, out and the
- * shapes. */
-typedef struct {
-    Activation *dpartial; /* NULL where partial is */
-    GradMode dpartial_mode;
-    float *dquery, *dkey_norm, *mean;
-    const Activation *partial; /* NULL: the site read completed sources only */
-    const float *weights, *rstd;
-    const Activation *query, *key_norm;
-    float *scratch;
-    int n_sources, heads;
-} RouteMergeGrad;
+#include "runtime/backend_args.h" /* the structs some ops take: AdamwScalars, GateAdd, .. */
 
 typedef struct Backend {
     const char *name; /* "cpu" or "cuda" */
@@ -338,8 +274,9 @@ typedef struct Backend {
      * that x into out and rstd, in one pass: the delta form's x_j = p + alpha_j * Route
      * formed by the sublayer's norm (model/layer.h InputGate). The same bits as the two ops
      * one after the other; x is written, for the norm's backward. Where add is not NULL,
-     * its adds (GateAdd above) come first, as add_both or add_inplace before would: base is
-     * add->stream, the gate reads it as added to, and x does not alias it. */
+     * its adds (GateAdd, runtime/backend_args.h) come first, as add_both or add_inplace
+     * before would: base is add->stream, the gate reads it as added to, and x does not
+     * alias it. */
     void (*add_scaled_rmsnorm_forward)(Activation *x, Activation *out, float *rstd,
                                        const Activation *base, const Activation *route,
                                        const float *alpha, const Activation *weight, int rows,
@@ -584,9 +521,9 @@ typedef struct Backend {
     double (*sum_squares)(const float *x, size_t n);
     /* y[i] += x[i], fp32 (FSDP adds a reduce-scattered gradient into its accumulator) */
     void (*add_floats)(float *y, const float *x, size_t n);
-    /* AdamW (decoupled decay) with the scalars `s` (AdamwScalars above), g = s.grad_scale *
-     * grads[i] (the clipping coefficient, applied as the gradient is read: grads are left as
-     * they are):
+    /* AdamW (decoupled decay) with the scalars `s` (AdamwScalars, runtime/backend_args.h),
+     * g = s.grad_scale * grads[i] (the clipping coefficient, applied as the gradient is read:
+     * grads are left as they are):
      *   p -= lr * wd * p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
      *   p -= lr / (1 - b1^step) * m / (sqrt(v) / sqrt(1 - b2^step) + eps)
      * then, when ema is not NULL, the weight EMA of the new p in the same pass:
