@@ -103,13 +103,27 @@ __device__ __forceinline__ void vector_to_floats(BfVector<VEC> x, float *out)
         out[i] = bf16_bits_to_float(x.bits[i]);
 }
 
+/* VEC floats, each rounded once. The words are packed here, not through the union's bits: at
+ * VEC 4 that trip went through local memory (ptxas: an 8-byte stack frame). */
 template <int VEC>
 __device__ __forceinline__ BfVector<VEC> vector_from_floats(const float *in)
 {
     BfVector<VEC> x;
+    if constexpr (VEC == 1) {
+        x.raw = float_to_bf16_bits(in[0]);
+    } else {
+        unsigned int words[VEC / 2];
 #pragma unroll
-    for (int i = 0; i < VEC; i++)
-        x.bits[i] = float_to_bf16_bits(in[i]);
+        for (int i = 0; i < VEC / 2; i++)
+            words[i] = (unsigned int)float_to_bf16_bits(in[2 * i]) |
+                       ((unsigned int)float_to_bf16_bits(in[2 * i + 1]) << 16);
+        if constexpr (VEC == 2)
+            x.raw = words[0];
+        else if constexpr (VEC == 4)
+            x.raw = make_uint2(words[0], words[1]);
+        else
+            x.raw = make_uint4(words[0], words[1], words[2], words[3]);
+    }
     return x;
 }
 

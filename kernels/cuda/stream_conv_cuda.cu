@@ -15,7 +15,8 @@
  * A thread owns VEC channels (4, or fewer when d or the pointers say so) of a run of CONV_RUN
  * rows of one sequence, and walks it in time with its taps and the last k - 1 rows it read
  * in registers (TAPS, the kernel size rounded up to 1, 2, 4 or 8), the window the rows before
- * the run: each row is read once and each tap converted once a thread. Sums in fp32 from
+ * the run: each row is read once and each tap converted once a thread. The run's rows are
+ * all requested before the first is summed (conv_load_rows). Sums in fp32 from
  * tau = 0, rounded once (identity taps give x bit for bit). A thread an item (a row's
  * vector), reading its k rows and taps again, spent its time on index arithmetic and
  * conversions: 15-34 us a launch at the 1B step for 10 us of bytes (ncu, docs/performance.md,
@@ -102,29 +103,58 @@ __device__ __forceinline__ bool conv_run_of(ConvRun *run, int B, int T, int vect
     return true;
 }
 
-/* One stream of the thread's run: out from x and taps (kernel_size <= TAPS) */
+/* A thread's rows of x: the TAPS - 1 before its run, oldest first (zero before t = 0: never
+ * read, as tau <= t), and the CONV_RUN of its run (zero past T: never read). */
 template <int VEC, int TAPS>
-__device__ __forceinline__ void conv_forward_run(bf16 *out, const bf16 *x, const bf16 *taps,
-                                                 int kernel_size, const ConvRun &run, int T,
-                                                 int vectors)
+struct ConvRows {
+    BfVector<VEC> before[TAPS > 1 ? TAPS - 1 : 1];
+    BfVector<VEC> run[CONV_RUN];
+};
+
+/* Every row of the run requested at once, before the first is used: a thread that kept one
+ * row in flight behind the one it summed moved 2.0-2.2 TB/s on an H100; with the run's 16
+ * to 23 rows in flight, 2.5-2.9 TB/s (docs/performance.md, "2026-12-07 (noon)"). */
+template <int VEC, int TAPS>
+__device__ __forceinline__ void conv_load_rows(ConvRows<VEC, TAPS> &rows, const bf16 *x,
+                                               const ConvRun &run, int T, int vectors)
+{
+    const long long sequence = (long long)run.b * T;
+#pragma unroll
+    for (int k = 0; k < TAPS - 1; k++) {
+        const int t = run.t0 - (TAPS - 1) + k;
+        rows.before[k] = t >= 0 ? vector_load<VEC>(x, (sequence + t) * vectors + run.v)
+                                : vector_zero<VEC>();
+    }
+#pragma unroll
+    for (int k = 0; k < CONV_RUN; k++) {
+        const int t = run.t0 + k;
+        rows.run[k] = t < T ? vector_load<VEC>(x, (sequence + t) * vectors + run.v)
+                            : vector_zero<VEC>();
+    }
+}
+
+/* One stream of the thread's run: out from its rows of x and taps (kernel_size <= TAPS) */
+template <int VEC, int TAPS>
+__device__ __forceinline__ void conv_forward_run(bf16 *out, const ConvRows<VEC, TAPS> &rows,
+                                                 const bf16 *taps, int kernel_size,
+                                                 const ConvRun &run, int T, int vectors)
 {
     float tap[TAPS][VEC], window[TAPS][VEC] = {};
     conv_load_taps<VEC, TAPS>(tap, taps, kernel_size, run.v, vectors);
-    const long long sequence = (long long)run.b * T;
-    /* the rows before the run, oldest first (a row before t = 0 is never read: tau <= t) */
-    for (int t = run.t0 - (TAPS - 1); t < run.t0; t++) {
-        float row[VEC] = {};
-        if (t >= 0)
-            vector_to_floats<VEC>(vector_load<VEC>(x, (sequence + t) * vectors + run.v), row);
+#pragma unroll
+    for (int k = 0; k < TAPS - 1; k++) {
+        float row[VEC];
+        vector_to_floats<VEC>(rows.before[k], row);
         conv_window_push<VEC, TAPS>(window, row);
     }
-    const int end = run.t0 + CONV_RUN < T ? run.t0 + CONV_RUN : T;
-    BfVector<VEC> next = vector_load<VEC>(x, (sequence + run.t0) * vectors + run.v);
-    for (int t = run.t0; t < end; t++) {
+    const long long sequence = (long long)run.b * T;
+#pragma unroll
+    for (int k = 0; k < CONV_RUN; k++) {
+        const int t = run.t0 + k;
+        if (t >= T)
+            break;
         float row[VEC], sum[VEC];
-        vector_to_floats<VEC>(next, row);
-        if (t + 1 < end) /* the next row in flight while this one is summed */
-            next = vector_load<VEC>(x, (sequence + t + 1) * vectors + run.v);
+        vector_to_floats<VEC>(rows.run[k], row);
         conv_window_push<VEC, TAPS>(window, row);
         conv_sum<VEC, TAPS>(sum, tap, window, kernel_size < t + 1 ? kernel_size : t + 1);
         vector_store<VEC>(out, (sequence + t) * vectors + run.v, vector_from_floats<VEC>(sum));
@@ -137,16 +167,20 @@ __global__ void __launch_bounds__(CONV_THREADS)
     conv_forward_kernel(ConvBatch batch, int B, int T, int vectors)
 {
     ConvRun run;
-    if (conv_run_of(&run, B, T, vectors))
-        conv_forward_run<VEC, TAPS>(batch.out[0][blockIdx.y], batch.x[blockIdx.y],
-                                    batch.taps[0][blockIdx.y], batch.kernel_size[0], run, T,
-                                    vectors);
+    if (!conv_run_of(&run, B, T, vectors))
+        return;
+    const int n = blockIdx.y;
+    ConvRows<VEC, TAPS> rows;
+    conv_load_rows<VEC, TAPS>(rows, batch.x[n], run, T, vectors);
+    conv_forward_run<VEC, TAPS>(batch.out[0][n], rows, batch.taps[0][n], batch.kernel_size[0],
+                                run, T, vectors);
 }
 
 /* Every stream of row blockIdx.y in turn, each through the window of the launch's widest
- * kernel (TAPS): a stream of a smaller kernel sums its own k taps of it. Its own kernel, as
- * the loop holds more registers (ptxas: 114 at VEC 4 TAPS 8, where one stream takes 80)
- * and a launch of one stream should keep the occupancy of its own. */
+ * kernel (TAPS): a stream of a smaller kernel sums its own k taps of it. The rows are read
+ * once, held in registers for every stream. Its own kernel, as the loop holds more
+ * registers (ptxas: 180 at VEC 4 TAPS 8, where one stream takes 128) and a launch of one
+ * stream should keep the occupancy of its own. */
 template <int VEC, int TAPS>
 __global__ void __launch_bounds__(CONV_THREADS)
     conv_forward_streams_kernel(ConvBatch batch, int B, int T, int vectors)
@@ -155,8 +189,10 @@ __global__ void __launch_bounds__(CONV_THREADS)
     if (!conv_run_of(&run, B, T, vectors))
         return;
     const int n = blockIdx.y;
+    ConvRows<VEC, TAPS> rows;
+    conv_load_rows<VEC, TAPS>(rows, batch.x[n], run, T, vectors);
     for (int r = 0; r < batch.streams; r++)
-        conv_forward_run<VEC, TAPS>(batch.out[r][n], batch.x[n], batch.taps[r][n],
+        conv_forward_run<VEC, TAPS>(batch.out[r][n], rows, batch.taps[r][n],
                                     batch.kernel_size[r], run, T, vectors);
 }
 
