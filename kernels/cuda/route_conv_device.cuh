@@ -221,23 +221,12 @@ __device__ __forceinline__ void load_row_values(float *out, const bf16 *array, i
     }
 }
 
-/* vector `index` of a bf16 array from VEC floats, each rounded once. The 4-wide case packs
- * the words itself: through BfVector<4>'s union the compiler takes a trip through local
- * memory. */
+/* vector `index` of a bf16 array from VEC floats, each rounded once */
 template <int VEC>
 __device__ __forceinline__ void store_row_values(bf16 *array, long long index,
                                                  const float *values)
 {
-    if constexpr (VEC == 4) {
-        uint2 raw;
-        raw.x = (unsigned)float_to_bf16_bits(values[0]) |
-                ((unsigned)float_to_bf16_bits(values[1]) << 16);
-        raw.y = (unsigned)float_to_bf16_bits(values[2]) |
-                ((unsigned)float_to_bf16_bits(values[3]) << 16);
-        reinterpret_cast<uint2 *>(array)[index] = raw;
-    } else {
-        vector_store<VEC>(array, index, vector_from_floats<VEC>(values));
-    }
+    vector_store<VEC>(array, index, vector_from_floats<VEC>(values));
 }
 
 /* ---- host functions of route_conv_cuda.cu the backward shares ---- */
