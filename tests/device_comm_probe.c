@@ -423,6 +423,10 @@ static void scenario_timing(const Backend *backend)
     void *send = backend->alloc((size_t)n * TIMING_COUNT * sizeof(float));
     void *recv = backend->alloc((size_t)n * TIMING_COUNT * sizeof(float));
     backend->synchronize();
+    /* the ranks start the timed part together: on a GPU shared with other processes one
+     * rank's set-up can take a good part of LATE_MS longer than the other's, and the wait
+     * for the late rank would be that much shorter */
+    comm_barrier(world);
     device_comm_timing_enable(true);
 
     /* the last rank is late to a group of two all-gathers; then a reduce-scatter */
