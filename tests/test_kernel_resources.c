@@ -56,11 +56,22 @@ static void row_numbers(const char *row, int *registers, int *stack)
     cr_assert_eq(sscanf(field, "%d\t%d", registers, stack), 2, "row: %.200s", row);
 }
 
+/* Runs the tool over the made-up build in `dir` with `options`; it must exit 0 */
+static void run_tool(const char *dir, const char *options, char *output, size_t capacity)
+{
+    char command[1024];
+    snprintf(command, sizeof command,
+             "python3 '%s/launch/bench/kernel_resources.py' --build '%s' --jobs 1 %s 2>&1",
+             test_source_dir(), dir, options);
+    const int code = test_run_command(command, output, capacity);
+    cr_assert_eq(code, 0, "kernel_resources.py %s failed:\n%s", options, output);
+}
+
 Test(kernel_resources, flags_a_kernel_with_a_stack_frame_and_names_what_moved, .timeout = 120)
 {
     if (system("command -v nvcc >/dev/null 2>&1") != 0)
         cr_skip_test("no nvcc on PATH");
-    char dir[256], path[400], command[2048], output[8192];
+    char dir[256], path[400], output[8192];
     test_make_temp_dir(dir, "kernel-resources");
     snprintf(path, sizeof path, "%s/kernels.cu", dir);
     test_write_file(path, kernels);
@@ -72,12 +83,9 @@ Test(kernel_resources, flags_a_kernel_with_a_stack_frame_and_names_what_moved, .
              dir);
     snprintf(path, sizeof path, "%s/compile_commands.json", dir);
     test_write_file(path, json);
-    snprintf(command, sizeof command,
-             "python3 '%s/launch/bench/kernel_resources.py' --build '%s' --jobs 1 "
-             "--out '%s/table.tsv' 2>&1",
-             test_source_dir(), dir, dir);
-    int code = test_run_command(command, output, sizeof output);
-    cr_assert_eq(code, 0, "kernel_resources.py failed:\n%s", output);
+    char options[512];
+    snprintf(options, sizeof options, "--out '%s/table.tsv'", dir);
+    run_tool(dir, options, output, sizeof output);
     cr_expect(strstr(output, "2 kernels; 1 with a stack frame or spills"), "%s", output);
     cr_expect(strstr(output, "local_array_kernel"), "%s", output);
     cr_expect_null(strstr(output, "plain_kernel"), "%s", output);
@@ -102,12 +110,8 @@ Test(kernel_resources, flags_a_kernel_with_a_stack_frame_and_names_what_moved, .
              plain_registers + 7, rest);
     snprintf(path, sizeof path, "%s/before.tsv", dir);
     test_write_file(path, before);
-    snprintf(command, sizeof command,
-             "python3 '%s/launch/bench/kernel_resources.py' --build '%s' --jobs 1 "
-             "--against '%s' 2>&1",
-             test_source_dir(), dir, path);
-    code = test_run_command(command, output, sizeof output);
-    cr_assert_eq(code, 0, "kernel_resources.py --against failed:\n%s", output);
+    snprintf(options, sizeof options, "--against '%s'", path);
+    run_tool(dir, options, output, sizeof output);
     char expected[128];
     snprintf(expected, sizeof expected, "registers %d -> %d  kernels.cu  plain_kernel(",
              plain_registers + 7, plain_registers);
