@@ -45,17 +45,25 @@ void memory_plan_print(FILE *out, const MemoryPlan *plan, const Config *config,
     fprintf(out, "fathom:   optimizer    %12s  AdamW exp_avg, exp_avg_sq%s\n",
             format_bytes(b, sizeof b, plan->optimizer),
             config->optim.ema_decay > 0 ? " and the EMA (optim.ema_decay > 0)" : "");
-    char stores[48] = "";
+    /* each part with its bytes: where a routed mode's activations go (its summary store
+     * holds every partial of the replace form) is plain from the plan */
+    char stash[32], store[32], scratch[32], held[32], stores[80] = "", hops[64] = "";
     if (config->residual.mode != RESIDUAL_STANDARD)
-        snprintf(stores, sizeof stores, ", %d summary store%s", plan->stores,
-                 plan->stores == 1 ? "" : "s");
+        snprintf(stores, sizeof stores, ", %d summary store%s %s", plan->stores,
+                 plan->stores == 1 ? "" : "s",
+                 format_bytes(store, sizeof store, plan->store_bytes));
+    if (plan->held_bytes > 0)
+        snprintf(hops, sizeof hops, ", hops in flight %s",
+                 format_bytes(held, sizeof held, plan->held_bytes));
     if (plan->activations_sized)
-        fprintf(out, "fathom:   activations  %12s  %s%d stash%s%s, scratch, RoPE tables%s "
+        fprintf(out, "fathom:   activations  %12s  %s%d stash%s %s%s, scratch %s, RoPE tables%s "
                 "(train.activation_checkpointing %s)\n",
                 format_bytes(b, sizeof b, plan->activations),
                 plan->activations_exact ? "" : "about, ", plan->stashes,
-                plan->stashes == 1 ? "" : "es", stores,
-                plan->held_bytes > 0 ? ", hops in flight" : "", checkpointed ? "full" : "none");
+                plan->stashes == 1 ? "" : "es",
+                format_bytes(stash, sizeof stash, plan->stash_bytes), stores,
+                format_bytes(scratch, sizeof scratch, plan->scratch_bytes), hops,
+                checkpointed ? "full" : "none");
     else
         fprintf(out, "fathom:   activations  %12s  not sized: the weights alone are past any "
                 "machine\n", "?");

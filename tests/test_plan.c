@@ -2,6 +2,7 @@
  * alone (launch/plan.h), equal to launch/memory_plan.h's, and its verdict against a GPU.
  */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,23 +21,36 @@ static int run_plan(const char *arguments, char *output, size_t capacity)
     return test_run_fathom(command, output, capacity);
 }
 
-/* The largest stage of the 8B job, as memory_plan_build sizes it for the cuda backend. */
-static double largest_stage_gib(const char *override)
+/* The 8B job's config, with one override or none */
+static void load_8b(Config *config, const char *override)
 {
     char path[512];
     snprintf(path, sizeof path, "%s/launch/configs/marin8b_block_mhar.yaml",
              test_source_dir());
     const char *overrides[1] = {override};
-    Config config;
-    config_load(&config, path, overrides, override ? 1 : 0, CONFIG_ANY_WORLD);
+    config_load(config, path, overrides, override ? 1 : 0, CONFIG_ANY_WORLD);
+}
+
+/* A stage's plan (its dp rank 0) as memory_plan_build sizes it for the cuda backend */
+static MemoryPlan stage_plan(const Config *config, int stage)
+{
     Backend cuda_like = *backend_cpu();
     cuda_like.name = "cuda";
     cuda_like.activation_bytes = 2;
+    MemoryPlan plan;
+    memory_plan_build(&plan, config, &cuda_like,
+                      (RankLayout){config->parallel.pp, config->parallel.dp, stage, 0});
+    return plan;
+}
+
+/* The largest stage of the 8B job, as memory_plan_build sizes it for the cuda backend. */
+static double largest_stage_gib(const char *override)
+{
+    Config config;
+    load_8b(&config, override);
     double largest = 0;
     for (int stage = 0; stage < config.parallel.pp; stage++) {
-        MemoryPlan plan;
-        memory_plan_build(&plan, &config, &cuda_like,
-                          (RankLayout){config.parallel.pp, config.parallel.dp, stage, 0});
+        const MemoryPlan plan = stage_plan(&config, stage);
         const double bytes = memory_plan_backend_bytes(&plan);
         largest = bytes > largest ? bytes : largest;
     }
@@ -153,4 +167,37 @@ Test(plan, the_evaluation_of_a_checkpoint_is_planned_as_the_forward_only_model_h
     const double gib = strtod(line + strlen("fathom eval of a checkpoint of this config holds "),
                               NULL);
     cr_expect(gib > 40 && gib < 80, "the 8B job's checkpoint: %g GiB", gib);
+}
+
+/* The activations line names each part with its bytes: the stashes, the summary stores
+ * (where the replace form keeps its partials), the scratch and the hops in flight, each as
+ * the plan sizes it (GiB, two decimals) */
+Test(plan, the_activations_line_gives_each_parts_bytes)
+{
+    char output[16384];
+    const int code = run_plan("", output, sizeof output);
+    cr_assert_eq(code, 0, "exit %d: %s", code, output);
+    Config config;
+    load_8b(&config, NULL);
+    const MemoryPlan plan = stage_plan(&config, 0);
+    const char *line = strstr(output, "fathom:   activations");
+    cr_assert_not_null(line, "%s", output);
+    int stashes, stores;
+    double stash, store, scratch, hops;
+    const int read = sscanf(line, "fathom:   activations %*f GiB %d stashes %lf GiB, %d summary "
+                            "stores %lf GiB, scratch %lf GiB, RoPE tables, hops in flight "
+                            "%lf GiB", &stashes, &stash, &stores, &store, &scratch, &hops);
+    cr_assert_eq(read, 6, "read %d fields of: %.300s", read, line);
+    const double gib = 1 << 30;
+    cr_expect_eq(stashes, plan.stashes);
+    cr_expect_eq(stores, plan.stores);
+    cr_expect(fabs(stash - plan.stash_bytes / gib) < 0.006, "stashes %.2f: %.3f", stash,
+              plan.stash_bytes / gib);
+    cr_expect(fabs(store - plan.store_bytes / gib) < 0.006, "stores %.2f: %.3f", store,
+              plan.store_bytes / gib);
+    cr_expect(fabs(scratch - plan.scratch_bytes / gib) < 0.006, "scratch %.2f: %.3f", scratch,
+              plan.scratch_bytes / gib);
+    cr_expect(fabs(hops - plan.held_bytes / gib) < 0.006, "hops %.2f: %.3f", hops,
+              plan.held_bytes / gib);
+    cr_expect(plan.store_bytes > 0 && plan.held_bytes > 0);
 }
