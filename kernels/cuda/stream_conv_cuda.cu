@@ -8,9 +8,9 @@
  * blockIdx.y picks the row), since one row of the 1B width fills 60% of the GPU's threads for
  * about 10 us of bytes: a launch a row paid its ramp and tail each time (17-23 us a launch,
  * 5184 launches a step; docs/performance.md, ninth run). And up to CONV_STREAMS streams,
- * each with its own kernel size: a thread walks its run once a stream, the rows of x from
- * L1 after the first, so a row with m streams moves 1 + m rows where a stream a launch moved
- * 2m (the replace form's partial, convolved for every stream at each merge).
+ * each with its own kernel size: a thread reads its run of x once and walks it once a
+ * stream, so a row with m streams moves 1 + m rows where a stream a launch moved 2m (the
+ * replace form's partial, convolved for every stream at each merge).
  *
  * A thread owns VEC channels (4, or fewer when d or the pointers say so) of a run of CONV_RUN
  * rows of one sequence, and walks it in time with its taps and the last k - 1 rows it read
