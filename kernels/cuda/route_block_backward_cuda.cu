@@ -302,8 +302,14 @@ int route_block_walk_blocks(int tokens, int n_sources, int n_sites, int d, int h
 }
 
 /* Offsets into the workspace (floats, 16-byte aligned): coefficients, self terms, dalpha
- * terms, the walker's partial sums, the dots' parts. */
+ * terms, the walker's partial sums, the dots' parts. The one pass keeps each token's
+ * coefficients and self terms in shared memory and writes no parts: its workspace is the
+ * dalpha terms and S's partial sums, a block's each. Sized for the two passes as well, it
+ * held the coefficients' 2 G N H floats a token for nothing: 38 MB at the 1B step's last
+ * blocks (N 9, G 8, H 8, 8192 tokens), the largest workspace of the step, and the backend's
+ * workspace keeps its largest size. */
 struct BlockWorkspace {
+    bool one_pass;
     size_t self_terms, alpha_terms, partials, parts, total;
 };
 
@@ -314,18 +320,24 @@ static size_t round_up_4(size_t floats)
 
 static BlockWorkspace block_workspace(int n_sources, int n_sites, int tokens, int d, int heads)
 {
-    BlockWorkspace w;
+    BlockWorkspace w = {};
+    const BlockHeads layout = block_heads(n_sources, n_sites, d, heads);
+    w.one_pass = route_block_one_pass_takes(layout, n_sources, n_sites, d, heads);
+    if (w.one_pass) { /* [G][blocks][H] dalpha terms, then [G][blocks][d] partial sums */
+        const size_t blocks =
+            route_block_one_pass_blocks(layout, n_sources, n_sites, tokens, d, heads);
+        w.alpha_terms = 0;
+        w.partials = round_up_4((size_t)n_sites * blocks * heads);
+        w.total = w.partials + round_up_4((size_t)n_sites * blocks * d);
+        return w;
+    }
     w.self_terms = round_up_4((size_t)tokens * n_sources * heads * 2 * n_sites);
     w.alpha_terms = w.self_terms + round_up_4((size_t)tokens * n_sources);
     /* the dalpha terms at their widest: [G][blocks][H] of at most a block a token
      * (block_dots_fused) */
     w.partials = w.alpha_terms + round_up_4((size_t)n_sites * tokens * heads);
-    /* S's partial sums: a walker range's each, or the one pass's blocks' */
-    const BlockHeads layout = block_heads(n_sources, n_sites, d, heads);
-    const int ranges =
-        route_block_one_pass_takes(layout, n_sources, n_sites, d, heads)
-            ? route_block_one_pass_blocks(layout, n_sources, n_sites, tokens, d, heads)
-            : block_walk_ranges(tokens, n_sources, n_sites, d, heads);
+    /* S's partial sums: a walker range's each */
+    const int ranges = block_walk_ranges(tokens, n_sources, n_sites, d, heads);
     w.parts = w.partials + round_up_4((size_t)n_sites * ranges * d);
     w.total = w.parts + route_block_parts_floats(n_sources, n_sites, tokens, d, heads);
     return w;
@@ -419,10 +431,6 @@ void route_block_backward_fast(bf16 *const *dsources, unsigned dsources_written,
         reduce.dalpha[i] = alphas ? dalphas[i] : NULL;
     }
     dots.rstd = rstd;
-    dots.coefficients = workspace;
-    walk.coefficients = workspace;
-    dots.self_terms = workspace + w.self_terms;
-    walk.self_terms = workspace + w.self_terms;
     dots.alpha_terms = workspace + w.alpha_terms;
     dots.layout = block_heads(n_sources, n_sites, d, heads);
     dots.inverse_width = 1.0f / (float)d;
@@ -433,12 +441,10 @@ void route_block_backward_fast(bf16 *const *dsources, unsigned dsources_written,
     walk.head_dim = d / heads;
     walk.d = d;
     walk.ranges = block_walk_ranges(tokens, n_sources, n_sites, d, heads);
-    walk.partials = workspace + w.partials;
-    dots.parts = workspace + w.parts;
     reduce.partials = workspace + w.partials;
     reduce.alpha_partials = workspace + w.alpha_terms;
     reduce.d = d;
-    if (route_block_one_pass_takes(dots.layout, n_sources, n_sites, d, heads)) {
+    if (w.one_pass) { /* its workspace holds no coefficients, self terms or parts */
         const int blocks =
             route_block_one_pass(dots, dsources, dsources_written, workspace + w.partials, d,
                                  stream);
@@ -447,6 +453,12 @@ void route_block_backward_fast(bf16 *const *dsources, unsigned dsources_written,
         route_block_reduce(reduce, n_sites, stream);
         return;
     }
+    dots.coefficients = workspace;
+    walk.coefficients = workspace;
+    dots.self_terms = workspace + w.self_terms;
+    walk.self_terms = workspace + w.self_terms;
+    dots.parts = workspace + w.parts;
+    walk.partials = workspace + w.partials;
     const int alpha_terms = route_block_dots(dots, stream);
     /* the unrolled source loops sized near N: fewer predicated-off iterations, and at 6 the
      * walker keeps within its 128 registers without spilling */
