@@ -106,8 +106,9 @@ static void site_layout(SiteActivations *site, Carver *carver, const ResidualPla
     const size_t sources = (size_t)plan->sites[j].n_sources;
     const bool msar = plan->mode == RESIDUAL_MSAR;
     if (residual_site_keeps_weights(plan)) {
+        const size_t rstd_rows = (size_t)residual_site_rstd_rows(plan, j);
         site->weights = carve_floats(carver, m * sources * N * H);
-        site->rstd = carve_floats(carver, m * sources * N);
+        site->rstd = rstd_rows ? carve_floats(carver, rstd_rows * N) : NULL;
     }
     if (msar && m > 1) {
         site->mix_gates = carve_floats(carver, N * m);

@@ -170,6 +170,20 @@ bool residual_site_keeps_weights(const ResidualPlan *plan)
     return !(plan->mode == RESIDUAL_MSAR && residual_two_phase(plan) && !plan->sites_alone);
 }
 
+int residual_site_rstd_rows(const ResidualPlan *plan, int j)
+{
+    const SitePlan *site = &plan->sites[j];
+    const bool in_walk = plan->mode == RESIDUAL_ATTNRES && residual_two_phase(plan) &&
+                         !plan->sites_alone && j < plan->n_sublayers;
+    if (!in_walk)
+        return plan->streams * site->n_sources;
+    if (site->position > 0)
+        return 0;
+    const int left = plan->n_sublayers - j, S = plan->sublayers_per_block;
+    const int sites = left < S ? left : S;
+    return site->n_sources + (plan->form == FORM_REPLACE ? sites - 1 : 0);
+}
+
 bool residual_site_keeps_input(const ResidualPlan *plan, int j)
 {
     const bool final = j == plan->n_sublayers; /* the head's backward reads it first */

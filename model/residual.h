@@ -112,6 +112,16 @@ bool residual_two_phase(const ResidualPlan *plan);
  * walked (model/route_block.h). */
 bool residual_site_keeps_weights(const ResidualPlan *plan);
 
+/* The rows of key statistics (rstd, [rows, tokens] each) site j keeps in the stash where
+ * residual_site_keeps_weights holds. attnres's sites inside the two-phase walk (all but the
+ * final site) read the same completed sources, whose rstd phase one writes once for the
+ * block: the block's first site keeps the block's region, the completed sources' rows and
+ * then, in the replace form, one row for each later site's partial; the block's other sites
+ * keep none (model/route_block_streams.c, walk_site_rstd, gives each site its view). Every
+ * other site keeps a row for each of its sources and streams. At the 1B MHAR step the sites
+ * kept 14.2 MB of rows, 10.3 MB of them copies (docs/performance.md, 2026-12-07 afternoon). */
+int residual_site_rstd_rows(const ResidualPlan *plan, int j);
+
 /* True when site j's output x_j, its sublayer's input, is kept in the stash from the forward
  * to the sublayer's backward. False for msar's replace form walked in two phases: its
  * backward reopens each block (phase one and every merge again), so when sublayer j's

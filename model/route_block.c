@@ -88,7 +88,7 @@ static void block_backward(RouteWalk *walk, int block)
     walk->backend->route_block_backward(
         walk->grad_sources, 0, walk->grad_queries, walk->grad_key_norms,
         walk->replace ? NULL : walk->grad_alphas, walk->douts, walk->sources, N,
-        walk->const_weights, walk->stash->sites[first].rstd, walk->queries, walk->key_norms,
+        walk->const_weights, walk_site_rstd(walk, block, 0, 0), walk->queries, walk->key_norms,
         walk->replace ? NULL : walk->alphas,
         walk->replace ? (const float *const *)walk->means : NULL, G, scratch->route_backward,
         walk->rows, walk->d, walk->plan->heads);
@@ -119,7 +119,7 @@ static const RouteMerge *site_merge(RouteWalk *walk, int block, int i)
     walk_site_sources(walk, j, walk->sources);
     walk->merge_gate = (RouteMerge){
         .weights = saved->weights,
-        .rstd = saved->rstd,
+        .rstd = walk_site_rstd(walk, block, i, 0),
         .result = model->scratch.route.block_results[i],
         .lse = walk_site_stream_floats(walk, model->scratch.route.block_lse, 0, i),
         .partial = walk->sources[site->n_sources - 1],
@@ -168,7 +168,7 @@ static void site_merge_grad(RouteWalk *walk, int block, int i, RouteMergeGrad *m
         .mean = walk_site_stream_floats(walk, model->scratch.route.block_means, 0, i),
         .partial = i > 0 ? walk->sources[last] : NULL,
         .weights = saved->weights,
-        .rstd = saved->rstd,
+        .rstd = walk_site_rstd(walk, block, i, 0),
         .query = weights->query,
         .key_norm = weights->key_norm,
         .scratch = model->scratch.route.route_backward,
@@ -202,7 +202,8 @@ void walk_block_phase_one(RouteWalk *walk, int block, int r, Activation *first_r
         if (i == 0 && first_result && !walk->streams)
             walk->results[0] = first_result;
         walk->weights[i] = walk_site_weights(walk, block, i, r);
-        walk->rstd[i] = walk_site_rstd(walk, block, i, r);
+        /* attnres: the block's one region, every site's completed sources in site 0's view */
+        walk->rstd[i] = walk_site_rstd(walk, block, walk->streams ? i : 0, r);
         walk->queries[i] = route_stream_row(route, weights->query, r);
         walk->key_norms[i] = route_stream_row(route, weights->key_norm, r);
         if (lse)

@@ -101,14 +101,19 @@ void walk_sources_convolve(RouteWalk *walk, const SitePlan *first, int r)
     conv_forward(walk, conv_gather(walk, first, r, 1, -1), r, 1);
 }
 
-/* Where site i's depth weights and key rstd of stream r are: msar's in the scratch, which
- * holds them for the one block being walked, since the backward makes phase one again for
- * its streams anyway (residual_site_keeps_weights); attnres's in the site's saved state,
- * which its block backward reads. A site's region holds all its sources, the partial's row
- * last in the replace form. The replace form's backward holds every stream of the block at
- * once (its merges rescale the weights in place): [m, S, M, rows, H]; the delta form's goes
- * a stream at a time, phase one again for each, so its streams share one region
- * (activations.c sizes both). */
+/* Where site i's depth weights and key rstd of stream r are.
+ * msar's are in the scratch, which holds them for the one block being walked, since the
+ * backward makes phase one again for its streams anyway (residual_site_keeps_weights). A
+ * site's region holds all its sources, the partial's row last in the replace form. The
+ * replace form's backward holds every stream of the block at once (its merges rescale the
+ * weights in place): [m, S, M, rows, H]; the delta form's goes a stream at a time, phase one
+ * again for each, so its streams share one region (activations.c sizes both).
+ * attnres's are in the stash, which its block backward reads: the weights in the site's saved
+ * state; the rstd in the region the block's first site keeps (residual_site_rstd_rows): the
+ * completed sources' rows, which phase one writes once for every site, then in the replace
+ * form site i's partial at row N + i - 1. Site i's view starts i - 1 rows in, so that its row
+ * N, the only one its merge reads or writes, is its partial's; its other rows are not its
+ * sources' and nothing reads them through it. */
 static size_t site_region_of(const RouteWalk *walk, int i, int r)
 {
     const size_t S = (size_t)walk->plan->sublayers_per_block;
@@ -128,8 +133,10 @@ float *walk_site_weights(const RouteWalk *walk, int block, int i, int r)
 float *walk_site_rstd(const RouteWalk *walk, int block, int i, int r)
 {
     const int j = walk_block_first_site(walk, block) + i;
-    if (!walk->streams)
-        return walk->stash->sites[j].rstd;
+    if (!walk->streams) {
+        float *region = walk->stash->sites[j - i].rstd;
+        return walk->replace && i > 0 ? region + (size_t)(i - 1) * walk->rows : region;
+    }
     const size_t region = (size_t)walk->plan->max_sources * (size_t)walk->route->max_rows;
     return walk->model->scratch.route.block_rstd + site_region_of(walk, i, r) * region;
 }

@@ -15,7 +15,7 @@
  * went to another site, stream or source is off by order 1.
  *
  * The cases cover N (1 to 4 sources with the null), S (blocks of 1 and 2 layers, a short
- * last block of 3 layers), H (1, 2, 4), d (16, 24: not a multiple of 16), m (1 to 3) and
+ * last block of 3 layers, a block of 4 sites after 2 completed sources), H (1, 2, 4), d (16, 24: not a multiple of 16), m (1 to 3) and
  * kernel sizes (1 to 5 over sequences of 6 tokens), with and without checkpointing.
  *
  * msar's sites walked in two phases keep no depth weights in the stash (the walk's backward
@@ -50,10 +50,11 @@ typedef struct {
     int logit_rows, vocab;
 } HeadShape;
 
-static Model *case_model(const TwoPhaseCase *c, const HeadShape *head, bool alone)
+static Model *case_model(const TwoPhaseCase *c, int n_layers, const HeadShape *head,
+                         bool alone)
 {
     ModelConfig config = route_test_model_config();
-    config.n_layers = 3;
+    config.n_layers = n_layers;
     config.d_model = c->d;
     config.n_heads = c->d / config.head_dim;
     if (head->vocab)
@@ -79,9 +80,10 @@ static Model *case_model(const TwoPhaseCase *c, const HeadShape *head, bool alon
     return model;
 }
 
-static void check_case_head(const TwoPhaseCase *c, const HeadShape *head)
+static void check_case_shape(const TwoPhaseCase *c, int n_layers, const HeadShape *head)
 {
-    Model *two_phase = case_model(c, head, false), *alone = case_model(c, head, true);
+    Model *two_phase = case_model(c, n_layers, head, false);
+    Model *alone = case_model(c, n_layers, head, true);
     const size_t logit_count = (size_t)ROUTE_TEST_ROWS * model_config(alone)->vocab_size;
     float *expected = route_test_logits(alone), *got = route_test_logits(two_phase);
     const double logit_error = test_relative_error(got, expected, logit_count);
@@ -117,7 +119,7 @@ static void check_case_head(const TwoPhaseCase *c, const HeadShape *head)
 
 static void check_case(const TwoPhaseCase *c)
 {
-    check_case_head(c, &(HeadShape){0, 0});
+    check_case_shape(c, 3, &(HeadShape){0, 0});
 }
 
 Test(model_two_phase, attnres_delta_blocks_route_as_each_site_alone)
@@ -150,7 +152,7 @@ Test(model_two_phase, the_final_site_in_two_phases_beside_the_heads_chunks_of_lo
     };
     const HeadShape head = {5, 256};
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
-        check_case_head(&cases[k], &head);
+        check_case_shape(&cases[k], 3, &head);
 }
 
 /* attnres's replace form in two phases (FATHOM_ROUTE_REPLACE=two_phase, model/route_block.c):
@@ -171,6 +173,11 @@ Test(model_two_phase, attnres_replace_blocks_merge_the_partial_as_each_site_alon
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
         check_case(&cases[k]);
+    /* 4 layers: a block of 4 sites over 2 completed sources, each later site's partial in a
+     * row of the block's rstd region past the sources' (residual_site_rstd_rows) */
+    const TwoPhaseCase four_sites = {"mhar replace H 2, 4 layers in blocks of 2",
+                                     RESIDUAL_ATTNRES, 2, 2, 16, 1, {1}, false, true};
+    check_case_shape(&four_sites, 4, &(HeadShape){0, 0});
 }
 
 Test(model_two_phase, msar_delta_blocks_route_stream_by_stream_as_each_site_alone)
@@ -259,10 +266,40 @@ Test(model_two_phase, msar_block_sites_keep_no_depth_weights_in_the_stash_and_re
                       saved, floats * sizeof(float));
         cr_expect_leq(saved, floats * sizeof(float) + (2 + replace) * 256 * sites);
     }
-    /* attnres's block backward reads the weights its forward saved: the stash keeps them */
-    ResidualConfig attnres = route_test_attnres(2, 1, FORM_DELTA);
-    cr_expect_eq(whole_stash_bytes(&config, &attnres, true),
-                 whole_stash_bytes(&config, &attnres, false));
+}
+
+/* attnres's block backward reads the weights its forward saved: the stash keeps them, and one
+ * rstd region a block (residual_site_rstd_rows): the sites after a block's first keep none of
+ * their own, only the replace form's row of each one's partial in the first's region. At 4 x
+ * 256 tokens a row is 4 KB, so the carves' rounding to 256 bytes cannot hide a row. */
+Test(model_two_phase, attnres_block_sites_keep_their_weights_and_one_rstd_region_a_block)
+{
+    enum { B = 4, T = 256 };
+    ModelConfig config = route_test_model_config();
+    config.n_layers = 3;
+    for (int replace = 0; replace <= 1; replace++) {
+        ResidualConfig attnres = route_test_attnres(2, 1, replace ? FORM_REPLACE : FORM_DELTA);
+        ResidualPlan plan;
+        residual_plan_build(&plan, &config, &attnres);
+        /* blocks of 2 sites: the second's rows, less the row of its partial */
+        size_t shared = 0, later_sites = 0;
+        for (int j = 0; j < plan.n_sublayers; j++)
+            if (plan.sites[j].position > 0) {
+                shared += (size_t)(plan.sites[j].n_sources - replace) * B * T * sizeof(float);
+                later_sites++;
+            }
+        const StashShape whole = {0, plan.n_sublayers, true, true, false};
+        size_t bytes[2];
+        for (int alone = 0; alone <= 1; alone++) {
+            plan.sites_alone = alone;
+            bytes[alone] = stash_bytes(backend_cpu(), &config, &plan, B, T, whole);
+        }
+        residual_plan_free(&plan);
+        const size_t saved = bytes[1] - bytes[0];
+        cr_expect_geq(saved + 256 * later_sites, shared, "%s: the stash is %zu bytes smaller, "
+                      "the shared rows are %zu", replace ? "replace" : "delta", saved, shared);
+        cr_expect_leq(saved, shared + 256 * later_sites);
+    }
 }
 
 static Model *msar_after_forward(bool alone)
