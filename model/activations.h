@@ -125,7 +125,9 @@ typedef struct {
  * runtime/backend.h gives for `rows` = B * T of the current batch. */
 typedef struct {
     float *weights;      /* stream r at r * N_j * N * H: [N_j, rows, H] depth weights */
-    float *rstd;         /* stream r at r * N_j * N: [N_j, rows] key statistics */
+    float *rstd;         /* stream r at r * N_j * N: [N_j, rows] key statistics; attnres's
+                            two-phase walk: its block's region at the block's first site,
+                            NULL at the others (residual_site_rstd_rows) */
     float *mix_gates;    /* [rows, m] (msar, m > 1) */
     float *mix_rstd;     /* [rows, m] (msar, m > 1) */
 } SiteActivations;
