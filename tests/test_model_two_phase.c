@@ -15,8 +15,9 @@
  * went to another site, stream or source is off by order 1.
  *
  * The cases cover N (1 to 4 sources with the null), S (blocks of 1 and 2 layers, a short
- * last block of 3 layers, a block of 4 sites after 2 completed sources), H (1, 2, 4), d (16, 24: not a multiple of 16), m (1 to 3) and
- * kernel sizes (1 to 5 over sequences of 6 tokens), with and without checkpointing.
+ * last block of 3 layers, a block of 4 sites after 2 completed sources), H (1, 2, 4), d (16,
+ * 24: not a multiple of 16), m (1 to 3) and kernel sizes (1 to 5 over sequences of 6
+ * tokens), with and without checkpointing.
  *
  * msar's sites walked in two phases keep no depth weights in the stash (the walk's backward
  * makes phase one again, so they live in the scratch for the open block): the stash is
