@@ -21,7 +21,8 @@
  *
  * msar's sites walked in two phases keep no depth weights in the stash (the walk's backward
  * makes phase one again, so they live in the scratch for the open block): the stash is
- * smaller by exactly those, and reading them is refused by name.
+ * smaller by exactly those, and reading them is refused by name. attnres's keep their
+ * weights and one rstd region a block: the stash is smaller by the rows its sites share.
  */
 #include "model/activations.h"
 #include "model/model.h"
