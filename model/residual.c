@@ -170,12 +170,17 @@ bool residual_site_keeps_weights(const ResidualPlan *plan)
     return !(plan->mode == RESIDUAL_MSAR && residual_two_phase(plan) && !plan->sites_alone);
 }
 
+bool residual_site_in_walk(const ResidualPlan *plan, int j)
+{
+    const bool final = j == plan->n_sublayers;
+    return residual_two_phase(plan) && !plan->sites_alone &&
+           (!final || plan->mode == RESIDUAL_MSAR);
+}
+
 int residual_site_rstd_rows(const ResidualPlan *plan, int j)
 {
     const SitePlan *site = &plan->sites[j];
-    const bool in_walk = plan->mode == RESIDUAL_ATTNRES && residual_two_phase(plan) &&
-                         !plan->sites_alone && j < plan->n_sublayers;
-    if (!in_walk)
+    if (plan->mode != RESIDUAL_ATTNRES || !residual_site_in_walk(plan, j))
         return plan->streams * site->n_sources;
     if (site->position > 0)
         return 0;

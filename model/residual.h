@@ -112,6 +112,11 @@ bool residual_two_phase(const ResidualPlan *plan);
  * walked (model/route_block.h). */
 bool residual_site_keeps_weights(const ResidualPlan *plan);
 
+/* True when site j is routed inside the two-phase walk (model/route_block.h): every site of
+ * a plan walked in two phases (residual_two_phase, not sites_alone) but attnres's final site,
+ * which routes alone (a block of one site shares no read). */
+bool residual_site_in_walk(const ResidualPlan *plan, int j);
+
 /* The rows of key statistics (rstd, [rows, tokens] each) site j keeps in the stash where
  * residual_site_keeps_weights holds. attnres's sites inside the two-phase walk (all but the
  * final site) read the same completed sources, whose rstd phase one writes once for the

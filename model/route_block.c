@@ -265,7 +265,7 @@ static const StreamMix *site_mix(RouteWalk *walk, int j, int i)
  * block of one. */
 static bool routes_alone(const RouteWalk *walk, int j)
 {
-    return !walk->two_phase || (j == walk->plan->n_sublayers && !walk->streams);
+    return !residual_site_in_walk(walk->plan, j);
 }
 
 /* attnres's replace form at site i > 0 of its block: the merge in the sublayer's norm
