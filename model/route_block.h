@@ -64,7 +64,6 @@ typedef struct {
     Stash *stash;
     SummaryStore *store;
     int rows, d;
-    bool two_phase;                /* residual_two_phase */
     bool streams;                  /* msar: phase one a stream at a time */
     bool replace;                  /* the replace form (msar: sites merge their partials) */
     bool backward;                 /* a backward walk */

@@ -21,7 +21,6 @@ void route_walk_begin(RouteWalk *walk, Model *model, Stash *stash, SummaryStore 
         .store = store,
         .rows = rows,
         .d = model->config.d_model,
-        .two_phase = residual_two_phase(plan) && !plan->sites_alone,
         .streams = plan->mode == RESIDUAL_MSAR,
         .replace = plan->form == FORM_REPLACE,
         .backward = backward,
