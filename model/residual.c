@@ -170,6 +170,14 @@ bool residual_site_keeps_weights(const ResidualPlan *plan)
     return !(plan->mode == RESIDUAL_MSAR && residual_two_phase(plan) && !plan->sites_alone);
 }
 
+int residual_block_sites(const ResidualPlan *plan, int block)
+{
+    if (block > plan->n_blocks)
+        return 1;
+    const int left = plan->n_sublayers - (block - 1) * plan->sublayers_per_block;
+    return left < plan->sublayers_per_block ? left : plan->sublayers_per_block;
+}
+
 bool residual_site_in_walk(const ResidualPlan *plan, int j)
 {
     const bool final = j == plan->n_sublayers;
@@ -184,9 +192,8 @@ int residual_site_rstd_rows(const ResidualPlan *plan, int j)
         return plan->streams * site->n_sources;
     if (site->position > 0)
         return 0;
-    const int left = plan->n_sublayers - j, S = plan->sublayers_per_block;
-    const int sites = left < S ? left : S;
-    return site->n_sources + (plan->form == FORM_REPLACE ? sites - 1 : 0);
+    const int later_sites = residual_block_sites(plan, site->block) - 1;
+    return site->n_sources + (plan->form == FORM_REPLACE ? later_sites : 0);
 }
 
 bool residual_site_keeps_input(const ResidualPlan *plan, int j)

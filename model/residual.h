@@ -112,6 +112,10 @@ bool residual_two_phase(const ResidualPlan *plan);
  * walked (model/route_block.h). */
 bool residual_site_keeps_weights(const ResidualPlan *plan);
 
+/* The sites of block n (1 <= n <= n_blocks): S, fewer in a short last block; the final site's
+ * block n_blocks + 1 has one. */
+int residual_block_sites(const ResidualPlan *plan, int block);
+
 /* True when site j is routed inside the two-phase walk (model/route_block.h): every site of
  * a plan walked in two phases (residual_two_phase, not sites_alone) but attnres's final site,
  * which routes alone (a block of one site shares no read). */

@@ -46,11 +46,7 @@ int walk_block_first_site(const RouteWalk *walk, int block)
 
 int walk_block_sites(const RouteWalk *walk, int block)
 {
-    if (final_block(walk, block))
-        return 1;
-    const int first = walk_block_first_site(walk, block), S = walk->plan->sublayers_per_block;
-    const int left = walk->plan->n_sublayers - first;
-    return left < S ? left : S;
+    return residual_block_sites(walk->plan, block);
 }
 
 /* Site i's [rows, H] floats of stream r in a [m, S, max_rows, H] scratch array (the replace
