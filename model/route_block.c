@@ -105,6 +105,30 @@ static void block_backward(RouteWalk *walk, int block)
  * once (the block's earlier sublayers read it next) and the site's softmax centre; the
  * block's backward, when the walk leaves it, gives the completed sources theirs. */
 
+/* Whether site j keeps phase one's Route and lse in the stash, in x_j's row, for its norm's
+ * backward to make x_j again (residual_site_remakes_input): then phase one writes them
+ * there, and the merge writes x_j nowhere. */
+static bool site_keeps_result(const RouteWalk *walk, int j)
+{
+    return !walk->stash->checkpointed && residual_site_remakes_input(walk->plan, j);
+}
+
+/* Where phase one leaves site i's Route (attnres) and its lse (the replace form) */
+static Activation *site_result(RouteWalk *walk, int block, int i)
+{
+    const int j = walk_block_first_site(walk, block) + i;
+    return site_keeps_result(walk, j) ? walk->stash->stream[j]
+                                      : walk->model->scratch.route.block_results[i];
+}
+
+static float *site_lse(RouteWalk *walk, int block, int i)
+{
+    const int j = walk_block_first_site(walk, block) + i;
+    return site_keeps_result(walk, j)
+               ? walk->stash->sites[j].lse
+               : walk_site_stream_floats(walk, walk->model->scratch.route.block_lse, 0, i);
+}
+
 /* Site i > 0's merge of its partial b_n^i into phase one's Route, as the op takes it. */
 static const RouteMerge *site_merge(RouteWalk *walk, int block, int i)
 {
@@ -116,8 +140,8 @@ static const RouteMerge *site_merge(RouteWalk *walk, int block, int i)
     walk->merge_gate = (RouteMerge){
         .weights = saved->weights,
         .rstd = walk_site_rstd(walk, block, i, 0),
-        .result = model->scratch.route.block_results[i],
-        .lse = walk_site_stream_floats(walk, model->scratch.route.block_lse, 0, i),
+        .result = site_result(walk, block, i),
+        .lse = site_lse(walk, block, i),
         .partial = walk->sources[site->n_sources - 1],
         .query = model->site_params[j].query,
         .key_norm = model->site_params[j].key_norm,
@@ -168,8 +192,11 @@ static void site_merge_grad(RouteWalk *walk, int block, int i, RouteMergeGrad *m
         .query = weights->query,
         .key_norm = weights->key_norm,
         .scratch = model->scratch.route.route_backward,
+        .result = site_keeps_result(walk, j) ? walk->stash->stream[j] : NULL,
+        .lse = site_keeps_result(walk, j) ? saved->lse : NULL,
         .n_sources = site->n_sources,
         .heads = walk->plan->heads,
+        .eps = walk->route->eps,
     };
 }
 
@@ -194,7 +221,7 @@ void walk_block_phase_one(RouteWalk *walk, int block, int r, Activation *first_r
     for (int i = 0; i < G; i++) {
         const SiteWeights *weights = &model->site_params[first + i];
         walk->results[i] =
-            walk->streams ? walk_stream_slot(walk, r, i + 1) : scratch->block_results[i];
+            walk->streams ? walk_stream_slot(walk, r, i + 1) : site_result(walk, block, i);
         if (i == 0 && first_result && !walk->streams)
             walk->results[0] = first_result;
         walk->weights[i] = walk_site_weights(walk, block, i, r);
@@ -203,7 +230,8 @@ void walk_block_phase_one(RouteWalk *walk, int block, int r, Activation *first_r
         walk->queries[i] = route_stream_row(route, weights->query, r);
         walk->key_norms[i] = route_stream_row(route, weights->key_norm, r);
         if (lse)
-            lse[i] = walk_site_stream_floats(walk, scratch->block_lse, r, i);
+            lse[i] = walk->streams ? walk_site_stream_floats(walk, scratch->block_lse, r, i)
+                                   : site_lse(walk, block, i);
     }
     walk->backend->route_block_forward(walk->results, walk->weights, walk->rstd, lse,
                                        walk->stream_sources, N, walk->queries, walk->key_norms,
