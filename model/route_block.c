@@ -93,15 +93,17 @@ static void block_backward(RouteWalk *walk, int block)
 /* ---- attnres's replace form in two phases (unless FATHOM_ROUTE_REPLACE=per_site) ----
  * Phase one leaves site i's Route over the block's completed sources in block_results[i],
  * its lse in the scratch and its depth weights and rstd in its stash, where the per-site
- * path keeps them. In its turn the site merges its partial b_n^i into x, inside its
+ * path keeps them; outside checkpointing a site i > 0 keeps its Route and lse in the stash
+ * instead, in x's row, and its merge writes no x (site_keeps_result; docs/design-notes.md,
+ * "The merged x made again"). In its turn the site merges its partial b_n^i into x, inside its
  * sublayer's norm (route_walk_site_gate: route_merge_rmsnorm_forward, which also adds the
  * sublayer before's output into b_n^i where model/chunk.c leaves it there, two rows read and
  * two launches fewer than the add, the merge and the norm apart; route_merge_forward where
  * the caller asks for x alone). The block's first site reads no partial: x is its Route,
  * which phase one writes into x itself when the walk opens the block there, a row written
  * and a copy of two rows fewer a block. So in the forward and in a checkpointed backward's
- * recompute alike. Its backward needs no phase one
- * again: the merge's backward reads x as the sublayer saw it, gives the partial's share at
+ * recompute alike. Its backward needs no phase one again: the merge's backward reads x as
+ * the sublayer saw it (or makes it again from the kept Route), gives the partial's share at
  * once (the block's earlier sublayers read it next) and the site's softmax centre; the
  * block's backward, when the walk leaves it, gives the completed sources theirs. */
 
