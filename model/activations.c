@@ -100,7 +100,7 @@ static void layer_layout(LayerActivations *layer, Carver *carver, const ModelCon
 }
 
 static void site_layout(SiteActivations *site, Carver *carver, const ResidualPlan *plan,
-                        int j, size_t N, bool checkpointed)
+                        int j, size_t N)
 {
     const size_t H = (size_t)plan->heads, m = (size_t)plan->streams;
     const size_t sources = (size_t)plan->sites[j].n_sources;
@@ -114,8 +114,6 @@ static void site_layout(SiteActivations *site, Carver *carver, const ResidualPla
         site->mix_gates = carve_floats(carver, N * m);
         site->mix_rstd = carve_floats(carver, N * m);
     }
-    if (!checkpointed && residual_site_remakes_input(plan, j))
-        site->lse = carve_floats(carver, N * H);
 }
 
 /* ---- the scratch ---- */
@@ -373,7 +371,7 @@ static void stash_layout(Stash *stash, Carver *carver, const ModelConfig *config
     for (int j = 0; j < plan->n_sites; j++) {
         const bool in_span = j >= shape.first_sublayer && j < shape.end_sublayer;
         if (in_span || (j == L2 && shape.has_head))
-            site_layout(&stash->sites[j], carver, plan, j, N, shape.checkpointed);
+            site_layout(&stash->sites[j], carver, plan, j, N);
     }
     if (shape.has_head) {
         stash->head.final_normed = carve_activations(carver, N * d);

@@ -130,8 +130,6 @@ typedef struct {
                             NULL at the others (residual_site_rstd_rows) */
     float *mix_gates;    /* [rows, m] (msar, m > 1) */
     float *mix_rstd;     /* [rows, m] (msar, m > 1) */
-    float *lse;          /* [rows, H] phase one's lse, where the site keeps its Route in
-                            x_j's row (residual_site_remakes_input, not checkpointed) */
 } SiteActivations;
 
 /* Everything a routing site needs besides its saved state, per the op table's rules. */

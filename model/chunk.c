@@ -123,13 +123,9 @@ const InputGate *chunk_site_forward(Walk *walk, int j, const Activation *base, A
 }
 
 /* Where routed sublayer j's input x_j goes outside checkpointing: the stash, or the scratch
- * where the stash keeps none (residual_site_keeps_input: its backward makes it again), or
- * nowhere where the stash keeps phase one's Route in its row instead (NULL: the merge in
- * the sublayer's norm writes no x; residual_site_remakes_input). */
+ * where the stash keeps none (residual_site_keeps_input: its backward makes it again). */
 static Activation *routed_input(Walk *walk, int j)
 {
-    if (residual_site_remakes_input(walk->plan, j))
-        return NULL;
     return residual_site_keeps_input(walk->plan, j) ? walk->stash->stream[j]
                                                    : walk->model->scratch.route.site_input;
 }

@@ -148,9 +148,6 @@ static void sublayer_walk_backward(Walk *walk, int j, const LayerActivations *sa
     GradBranch branch = {walk->delta ? grad_stream : NULL, NULL};
     if (route_walk_site_merge_grad(&walk->sites, j, &merge))
         branch.merge = &merge;
-    if (branch.merge && merge.result) /* x_j's row holds phase one's Route: the norm's
-                                         backward makes x_j again from it */
-        x = NULL;
     sublayer_backward(walk->model, &walk->layer, j, saved, x, grad_f, grad_x, GRAD_WRITE,
                       branch.stream || branch.merge ? &branch : NULL);
     if (walk->stream_carries && !carries_into_previous(walk, j) &&

@@ -168,9 +168,8 @@ void model_site_weights(const Model *model, int site, int stream, float *host_ou
  * (model/residual.h). For msar these are the single-stream sources before expansion. */
 void model_site_inputs(const Model *model, int site, const Activation **sources);
 /* What the site handed on, x_j (the final site's: the final norm's input): host_out
- * [tokens, d]; made again where the stash keeps phase one's Route in its row
- * (residual_site_remakes_input). A site whose x_j the stash does not keep (msar's replace
- * form walked in two phases, residual_site_keeps_input) is EXIT_CONFIG. */
+ * [tokens, d]. A site whose x_j the stash does not keep (msar's replace form walked in two
+ * phases, residual_site_keeps_input) is EXIT_CONFIG. */
 void model_site_output(const Model *model, int site, float *host_out);
 
 #endif

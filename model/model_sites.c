@@ -110,32 +110,6 @@ void model_site_inputs(const Model *model, int site, const Activation **sources)
     }
 }
 
-/* x_j of a site whose stash row keeps phase one's Route instead (residual_site_remakes_input):
- * the merge made again from it, its lse and the partial, as the norm's backward makes it;
- * the merge's weights and rstd go to copies of its own, the stash's left as they are */
-static void site_output_made_again(const Model *model, int site, float *host_out)
-{
-    const Backend *backend = model->backend;
-    const int N = model->plan.sites[site].n_sources, H = model->plan.heads;
-    const int d = model->config.d_model;
-    const size_t rows = model_last_rows(model);
-    const Activation **sources = xcalloc((size_t)N, sizeof *sources);
-    model_site_inputs(model, site, sources);
-    float *weights = backend->alloc((size_t)N * rows * H * sizeof(float));
-    float *rstd = backend->alloc((size_t)N * rows * sizeof(float));
-    Activation *x = backend->alloc(rows * d * backend->activation_bytes);
-    backend->route_merge_forward(x, weights, rstd, model->whole_stash.stream[site],
-                                 model->whole_stash.sites[site].lse, sources[N - 1], N,
-                                 model->site_params[site].query,
-                                 model->site_params[site].key_norm, (int)rows, d, H,
-                                 (float)model->config.norm_eps);
-    backend->activations_download(host_out, x, rows * d);
-    backend->release(x);
-    backend->release(rstd);
-    backend->release(weights);
-    free(sources);
-}
-
 void model_site_output(const Model *model, int site, float *host_out)
 {
     model_site(model, site);
@@ -143,10 +117,6 @@ void model_site_output(const Model *model, int site, float *host_out)
     if (!residual_site_keeps_input(&model->plan, site))
         fatal(EXIT_CONFIG, "model_site_output: msar's replace form walked in two phases keeps "
               "no x_j of site %d; choose model_route_sites_alone before the forward", site);
-    if (model->whole_stash.sites[site].lse) {
-        site_output_made_again(model, site, host_out);
-        return;
-    }
     const size_t rows = model_last_rows(model);
     model->backend->activations_download(host_out, model->whole_stash.stream[site],
                                          rows * model->config.d_model);

@@ -196,12 +196,6 @@ int residual_site_rstd_rows(const ResidualPlan *plan, int j)
     return site->n_sources + (plan->form == FORM_REPLACE ? later_sites : 0);
 }
 
-bool residual_site_remakes_input(const ResidualPlan *plan, int j)
-{
-    return plan->mode == RESIDUAL_ATTNRES && plan->form == FORM_REPLACE &&
-           residual_site_in_walk(plan, j) && plan->sites[j].position > 0;
-}
-
 bool residual_site_keeps_input(const ResidualPlan *plan, int j)
 {
     const bool final = j == plan->n_sublayers; /* the head's backward reads it first */

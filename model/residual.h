@@ -140,15 +140,6 @@ int residual_site_rstd_rows(const ResidualPlan *plan, int j);
  * before the site's. */
 bool residual_site_keeps_input(const ResidualPlan *plan, int j);
 
-/* True when site j keeps, in the place of its output x_j, phase one's Route over its
- * block's completed sources and that Route's lse (SiteActivations.lse): attnres's replace
- * form in the two-phase walk, at every site of a block but its first, outside activation
- * checkpointing (whose recompute forms x_j anew). The site's merge then writes x_j nowhere
- * (route_merge_rmsnorm_forward with x NULL) and its norm's backward makes x_j again from
- * those, the partial and the merge's saved statistics: a row of [tokens, d] written fewer a
- * site, for [tokens, heads] floats kept (docs/design-notes.md, "The merged x made again"). */
-bool residual_site_remakes_input(const ResidualPlan *plan, int j);
-
 /* True when sublayer j starts its block (i = 0): it writes f_j instead of adding it. */
 bool residual_sublayer_starts_block(const ResidualPlan *plan, int j);
 

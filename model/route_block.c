@@ -93,43 +93,17 @@ static void block_backward(RouteWalk *walk, int block)
 /* ---- attnres's replace form in two phases (unless FATHOM_ROUTE_REPLACE=per_site) ----
  * Phase one leaves site i's Route over the block's completed sources in block_results[i],
  * its lse in the scratch and its depth weights and rstd in its stash, where the per-site
- * path keeps them; outside checkpointing a site i > 0 keeps its Route and lse in the stash
- * instead, in x's row, and its merge writes no x (site_keeps_result; docs/design-notes.md,
- * "The merged x made again"). In its turn the site merges its partial b_n^i into x, inside its
+ * path keeps them. In its turn the site merges its partial b_n^i into x, inside its
  * sublayer's norm (route_walk_site_gate: route_merge_rmsnorm_forward, which also adds the
  * sublayer before's output into b_n^i where model/chunk.c leaves it there, two rows read and
  * two launches fewer than the add, the merge and the norm apart; route_merge_forward where
  * the caller asks for x alone). The block's first site reads no partial: x is its Route,
  * which phase one writes into x itself when the walk opens the block there, a row written
  * and a copy of two rows fewer a block. So in the forward and in a checkpointed backward's
- * recompute alike. Its backward needs no phase one again: the merge's backward reads x as
- * the sublayer saw it (or makes it again from the kept Route), gives the partial's share at
+ * recompute alike. Its backward needs no phase one
+ * again: the merge's backward reads x as the sublayer saw it, gives the partial's share at
  * once (the block's earlier sublayers read it next) and the site's softmax centre; the
  * block's backward, when the walk leaves it, gives the completed sources theirs. */
-
-/* Whether site j keeps phase one's Route and lse in the stash, in x_j's row, for its norm's
- * backward to make x_j again (residual_site_remakes_input): then phase one writes them
- * there, and the merge writes x_j nowhere. */
-static bool site_keeps_result(const RouteWalk *walk, int j)
-{
-    return !walk->stash->checkpointed && residual_site_remakes_input(walk->plan, j);
-}
-
-/* Where phase one leaves site i's Route (attnres) and its lse (the replace form) */
-static Activation *site_result(RouteWalk *walk, int block, int i)
-{
-    const int j = walk_block_first_site(walk, block) + i;
-    return site_keeps_result(walk, j) ? walk->stash->stream[j]
-                                      : walk->model->scratch.route.block_results[i];
-}
-
-static float *site_lse(RouteWalk *walk, int block, int i)
-{
-    const int j = walk_block_first_site(walk, block) + i;
-    return site_keeps_result(walk, j)
-               ? walk->stash->sites[j].lse
-               : walk_site_stream_floats(walk, walk->model->scratch.route.block_lse, 0, i);
-}
 
 /* Site i > 0's merge of its partial b_n^i into phase one's Route, as the op takes it. */
 static const RouteMerge *site_merge(RouteWalk *walk, int block, int i)
@@ -142,8 +116,8 @@ static const RouteMerge *site_merge(RouteWalk *walk, int block, int i)
     walk->merge_gate = (RouteMerge){
         .weights = saved->weights,
         .rstd = walk_site_rstd(walk, block, i, 0),
-        .result = site_result(walk, block, i),
-        .lse = site_lse(walk, block, i),
+        .result = model->scratch.route.block_results[i],
+        .lse = walk_site_stream_floats(walk, model->scratch.route.block_lse, 0, i),
         .partial = walk->sources[site->n_sources - 1],
         .query = model->site_params[j].query,
         .key_norm = model->site_params[j].key_norm,
@@ -194,11 +168,8 @@ static void site_merge_grad(RouteWalk *walk, int block, int i, RouteMergeGrad *m
         .query = weights->query,
         .key_norm = weights->key_norm,
         .scratch = model->scratch.route.route_backward,
-        .result = site_keeps_result(walk, j) ? walk->stash->stream[j] : NULL,
-        .lse = site_keeps_result(walk, j) ? saved->lse : NULL,
         .n_sources = site->n_sources,
         .heads = walk->plan->heads,
-        .eps = walk->route->eps,
     };
 }
 
@@ -223,7 +194,7 @@ void walk_block_phase_one(RouteWalk *walk, int block, int r, Activation *first_r
     for (int i = 0; i < G; i++) {
         const SiteWeights *weights = &model->site_params[first + i];
         walk->results[i] =
-            walk->streams ? walk_stream_slot(walk, r, i + 1) : site_result(walk, block, i);
+            walk->streams ? walk_stream_slot(walk, r, i + 1) : scratch->block_results[i];
         if (i == 0 && first_result && !walk->streams)
             walk->results[0] = first_result;
         walk->weights[i] = walk_site_weights(walk, block, i, r);
@@ -232,8 +203,7 @@ void walk_block_phase_one(RouteWalk *walk, int block, int r, Activation *first_r
         walk->queries[i] = route_stream_row(route, weights->query, r);
         walk->key_norms[i] = route_stream_row(route, weights->key_norm, r);
         if (lse)
-            lse[i] = walk->streams ? walk_site_stream_floats(walk, scratch->block_lse, r, i)
-                                   : site_lse(walk, block, i);
+            lse[i] = walk_site_stream_floats(walk, scratch->block_lse, r, i);
     }
     walk->backend->route_block_forward(walk->results, walk->weights, walk->rstd, lse,
                                        walk->stream_sources, N, walk->queries, walk->key_norms,

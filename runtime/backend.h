@@ -319,11 +319,7 @@ typedef struct Backend {
      * and the merge's. Where add is not NULL, partial = partial_before + added comes first
      * (add's bits; add->partial is merge->partial, add->stream NULL): the output of the
      * sublayer before into the open block's partial, which the merge then reads, one row
-     * read and a launch fewer than the add before.
-     * x NULL: x is not kept apart. The op leaves merge->result as it was, for its backward
-     * to make x again from it and lse (a row written fewer), or writes x over it, as the
-     * backend chooses by d and heads alone; the caller keeps result and lse for the
-     * backward (RouteMergeGrad's). */
+     * read and a launch fewer than the add before. */
     void (*route_merge_rmsnorm_forward)(Activation *x, Activation *out, float *rstd,
                                         const RouteMerge *merge, const Activation *weight,
                                         int rows, int d, float eps, const GateAdd *add);
@@ -351,9 +347,7 @@ typedef struct Backend {
      * input, takes the norm's gradient through the merge (model/layer.h GradBranch), two rows
      * of [rows, d] fewer than the ops apart. dx, mean and dpartial have the two ops' bits;
      * dweight, dquery and dkey_norm are the same sums, in a fixed order that may differ from
-     * theirs. dx is written (the merge's dout, for the block's backward). x NULL: the
-     * forward kept none, and merge->result and lse are what it left; x is made again from
-     * them with the forward's bits (or read from result, where the forward wrote it there). */
+     * theirs. dx is written (the merge's dout, for the block's backward). */
     void (*route_merge_rmsnorm_backward)(Activation *dx, float *dweight,
                                          const Activation *dout, const Activation *x,
                                          const Activation *weight, const float *rstd, int rows,

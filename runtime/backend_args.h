@@ -73,12 +73,7 @@ typedef struct {
     const float *weights, *rstd;
     const Activation *query, *key_norm;
     float *scratch;
-    /* the forward's result and lse where it kept no x (route_merge_rmsnorm_forward with x
-     * NULL; the backward's x is NULL then), else NULL */
-    const Activation *result;
-    const float *lse;
     int n_sources, heads;
-    float eps; /* the Route's, as RouteMerge's */
 } RouteMergeGrad;
 
 #endif

@@ -21,10 +21,6 @@
  * - the promise of one pass: dx, mean, d partial, dquery and dkey_norm with the bits of
  *   cuda_rmsnorm_backward (GRAD_WRITE) and cuda_route_merge_backward in turn, d partial
  *   added into and written; dweight the same sum within fp32's rounding.
- * x not kept (docs/design-notes.md, "The merged x made again"): the forward with x NULL and
- * then the backward with x NULL, from the result and lse, give all eleven outputs of the two
- * passes with x kept, bit for bit; the result is left as it was where the pass runs, and
- * holds x where the ops run.
  * Shapes (completed sources N, tokens, d, heads): the one-pass kernels' (d % 256 == 0,
  * d <= 1280: the 1B step's d 1280 H 8, a lane a head at H 32, d 768 where the norm's warp
  * takes a fourth empty chunk; 2000 and 2500 tokens, more warps than the multiprocessors hold
@@ -409,9 +405,9 @@ static void check_backward_bits(MergeNormShape s, GradMode mode, uint64_t seed)
                               o[0].dx, x_device, partial_device, (int)all, weights_device,
                               rstd_device, query_device, key_norm_device, o[0].workspace,
                               s.tokens, s.d, s.heads, 0);
-    cuda_route_merge_rmsnorm_backward(o[1].dx, o[1].dweight, dnormed_device, x_device, NULL,
-                                      NULL, norm_weight_device, norm_rstd_device, o[1].dpartial,
-                                      mode, o[1].dquery, o[1].dkey_norm, o[1].mean, partial_device,
+    cuda_route_merge_rmsnorm_backward(o[1].dx, o[1].dweight, dnormed_device, x_device,
+                                      norm_weight_device, norm_rstd_device, o[1].dpartial, mode,
+                                      o[1].dquery, o[1].dkey_norm, o[1].mean, partial_device,
                                       (int)all, weights_device, rstd_device, query_device,
                                       key_norm_device, o[1].workspace, s.tokens, s.d, s.heads,
                                       0);
@@ -448,108 +444,5 @@ Test(cuda_merge_norm, route_merge_rmsnorm_backward_gives_the_bits_of_the_ops_in_
     for (int i = 0; i < COUNT(shapes); i++) {
         check_backward_bits(shapes[i], GRAD_ADD, 2400 + 20 * (uint64_t)i);
         check_backward_bits(shapes[i], GRAD_WRITE, 2410 + 20 * (uint64_t)i);
-    }
-}
-
-/* ---- x not kept: the forward writes it nowhere (or over the result), the backward makes it
- * again: every output with the bits of the pass that keeps x ---- */
-
-static bool same_bits(const void *a, const void *b, size_t floats)
-{
-    return memcmp(a, b, floats * sizeof(float)) == 0;
-}
-
-static void check_x_made_again(MergeNormShape s, bool adds, uint64_t seed)
-{
-    const size_t rows = (size_t)s.tokens * s.d, all = (size_t)s.completed + 1;
-    const size_t weight_count = all * s.tokens * s.heads, rstd_count = all * s.tokens;
-    const size_t lse_count = (size_t)s.tokens * s.heads, d = (size_t)s.d;
-    float *result = gpu_test_bf16_values(rows, 1.0f, seed);
-    float *lse = gpu_test_fp32_values(lse_count, 1.0f, seed + 1);
-    float *before = gpu_test_bf16_values(rows, 1.0f, seed + 2);
-    float *added = gpu_test_bf16_values(rows, 0.5f, seed + 3);
-    float *query = gpu_test_bf16_values(d, 2.0f / sqrtf((float)(s.d / s.heads)), seed + 4);
-    float *key_norm = gpu_test_rounded_uniform(d, 0.5f, 1.0f, seed + 5);
-    float *norm_weight = gpu_test_rounded_uniform(d, 0.5f, 1.0f, seed + 6);
-    float *weights = gpu_test_rounded_uniform(weight_count, 0.5f, 1.0f, seed + 7);
-    float *rstd = gpu_test_rounded_uniform(rstd_count, 0.5f, 1.0f, seed + 8);
-    float *dnormed = gpu_test_bf16_values(rows, 1.0f, seed + 9);
-    float *start = gpu_test_bf16_values(rows, 0.5f, seed + 10);
-    const float *lse_device = gpu_upload_floats(lse, lse_count);
-    const bf16 *before_device = gpu_upload_bf16(before, rows);
-    const bf16 *added_device = gpu_upload_bf16(added, rows);
-    const bf16 *query_device = gpu_upload_bf16(query, d);
-    const bf16 *key_norm_device = gpu_upload_bf16(key_norm, d);
-    const bf16 *norm_weight_device = gpu_upload_bf16(norm_weight, d);
-    const bf16 *dnormed_device = gpu_upload_bf16(dnormed, rows);
-    const size_t workspace = cuda_route_merge_rmsnorm_backward_workspace_floats(s.tokens, s.d,
-                                                                                s.heads);
-    MergeNormOutputs o[2]; /* 0: x kept, 1: x not kept */
-    BackwardOutputs g[2];
-    bf16 *result_device[2];
-    for (int k = 0; k < 2; k++) {
-        outputs_make(&o[k], s, weights, rstd);
-        if (!adds)
-            o[k].partial = (bf16 *)before_device;
-        result_device[k] = gpu_upload_bf16(result, rows);
-        const CudaGateAdd add = {added_device, NULL, before_device, o[k].partial};
-        cuda_route_merge_rmsnorm_forward(k ? NULL : o[0].x, o[k].out, o[k].norm_rstd,
-                                         o[k].weights, o[k].rstd, result_device[k], lse_device,
-                                         o[k].partial, s.completed + 1, query_device,
-                                         key_norm_device, norm_weight_device, s.tokens, s.d,
-                                         s.heads, ROUTE_EPS, NORM_EPS, adds ? &add : NULL, 0);
-        float *sums = gpu_test_fp32_values(3 * d, 1.0f, seed + 11);
-        backward_outputs_make(&g[k], s, start, sums, workspace);
-        cuda_route_merge_rmsnorm_backward(
-            g[k].dx, g[k].dweight, dnormed_device, k ? NULL : o[0].x, result_device[k],
-            lse_device, norm_weight_device, o[k].norm_rstd, g[k].dpartial, GRAD_ADD,
-            g[k].dquery, g[k].dkey_norm, g[k].mean, o[k].partial, s.completed + 1,
-            o[k].weights, o[k].rstd, query_device, key_norm_device, g[k].workspace, s.tokens,
-            s.d, s.heads, 0);
-        free(sums);
-    }
-    const bool remakes = cuda_route_merge_remakes_input(s.d, s.heads);
-    float *x_kept = gpu_download_bf16(o[0].x, rows);
-    float *result_after = gpu_download_bf16(result_device[1], rows);
-    cr_expect(same_bits(result_after, remakes ? result : x_kept, rows),
-              "the result is %s at N %d, tokens %d, d %d, H %d",
-              remakes ? "not left as it was" : "not x", s.completed, s.tokens, s.d, s.heads);
-    float *kept[11], *not_kept[11];
-    const char *names[11] = {"out",  "norm rstd", "weights",   "rstd", "partial", "dx",
-                             "mean", "dpartial",  "dquery", "dkey_norm", "dweight"};
-    const size_t counts[11] = {rows, (size_t)s.tokens, weight_count, rstd_count, rows, rows,
-                               lse_count, rows, d, d, d};
-    for (int k = 0; k < 2; k++) {
-        float **to = k ? not_kept : kept;
-        to[0] = gpu_download_bf16(o[k].out, rows);
-        to[1] = gpu_download_floats(o[k].norm_rstd, (size_t)s.tokens);
-        to[2] = gpu_download_floats(o[k].weights, weight_count);
-        to[3] = gpu_download_floats(o[k].rstd, rstd_count);
-        to[4] = gpu_download_bf16(o[k].partial, rows);
-        to[5] = gpu_download_bf16(g[k].dx, rows);
-        to[6] = gpu_download_floats(g[k].mean, lse_count);
-        to[7] = gpu_download_bf16(g[k].dpartial, rows);
-        to[8] = gpu_download_floats(g[k].dquery, d);
-        to[9] = gpu_download_floats(g[k].dkey_norm, d);
-        to[10] = gpu_download_floats(g[k].dweight, d);
-    }
-    for (int k = 0; k < 11; k++) {
-        cr_expect(same_bits(kept[k], not_kept[k], counts[k]),
-                  "%s without x kept differs at N %d, tokens %d, d %d, H %d, %s", names[k],
-                  s.completed, s.tokens, s.d, s.heads, adds ? "with the add" : "no add");
-        free(kept[k]), free(not_kept[k]);
-    }
-    free(x_kept), free(result_after);
-    free(result), free(lse), free(before), free(added), free(query), free(key_norm);
-    free(norm_weight), free(weights), free(rstd), free(dnormed), free(start);
-    gpu_free_all();
-}
-
-Test(cuda_merge_norm, a_merge_without_its_x_kept_gives_the_bits_of_one_with_it)
-{
-    gpu_require();
-    for (int i = 0; i < COUNT(shapes); i++) {
-        check_x_made_again(shapes[i], false, 2600 + 20 * (uint64_t)i);
-        check_x_made_again(shapes[i], true, 2610 + 20 * (uint64_t)i);
     }
 }

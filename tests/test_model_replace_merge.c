@@ -5,10 +5,8 @@
  * (route_merge_rmsnorm_forward), which also adds the sublayer before's output into the
  * partial where nothing reads it between; no site takes route_merge_forward and the norm
  * apart. In the backward every site's norm backward goes on through its merge's
- * (route_merge_rmsnorm_backward); none takes the two apart. Outside checkpointing the merged
- * sites keep no x: their merges write none and their norms' backwards make it again
- * (residual_site_remakes_input). The values are the ops' in turn (the model tests hold
- * them); this counts the ops, which the values cannot tell apart.
+ * (route_merge_rmsnorm_backward); none takes the two apart. The values are the ops' in turn
+ * (the model tests hold them); this counts the ops, which the values cannot tell apart.
  */
 #include "model/model.h"
 #include "model/residual.h"
@@ -20,7 +18,7 @@
 
 /* The cpu backend, counting the ops that make a replace-form site's x. */
 static Backend counting_backend;
-static int adds, merges, merges_in_norm, merges_in_norm_with_add, merges_without_x;
+static int adds, merges, merges_in_norm, merges_in_norm_with_add;
 
 static void counting_add(Activation *out, const Activation *a, const Activation *b, size_t n)
 {
@@ -46,12 +44,10 @@ static void counting_route_merge_rmsnorm_forward(Activation *x, Activation *out,
 {
     merges_in_norm++;
     merges_in_norm_with_add += add != NULL;
-    merges_without_x += x == NULL;
     backend_cpu()->route_merge_rmsnorm_forward(x, out, rstd, merge, weight, rows, d, eps, add);
 }
 
 static int merge_backwards, norm_backwards, merges_in_norm_backward, with_partial;
-static int backwards_without_x;
 
 static void counting_route_merge_backward(Activation *dpartial, GradMode dpartial_mode,
                                           float *dquery, float *dkey_norm, float *mean,
@@ -83,7 +79,6 @@ static void counting_route_merge_rmsnorm_backward(Activation *dx, float *dweight
 {
     merges_in_norm_backward++;
     with_partial += merge->partial != NULL;
-    backwards_without_x += x == NULL && merge->result && merge->lse;
     backend_cpu()->route_merge_rmsnorm_backward(dx, dweight, dout, x, weight, rstd, rows, d,
                                                 merge);
 }
@@ -101,9 +96,8 @@ static void replace_run(bool checkpointing, bool backward)
     counting_backend.rmsnorm_backward = counting_rmsnorm_backward;
     counting_backend.route_merge_rmsnorm_backward = counting_route_merge_rmsnorm_backward;
     Model *model = route_test_model_on(&counting_backend, 4, &residual, 73, checkpointing);
-    adds = merges = merges_in_norm = merges_in_norm_with_add = merges_without_x = 0;
+    adds = merges = merges_in_norm = merges_in_norm_with_add = 0;
     merge_backwards = norm_backwards = merges_in_norm_backward = with_partial = 0;
-    backwards_without_x = 0;
     route_test_forward(model);
     if (backward) {
         model_zero_grads(model);
@@ -148,20 +142,5 @@ Test(model, replace_sites_take_the_norm_backward_through_the_merge)
         cr_expect_eq(with_partial, 6, "checkpointing %d", checkpointing);
         cr_expect_eq(merge_backwards, 0, "checkpointing %d", checkpointing);
         cr_expect_eq(norm_backwards, 1, "checkpointing %d: %d", checkpointing, norm_backwards);
-    }
-}
-
-/* The 6 merged sites keep phase one's Route in their x's row and no x: their merges write
- * none, and their norms' backwards make it again; the blocks' first sites keep x (their
- * Route). Under checkpointing the recompute forms every x, and none is made again. */
-Test(model, merged_sites_keep_no_x_outside_checkpointing)
-{
-    for (int checkpointing = 0; checkpointing <= 1; checkpointing++) {
-        replace_run(checkpointing, true);
-        const int want = checkpointing ? 0 : 6;
-        cr_expect_eq(merges_without_x, want, "checkpointing %d: %d merges without x",
-                     checkpointing, merges_without_x);
-        cr_expect_eq(backwards_without_x, want, "checkpointing %d: %d backwards without x",
-                     checkpointing, backwards_without_x);
     }
 }

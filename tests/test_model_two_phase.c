@@ -272,10 +272,8 @@ Test(model_two_phase, msar_block_sites_keep_no_depth_weights_in_the_stash_and_re
 
 /* attnres's block backward reads the weights its forward saved: the stash keeps them, and one
  * rstd region a block (residual_site_rstd_rows): the sites after a block's first keep none of
- * their own, only the replace form's row of each one's partial in the first's region; in
- * the replace form they keep phase one's lse instead ([tokens, H]: their x made again,
- * residual_site_remakes_input). At 4 x 256 tokens a row is 4 KB, so the carves' rounding to
- * 256 bytes cannot hide a row. */
+ * their own, only the replace form's row of each one's partial in the first's region. At 4 x
+ * 256 tokens a row is 4 KB, so the carves' rounding to 256 bytes cannot hide a row. */
 Test(model_two_phase, attnres_block_sites_keep_their_weights_and_one_rstd_region_a_block)
 {
     enum { B = 4, T = 256 };
@@ -285,12 +283,11 @@ Test(model_two_phase, attnres_block_sites_keep_their_weights_and_one_rstd_region
         ResidualConfig attnres = route_test_attnres(2, 1, replace ? FORM_REPLACE : FORM_DELTA);
         ResidualPlan plan;
         residual_plan_build(&plan, &config, &attnres);
-        /* blocks of 2 sites: the second's rows, less the row of its partial and its lse */
-        long shared = 0, later_sites = 0;
+        /* blocks of 2 sites: the second's rows, less the row of its partial */
+        size_t shared = 0, later_sites = 0;
         for (int j = 0; j < plan.n_sublayers; j++)
             if (plan.sites[j].position > 0) {
-                shared += (long)(plan.sites[j].n_sources - replace) * B * T * sizeof(float);
-                shared -= replace ? (long)plan.heads * B * T * sizeof(float) : 0;
+                shared += (size_t)(plan.sites[j].n_sources - replace) * B * T * sizeof(float);
                 later_sites++;
             }
         const StashShape whole = {0, plan.n_sublayers, true, true, false};
@@ -300,9 +297,9 @@ Test(model_two_phase, attnres_block_sites_keep_their_weights_and_one_rstd_region
             bytes[alone] = stash_bytes(backend_cpu(), &config, &plan, B, T, whole);
         }
         residual_plan_free(&plan);
-        const long saved = (long)bytes[1] - (long)bytes[0];
-        cr_expect_geq(saved + 256 * later_sites, shared, "%s: the stash is %ld bytes smaller, "
-                      "the shared rows are %ld", replace ? "replace" : "delta", saved, shared);
+        const size_t saved = bytes[1] - bytes[0];
+        cr_expect_geq(saved + 256 * later_sites, shared, "%s: the stash is %zu bytes smaller, "
+                      "the shared rows are %zu", replace ? "replace" : "delta", saved, shared);
         cr_expect_leq(saved, shared + 256 * later_sites);
     }
 }

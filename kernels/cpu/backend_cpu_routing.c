@@ -212,21 +212,17 @@ static void table_route_merge_forward(Activation *out, float *weights, float *rs
                             CF(query), CF(key_norm), tokens, d, heads, eps);
 }
 
-/* the add, the merge and the norm in turn; x NULL: the merge's x in host memory of the
- * call's own, and result left as it was (the backward makes x again) */
+/* the add, the merge and the norm in turn */
 static void table_route_merge_rmsnorm_forward(Activation *x, Activation *out, float *rstd,
                                               const RouteMerge *merge, const Activation *weight,
                                               int rows, int d, float eps, const GateAdd *add)
 {
     if (add)
         cpu_add(F(add->partial), CF(add->partial_before), CF(add->added), (size_t)rows * d);
-    float *merged = x ? F(x) : xmalloc((size_t)rows * d * sizeof(float));
-    cpu_route_merge_forward(merged, merge->weights, merge->rstd, CF(merge->result), merge->lse,
+    cpu_route_merge_forward(F(x), merge->weights, merge->rstd, CF(merge->result), merge->lse,
                             CF(merge->partial), merge->n_sources, CF(merge->query),
                             CF(merge->key_norm), rows, d, merge->heads, merge->eps);
-    cpu_rmsnorm_forward(F(out), rstd, merged, CF(weight), rows, d, eps);
-    if (!x)
-        free(merged);
+    cpu_rmsnorm_forward(F(out), rstd, CF(x), CF(weight), rows, d, eps);
 }
 
 /* the two ops in turn, E_r in rows[r] */
@@ -283,32 +279,18 @@ static void table_route_merge_backward(Activation *dpartial, GradMode dpartial_m
                              CF(key_norm), scratch, tokens, d, heads);
 }
 
-/* the norm's backward, then the merge's from the dx it wrote; x NULL: made again first, by
- * the forward's merge (its weights and rstd left as they are) */
+/* the norm's backward, then the merge's from the dx it wrote */
 static void table_route_merge_rmsnorm_backward(Activation *dx, float *dweight,
                                                const Activation *dout, const Activation *x,
                                                const Activation *weight, const float *rstd,
                                                int rows, int d, const RouteMergeGrad *merge)
 {
-    const float *merged = CF(x);
-    float *remade = NULL;
-    if (!x) {
-        if (!merge->result || !merge->lse || !merge->partial)
-            fatal(EXIT_CONFIG, "route_merge_rmsnorm_backward: x made again needs the "
-                  "forward's result, lse and partial");
-        remade = xmalloc((size_t)rows * d * sizeof(float));
-        cpu_route_merge_forward(remade, NULL, NULL, CF(merge->result), merge->lse,
-                                CF(merge->partial), merge->n_sources, CF(merge->query),
-                                CF(merge->key_norm), rows, d, merge->heads, merge->eps);
-        merged = remade;
-    }
-    cpu_rmsnorm_backward(F(dx), GRAD_WRITE, dweight, CF(dout), merged, CF(weight), rstd, rows,
+    cpu_rmsnorm_backward(F(dx), GRAD_WRITE, dweight, CF(dout), CF(x), CF(weight), rstd, rows,
                          d);
     cpu_route_merge_backward(F(merge->dpartial), merge->dpartial_mode, merge->dquery,
-                             merge->dkey_norm, merge->mean, CF(dx), merged, CF(merge->partial),
+                             merge->dkey_norm, merge->mean, CF(dx), CF(x), CF(merge->partial),
                              merge->n_sources, merge->weights, merge->rstd, CF(merge->query),
                              CF(merge->key_norm), merge->scratch, rows, d, merge->heads);
-    free(remade);
 }
 
 /* the two ops in turn, E_r in rows[r] */

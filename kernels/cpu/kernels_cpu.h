@@ -125,7 +125,6 @@ void cpu_route_block_forward(float *const *results, float *const *weights, float
 void cpu_add_scaled(float *out, const float *base, const float *x, float alpha, size_t n);
 void cpu_add_scaled_backward(float *dx, float *dalpha, const float *dout, const float *x,
                              float alpha, size_t n);
-/* weights and rstd NULL: out alone, as the backward makes a merge's x again */
 void cpu_route_merge_forward(float *out, float *weights, float *rstd, const float *result,
                              const float *lse, const float *partial, int n_sources,
                              const float *query, const float *key_norm, int tokens, int d,

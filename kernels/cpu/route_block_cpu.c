@@ -78,8 +78,7 @@ void cpu_route_merge_forward(float *out, float *weights, float *rstd, const floa
         for (int c = 0; c < d; c++)
             sum_squares += (double)p[c] * p[c];
         const float r = (float)(1.0 / sqrt(sum_squares / d + (double)eps)); /* route_cpu.c's */
-        if (rstd)
-            rstd[(size_t)N * tokens + t] = r;
+        rstd[(size_t)N * tokens + t] = r;
         for (int h = 0; h < heads; h++) {
             double z = 0; /* the partial's score, as cpu_route_forward scores a source */
             for (int c = h * head_dim; c < (h + 1) * head_dim; c++)
@@ -88,12 +87,11 @@ void cpu_route_merge_forward(float *out, float *weights, float *rstd, const floa
             const double top = completed > z ? completed : z;
             const double total = top + log(exp(completed - top) + exp(z - top));
             const double w_c = exp(completed - total), w_p = exp(z - total);
-            for (int n = 0; n < N && weights; n++) {
+            for (int n = 0; n < N; n++) {
                 float *a = &weights[merge_weight_index(n, t, h, tokens, heads)];
                 *a = (float)(*a * w_c);
             }
-            if (weights)
-                weights[merge_weight_index(N, t, h, tokens, heads)] = (float)w_p;
+            weights[merge_weight_index(N, t, h, tokens, heads)] = (float)w_p;
             for (int c = h * head_dim; c < (h + 1) * head_dim; c++) {
                 const size_t at = (size_t)t * d + c;
                 out[at] = (float)(w_c * result[at] + w_p * p[c]); /* result read first */

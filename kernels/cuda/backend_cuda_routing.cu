@@ -315,8 +315,7 @@ static void op_route_merge_rmsnorm_backward(Activation *dx, float *dweight,
     float *workspace = backend_cuda_workspace_floats(
         cuda_route_merge_rmsnorm_backward_workspace_floats(rows, d, merge->heads));
     cuda_route_merge_rmsnorm_backward(
-        as_bf16(dx), dweight, as_bf16_const(dout), as_bf16_const(x),
-        as_bf16_const(merge->result), merge->lse, as_bf16_const(weight), rstd,
+        as_bf16(dx), dweight, as_bf16_const(dout), as_bf16_const(x), as_bf16_const(weight), rstd,
         as_bf16(merge->dpartial), merge->dpartial_mode, merge->dquery, merge->dkey_norm,
         merge->mean, as_bf16_const(merge->partial), merge->n_sources, merge->weights,
         merge->rstd, as_bf16_const(merge->query), as_bf16_const(merge->key_norm), workspace, rows,

@@ -151,11 +151,7 @@ void cuda_route_merge_forward(bf16 *out, float *weights, float *rstd, const bf16
  * cuda_rmsnorm_forward of x into out and norm_rstd (norm_weight, norm_eps). The bits of
  * those ops in turn: one kernel where the rows are the warp-a-token merges' and a warp's for
  * the norm (d % 256 == 0, d <= 1280, heads dividing 32, every pointer 16-byte aligned), the
- * ops in turn otherwise.
- * x NULL: x is not kept. Where cuda_route_merge_remakes_input(d, heads), x is written nowhere
- * and result is left as it was (every row 16-byte aligned, or exit 2), for the backward to
- * make x again; elsewhere x is written over result. */
-bool cuda_route_merge_remakes_input(int d, int heads);
+ * ops in turn otherwise. */
 void cuda_route_merge_rmsnorm_forward(bf16 *x, bf16 *out, float *norm_rstd, float *weights,
                                       float *rstd, const bf16 *result, const float *lse,
                                       const bf16 *partial, int n_sources, const bf16 *query,
@@ -170,14 +166,10 @@ void cuda_route_merge_rmsnorm_forward(bf16 *x, bf16 *out, float *norm_rstd, floa
  * bits, dquery and dkey_norm too; dweight is the same sum in another fixed order. One kernel
  * where the rows are the warp-a-token merges' and a warp's for the norm (d % 256 == 0,
  * d <= 1280, heads dividing 32, every pointer 16-byte aligned), the ops in turn otherwise.
- * x NULL: x was not kept (cuda_route_merge_rmsnorm_forward with x NULL); result and lse are
- * the forward's, and x is made again from them, the partial and rstd's row N: the forward's
- * bits. Where cuda_route_merge_remakes_input(d, heads) does not hold, result holds x.
  * workspace: cuda_route_merge_rmsnorm_backward_workspace_floats(tokens, d, heads) floats. */
 size_t cuda_route_merge_rmsnorm_backward_workspace_floats(int tokens, int d, int heads);
 void cuda_route_merge_rmsnorm_backward(bf16 *dx, float *dweight, const bf16 *dnormed,
-                                       const bf16 *x, const bf16 *result, const float *lse,
-                                       const bf16 *norm_weight,
+                                       const bf16 *x, const bf16 *norm_weight,
                                        const float *norm_rstd, bf16 *dpartial,
                                        GradMode dpartial_mode, float *dquery, float *dkey_norm,
                                        float *mean, const bf16 *partial, int n_sources,

@@ -60,42 +60,6 @@ __device__ __forceinline__ void merge_narrow_fetch(const MergeArgs &args, long l
         vector_to_floats<8>(p_raw[j], p + 8 * j);
 }
 
-/* The partial's share at this lane's head against the completed sources' (their lse
- * `completed`), p this lane's channels of the partial (fp32) and r its rstd:
- *   z = r < q*g, p >, l = log(e^completed + e^z) about max(completed, z),
- *   w_c = e^(completed - l), w_p = e^(z - l).
- * The merge and the backward's remaking of its output (merge_norm_backward_kernel) both call
- * this code and merge_narrow_mix, written with explicit roundings, so that x comes back with
- * the forward's bits in another kernel (where the compiler might fuse a product otherwise). */
-template <int LV>
-__device__ __forceinline__ void merge_narrow_shares(const float *p, const float *key_weight,
-                                                    float r, float completed, int lanes_per_head,
-                                                    float *w_c, float *w_p)
-{
-    float dot = 0.0f;
-#pragma unroll
-    for (int c = 0; c < 8 * LV; c++)
-        dot = __fmaf_rn(key_weight[c], p[c], dot);
-    dot = head_sum(dot, lanes_per_head);
-    const float z = __fmul_rn(r, dot);
-    const float top = fmaxf(completed, z);
-    const float total = top + __logf(__expf(completed - top) + __expf(z - top));
-    *w_c = __expf(completed - total);
-    *w_p = __expf(z - total);
-}
-
-/* out = w_c result + w_p p for one vector of 8 channels (p: those channels, fp32) */
-__device__ __forceinline__ BfVector<8> merge_narrow_mix(const BfVector<8> &result_raw,
-                                                        const float *p, float w_c, float w_p)
-{
-    float result[8], merged[8];
-    vector_to_floats<8>(result_raw, result);
-#pragma unroll
-    for (int i = 0; i < 8; i++)
-        merged[i] = __fmaf_rn(w_c, result[i], __fmul_rn(w_p, p[i]));
-    return vector_from_floats<8>(merged);
-}
-
 /* Token t's merge, p (this lane's channels of the partial, fp32) given (out_raw: this lane's
  * vectors of out, for the caller to store):
  *   r = rsqrt(mean(p^2) + eps), z = r < q*g, p > per head, w_c = e^(lse - l), w_p =
@@ -113,17 +77,27 @@ __device__ __forceinline__ void merge_narrow_token(BfVector<8> (&out_raw)[LV], f
                                                    float inverse_width, float eps, int lane)
 {
     const int lanes_per_head = 32 / H, head = lane / lanes_per_head;
-    float squares = 0.0f;
+    float squares = 0.0f, dot = 0.0f;
 #pragma unroll
-    for (int c = 0; c < 8 * LV; c++)
+    for (int c = 0; c < 8 * LV; c++) {
         squares += p[c] * p[c];
+        dot += key_weight[c] * p[c];
+    }
     squares = warp_sum(squares);
-    const float r = rsqrtf(squares * inverse_width + eps);
-    float w_c, w_p;
-    merge_narrow_shares<LV>(p, key_weight, r, completed, lanes_per_head, &w_c, &w_p);
+    dot = head_sum(dot, lanes_per_head);
+    const float r = rsqrtf(squares * inverse_width + eps), z = r * dot;
+    const float top = fmaxf(completed, z);
+    const float total = top + __logf(__expf(completed - top) + __expf(z - top));
+    const float w_c = __expf(completed - total), w_p = __expf(z - total);
 #pragma unroll
-    for (int j = 0; j < LV; j++)
-        out_raw[j] = merge_narrow_mix(result_raw[j], p + 8 * j, w_c, w_p);
+    for (int j = 0; j < LV; j++) {
+        float result[8], merged[8];
+        vector_to_floats<8>(result_raw[j], result);
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            merged[i] = w_c * result[i] + w_p * p[8 * j + i];
+        out_raw[j] = vector_from_floats<8>(merged);
+    }
     if (lane % lanes_per_head == 0)
         weights[((long long)N * tokens + t) * H + head] = w_p;
     if (lane == 0)

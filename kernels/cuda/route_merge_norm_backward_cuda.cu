@@ -25,11 +25,6 @@
  * the norm's sum in another fixed order (the norm kernel's groups are runs of consecutive
  * rows): deterministic, not the same bits. Rows outside the narrow merge's (d % 256 == 0,
  * heads dividing 32, 16-byte pointers) or a warp's norm (d <= 1280) run the two ops.
- *
- * x not kept (x NULL, docs/design-notes.md "The merged x made again"): the result comes into
- * x's stage row, and the lane's vectors of x are made over it before the norm reads them,
- * by the forward's code (merge_narrow_shares and merge_narrow_mix, with the partial's rstd
- * as saved): the forward's bits, the same rows read, and [tokens, H] floats of lse.
  */
 #include "kernels/cuda/kernels_cuda.h"
 #include "kernels/cuda/rmsnorm_row.cuh"
@@ -50,25 +45,6 @@ struct MergeNormGradArgs {
     const float *rstd;    /* the norm's [tokens], saved by its forward */
     float *partials;      /* [blocks, d]: each block's dweight sums */
 };
-
-/* x = w_c result + w_p p of this lane's vectors, written over the result in x_vectors (its
- * row of the warp's stage), p_vectors the partial's: merge_narrow_token's shares and mix,
- * with r, the partial's rstd, as that merge saved it, so x has the forward's bits. */
-template <int LV>
-__device__ __forceinline__ void merge_norm_remake_x(BfVector<8> *x_vectors,
-                                                    const BfVector<8> *p_vectors,
-                                                    const float *key_weight, float r,
-                                                    float completed, int lanes_per_head)
-{
-    float p[8 * LV], w_c, w_p;
-#pragma unroll
-    for (int j = 0; j < LV; j++)
-        vector_to_floats<8>(p_vectors[j], p + 8 * j);
-    merge_narrow_shares<LV>(p, key_weight, r, completed, lanes_per_head, &w_c, &w_p);
-#pragma unroll
-    for (int j = 0; j < LV; j++)
-        x_vectors[j] = merge_narrow_mix(x_vectors[j], p + 8 * j, w_c, w_p);
-}
 
 template <int LV>
 __global__ void __launch_bounds__(MERGE_NARROW_THREADS)
@@ -94,12 +70,10 @@ __global__ void __launch_bounds__(MERGE_NARROW_THREADS)
     BfVector<8> *old_stage = partial_stage + VECTORS;
     float key_weight[8 * LV], channel_sums[8 * LV] = {}, dweight_sums[8 * LV] = {};
     narrow_key_weight<LV>(args.query, args.key_norm, lane, key_weight);
-    const bool remakes = args.result != NULL; /* x_stage receives the result, not x */
     for (int t = warp; warp < warps && t < tokens; t += warps) {
         float a, r;
         merge_narrow_backward_fetch<LV>(args, t, lane, norm.dnormed, grad_stage, &a, &r);
         const float norm_rstd = norm.rstd[t];
-        const float completed = remakes ? args.lse[t * H + lane / (32 / H)] : 0.0f;
         uint4 weight_raw[LV]; /* the norm's weight in its layout, again a token (L1): held
                                * over the walk, it left the pass short of registers */
 #pragma unroll
@@ -107,12 +81,6 @@ __global__ void __launch_bounds__(MERGE_NARROW_THREADS)
             weight_raw[k] = reinterpret_cast<const uint4 *>(norm.weight)[32 * k + lane];
         copy_async_wait<0>();
         __syncwarp();
-        if (remakes) { /* x made again over the result in its stage, by the forward's code */
-            merge_norm_remake_x<LV>(x_stage + lane * NarrowRow<LV>::STRIDE,
-                                    partial_stage + lane * NarrowRow<LV>::STRIDE, key_weight,
-                                    r, completed, 32 / H);
-            __syncwarp();
-        }
 
         /* the norm, in its kernel's layout: dx = +0.0 + g, stored rounded */
         uint4 x_chunks[LV], dout_chunks[LV];
@@ -190,32 +158,20 @@ extern "C" size_t cuda_route_merge_rmsnorm_backward_workspace_floats(int tokens,
 }
 
 extern "C" void cuda_route_merge_rmsnorm_backward(
-    bf16 *dx, float *dweight, const bf16 *dnormed, const bf16 *x, const bf16 *result,
-    const float *lse, const bf16 *norm_weight, const float *norm_rstd, bf16 *dpartial,
-    GradMode dpartial_mode, float *dquery, float *dkey_norm, float *mean, const bf16 *partial,
-    int n_sources, const float *weights, const float *rstd, const bf16 *query,
-    const bf16 *key_norm, float *workspace, int tokens, int d, int heads, cudaStream_t stream)
+    bf16 *dx, float *dweight, const bf16 *dnormed, const bf16 *x, const bf16 *norm_weight,
+    const float *norm_rstd, bf16 *dpartial, GradMode dpartial_mode, float *dquery,
+    float *dkey_norm, float *mean, const bf16 *partial, int n_sources, const float *weights,
+    const float *rstd, const bf16 *query, const bf16 *key_norm, float *workspace, int tokens,
+    int d, int heads, cudaStream_t stream)
 {
     route_check_shape(n_sources, d, heads);
     if (tokens <= 0)
         return;
-    /* x not kept: made again in the pass (the forward left result as it was), or the
-     * forward wrote it over result */
-    const bool remakes = !x && cuda_route_merge_remakes_input(d, heads);
-    if (!x && !remakes)
-        x = result;
-    if (remakes && !partial)
-        fatal(EXIT_CONFIG, "%s:%d: a merge without a partial has its x kept", __FILE__,
-              __LINE__);
     float *merge_sums = workspace;
     float *norm_sums = workspace + cuda_route_merge_backward_workspace_floats(tokens, d, heads);
-    const void *pointers[] = {dx,      dnormed, remakes ? result : x, norm_weight, dpartial,
-                              partial, query,   key_norm};
+    const void *pointers[] = {dx, dnormed, x, norm_weight, dpartial, partial, query, key_norm};
     const bool one_pass = d / 256 <= MERGE_NORM_BACKWARD_MAX_LANE_VECTORS &&
                           merge_narrow_fits(d, heads, pointers, 8);
-    if (remakes && !one_pass)
-        fatal(EXIT_CONFIG, "%s:%d: a merge whose x is made again needs its rows 16-byte "
-              "aligned (d %d, %d heads)", __FILE__, __LINE__, d, heads);
     if (!one_pass) {
         cuda_rmsnorm_backward(dx, GRAD_WRITE, dweight, dnormed, x, norm_weight, norm_rstd,
                               tokens, d, norm_sums, stream);
@@ -224,14 +180,9 @@ extern "C" void cuda_route_merge_rmsnorm_backward(
                                   merge_sums, tokens, d, heads, stream);
         return;
     }
-    MergeArgs args = merge_backward_args(dpartial, dpartial_mode, mean, dx,
-                                         remakes ? result : x, partial, n_sources, weights,
-                                         rstd, query, key_norm, merge_sums, tokens, d, heads,
-                                         RowShape{});
-    if (remakes) {
-        args.result = result;
-        args.lse = lse;
-    }
+    MergeArgs args = merge_backward_args(dpartial, dpartial_mode, mean, dx, x, partial,
+                                         n_sources, weights, rstd, query, key_norm, merge_sums,
+                                         tokens, d, heads, RowShape{});
     args.warps = merge_narrow_backward_warps(tokens);
     const int blocks = merge_narrow_backward_blocks(tokens);
     const MergeNormGradArgs norm = {dnormed, dx, norm_weight, norm_rstd, norm_sums};

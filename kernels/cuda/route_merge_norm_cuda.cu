@@ -21,11 +21,6 @@
  * and sums the squares in that kernel's order. So the rows taken are the narrow merge's
  * (d % 256 == 0, heads dividing 32, 16-byte aligned) with the norm's warp rows (d <= 1280);
  * the others run the three ops.
- *
- * x not kept (x NULL, docs/design-notes.md "The merged x made again"): on the rows this pass
- * takes, x is staged for the norm and never stored, 5 rows a token; the backward pass makes
- * it again (route_merge_norm_backward_cuda.cu). On the others the three ops write x over the
- * result, where the backward reads it.
  */
 #include "kernels/cuda/kernels_cuda.h"
 #include "kernels/cuda/rmsnorm_row.cuh"
@@ -91,10 +86,7 @@ __global__ void __launch_bounds__(MERGE_NORM_THREADS)
     merge_narrow_token<LV>(out_raw, args.weights, args.rstd, result_raw, completed, held, p,
                            key_weight, N, H, args.tokens, t, args.inverse_width, args.eps,
                            lane);
-    if (args.out) /* x, left in the stage */
-        narrow_store_row<LV>(args.out, t, result_stage, out_raw, lane);
-    else /* x not kept: its backward makes it again (cuda_route_merge_remakes_input) */
-        narrow_stage_row<LV>(result_stage, out_raw, lane);
+    narrow_store_row<LV>(args.out, t, result_stage, out_raw, lane); /* x, left in the stage */
 
     /* rmsnorm_forward_kernel<32, CHUNKS> of x: chunk k of lane l is vector 32 k + l */
     uint4 x_raw[LV];
@@ -105,12 +97,6 @@ __global__ void __launch_bounds__(MERGE_NORM_THREADS)
                                       norm.rstd + t, x_raw,
                                       reinterpret_cast<const bfloat *>(norm.weight), d,
                                       norm.eps, nullptr);
-}
-
-extern "C" bool cuda_route_merge_remakes_input(int d, int heads)
-{
-    return d % 256 == 0 && d / 256 <= MERGE_NORM_MAX_LANE_VECTORS &&
-           merge_narrow_fits(d, heads, NULL, 0);
 }
 
 template <int LV>
@@ -139,11 +125,6 @@ extern "C" void cuda_route_merge_rmsnorm_forward(bf16 *x, bf16 *out, float *norm
                               add ? add->added : NULL, query, key_norm, norm_weight};
     const bool one_pass = d / 256 <= MERGE_NORM_MAX_LANE_VECTORS &&
                           merge_narrow_fits(d, heads, pointers, 9);
-    if (!x && cuda_route_merge_remakes_input(d, heads) && !one_pass)
-        fatal(EXIT_CONFIG, "%s:%d: a merge whose x is made again needs its rows 16-byte "
-              "aligned (d %d, %d heads)", __FILE__, __LINE__, d, heads);
-    if (!x) /* not kept: where the backward cannot make it again, x replaces the result */
-        x = cuda_route_merge_remakes_input(d, heads) ? NULL : const_cast<bf16 *>(result);
     if (!one_pass) {
         if (add)
             cuda_add(add->partial, add->partial_before, add->added, (size_t)tokens * d, stream);
