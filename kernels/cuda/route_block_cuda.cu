@@ -1,51 +1,28 @@
 /* kernels/cuda/route_block_cuda.cu — the two-phase Route's entries (route_block_cuda.h):
  * the dispatch of phase one to the block kernels (route_block_device.cuh) or, for shapes they
  * do not take, to the per-site kernels of route_cuda.h once a site; and the fixed-order
- * reduction of per-block channel sums into dquery, dkey_norm (and dalpha) that the backward
- * kernels and the merges (route_merge_cuda.cu) share.
+ * reduction of per-block channel sums into dquery, dkey_norm (and dalpha, and a plain row
+ * such as a norm's dweight) that the backward kernels and the merges (route_merge_cuda.cu)
+ * share.
  */
 #include "kernels/cuda/route_block_cuda.h"
 #include "kernels/cuda/route_block_device.cuh"
 #include "kernels/cuda/route_device.cuh"
 
 #include "kernels/cuda/bf16_vector.cuh"
+#include "kernels/cuda/ordered_sum.cuh"
 
 #include <limits.h>
 #include <math.h>
 
-enum { REDUCE_SLICES = 8 };
+enum { REDUCE_SLICES = 8, REDUCE_BATCH = 16 };
 
 /* ---- the reduction of per-block channel sums ---- */
 
-/* sum_k x[k * stride], k = 0 .. count - 1, added in k order; the loads BATCH at a time, so
- * that a long sum waits on memory once per BATCH terms rather than once per term (the dalpha
- * sums run over every token, or every token's heads). The same bits whatever BATCH. */
-template <int BATCH>
-__device__ __forceinline__ float ordered_strided_sum(const float *x, int count, long long stride)
-{
-    float sum = 0.0f;
-    for (int k = 0; k < count; k += BATCH) { /* a short last batch too: loads, then adds */
-        float terms[BATCH];
-#pragma unroll
-        for (int j = 0; j < BATCH; j++)
-            terms[j] = k + j < count ? x[(k + j) * stride] : 0.0f;
-#pragma unroll
-        for (int j = 0; j < BATCH; j++)
-            if (k + j < count)
-                sum += terms[j];
-    }
-    return sum;
-}
-
-/* The terms b = first, first + step, ... below end: their count. */
-__device__ __forceinline__ int strided_count(int first, int end, int step)
-{
-    return first < end ? (end - first + step - 1) / step : 0;
-}
-
 /* For site i = blockIdx.y: S_c = the blocks' sums in block order (REDUCE_SLICES strided sums,
  * then those in order), dq_c += g_c S_c, dg_c += q_c S_c; *dalpha += its terms (a strided
- * sum a thread, then the threads' sums in a fixed order). Block: REDUCE_SLICES warps x 32
+ * sum a thread, then the threads' sums in a fixed order). The last y, where there is a plain
+ * row: plain_sum_c += the same sum of plain_partials. Block: REDUCE_SLICES warps x 32
  * channels. */
 __global__ void route_block_reduce_kernel(const __grid_constant__ BlockReduceArgs args)
 {
@@ -53,32 +30,44 @@ __global__ void route_block_reduce_kernel(const __grid_constant__ BlockReduceArg
     const int site = blockIdx.y, d = args.d;
     const int lane = threadIdx.x & 31, slice = threadIdx.x >> 5;
     const int c = blockIdx.x * 32 + lane;
-    const float *partials = args.partials + (long long)site * args.blocks * d;
+    const bool plain = args.plain_sum && blockIdx.y == gridDim.y - 1;
+    const float *partials =
+        plain ? args.plain_partials : args.partials + (long long)site * args.blocks * d;
+    /* a slice's rows 16 at a time: the merges' 264 blocks give a slice 33, two batches and
+     * a term where batches of 8 took four and a term (the rows were just written and sit in
+     * L2: the launch waits on a round trip to it a batch) */
     float sum = 0.0f;
     if (c < d)
-        sum = ordered_strided_sum<8>(partials + (long long)slice * d + c,
-                                     strided_count(slice, args.blocks, REDUCE_SLICES),
-                                     (long long)REDUCE_SLICES * d);
+        sum = ordered_strided_sum<REDUCE_BATCH>(partials + (long long)slice * d + c,
+                                                strided_count(slice, args.blocks, REDUCE_SLICES),
+                                                (long long)REDUCE_SLICES * d);
     slices[slice][lane] = sum;
     __syncthreads();
     if (slice == 0 && c < d) {
         float total = 0.0f;
         for (int k = 0; k < REDUCE_SLICES; k++)
             total += slices[k][lane];
-        args.dquery[site][c] += bf16_bits_to_float(args.key_norm[site][c]) * total;
-        args.dkey_norm[site][c] += bf16_bits_to_float(args.query[site][c]) * total;
+        if (plain) {
+            args.plain_sum[c] += total;
+        } else {
+            args.dquery[site][c] += bf16_bits_to_float(args.key_norm[site][c]) * total;
+            args.dkey_norm[site][c] += bf16_bits_to_float(args.query[site][c]) * total;
+        }
     }
+    if (plain) /* uniform over the block: no dalpha past the sites */
+        return;
     /* dalpha: every thread of the site's first block sums a stride of the token terms
      * (ordered_strided_sum), then each lane of warp 0 its eight slices in order, then
      * warp_sum's fixed tree over the lanes. One warp's 256 terms a lane at 8192 tokens
      * kept the launch waiting on 32 round trips to memory after the channel sums were done
-     * (19 us a launch in the 1B MHAR delta step, H100, 2026-12-06); the loads go 32 at a
-     * time, a short last batch too. */
+     * (19 us a launch in the 1B MHAR delta step, H100, 2026-12-06); the loads go
+     * REDUCE_BATCH at a time (at 32, one short batch of 32 terms, the compiler issued each
+     * load behind the add before it: 8 us a launch then, "2026-12-06 (late night)"). */
     if (args.dalpha[site] && blockIdx.x == 0) { /* uniform over the block */
         const float *alpha_partials = args.alpha_partials + (long long)site * args.alpha_blocks;
         const int thread = threadIdx.x, threads = blockDim.x;
         __syncthreads(); /* the channel sums' slices are read */
-        slices[slice][lane] = ordered_strided_sum<32>(
+        slices[slice][lane] = ordered_strided_sum<REDUCE_BATCH>(
             alpha_partials + thread, strided_count(thread, args.alpha_blocks, threads), threads);
         __syncthreads();
         if (slice == 0) {
@@ -94,7 +83,10 @@ __global__ void route_block_reduce_kernel(const __grid_constant__ BlockReduceArg
 
 void route_block_reduce(const BlockReduceArgs &args, int n_sites, cudaStream_t stream)
 {
-    dim3 grid((unsigned)((args.d + 31) / 32), (unsigned)n_sites);
+    const int rows = n_sites + (args.plain_sum ? 1 : 0);
+    if (rows == 0 || args.d <= 0)
+        return;
+    dim3 grid((unsigned)((args.d + 31) / 32), (unsigned)rows);
     route_block_reduce_kernel<<<grid, 32 * REDUCE_SLICES, 0, stream>>>(args);
     CUDA_CHECK_LAUNCH();
 }

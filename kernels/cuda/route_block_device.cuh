@@ -72,12 +72,17 @@ __host__ __device__ constexpr int block_walk_max_resident(int threads)
 
 /* The fixed-order reduction of per-block channel sums S into dq += g S, dg += q S, and of
  * per-block dalpha sums (route_block_cuda.cu). partials [sites][blocks][d]; alpha_partials
- * [sites][alpha_blocks]; a NULL dalpha[i] skips it. */
+ * [sites][alpha_blocks]; a NULL dalpha[i] skips it. plain_sum (NULL: none) is one more row
+ * reduced in the same launch and the same order: plain_sum[c] += the sum over the blocks of
+ * plain_partials [blocks][d] (a norm's dweight beside the merge's sums, one launch where
+ * two were). */
 struct BlockReduceArgs {
     float *dquery[CUDA_BLOCK_MAX_SITES], *dkey_norm[CUDA_BLOCK_MAX_SITES];
     float *dalpha[CUDA_BLOCK_MAX_SITES];
     const bf16 *query[CUDA_BLOCK_MAX_SITES], *key_norm[CUDA_BLOCK_MAX_SITES];
     const float *partials, *alpha_partials;
+    float *plain_sum;
+    const float *plain_partials;
     int blocks, alpha_blocks, d;
 };
 

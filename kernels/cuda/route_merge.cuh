@@ -47,10 +47,12 @@ MergeArgs merge_backward_args(bf16 *dpartial, GradMode dpartial_mode, float *mea
                               int n_sources, const float *weights, const float *rstd,
                               const bf16 *query, const bf16 *key_norm, float *partials,
                               int tokens, int d, int heads, const RowShape &shape);
-/* dquery += and dkey_norm += the channel sums' rows partials [blocks, d], added in block
- * order (route_block_reduce). */
+/* dquery += and dkey_norm += the channel sums' rows partials [blocks, d] (NULL: none),
+ * added in block order, and plain_sum += the rows plain_partials [blocks, d] (NULL: none),
+ * in one launch (route_block_reduce). */
 void merge_channel_sums_reduce(float *dquery, float *dkey_norm, const bf16 *query,
-                               const bf16 *key_norm, float *partials, int blocks, int d,
+                               const bf16 *key_norm, float *partials, float *plain_sum,
+                               const float *plain_partials, int blocks, int d,
                                cudaStream_t stream);
 /* Whether the warp-a-token merges take rows of d channels in `heads` heads: d % 256 == 0,
  * d <= 2048, heads dividing 32, every pointer (NULL ones ignored) 16-byte aligned. */

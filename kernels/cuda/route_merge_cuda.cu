@@ -415,7 +415,8 @@ MergeArgs merge_backward_args(bf16 *dpartial, GradMode dpartial_mode, float *mea
 }
 
 void merge_channel_sums_reduce(float *dquery, float *dkey_norm, const bf16 *query,
-                               const bf16 *key_norm, float *partials, int blocks, int d,
+                               const bf16 *key_norm, float *partials, float *plain_sum,
+                               const float *plain_partials, int blocks, int d,
                                cudaStream_t stream)
 {
     BlockReduceArgs reduce = {};
@@ -424,9 +425,11 @@ void merge_channel_sums_reduce(float *dquery, float *dkey_norm, const bf16 *quer
     reduce.query[0] = query;
     reduce.key_norm[0] = key_norm;
     reduce.partials = partials;
+    reduce.plain_sum = plain_sum;
+    reduce.plain_partials = plain_partials;
     reduce.blocks = blocks;
     reduce.d = d;
-    route_block_reduce(reduce, 1, stream);
+    route_block_reduce(reduce, partials ? 1 : 0, stream);
 }
 
 extern "C" void cuda_route_merge_backward(bf16 *dpartial, GradMode dpartial_mode,
@@ -461,6 +464,6 @@ extern "C" void cuda_route_merge_backward(bf16 *dpartial, GradMode dpartial_mode
         }
     }
     if (partial)
-        merge_channel_sums_reduce(dquery, dkey_norm, query, key_norm, workspace, blocks, d,
-                                  stream);
+        merge_channel_sums_reduce(dquery, dkey_norm, query, key_norm, workspace, NULL, NULL,
+                                  blocks, d, stream);
 }

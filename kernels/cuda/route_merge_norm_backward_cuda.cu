@@ -23,8 +23,10 @@
  * sums in warp order into a row (narrow_store_block_floats); the rows are added in block
  * order. So the channel sums (dquery, dkey_norm) are the merge's bits as well, and dweight is
  * the norm's sum in another fixed order (the norm kernel's groups are runs of consecutive
- * rows): deterministic, not the same bits. Rows outside the narrow merge's (d % 256 == 0,
- * heads dividing 32, 16-byte pointers) or a warp's norm (d <= 1280) run the two ops.
+ * rows): deterministic, not the same bits. Both rows of block sums are added in one launch
+ * (route_block_reduce's plain row beside the site's), the merge's in its own order. Rows
+ * outside the narrow merge's (d % 256 == 0, heads dividing 32, 16-byte pointers) or a warp's
+ * norm (d <= 1280) run the two ops.
  */
 #include "kernels/cuda/kernels_cuda.h"
 #include "kernels/cuda/rmsnorm_row.cuh"
@@ -193,8 +195,7 @@ extern "C" void cuda_route_merge_rmsnorm_backward(
     case 4: merge_norm_backward_launch<4>(args, norm, blocks, stream); break;
     default: merge_norm_backward_launch<5>(args, norm, blocks, stream); break;
     }
-    cuda_rmsnorm_dweight_reduce(dweight, norm_sums, blocks, d, stream);
-    if (partial)
-        merge_channel_sums_reduce(dquery, dkey_norm, query, key_norm, merge_sums, blocks, d,
-                                  stream);
+    /* dweight's rows and the merge's in one launch: a launch of about 3 us fewer a site */
+    merge_channel_sums_reduce(dquery, dkey_norm, query, key_norm, partial ? merge_sums : NULL,
+                              dweight, norm_sums, blocks, d, stream);
 }
