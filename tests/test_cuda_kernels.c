@@ -240,6 +240,42 @@ Test(cuda_kernels, rmsnorm_backward_is_deterministic)
     }
 }
 
+/* The backward's second pass adds each column's group rows in a fixed order: 32 interleaved
+ * slices, each summed in group order from 0, then the slices in order from 0, then that into
+ * dweight. Its loads go 16 at a time with a short last batch (kernels/cuda/ordered_sum.cuh),
+ * so the counts of groups are chosen around those batches: a slice of 1, 15, 16, 17 and 33
+ * terms, and 0 for some slices. The host adds in the same order: the same bits. */
+Test(cuda_kernels, rmsnorm_dweight_reduce_adds_the_groups_in_their_order)
+{
+    gpu_require();
+    const int groups_list[] = {1, 20, 32, 480, 512, 544, 1041}, widths[] = {1, 100, 1280};
+    for (size_t gi = 0; gi < sizeof groups_list / sizeof groups_list[0]; gi++)
+        for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++) {
+            const int groups = groups_list[gi], d = widths[wi];
+            float *partials = gpu_test_fp32_values((size_t)groups * d, 1, 410 + gi);
+            float *dweight = gpu_test_fp32_values(d, 1, 420 + wi);
+            float *device_dweight = gpu_upload_floats(dweight, d);
+            cuda_rmsnorm_dweight_reduce(device_dweight,
+                                        gpu_upload_floats(partials, (size_t)groups * d),
+                                        groups, d, 0);
+            float *got = gpu_download_floats(device_dweight, d);
+            for (int c = 0; c < d; c++) {
+                float total = 0.0f;
+                for (int slice = 0; slice < 32; slice++) {
+                    float sum = 0.0f;
+                    for (int g = slice; g < groups; g += 32)
+                        sum += partials[(size_t)g * d + c];
+                    total += sum;
+                }
+                dweight[c] += total;
+            }
+            cr_assert_eq(memcmp(got, dweight, (size_t)d * sizeof(float)), 0,
+                         "dweight of %d groups, d %d: not the sum in group order", groups, d);
+            free(partials), free(dweight), free(got);
+            gpu_free_all();
+        }
+}
+
 static void rmsnorm_rows_of_8200(void *unused)
 {
     (void)unused;

@@ -128,8 +128,8 @@ void cuda_rmsnorm_backward_branch(bf16 *dx, bf16 *branch, float *dweight, const 
                                   const bf16 *x, const bf16 *weight, const float *rstd, int rows,
                                   int d, float *workspace, cudaStream_t stream);
 /* dweight[c] += the sum over groups of partials[g, c] ([groups, d] fp32), in group order
- * (32 interleaved slices, then the slices in order): the backward's second pass, for the
- * kernels that leave a norm's dweight in rows of their own (route_merge_norm_backward_cuda.cu). */
+ * (32 interleaved slices, each in group order, then the slices in order): the backward's
+ * second pass, the rows of partial sums its first pass leaves. */
 void cuda_rmsnorm_dweight_reduce(float *dweight, const float *partials, int groups, int d,
                                  cudaStream_t stream);
 
