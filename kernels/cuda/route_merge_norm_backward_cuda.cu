@@ -195,7 +195,7 @@ extern "C" void cuda_route_merge_rmsnorm_backward(
     case 4: merge_norm_backward_launch<4>(args, norm, blocks, stream); break;
     default: merge_norm_backward_launch<5>(args, norm, blocks, stream); break;
     }
-    /* dweight's rows and the merge's in one launch: a launch of about 3 us fewer a site */
+    /* dweight's rows and the merge's in one launch, one launch fewer a site */
     merge_channel_sums_reduce(dquery, dkey_norm, query, key_norm, partial ? merge_sums : NULL,
                               dweight, norm_sums, blocks, d, stream);
 }
