@@ -176,9 +176,10 @@ CheckpointStats checkpoint_save_sharded(Comm *comm, int stage, int dp_rank, cons
  * datasets), after checking the tensor's shape and the CRC32C of every shard dataset the
  * rows come from. `dir` is resolved as in checkpoint_read_meta. Any failure exits 3 naming
  * the file and the tensor. Returns the bytes all ranks read and the seconds it took. */
-CheckpointStats checkpoint_load_sharded(Comm *comm, const char *dir, const CheckpointTensor *tensors,
-                             int n_tensors, const CheckpointRows *rows, unsigned group_mask,
-                             const CheckpointIo *io);
+CheckpointStats checkpoint_load_sharded(Comm *comm, const char *dir,
+                                        const CheckpointTensor *tensors, int n_tensors,
+                                        const CheckpointRows *rows, unsigned group_mask,
+                                        const CheckpointIo *io);
 
 /* The groups a committed checkpoint holds, as bits 1 << CKPT_GROUP_* (a step-0 checkpoint
  * made by `fathom convert` holds the model only). */

@@ -46,7 +46,8 @@ static void virtual_tensor_create(hid_t file, int group, const CheckpointTensor 
             continue;
         /* rows [row_begin, row_end) of the tensor, whole in every other dim */
         hsize_t start[CHECKPOINT_RANK_MAX] = {(hsize_t)rows.row_begin, 0, 0};
-        hsize_t count[CHECKPOINT_RANK_MAX] = {(hsize_t)(rows.row_end - rows.row_begin), dims[1], dims[2]};
+        hsize_t count[CHECKPOINT_RANK_MAX] = {(hsize_t)(rows.row_end - rows.row_begin), dims[1],
+                                              dims[2]};
         H5_CHECK(H5Sselect_hyperslab(space, H5S_SELECT_SET, start, NULL, count, NULL));
         hid_t source_space = H5_CHECK(H5Screate_simple(tensor->ndim, count, NULL));
         /* the file name stays relative: HDF5 resolves it against index.h5's directory */

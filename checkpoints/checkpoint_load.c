@@ -196,7 +196,8 @@ CheckpointStats checkpoint_load_sharded(Comm *comm, const char *dir,
             fatal(EXIT_DATA, "rows %lld..%lld of %s asked for, which has %lld",
                   (long long)rows[i].row_begin, (long long)rows[i].row_end, tensors[i].name,
                   (long long)tensors[i].shape[0]);
-        const size_t elements = (size_t)wanted * (size_t)checkpoint_tensor_row_elements(&tensors[i]);
+        const size_t elements =
+            (size_t)wanted * (size_t)checkpoint_tensor_row_elements(&tensors[i]);
         largest = elements > largest ? elements : largest;
     }
     for (int group = 0; group < CKPT_GROUPS; group++) {

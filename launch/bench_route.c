@@ -211,8 +211,8 @@ void bench_case_route(Bench *bench, bool msar, bool step_routing)
         double forward_bytes = 0;
         for (int j = 0; j < r.sites; j++)
             forward_bytes += (site_sources(&r, j) + 1.0) * (double)rows * backend->activation_bytes;
-        bench_add(bench, "route-1b", "per site forward", forward_ms, forward_bytes / forward_ms / 1e6,
-                  "GB/s", NAN);
+        bench_add(bench, "route-1b", "per site forward", forward_ms,
+                  forward_bytes / forward_ms / 1e6, "GB/s", NAN);
     }
     bench_add(bench, msar ? "msar" : step_routing ? "route-1b" : "route",
               msar ? "conv in the read" : step_routing ? "per site replace" : "per site delta", ms,
@@ -227,9 +227,9 @@ void bench_case_route(Bench *bench, bool msar, bool step_routing)
         backend->release(r.grad_streams[i]);
     }
     void *rest[] = {r.mixed, r.base, r.out, r.dout, r.query, r.key_norm,
-                    r.taps, r.mix_proj, r.weights, r.rstd, r.mix_gates, r.mix_rstd, r.scratch, r.grad_query,
-                    r.grad_key_norm, r.grad_alpha, r.alpha, r.grad_taps, r.mix_bias, r.grad_mix_bias,
-                    r.grad_mix_proj};
+                    r.taps, r.mix_proj, r.weights, r.rstd, r.mix_gates, r.mix_rstd, r.scratch,
+                    r.grad_query, r.grad_key_norm, r.grad_alpha, r.alpha, r.grad_taps, r.mix_bias,
+                    r.grad_mix_bias, r.grad_mix_proj};
     for (size_t i = 0; i < sizeof rest / sizeof rest[0]; i++)
         backend->release(rest[i]);
 }

@@ -23,7 +23,8 @@ static const CommandHelp commands[] = {
      "  FATHOM_SET='key=value ...' in the environment adds overrides before the --set ones.\n"
      "  Before it allocates, the run checks its memory plan against this machine (exit 2\n"
      "  naming the keys that shrink it).\n"
-     "example: fathom train launch/configs/demo.yaml --set train.steps=400 --set run_dir=runs/mine\n"},
+     "example: fathom train launch/configs/demo.yaml --set train.steps=400 "
+     "--set run_dir=runs/mine\n"},
     {"eval",
      "usage: fathom eval --checkpoint DIR [--weights ema|raw] [--data SPEC] [--samples N] "
      "[--dump-logits OUT.h5]\n"

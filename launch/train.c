@@ -166,7 +166,8 @@ static void print_banner(const Config *config, const Backend *backend, Model *mo
     backend->memory_usage(&in_use, &peak);
     char held[32];
     printf("fathom: measured after set-up: %s held by the %s backend (%zu bytes: parameter "
-           "shards %zu, gathered units %zu, optimizer %zu; the rest: activations, scratch, tables)\n",
+           "shards %zu, gathered units %zu, optimizer %zu; the rest: activations, scratch, "
+           "tables)\n",
            format_bytes(held, sizeof held, in_use), backend->name, in_use, shard_bytes,
            full_bytes, optimizer_bytes);
     if (resumed)

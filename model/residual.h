@@ -74,7 +74,8 @@ typedef struct {
     SitePlan *sites;        /* [n_sites] */
     int max_sources;        /* over all sites */
     bool sites_alone;       /* model_route_sites_alone: no two-phase walk (false when built) */
-    bool replace_two_phase; /* attnres's replace form in two phases (unless FATHOM_ROUTE_REPLACE=per_site) */
+    bool replace_two_phase; /* attnres's replace form in two phases (unless
+                               FATHOM_ROUTE_REPLACE=per_site) */
 } ResidualPlan;
 
 /* Refuses, with EXIT_CONFIG and a message naming the keys, what the model cannot build:

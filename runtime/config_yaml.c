@@ -330,7 +330,8 @@ char *config_to_yaml(const Config *config)
         const ConfigKey *key = &config_key_table[i];
         char parts[PATH_DEPTH_MAX][64];
         int depth = split_parents(key->path, parts), shared = 0;
-        while (shared < depth && shared < previous_depth && !strcmp(parts[shared], previous[shared]))
+        while (shared < depth && shared < previous_depth &&
+               !strcmp(parts[shared], previous[shared]))
             shared++;
         for (int level = shared; level < depth; level++) {
             if (level == 0)

@@ -2,9 +2,10 @@
  *
  * metrics_open() opens `<run_dir>/metrics.jsonl` for appending (a resumed run continues the
  * same file) or, with fresh = true, starts a new one: an earlier run's non-empty log is kept
- * as metrics.jsonl.N (the first free N) and the run prints where, so no log is wiped. Each metrics_write_step / metrics_write_eval
- * appends one JSON object on one line and flushes it, so a killed run leaves whole lines.
- * Only rank 0 writes (the caller's choice). A step line has exactly the keys
+ * as metrics.jsonl.N (the first free N) and the run prints where, so no log is wiped. Each
+ * metrics_write_step / metrics_write_eval appends one JSON object on one line and flushes it,
+ * so a killed run leaves whole lines. Only rank 0 writes (the caller's choice). A step line
+ * has exactly the keys
  *   step loss ce zloss grad_norm lr tokens tokens_per_s tokens_per_s_per_device
  *   tflops_per_device mfu mem_gib skipped comm
  * where comm is an array with one object per pipeline stage:
@@ -29,7 +30,8 @@
  * tokens_per_s_per_device / 1e12; mfu = tflops_per_device / METRICS_PEAK_TFLOPS.
  *
  * The console line (metrics_format_console), for example:
- *   step 120/1000 | loss 2.914 | gnorm 0.41 | lr 3.0e-04 | 48.2k tok/s | 51.3% MFU | 71.2 GiB | pp 12.4 MB/step
+ *   step 120/1000 | loss 2.914 | gnorm 0.41 | lr 3.0e-04 | 48.2k tok/s | 51.3% MFU | 71.2 GiB |
+ *     pp 12.4 MB/step
  * tok/s plain below 1000, then k, M, G (one decimal); pp = the sum over stages of
  * pp_send_bytes (each byte sent is received once), in B, kB, MB, GB, TB (powers of 1000).
  */

@@ -21,7 +21,8 @@
  *      when there is one, gets the new weights in the same pass.
  *   5. ema_decay > 0 and ema != NULL: ema = decay_t * ema + (1 - decay_t) * params (in
  *      AdamW's pass over each range: elements outside every range are alignment padding,
- *      zero in params and ema alike), with the decay warming up: decay_t = min(ema_decay, (1 + t) / (10 + t)) at update t = 1, 2, ..
+ *      zero in params and ema alike), with the decay warming up:
+ *      decay_t = min(ema_decay, (1 + t) / (10 + t)) at update t = 1, 2, ..
  *      (optim_ema_decay_at). Without the warm-up an EMA of 0.999 keeps most of the initial
  *      weights for thousands of steps and looks untrained early in a run (0.18 at t = 1,
  *      0.96 at t = 200, 0.999 from about t = 9000).

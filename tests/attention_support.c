@@ -168,7 +168,8 @@ void attention_check_accumulate(AttentionBackwardKernel kernel)
     bf16 *gradient[3];
     for (int i = 0; i < 3; i++) {
         start[i] = gpu_test_host_floats(count[i]);
-        test_fill_normal(start[i], count[i], (float)attention_root_mean_square(reference[i], count[i]),
+        test_fill_normal(start[i], count[i],
+                         (float)attention_root_mean_square(reference[i], count[i]),
                          302 + (uint64_t)i);
         gpu_round_to_bf16(start[i], count[i]);
         gradient[i] = gpu_upload_bf16(start[i], count[i]);

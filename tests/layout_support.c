@@ -20,7 +20,8 @@ const char *const LAYOUT_COMMON =
 int layout_train(int ranks, const char *config, const char *extra, const char *run_dir,
                  char *output)
 {
-    return pipeline_train(ranks, config, LAYOUT_COMMON, extra, run_dir, output, LAYOUT_OUTPUT_CAPACITY);
+    return pipeline_train(ranks, config, LAYOUT_COMMON, extra, run_dir, output,
+                          LAYOUT_OUTPUT_CAPACITY);
 }
 
 void runs_begin(Runs *runs, const char *tag)

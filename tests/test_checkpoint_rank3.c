@@ -195,7 +195,8 @@ Test(checkpoint, shard_datasets_of_a_rank3_tensor_keep_its_trailing_dims)
              "cd '%s/checkpoints/step_00000007' && python3 -c '\n"
              "import h5py\n"
              "for s in (0, 1):\n"
-             "    d = h5py.File(\"shard_p0_d%%d.h5\" %% s, \"r\")[\"model/model.route_streams.0.conv\"]\n"
+             "    d = h5py.File(\"shard_p0_d%%d.h5\" %% s, \"r\")"
+             "[\"model/model.route_streams.0.conv\"]\n"
              "    print(s, list(d.shape))\n"
              "'",
              run_dir);

@@ -57,7 +57,8 @@ Test(config, msar_with_zero_streams_is_an_error)
 Test(config, stream_kernel_zero_is_an_error)
 {
     assert_config_error(
-        load_text_in_child("residual:\n  mode: msar\n  streams: 4\n  stream_kernels: [1, 0, 4, 8]\n"),
+        load_text_in_child(
+            "residual:\n  mode: msar\n  streams: 4\n  stream_kernels: [1, 0, 4, 8]\n"),
         "residual.stream_kernels", NULL);
 }
 

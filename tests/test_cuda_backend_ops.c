@@ -391,7 +391,8 @@ Test(cuda_backend_ops, rope_backward_adds_the_cpu_gradient)
 
 /* ---- attention: shape B, T, n_heads, n_kv_heads, head_dim ---- */
 
-static const int attention_shapes[][5] = {{2, 37, 4, 2, 64}, {1, 19, 3, 1, 80}, {1, 130, 2, 2, 128}};
+static const int attention_shapes[][5] = {{2, 37, 4, 2, 64}, {1, 19, 3, 1, 80},
+                                          {1, 130, 2, 2, 128}};
 
 static void run_attention_forward(const Backend *b, void *const *p, const OpCase *c)
 {

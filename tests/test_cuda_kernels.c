@@ -141,7 +141,8 @@ Test(cuda_kernels, embedding_backward_is_deterministic)
 {
     gpu_require();
     int n = 2000, V = 3, d = 4096;
-    float *dtable = gpu_test_fp32_values((size_t)V * d, 1, 110), *dout = gpu_test_bf16_values((size_t)n * d, 1, 111);
+    float *dtable = gpu_test_fp32_values((size_t)V * d, 1, 110),
+        *dout = gpu_test_bf16_values((size_t)n * d, 1, 111);
     uint32_t *tokens = gpu_test_random_tokens(n, V, 112);
     float *first = gpu_embedding_backward(dtable, dout, tokens, n, V, d);
     float *second = gpu_embedding_backward(dtable, dout, tokens, n, V, d);
@@ -165,7 +166,8 @@ Test(cuda_kernels, rmsnorm_forward_matches_cpu)
     for (size_t c = 0; c < sizeof rmsnorm_shapes / sizeof rmsnorm_shapes[0]; c++) {
         int rows = rmsnorm_shapes[c][0], d = rmsnorm_shapes[c][1];
         size_t count = (size_t)rows * d;
-        float *x = gpu_test_bf16_values(count, 2, 120 + c), *weight = gpu_test_bf16_values(d, 1, 130 + c);
+        float *x = gpu_test_bf16_values(count, 2, 120 + c),
+            *weight = gpu_test_bf16_values(d, 1, 130 + c);
         float *expected = malloc(count * sizeof(float));
         float *expected_rstd = malloc(rows * sizeof(float));
         cpu_rmsnorm_forward(expected, expected_rstd, x, weight, rows, d, rmsnorm_eps);
@@ -203,8 +205,10 @@ Test(cuda_kernels, rmsnorm_backward_adds_the_cpu_gradients)
     for (size_t c = 0; c < sizeof rmsnorm_shapes / sizeof rmsnorm_shapes[0]; c++) {
         int rows = rmsnorm_shapes[c][0], d = rmsnorm_shapes[c][1];
         size_t count = (size_t)rows * d;
-        float *x = gpu_test_bf16_values(count, 2, 140 + c), *weight = gpu_test_bf16_values(d, 1, 150 + c);
-        float *dout = gpu_test_bf16_values(count, 1, 160 + c), *dx = gpu_test_bf16_values(count, 0.5f, 170 + c);
+        float *x = gpu_test_bf16_values(count, 2, 140 + c),
+            *weight = gpu_test_bf16_values(d, 1, 150 + c);
+        float *dout = gpu_test_bf16_values(count, 1, 160 + c),
+            *dx = gpu_test_bf16_values(count, 0.5f, 170 + c);
         float *dweight = gpu_test_fp32_values(d, 1, 180 + c), *rstd = malloc(rows * sizeof(float));
         float *scratch = malloc(count * sizeof(float));
         cpu_rmsnorm_forward(scratch, rstd, x, weight, rows, d, rmsnorm_eps);
@@ -227,8 +231,10 @@ Test(cuda_kernels, rmsnorm_backward_is_deterministic)
         int rows = shapes[c][0], d = shapes[c][1];
         size_t count = (size_t)rows * d;
         float *x = gpu_test_bf16_values(count, 2, 190), *weight = gpu_test_bf16_values(d, 1, 191);
-        float *dout = gpu_test_bf16_values(count, 1, 192), *dx = gpu_test_bf16_values(count, 0.5f, 193);
-        float *dweight = gpu_test_fp32_values(d, 1, 194), *rstd = gpu_test_fp32_values(rows, 1, 195);
+        float *dout = gpu_test_bf16_values(count, 1, 192),
+            *dx = gpu_test_bf16_values(count, 0.5f, 193);
+        float *dweight = gpu_test_fp32_values(d, 1, 194),
+            *rstd = gpu_test_fp32_values(rows, 1, 195);
         float *dx_1, *dweight_1, *dx_2, *dweight_2;
         gpu_rmsnorm_backward(&dx_1, &dweight_1, dx, dweight, dout, x, weight, rstd, rows, d);
         gpu_rmsnorm_backward(&dx_2, &dweight_2, dx, dweight, dout, x, weight, rstd, rows, d);
@@ -360,7 +366,8 @@ Test(cuda_kernels, rope_backward_adds_the_inverse_rotation)
         int B = rope_shapes[c][0], T = rope_shapes[c][1], H = rope_shapes[c][2],
             hd = rope_shapes[c][3];
         size_t count = (size_t)B * T * H * hd;
-        float *dout = gpu_test_bf16_values(count, 1, 220 + c), *dx = gpu_test_bf16_values(count, 0.5f, 230 + c);
+        float *dout = gpu_test_bf16_values(count, 1, 220 + c),
+            *dx = gpu_test_bf16_values(count, 0.5f, 230 + c);
         float *cos, *sin;
         rope_tables(&cos, &sin, T, hd / 2, 240 + c);
         float *got = gpu_rope_backward(dx, dout, cos, sin, B, T, H, hd);
@@ -376,7 +383,8 @@ Test(cuda_kernels, rope_backward_is_deterministic)
     gpu_require();
     int B = 2, T = 333, H = 3, hd = 128;
     size_t count = (size_t)B * T * H * hd;
-    float *dout = gpu_test_bf16_values(count, 1, 250), *dx = gpu_test_bf16_values(count, 0.5f, 251), *cos, *sin;
+    float *dout = gpu_test_bf16_values(count, 1, 250),
+        *dx = gpu_test_bf16_values(count, 0.5f, 251), *cos, *sin;
     rope_tables(&cos, &sin, T, hd / 2, 252);
     float *first = gpu_rope_backward(dx, dout, cos, sin, B, T, H, hd);
     float *second = gpu_rope_backward(dx, dout, cos, sin, B, T, H, hd);
@@ -392,7 +400,8 @@ Test(cuda_kernels, swiglu_forward_matches_cpu)
     gpu_require();
     for (size_t c = 0; c < sizeof flat_lengths / sizeof flat_lengths[0]; c++) {
         size_t n = flat_lengths[c];
-        float *gate = gpu_test_bf16_values(n, 8, 260 + c), *up = gpu_test_bf16_values(n, 1, 270 + c);
+        float *gate = gpu_test_bf16_values(n, 8, 260 + c),
+            *up = gpu_test_bf16_values(n, 1, 270 + c);
         float *expected = malloc(n * sizeof(float));
         cpu_swiglu_forward(expected, gate, up, n);
         bf16 *out = gpu_poisoned_bf16(n);
@@ -420,9 +429,11 @@ Test(cuda_kernels, swiglu_backward_adds_the_cpu_gradients)
     gpu_require();
     for (size_t c = 0; c < sizeof flat_lengths / sizeof flat_lengths[0]; c++) {
         size_t n = flat_lengths[c];
-        float *gate = gpu_test_bf16_values(n, 8, 280 + c), *up = gpu_test_bf16_values(n, 1, 290 + c);
+        float *gate = gpu_test_bf16_values(n, 8, 280 + c),
+            *up = gpu_test_bf16_values(n, 1, 290 + c);
         float *dout = gpu_test_bf16_values(n, 1, 300 + c);
-        float *dgate = gpu_test_bf16_values(n, 0.3f, 310 + c), *dup = gpu_test_bf16_values(n, 0.3f, 320 + c);
+        float *dgate = gpu_test_bf16_values(n, 0.3f, 310 + c),
+            *dup = gpu_test_bf16_values(n, 0.3f, 320 + c);
         float *got_dgate, *got_dup;
         gpu_swiglu_backward(&got_dgate, &got_dup, dgate, dup, dout, gate, up, n);
         cpu_swiglu_backward(dgate, dup, GRAD_ADD, dout, gate, up, n);

@@ -367,7 +367,8 @@ static void check_backward_shape(int index, uint64_t seed)
     gpu_free_all();
 }
 
-Test(cuda_merge_conv, merge_backward_of_every_stream_has_the_bits_of_the_convolution_then_the_merges)
+Test(cuda_merge_conv,
+     merge_backward_of_every_stream_has_the_bits_of_the_convolution_then_the_merges)
 {
     check_every_shape(check_backward_shape, 5000, 19, "merge conv backward");
 }

@@ -71,7 +71,8 @@ static ConvInputs conv_inputs(ConvShape shape, uint64_t seed)
     in.n_weights = (size_t)shape.n_sources * in.tokens * shape.heads;
     in.n_rstd = (size_t)shape.n_sources * in.tokens;
     in.sources = gpu_test_host_floats((size_t)shape.n_sources * in.size);
-    in.taps = gpu_test_rounded_uniform((size_t)shape.n_sources * in.tap_count, 0.4f, 0.0f, seed + 5);
+    in.taps = gpu_test_rounded_uniform((size_t)shape.n_sources * in.tap_count, 0.4f, 0.0f,
+                                       seed + 5);
     for (int n = 0; n < shape.n_sources; n++) {
         float *rows = in.sources + (size_t)n * in.size;
         test_fill_uniform(rows, in.size, 0.5f + 0.4f * (n % 7), seed + 10 + (uint64_t)n);
@@ -163,9 +164,10 @@ static Gradients cpu_backward(const ConvInputs *in, const ForwardResult *saved)
 {
     const ConvShape s = in->shape;
     Gradients g = {gpu_test_host_floats((size_t)s.n_sources * in->size),
-                   gpu_test_host_floats((size_t)s.n_sources * in->tap_count), gpu_test_host_floats(s.d),
-                   gpu_test_host_floats(s.d)};
-    float *dsources[MAX_SOURCES], *dtaps[MAX_SOURCES], *scratch = gpu_test_host_floats(in->n_weights);
+                   gpu_test_host_floats((size_t)s.n_sources * in->tap_count),
+                   gpu_test_host_floats(s.d), gpu_test_host_floats(s.d)};
+    float *dsources[MAX_SOURCES], *dtaps[MAX_SOURCES],
+        *scratch = gpu_test_host_floats(in->n_weights);
     for (int n = 0; n < s.n_sources; n++) {
         dsources[n] = g.dsources + (size_t)n * in->size;
         dtaps[n] = in->tap_rows[n] ? g.dtaps + (size_t)n * in->tap_count : NULL;

@@ -182,7 +182,8 @@ Test(cuda_stream, conv_with_identity_taps_returns_the_input_bit_for_bit)
     for (int c = 0; c < D; c++)
         taps[c] = 1.0f;
     bf16 *out = gpu_poisoned_bf16(size);
-    const bf16 *device_x = gpu_upload_bf16(x, size), *device_taps = gpu_upload_bf16(taps, (size_t)K * D);
+    const bf16 *device_x = gpu_upload_bf16(x, size),
+        *device_taps = gpu_upload_bf16(taps, (size_t)K * D);
     const int kernel_size = K;
     cuda_stream_conv_forward(&out, &device_x, &device_taps, 1, 1, &kernel_size, B, T, D, 0);
     float *got = gpu_download_bf16(out, size);
@@ -231,7 +232,8 @@ static void expect_conv_backward(const int *shape, int count, int streams,
     ConvRows rows = conv_rows(shape, count, streams, kernel_sizes, seed, misaligned);
     float *dx_got[CONV_ROWS_MAX], *dtaps_got[CONV_STREAMS_MAX * CONV_ROWS_MAX];
     gpu_conv_backward(dx_got, dtaps_got, &rows, shape, without_dx);
-    float *dx_ref = gpu_test_host_floats(rows.size), *dtaps_ref = gpu_test_host_floats((size_t)8 * d);
+    float *dx_ref = gpu_test_host_floats(rows.size),
+        *dtaps_ref = gpu_test_host_floats((size_t)8 * d);
     for (int n = 0; n < count; n++) {
         memcpy(dx_ref, rows.dx_before[n], rows.size * sizeof(float));
         for (int r = 0; r < streams; r++) {
@@ -240,7 +242,8 @@ static void expect_conv_backward(const int *shape, int count, int streams,
             memcpy(dtaps_ref, rows.dtaps_before[at], taps_size * sizeof(float));
             cpu_stream_conv_backward(dx_ref, dtaps_ref, rows.dout[at], rows.x[n], rows.taps[at],
                                      rows.kernel_sizes[r], B, T, d);
-            gpu_expect_close_at(dtaps_got[at], dtaps_ref, taps_size, FP32_TOLERANCE, "conv dtaps", shape);
+            gpu_expect_close_at(dtaps_got[at], dtaps_ref, taps_size, FP32_TOLERANCE, "conv dtaps",
+                                shape);
             free(dtaps_got[at]);
         }
         if (dx_got[n])

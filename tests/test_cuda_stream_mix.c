@@ -63,7 +63,8 @@ static MixInputs mix_inputs(const int *shape, uint64_t seed)
     }
     in.mix_bias = gpu_test_host_floats(in.m);
     test_fill_uniform(in.mix_bias, in.m, 1.0f, seed + 20);
-    in.mix_proj = gpu_test_rounded_uniform((size_t)in.m * in.d, 2.0f / sqrtf((float)in.d), 0.0f, seed + 21);
+    in.mix_proj = gpu_test_rounded_uniform((size_t)in.m * in.d, 2.0f / sqrtf((float)in.d), 0.0f,
+                                           seed + 21);
     return in;
 }
 
@@ -95,7 +96,8 @@ Test(cuda_stream, mix_forward_matches_cpu)
         float *gates_got = gpu_download_floats(gates, n_gates);
         float *rstd_got = gpu_download_floats(rstd, n_gates);
         gpu_expect_close_at(out_got, out_ref, in.size, BF16_TOLERANCE, "mix out", mix_shapes[i]);
-        gpu_expect_close_at(gates_got, gates_ref, n_gates, FP32_TOLERANCE, "mix gates", mix_shapes[i]);
+        gpu_expect_close_at(gates_got, gates_ref, n_gates, FP32_TOLERANCE, "mix gates",
+                            mix_shapes[i]);
         gpu_expect_close_at(rstd_got, rstd_ref, n_gates, FP32_TOLERANCE, "mix rstd", mix_shapes[i]);
         free(out_ref);
         free(gates_ref);
@@ -255,7 +257,8 @@ Test(cuda_stream, mix_backward_with_the_gate_a_stream_at_a_time_matches_cpu)
                                            (MixCall){&alpha, true, GRAD_WRITE});
         gpu_expect_close_at(got.dstreams, ref.dstreams, (size_t)in.m * in.size, BF16_TOLERANCE,
                      "gated dstreams", shape);
-        gpu_expect_close_at(got.dmix_bias, ref.dmix_bias, in.m, FP32_TOLERANCE, "gated dbias", shape);
+        gpu_expect_close_at(got.dmix_bias, ref.dmix_bias, in.m, FP32_TOLERANCE, "gated dbias",
+                            shape);
         gpu_expect_close_at(got.dmix_proj, ref.dmix_proj, (size_t)in.m * in.d, FP32_TOLERANCE,
                      "gated dproj", shape);
         gpu_expect_close_at(&got.dalpha, &ref.dalpha, 1, FP32_TOLERANCE, "d alpha", shape);

@@ -73,7 +73,8 @@ Test(eval, dump_logits_writes_tokens_and_logits_that_give_the_loss, .init = trai
              "assert l.shape == (3, 32, 256) and f['logits'].dtype == np.float32; "
              "m = l.max(-1, keepdims=True); "
              "lse = np.log(np.exp(l - m).sum(-1)) + m[..., 0]; "
-             "ce = lse[:, :-1] - np.take_along_axis(l[:, :-1], t[:, 1:, None].astype(np.int64), -1)[..., 0]; "
+             "ce = lse[:, :-1] - "
+             "np.take_along_axis(l[:, :-1], t[:, 1:, None].astype(np.int64), -1)[..., 0]; "
              "print(ce.mean())\"",
              dir);
     char result[4096];

@@ -299,7 +299,8 @@ Test(model, init_norm_weights_are_one)
 
 Test(model, init_of_a_tensor_does_not_depend_on_the_other_tensors)
 {
-    ModelConfig plain = test_small_model_config(false, false), qwen = test_small_model_config(true, true);
+    ModelConfig plain = test_small_model_config(false, false),
+        qwen = test_small_model_config(true, true);
     ParamTable plain_table, qwen_table;
     float *plain_values = initial_params(&plain, 11, 0.02, &plain_table);
     float *qwen_values = initial_params(&qwen, 11, 0.02, &qwen_table);

@@ -7,8 +7,9 @@
  * the fathom YAML config of the network (root attribute `config`), the batch (/tokens
  * [B, T+1]), every weight under its DESIGN 2.3 name (/weights), and the oracle: /logits,
  * /loss, /ce, /zloss and every gradient d loss / d weight (/grads), and the losses before
- * and after each of 3 AdamW steps on that batch (/adamw/losses). The cpu backend is fp32, so the tolerances are
- * relative 1e-5 on logits and losses and 1e-4 on gradients (||fathom - hf|| / ||hf||).
+ * and after each of 3 AdamW steps on that batch (/adamw/losses). The cpu backend is fp32, so
+ * the tolerances are relative 1e-5 on logits and losses and 1e-4 on gradients
+ * (||fathom - hf|| / ||hf||).
  * Reading and comparing: tests/fixture_support.h, shared with test_model_route_reference.c.
  */
 #include <criterion/criterion.h>

@@ -379,9 +379,11 @@ Test(pipeline, inspect_comm_shows_measured_bytes_equal_to_the_prediction)
     /* a stage that sent a byte more than predicted is a mismatch, exit 3 */
     char command[1024];
     snprintf(command, sizeof command,
-             "sed -i '$ s/\"pp_send_bytes\":\\([0-9]*\\)/\"pp_send_bytes\":1\\1/' '%s/metrics.jsonl'",
+             "sed -i '$ s/\"pp_send_bytes\":\\([0-9]*\\)/\"pp_send_bytes\":1\\1/' "
+             "'%s/metrics.jsonl'",
              runs.layout);
-    cr_assert_eq(test_run_command(command, runs.output, LAYOUT_OUTPUT_CAPACITY), 0, "%s", runs.output);
+    cr_assert_eq(test_run_command(command, runs.output, LAYOUT_OUTPUT_CAPACITY), 0, "%s",
+                 runs.output);
     cr_expect_eq(test_run_fathom(arguments, runs.output, LAYOUT_OUTPUT_CAPACITY), 3, "%s",
                  runs.output);
     cr_expect(strstr(runs.output, "differ from the prediction"), "%s", runs.output);

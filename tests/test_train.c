@@ -119,8 +119,8 @@ static void expect_signal_saves_and_resume_matches(int signal_number)
     if (child == 0) {
         if (!freopen("/dev/null", "w", stdout))
             _exit(99);
-        execl(test_fathom_binary(), test_fathom_binary(), "train", config, "--set", "train.steps=40",
-              (char *)NULL);
+        execl(test_fathom_binary(), test_fathom_binary(), "train", config, "--set",
+              "train.steps=40", (char *)NULL);
         _exit(98);
     }
     /* wait for the first metrics line, then ask it to stop */

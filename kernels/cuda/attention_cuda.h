@@ -22,8 +22,9 @@
  * one head (odd). K, V move through a ring of three shared-memory stages; each warpgroup runs
  * S, softmax, P V of a block in order, the four warpgroups overlapping one another.
  * Backward (deterministic), kernels to choose from (attention_cuda_select_backward, or
- * FATHOM_ATTENTION_BACKWARD = fused | fused_tma | two_pass read once; fused_tma by default). Both start with a
- * pass writing delta[b,h,t] = sum_i dout[b,t,h,i] out[b,t,h,i] into the workspace.
+ * FATHOM_ATTENTION_BACKWARD = fused | fused_tma | two_pass read once; fused_tma by default).
+ * Both start with a pass writing delta[b,h,t] = sum_i dout[b,t,h,i] out[b,t,h,i] into the
+ * workspace.
  *   fused: one CTA of two consumer warpgroups per (128 keys, kv head, batch) accumulates dk, dv
  *     in registers over every query head of its group and every query block at or after it,
  *     and computes each step's dq part from the same scores (5 products a tile, FA2's count);

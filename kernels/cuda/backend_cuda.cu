@@ -12,12 +12,12 @@
  * the device chosen for the rank (cuda_device_use, kernels/cuda/cuda_module.h: runtime/topo
  * picks it before the backend starts; device 0 when nothing chose); cuBLASLt's handle and
  * workspace are made at the same moment. event_wait makes the stream wait for an event
- * recorded on another stream (the end of an NCCL work, nccl_cuda.cu). Every op, zero, copy, upload, download and event
- * record is ordered on that stream; nothing uses the legacy default stream. alloc,
- * release, download, activations_download, sum_squares and event_elapsed_ms wait for the
- * stream; every other entry returns at once. Host arrays handed to upload are pageable (malloc):
- * the copy has taken their bytes when the call returns, so the caller may reuse them.
- * One host thread drives the backend: the state below is not locked.
+ * recorded on another stream (the end of an NCCL work, nccl_cuda.cu). Every op, zero, copy,
+ * upload, download and event record is ordered on that stream; nothing uses the legacy default
+ * stream. alloc, release, download, activations_download, sum_squares and event_elapsed_ms
+ * wait for the stream; every other entry returns at once. Host arrays handed to upload are
+ * pageable (malloc): the copy has taken their bytes when the call returns, so the caller may
+ * reuse them. One host thread drives the backend: the state below is not locked.
  *
  * Memory. alloc is cudaMalloc plus a zero fill on the stream, waited for before alloc
  * returns, so the memory reads zero from any stream (a communication stream too); 0 bytes

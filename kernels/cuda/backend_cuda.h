@@ -2,9 +2,10 @@
  *
  * backend_cuda() returns the table of the cuda backend: bf16 activations, fp32 statistics,
  * weight gradients and optimizer state (DESIGN 3), every op ordered on one compute stream of
- * the rank's device (cuda_device_use; device 0 by default). The CUDA module exports it under this name; runtime/cuda_module finds it with
- * dlsym, and the test binary, which links the module, calls it directly. What the backend
- * owns (its stream, its workspace, its allocation table) is described in backend_cuda.cu.
+ * the rank's device (cuda_device_use; device 0 by default). The CUDA module exports it under
+ * this name; runtime/cuda_module finds it with dlsym, and the test binary, which links the
+ * module, calls it directly. What the backend owns (its stream, its workspace, its allocation
+ * table) is described in backend_cuda.cu.
  */
 #ifndef FATHOM_KERNELS_CUDA_BACKEND_CUDA_H
 #define FATHOM_KERNELS_CUDA_BACKEND_CUDA_H

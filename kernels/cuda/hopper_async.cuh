@@ -115,9 +115,8 @@ static __device__ __forceinline__ void bulk_copy_to_global(void *global, const v
 static __device__ __forceinline__ void bulk_add_to_global(float *global, const float *shared,
                                                           uint32_t bytes)
 {
-    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(
-                     global),
-                 "r"(shared_address(shared)), "r"(bytes)
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+                 ::"l"(global), "r"(shared_address(shared)), "r"(bytes)
                  : "memory");
 }
 

@@ -138,7 +138,8 @@ route_backward_kernel(const __grid_constant__ RouteBackwardArgs args)
     const int stage_vectors = slots * blockDim.x;
     BfVector<VEC> *ring = reinterpret_cast<BfVector<VEC> *>(shared_bytes);
     float *segment_sums = reinterpret_cast<float *>(ring + ROW_STAGES * 2 * stage_vectors);
-    float *value_dots = segment_sums + 2 * N * segments; /* [N][H] D; segment sums [N][2][segments] */
+    float *value_dots = segment_sums + 2 * N * segments; /* [N][H] D; segment sums
+                                                            [N][2][segments] */
     float *key_dots = value_dots + N * H;                /* [N][H] P */
     float *score_grads = key_dots + N * H;               /* [N][H] dz */
     float *route_weights = score_grads + N * H;          /* [N][H] a */

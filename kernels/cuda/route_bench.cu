@@ -379,7 +379,8 @@ int main(int argc, char **argv)
         bench.key_norm[site] = bench_random_bf16(BENCH_WIDTH, 1.0f, 400 + site);
         BENCH_CHECK(cudaMalloc(&bench.weights[site],
                                (size_t)n_sources * BENCH_TOKENS * BENCH_HEADS * sizeof(float)));
-        BENCH_CHECK(cudaMalloc(&bench.rstd[site], (size_t)n_sources * BENCH_TOKENS * sizeof(float)));
+        BENCH_CHECK(cudaMalloc(&bench.rstd[site],
+                               (size_t)n_sources * BENCH_TOKENS * sizeof(float)));
         bench.dquery[site] = bench_zero_floats(BENCH_WIDTH);
         bench.dkey_norm[site] = bench_zero_floats(BENCH_WIDTH);
     }

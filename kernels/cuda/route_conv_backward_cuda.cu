@@ -145,7 +145,8 @@ __device__ __forceinline__ void ring_issue(unsigned char *ring, const RingLayout
                                    (long long)entering * args.vectors + walk.v);
         else
             rows[threadIdx.x] = vector_zero<VEC>();
-        copy_vector_async<VEC>(douts + threadIdx.x, args.dout, (long long)t * args.vectors + walk.v);
+        copy_vector_async<VEC>(douts + threadIdx.x, args.dout,
+                               (long long)t * args.vectors + walk.v);
         if (walk.grad && t < walk.last)
             copy_vector_async<VEC>(grads + threadIdx.x, walk.grad,
                                    (long long)t * args.vectors + walk.v);
@@ -209,12 +210,13 @@ route_conv_gradient_kernel(const __grid_constant__ RouteConvArgs args, RingLayou
         const int t = walk.hi - item, position = t % T;
         const float2 coefficient =
             reinterpret_cast<const float2 *>(stage + layout.coefficients)[threadIdx.x];
-        const float self_term = reinterpret_cast<const float *>(stage + layout.self_terms)[threadIdx.x];
+        const float self_term =
+            reinterpret_cast<const float *>(stage + layout.self_terms)[threadIdx.x];
         float dy[VEC], E[VEC], dE[VEC];
-        vector_to_floats<VEC>(reinterpret_cast<const BfVector<VEC> *>(stage + layout.rows)[threadIdx.x],
-                              window[0]);
-        vector_to_floats<VEC>(reinterpret_cast<const BfVector<VEC> *>(stage + layout.douts)[threadIdx.x],
-                              dy);
+        vector_to_floats<VEC>(
+            reinterpret_cast<const BfVector<VEC> *>(stage + layout.rows)[threadIdx.x], window[0]);
+        vector_to_floats<VEC>(
+            reinterpret_cast<const BfVector<VEC> *>(stage + layout.douts)[threadIdx.x], dy);
         convolve_at<K, VEC, K>(E, tap, window, K - 1, kernel_size, position);
 #pragma unroll
         for (int i = 0; i < VEC; i++)
@@ -251,7 +253,8 @@ route_conv_gradient_kernel(const __grid_constant__ RouteConvArgs args, RingLayou
                         for (int i = 0; i < VEC; i++)
                             sum[i] += tap[tau][i] * later[tau][i];
                 vector_to_floats<VEC>(
-                    reinterpret_cast<const BfVector<VEC> *>(stage + layout.grads)[threadIdx.x], grad);
+                    reinterpret_cast<const BfVector<VEC> *>(stage + layout.grads)[threadIdx.x],
+                    grad);
 #pragma unroll
                 for (int i = 0; i < VEC; i++)
                     grad[i] += sum[i];

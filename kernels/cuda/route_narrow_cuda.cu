@@ -126,7 +126,8 @@ route_narrow_forward_kernel(const __grid_constant__ NarrowForwardArgs args)
             }
             __syncwarp(); /* the slot is read before the next fetch refills it */
         }
-        const float inverse = __frcp_rn(head_total); /* exact for N a power of two at equal scores */
+        /* exact for N a power of two at equal scores */
+        const float inverse = __frcp_rn(head_total);
 
         /* out = mix / l, or base + alpha mix / l (base is the token's last item; out may
          * alias it: the row is in shared memory before out is written) */
