@@ -181,9 +181,9 @@ static void route_scratch_layout(ModelScratch *scratch, Carver *carver,
             for (size_t k = 0; k < m * M; k++) /* every stream's: the convolutions'
                                                  * backward takes them at once */
                 route->grad_conv_rows[k] = block_row(&rows);
-            /* the open block's depth weights and key statistics: every stream's in the
-             * replace form, one stream's at a time in the delta form (route_block_streams.c) */
-            const size_t regions = (plan->form == FORM_REPLACE ? m : 1) * S;
+            /* the open block's depth weights and key statistics, every stream's
+             * (route_block_streams.c) */
+            const size_t regions = m * S;
             route->block_weights = carve_floats(carver, regions * M * N * H);
             route->block_rstd = carve_floats(carver, regions * M * N);
         }

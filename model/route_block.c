@@ -174,15 +174,15 @@ static void site_merge_grad(RouteWalk *walk, int block, int i, RouteMergeGrad *m
 }
 
 /* ---- phase one ----
- * attnres is the one-stream case: its sources have no conv slot, so walk_sources_convolve
- * hands them over as they are and phase one routes them into block_results. MSAR's streams,
- * their convolutions and their backward are route_block_streams.c's. */
+ * attnres is the one-stream case: its sources have no conv slot, so walk_stream_sources hands
+ * them over as they are and phase one routes them into block_results. MSAR's streams, their
+ * convolutions and their backward are route_block_streams.c's. */
 
 /* Phase one of stream r of block n (attnres: its one stream, r = 0): every site's Route
- * over the block's sources (msar: their E_r, convolved into the scratch), each read once,
+ * over walk->stream_sources (msar: the block's E_r, walk_block_convolve's), each read once,
  * into block_results (attnres) or stream r's slots (msar: o_r of site i in slot i + 1),
- * with each site's lse for its merge in the replace form. Expects walk->sources. */
-void walk_block_phase_one(RouteWalk *walk, int block, int r, Activation *first_result)
+ * with each site's lse for its merge in the replace form. */
+static void block_phase_one(RouteWalk *walk, int block, int r, Activation *first_result)
 {
     Model *model = walk->model;
     RouteScratch *scratch = &model->scratch.route;
@@ -190,7 +190,6 @@ void walk_block_phase_one(RouteWalk *walk, int block, int r, Activation *first_r
     const int N = walk->plan->sites[first].n_sources;
     const RouteContext *route = walk->route;
     float **lse = walk->replace ? walk->lse : NULL;
-    walk_sources_convolve(walk, &walk->plan->sites[first], r);
     for (int i = 0; i < G; i++) {
         const SiteWeights *weights = &model->site_params[first + i];
         walk->results[i] =
@@ -210,14 +209,16 @@ void walk_block_phase_one(RouteWalk *walk, int block, int r, Activation *first_r
                                        G, walk->rows, walk->d, walk->plan->heads, route->eps);
 }
 
-/* Phase one of block n, every stream (attnres's first site's Route into first_result where
- * it is not NULL). The replace form's merges come in each site's turn
- * (walk_site_merge_in_turn), in the backward too. */
-static void block_open(RouteWalk *walk, int block, Activation *first_result)
+void walk_block_open(RouteWalk *walk, int block, Activation *first_result)
 {
-    walk_site_sources(walk, walk_block_first_site(walk, block), walk->sources);
-    for (int r = 0; r < walk->plan->streams; r++)
-        walk_block_phase_one(walk, block, r, first_result);
+    const int first = walk_block_first_site(walk, block);
+    const SitePlan *plan = &walk->plan->sites[first];
+    walk_site_sources(walk, first, walk->sources);
+    walk_block_convolve(walk, plan);
+    for (int r = 0; r < walk->plan->streams; r++) {
+        walk_stream_sources(walk, plan, r);
+        block_phase_one(walk, block, r, first_result);
+    }
     for (int i = 0; i < walk_block_sites(walk, block); i++)
         walk->merged[i] = false;
     walk->open_block = block;
@@ -301,13 +302,13 @@ bool route_walk_site_gate(RouteWalk *walk, int j, const Activation *base, InputG
     const int block = walk->plan->sites[j].block;
     if (!base) { /* attnres's replace form */
         if (walk->open_block != block)
-            block_open(walk, block, NULL);
+            walk_block_open(walk, block, NULL);
         const int i = j - walk_block_first_site(walk, block);
         *gate = (InputGate){.merge = site_merge(walk, block, i)};
         return true;
     }
     if (walk->open_block != block)
-        block_open(walk, block, NULL);
+        walk_block_open(walk, block, NULL);
     Model *model = walk->model;
     const int i = j - walk_block_first_site(walk, block);
     const Activation *route = model->scratch.route.block_results[i];
@@ -348,7 +349,7 @@ void route_walk_site_forward(RouteWalk *walk, int j, const Activation *base, Act
     Activation *first_result = !walk->streams && i == 0 ? x : NULL;
     const bool opens = walk->open_block != block;
     if (opens)
-        block_open(walk, block, first_result);
+        walk_block_open(walk, block, first_result);
     if (!walk->streams) { /* attnres's replace form */
         if (!(opens && first_result))
             attnres_replace_forward(walk, block, i, x);
@@ -397,7 +398,7 @@ void route_walk_site_backward(RouteWalk *walk, int j, const Activation *grad_x)
     }
     if (walk->replace) { /* msar: the site's own share now, the block's when the walk leaves */
         if (walk->open_block != block)
-            block_open(walk, block, NULL);
+            walk_block_open(walk, block, NULL);
         walk_site_merge_backward(walk, block, j - first);
         if (j == first)
             walk_block_backward_replace(walk, block);

@@ -97,14 +97,6 @@ typedef struct {
         const float **lse;
         const Activation **queries, **key_norms, **douts;
     } merge;
-    /* msar's delta form: a block's sites' mix backward of one stream in one op
-     * (stream_mix_backward_sites), each [S] */
-    struct {
-        Activation **grad_streams;
-        const Activation **streams, **grads_x, **mix_proj;
-        float **grad_mix_bias, **grad_mix_proj, **grad_alphas;
-        const float **gates, **rstd, **mix_bias, **alphas;
-    } mix;
     RouteMerge merge_gate; /* attnres's replace form: the merge a site's norm forms */
     StreamMix mix_gate;    /* msar's delta form: the mix a site's norm makes */
 } RouteWalk;

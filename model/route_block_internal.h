@@ -1,7 +1,7 @@
 /* model/route_block_internal.h — the functions the two files of the block walk share
  * (route_block.h): route_block.c walks the sources, the blocks, phase one, attnres's replace
  * form and the sites' entry points, and calls route_block_streams.c for MSAR's streams (the
- * convolutions, the replace form's merges, the backward a stream at a time); that file reads
+ * convolutions, the replace form's merges, the block's backward); that file reads
  * the walk's sources and blocks and phase one back from route_block.c.
  * Private to model/route_block.c and model/route_block_streams.c; nothing else includes it.
  */
@@ -26,16 +26,23 @@ int walk_block_first_site(const RouteWalk *walk, int block);
 int walk_block_sites(const RouteWalk *walk, int block);
 /* Site i's [rows, H] floats of stream r in a [m, S, max_rows, H] scratch array. */
 float *walk_site_stream_floats(const RouteWalk *walk, float *base, int r, int i);
-/* Phase one of stream r of block n: every site's Route over the block's sources, at once;
- * attnres's first site's into first_result where it is not NULL (its x), else the scratch. */
-void walk_block_phase_one(RouteWalk *walk, int block, int r, Activation *first_result);
+/* Opens block n: walk->sources its first site's, the sources convolved for every stream
+ * (walk_block_convolve), phase one of every stream (each site's Route over the block's
+ * sources, at once; attnres's first site's into first_result where it is not NULL, its x,
+ * else the scratch), no site merged yet. */
+void walk_block_open(RouteWalk *walk, int block, Activation *first_result);
 
 /* route_block_streams.c: MSAR's streams. */
 
 /* Slot k (0..S) of stream r: phase one leaves o_r of site i in slot i + 1. */
 Activation *walk_stream_slot(const RouteWalk *walk, int r, int k);
-/* walk->stream_sources = E_r of walk->sources (attnres's: the sources as they are). */
-void walk_sources_convolve(RouteWalk *walk, const SitePlan *first, int r);
+/* E_r of the block's sources (those of its first site; walk->sources) for every stream at
+ * once, into the scratch rows where they stay until the walk leaves the block (nothing for
+ * attnres, whose sources are not convolved). */
+void walk_block_convolve(RouteWalk *walk, const SitePlan *first);
+/* walk->stream_sources = E_r of walk->sources where walk_block_convolve left them; the null
+ * source, and attnres's sources, as they are. */
+void walk_stream_sources(RouteWalk *walk, const SitePlan *first, int r);
 /* Where site i's depth weights of stream r are: msar's in the scratch, attnres's stashed. */
 float *walk_site_weights(const RouteWalk *walk, int block, int i, int r);
 /* Where site i's key rstd of stream r is, as walk_site_weights. */
@@ -46,7 +53,7 @@ bool walk_site_merge_in_turn(RouteWalk *walk, int block, int i, Activation *x);
 void walk_site_merge_backward(RouteWalk *walk, int block, int i);
 /* MSAR's replace form: the block's backward when the walk leaves it, the completed sources'. */
 void walk_block_backward_replace(RouteWalk *walk, int block);
-/* The delta form's block backward with streams when the walk leaves it, a stream at a time. */
+/* The delta form's block backward with streams when the walk leaves it. */
 void walk_block_backward_streams(RouteWalk *walk, int block);
 
 #endif

@@ -1,23 +1,27 @@
 /* model/route_block_streams.c — see route_block.h: MSAR's streams in the block walk: the
- * convolutions of a block's sources, each site's merge in the replace form, and the backward
- * a stream at a time (the rest of the walk is route_block.c's). */
+ * convolutions of a block's sources, each site's merge in the replace form, and the block's
+ * backward (the rest of the walk is route_block.c's). */
 #include "model/route_block.h"
 
 #include "model/model_internal.h"
 #include "model/route_block_internal.h"
 
-/* ---- msar's phase one, and its backward a stream at a time ----
+/* ---- msar's phase one and its backward ----
  * MSAR: stream r of every site of a block reads the same E_r(s_0) .. E_r(s_{N-1}): the walk
- * convolves the block's sources once into the scratch (stream_conv_forward) and routes all
- * its sites over them at once (route_block_forward); each site mixes its m streams in its
- * turn (route_site_mix_forward). In the replace form a site i > 0 first merges E_r of its
+ * convolves the block's sources once for every stream at once into the scratch
+ * (walk_block_convolve: stream_conv_forward reads each source once for all m streams) and
+ * routes all its sites over them at once, a stream at a time (route_block_forward); each site
+ * mixes its m streams in its turn. In the replace form a site i > 0 first merges E_r of its
  * partial b_n^i into each stream (route_merge_forward, from phase one's lse): the partial is
- * complete only when the site's turn comes. The backward goes a stream at a time: E_r again,
- * every site's d o_r into d E_r (route_block_backward, into stream r's own d E rows); then
- * every stream's d E at once through the convolutions into the sources and the taps
- * (stream_conv_backward), which reads each source once for all m streams and adds into its
- * gradient once (docs/design-notes.md, "MSAR's convolution backward, every stream at
- * once"). */
+ * complete only when the site's turn comes. E_r stays where the convolution put it until the
+ * walk leaves the block (kept_conv_row), so the block's backward convolves no source again
+ * once the block is open. The delta form's backward makes phase one again for every stream,
+ * takes each site's d x through its mix to d o_r of every stream at once (d x read once),
+ * every site's d o_r into d E_r a stream at a time (route_block_backward, into stream r's own
+ * d E rows), then every stream's d E at once through the convolutions into the sources and
+ * the taps (stream_conv_backward), which reads each source once for all m streams and adds
+ * into its gradient once (docs/design-notes.md, "MSAR's convolution backward, every stream at
+ * once", "MSAR's block backward, every stream's mix at once"). */
 
 Activation *walk_stream_slot(const RouteWalk *walk, int r, int k)
 {
@@ -33,14 +37,24 @@ static Activation *stream_grad_conv_row(const RouteWalk *walk, int r, int k)
     return walk->model->scratch.route.grad_conv_rows[(size_t)r * M + (size_t)k];
 }
 
+/* Where E_r of the block's source k stays from walk_block_convolve until the walk leaves the
+ * block: stream r < m - 1 in stream r + 1's d E row of the source, the last stream in
+ * conv_rows. The block's backward takes the streams in order, and stream r writes its d E
+ * into its own d E rows, which hold stream r - 1's E, read by then (stream_block_backward). */
+static Activation *kept_conv_row(const RouteWalk *walk, int r, int k)
+{
+    if (r + 1 < walk->plan->streams)
+        return stream_grad_conv_row(walk, r + 1, k);
+    return walk->model->scratch.route.conv_rows[k];
+}
+
 /* The stream_conv ops' rows of `site`'s sources (all of them, or only source `only` if >=
  * 0: the replace form's partial), the null source left out (it is not convolved, DESIGN
- * 2.2): each source, in a backward walk where its gradient goes; and for streams r0 .. r0 +
- * streams - 1, at [(r - r0) * count + n], its row of E_r in the scratch (the block's sources
- * one stream at a time in conv_rows[k], the partial every stream at once in
- * partial_rows[r]), its taps, its d E_r row and in a backward walk where its taps' gradient
- * goes. Returns count, the rows a stream. */
-static int conv_gather(RouteWalk *walk, const SitePlan *site, int r0, int streams, int only)
+ * 2.2): each source, in a backward walk where its gradient goes; and for every stream r, at
+ * [r * count + n], its row of E_r in the scratch (the block's sources' kept_conv_row, the
+ * partial's partial_rows[r]), its taps, its d E_r row and in a backward walk where its taps'
+ * gradient goes. Returns count, the rows a stream. */
+static int conv_gather(RouteWalk *walk, const SitePlan *site, int only)
 {
     const RouteContext *route = walk->route;
     const RouteScratch *scratch = &walk->model->scratch.route;
@@ -55,10 +69,9 @@ static int conv_gather(RouteWalk *walk, const SitePlan *site, int r0, int stream
         walk->conv.sources[n] = walk->sources[k];
         if (walk->backward)
             walk->conv.grad_sources[n] = walk->grad_sources[k];
-        for (int s = 0; s < streams; s++) {
-            const int r = r0 + s;
-            const size_t at = (size_t)s * count + n;
-            walk->conv.rows[at] = only >= 0 ? scratch->partial_rows[r] : scratch->conv_rows[k];
+        for (int r = 0; r < walk->plan->streams; r++) {
+            const size_t at = (size_t)r * count + n;
+            walk->conv.rows[at] = only >= 0 ? scratch->partial_rows[r] : kept_conv_row(walk, r, k);
             walk->conv.taps[at] = route_stream_taps(route, slot, r);
             walk->conv.grad_rows[at] = stream_grad_conv_row(walk, r, k);
             if (walk->backward)
@@ -69,18 +82,17 @@ static int conv_gather(RouteWalk *walk, const SitePlan *site, int r0, int stream
     return count;
 }
 
-/* E_r of the gathered sources (conv_gather of streams r0 .. r0 + streams - 1) into their
- * rows, one op for all of them. */
-static void conv_forward(RouteWalk *walk, int count, int r0, int streams)
+/* E_r of the gathered sources (conv_gather) into their rows, every stream in one op. */
+static void conv_forward(RouteWalk *walk, int count)
 {
     const RouteContext *route = walk->route;
     walk->backend->stream_conv_forward(walk->conv.rows, walk->conv.sources, walk->conv.taps,
-                                       count, streams, walk->plan->kernel_sizes + r0, route->B,
-                                       route->T, walk->d);
+                                       count, walk->plan->streams, walk->plan->kernel_sizes,
+                                       route->B, route->T, walk->d);
 }
 
-/* d E of the gathered sources (conv_gather of every stream) through their convolutions:
- * into the sources' gradients and the taps'. */
+/* d E of the gathered sources (conv_gather) through their convolutions: into the sources'
+ * gradients and the taps'. */
 static void conv_backward(RouteWalk *walk, int count)
 {
     const RouteContext *route = walk->route;
@@ -90,24 +102,27 @@ static void conv_backward(RouteWalk *walk, int count)
                                         walk->plan->kernel_sizes, route->B, route->T, walk->d);
 }
 
-/* walk->stream_sources = E_r of walk->sources (the block's first site's): the convolved
- * sources into the scratch's conv_rows; the null source as it is (DESIGN 2.2). */
-void walk_sources_convolve(RouteWalk *walk, const SitePlan *first, int r)
+void walk_block_convolve(RouteWalk *walk, const SitePlan *first)
 {
-    Activation *const *rows = walk->model->scratch.route.conv_rows;
+    if (walk->streams)
+        conv_forward(walk, conv_gather(walk, first, -1));
+}
+
+void walk_stream_sources(RouteWalk *walk, const SitePlan *first, int r)
+{
     for (int k = 0; k < first->n_sources; k++)
-        walk->stream_sources[k] =
-            first->sources[k].slot == RESIDUAL_NO_SLOT ? walk->sources[k] : rows[k];
-    conv_forward(walk, conv_gather(walk, first, r, 1, -1), r, 1);
+        walk->stream_sources[k] = first->sources[k].slot == RESIDUAL_NO_SLOT
+                                      ? walk->sources[k]
+                                      : kept_conv_row(walk, r, k);
 }
 
 /* Where site i's depth weights and key rstd of stream r are.
  * msar's are in the scratch, which holds them for the one block being walked, since the
  * backward makes phase one again for its streams anyway (residual_site_keeps_weights). A
  * site's region holds all its sources, the partial's row last in the replace form. The
- * replace form's backward holds every stream of the block at once (its merges rescale the
- * weights in place): [m, S, M, rows, H]; the delta form's goes a stream at a time, phase one
- * again for each, so its streams share one region (activations.c sizes both).
+ * backward holds every stream of the block at once, [m, S, M, rows, H]: the replace form's
+ * merges rescale the weights in place, and the delta form's phase one again of every stream
+ * comes before any stream's route_block_backward reads them (walk_block_backward_streams).
  * attnres's are in the stash, which its block backward reads: the weights in the site's saved
  * state; the rstd in the region the block's first site keeps (residual_site_rstd_rows): the
  * completed sources' rows, which phase one writes once for every site, then in the replace
@@ -117,7 +132,7 @@ void walk_sources_convolve(RouteWalk *walk, const SitePlan *first, int r)
 static size_t site_region_of(const RouteWalk *walk, int i, int r)
 {
     const size_t S = (size_t)walk->plan->sublayers_per_block;
-    return (walk->replace ? (size_t)r * S : 0) + (size_t)i;
+    return (size_t)r * S + (size_t)i;
 }
 
 float *walk_site_weights(const RouteWalk *walk, int block, int i, int r)
@@ -154,7 +169,7 @@ static void site_merge(RouteWalk *walk, int block, int i, Activation *x)
     const SiteWeights *weights = &walk->model->site_params[j];
     const RouteContext *route = walk->route;
     walk_site_sources(walk, j, walk->sources);
-    conv_gather(walk, site, 0, m, site->n_sources - 1); /* the partial, its taps and rows */
+    conv_gather(walk, site, site->n_sources - 1); /* the partial, its taps and rows */
     for (int r = 0; r < m; r++) {
         walk->merge.streams[r] = walk_stream_slot(walk, r, i + 1);
         walk->merge.weights[r] = walk_site_weights(walk, block, i, r);
@@ -242,75 +257,42 @@ static void stream_block_backward(RouteWalk *walk, int block, int r)
 static void block_convolutions_backward(RouteWalk *walk, int block)
 {
     const SitePlan *first = &walk->plan->sites[walk_block_first_site(walk, block)];
-    conv_backward(walk, conv_gather(walk, first, 0, walk->plan->streams, -1));
+    conv_backward(walk, conv_gather(walk, first, -1));
 }
 
-/* Every site's d x of block n through its gate and mix to d o_r of stream r, one op for the
- * block's sites (stream_mix_backward_sites): d o_r of site i into stream r + 1's slot i + 1,
- * idle while the walk takes stream r (that stream's phase one comes in its own turn), so no
- * site writes a row another site reads. Returns into walk->douts. */
-static void block_mix_backward(RouteWalk *walk, int block, int r)
-{
-    Model *model = walk->model;
-    const int first = walk_block_first_site(walk, block), G = walk_block_sites(walk, block);
-    const int m = walk->plan->streams;
-    for (int i = 0; i < G; i++) {
-        const int j = first + i;
-        const SiteWeights *weights = &model->site_params[j];
-        SiteGrads *grads = &model->site_grads[j];
-        const SiteActivations *saved = &walk->stash->sites[j];
-        walk->mix.grad_streams[i] = walk_stream_slot(walk, (r + 1) % m, i + 1);
-        walk->mix.streams[i] = walk_stream_slot(walk, r, i + 1);
-        walk->mix.grads_x[i] = model->scratch.route.block_grads[i];
-        walk->mix.grad_mix_bias[i] = grads->mix_bias;
-        walk->mix.grad_mix_proj[i] = grads->mix_proj;
-        walk->mix.grad_alphas[i] = grads->alpha;
-        walk->mix.gates[i] = saved->mix_gates;
-        walk->mix.rstd[i] = saved->mix_rstd;
-        walk->mix.mix_bias[i] = weights->mix_bias;
-        walk->mix.mix_proj[i] = weights->mix_proj;
-        walk->mix.alphas[i] = weights->alpha;
-        walk->douts[i] = walk->mix.grad_streams[i];
-    }
-    walk->backend->stream_mix_backward_sites(
-        G, r, m, walk->mix.grad_streams, walk->mix.grad_mix_bias, walk->mix.grad_mix_proj,
-        walk->mix.grad_alphas, walk->mix.grads_x, walk->mix.streams, walk->mix.gates,
-        walk->mix.rstd, walk->mix.mix_bias, walk->mix.mix_proj, walk->mix.alphas, walk->rows,
-        walk->d);
-}
-
-/* The backward of the delta form's block n when the walk leaves it, a stream at a time (a
- * stream's share of the mix's backward depends on its own o_r only, route_site_mix_backward):
- * E_r and every site's o_r made again (the convolution and phase one), each site's d x
- * through its gate and mix to d o_r (block_mix_backward; with one stream, a site at a time
- * into slot i, where site i - 1's o_r was: the sites go in order and a site's o_r is spent
- * once its mix backward ran), then the stream into the sources. */
+/* The backward of the delta form's block n when the walk leaves it. First the block opened
+ * again (the sources convolved for every stream, phase one of every stream: o_r of site i in
+ * slot i + 1, the depth weights of every stream in the scratch), unless a checkpointed
+ * backward's recompute opened it already (the same bits). Then each site's d x through its
+ * gate and mix to d o_r of every stream at once (route_site_mix_backward: d x read once for
+ * the m streams), site by site in order, d o_r of site i into slot i, where site i - 1's o_r
+ * was, spent by then; then every site's d o_r of stream r into d E_r, stream by stream in
+ * order (kept_conv_row says why that order), and every stream's d E through the
+ * convolutions. */
 void walk_block_backward_streams(RouteWalk *walk, int block)
 {
     Model *model = walk->model;
     const int first = walk_block_first_site(walk, block), G = walk_block_sites(walk, block);
     const int m = walk->plan->streams;
+    const SitePlan *plan = &walk->plan->sites[first];
+    if (walk->open_block != block)
+        walk_block_open(walk, block, NULL);
     walk_site_sources(walk, first, walk->sources);
     walk_site_grad_sources(walk, first, walk->grad_sources);
-    for (int r = 0; r < m; r++) {
-        walk_block_phase_one(walk, block, r, NULL);
-        if (m > 1) {
-            block_mix_backward(walk, block, r);
-            stream_block_backward(walk, block, r);
-            continue;
-        }
-        for (int k = 0; k < m; k++)
-            walk->site_streams[k] = NULL;
-        for (int i = 0; i < G; i++) {
-            const int j = first + i;
+    for (int i = 0; i < G; i++) {
+        const int j = first + i;
+        for (int r = 0; r < m; r++) {
             walk->site_streams[r] = walk_stream_slot(walk, r, i + 1);
             walk->site_grad_streams[r] = walk_stream_slot(walk, r, i);
-            route_site_mix_backward(walk->route, &model->site_params[j], &model->site_grads[j],
-                                    &walk->stash->sites[j], walk->site_streams,
-                                    model->scratch.route.block_grads[i],
-                                    walk->site_grad_streams);
-            walk->douts[i] = walk_stream_slot(walk, r, i);
         }
+        route_site_mix_backward(walk->route, &model->site_params[j], &model->site_grads[j],
+                                &walk->stash->sites[j], walk->site_streams,
+                                model->scratch.route.block_grads[i], walk->site_grad_streams);
+    }
+    for (int r = 0; r < m; r++) {
+        walk_stream_sources(walk, plan, r);
+        for (int i = 0; i < G; i++)
+            walk->douts[i] = walk_stream_slot(walk, r, i);
         stream_block_backward(walk, block, r);
     }
     block_convolutions_backward(walk, block);
@@ -318,7 +300,7 @@ void walk_block_backward_streams(RouteWalk *walk, int block)
 }
 
 /* ---- msar's replace form: each site's own share in its turn ----
- * The backward reopens the block (route_block.c's block_open: phase one), and site i in its
+ * The backward reopens the block (walk_block_open: phase one), and site i in its
  * turn (last to first) merges again, mixing its x for its sublayer's backward
  * (walk_site_merge_in_turn; its slot, i + 1, still holds phase one's o_r then), then takes d x
  * through its mix to d o_r of every stream (the slot where site i + 1's o_r was, spent by now;
@@ -375,7 +357,7 @@ void walk_site_merge_backward(RouteWalk *walk, int block, int i)
     }
     /* the partial's E_r made again inside the merges' read, d E_r(b) written (it is the
      * partial's alone), then through the convolutions of every stream at once */
-    const int count = conv_gather(walk, site, 0, m, last);
+    const int count = conv_gather(walk, site, last);
     for (int r = 0; r < m; r++) {
         walk->merge.grad_partials[r] = stream_grad_conv_row(walk, r, last);
         walk->merge.grad_queries[r] = grads->query + (size_t)r * d;
@@ -398,15 +380,20 @@ void walk_site_merge_backward(RouteWalk *walk, int block, int i)
     conv_backward(walk, count);
 }
 
-/* The replace form's block backward when the walk leaves it: per stream, E_r again and every
- * site's d o_r into the completed sources, about its centre. */
+/* The replace form's block backward when the walk leaves it: per stream, every site's d o_r
+ * into the completed sources, about its centre, from the E_r the block's reopening left
+ * (walk_block_convolve; nothing since wrote those rows: the sites' merges take their partial's
+ * E_r in partial_rows and its d E_r in row N, past the block's sources). */
 void walk_block_backward_replace(RouteWalk *walk, int block)
 {
     const int first = walk_block_first_site(walk, block), G = walk_block_sites(walk, block);
+    const SitePlan *plan = &walk->plan->sites[first];
     walk_site_sources(walk, first, walk->sources);
     walk_site_grad_sources(walk, first, walk->grad_sources);
+    if (walk->open_block != block) /* its sites' backward opened it: E_r is there */
+        walk_block_convolve(walk, plan);
     for (int r = 0; r < walk->plan->streams; r++) {
-        walk_sources_convolve(walk, &walk->plan->sites[first], r);
+        walk_stream_sources(walk, plan, r);
         for (int i = 0; i < G; i++) {
             walk->douts[i] = site_grad_stream(walk, r, i);
             walk->means[i] =

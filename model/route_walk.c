@@ -67,17 +67,6 @@ void route_walk_begin(RouteWalk *walk, Model *model, Stash *stash, SummaryStore 
     walk->merge.grad_queries = xcalloc(m, sizeof *walk->merge.grad_queries);
     walk->merge.grad_key_norms = xcalloc(m, sizeof *walk->merge.grad_key_norms);
     walk->merge.douts = xcalloc(m, sizeof *walk->merge.douts);
-    walk->mix.grad_streams = xcalloc(S, sizeof *walk->mix.grad_streams);
-    walk->mix.streams = xcalloc(S, sizeof *walk->mix.streams);
-    walk->mix.grads_x = xcalloc(S, sizeof *walk->mix.grads_x);
-    walk->mix.mix_proj = xcalloc(S, sizeof *walk->mix.mix_proj);
-    walk->mix.grad_mix_bias = xcalloc(S, sizeof *walk->mix.grad_mix_bias);
-    walk->mix.grad_mix_proj = xcalloc(S, sizeof *walk->mix.grad_mix_proj);
-    walk->mix.grad_alphas = xcalloc(S, sizeof *walk->mix.grad_alphas);
-    walk->mix.gates = xcalloc(S, sizeof *walk->mix.gates);
-    walk->mix.rstd = xcalloc(S, sizeof *walk->mix.rstd);
-    walk->mix.mix_bias = xcalloc(S, sizeof *walk->mix.mix_bias);
-    walk->mix.alphas = xcalloc(S, sizeof *walk->mix.alphas);
 }
 
 void route_walk_end(RouteWalk *walk)
@@ -94,10 +83,7 @@ void route_walk_end(RouteWalk *walk)
                       walk->merge.weights, walk->merge.rstd, walk->merge.lse,
                       walk->merge.queries, walk->merge.key_norms, walk->merge.grad_partials,
                       walk->merge.means, walk->merge.grad_queries, walk->merge.grad_key_norms,
-                      walk->merge.douts, walk->mix.grad_streams, walk->mix.streams,
-                      walk->mix.grads_x, walk->mix.mix_proj, walk->mix.grad_mix_bias,
-                      walk->mix.grad_mix_proj, walk->mix.grad_alphas, walk->mix.gates,
-                      walk->mix.rstd, walk->mix.mix_bias, walk->mix.alphas};
+                      walk->merge.douts};
     for (size_t i = 0; i < sizeof arrays / sizeof arrays[0]; i++)
         free(arrays[i]);
 }

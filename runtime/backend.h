@@ -502,19 +502,6 @@ typedef struct Backend {
                                 const float *gates, const float *rstd, const float *mix_bias,
                                 const Activation *mix_proj, const float *alpha, int tokens,
                                 int d);
-    /* stream_mix_backward of `sites` sites, stream r alone given in each (the delta form's
-     * block backward takes a stream at a time): for site i, dstreams written with d o_r
-     * into dstream[i], from dout[i] and o_r = stream[i], adding into dmix_bias[i],
-     * dmix_proj[i] (the site's [m] and [m, d]) and dalpha[i], with its gates[i], rstd[i],
-     * mix_bias[i], mix_proj[i] and alpha[i]. The results of those calls in turn, bit for
-     * bit; a backend may take the sites in one launch. */
-    void (*stream_mix_backward_sites)(int sites, int r, int m, Activation *const *dstream,
-                                      float *const *dmix_bias, float *const *dmix_proj,
-                                      float *const *dalpha, const Activation *const *dout,
-                                      const Activation *const *stream, const float *const *gates,
-                                      const float *const *rstd, const float *const *mix_bias,
-                                      const Activation *const *mix_proj,
-                                      const float *const *alpha, int tokens, int d);
 
     /* ---- optimizer, over flat fp32 ranges (DESIGN 3) ---- */
     /* sum of x[i]^2 in double, summed in a fixed order */

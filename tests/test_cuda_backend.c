@@ -121,7 +121,6 @@ Test(cuda_backend, fills_every_entry_with_two_byte_activations)
     EXPECT_ENTRY(b, stream_mix_rmsnorm_forward);
     EXPECT_ENTRY(b, stream_conv_forward); EXPECT_ENTRY(b, stream_conv_backward);
     EXPECT_ENTRY(b, stream_mix_forward); EXPECT_ENTRY(b, stream_mix_backward);
-    EXPECT_ENTRY(b, stream_mix_backward_sites);
     EXPECT_ENTRY(b, sum_squares); EXPECT_ENTRY(b, adamw_update);
     EXPECT_ENTRY(b, adamw_update_ranges);
 }

@@ -46,7 +46,6 @@ Test(kernels_cpu, backend_table_fills_every_op)
     EXPECT_OP(route_merge_conv_forward); EXPECT_OP(route_merge_conv_mix_forward);
     EXPECT_OP(route_merge_conv_backward);
     EXPECT_OP(stream_mix_forward); EXPECT_OP(stream_mix_backward); EXPECT_OP(memory_usage);
-    EXPECT_OP(stream_mix_backward_sites);
     EXPECT_OP(memory_peak_reset); EXPECT_OP(event_create); EXPECT_OP(event_destroy);
     EXPECT_OP(event_record); EXPECT_OP(event_elapsed_ms); EXPECT_OP(event_wait);
     EXPECT_OP(activations_from_floats);

@@ -125,29 +125,6 @@ static void table_stream_mix_backward(Activation *const *dstreams, GradMode dstr
                             mix_bias, CF(mix_proj), alpha, tokens, d);
 }
 
-/* each site's stream_mix_backward with stream r alone given, in turn */
-static void table_stream_mix_backward_sites(int sites, int r, int m, Activation *const *dstream,
-                                            float *const *dmix_bias, float *const *dmix_proj,
-                                            float *const *dalpha, const Activation *const *dout,
-                                            const Activation *const *stream,
-                                            const float *const *gates, const float *const *rstd,
-                                            const float *const *mix_bias,
-                                            const Activation *const *mix_proj,
-                                            const float *const *alpha, int tokens, int d)
-{
-    Activation **dstreams = xcalloc((size_t)m, sizeof *dstreams);
-    const Activation **streams = xcalloc((size_t)m, sizeof *streams);
-    for (int i = 0; i < sites; i++) {
-        dstreams[r] = dstream[i];
-        streams[r] = stream[i];
-        table_stream_mix_backward(dstreams, GRAD_WRITE, dmix_bias[i], dmix_proj[i], dalpha[i],
-                                  dout[i], streams, m, gates[i], rstd[i], mix_bias[i],
-                                  mix_proj[i], alpha[i], tokens, d);
-    }
-    free(dstreams);
-    free((void *)streams);
-}
-
 /* the two-phase Route (route_block_cpu.c) */
 static void table_route_block_forward(Activation *const *results, float *const *weights,
                                       float *const *rstd, float *const *lse,
@@ -356,5 +333,4 @@ void backend_cpu_fill_routing(Backend *table)
     table->route_conv_backward = table_route_conv_backward;
     table->stream_mix_forward = table_stream_mix_forward;
     table->stream_mix_backward = table_stream_mix_backward;
-    table->stream_mix_backward_sites = table_stream_mix_backward_sites;
 }

@@ -100,25 +100,6 @@ static void op_stream_mix_backward(Activation *const *dstreams, GradMode dstream
                              workspace, backend_cuda_compute_stream());
 }
 
-static void op_stream_mix_backward_sites(int sites, int r, int m, Activation *const *dstream,
-                                         float *const *dmix_bias, float *const *dmix_proj,
-                                         float *const *dalpha, const Activation *const *dout,
-                                         const Activation *const *stream,
-                                         const float *const *gates, const float *const *rstd,
-                                         const float *const *mix_bias,
-                                         const Activation *const *mix_proj,
-                                         const float *const *alpha, int tokens, int d)
-{
-    (void)mix_bias; /* the saved gates already hold beta's effect */
-    float *workspace = backend_cuda_workspace_floats(
-        cuda_stream_mix_backward_sites_workspace_floats(sites, m, tokens, d));
-    cuda_stream_mix_backward_sites(sites, r, m, (bf16 *const *)dstream, dmix_bias, dmix_proj,
-                                   dalpha, (const bf16 *const *)dout,
-                                   (const bf16 *const *)stream, gates, rstd,
-                                   (const bf16 *const *)mix_proj, alpha, tokens, d, workspace,
-                                   backend_cuda_compute_stream());
-}
-
 static void op_route_conv_forward(Activation *out, float *weights, float *rstd,
                                   const Activation *const *sources,
                                   const Activation *const *taps, int n_sources, int kernel_size,
@@ -388,5 +369,4 @@ extern "C" void backend_cuda_fill_routing(Backend *table, size_t table_bytes)
     table->route_conv_backward = op_route_conv_backward;
     table->stream_mix_forward = op_stream_mix_forward;
     table->stream_mix_backward = op_stream_mix_backward;
-    table->stream_mix_backward_sites = op_stream_mix_backward_sites;
 }

@@ -243,23 +243,6 @@ void cuda_stream_mix_backward(bf16 *const *dstreams, GradMode dstreams_mode, flo
                               const float *alpha, int tokens, int d, float *workspace,
                               cudaStream_t stream);
 
-size_t cuda_stream_mix_backward_sites_workspace_floats(int sites, int m, int tokens, int d);
-
-/* cuda_stream_mix_backward of `sites` sites, stream r alone given in each: site i's d o_r
- * written into dstream[i] from dout[i] (d x, or with alpha[i] the delta gate's) and its
- * o_r stream[i], into dmix_bias[i][r] and row r of dmix_proj[i] (each site's [m] and
- * [m, d]) and *dalpha[i], from its gates[i], rstd[i] ([tokens, m]), mix_proj[i] and
- * alpha[i] (NULL: no gate). The bits of those calls one after another; up to 8 sites a
- * launch where the rows take the warp-a-token kernels (d % 256 == 0, d <= 1536, aligned),
- * the sites in turn otherwise. The delta form's block backward, a stream at a time. */
-void cuda_stream_mix_backward_sites(int sites, int r, int m, bf16 *const *dstream,
-                                    float *const *dmix_bias, float *const *dmix_proj,
-                                    float *const *dalpha, const bf16 *const *dout,
-                                    const bf16 *const *stream_rows, const float *const *gates,
-                                    const float *const *rstd, const bf16 *const *mix_proj,
-                                    const float *const *alpha, int tokens, int d,
-                                    float *workspace, cudaStream_t stream);
-
 /* ---- MSAR stream route (backend.h route_conv_*) ---- */
 
 /* Floats of the workspace cuda_route_conv_forward needs (the per-piece sums). */

@@ -293,13 +293,6 @@ __global__ void __launch_bounds__(MIX_REDUCE_SLICES * 32)
     stream_mix_reduce_block(args, blockIdx.x);
 }
 
-/* site y = blockIdx.y of a batch (cuda_stream_mix_backward_sites) */
-__global__ void __launch_bounds__(MIX_REDUCE_SLICES * 32)
-    stream_mix_reduce_sites_kernel(const __grid_constant__ MixBackwardSites batch)
-{
-    stream_mix_reduce_block(batch.site[blockIdx.y], blockIdx.x);
-}
-
 static void mix_check_shape(int m, int d)
 {
     stream_check_width(d);
@@ -462,55 +455,4 @@ extern "C" void cuda_stream_mix_backward(bf16 *const *dstreams, GradMode dstream
                           dout, streams, m, gates, rstd, mix_proj, alpha, tokens, d, workspace);
     if (args.given > 0)
         mix_backward_launch(args, shape, narrow, stream);
-}
-
-extern "C" size_t cuda_stream_mix_backward_sites_workspace_floats(int sites, int m, int tokens,
-                                                                 int d)
-{
-    const int batch = sites < MIX_BATCH_SITES ? sites : MIX_BATCH_SITES;
-    const size_t per_site = cuda_stream_mix_backward_workspace_floats(m, tokens, d);
-    return (size_t)(batch > 0 ? batch : 1) * per_site;
-}
-
-extern "C" void cuda_stream_mix_backward_sites(
-    int sites, int r, int m, bf16 *const *dstream, float *const *dmix_bias,
-    float *const *dmix_proj, float *const *dalpha, const bf16 *const *dout,
-    const bf16 *const *stream_rows, const float *const *gates, const float *const *rstd,
-    const bf16 *const *mix_proj, const float *const *alpha, int tokens, int d,
-    float *workspace, cudaStream_t stream)
-{
-    mix_check_shape(m, d);
-    if (r < 0 || r >= m)
-        fatal(EXIT_CONFIG, "the cuda mix backward of stream %d: residual.streams = %d", r, m);
-    if (tokens <= 0)
-        return;
-    const size_t per_site = cuda_stream_mix_backward_workspace_floats(m, tokens, d);
-    for (int first = 0; first < sites; first += MIX_BATCH_SITES) {
-        MixBackwardSites batch;
-        RowShape shapes[MIX_BATCH_SITES];
-        bool narrow[MIX_BATCH_SITES], all_narrow = true;
-        batch.sites = sites - first < MIX_BATCH_SITES ? sites - first : MIX_BATCH_SITES;
-        for (int k = 0; k < batch.sites; k++) { /* stream r alone given, partials of its own */
-            const int i = first + k;
-            const bf16 *streams[CUDA_STREAM_MAX_STREAMS] = {};
-            bf16 *dstreams[CUDA_STREAM_MAX_STREAMS] = {};
-            streams[r] = stream_rows[i];
-            dstreams[r] = dstream[i];
-            narrow[k] = mix_backward_args(&batch.site[k], &shapes[k], dstreams, GRAD_WRITE,
-                                          dmix_bias[i], dmix_proj[i], dalpha[i], dout[i],
-                                          streams, m, gates[i], rstd[i], mix_proj[i], alpha[i],
-                                          tokens, d, workspace + (size_t)k * per_site);
-            all_narrow = all_narrow && narrow[k];
-        }
-        if (!all_narrow) { /* the sites in turn */
-            for (int k = 0; k < batch.sites; k++)
-                mix_backward_launch(batch.site[k], shapes[k], narrow[k], stream);
-            continue;
-        }
-        mix_narrow_backward_sites(batch, d, stream);
-        CUDA_CHECK_LAUNCH();
-        const dim3 grid(mix_reduce_blocks(m, d), (unsigned)batch.sites);
-        stream_mix_reduce_sites_kernel<<<grid, MIX_REDUCE_SLICES * 32, 0, stream>>>(batch);
-        CUDA_CHECK_LAUNCH();
-    }
 }

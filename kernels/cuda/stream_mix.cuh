@@ -169,16 +169,6 @@ __device__ __forceinline__ void mix_narrow_token(float (&mix)[8 * LV], const Mix
     }
 }
 
-/* The backward of several sites' mixes in one launch, each site's arguments as one launch
- * of its own would take them (the same shapes: the same token ranges and given streams),
- * each with its own partials; the delta form's block backward, which takes a stream at a
- * time, gives a block's sites at once (cuda_stream_mix_backward_sites). */
-enum { MIX_BATCH_SITES = 8 };
-struct MixBackwardSites {
-    MixBackwardArgs site[MIX_BATCH_SITES];
-    int sites;
-};
-
 /* d o of one channel in the mix's backward (stream_cuda.cu's header has the math): with
  * u = o rho, w (scale dy) + rho (dg theta - u mean). Both layouts' backward kernels call it. */
 __device__ __forceinline__ float mix_grad_channel(float w, float scale, float dy, float rho,
@@ -200,6 +190,5 @@ int mix_narrow_ranges(int tokens, int given);
  * launches stream_mix_reduce_kernel) for a shape mix_narrow_fits accepts. */
 void mix_narrow_forward(const MixForwardArgs &args, int d, cudaStream_t stream);
 void mix_narrow_backward(const MixBackwardArgs &args, int d, cudaStream_t stream);
-void mix_narrow_backward_sites(const MixBackwardSites &batch, int d, cudaStream_t stream);
 
 #endif

@@ -8,8 +8,7 @@
  * tokens with the next token's rows requested before this one's sums, writes d o_r, and keeps
  * its dtheta, dbeta and d alpha sums in registers until the range ends; the four warps of a
  * block (one stream, four neighbouring ranges) then add theirs in warp order into one
- * partial row (stream_mix.cuh). The backward of several sites at once (the delta form's
- * block, a stream at a time) runs the same blocks for each site, the site blockIdx.y.
+ * partial row (stream_mix.cuh).
  */
 #include "kernels/cuda/route_device.cuh"
 #include "kernels/cuda/stream_mix.cuh"
@@ -197,14 +196,6 @@ __global__ void __launch_bounds__(MIX_NARROW_THREADS)
     mix_narrow_backward_block<LV>(args, blockIdx.x);
 }
 
-/* site y = blockIdx.y of a batch, its blocks as one launch's (mix_narrow_backward_sites) */
-template <int LV>
-__global__ void __launch_bounds__(MIX_NARROW_THREADS)
-    mix_narrow_backward_sites_kernel(const __grid_constant__ MixBackwardSites batch)
-{
-    mix_narrow_backward_block<LV>(batch.site[blockIdx.y], blockIdx.x);
-}
-
 /* a persistent grid: what the device holds at once, at most a token a warp */
 template <int LV>
 static void forward_launch(const MixForwardArgs &args, cudaStream_t stream)
@@ -223,15 +214,6 @@ static void backward_launch(const MixBackwardArgs &args, cudaStream_t stream)
 {
     mix_narrow_backward_kernel<LV>
         <<<args.ranges * args.given, MIX_NARROW_THREADS, 0, stream>>>(args);
-}
-
-/* the same for each site of a batch: grid.y the site */
-template <int LV>
-static void backward_sites_launch(const MixBackwardSites &batch, cudaStream_t stream)
-{
-    const MixBackwardArgs &shape = batch.site[0]; /* every site's ranges are the same */
-    const dim3 grid((unsigned)(shape.ranges * shape.given), (unsigned)batch.sites);
-    mix_narrow_backward_sites_kernel<LV><<<grid, MIX_NARROW_THREADS, 0, stream>>>(batch);
 }
 
 #define MIX_NARROW_DISPATCH(launch, LV_, args)                                                  \
@@ -261,9 +243,4 @@ void mix_narrow_forward(const MixForwardArgs &args, int d, cudaStream_t stream)
 void mix_narrow_backward(const MixBackwardArgs &args, int d, cudaStream_t stream)
 {
     MIX_NARROW_DISPATCH(backward_launch, d / 256, args);
-}
-
-void mix_narrow_backward_sites(const MixBackwardSites &batch, int d, cudaStream_t stream)
-{
-    MIX_NARROW_DISPATCH(backward_sites_launch, d / 256, batch);
 }
