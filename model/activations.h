@@ -51,8 +51,9 @@
  * gradients. For Block MHAR delta at the 8B shape (L 32, 8 blocks, d 4096) that is (9 + 1) d
  * beside the 65 d of the streams x_j: the routed stream costs little over the standard one.
  * The msar convolved sources E_r(source) are never stored: a site routed alone convolves each
- * source inside its read (the stream route op), and the two-phase walk of the delta form
- * convolves a block's sources into the scratch, one stream at a time (DESIGN 2.2).
+ * source inside its read (the stream route op), and the two-phase walk convolves a block's
+ * sources into the scratch for every stream at once, where they stay while the block is open
+ * (DESIGN 2.2).
  *
  * The scratch, values per token: sublayer output d; stream gradient d, normed gradient d,
  * 2 q_dim, 3 kv_dim, 3 F, token loss gradient 1; routed: d x_j d, delta d f_j, the null

@@ -13,13 +13,14 @@
  *   backward  each site in its turn keeps its d x (route_walk_grad_x); when the walk leaves
  *             the block, at its first site, route_block_backward sends every site's d x into
  *             the sources, reading each once.
- * MSAR does the same a stream at a time: stream r of every site reads E_r of the same
- * sources, so phase one convolves each source once into the scratch (stream_conv_forward)
- * and routes every site over them (route_block_forward); each site mixes its m streams and
- * applies its gate in its turn (route_site_mix_forward). Its backward makes the streams again,
- * takes each site's d x back through the gate and the mix to d o_r, then per stream sends
- * every site's d o_r into d E_r (route_block_backward), and last every stream's d E through
- * the convolutions into the sources and the taps, at once (stream_conv_backward).
+ * MSAR does the same for each stream: stream r of every site reads E_r of the same sources,
+ * so opening a block convolves each source once for every stream into the scratch
+ * (stream_conv_forward) and routes every site over them a stream at a time
+ * (route_block_forward); each site mixes its m streams and applies its gate in its turn
+ * (route_site_mix_forward). Its backward opens the block again, takes each site's d x back
+ * through the gate and the mix to d o_r of every stream at once, then per stream sends every
+ * site's d o_r into d E_r (route_block_backward), and last every stream's d E through the
+ * convolutions into the sources and the taps, at once (stream_conv_backward).
  * MSAR's replace form routes the same way, and each site i > 0 also merges E_r of its
  * partial b_n^i into each stream in its turn (route_merge_forward, from phase one's lse) and
  * mixes them into x in the same op; its backward reopens the block (phase one again), merges
