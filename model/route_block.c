@@ -401,7 +401,7 @@ void route_walk_site_backward(RouteWalk *walk, int j, const Activation *grad_x)
             walk_block_open(walk, block, NULL);
         walk_site_merge_backward(walk, block, j - first);
         if (j == first)
-            walk_block_backward_replace(walk, block);
+            walk_block_sources_backward(walk, block);
         return;
     }
     if (j == first) /* the walk leaves the block */

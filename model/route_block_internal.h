@@ -51,8 +51,14 @@ float *walk_site_rstd(const RouteWalk *walk, int block, int i, int r);
 bool walk_site_merge_in_turn(RouteWalk *walk, int block, int i, Activation *x);
 /* Site i's backward in msar's replace form: its own share, from its merge and its mix. */
 void walk_site_merge_backward(RouteWalk *walk, int block, int i);
-/* MSAR's replace form: the block's backward when the walk leaves it, the completed sources'. */
-void walk_block_backward_replace(RouteWalk *walk, int block);
+/* When the walk leaves block n, open since its sites' backward (every stream's E_r kept where
+ * walk_block_convolve put them): every site's d o_r of each stream into the completed
+ * sources' d E_r, stream by stream in order (the replace form's about each site's softmax
+ * centre), then every stream's d E through the convolutions at once; the block is no longer
+ * open. MSAR's replace form calls it as it stands: nothing since its sites' turns wrote the
+ * kept E_r (their merges take the partial's E_r in partial_rows and its d E_r in row N, past
+ * the block's sources). */
+void walk_block_sources_backward(RouteWalk *walk, int block);
 /* The delta form's block backward with streams when the walk leaves it. */
 void walk_block_backward_streams(RouteWalk *walk, int block);
 

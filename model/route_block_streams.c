@@ -252,12 +252,35 @@ static void stream_block_backward(RouteWalk *walk, int block, int r)
                                   scratch->route_backward, walk->rows, d, walk->plan->heads);
 }
 
-/* Every stream's d E of block n's sources (stream_block_backward's) through the
- * convolutions, at once. Expects walk->sources and walk->grad_sources. */
-static void block_convolutions_backward(RouteWalk *walk, int block)
+/* d o_r of site i of stream r in the replace form's backward (below, "msar's replace form"):
+ * with m = 1 the site's d x itself (x = o_0) */
+static Activation *site_grad_stream(const RouteWalk *walk, int r, int i)
 {
-    const SitePlan *first = &walk->plan->sites[walk_block_first_site(walk, block)];
-    conv_backward(walk, conv_gather(walk, first, -1));
+    if (walk->plan->streams == 1)
+        return walk->model->scratch.route.block_grads[i];
+    const int k = i + 2 <= walk->plan->sublayers_per_block ? i + 2 : 0;
+    return walk_stream_slot(walk, r, k);
+}
+
+void walk_block_sources_backward(RouteWalk *walk, int block)
+{
+    const int first = walk_block_first_site(walk, block), G = walk_block_sites(walk, block);
+    const SitePlan *plan = &walk->plan->sites[first];
+    walk_site_sources(walk, first, walk->sources);
+    walk_site_grad_sources(walk, first, walk->grad_sources);
+    for (int r = 0; r < walk->plan->streams; r++) {
+        walk_stream_sources(walk, plan, r);
+        for (int i = 0; i < G; i++) {
+            walk->douts[i] =
+                walk->replace ? site_grad_stream(walk, r, i) : walk_stream_slot(walk, r, i);
+            if (walk->replace)
+                walk->means[i] = walk_site_stream_floats(
+                    walk, walk->model->scratch.route.block_means, r, i);
+        }
+        stream_block_backward(walk, block, r);
+    }
+    conv_backward(walk, conv_gather(walk, plan, -1));
+    walk->open_block = -1;
 }
 
 /* The backward of the delta form's block n when the walk leaves it. First the block opened
@@ -266,22 +289,16 @@ static void block_convolutions_backward(RouteWalk *walk, int block)
  * backward's recompute opened it already (the same bits). Then each site's d x through its
  * gate and mix to d o_r of every stream at once (route_site_mix_backward: d x read once for
  * the m streams), site by site in order, d o_r of site i into slot i, where site i - 1's o_r
- * was, spent by then; then every site's d o_r of stream r into d E_r, stream by stream in
- * order (kept_conv_row says why that order), and every stream's d E through the
- * convolutions. */
+ * was, spent by then; then the completed sources' share. */
 void walk_block_backward_streams(RouteWalk *walk, int block)
 {
     Model *model = walk->model;
     const int first = walk_block_first_site(walk, block), G = walk_block_sites(walk, block);
-    const int m = walk->plan->streams;
-    const SitePlan *plan = &walk->plan->sites[first];
     if (walk->open_block != block)
         walk_block_open(walk, block, NULL);
-    walk_site_sources(walk, first, walk->sources);
-    walk_site_grad_sources(walk, first, walk->grad_sources);
     for (int i = 0; i < G; i++) {
         const int j = first + i;
-        for (int r = 0; r < m; r++) {
+        for (int r = 0; r < walk->plan->streams; r++) {
             walk->site_streams[r] = walk_stream_slot(walk, r, i + 1);
             walk->site_grad_streams[r] = walk_stream_slot(walk, r, i);
         }
@@ -289,14 +306,7 @@ void walk_block_backward_streams(RouteWalk *walk, int block)
                                 &walk->stash->sites[j], walk->site_streams,
                                 model->scratch.route.block_grads[i], walk->site_grad_streams);
     }
-    for (int r = 0; r < m; r++) {
-        walk_stream_sources(walk, plan, r);
-        for (int i = 0; i < G; i++)
-            walk->douts[i] = walk_stream_slot(walk, r, i);
-        stream_block_backward(walk, block, r);
-    }
-    block_convolutions_backward(walk, block);
-    walk->open_block = -1; /* the slots hold gradients now */
+    walk_block_sources_backward(walk, block);
 }
 
 /* ---- msar's replace form: each site's own share in its turn ----
@@ -309,15 +319,6 @@ void walk_block_backward_streams(RouteWalk *walk, int block)
  * through E_r into the block's gradient and the taps. That share must be in before
  * sublayer i - 1's backward reads the block's gradient. When the walk leaves the block, every
  * site's d o_r goes into the completed sources (stream_block_backward, with the centres). */
-
-/* d o_r of site i of stream r: with m = 1 the site's d x itself (x = o_0) */
-static Activation *site_grad_stream(const RouteWalk *walk, int r, int i)
-{
-    if (walk->plan->streams == 1)
-        return walk->model->scratch.route.block_grads[i];
-    const int k = i + 2 <= walk->plan->sublayers_per_block ? i + 2 : 0;
-    return walk_stream_slot(walk, r, k);
-}
 
 void walk_site_merge_backward(RouteWalk *walk, int block, int i)
 {
@@ -378,29 +379,4 @@ void walk_site_merge_backward(RouteWalk *walk, int block, int i)
         walk->merge.queries, walk->merge.key_norms, walk->conv.rows, scratch->route_backward,
         route->B, route->T, d, walk->plan->heads);
     conv_backward(walk, count);
-}
-
-/* The replace form's block backward when the walk leaves it: per stream, every site's d o_r
- * into the completed sources, about its centre, from the E_r the block's reopening left
- * (walk_block_convolve; nothing since wrote those rows: the sites' merges take their partial's
- * E_r in partial_rows and its d E_r in row N, past the block's sources). */
-void walk_block_backward_replace(RouteWalk *walk, int block)
-{
-    const int first = walk_block_first_site(walk, block), G = walk_block_sites(walk, block);
-    const SitePlan *plan = &walk->plan->sites[first];
-    walk_site_sources(walk, first, walk->sources);
-    walk_site_grad_sources(walk, first, walk->grad_sources);
-    if (walk->open_block != block) /* its sites' backward opened it: E_r is there */
-        walk_block_convolve(walk, plan);
-    for (int r = 0; r < walk->plan->streams; r++) {
-        walk_stream_sources(walk, plan, r);
-        for (int i = 0; i < G; i++) {
-            walk->douts[i] = site_grad_stream(walk, r, i);
-            walk->means[i] =
-                walk_site_stream_floats(walk, walk->model->scratch.route.block_means, r, i);
-        }
-        stream_block_backward(walk, block, r);
-    }
-    block_convolutions_backward(walk, block);
-    walk->open_block = -1; /* the slots hold gradients now */
 }
